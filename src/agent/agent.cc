@@ -1,0 +1,340 @@
+#include "agent/agent.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/failure.h"
+#include "agent/worker_group.h"
+#include "common/exit_codes.h"
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/subprocess.h"
+#include "rendezvous/rendezvous.h"
+
+namespace trainctl {
+
+namespace keys {
+std::string RoundEnd(int round) { return "round/" + std::to_string(round) + "/end"; }
+std::string RoundSucceeded(int round) { return "round/" + std::to_string(round) + "/succeeded"; }
+std::string RoundMaster(int round) { return "round/" + std::to_string(round) + "/master"; }
+}  // namespace keys
+
+std::string StopRecord(const std::string& reason, int code) {
+  return nlohmann::json{{"reason", reason}, {"code", code}}.dump();
+}
+
+bool ParseStopRecord(const std::string& text, std::string* reason, int* code) {
+  try {
+    auto j = nlohmann::json::parse(text);
+    *reason = j.at("reason").get<std::string>();
+    *code = j.at("code").get<int>();
+    return true;
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+
+namespace {
+
+// A port that is free on `host` now. The worker that becomes rank 0 binds it moments later
+// (torch's TCPStore uses SO_REUSEADDR), as torchrun does.
+Result<int> FreePort(const std::string& host) {
+  struct addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  struct addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "0", &hints, &res) != 0) {
+    return InvalidArgument("cannot resolve this node's address " + host);
+  }
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int rc = fd < 0 ? -1 : ::bind(fd, res->ai_addr, res->ai_addrlen);
+  ::freeaddrinfo(res);
+  if (rc != 0) {
+    int err = errno;
+    if (fd >= 0) ::close(fd);
+    return ErrnoStatus("cannot find a free port on " + host, err);
+  }
+  struct sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+bool HasEnv(const std::vector<std::string>& env, const std::string& key) {
+  for (const auto& kv : env) {
+    if (kv.compare(0, key.size() + 1, key + "=") == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+struct Agent::Outcome {
+  enum Kind { kSucceeded, kFailed, kStopped, kError } kind = kError;
+  int code = kExitError;
+  std::string message;
+  FailureRecord failure;
+};
+
+Agent::Agent(AgentOptions options, Store* store) : o_(std::move(options)), store_(store) {
+  node_id_ = HostName() + ":" + std::to_string(::getpid());
+}
+
+Status Agent::CheckStop() {
+  if (int sig = StopSignal()) {
+    std::string reason = std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " on " + node_id_;
+    auto ignored = store_->CompareSet(keys::kStop, "", StopRecord(reason, kExitInterrupted));
+    return Aborted(reason);
+  }
+  ASSIGN_OR_RETURN(auto stop, store_->TryGet(keys::kStop));
+  if (stop) return Aborted(*stop);
+  return Status::Ok();
+}
+
+std::vector<std::string> Agent::WorkerEnv(int local_rank, int group_rank, int group_world_size,
+                                          const std::string& master, int restart) const {
+  const JobSpec& s = o_.spec;
+  std::vector<std::string> env = CurrentEnvironment();
+  for (const auto& [k, v] : s.env) SetEnv(&env, k, v);
+  // Defaults a user or the spec may override.
+  if (!HasEnv(env, "OMP_NUM_THREADS")) {
+    int threads = s.resources.cpus >= 1 ? static_cast<int>(s.resources.cpus) : 1;
+    SetEnv(&env, "OMP_NUM_THREADS", std::to_string(threads));
+  }
+  if (!HasEnv(env, "PYTHONUNBUFFERED")) SetEnv(&env, "PYTHONUNBUFFERED", "1");
+
+  int nproc = s.procs_per_node;
+  int world = group_world_size * nproc;
+  int rank = group_rank * nproc + local_rank;
+  size_t colon = master.rfind(':');
+  const std::pair<const char*, std::string> contract[] = {
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", std::to_string(world)},
+      {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+      {"GROUP_RANK", std::to_string(group_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(group_world_size)},
+      {"ROLE_NAME", "default"},
+      {"ROLE_RANK", std::to_string(rank)},
+      {"ROLE_WORLD_SIZE", std::to_string(world)},
+      {"MASTER_ADDR", master.substr(0, colon)},
+      {"MASTER_PORT", master.substr(colon + 1)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(s.restart.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", o_.run_id},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"TRAINCTL_JOB_NAME", s.name},
+      {"TRAINCTL_RUN_ID", o_.run_id},
+      {"TRAINCTL_OUTPUT_DIR", s.output_dir},
+      {"TRAINCTL_CHECKPOINT_DIR", s.checkpoint_dir},
+      {"TRAINCTL_STORE_ADDR", o_.store_addr},
+      {"TRAINCTL_STORE_TOKEN", o_.store_token},
+      {"TRAINCTL_STORE_PREFIX", o_.store_prefix},
+  };
+  for (const auto& [k, v] : contract) SetEnv(&env, k, v);
+  return env;
+}
+
+Agent::Outcome Agent::RunRound(int round, int restart) {
+  const JobSpec& s = o_.spec;
+  Outcome out;
+  auto error = [&out](int code, const std::string& message) {
+    out.kind = Outcome::kError;
+    out.code = code;
+    out.message = message;
+    return out;
+  };
+  auto stopped = [&](const Status& why) {
+    std::string reason = why.message();
+    int code = kExitInterrupted;
+    std::string parsed;
+    if (ParseStopRecord(why.message(), &parsed, &code)) reason = parsed;
+    out.kind = Outcome::kStopped;
+    out.code = code;
+    out.message = reason;
+    return out;
+  };
+
+  RendezvousOptions ro;
+  ro.nnodes = s.nodes.max;
+  ro.timeout = s.timeouts.rendezvous;
+  ro.node_rank = o_.node_rank;
+  ro.node_id = node_id_;
+  ro.check = [this] { return CheckStop(); };
+  auto joined = JoinRound(*store_, round, ro);
+  if (!joined.ok()) {
+    const Status& st = joined.status();
+    if (st.code() == Code::kAborted) return stopped(st);
+    if (st.code() == Code::kTimeout) return error(kExitRendezvousTimeout, st.message());
+    return error(kExitError, "rendezvous failed: " + st.ToString());
+  }
+  const RoundInfo info = *joined;
+  log::SetContext(s.name, "node=" + std::to_string(info.group_rank), restart);
+
+  std::string master;
+  if (info.group_rank == 0) {
+    auto port = FreePort(o_.host);
+    if (!port.ok()) return error(kExitError, port.status().message());
+    master = o_.host + ":" + std::to_string(*port);
+    if (Status st = store_->Set(keys::RoundMaster(round), master); !st.ok()) {
+      return error(kExitError, "lost the job's store: " + st.ToString());
+    }
+  } else {
+    auto got = store_->Get(keys::RoundMaster(round), s.timeouts.rendezvous);
+    if (!got.ok()) return error(kExitError, "no master address for round " + std::to_string(round) +
+                                                ": " + got.status().ToString());
+    master = *got;
+  }
+
+  std::vector<WorkerLaunch> launches;
+  std::vector<std::string> argv = s.command;
+  argv.insert(argv.end(), s.args.begin(), s.args.end());
+  for (int local = 0; local < s.procs_per_node; ++local) {
+    WorkerLaunch w;
+    w.local_rank = local;
+    w.rank = info.group_rank * s.procs_per_node + local;
+    w.argv = argv;
+    w.env = WorkerEnv(local, info.group_rank, info.group_world_size, master, restart);
+    w.cwd = s.working_dir;
+    w.log_path = s.output_dir + "/logs/worker-" + std::to_string(w.rank) + ".log";
+    w.log_header = "=== trainctl: run " + o_.run_id + ", round " + std::to_string(round) +
+                   ", restart " + std::to_string(restart) + " ===\n";
+    launches.push_back(std::move(w));
+  }
+
+  WorkerGroup group(o_.color_output);
+  LOG_DEBUG("round {}: node {} of {}, master {}, starting {} workers", round, info.group_rank,
+            info.group_world_size, master, launches.size());
+  if (Status st = group.Start(launches); !st.ok()) {
+    FailureRecord rec;
+    rec.kind = "start";
+    rec.round = round;
+    rec.node_rank = info.group_rank;
+    rec.host = node_id_;
+    rec.rank = launches[0].rank;
+    rec.local_rank = 0;
+    rec.exit = st.message();
+    std::string json = rec.ToJson();
+    auto ignored1 = store_->CompareSet(keys::RoundEnd(round), "", json);
+    auto ignored2 = store_->Set(keys::kLastFailure, json);
+    out.kind = Outcome::kFailed;
+    out.failure = rec;
+    return out;
+  }
+
+  bool reported_success = false;
+  while (true) {
+    WaitSignal(o_.poll_interval);
+    if (Status st = CheckStop(); !st.ok()) {
+      group.Stop(s.timeouts.stop_grace);
+      if (st.code() == Code::kAborted) return stopped(st);
+      return error(kExitError, "lost the job's store: " + st.ToString());
+    }
+    for (const WorkerExit& e : group.ReapExited()) {
+      if (e.exit.success()) continue;
+      FailureRecord rec;
+      rec.kind = "worker";
+      rec.round = round;
+      rec.node_rank = info.group_rank;
+      rec.host = node_id_;
+      rec.rank = e.rank;
+      rec.local_rank = e.local_rank;
+      rec.pid = e.pid;
+      rec.exit = e.exit.Describe();
+      rec.log_path = launches[e.local_rank].log_path;
+      rec.last_lines = group.Tail(e.local_rank, std::chrono::milliseconds(500));
+      std::string json = rec.ToJson();
+      auto won = store_->CompareSet(keys::RoundEnd(round), "", json);
+      if (won.ok() && *won == json) {
+        auto ignored = store_->Set(keys::kLastFailure, json);
+      }
+    }
+    if (!reported_success && group.AllExited()) {
+      // Every local worker exited 0 (a failure would have set the round's end above).
+      auto end_now = store_->TryGet(keys::RoundEnd(round));
+      if (end_now.ok() && !end_now->has_value()) {
+        if (auto n = store_->Add(keys::RoundSucceeded(round), 1); !n.ok()) {
+          return error(kExitError, "lost the job's store: " + n.status().ToString());
+        }
+        reported_success = true;
+      }
+    }
+    auto end = store_->TryGet(keys::RoundEnd(round));
+    if (!end.ok()) {
+      group.Stop(s.timeouts.stop_grace);
+      return error(kExitError, "lost the job's store: " + end.status().ToString());
+    }
+    if (end->has_value()) {
+      group.Stop(s.timeouts.stop_grace);
+      auto rec = FailureRecord::FromJson(**end);
+      if (!rec.ok()) return error(kExitError, rec.status().message());
+      out.kind = Outcome::kFailed;
+      out.failure = *rec;
+      return out;
+    }
+    if (reported_success) {
+      auto n = store_->TryGet(keys::RoundSucceeded(round));
+      if (n.ok() && n->has_value() && std::stoll(**n) >= info.group_world_size) {
+        group.Stop(Duration(0));  // reaps nothing; cleans up the workers' process groups
+        out.kind = Outcome::kSucceeded;
+        out.code = kExitOk;
+        return out;
+      }
+    }
+  }
+}
+
+int Agent::Run() {
+  const JobSpec& s = o_.spec;
+  log::SetContext(s.name, o_.node_rank >= 0 ? "node=" + std::to_string(o_.node_rank) : "agent", 0);
+  if (Status st = MakeDirs(s.output_dir + "/logs"); !st.ok()) {
+    LOG_ERROR("{}", st.message());
+    return kExitError;
+  }
+  for (int round = 0, restart = 0;; ++round) {
+    Outcome out = RunRound(round, restart);
+    switch (out.kind) {
+      case Outcome::kSucceeded:
+        return kExitOk;
+      case Outcome::kStopped:
+        LOG_INFO("stopped: {}", out.message);
+        return out.code;
+      case Outcome::kError:
+        LOG_ERROR("{}", out.message);
+        return out.code;
+      case Outcome::kFailed:
+        break;
+    }
+    const FailureRecord& f = out.failure;
+    bool mine = f.host == node_id_;
+    if (f.kind == "start") {
+      if (mine) LOG_ERROR("{}", f.Summary());
+      return kExitWorkerFailed;
+    }
+    if (restart >= s.restart.max_restarts) {
+      if (mine) LOG_ERROR("{}; no restarts left (max_restarts: {})", f.Summary(), s.restart.max_restarts);
+      return kExitWorkerFailed;
+    }
+    ++restart;
+    if (mine) {
+      auto ignored = store_->Set(keys::kRestarts, std::to_string(restart));
+      LOG_WARN("{}; restarting the worker group (restart {} of {})", f.Summary(), restart,
+               s.restart.max_restarts);
+    }
+  }
+}
+
+}  // namespace trainctl

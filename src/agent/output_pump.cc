@@ -1,0 +1,170 @@
+#include "agent/output_pump.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace trainctl {
+namespace {
+
+constexpr size_t kMaxLine = 64 * 1024;  // longer lines are cut into pieces
+constexpr size_t kAtomicWrite = 4096;   // PIPE_BUF: writes up to this never interleave
+
+void WriteFully(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;  // stdout gone: keep draining the pipes so workers never block
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+OutputPump::OutputPump(int out_fd, bool color) : out_fd_(out_fd), color_(color) {
+  if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) wake_[0] = wake_[1] = -1;
+}
+
+OutputPump::~OutputPump() {
+  Stop();
+  if (wake_[0] >= 0) ::close(wake_[0]);
+  if (wake_[1] >= 0) ::close(wake_[1]);
+}
+
+void OutputPump::Add(int rank, int read_fd, int log_fd) {
+  static const char* kColors[] = {"\033[36m", "\033[32m", "\033[33m", "\033[35m",
+                                  "\033[34m", "\033[96m", "\033[92m", "\033[93m"};
+  Stream s;
+  s.fd = read_fd;
+  s.log_fd = log_fd;
+  std::string tag = "[worker-" + std::to_string(rank) + "] ";
+  s.prefix = color_ ? std::string(kColors[rank % 8]) + tag + "\033[0m" : tag;
+  std::lock_guard<std::mutex> lock(mu_);
+  streams_[rank] = std::move(s);
+}
+
+void OutputPump::Start() {
+  started_ = true;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+std::string OutputPump::Consume(Stream& s, const char* data, size_t n, bool flush_partial) {
+  std::string out;
+  s.partial.append(data, n);
+  size_t start = 0;
+  while (true) {
+    size_t nl = s.partial.find('\n', start);
+    bool cut = nl == std::string::npos && s.partial.size() - start >= kMaxLine;
+    if (nl == std::string::npos && !cut && !(flush_partial && start < s.partial.size())) break;
+    size_t end = nl != std::string::npos ? nl : (cut ? start + kMaxLine : s.partial.size());
+    std::string line = s.partial.substr(start, end - start);
+    start = nl != std::string::npos ? nl + 1 : end;
+    if (s.log_fd >= 0) {
+      std::string raw = line + "\n";
+      WriteFully(s.log_fd, raw.data(), raw.size());
+    }
+    std::string shown = s.prefix + line + "\n";
+    if (!out.empty() && out.size() + shown.size() > kAtomicWrite) {
+      WriteOut(out);
+      out.clear();
+    }
+    out += shown;
+    s.tail.push_back(std::move(line));
+    if (s.tail.size() > kTailLines) s.tail.pop_front();
+  }
+  s.partial.erase(0, start);
+  return out;
+}
+
+void OutputPump::WriteOut(const std::string& text) { WriteFully(out_fd_, text.data(), text.size()); }
+
+void OutputPump::Loop() {
+  char buf[65536];
+  std::vector<struct pollfd> fds;
+  std::vector<int> ranks;
+  bool stopping = false;
+  while (true) {
+    fds.clear();
+    ranks.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [rank, s] : streams_) {
+        if (s.eof) continue;
+        fds.push_back({s.fd, POLLIN, 0});
+        ranks.push_back(rank);
+      }
+    }
+    if (fds.empty()) return;
+    fds.push_back({wake_[0], POLLIN, 0});
+    // When stopping, take only what is already there.
+    int rc = ::poll(fds.data(), fds.size(), stopping ? 0 : -1);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0 && stopping) return;
+    if (fds.back().revents) {
+      stopping = true;
+      char drain[64];
+      while (::read(wake_[0], drain, sizeof drain) > 0) {}
+    }
+    for (size_t i = 0; i + 1 < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      std::string out;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        Stream& s = streams_[ranks[i]];
+        out = Consume(s, buf, n > 0 ? static_cast<size_t>(n) : 0, n <= 0);
+        if (n <= 0) s.eof = true;
+      }
+      if (!out.empty()) WriteOut(out);
+      if (n <= 0) drained_.notify_all();
+    }
+  }
+}
+
+void OutputPump::WaitDrained(int rank, Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  drained_.wait_for(lock, timeout, [&] {
+    auto it = streams_.find(rank);
+    return it == streams_.end() || it->second.eof || stopped_;
+  });
+}
+
+std::vector<std::string> OutputPump::Tail(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = streams_.find(rank);
+  if (it == streams_.end()) return {};
+  return {it->second.tail.begin(), it->second.tail.end()};
+}
+
+void OutputPump::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  if (started_) {
+    char b = 1;
+    ssize_t ignored = ::write(wake_[1], &b, 1);
+    (void)ignored;
+    thread_.join();
+  }
+  drained_.notify_all();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [rank, s] : streams_) {
+    if (!s.partial.empty() && !s.eof) {
+      std::string out = Consume(s, "", 0, true);
+      WriteOut(out);
+    }
+    if (s.fd >= 0) ::close(s.fd);
+    if (s.log_fd >= 0) ::close(s.log_fd);
+    s.fd = s.log_fd = -1;
+  }
+}
+
+}  // namespace trainctl

@@ -1,0 +1,60 @@
+// OutputPump: copies worker output to this process's stdout, each line prefixed with its rank
+// ("[worker-3] loss 0.42", as kubetail shows pods), and unprefixed to a per-rank log file; keeps
+// the last lines of each rank for failure reports. One thread for all of an agent's workers.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/duration.h"
+
+namespace trainctl {
+
+class OutputPump {
+ public:
+  static constexpr size_t kTailLines = 20;
+
+  // `out_fd` is where prefixed lines go (stdout); `color` colours the prefixes.
+  OutputPump(int out_fd, bool color);
+  ~OutputPump();  // Stop()
+
+  // Takes ownership of `read_fd` (a pipe read end) and `log_fd` (may be -1). Call before Start().
+  void Add(int rank, int read_fd, int log_fd);
+  void Start();
+  // Waits until `rank`'s pipe reached end of file (every writer is gone) or `timeout` passed.
+  void WaitDrained(int rank, Duration timeout);
+  std::vector<std::string> Tail(int rank);
+  // Stops the thread after copying what is already readable; closes all fds. Idempotent.
+  void Stop();
+
+ private:
+  struct Stream {
+    int fd = -1;
+    int log_fd = -1;
+    std::string prefix;
+    std::string partial;
+    std::deque<std::string> tail;
+    bool eof = false;
+  };
+  void Loop();
+  // Handles freshly read bytes; returns the prefixed text to write to out_fd_.
+  std::string Consume(Stream& s, const char* data, size_t n, bool flush_partial);
+  void WriteOut(const std::string& text);
+
+  int out_fd_;
+  bool color_;
+  int wake_[2] = {-1, -1};
+  std::mutex mu_;
+  std::condition_variable drained_;
+  std::map<int, Stream> streams_;
+  std::thread thread_;
+  bool started_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace trainctl

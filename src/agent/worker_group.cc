@@ -1,0 +1,120 @@
+#include "agent/worker_group.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "common/fs.h"
+
+namespace trainctl {
+
+WorkerGroup::WorkerGroup(bool color_output) : color_(color_output) {}
+
+WorkerGroup::~WorkerGroup() { Stop(Duration(0)); }
+
+Status WorkerGroup::Start(const std::vector<WorkerLaunch>& launches) {
+  pump_ = std::make_unique<OutputPump>(STDOUT_FILENO, color_);
+  workers_.clear();
+  for (const auto& launch : launches) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      Stop(Duration(0));
+      return ErrnoStatus("pipe", errno);
+    }
+    int log_fd = -1;
+    if (!launch.log_path.empty()) {
+      log_fd = ::open(launch.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (log_fd < 0) {
+        int err = errno;
+        ::close(fds[0]);
+        ::close(fds[1]);
+        Stop(Duration(0));
+        return ErrnoStatus("cannot open worker log " + launch.log_path, err);
+      }
+      if (!launch.log_header.empty()) {
+        ssize_t ignored = ::write(log_fd, launch.log_header.data(), launch.log_header.size());
+        (void)ignored;
+      }
+    }
+    SpawnOptions o;
+    o.argv = launch.argv;
+    o.env = launch.env;
+    o.cwd = launch.cwd;
+    o.output_fd = fds[1];
+    auto pid = Spawn(o);
+    ::close(fds[1]);
+    if (!pid.ok()) {
+      ::close(fds[0]);
+      if (log_fd >= 0) ::close(log_fd);
+      Stop(Duration(0));
+      return pid.status();
+    }
+    pump_->Add(launch.rank, fds[0], log_fd);
+    workers_.push_back({launch, *pid, false});
+  }
+  pump_->Start();
+  return Status::Ok();
+}
+
+std::vector<WorkerExit> WorkerGroup::ReapExited() {
+  std::vector<WorkerExit> out;
+  for (auto& w : workers_) {
+    if (w.exited) continue;
+    int status = 0;
+    pid_t r = ::waitpid(w.pid, &status, WNOHANG);
+    if (r == w.pid) {
+      w.exited = true;
+      out.push_back({w.launch.local_rank, w.launch.rank, w.pid, ExitInfo::FromWaitStatus(status)});
+    }
+  }
+  return out;
+}
+
+bool WorkerGroup::AllExited() const {
+  for (const auto& w : workers_) {
+    if (!w.exited) return false;
+  }
+  return true;
+}
+
+void WorkerGroup::Stop(Duration grace) {
+  for (auto& w : workers_) {
+    if (!w.exited) ::kill(-w.pid, SIGTERM);
+  }
+  auto deadline = Clock::now() + grace;
+  while (!AllExited()) {
+    ReapExited();
+    if (AllExited() || Clock::now() >= deadline) break;
+    WaitSignal(std::min(Remaining(deadline), Duration(20)));
+  }
+  for (auto& w : workers_) {
+    ::kill(-w.pid, SIGKILL);  // stragglers, and anything the worker left in its group
+    if (!w.exited) {
+      int status;
+      while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {}
+      w.exited = true;
+    }
+  }
+  if (pump_) pump_->Stop();
+}
+
+std::vector<std::string> WorkerGroup::Tail(int local_rank, Duration drain) {
+  for (const auto& w : workers_) {
+    if (w.launch.local_rank != local_rank) continue;
+    if (!pump_) return {};
+    pump_->WaitDrained(w.launch.rank, drain);
+    return pump_->Tail(w.launch.rank);
+  }
+  return {};
+}
+
+std::vector<pid_t> WorkerGroup::pids() const {
+  std::vector<pid_t> out;
+  for (const auto& w : workers_) out.push_back(w.pid);
+  return out;
+}
+
+}  // namespace trainctl

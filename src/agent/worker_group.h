@@ -1,0 +1,65 @@
+// WorkerGroup: one agent's local workers for one round. Each worker leads its own process group,
+// so a stop reaches everything it started (data loader processes too).
+//
+// Not thread-safe: the agent's supervising thread owns it. Expects SIGCHLD to be blocked (see
+// BlockSupervisorSignals) so Stop() can wait on it; works, by polling, when it is not.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/output_pump.h"
+#include "common/status.h"
+#include "common/subprocess.h"
+
+namespace trainctl {
+
+struct WorkerLaunch {
+  int local_rank = 0;
+  int rank = 0;  // global
+  std::vector<std::string> argv;
+  std::vector<std::string> env;
+  std::string cwd;
+  std::string log_path;  // appended to
+  std::string log_header;  // written to the log before the worker starts
+};
+
+struct WorkerExit {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = 0;
+  ExitInfo exit;
+};
+
+class WorkerGroup {
+ public:
+  explicit WorkerGroup(bool color_output);
+  ~WorkerGroup();  // Stop(0)
+
+  // Starts every worker. If one cannot start, stops those already started and returns why.
+  Status Start(const std::vector<WorkerLaunch>& workers);
+  // Reaps workers that have exited since the last call; never blocks.
+  std::vector<WorkerExit> ReapExited();
+  bool AllExited() const;
+  // SIGTERM to every live worker's process group, up to `grace` for them to exit, then SIGKILL;
+  // returns once all are reaped. Also kills whatever the workers left in their groups.
+  void Stop(Duration grace);
+  // The last lines of a worker's output, after giving its pipe up to `drain` to reach EOF.
+  std::vector<std::string> Tail(int local_rank, Duration drain);
+  std::vector<pid_t> pids() const;
+
+ private:
+  struct Worker {
+    WorkerLaunch launch;
+    pid_t pid = -1;
+    bool exited = false;
+  };
+  bool color_;
+  std::vector<Worker> workers_;
+  std::unique_ptr<OutputPump> pump_;
+};
+
+}  // namespace trainctl

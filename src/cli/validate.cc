@@ -1,0 +1,68 @@
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/verbs.h"
+#include "common/exit_codes.h"
+#include "common/log.h"
+#include "common/strings.h"
+
+namespace trainctl::cli {
+
+void SpecFlags::Add(CLI::App* cmd) {
+  cmd->add_option("spec", file, "the job spec (YAML)");
+  cmd->add_option("-f,--file", files,
+                  "more spec files, layered in order over the first (maps merge, the rest "
+                  "replaces, null deletes)")
+      ->allow_extra_args(false);
+  cmd->add_option("--set", sets, "override one field: --set restart.max_restarts=5, "
+                                 "--set args[0]=--fast, --set 'command=[python3, t.py]'")
+      ->allow_extra_args(false);
+}
+
+SpecSources SpecFlags::Sources() const {
+  SpecSources s;
+  if (!file.empty()) s.files.push_back(file);
+  s.files.insert(s.files.end(), files.begin(), files.end());
+  s.sets = sets;
+  return s;
+}
+
+std::optional<JobSpec> LoadOrReport(const SpecFlags& flags) {
+  auto spec = LoadJobSpec(flags.Sources());
+  if (!spec.ok()) {
+    for (const auto& line : SplitLines(spec.status().message())) {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+    return std::nullopt;
+  }
+  return *spec;
+}
+
+void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
+  auto* cmd = app.add_subcommand(
+      "validate", "Check a job spec (and its layers and overrides) without running anything");
+  static SpecFlags spec_storage;
+  SpecFlags* spec_flags = &spec_storage;
+  spec_flags->Add(cmd);
+  static bool print_storage = false;
+  bool* print = &print_storage;
+  cmd->add_flag("--print", *print, "print the resolved spec, with defaults filled in, as JSON");
+  cmd->callback([spec_flags, print, code] {
+    auto spec = LoadOrReport(*spec_flags);
+    if (!spec) {
+      *code = kExitInvalidSpec;
+      return;
+    }
+    if (*print) {
+      std::printf("%s\n", JobSpecToJson(*spec, 2).c_str());
+    } else {
+      std::string argv = Join(spec->command, " ");
+      std::printf("%s: valid: job %s, %d node(s) x %d worker(s), command: %s\n",
+                  Join(spec_flags->Sources().files, " + ").c_str(), spec->name.c_str(),
+                  spec->nodes.max, spec->procs_per_node, argv.c_str());
+    }
+    *code = kExitOk;
+  });
+}
+
+}  // namespace trainctl::cli

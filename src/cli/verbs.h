@@ -1,0 +1,34 @@
+// One function per verb: each adds its subcommand to the app and, when it runs, stores the
+// exit code in *code. The verbs stay thin: they parse flags and call the modules.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+#include "spec/job_spec.h"
+
+namespace trainctl::cli {
+
+struct GlobalFlags {
+  std::string log_level = "info";
+};
+
+void AddRun(CLI::App& app, const GlobalFlags& flags, int* code);
+void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code);
+void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code);
+
+// The spec-source flags shared by run and validate: FILE, -f FILE (repeatable), --set K=V.
+struct SpecFlags {
+  std::string file;
+  std::vector<std::string> files;
+  std::vector<std::string> sets;
+  void Add(CLI::App* cmd);
+  SpecSources Sources() const;
+};
+
+// Loads the spec; on error prints every problem to stderr and returns nullopt.
+std::optional<JobSpec> LoadOrReport(const SpecFlags& flags);
+
+}  // namespace trainctl::cli

@@ -1,0 +1,14 @@
+// trainctl's exit codes, documented in `trainctl --help` and docs/cli.md.
+#pragma once
+
+namespace trainctl {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 1;               // trainctl itself failed (I/O, store lost...)
+inline constexpr int kExitInvalidSpec = 2;         // bad job spec or command line
+inline constexpr int kExitWorkerFailed = 3;        // a worker failed after the restart budget
+inline constexpr int kExitRendezvousTimeout = 4;   // nodes did not all join in time
+inline constexpr int kExitJobTimeout = 5;          // timeouts.job passed
+inline constexpr int kExitInterrupted = 130;       // Ctrl-C / SIGTERM / SIGHUP
+
+}  // namespace trainctl

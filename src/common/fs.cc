@@ -1,0 +1,95 @@
+#include "common/fs.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+
+namespace trainctl {
+namespace {
+
+Status WriteAll(int fd, std::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus("writing " + path, errno);
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status AtomicWriteFile(const std::string& path, std::string_view data, int mode) {
+  std::filesystem::path p(path);
+  std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  std::string tmpl = dir + "/." + p.filename().string() + ".tmp.XXXXXX";
+  int fd = ::mkstemp(tmpl.data());
+  if (fd < 0) return ErrnoStatus("creating a temporary file in " + dir, errno);
+  auto fail = [&](Status st) {
+    ::close(fd);
+    ::unlink(tmpl.c_str());
+    return st;
+  };
+  if (::fchmod(fd, static_cast<mode_t>(mode)) != 0) return fail(ErrnoStatus("chmod " + tmpl, errno));
+  if (Status st = WriteAll(fd, data, tmpl); !st.ok()) return fail(st);
+  if (::fsync(fd) != 0) return fail(ErrnoStatus("fsync " + tmpl, errno));
+  if (::close(fd) != 0) {
+    ::unlink(tmpl.c_str());
+    return ErrnoStatus("closing " + tmpl, errno);
+  }
+  if (::rename(tmpl.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmpl.c_str());
+    return ErrnoStatus("renaming " + tmpl + " to " + path, err);
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return ErrnoStatus("opening directory " + dir, errno);
+  int rc = ::fsync(dfd);
+  int err = errno;
+  ::close(dfd);
+  if (rc != 0) return ErrnoStatus("fsync of directory " + dir, err);
+  return Status::Ok();
+}
+
+Result<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open " + path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(path + " is a directory, not a file");
+  }
+  std::string out;
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return ErrnoStatus("reading " + path, err);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (static_cast<int64_t>(out.size()) > max_bytes) {
+      ::close(fd);
+      return InvalidArgument(path + " is larger than " + std::to_string(max_bytes) + " bytes");
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+Status MakeDirs(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return Internal("cannot create directory " + path + ": " + ec.message());
+  return Status::Ok();
+}
+
+}  // namespace trainctl

@@ -1,0 +1,21 @@
+// Files: atomic writes (never a half-written file where a good one was) and bounded reads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace trainctl {
+
+// Writes `data` to `path` atomically: a temporary file in the same directory, fsync, rename over
+// `path`, fsync of the directory. On error the old file (if any) is untouched and the temporary
+// file is removed.
+Status AtomicWriteFile(const std::string& path, std::string_view data, int mode = 0644);
+// Reads a whole file; fails with kInvalidArgument if it is larger than `max_bytes`.
+Result<std::string> ReadFile(const std::string& path, int64_t max_bytes = 64 << 20);
+// mkdir -p.
+Status MakeDirs(const std::string& path);
+
+}  // namespace trainctl

@@ -1,0 +1,20 @@
+// Small string helpers shared by the spec and the CLI.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace trainctl {
+
+// Levenshtein distance, for did-you-mean suggestions.
+size_t EditDistance(std::string_view a, std::string_view b);
+// The closest candidate within a distance that grows with the word's length; "" if none is close.
+std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
+std::string Join(const std::vector<std::string>& parts, std::string_view sep);
+// Shows a user-given value inside an error: quoted, control bytes escaped, cut at 60 chars.
+std::string Quote(std::string_view value);
+// Splits on '\n', dropping a final empty piece.
+std::vector<std::string> SplitLines(std::string_view text);
+
+}  // namespace trainctl

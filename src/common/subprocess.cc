@@ -1,0 +1,251 @@
+#include "common/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <thread>
+
+extern char** environ;
+
+namespace trainctl {
+namespace {
+
+std::string GetEnv(const std::vector<std::string>& env, const std::string& key) {
+  for (const auto& kv : env) {
+    if (kv.size() > key.size() && kv.compare(0, key.size(), key) == 0 && kv[key.size()] == '=') {
+      return kv.substr(key.size() + 1);
+    }
+  }
+  return "";
+}
+
+bool IsExecutableFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// Only async-signal-safe calls from here on: the parent may have other threads.
+[[noreturn]] void ChildExec(const SpawnOptions& o, const char* path, char** argv, char** envp,
+                            pid_t parent, int err_fd) {
+  auto die = [err_fd](int err) {
+    ssize_t ignored = ::write(err_fd, &err, sizeof err);
+    (void)ignored;
+    ::_exit(127);
+  };
+  if (o.new_process_group) ::setpgid(0, 0);
+  if (o.die_with_parent) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);
+  }
+  for (int sig = 1; sig < NSIG; ++sig) ::signal(sig, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  int in = o.stdin_fd >= 0 ? o.stdin_fd : ::open("/dev/null", O_RDONLY);
+  if (in < 0 || ::dup2(in, 0) < 0) die(errno);
+  if (o.output_fd >= 0) {
+    if (::dup2(o.output_fd, 1) < 0 || ::dup2(o.output_fd, 2) < 0) die(errno);
+  }
+  if (!o.cwd.empty() && ::chdir(o.cwd.c_str()) != 0) die(errno);
+  ::execve(path, argv, envp);
+  die(errno);
+  ::_exit(127);
+}
+
+}  // namespace
+
+std::vector<std::string> CurrentEnvironment() {
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
+  return env;
+}
+
+void SetEnv(std::vector<std::string>* env, const std::string& key, const std::string& value) {
+  std::string prefix = key + "=";
+  for (auto& kv : *env) {
+    if (kv.compare(0, prefix.size(), prefix) == 0) {
+      kv = prefix + value;
+      return;
+    }
+  }
+  env->push_back(prefix + value);
+}
+
+Result<std::string> FindExecutable(const std::string& name, const std::vector<std::string>& env) {
+  if (name.empty()) return InvalidArgument("empty command");
+  if (name.find('/') != std::string::npos) {
+    if (IsExecutableFile(name)) return name;
+    return NotFound(name + " is not an executable file");
+  }
+  std::string path = GetEnv(env, "PATH");
+  if (path.empty()) {
+    const char* own = ::getenv("PATH");
+    path = own ? own : "/usr/local/bin:/usr/bin:/bin";
+  }
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    std::string dir = path.substr(start, end - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (IsExecutableFile(candidate)) return candidate;
+    start = end + 1;
+  }
+  return NotFound("'" + name + "' was not found in PATH");
+}
+
+Result<pid_t> Spawn(const SpawnOptions& o) {
+  if (o.argv.empty()) return InvalidArgument("empty command");
+  ASSIGN_OR_RETURN(std::string path, FindExecutable(o.argv[0], o.env));
+  std::vector<char*> argv, envp;
+  for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : o.env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  int err_pipe[2];
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) return ErrnoStatus("pipe", errno);
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int err = errno;
+    ::close(err_pipe[0]);
+    ::close(err_pipe[1]);
+    return ErrnoStatus("fork", err);
+  }
+  if (pid == 0) {
+    ::close(err_pipe[0]);
+    ChildExec(o, path.c_str(), argv.data(), envp.data(), parent, err_pipe[1]);
+  }
+  ::close(err_pipe[1]);
+  if (o.new_process_group) ::setpgid(pid, pid);  // also here: no race with an early kill(-pid)
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(err_pipe[0], &child_errno, sizeof child_errno);
+  } while (n < 0 && errno == EINTR);
+  ::close(err_pipe[0]);
+  if (n > 0) {
+    int status;
+    ::waitpid(pid, &status, 0);
+    return ErrnoStatus("cannot run " + o.argv[0] +
+                           (o.cwd.empty() ? "" : " in " + o.cwd),
+                       child_errno);
+  }
+  return pid;
+}
+
+ExitInfo ExitInfo::FromWaitStatus(int status) {
+  ExitInfo info;
+  if (WIFSIGNALED(status)) {
+    info.signaled = true;
+    info.signal = WTERMSIG(status);
+  } else {
+    info.code = WEXITSTATUS(status);
+  }
+  return info;
+}
+
+std::string ExitInfo::Describe() const {
+  if (!signaled) return "exit code " + std::to_string(code);
+  const char* abbrev = ::sigabbrev_np(signal);
+  return "signal " + std::to_string(signal) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+}
+
+Result<CommandResult> RunCommand(const SpawnOptions& options, Duration timeout) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoStatus("pipe", errno);
+  SpawnOptions o = options;
+  o.output_fd = fds[1];
+  auto spawned = Spawn(o);
+  ::close(fds[1]);
+  if (!spawned.ok()) {
+    ::close(fds[0]);
+    return spawned.status();
+  }
+  pid_t pid = *spawned;
+  CommandResult result;
+  auto deadline = Clock::now() + timeout;
+  char buf[65536];
+  while (true) {
+    struct pollfd p{fds[0], POLLIN, 0};
+    int left = static_cast<int>(Remaining(deadline).count());
+    int rc = ::poll(&p, 1, left);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0) {
+      result.timed_out = true;
+      break;
+    }
+    ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    result.output.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (true) {
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) return ErrnoStatus("waitpid", errno);
+    if (result.timed_out || Clock::now() >= deadline) {
+      result.timed_out = true;
+      ::kill(-pid, SIGKILL);
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (o.new_process_group) ::kill(-pid, SIGKILL);  // nothing it started outlives it
+  result.exit = ExitInfo::FromWaitStatus(status);
+  return result;
+}
+
+}  // namespace trainctl
+
+namespace trainctl {
+
+namespace {
+sigset_t SupervisorSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  return set;
+}
+}  // namespace
+
+void BlockSupervisorSignals() {
+  sigset_t set = SupervisorSet();
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+namespace {
+std::atomic<int> g_stop_signal{0};
+}  // namespace
+
+int StopSignal() { return g_stop_signal.load(); }
+
+int WaitSignal(Duration timeout) {
+  sigset_t set = SupervisorSet();
+  struct timespec ts;
+  ts.tv_sec = timeout.count() / 1000;
+  ts.tv_nsec = (timeout.count() % 1000) * 1000000;
+  int sig = ::sigtimedwait(&set, nullptr, &ts);
+  if (sig < 0) return 0;
+  if (sig != SIGCHLD) {
+    int none = 0;
+    g_stop_signal.compare_exchange_strong(none, sig);
+  }
+  return sig;
+}
+
+}  // namespace trainctl

@@ -1,0 +1,76 @@
+// Processes: spawn with a clean signal state in a new process group, describe how they ended,
+// stop them with SIGTERM, a grace period and SIGKILL.
+//
+// Callers that supervise children block SIGCHLD (and SIGINT/SIGTERM) in every thread and wait
+// for them with sigtimedwait; Spawn() restores default dispositions and an empty signal mask in
+// the child before exec, so the child starts as if from a shell.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "common/duration.h"
+#include "common/status.h"
+
+namespace trainctl {
+
+struct SpawnOptions {
+  std::vector<std::string> argv;      // argv[0] is looked up in PATH when it has no '/'
+  std::vector<std::string> env;       // the whole environment, "KEY=VALUE"
+  std::string cwd;                    // empty: the caller's
+  int output_fd = -1;                 // if >= 0: becomes the child's stdout and stderr
+  int stdin_fd = -1;                  // if >= 0: becomes stdin; else /dev/null
+  bool new_process_group = true;      // the child leads its own group (so stops reach its tree)
+  bool die_with_parent = true;        // PR_SET_PDEATHSIG: SIGTERM when the parent dies
+};
+
+// Starts a child. Fails (with the reason, e.g. "cannot run python4: No such file or directory")
+// when exec fails, so a bad command never looks like a worker crash.
+Result<pid_t> Spawn(const SpawnOptions& options);
+
+// How a process ended, from a waitpid status.
+struct ExitInfo {
+  bool signaled = false;
+  int code = 0;    // exit code when !signaled
+  int signal = 0;  // signal number when signaled
+  bool success() const { return !signaled && code == 0; }
+  // "exit code 1", "signal 9 (SIGKILL)"
+  std::string Describe() const;
+  static ExitInfo FromWaitStatus(int status);
+};
+
+// The environment of this process, as "KEY=VALUE" strings.
+std::vector<std::string> CurrentEnvironment();
+// Sets KEY in an environment list, replacing an existing entry.
+void SetEnv(std::vector<std::string>* env, const std::string& key, const std::string& value);
+
+// Searches PATH (from `env`, falling back to this process's) for an executable; a name with a '/'
+// is checked as is. Returns the resolved path.
+Result<std::string> FindExecutable(const std::string& name, const std::vector<std::string>& env);
+
+// Runs a command to completion, collecting stdout+stderr; kills it (whole group) after `timeout`.
+struct CommandResult {
+  ExitInfo exit;
+  std::string output;
+  bool timed_out = false;
+};
+Result<CommandResult> RunCommand(const SpawnOptions& options, Duration timeout);
+
+}  // namespace trainctl
+
+namespace trainctl {
+
+// Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP in the calling thread (call before starting any
+// thread, so all inherit it) and ignores SIGPIPE. Supervisors then take these signals with
+// WaitSignal() instead of handlers.
+void BlockSupervisorSignals();
+// Waits up to `timeout` for one of the blocked signals; returns it, or 0 on timeout. A stop signal
+// (SIGINT, SIGTERM, SIGHUP) is also remembered for StopSignal(), so that code waiting only for
+// children (a stop in progress) never swallows a request to stop.
+int WaitSignal(Duration timeout);
+// The first stop signal WaitSignal() took, or 0.
+int StopSignal();
+
+}  // namespace trainctl

@@ -1,0 +1,206 @@
+#include "launch/local/local_launcher.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/agent.h"
+#include "agent/failure.h"
+#include "common/exit_codes.h"
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/random.h"
+#include "common/subprocess.h"
+#include "store/tcp/tcp_store.h"
+
+namespace trainctl {
+namespace {
+
+struct AgentProc {
+  int node = 0;
+  pid_t pid = -1;
+  bool done = false;
+  ExitInfo exit;
+};
+
+// How long agents get to stop their workers before the launcher kills them.
+Duration AgentGrace(const JobSpec& spec) { return spec.timeouts.stop_grace + std::chrono::seconds(5); }
+
+std::string Elapsed(Clock::time_point start) {
+  auto ms = std::chrono::duration_cast<Duration>(Clock::now() - start);
+  return FormatDuration(ms);
+}
+
+}  // namespace
+
+int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
+  const auto start = Clock::now();
+  const std::string run_id = spec.name + "-" + RandomHex(4);
+  const std::string token = RandomHex(32);
+  const std::string prefix = "/trainctl/" + run_id + "/";
+  log::SetContext(spec.name, "launcher", -1);
+
+  if (Status st = MakeDirs(spec.output_dir + "/logs"); !st.ok()) {
+    LOG_ERROR("{}", st.message());
+    return kExitError;
+  }
+  if (Status st = AtomicWriteFile(spec.output_dir + "/job.json", JobSpecToJson(spec, 2) + "\n");
+      !st.ok()) {
+    LOG_ERROR("{}", st.message());
+    return kExitError;
+  }
+
+  TcpStoreServerOptions so;
+  so.token = token;
+  auto server = TcpStoreServer::Start(so);
+  if (!server.ok()) {
+    LOG_ERROR("cannot start the job's store: {}", server.status().message());
+    return kExitError;
+  }
+  const std::string store_addr = "127.0.0.1:" + std::to_string((*server)->port());
+  TcpStoreOptions co;
+  co.port = (*server)->port();
+  co.token = token;
+  auto client = TcpStore::Connect(co);
+  if (!client.ok()) {
+    LOG_ERROR("cannot reach the job's store: {}", client.status().message());
+    return kExitError;
+  }
+  PrefixStore store(client->get(), prefix);
+  if (Status st = store.Set(keys::kSpec, JobSpecToJson(spec)); !st.ok()) {
+    LOG_ERROR("{}", st.message());
+    return kExitError;
+  }
+
+  std::vector<std::string> env = CurrentEnvironment();
+  SetEnv(&env, kEnvStoreAddr, store_addr);
+  SetEnv(&env, kEnvStoreToken, token);
+  std::vector<AgentProc> agents;
+  int final_code = kExitOk;
+  bool stopping = false;
+  Clock::time_point kill_at;
+  std::string stop_reason;
+  auto begin_stop = [&](const std::string& reason, int code) {
+    if (stopping) return;
+    stopping = true;
+    stop_reason = reason;
+    if (code != kExitOk && final_code == kExitOk) final_code = code;
+    auto ignored = store.CompareSet(keys::kStop, "", StopRecord(reason, code));
+    kill_at = Clock::now() + AgentGrace(spec);
+  };
+
+  for (int node = 0; node < spec.nodes.max; ++node) {
+    SpawnOptions o;
+    o.argv = {options.self_exe, "--log-level", options.log_level, "agent", "--node-rank",
+              std::to_string(node), "--run-id", run_id};
+    if (options.color_output) o.argv.push_back("--color");
+    o.env = env;
+    auto pid = Spawn(o);
+    if (!pid.ok()) {
+      LOG_ERROR("cannot start the agent for node {}: {}", node, pid.status().message());
+      begin_stop("could not start every agent", kExitError);
+      break;
+    }
+    agents.push_back({node, *pid, false, {}});
+  }
+  LOG_INFO("started {} node(s) x {} worker(s), run {}; worker logs in {}/logs", spec.nodes.max,
+           spec.procs_per_node, run_id, spec.output_dir);
+
+  const bool has_deadline = spec.timeouts.job.count() > 0;
+  const auto job_deadline = start + spec.timeouts.job;
+  int signals_seen = 0;
+  while (true) {
+    int sig = WaitSignal(std::chrono::milliseconds(50));
+    if (sig && sig != SIGCHLD) {
+      if (++signals_seen > 1) {
+        LOG_WARN("second {}: killing everything now", ::sigabbrev_np(sig));
+        kill_at = Clock::now();
+      }
+      begin_stop(std::string("interrupted by SIG") + ::sigabbrev_np(sig), kExitInterrupted);
+    }
+    if (has_deadline && Clock::now() >= job_deadline) {
+      begin_stop("the job ran longer than timeouts.job (" + FormatDuration(spec.timeouts.job) + ")",
+                 kExitJobTimeout);
+    }
+    bool all_done = true;
+    for (auto& a : agents) {
+      if (a.done) continue;
+      int status = 0;
+      if (::waitpid(a.pid, &status, WNOHANG) == a.pid) {
+        a.done = true;
+        a.exit = ExitInfo::FromWaitStatus(status);
+        if (!a.exit.success()) {
+          int code = a.exit.signaled ? kExitError : a.exit.code;
+          if (a.exit.signaled) {
+            LOG_ERROR("the agent for node {} died: {}", a.node, a.exit.Describe());
+          }
+          if (final_code == kExitOk) final_code = code;
+          begin_stop("the agent for node " + std::to_string(a.node) + " ended with " +
+                         a.exit.Describe(), code);
+        }
+      } else {
+        all_done = false;
+      }
+    }
+    if (all_done) break;
+    if (stopping && Clock::now() >= kill_at) {
+      for (auto& a : agents) {
+        if (!a.done) ::kill(-a.pid, SIGKILL);
+      }
+    }
+  }
+
+  // The report: the root cause, not "child failed".
+  std::string restarts = "0";
+  if (auto r = store.TryGet(keys::kRestarts); r.ok() && r->has_value()) restarts = **r;
+  nlohmann::json status = {{"job", spec.name}, {"run_id", run_id}, {"exit_code", final_code},
+                           {"restarts", std::stoi(restarts)}, {"elapsed", Elapsed(start)}};
+  std::string state;
+  switch (final_code) {
+    case kExitOk:
+      state = "succeeded";
+      LOG_INFO("job {} succeeded in {} ({} restarts)", spec.name, Elapsed(start), restarts);
+      break;
+    case kExitWorkerFailed: {
+      state = "failed";
+      auto last = store.TryGet(keys::kLastFailure);
+      if (last.ok() && last->has_value()) {
+        if (auto rec = FailureRecord::FromJson(**last); rec.ok()) {
+          status["failure"] = nlohmann::json::parse(**last);
+          std::string budget = rec->kind == "start" ? "" : " after " + restarts + " restart(s) (max_restarts: " +
+                                                 std::to_string(spec.restart.max_restarts) + ")";
+          std::fprintf(stderr, "trainctl: job %s failed%s: %s", spec.name.c_str(), budget.c_str(),
+                       rec->Report().c_str());
+        }
+      }
+      break;
+    }
+    case kExitRendezvousTimeout:
+      state = "rendezvous-timeout";
+      LOG_ERROR("job {} failed: not every node joined within timeouts.rendezvous ({})", spec.name,
+                FormatDuration(spec.timeouts.rendezvous));
+      break;
+    case kExitInterrupted:
+      state = "interrupted";
+      LOG_WARN("job {} stopped: {}", spec.name, stop_reason);
+      break;
+    case kExitJobTimeout:
+      state = "timed-out";
+      LOG_ERROR("job {} stopped: {}", spec.name, stop_reason);
+      break;
+    default:
+      state = "error";
+      LOG_ERROR("job {} failed: {}", spec.name, stop_reason.empty() ? "see the log above" : stop_reason);
+  }
+  status["state"] = state;
+  if (Status st = AtomicWriteFile(spec.output_dir + "/status.json", status.dump(2) + "\n"); !st.ok()) {
+    LOG_WARN("{}", st.message());
+  }
+  client->reset();
+  (*server)->Stop();
+  return final_code;
+}
+
+}  // namespace trainctl

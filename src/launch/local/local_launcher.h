@@ -1,0 +1,20 @@
+// LocalLauncher: the default target. Serves the job's TCP store on loopback (with a fresh token
+// per run), starts one `trainctl agent` process per node on this machine, forwards Ctrl-C and
+// SIGTERM to them, enforces timeouts.job, and prints the failure report at the end. Leaves
+// <output_dir>/status.json (state, exit code, restarts, failure) for scripts.
+#pragma once
+
+#include "launch/launcher.h"
+
+namespace trainctl {
+
+class LocalLauncher : public Launcher {
+ public:
+  int Run(const JobSpec& spec, const LaunchOptions& options) override;
+};
+
+// Environment variables that carry the store to `trainctl agent` (never argv: argv is public).
+inline constexpr const char* kEnvStoreAddr = "TRAINCTL_AGENT_STORE";
+inline constexpr const char* kEnvStoreToken = "TRAINCTL_AGENT_TOKEN";
+
+}  // namespace trainctl

@@ -1,0 +1,340 @@
+// Turns the layered tree into a JobSpec, collecting every problem with its origin.
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <optional>
+
+#include "common/strings.h"
+#include "spec/job_spec.h"
+#include "spec/tree.h"
+
+namespace trainctl::spec {
+
+Result<JobSpec> Decode(const Node& root);
+
+namespace {
+
+using Kind = Node::Kind;
+
+constexpr int kMaxNodes = 10000;
+constexpr int kMaxProcsPerNode = 1024;
+constexpr int kMaxRestarts = 100000;
+
+class Decoder {
+ public:
+  std::vector<std::string> errors;
+
+  void Error(const Node& at, const std::string& path, const std::string& message) {
+    errors.push_back(at.origin.ToString() + ": " + path + ": " + message);
+  }
+
+  // Rejects keys that are not in `allowed`, with a did-you-mean.
+  void CheckKeys(const Node& map, const std::string& prefix, const std::vector<std::string>& allowed) {
+    for (const auto& [key, value] : map.map) {
+      if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+      std::string path = prefix.empty() ? key : prefix + "." + key;
+      std::string guess = ClosestMatch(key, allowed);
+      std::string hint = guess.empty() ? "expected one of: " + Join(allowed, ", ")
+                                       : "did you mean '" + guess + "'?";
+      Origin at = value.origin;
+      Error(value, path, "unknown field; " + hint);
+    }
+  }
+
+  // Returns the child of a mapping, or nullptr when absent or null.
+  static const Node* Child(const Node& map, const std::string& key) {
+    const Node* n = map.Find(key);
+    return (n && n->kind != Kind::kNull) ? n : nullptr;
+  }
+
+  bool ExpectScalar(const Node& n, const std::string& path, const std::string& expected) {
+    if (n.kind == Kind::kScalar) return true;
+    Error(n, path, expected + ", got " + n.KindName());
+    return false;
+  }
+
+  std::optional<long long> Int(const Node& n, const std::string& path, long long min, long long max) {
+    std::string expected = min >= 1 ? "expected a positive integer" : "expected a whole number";
+    if (max < LLONG_MAX) expected += " at most " + std::to_string(max);
+    if (!ExpectScalar(n, path, expected)) return std::nullopt;
+    const std::string& s = n.scalar;
+    size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
+    bool digits = i < s.size() &&
+                  std::all_of(s.begin() + i, s.end(), [](char c) { return std::isdigit(c); });
+    if (!digits) {
+      Error(n, path, expected + ", got " + Quote(s));
+      return std::nullopt;
+    }
+    errno = 0;
+    char* end = nullptr;
+    long long v = std::strtoll(s.c_str(), &end, 10);
+    if (errno == ERANGE || v < min || v > max) {
+      Error(n, path, expected + ", got " + Quote(s));
+      return std::nullopt;
+    }
+    return v;
+  }
+
+  std::optional<std::string> String(const Node& n, const std::string& path) {
+    if (!ExpectScalar(n, path, "expected a string")) return std::nullopt;
+    return n.scalar;
+  }
+
+  std::optional<std::vector<std::string>> StringList(const Node& n, const std::string& path) {
+    if (n.kind != Kind::kSeq) {
+      Error(n, path, std::string("expected a list of strings such as [python3, train.py], got ") +
+                         n.KindName());
+      return std::nullopt;
+    }
+    std::vector<std::string> out;
+    bool ok = true;
+    for (size_t i = 0; i < n.seq.size(); ++i) {
+      auto s = String(n.seq[i], path + "[" + std::to_string(i) + "]");
+      if (s) out.push_back(*s); else ok = false;
+    }
+    if (!ok) return std::nullopt;
+    return out;
+  }
+
+  std::optional<Duration> DurationField(const Node& n, const std::string& path) {
+    if (!ExpectScalar(n, path, "expected a duration such as 30s or 5m")) return std::nullopt;
+    auto d = ParseDuration(n.scalar);
+    if (!d.ok()) {
+      Error(n, path, d.status().message());
+      return std::nullopt;
+    }
+    return *d;
+  }
+
+  void DecodeNodes(const Node& n, NodesSpec* out) {
+    const std::string expected =
+        "expected a node count (2), a range (\"1:4\") or a mapping {min: 1, max: 4}";
+    if (n.kind == Kind::kScalar) {
+      size_t colon = n.scalar.find(':');
+      if (colon == std::string::npos) {
+        if (auto v = Int(n, "nodes", 1, kMaxNodes)) out->min = out->max = static_cast<int>(*v);
+        return;
+      }
+      Node lo = n, hi = n;
+      lo.scalar = n.scalar.substr(0, colon);
+      hi.scalar = n.scalar.substr(colon + 1);
+      auto min = Int(lo, "nodes (min)", 1, kMaxNodes);
+      auto max = Int(hi, "nodes (max)", 1, kMaxNodes);
+      if (min && max) {
+        out->min = static_cast<int>(*min);
+        out->max = static_cast<int>(*max);
+      }
+    } else if (n.kind == Kind::kMap) {
+      CheckKeys(n, "nodes", {"min", "max"});
+      const Node* min = Child(n, "min");
+      const Node* max = Child(n, "max");
+      if (!min || !max) {
+        Error(n, "nodes", "a mapping needs both min and max, for example {min: 1, max: 4}");
+        return;
+      }
+      auto lo = Int(*min, "nodes.min", 1, kMaxNodes);
+      auto hi = Int(*max, "nodes.max", 1, kMaxNodes);
+      if (lo && hi) {
+        out->min = static_cast<int>(*lo);
+        out->max = static_cast<int>(*hi);
+      }
+    } else {
+      Error(n, "nodes", expected + ", got " + n.KindName());
+      return;
+    }
+    if (out->min > out->max) {
+      Error(n, "nodes", "min (" + std::to_string(out->min) + ") is larger than max (" +
+                            std::to_string(out->max) + ")");
+    }
+  }
+
+  void DecodeEnv(const Node& n, JobSpec* spec) {
+    if (n.kind != Kind::kMap) {
+      Error(n, "env", std::string("expected a mapping of NAME: value, got ") + n.KindName());
+      return;
+    }
+    const auto& reserved = ReservedEnvNames();
+    for (const auto& [key, value] : n.map) {
+      std::string path = "env." + key;
+      bool valid_name = !key.empty() && !std::isdigit(static_cast<unsigned char>(key[0])) &&
+                        std::all_of(key.begin(), key.end(), [](char c) {
+                          return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+                        });
+      if (!valid_name) {
+        Error(value, "env", "invalid variable name " + Quote(key) +
+                                ": expected letters, digits and _, not starting with a digit");
+        continue;
+      }
+      if (std::find(reserved.begin(), reserved.end(), key) != reserved.end() ||
+          key.rfind("TRAINCTL_", 0) == 0) {
+        Error(value, path, "reserved: trainctl sets " + key + " for every worker");
+        continue;
+      }
+      if (value.kind == Kind::kNull) {
+        spec->env.emplace_back(key, "");
+      } else if (auto s = String(value, path)) {
+        spec->env.emplace_back(key, *s);
+      }
+    }
+  }
+
+  void DecodeResources(const Node& n, ResourcesSpec* out) {
+    if (n.kind != Kind::kMap) {
+      Error(n, "resources", std::string("expected a mapping {cpus, memory, gpus}, got ") + n.KindName());
+      return;
+    }
+    CheckKeys(n, "resources", {"cpus", "memory", "gpus"});
+    if (const Node* c = Child(n, "cpus")) {
+      if (ExpectScalar(*c, "resources.cpus", "expected a CPU count such as 2, 0.5 or 500m")) {
+        std::string s = c->scalar;
+        double scale = 1;
+        if (!s.empty() && s.back() == 'm') {
+          s.pop_back();
+          scale = 0.001;
+        }
+        char* end = nullptr;
+        double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || !(v > 0) || v * scale > 1e6) {
+          Error(*c, "resources.cpus",
+                "expected a CPU count such as 2, 0.5 or 500m, got " + Quote(c->scalar));
+        } else {
+          out->cpus = v * scale;
+        }
+      }
+    }
+    if (const Node* m = Child(n, "memory")) {
+      if (ExpectScalar(*m, "resources.memory", "expected a size such as 4Gi")) {
+        auto b = ParseBytes(m->scalar);
+        if (b.ok()) out->memory_bytes = *b; else Error(*m, "resources.memory", b.status().message());
+      }
+    }
+    if (const Node* g = Child(n, "gpus")) {
+      if (auto v = Int(*g, "resources.gpus", 0, 1024)) out->gpus = static_cast<int>(*v);
+    }
+  }
+
+  static bool IsDnsLabel(const std::string& s) {
+    if (s.empty() || s.size() > 63) return false;
+    auto ok = [](char c) { return (c >= 'a' && c <= 'z') || std::isdigit(c) || c == '-'; };
+    return std::all_of(s.begin(), s.end(), ok) && s.front() != '-' && s.back() != '-';
+  }
+};
+
+const std::vector<std::string> kTopLevel = {
+    "name",      "nodes",       "procs_per_node", "command",    "args",
+    "env",       "working_dir", "resources",      "restart",    "timeouts",
+    "output_dir", "checkpoint_dir"};
+
+}  // namespace
+
+Result<JobSpec> Decode(const Node& root) {
+  Decoder d;
+  JobSpec spec;
+  if (root.kind == Kind::kNull) {
+    return InvalidArgument(root.origin.source +
+                           ": empty job spec; expected a mapping with at least 'name' and 'command'");
+  }
+  if (root.kind != Kind::kMap) {
+    return InvalidArgument(root.origin.ToString() + ": expected a mapping of job fields (name: ..., "
+                           "command: [...]), got " + root.KindName());
+  }
+  d.CheckKeys(root, "", kTopLevel);
+
+  if (const Node* n = Decoder::Child(root, "name")) {
+    if (auto s = d.String(*n, "name")) {
+      if (Decoder::IsDnsLabel(*s)) {
+        spec.name = *s;
+      } else {
+        d.Error(*n, "name", "expected lowercase letters, digits and '-' (a DNS label, at most 63 "
+                            "characters, as Kubernetes names need), got " + Quote(*s));
+      }
+    }
+  } else {
+    d.Error(root, "name", "required field is missing; expected a job name such as my-job");
+  }
+
+  if (const Node* n = Decoder::Child(root, "nodes")) d.DecodeNodes(*n, &spec.nodes);
+  if (const Node* n = Decoder::Child(root, "procs_per_node")) {
+    if (auto v = d.Int(*n, "procs_per_node", 1, kMaxProcsPerNode)) spec.procs_per_node = static_cast<int>(*v);
+  }
+
+  if (const Node* n = Decoder::Child(root, "command")) {
+    if (n->kind == Kind::kScalar) {
+      if (n->scalar.find_first_of(" \t") != std::string::npos) {
+        d.Error(*n, "command", "expected a list such as [python3, train.py], got the string " +
+                                   Quote(n->scalar) + " (trainctl runs no shell)");
+      } else if (n->scalar.empty()) {
+        d.Error(*n, "command", "expected a program to run, got an empty string");
+      } else {
+        spec.command = {n->scalar};
+      }
+    } else if (auto list = d.StringList(*n, "command")) {
+      if (list->empty() || (*list)[0].empty()) {
+        d.Error(*n, "command", "expected a program to run, got an empty list");
+      } else {
+        spec.command = *list;
+      }
+    }
+  } else {
+    d.Error(root, "command", "required field is missing; expected the worker program, for example "
+                             "command: [python3, train.py]");
+  }
+  if (const Node* n = Decoder::Child(root, "args")) {
+    if (auto list = d.StringList(*n, "args")) spec.args = *list;
+  }
+  if (const Node* n = Decoder::Child(root, "env")) d.DecodeEnv(*n, &spec);
+  if (const Node* n = Decoder::Child(root, "working_dir")) {
+    if (auto s = d.String(*n, "working_dir")) spec.working_dir = *s;
+  }
+  if (const Node* n = Decoder::Child(root, "resources")) d.DecodeResources(*n, &spec.resources);
+
+  if (const Node* n = Decoder::Child(root, "restart")) {
+    if (n->kind != Kind::kMap) {
+      d.Error(*n, "restart", std::string("expected a mapping {max_restarts: N}, got ") + n->KindName());
+    } else {
+      d.CheckKeys(*n, "restart", {"max_restarts"});
+      if (const Node* m = Decoder::Child(*n, "max_restarts")) {
+        if (auto v = d.Int(*m, "restart.max_restarts", 0, kMaxRestarts)) {
+          spec.restart.max_restarts = static_cast<int>(*v);
+        }
+      }
+    }
+  }
+  if (const Node* n = Decoder::Child(root, "timeouts")) {
+    if (n->kind != Kind::kMap) {
+      d.Error(*n, "timeouts", std::string("expected a mapping {rendezvous, stop_grace, job}, got ") +
+                                  n->KindName());
+    } else {
+      d.CheckKeys(*n, "timeouts", {"rendezvous", "stop_grace", "job"});
+      struct { const char* key; Duration* out; bool zero_ok; } fields[] = {
+          {"rendezvous", &spec.timeouts.rendezvous, false},
+          {"stop_grace", &spec.timeouts.stop_grace, true},
+          {"job", &spec.timeouts.job, true}};
+      for (auto& f : fields) {
+        const Node* m = Decoder::Child(*n, f.key);
+        if (!m) continue;
+        std::string path = std::string("timeouts.") + f.key;
+        if (auto v = d.DurationField(*m, path)) {
+          if (!f.zero_ok && v->count() == 0) {
+            d.Error(*m, path, "must be longer than 0s");
+          } else {
+            *f.out = *v;
+          }
+        }
+      }
+    }
+  }
+  if (const Node* n = Decoder::Child(root, "output_dir")) {
+    if (auto s = d.String(*n, "output_dir")) spec.output_dir = *s;
+  }
+  if (const Node* n = Decoder::Child(root, "checkpoint_dir")) {
+    if (auto s = d.String(*n, "checkpoint_dir")) spec.checkpoint_dir = *s;
+  }
+
+  if (!d.errors.empty()) return InvalidArgument(Join(d.errors, "\n"));
+  if (spec.output_dir.empty()) spec.output_dir = "runs/" + spec.name;
+  if (spec.checkpoint_dir.empty()) spec.checkpoint_dir = spec.output_dir + "/checkpoints";
+  return spec;
+}
+
+}  // namespace trainctl::spec

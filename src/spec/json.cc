@@ -1,0 +1,67 @@
+#include <nlohmann/json.hpp>
+
+#include "spec/job_spec.h"
+
+namespace trainctl {
+
+using nlohmann::json;
+
+std::string JobSpecToJson(const JobSpec& s, int indent) {
+  json env = json::array();
+  for (const auto& [k, v] : s.env) env.push_back({k, v});
+  json j = {
+      {"name", s.name},
+      {"nodes", {{"min", s.nodes.min}, {"max", s.nodes.max}}},
+      {"procs_per_node", s.procs_per_node},
+      {"command", s.command},
+      {"args", s.args},
+      {"env", env},
+      {"working_dir", s.working_dir},
+      {"resources",
+       {{"cpus", s.resources.cpus}, {"memory_bytes", s.resources.memory_bytes},
+        {"gpus", s.resources.gpus}}},
+      {"restart", {{"max_restarts", s.restart.max_restarts}}},
+      {"timeouts_ms",
+       {{"rendezvous", s.timeouts.rendezvous.count()},
+        {"stop_grace", s.timeouts.stop_grace.count()},
+        {"job", s.timeouts.job.count()}}},
+      {"output_dir", s.output_dir},
+      {"checkpoint_dir", s.checkpoint_dir},
+  };
+  return j.dump(indent);
+}
+
+Result<JobSpec> JobSpecFromJson(const std::string& text) {
+  try {
+    json j = json::parse(text);
+    JobSpec s;
+    s.name = j.at("name").get<std::string>();
+    s.nodes.min = j.at("nodes").at("min").get<int>();
+    s.nodes.max = j.at("nodes").at("max").get<int>();
+    s.procs_per_node = j.at("procs_per_node").get<int>();
+    s.command = j.at("command").get<std::vector<std::string>>();
+    s.args = j.at("args").get<std::vector<std::string>>();
+    for (const auto& kv : j.at("env")) {
+      s.env.emplace_back(kv.at(0).get<std::string>(), kv.at(1).get<std::string>());
+    }
+    s.working_dir = j.at("working_dir").get<std::string>();
+    s.resources.cpus = j.at("resources").at("cpus").get<double>();
+    s.resources.memory_bytes = j.at("resources").at("memory_bytes").get<int64_t>();
+    s.resources.gpus = j.at("resources").at("gpus").get<int>();
+    s.restart.max_restarts = j.at("restart").at("max_restarts").get<int>();
+    const json& t = j.at("timeouts_ms");
+    s.timeouts.rendezvous = Duration(t.at("rendezvous").get<int64_t>());
+    s.timeouts.stop_grace = Duration(t.at("stop_grace").get<int64_t>());
+    s.timeouts.job = Duration(t.at("job").get<int64_t>());
+    s.output_dir = j.at("output_dir").get<std::string>();
+    s.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
+    if (s.command.empty() || s.procs_per_node < 1 || s.nodes.min < 1 || s.nodes.max < s.nodes.min) {
+      return InvalidArgument("resolved job spec is inconsistent");
+    }
+    return s;
+  } catch (const json::exception& e) {
+    return InvalidArgument(std::string("resolved job spec is not valid: ") + e.what());
+  }
+}
+
+}  // namespace trainctl

@@ -1,0 +1,53 @@
+#include "common/fs.h"
+#include "spec/job_spec.h"
+#include "spec/tree.h"
+
+namespace trainctl {
+namespace spec {
+Result<JobSpec> Decode(const Node& root);
+}  // namespace spec
+
+const std::vector<std::string>& ReservedEnvNames() {
+  static const std::vector<std::string> names = {
+      "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+      "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+      "TORCHELASTIC_USE_AGENT_STORE"};
+  return names;
+}
+
+Result<JobSpec> LoadJobSpec(const SpecSources& sources) {
+  if (sources.files.empty()) return InvalidArgument("no job spec given; pass a YAML file");
+  spec::Node root;
+  bool first = true;
+  for (const auto& file : sources.files) {
+    auto text = ReadFile(file, spec::kMaxFileBytes);
+    if (!text.ok()) {
+      if (text.status().code() == Code::kInvalidArgument) {
+        return InvalidArgument(file + ": file is larger than 4 MiB; a job spec is a few kilobytes");
+      }
+      return text.status();
+    }
+    ASSIGN_OR_RETURN(spec::Node layer, spec::ParseYaml(*text, file));
+    if (layer.kind != spec::Node::Kind::kMap && layer.kind != spec::Node::Kind::kNull) {
+      return InvalidArgument(layer.origin.ToString() +
+                             ": expected a mapping of job fields (name: ..., command: [...]), got " +
+                             layer.KindName());
+    }
+    if (first) {
+      root = std::move(layer);
+      first = false;
+    } else if (layer.kind == spec::Node::Kind::kMap) {
+      spec::Merge(&root, layer);
+    }
+  }
+  for (const auto& set : sources.sets) RETURN_IF_ERROR(spec::ApplySet(&root, set));
+  return spec::Decode(root);
+}
+
+Result<JobSpec> ParseJobSpec(const std::string& yaml, const std::string& source) {
+  ASSIGN_OR_RETURN(spec::Node root, spec::ParseYaml(yaml, source));
+  return spec::Decode(root);
+}
+
+}  // namespace trainctl

@@ -1,0 +1,66 @@
+// Store: the key-value store that agents rendezvous and coordinate on (c10d's Store, in C++ with
+// Status instead of exceptions). Backends: memory/ (one process, tests), tcp/ (embedded server
+// with token auth, the default), etcd/ (issue 4).
+//
+// Thread safety: every implementation is safe to call from several threads.
+// Timeouts: every call that can wait takes a timeout and returns kTimeout when it passes; calls
+// that do not wait still fail with kUnavailable, never hang, when the server goes away.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/duration.h"
+#include "common/status.h"
+
+namespace trainctl {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual Status Set(const std::string& key, const std::string& value) = 0;
+  // Waits until `key` exists, up to `timeout`, and returns its value.
+  virtual Result<std::string> Get(const std::string& key, Duration timeout) = 0;
+  // The value if the key exists now, std::nullopt if not; never waits.
+  virtual Result<std::optional<std::string>> TryGet(const std::string& key) = 0;
+  // Adds `delta` to the integer at `key` (absent counts as 0) and returns the new value.
+  // kInvalidArgument if the existing value is not an integer.
+  virtual Result<int64_t> Add(const std::string& key, int64_t delta) = 0;
+  // If the current value equals `expected` (an absent key equals ""), sets `desired`.
+  // Returns the value after the call: `desired` when this caller won.
+  virtual Result<std::string> CompareSet(const std::string& key, const std::string& expected,
+                                         const std::string& desired) = 0;
+  // Waits until all `keys` exist, up to `timeout`.
+  virtual Status Wait(const std::vector<std::string>& keys, Duration timeout) = 0;
+  // Returns whether the key existed.
+  virtual Result<bool> Delete(const std::string& key) = 0;
+};
+
+// Namespaces every key under `prefix` (for example "/trainctl/<run-id>/"), so that jobs, runs and
+// rounds never see each other's keys. Does not own `base` unless constructed with a unique_ptr.
+class PrefixStore : public Store {
+ public:
+  PrefixStore(Store* base, std::string prefix) : base_(base), prefix_(std::move(prefix)) {}
+  PrefixStore(std::unique_ptr<Store> base, std::string prefix)
+      : owned_(std::move(base)), base_(owned_.get()), prefix_(std::move(prefix)) {}
+
+  Status Set(const std::string& key, const std::string& value) override;
+  Result<std::string> Get(const std::string& key, Duration timeout) override;
+  Result<std::optional<std::string>> TryGet(const std::string& key) override;
+  Result<int64_t> Add(const std::string& key, int64_t delta) override;
+  Result<std::string> CompareSet(const std::string& key, const std::string& expected,
+                                 const std::string& desired) override;
+  Status Wait(const std::vector<std::string>& keys, Duration timeout) override;
+  Result<bool> Delete(const std::string& key) override;
+
+ private:
+  std::unique_ptr<Store> owned_;
+  Store* base_;
+  std::string prefix_;
+};
+
+}  // namespace trainctl

@@ -1,0 +1,91 @@
+// The embedded TCP store: a server that the launcher runs (one thread, poll-based) and a client
+// that implements Store. The server binds loopback unless told otherwise and refuses any
+// connection that does not present the job's token first.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "store/store.h"
+
+namespace trainctl {
+
+struct TcpStoreServerOptions {
+  std::string host = "127.0.0.1";  // "0.0.0.0" to serve other hosts
+  uint16_t port = 0;               // 0: any free port (see port())
+  std::string token;               // required; clients must present it
+  int max_connections = 1024;
+  Duration auth_timeout = std::chrono::seconds(10);  // close connections that never say hello
+};
+
+class TcpStoreServer {
+ public:
+  // Binds, listens and starts the serving thread.
+  static Result<std::unique_ptr<TcpStoreServer>> Start(const TcpStoreServerOptions& options);
+  ~TcpStoreServer();  // Stop()s
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  uint16_t port() const { return port_; }
+  const std::string& host() const { return options_.host; }
+  // Closes every connection (clients see kUnavailable) and joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  struct State;
+  TcpStoreServer(TcpStoreServerOptions options, int listen_fd, int wake_fd[2], uint16_t port);
+  void Serve();
+
+  TcpStoreServerOptions options_;
+  int listen_fd_;
+  int wake_read_, wake_write_;
+  uint16_t port_;
+  std::unique_ptr<State> state_;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+};
+
+struct TcpStoreOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string token;
+  Duration connect_timeout = std::chrono::seconds(30);  // retried until then (server starting)
+  Duration io_timeout = std::chrono::seconds(30);       // for calls that do not wait
+};
+
+class TcpStore : public Store {
+ public:
+  // Connects and authenticates; kPermissionDenied when the token is refused.
+  static Result<std::unique_ptr<TcpStore>> Connect(const TcpStoreOptions& options);
+  ~TcpStore() override;
+
+  Status Set(const std::string& key, const std::string& value) override;
+  Result<std::string> Get(const std::string& key, Duration timeout) override;
+  Result<std::optional<std::string>> TryGet(const std::string& key) override;
+  Result<int64_t> Add(const std::string& key, int64_t delta) override;
+  Result<std::string> CompareSet(const std::string& key, const std::string& expected,
+                                 const std::string& desired) override;
+  Status Wait(const std::vector<std::string>& keys, Duration timeout) override;
+  Result<bool> Delete(const std::string& key) override;
+
+ private:
+  explicit TcpStore(TcpStoreOptions options) : options_(std::move(options)) {}
+  Status EnsureConnected();
+  // Sends one request and reads its reply body (after the Reply byte) within `wait` plus the
+  // io timeout. On any transport error the connection is dropped; the next call reconnects.
+  Result<std::pair<uint8_t, std::string>> Call(const std::string& frame, Duration wait);
+  std::string Where() const;
+
+  TcpStoreOptions options_;
+  std::mutex mu_;
+  int fd_ = -1;
+  bool greeted_ = false;
+};
+
+// Parses "host:port" (or "[v6]:port").
+Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port);
+
+}  // namespace trainctl
