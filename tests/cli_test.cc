@@ -1,0 +1,247 @@
+// End-to-end: the real trainctl binary running real worker processes (POSIX sh programs).
+#include <nlohmann/json.hpp>
+
+#include "common/exit_codes.h"
+#include "test_util.h"
+
+namespace trainctl::testing {
+namespace {
+
+using std::chrono::seconds;
+
+// A spec whose worker is a shell script; {out} is replaced by the scratch directory.
+std::string Spec(const Scratch& s, const std::string& body) {
+  std::string text = body;
+  for (size_t pos; (pos = text.find("{out}")) != std::string::npos;) text.replace(pos, 5, s.path(""));
+  return s.Write("job.yaml", text);
+}
+
+nlohmann::json Status(const Scratch& s) {
+  return nlohmann::json::parse(s.Read("out/status.json"));
+}
+
+TEST(Cli, HelpListsVerbsAndExitCodes) {
+  Scratch s;
+  auto r = Trainctl({"--help"}, s.path(""));
+  EXPECT_EQ(r.exit.code, 0);
+  for (const char* want : {"run", "validate", "Exit codes:", "130"}) {
+    EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
+  }
+  for (const char* verb : {"run", "validate", "agent"}) {
+    auto v = Trainctl({verb, "--help"}, s.path(""));
+    EXPECT_EQ(v.exit.code, 0) << verb;
+    EXPECT_NE(v.output.find("Usage"), std::string::npos) << v.output;
+  }
+  auto bad = Trainctl({"frobnicate"}, s.path(""));
+  EXPECT_EQ(bad.exit.code, kExitInvalidSpec);
+  EXPECT_EQ(Trainctl({"--version"}, s.path("")).exit.code, 0);
+}
+
+TEST(Cli, ValidateReportsFileLineAndField) {
+  Scratch s;
+  std::string job = s.Write("job.yaml", "name: demo\ncommand: [x]\nprocs_per_node: 2\nnodes: two\n");
+  auto r = Trainctl({"validate", "job.yaml"}, s.path(""));
+  EXPECT_EQ(r.exit.code, kExitInvalidSpec);
+  EXPECT_NE(r.output.find("job.yaml:4: nodes: expected a positive integer, got \"two\""), std::string::npos) << r.output;
+
+  s.Write("ok.yaml", "name: demo\ncommand: [python3, t.py]\n");
+  s.Write("prod.yaml", "nodes: 3\n");
+  auto ok = Trainctl({"validate", "ok.yaml", "-f", "prod.yaml", "--set", "procs_per_node=2"}, s.path(""));
+  EXPECT_EQ(ok.exit.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("3 node(s) x 2 worker(s)"), std::string::npos) << ok.output;
+  auto printed = Trainctl({"validate", "ok.yaml", "--print"}, s.path(""));
+  EXPECT_EQ(nlohmann::json::parse(printed.output)["name"], "demo");
+}
+
+TEST(Cli, WorkersGetTheTorchrunEnvironment) {
+  Scratch s;
+  Spec(s, R"(name: envjob
+nodes: 2
+procs_per_node: 2
+command: [sh, -c, 'env > {out}/env-$RANK.txt']
+env: {MY_SETTING: hello}
+output_dir: {out}/out
+)");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  std::set<std::string> ports;
+  for (int rank = 0; rank < 4; ++rank) {
+    std::string env = s.Read("env-" + std::to_string(rank) + ".txt");
+    ASSERT_FALSE(env.empty()) << "rank " << rank << " did not run";
+    auto has = [&env](const std::string& kv) { return env.find("\n" + kv + "\n") != std::string::npos; };
+    EXPECT_TRUE(has("RANK=" + std::to_string(rank))) << env;
+    EXPECT_TRUE(has("LOCAL_RANK=" + std::to_string(rank % 2)));
+    EXPECT_TRUE(has("WORLD_SIZE=4"));
+    EXPECT_TRUE(has("LOCAL_WORLD_SIZE=2"));
+    EXPECT_TRUE(has("GROUP_RANK=" + std::to_string(rank / 2)));
+    EXPECT_TRUE(has("ROLE_RANK=" + std::to_string(rank)));
+    EXPECT_TRUE(has("ROLE_WORLD_SIZE=4"));
+    EXPECT_TRUE(has("MASTER_ADDR=127.0.0.1"));
+    EXPECT_TRUE(has("TORCHELASTIC_RESTART_COUNT=0"));
+    EXPECT_TRUE(has("TORCHELASTIC_MAX_RESTARTS=3"));
+    EXPECT_TRUE(has("TRAINCTL_JOB_NAME=envjob"));
+    EXPECT_TRUE(has("TRAINCTL_OUTPUT_DIR=" + s.path("out")));
+    EXPECT_TRUE(has("TRAINCTL_CHECKPOINT_DIR=" + s.path("out/checkpoints")));
+    EXPECT_TRUE(has("MY_SETTING=hello"));
+    EXPECT_TRUE(has("OMP_NUM_THREADS=1"));
+    EXPECT_NE(env.find("TORCHELASTIC_RUN_ID=envjob-"), std::string::npos);
+    EXPECT_NE(env.find("TRAINCTL_STORE_TOKEN="), std::string::npos);
+    EXPECT_EQ(env.find("TRAINCTL_AGENT_TOKEN"), std::string::npos);  // not leaked under this name
+    size_t p = env.find("\nMASTER_PORT=");
+    ASSERT_NE(p, std::string::npos);
+    ports.insert(env.substr(p + 13, env.find('\n', p + 1) - p - 13));
+  }
+  EXPECT_EQ(ports.size(), 1u) << "every rank must see the same MASTER_PORT";
+  EXPECT_EQ(Status(s)["state"], "succeeded");
+}
+
+TEST(Cli, OutputIsPrefixedPerRankAndSavedPerRank) {
+  Scratch s;
+  Spec(s, R"(name: logs
+procs_per_node: 3
+command: [sh, -c, 'echo "line one from $RANK"; echo "to stderr from $RANK" >&2; printf "no newline $RANK"']
+output_dir: {out}/out
+)");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::string R = std::to_string(rank);
+    EXPECT_EQ(CountLines(r.output, "[worker-" + R + "] line one from " + R), 1) << r.output;
+    EXPECT_EQ(CountLines(r.output, "[worker-" + R + "] to stderr from " + R), 1);
+    EXPECT_EQ(CountLines(r.output, "[worker-" + R + "] no newline " + R), 1);
+    std::string log = s.Read("out/logs/worker-" + R + ".log");
+    EXPECT_NE(log.find("\nline one from " + R + "\n"), std::string::npos) << log;
+    EXPECT_NE(log.find("to stderr from " + R), std::string::npos);
+    EXPECT_EQ(log.find("[worker-"), std::string::npos) << "the log holds the raw lines";
+  }
+}
+
+TEST(Cli, AFailedWorkerRestartsTheWholeGroupOnEveryNode) {
+  Scratch s;
+  Spec(s, R"(name: flaky
+nodes: 2
+procs_per_node: 2
+command: [sh, -c, 'echo "start $RANK attempt $TORCHELASTIC_RESTART_COUNT"; if [ "$RANK" = 3 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 9; fi; [ "$TORCHELASTIC_RESTART_COUNT" = 1 ] || sleep 20']
+restart: {max_restarts: 2}
+timeouts: {stop_grace: 2s}
+output_dir: {out}/out
+)");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    std::string R = std::to_string(rank);
+    EXPECT_EQ(CountLines(r.output, "start " + R + " attempt 0"), 1) << r.output;
+    EXPECT_EQ(CountLines(r.output, "start " + R + " attempt 1"), 1) << r.output;
+  }
+  EXPECT_NE(r.output.find("worker rank 3"), std::string::npos);
+  EXPECT_NE(r.output.find("restarting the worker group (restart 1 of 2)"), std::string::npos);
+  EXPECT_EQ(Status(s)["restarts"], 1);
+  EXPECT_EQ(Status(s)["state"], "succeeded");
+}
+
+TEST(Cli, SpentRestartBudgetReportsTheRootCause) {
+  Scratch s;
+  Spec(s, R"(name: broken
+procs_per_node: 2
+command: [sh, -c, 'if [ "$RANK" = 1 ]; then echo "loading data"; echo "ValueError: bad shard 7" >&2; exit 7; fi; sleep 20']
+restart: {max_restarts: 1}
+timeouts: {stop_grace: 1s}
+output_dir: {out}/out
+)");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""));
+  EXPECT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
+  EXPECT_NE(r.output.find("job broken failed after 1 restart(s) (max_restarts: 1): worker rank 1"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("failed: exit code 7"), std::string::npos);
+  EXPECT_NE(r.output.find("| ValueError: bad shard 7"), std::string::npos);
+  EXPECT_NE(r.output.find("log: " + s.path("out/logs/worker-1.log")), std::string::npos);
+  auto st = Status(s);
+  EXPECT_EQ(st["state"], "failed");
+  EXPECT_EQ(st["exit_code"], kExitWorkerFailed);
+  EXPECT_EQ(st["failure"]["rank"], 1);
+}
+
+TEST(Cli, DeathBySignalIsNamed) {
+  Scratch s;
+  Spec(s, R"(name: segv
+command: [sh, -c, 'kill -SEGV $$']
+restart: {max_restarts: 0}
+output_dir: {out}/out
+)");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""));
+  EXPECT_EQ(r.exit.code, kExitWorkerFailed);
+  EXPECT_NE(r.output.find("failed: signal 11 (SIGSEGV)"), std::string::npos) << r.output;
+}
+
+TEST(Cli, AProgramThatCannotStartIsASpecError) {
+  Scratch s;
+  Spec(s, "name: typo\ncommand: [pythn3, train.py]\noutput_dir: {out}/out\n");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""));
+  EXPECT_EQ(r.exit.code, kExitInvalidSpec);
+  EXPECT_NE(r.output.find("job.yaml: command: 'pythn3' was not found in PATH"), std::string::npos)
+      << r.output;
+}
+
+TEST(Cli, JobTimeoutStopsTheJob) {
+  Scratch s;
+  Spec(s, R"(name: slow
+command: [sleep, "60"]
+timeouts: {job: 500ms, stop_grace: 1s}
+output_dir: {out}/out
+)");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30));
+  EXPECT_EQ(r.exit.code, kExitJobTimeout) << r.output;
+  EXPECT_NE(r.output.find("ran longer than timeouts.job (500ms)"), std::string::npos) << r.output;
+  EXPECT_EQ(Status(s)["state"], "timed-out");
+}
+
+// Ctrl-C (SIGINT) or SIGTERM to trainctl stops every process it started.
+class InterruptTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(InterruptTest, StopsEverythingAndLeavesNoOrphans) {
+  Scratch s;
+  // Each worker records its pid and a background child's pid, then waits.
+  Spec(s, R"(name: interrupt
+nodes: 2
+procs_per_node: 2
+command: [sh, -c, 'sleep 300 & echo "$$ $!" >> {out}/pids; echo "$PPID" >> {out}/agents; wait']
+output_dir: {out}/out
+)");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
+  ASSERT_TRUE(Eventually([&] { return ReadPids(s.path("pids")).size() == 8; }));
+  std::vector<pid_t> pids = ReadPids(s.path("pids"));
+  for (pid_t agent : ReadPids(s.path("agents"))) pids.push_back(agent);
+  ::kill(job.pid(), GetParam());
+  ExitInfo exit = job.Wait(seconds(30));
+  EXPECT_EQ(exit.code, kExitInterrupted) << job.Output();
+  for (pid_t p : pids) {
+    EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(5))) << "pid " << p << " outlived trainctl";
+  }
+  EXPECT_EQ(Status(s)["state"], "interrupted");
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, InterruptTest, ::testing::Values(SIGINT, SIGTERM),
+                         [](const auto& info) { return info.param == SIGINT ? "SIGINT" : "SIGTERM"; });
+
+TEST(Cli, WorkersThatIgnoreSigtermAreKilledAfterTheGracePeriod) {
+  Scratch s;
+  Spec(s, R"(name: stubborn
+procs_per_node: 2
+command: [sh, -c, 'trap "" TERM; echo $$ >> {out}/pids; while true; do sleep 1; done']
+timeouts: {stop_grace: 500ms}
+output_dir: {out}/out
+)");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
+  ASSERT_TRUE(Eventually([&] { return ReadPids(s.path("pids")).size() == 2; }));
+  auto start = Clock::now();
+  ::kill(job.pid(), SIGINT);
+  ExitInfo exit = job.Wait(seconds(30));
+  EXPECT_EQ(exit.code, kExitInterrupted);
+  EXPECT_LT(Clock::now() - start, seconds(10));
+  for (pid_t p : ReadPids(s.path("pids"))) {
+    EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(5))) << p;
+  }
+}
+
+}  // namespace
+}  // namespace trainctl::testing

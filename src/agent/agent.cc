@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -299,6 +300,8 @@ Agent::Outcome Agent::RunRound(int round, int restart) {
 
 int Agent::Run() {
   const JobSpec& s = o_.spec;
+  // Orphans of our workers come back to us instead of init, so none outlives the job unreaped.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   log::SetContext(s.name, o_.node_rank >= 0 ? "node=" + std::to_string(o_.node_rank) : "agent", 0);
   if (Status st = MakeDirs(s.output_dir + "/logs"); !st.ok()) {
     LOG_ERROR("{}", st.message());

@@ -98,6 +98,16 @@ void WorkerGroup::Stop(Duration grace) {
       w.exited = true;
     }
   }
+  // Grandchildren orphaned by a worker were reparented to this (subreaper) agent and have just
+  // been sent SIGKILL with their group: reap them, bounded, since one that left the group
+  // (setsid) may live on.
+  auto reap_deadline = Clock::now() + std::chrono::seconds(1);
+  while (!workers_.empty()) {
+    int status;
+    pid_t r = ::waitpid(-1, &status, WNOHANG);
+    if (r < 0 || Clock::now() >= reap_deadline) break;  // ECHILD: none left
+    if (r == 0) WaitSignal(Duration(10));
+  }
   if (pump_) pump_->Stop();
 }
 

@@ -36,7 +36,6 @@ class Decoder {
       std::string guess = ClosestMatch(key, allowed);
       std::string hint = guess.empty() ? "expected one of: " + Join(allowed, ", ")
                                        : "did you mean '" + guess + "'?";
-      Origin at = value.origin;
       Error(value, path, "unknown field; " + hint);
     }
   }
@@ -54,8 +53,7 @@ class Decoder {
   }
 
   std::optional<long long> Int(const Node& n, const std::string& path, long long min, long long max) {
-    std::string expected = min >= 1 ? "expected a positive integer" : "expected a whole number";
-    if (max < LLONG_MAX) expected += " at most " + std::to_string(max);
+    const std::string expected = min >= 1 ? "expected a positive integer" : "expected a whole number";
     if (!ExpectScalar(n, path, expected)) return std::nullopt;
     const std::string& s = n.scalar;
     size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
@@ -69,7 +67,8 @@ class Decoder {
     char* end = nullptr;
     long long v = std::strtoll(s.c_str(), &end, 10);
     if (errno == ERANGE || v < min || v > max) {
-      Error(n, path, expected + ", got " + Quote(s));
+      Error(n, path, expected + " from " + std::to_string(min) + " to " + std::to_string(max) +
+                         ", got " + Quote(s));
       return std::nullopt;
     }
     return v;

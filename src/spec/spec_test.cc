@@ -1,0 +1,282 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "spec/job_spec.h"
+
+namespace trainctl {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Errors(const std::string& yaml) {
+  auto spec = ParseJobSpec(yaml, "job.yaml");
+  EXPECT_FALSE(spec.ok()) << "accepted:\n" << yaml;
+  return spec.ok() ? "" : spec.status().message();
+}
+
+const char* kMinimal = "name: demo\ncommand: [python3, train.py]\n";
+
+TEST(JobSpec, FullSpecParses) {
+  auto spec = ParseJobSpec(R"(
+name: mnist-ddp
+nodes: {min: 1, max: 3}
+procs_per_node: 4
+command: [python3, train.py]
+args: [--epochs, "3"]
+env: {OMP_NUM_THREADS: 2, DATA: /data}
+working_dir: /work
+resources: {cpus: 500m, memory: 4Gi, gpus: 1}
+restart: {max_restarts: 7}
+timeouts: {rendezvous: 90s, stop_grace: 5s, job: 2h}
+output_dir: /out
+checkpoint_dir: /ckpt
+)", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->name, "mnist-ddp");
+  EXPECT_EQ(spec->nodes.min, 1);
+  EXPECT_EQ(spec->nodes.max, 3);
+  EXPECT_EQ(spec->procs_per_node, 4);
+  EXPECT_EQ(spec->world_size(), 12);
+  EXPECT_EQ(spec->command, (std::vector<std::string>{"python3", "train.py"}));
+  EXPECT_EQ(spec->args, (std::vector<std::string>{"--epochs", "3"}));
+  ASSERT_EQ(spec->env.size(), 2u);
+  EXPECT_EQ(spec->env[0], (std::pair<std::string, std::string>{"OMP_NUM_THREADS", "2"}));
+  EXPECT_DOUBLE_EQ(spec->resources.cpus, 0.5);
+  EXPECT_EQ(spec->resources.memory_bytes, 4LL << 30);
+  EXPECT_EQ(spec->resources.gpus, 1);
+  EXPECT_EQ(spec->restart.max_restarts, 7);
+  EXPECT_EQ(spec->timeouts.rendezvous.count(), 90000);
+  EXPECT_EQ(spec->timeouts.stop_grace.count(), 5000);
+  EXPECT_EQ(spec->timeouts.job.count(), 7200000);
+  EXPECT_EQ(spec->checkpoint_dir, "/ckpt");
+}
+
+TEST(JobSpec, DefaultsAreFilledIn) {
+  auto spec = ParseJobSpec(kMinimal, "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->nodes.max, 1);
+  EXPECT_EQ(spec->procs_per_node, 1);
+  EXPECT_EQ(spec->restart.max_restarts, 3);
+  EXPECT_EQ(spec->output_dir, "runs/demo");
+  EXPECT_EQ(spec->checkpoint_dir, "runs/demo/checkpoints");
+  EXPECT_EQ(spec->timeouts.rendezvous.count(), 300000);
+}
+
+TEST(JobSpec, ErrorNamesFileLineFieldAndExpectation) {
+  EXPECT_EQ(Errors("name: demo\ncommand: [x]\nprocs_per_node: 2\nnodes: two\n"),
+            "job.yaml:4: nodes: expected a positive integer, got \"two\"");
+  EXPECT_EQ(Errors("name: demo\ncommand: [x]\nprocs_per_node: two\n"),
+            "job.yaml:3: procs_per_node: expected a positive integer, got \"two\"");
+  EXPECT_EQ(Errors("name: demo\ncommand: [x]\nrestart:\n  max_restarts: -1\n"),
+            "job.yaml:4: restart.max_restarts: expected a whole number from 0 to 100000, got \"-1\"");
+}
+
+TEST(JobSpec, UnknownKeysGetADidYouMean) {
+  EXPECT_EQ(Errors("name: demo\ncommand: [x]\nprocs_per_nod: 2\n"),
+            "job.yaml:3: procs_per_nod: unknown field; did you mean 'procs_per_node'?");
+  EXPECT_EQ(Errors("name: demo\ncommand: [x]\nrestart: {max_restart: 2}\n"),
+            "job.yaml:3: restart.max_restart: unknown field; did you mean 'max_restarts'?");
+  std::string far = Errors("name: demo\ncommand: [x]\nzzzzzz: 1\n");
+  EXPECT_NE(far.find("unknown field; expected one of: name, nodes"), std::string::npos) << far;
+}
+
+TEST(JobSpec, EveryProblemIsReportedAtOnce) {
+  std::string e = Errors("nodes: 0\nprocs_per_node: x\n");
+  EXPECT_NE(e.find("job.yaml:1: name: required field is missing"), std::string::npos) << e;
+  EXPECT_NE(e.find("job.yaml:1: nodes: expected a positive integer from 1 to 10000, got \"0\""),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("job.yaml:2: procs_per_node"), std::string::npos) << e;
+  EXPECT_NE(e.find("command: required field is missing"), std::string::npos) << e;
+}
+
+TEST(JobSpec, WrongTypes) {
+  EXPECT_NE(Errors("name: demo\ncommand: {a: 1}\n").find("job.yaml:2: command: expected a list"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: demo\ncommand: python3 train.py\n").find("trainctl runs no shell"),
+            std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "env: [A, B]\n").find("env: expected a mapping"),
+            std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "nodes: [1]\n").find("nodes: expected a node count"),
+            std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "args: [[1]]\n").find("args[0]: expected a string"),
+            std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "timeouts: {job: soon}\n")
+                .find("timeouts.job: expected a duration"), std::string::npos);
+  EXPECT_NE(Errors("name: Demo_Job\ncommand: [x]\n").find("name: expected lowercase"),
+            std::string::npos);
+  EXPECT_NE(Errors("- a\n- b\n").find("job.yaml:1: expected a mapping of job fields"),
+            std::string::npos);
+}
+
+TEST(JobSpec, NodeRanges) {
+  auto range = ParseJobSpec(std::string(kMinimal) + "nodes: \"2:4\"\n", "job.yaml");
+  ASSERT_TRUE(range.ok()) << range.status().message();
+  EXPECT_EQ(range->nodes.min, 2);
+  EXPECT_EQ(range->nodes.max, 4);
+  EXPECT_NE(Errors(std::string(kMinimal) + "nodes: {min: 3, max: 2}\n")
+                .find("nodes: min (3) is larger than max (2)"), std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "nodes: {min: 3}\n").find("needs both min and max"),
+            std::string::npos);
+}
+
+TEST(JobSpec, ReservedEnvironmentIsRejected) {
+  EXPECT_EQ(Errors(std::string(kMinimal) + "env:\n  RANK: 3\n"),
+            "job.yaml:4: env.RANK: reserved: trainctl sets RANK for every worker");
+  EXPECT_NE(Errors(std::string(kMinimal) + "env: {TRAINCTL_X: 1}\n").find("reserved"),
+            std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "env: {1BAD: 1}\n").find("invalid variable name"),
+            std::string::npos);
+}
+
+TEST(JobSpec, HostileInputNeverCrashes) {
+  EXPECT_NE(Errors("").find("job.yaml: empty job spec"), std::string::npos);
+  EXPECT_NE(Errors("# only a comment\n").find("empty job spec"), std::string::npos);
+  EXPECT_NE(Errors(std::string("name: a\0b\n", 10)).find("binary data"), std::string::npos);
+  EXPECT_NE(Errors("\x89PNG\r\n\x1a\n\xff\xfe{{{").find("job.yaml"), std::string::npos);
+  EXPECT_NE(Errors("name: [unclosed\n").find("job.yaml:"), std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "procs_per_node: 99999999999999999999999\n")
+                .find("from 1 to 1024"), std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "timeouts: {job: 1e308h}\n").find("timeouts.job"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: demo\nname: again\ncommand: [x]\n").find("job.yaml:2: name: duplicate key"),
+            std::string::npos);
+  std::string deep = "env: " + std::string(5000, '[') + std::string(5000, ']') + "\n";
+  EXPECT_FALSE(ParseJobSpec(deep, "job.yaml").ok());
+  std::string deep_maps = "a:\n";
+  for (int i = 1; i < 200; ++i) deep_maps += std::string(i * 2, ' ') + "b:\n";
+  EXPECT_NE(Errors(deep_maps).find("nested more than"), std::string::npos);
+  // Alias expansion ("billion laughs") is bounded.
+  std::string laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'j'; ++c) {
+    laughs += std::string(1, c) + ": &" + c + " [";
+    for (int i = 0; i < 10; ++i) laughs += std::string(i ? ", *" : "*") + static_cast<char>(c - 1);
+    laughs += "]\n";
+  }
+  EXPECT_NE(Errors(laughs).find("document too large"), std::string::npos);
+  EXPECT_NE(Errors(std::string(5 << 20, ' ')).find("larger than 4 MiB"), std::string::npos);
+}
+
+TEST(JobSpec, FuzzedInputNeverCrashes) {
+  std::mt19937 rng(42);
+  const std::string base =
+      "name: demo\nnodes: {min: 1, max: 2}\ncommand: [python3, t.py]\nenv: {A: b}\n"
+      "timeouts: {job: 1h}\nresources: {memory: 1Gi}\n";
+  const std::string alphabet = "{}[]:,-&*!|>'\"#%@`\n\t 0123456789abcxyz\\\x01\xff";
+  for (int i = 0; i < 20000; ++i) {
+    std::string text = base;
+    int edits = 1 + static_cast<int>(rng() % 8);
+    for (int e = 0; e < edits; ++e) {
+      size_t pos = rng() % (text.size() + 1);
+      switch (rng() % 3) {
+        case 0: text.insert(pos, 1, alphabet[rng() % alphabet.size()]); break;
+        case 1: if (pos < text.size()) text.erase(pos, 1 + rng() % 4); break;
+        default: if (pos < text.size()) text[pos] = alphabet[rng() % alphabet.size()];
+      }
+    }
+    auto spec = ParseJobSpec(text, "fuzz.yaml");  // must return, ok or not
+    if (!spec.ok()) {
+      EXPECT_FALSE(spec.status().message().empty());
+    }
+  }
+}
+
+class LayeredSpecTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("trainctl-spec-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  fs::path dir_;
+};
+
+TEST_F(LayeredSpecTest, LaterFilesMergeMapsReplaceListsAndNullDeletes) {
+  std::string base = Write("base.yaml",
+                           "name: demo\ncommand: [python3, train.py]\nargs: [--a, --b]\n"
+                           "env: {A: '1', B: '2'}\nrestart: {max_restarts: 1}\n");
+  std::string prod = Write("prod.yaml", "nodes: 4\nargs: [--prod]\nenv: {B: '3', A: null}\n");
+  auto spec = LoadJobSpec({{base, prod}, {}});
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->nodes.max, 4);
+  EXPECT_EQ(spec->args, std::vector<std::string>{"--prod"});
+  ASSERT_EQ(spec->env.size(), 1u);
+  EXPECT_EQ(spec->env[0], (std::pair<std::string, std::string>{"B", "3"}));
+  EXPECT_EQ(spec->restart.max_restarts, 1);
+}
+
+TEST_F(LayeredSpecTest, ErrorsPointAtTheLayerThatSetTheValue) {
+  std::string base = Write("base.yaml", "name: demo\ncommand: [x]\n");
+  std::string prod = Write("prod.yaml", "# prod\nrestart:\n  max_restarts: lots\n");
+  auto spec = LoadJobSpec({{base, prod}, {}});
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().message(),
+            prod + ":3: restart.max_restarts: expected a whole number, got \"lots\"");
+}
+
+TEST_F(LayeredSpecTest, SetOverridesWithTypedValuesAndIndexes) {
+  std::string base = Write("job.yaml", "name: demo\ncommand: [x]\nargs: [--a, --b]\n");
+  auto spec = LoadJobSpec({{base},
+                           {"restart.max_restarts=9", "args[1]=--c", "args[2]=--d",
+                            "env.NEW=hello", "command=[python3, t.py]", "nodes=1:3"}});
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->restart.max_restarts, 9);
+  EXPECT_EQ(spec->args, (std::vector<std::string>{"--a", "--c", "--d"}));
+  EXPECT_EQ(spec->env[0].second, "hello");
+  EXPECT_EQ(spec->command[1], "t.py");
+  EXPECT_EQ(spec->nodes.max, 3);
+}
+
+TEST_F(LayeredSpecTest, SetErrorsNameTheFlag) {
+  std::string base = Write("job.yaml", "name: demo\ncommand: [x]\n");
+  auto bad_value = LoadJobSpec({{base}, {"nodes=two"}});
+  ASSERT_FALSE(bad_value.ok());
+  EXPECT_EQ(bad_value.status().message().rfind("--set nodes=two: nodes: expected a positive integer, got \"two\"", 0), 0u)
+      << bad_value.status().message();
+  auto typo = LoadJobSpec({{base}, {"restart.max_restart=2"}});
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("did you mean 'max_restarts'"), std::string::npos);
+  for (const char* bad : {"noequals", "=3", "a..b=1", "args[x]=1", "args[9]=1", "args[0=1"}) {
+    EXPECT_FALSE(LoadJobSpec({{base}, {bad}}).ok()) << bad;
+  }
+}
+
+TEST_F(LayeredSpecTest, MissingOrUnreadableFiles) {
+  auto missing = LoadJobSpec({{(dir_ / "nope.yaml").string()}, {}});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("nope.yaml"), std::string::npos);
+  auto directory = LoadJobSpec({{dir_.string()}, {}});
+  EXPECT_FALSE(directory.ok());
+}
+
+TEST(JobSpecJson, RoundTripsEveryField) {
+  auto spec = ParseJobSpec(R"(
+name: rt
+nodes: "2:5"
+procs_per_node: 3
+command: [a, b]
+args: [c]
+env: {X: "y z"}
+working_dir: /w
+resources: {cpus: 2, memory: 1Gi, gpus: 2}
+restart: {max_restarts: 4}
+timeouts: {rendezvous: 1m, stop_grace: 3s, job: 1h}
+)", "rt.yaml");
+  ASSERT_TRUE(spec.ok());
+  auto back = JobSpecFromJson(JobSpecToJson(*spec));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(JobSpecToJson(*back), JobSpecToJson(*spec));
+  EXPECT_FALSE(JobSpecFromJson("{").ok());
+  EXPECT_FALSE(JobSpecFromJson("{}").ok());
+}
+
+}  // namespace
+}  // namespace trainctl

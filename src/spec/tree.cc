@@ -1,94 +1,157 @@
 #include "spec/tree.h"
 
-#include <yaml-cpp/yaml.h>
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/exceptions.h>
+#include <yaml-cpp/parser.h>
 
+#include <algorithm>
 #include <cctype>
+#include <map>
+#include <sstream>
 
 namespace trainctl::spec {
 namespace {
 
-struct Converter {
-  std::string source;
-  int line_offset = 0;  // for --set values, lines are meaningless
-  size_t nodes = 0;
-
-  Status Convert(const YAML::Node& in, int depth, Node* out) {
-    if (++nodes > kMaxNodes) {
-      return InvalidArgument(source + ": document too large (more than " +
-                             std::to_string(kMaxNodes) + " nodes after expanding aliases)");
-    }
-    out->origin.source = source;
-    out->origin.line = line_offset ? 0 : in.Mark().line + 1;
-    if (depth > kMaxDepth) {
-      return InvalidArgument(out->origin.ToString() + ": nested more than " +
-                             std::to_string(kMaxDepth) + " levels deep");
-    }
-    switch (in.Type()) {
-      case YAML::NodeType::Undefined:
-      case YAML::NodeType::Null:
-        out->kind = Node::Kind::kNull;
-        return Status::Ok();
-      case YAML::NodeType::Scalar:
-        out->kind = Node::Kind::kScalar;
-        out->scalar = in.Scalar();
-        return Status::Ok();
-      case YAML::NodeType::Sequence:
-        out->kind = Node::Kind::kSeq;
-        for (const auto& item : in) {
-          out->seq.emplace_back();
-          RETURN_IF_ERROR(Convert(item, depth + 1, &out->seq.back()));
-        }
-        return Status::Ok();
-      case YAML::NodeType::Map:
-        out->kind = Node::Kind::kMap;
-        for (const auto& kv : in) {
-          Origin key_origin{source, line_offset ? 0 : kv.first.Mark().line + 1};
-          if (!kv.first.IsScalar()) {
-            return InvalidArgument(key_origin.ToString() + ": keys must be plain names");
-          }
-          const std::string key = kv.first.Scalar();
-          if (out->Find(key)) {
-            return InvalidArgument(key_origin.ToString() + ": " + key + ": duplicate key");
-          }
-          out->map.emplace_back(key, Node{});
-          RETURN_IF_ERROR(Convert(kv.second, depth + 1, &out->map.back().second));
-          // A key with no value ("name:") is reported at the key's line.
-          if (out->map.back().second.kind == Node::Kind::kNull) {
-            out->map.back().second.origin = key_origin;
-          }
-        }
-        return Status::Ok();
-    }
-    return Internal("unknown YAML node type");
-  }
+// Builds a Node tree from yaml-cpp's parser events. Used instead of YAML::LoadAll, which loops
+// forever on some malformed input in yaml-cpp 0.7 (jbeder/yaml-cpp#1040): we stop at the second
+// document. Problems are thrown as SpecError and caught in ParseWith.
+struct SpecError {
+  Status status;
 };
 
-Result<Node> ParseWith(const std::string& text, Converter& conv) {
-  if (text.find('\0') != std::string::npos) {
-    return InvalidArgument(conv.source + ": binary data, not a YAML text file");
+class TreeBuilder : public YAML::EventHandler {
+ public:
+  TreeBuilder(std::string source, bool with_lines) : source_(std::move(source)), lines_(with_lines) {}
+
+  Node root;
+
+  void OnDocumentStart(const YAML::Mark&) override {
+    if (++documents_ > 1) {
+      Fail(source_ + ": expected one YAML document, found more (separated by ---)");
+    }
   }
-  std::vector<YAML::Node> docs;
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    Emit(Make(mark, Node::Kind::kNull), anchor);
+  }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    auto it = anchors_.find(anchor);
+    if (it == anchors_.end()) Fail(At(mark) + ": unknown alias");
+    count_ += Count(it->second);
+    if (count_ > kMaxNodes) TooLarge();
+    Emit(Node(it->second), 0);
+  }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                const std::string& value) override {
+    Node n = Make(mark, Node::Kind::kScalar);
+    n.scalar = value;
+    Emit(std::move(n), anchor);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                       YAML::EmitterStyle::value) override {
+    Open(Make(mark, Node::Kind::kSeq), anchor);
+  }
+  void OnSequenceEnd() override { Close(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                  YAML::EmitterStyle::value) override {
+    Open(Make(mark, Node::Kind::kMap), anchor);
+  }
+  void OnMapEnd() override { Close(); }
+
+ private:
+  struct Frame {
+    Node node;
+    YAML::anchor_t anchor = 0;
+    bool have_key = false;
+    std::string key;
+    Origin key_origin;
+  };
+
+  [[noreturn]] void Fail(const std::string& message) { throw SpecError{InvalidArgument(message)}; }
+  [[noreturn]] void TooLarge() {
+    Fail(source_ + ": document too large (more than " + std::to_string(kMaxNodes) +
+         " nodes after expanding aliases)");
+  }
+  int Line(const YAML::Mark& mark) const { return lines_ ? mark.line + 1 : 0; }
+  std::string At(const YAML::Mark& mark) const { return Origin{source_, Line(mark)}.ToString(); }
+  static size_t Count(const Node& n) {
+    size_t c = 1;
+    for (const auto& child : n.seq) c += Count(child);
+    for (const auto& kv : n.map) c += Count(kv.second);
+    return c;
+  }
+  Node Make(const YAML::Mark& mark, Node::Kind kind) {
+    if (++count_ > kMaxNodes) TooLarge();
+    Node n;
+    n.kind = kind;
+    n.origin = {source_, Line(mark)};
+    return n;
+  }
+  void Open(Node n, YAML::anchor_t anchor) {
+    if (static_cast<int>(stack_.size()) >= kMaxDepth) {
+      Fail(n.origin.ToString() + ": nested more than " + std::to_string(kMaxDepth) + " levels deep");
+    }
+    stack_.push_back({std::move(n), anchor});
+  }
+  void Close() {
+    Frame f = std::move(stack_.back());
+    stack_.pop_back();
+    Emit(std::move(f.node), f.anchor);
+  }
+  // Places a finished node in its parent, or makes it the root.
+  void Emit(Node n, YAML::anchor_t anchor) {
+    if (anchor) anchors_[anchor] = n;
+    if (stack_.empty()) {
+      root = std::move(n);
+      return;
+    }
+    Frame& parent = stack_.back();
+    if (parent.node.kind == Node::Kind::kSeq) {
+      parent.node.seq.push_back(std::move(n));
+      return;
+    }
+    if (!parent.have_key) {
+      if (n.kind != Node::Kind::kScalar) Fail(n.origin.ToString() + ": keys must be plain names");
+      if (parent.node.Find(n.scalar)) Fail(n.origin.ToString() + ": " + n.scalar + ": duplicate key");
+      parent.have_key = true;
+      parent.key = n.scalar;
+      parent.key_origin = n.origin;
+      return;
+    }
+    // A key with no value ("name:") is reported at the key's line.
+    if (n.kind == Node::Kind::kNull) n.origin = parent.key_origin;
+    parent.node.map.emplace_back(std::move(parent.key), std::move(n));
+    parent.have_key = false;
+  }
+
+  std::string source_;
+  bool lines_;
+  int documents_ = 0;
+  size_t count_ = 0;
+  std::vector<Frame> stack_;
+  std::map<YAML::anchor_t, Node> anchors_;
+};
+
+// Parses `text`; `with_lines` is false for --set values, whose lines mean nothing.
+Result<Node> ParseWith(const std::string& text, const std::string& source, bool with_lines) {
+  if (text.find('\0') != std::string::npos) {
+    return InvalidArgument(source + ": binary data, not a YAML text file");
+  }
+  TreeBuilder builder(source, with_lines);
+  builder.root.origin = {source, with_lines ? 1 : 0};
   try {
-    docs = YAML::LoadAll(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    while (parser.HandleNextDocument(builder)) {}
+  } catch (const SpecError& e) {
+    return e.status;
   } catch (const YAML::Exception& e) {
-    Origin at{conv.source, conv.line_offset ? 0 : e.mark.line + 1};
+    Origin at{source, with_lines ? e.mark.line + 1 : 0};
     return InvalidArgument(at.ToString() + ": invalid YAML: " + e.msg);
   } catch (const std::exception& e) {
-    return InvalidArgument(conv.source + ": invalid YAML: " + e.what());
+    return InvalidArgument(source + ": invalid YAML: " + e.what());
   }
-  if (docs.size() > 1) {
-    return InvalidArgument(conv.source + ": expected one YAML document, found " +
-                           std::to_string(docs.size()) + " (separated by ---)");
-  }
-  Node root;
-  root.origin = {conv.source, conv.line_offset ? 0 : 1};
-  if (docs.empty()) return root;
-  try {
-    RETURN_IF_ERROR(conv.Convert(docs[0], 0, &root));
-  } catch (const YAML::Exception& e) {
-    return InvalidArgument(conv.source + ": invalid YAML: " + e.msg);
-  }
-  return root;
+  return std::move(builder.root);
 }
 
 // One step of a --set path: a key, or an index into a list.
@@ -163,8 +226,7 @@ Result<Node> ParseYaml(const std::string& text, const std::string& source) {
     return InvalidArgument(source + ": file is larger than " + std::to_string(kMaxFileBytes >> 20) +
                            " MiB; a job spec is a few kilobytes");
   }
-  Converter conv{source};
-  return ParseWith(text, conv);
+  return ParseWith(text, source, true);
 }
 
 void Merge(Node* base, const Node& overlay) {
@@ -191,14 +253,13 @@ Status ApplySet(Node* root, const std::string& assignment) {
     return InvalidArgument(flag + ": expected key=value, for example --set restart.max_restarts=5");
   }
   ASSIGN_OR_RETURN(auto steps, ParsePath(assignment.substr(0, eq), flag));
-  Converter conv{flag, 1};
   std::string text = assignment.substr(eq + 1);
   Node value;
   value.origin = {flag, 0};
   if (text.empty()) {
     value.kind = Node::Kind::kScalar;  // "--set key=" means the empty string
   } else {
-    ASSIGN_OR_RETURN(value, ParseWith(text, conv));
+    ASSIGN_OR_RETURN(value, ParseWith(text, flag, false));
   }
   Node* cur = root;
   for (size_t i = 0; i < steps.size(); ++i) {

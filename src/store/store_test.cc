@@ -1,0 +1,355 @@
+// One suite, run against every Store backend; then what only the TCP store has (auth, a server
+// that dies or stalls, concurrent connections).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include "store/memory/memory_store.h"
+#include "store/tcp/tcp_store.h"
+#include "store/tcp/wire.h"
+
+namespace trainctl {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class MemoryBackend {
+ public:
+  std::unique_ptr<Store> NewClient() { return std::make_unique<PrefixStore>(&store_, ""); }
+
+ private:
+  MemoryStore store_;
+};
+
+class TcpBackend {
+ public:
+  TcpBackend() {
+    TcpStoreServerOptions o;
+    o.token = "secret-token";
+    server_ = std::move(TcpStoreServer::Start(o).value());
+  }
+  std::unique_ptr<Store> NewClient() {
+    TcpStoreOptions o;
+    o.port = server_->port();
+    o.token = "secret-token";
+    return std::move(TcpStore::Connect(o).value());
+  }
+
+ private:
+  std::unique_ptr<TcpStoreServer> server_;
+};
+
+template <typename Backend>
+class StoreTest : public ::testing::Test {
+ protected:
+  Backend backend_;
+};
+
+using Backends = ::testing::Types<MemoryBackend, TcpBackend>;
+class BackendNames {
+ public:
+  template <typename T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, MemoryBackend> ? "Memory" : "Tcp";
+  }
+};
+TYPED_TEST_SUITE(StoreTest, Backends, BackendNames);
+
+TYPED_TEST(StoreTest, SetGetTryGetDelete) {
+  auto s = this->backend_.NewClient();
+  ASSERT_TRUE(s->Set("k", std::string("v\0x", 3)).ok());
+  EXPECT_EQ(*s->Get("k", seconds(1)), std::string("v\0x", 3));
+  EXPECT_EQ(**s->TryGet("k"), std::string("v\0x", 3));
+  EXPECT_FALSE(s->TryGet("absent")->has_value());
+  EXPECT_TRUE(*s->Delete("k"));
+  EXPECT_FALSE(*s->Delete("k"));
+  EXPECT_FALSE(s->TryGet("k")->has_value());
+}
+
+TYPED_TEST(StoreTest, GetTimesOutNamingTheKey) {
+  auto s = this->backend_.NewClient();
+  auto start = Clock::now();
+  auto r = s->Get("never", milliseconds(100));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kTimeout);
+  EXPECT_NE(r.status().message().find("never"), std::string::npos);
+  EXPECT_GE(Clock::now() - start, milliseconds(100));
+}
+
+TYPED_TEST(StoreTest, GetWaitsForAWriterOnAnotherClient) {
+  auto reader = this->backend_.NewClient();
+  auto writer = this->backend_.NewClient();
+  std::thread t([&] { ASSERT_TRUE(writer->Set("late", "here").ok()); });
+  auto r = reader->Get("late", seconds(10));
+  t.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "here");
+}
+
+TYPED_TEST(StoreTest, AddCountsAndRejectsNonIntegers) {
+  auto s = this->backend_.NewClient();
+  EXPECT_EQ(*s->Add("n", 5), 5);
+  EXPECT_EQ(*s->Add("n", -2), 3);
+  ASSERT_TRUE(s->Set("text", "abc").ok());
+  auto bad = s->Add("text", 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+}
+
+TYPED_TEST(StoreTest, ConcurrentAddsFromManyClientsAreAtomic) {
+  constexpr int kThreads = 8, kAdds = 200;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([this] {
+      auto s = this->backend_.NewClient();
+      for (int j = 0; j < kAdds; ++j) ASSERT_TRUE(s->Add("counter", 1).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto s = this->backend_.NewClient();
+  EXPECT_EQ(*s->Add("counter", 0), kThreads * kAdds);
+}
+
+TYPED_TEST(StoreTest, CompareSetHasExactlyOneWinner) {
+  auto s = this->backend_.NewClient();
+  EXPECT_EQ(*s->CompareSet("leader", "", "a"), "a");  // absent counts as ""
+  EXPECT_EQ(*s->CompareSet("leader", "", "b"), "a");  // lost: sees the winner
+  EXPECT_EQ(*s->CompareSet("leader", "a", "c"), "c");
+  std::atomic<int> winners{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([this, i, &winners] {
+      auto c = this->backend_.NewClient();
+      std::string me = "node-" + std::to_string(i);
+      if (*c->CompareSet("race", "", me) == me) ++winners;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(winners.load(), 1);
+}
+
+TYPED_TEST(StoreTest, WaitForSeveralKeys) {
+  auto s = this->backend_.NewClient();
+  ASSERT_TRUE(s->Set("a", "1").ok());
+  auto st = s->Wait({"a", "b"}, milliseconds(100));
+  EXPECT_EQ(st.code(), Code::kTimeout);
+  EXPECT_NE(st.message().find("a, b"), std::string::npos);
+  auto other = this->backend_.NewClient();
+  std::thread t([&] { ASSERT_TRUE(other->Set("b", "2").ok()); });
+  EXPECT_TRUE(s->Wait({"a", "b"}, seconds(10)).ok());
+  t.join();
+}
+
+TYPED_TEST(StoreTest, PrefixesKeepJobsApart) {
+  auto raw = this->backend_.NewClient();
+  PrefixStore job1(raw.get(), "/job1/"), job2(raw.get(), "/job2/");
+  ASSERT_TRUE(job1.Set("round", "1").ok());
+  EXPECT_FALSE(job2.TryGet("round")->has_value());
+  EXPECT_EQ(**raw->TryGet("/job1/round"), "1");
+  EXPECT_TRUE(job1.Wait({"round"}, milliseconds(10)).ok());
+}
+
+// --- TCP only ---------------------------------------------------------------------------
+
+TEST(TcpStore, RefusesAClientWithoutTheToken) {
+  TcpStoreServerOptions so;
+  so.token = "right";
+  auto server = std::move(TcpStoreServer::Start(so).value());
+  TcpStoreOptions co;
+  co.port = server->port();
+  co.token = "wrong";
+  co.connect_timeout = seconds(2);
+  auto client = TcpStore::Connect(co);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), Code::kPermissionDenied);
+  co.token = "";
+  EXPECT_EQ(TcpStore::Connect(co).status().code(), Code::kPermissionDenied);
+}
+
+int RawConnect(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+TEST(TcpStore, UnauthenticatedRequestsAreRefusedAndTheConnectionClosed) {
+  TcpStoreServerOptions so;
+  so.token = "t";
+  auto server = std::move(TcpStoreServer::Start(so).value());
+  int fd = RawConnect(server->port());
+  wire::Writer w;
+  w.U8(static_cast<uint8_t>(wire::Op::kSet)).Str("k").Str("v");
+  std::string frame = w.Frame();
+  ASSERT_EQ(::send(fd, frame.data(), frame.size(), 0), static_cast<ssize_t>(frame.size()));
+  char buf[256];
+  ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  ASSERT_GT(n, 4);
+  EXPECT_EQ(static_cast<wire::Reply>(buf[4]), wire::Reply::kUnauthorized);
+  EXPECT_EQ(::recv(fd, buf, sizeof buf, 0), 0);  // closed
+  ::close(fd);
+  // And nothing was written.
+  TcpStoreOptions co;
+  co.port = server->port();
+  co.token = "t";
+  auto client = std::move(TcpStore::Connect(co).value());
+  EXPECT_FALSE(client->TryGet("k")->has_value());
+}
+
+TEST(TcpStore, OversizedFramesAndSilentClientsAreCutOff) {
+  TcpStoreServerOptions so;
+  so.token = "t";
+  so.auth_timeout = milliseconds(200);
+  auto server = std::move(TcpStoreServer::Start(so).value());
+  int fd = RawConnect(server->port());
+  const char huge[4] = {'\xff', '\xff', '\xff', '\x7f'};
+  ASSERT_EQ(::send(fd, huge, 4, 0), 4);
+  char buf[256];
+  ASSERT_GT(::recv(fd, buf, sizeof buf, 0), 4);
+  EXPECT_EQ(::recv(fd, buf, sizeof buf, 0), 0);
+  ::close(fd);
+  int silent = RawConnect(server->port());
+  ASSERT_GT(::recv(silent, buf, sizeof buf, 0), 4);  // refused after auth_timeout
+  EXPECT_EQ(static_cast<wire::Reply>(buf[4]), wire::Reply::kUnauthorized);
+  ::close(silent);
+}
+
+TEST(TcpStore, BindsLoopbackByDefault) {
+  TcpStoreServerOptions so;
+  so.token = "t";
+  EXPECT_EQ(so.host, "127.0.0.1");
+  auto server = std::move(TcpStoreServer::Start(so).value());
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(server->port());
+  a.sin_addr.s_addr = htonl(0x7f000002);  // 127.0.0.2: another loopback address, not bound
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_NE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ::close(fd);
+}
+
+TEST(TcpStore, AWaitingClientFailsFastWhenTheServerStops) {
+  TcpStoreServerOptions so;
+  so.token = "t";
+  auto server = std::move(TcpStoreServer::Start(so).value());
+  TcpStoreOptions co;
+  co.port = server->port();
+  co.token = "t";
+  auto client = std::move(TcpStore::Connect(co).value());
+  auto start = Clock::now();
+  std::thread stopper([&] {
+    // Stop only once the client is inside its wait.
+    TcpStoreOptions c2 = co;
+    auto probe = std::move(TcpStore::Connect(c2).value());
+    ASSERT_TRUE(probe->Set("ready", "1").ok());
+    server->Stop();
+  });
+  ASSERT_TRUE(client->Get("ready", seconds(10)).ok());
+  auto r = client->Get("never", seconds(60));
+  stopper.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
+  EXPECT_LT(Clock::now() - start, seconds(10));
+  // Later calls fail at once too, not after a 30 s connect retry.
+  auto again_start = Clock::now();
+  EXPECT_FALSE(client->Set("x", "y").ok());
+  EXPECT_LT(Clock::now() - again_start, seconds(5));
+}
+
+TEST(TcpStore, AClientOfAKilledServerProcessGetsAnErrorNotAHang) {
+  TcpStoreServerOptions so;
+  so.token = "t";
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto server = TcpStoreServer::Start(so);
+    uint16_t port = server.ok() ? (*server)->port() : 0;
+    ssize_t ignored = ::write(ready[1], &port, sizeof port);
+    (void)ignored;
+    ::pause();
+    ::_exit(0);
+  }
+  uint16_t port = 0;
+  ASSERT_EQ(::read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  ASSERT_NE(port, 0);
+  TcpStoreOptions co;
+  co.port = port;
+  co.token = "t";
+  auto client = std::move(TcpStore::Connect(co).value());
+  ASSERT_TRUE(client->Set("a", "1").ok());
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  auto r = client->Get("b", seconds(60));
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
+}
+
+TEST(TcpStore, AStalledServerIsDetectedByTheDeadline) {
+  TcpStoreServerOptions so;
+  so.token = "t";
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto server = TcpStoreServer::Start(so);
+    uint16_t port = server.ok() ? (*server)->port() : 0;
+    ssize_t ignored = ::write(ready[1], &port, sizeof port);
+    (void)ignored;
+    ::pause();
+    ::_exit(0);
+  }
+  uint16_t port = 0;
+  ASSERT_EQ(::read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  TcpStoreOptions co;
+  co.port = port;
+  co.token = "t";
+  co.io_timeout = milliseconds(300);
+  auto client = std::move(TcpStore::Connect(co).value());
+  ::kill(child, SIGSTOP);
+  // Delivery is asynchronous: go on only once the server process is really stopped.
+  auto stopped = [child] {
+    std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    size_t close = line.rfind(')');
+    return close != std::string::npos && line[close + 2] == 'T';
+  };
+  for (auto until = Clock::now() + seconds(10); !stopped() && Clock::now() < until;) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_TRUE(stopped());
+  auto start = Clock::now();
+  auto r = client->Set("a", "1");
+  EXPECT_FALSE(r.ok());
+  EXPECT_LT(Clock::now() - start, seconds(5));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+}
+
+TEST(ParseHostPort, AcceptsHostsAndRejectsJunk) {
+  std::string host;
+  uint16_t port;
+  ASSERT_TRUE(ParseHostPort("127.0.0.1:29500", &host, &port).ok());
+  EXPECT_EQ(host, "127.0.0.1");
+  EXPECT_EQ(port, 29500);
+  ASSERT_TRUE(ParseHostPort("[::1]:1", &host, &port).ok());
+  EXPECT_EQ(host, "::1");
+  for (const char* bad : {"", "host", ":1", "h:", "h:0", "h:70000", "h:12x"}) {
+    EXPECT_FALSE(ParseHostPort(bad, &host, &port).ok()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace trainctl

@@ -1,0 +1,150 @@
+// Helpers for integration tests: a scratch directory, writing job specs, running the real
+// trainctl binary (to completion, or in the background to signal it), and checking processes.
+#pragma once
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "common/fs.h"
+#include "common/subprocess.h"
+
+namespace trainctl::testing {
+
+namespace fs = std::filesystem;
+
+class Scratch {
+ public:
+  Scratch() {
+    dir_ = fs::temp_directory_path() /
+           ("trainctl-it-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  ~Scratch() { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string Write(const std::string& name, const std::string& text) const {
+    std::ofstream(path(name)) << text;
+    return path(name);
+  }
+  std::string Read(const std::string& name) const {
+    auto r = ReadFile(path(name));
+    return r.ok() ? *r : "";
+  }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path dir_;
+};
+
+inline CommandResult Trainctl(const std::vector<std::string>& args, const std::string& cwd,
+                              Duration timeout = std::chrono::seconds(60)) {
+  SpawnOptions o;
+  o.argv = {TRAINCTL_BIN};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.env = CurrentEnvironment();
+  o.cwd = cwd;
+  auto r = RunCommand(o, timeout);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->timed_out) << "trainctl did not finish in time; output:\n" << r->output;
+  return r.ok() ? *r : CommandResult{};
+}
+
+// trainctl in the background, its output going to a file.
+class Background {
+ public:
+  Background(const std::vector<std::string>& args, const std::string& cwd, const std::string& log)
+      : log_(log) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    SpawnOptions o;
+    o.argv = {TRAINCTL_BIN};
+    o.argv.insert(o.argv.end(), args.begin(), args.end());
+    o.env = CurrentEnvironment();
+    o.cwd = cwd;
+    o.output_fd = fd;
+    o.new_process_group = false;
+    auto pid = Spawn(o);
+    ::close(fd);
+    EXPECT_TRUE(pid.ok()) << pid.status().ToString();
+    pid_ = pid.ok() ? *pid : -1;
+  }
+  ~Background() {
+    if (pid_ > 0 && !done_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // Waits for exit; returns the exit info, or fails the test after `timeout`.
+  ExitInfo Wait(Duration timeout) {
+    auto deadline = Clock::now() + timeout;
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (Clock::now() > deadline) {
+        ADD_FAILURE() << "trainctl still running after " << timeout.count() << " ms";
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    done_ = true;
+    return ExitInfo::FromWaitStatus(status);
+  }
+  std::string Output() const {
+    auto r = ReadFile(log_);
+    return r.ok() ? *r : "";
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+};
+
+// Polls `cond` until it holds or `timeout` passes; returns whether it held.
+template <typename F>
+bool Eventually(F cond, Duration timeout = std::chrono::seconds(30)) {
+  auto deadline = Clock::now() + timeout;
+  while (!cond()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// A process is gone when /proc has no entry for it or it is a zombie (dead, awaiting its reaper).
+inline bool ProcessGone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
+inline std::vector<pid_t> ReadPids(const std::string& file) {
+  std::vector<pid_t> pids;
+  std::ifstream in(file);
+  pid_t p;
+  while (in >> p) pids.push_back(p);
+  return pids;
+}
+
+inline int CountLines(const std::string& text, const std::string& needle) {
+  int n = 0;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(needle) != std::string::npos) ++n;
+  }
+  return n;
+}
+
+}  // namespace trainctl::testing
