@@ -3,6 +3,7 @@
 #include <cctype>
 #include <climits>
 #include <optional>
+#include <tuple>
 
 #include "common/strings.h"
 #include "spec/job_spec.h"
@@ -22,10 +23,20 @@ constexpr int kMaxRestarts = 100000;
 
 class Decoder {
  public:
-  std::vector<std::string> errors;
+  std::vector<std::pair<Origin, std::string>> errors;
 
   void Error(const Node& at, const std::string& path, const std::string& message) {
-    errors.push_back(at.origin.ToString() + ": " + path + ": " + message);
+    errors.emplace_back(at.origin, at.origin.ToString() + ": " + path + ": " + message);
+  }
+
+  // All problems, in the order of the files and lines they point at.
+  std::string Report() {
+    std::stable_sort(errors.begin(), errors.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.first.source, a.first.line) < std::tie(b.first.source, b.first.line);
+    });
+    std::vector<std::string> lines;
+    for (const auto& e : errors) lines.push_back(e.second);
+    return Join(lines, "\n");
   }
 
   // Rejects keys that are not in `allowed`, with a did-you-mean.
@@ -330,7 +341,7 @@ Result<JobSpec> Decode(const Node& root) {
     if (auto s = d.String(*n, "checkpoint_dir")) spec.checkpoint_dir = *s;
   }
 
-  if (!d.errors.empty()) return InvalidArgument(Join(d.errors, "\n"));
+  if (!d.errors.empty()) return InvalidArgument(d.Report());
   if (spec.output_dir.empty()) spec.output_dir = "runs/" + spec.name;
   if (spec.checkpoint_dir.empty()) spec.checkpoint_dir = spec.output_dir + "/checkpoints";
   return spec;

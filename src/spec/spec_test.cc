@@ -91,6 +91,7 @@ TEST(JobSpec, EveryProblemIsReportedAtOnce) {
             std::string::npos) << e;
   EXPECT_NE(e.find("job.yaml:2: procs_per_node"), std::string::npos) << e;
   EXPECT_NE(e.find("command: required field is missing"), std::string::npos) << e;
+  EXPECT_LT(e.find("job.yaml:1: nodes"), e.find("job.yaml:2: procs_per_node")) << "in line order";
 }
 
 TEST(JobSpec, WrongTypes) {
