@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+
+#include "tests/test_util.h"
 #include <unistd.h>
 
 #include <filesystem>
@@ -185,26 +187,12 @@ TEST(JobSpec, FuzzedInputNeverCrashes) {
   }
 }
 
-class LayeredSpecTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("trainctl-spec-" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string Write(const std::string& name, const std::string& text) {
-    std::string path = (dir_ / name).string();
-    std::ofstream(path) << text;
-    return path;
-  }
-  fs::path dir_;
-};
-
-TEST_F(LayeredSpecTest, LaterFilesMergeMapsReplaceListsAndNullDeletes) {
-  std::string base = Write("base.yaml",
+TEST(LayeredSpec, LaterFilesMergeMapsReplaceListsAndNullDeletes) {
+  testing::Scratch s;
+  std::string base = s.Write("base.yaml",
                            "name: demo\ncommand: [python3, train.py]\nargs: [--a, --b]\n"
                            "env: {A: '1', B: '2'}\nrestart: {max_restarts: 1}\n");
-  std::string prod = Write("prod.yaml", "nodes: 4\nargs: [--prod]\nenv: {B: '3', A: null}\n");
+  std::string prod = s.Write("prod.yaml", "nodes: 4\nargs: [--prod]\nenv: {B: '3', A: null}\n");
   auto spec = LoadJobSpec({{base, prod}, {}});
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   EXPECT_EQ(spec->nodes.max, 4);
@@ -214,17 +202,19 @@ TEST_F(LayeredSpecTest, LaterFilesMergeMapsReplaceListsAndNullDeletes) {
   EXPECT_EQ(spec->restart.max_restarts, 1);
 }
 
-TEST_F(LayeredSpecTest, ErrorsPointAtTheLayerThatSetTheValue) {
-  std::string base = Write("base.yaml", "name: demo\ncommand: [x]\n");
-  std::string prod = Write("prod.yaml", "# prod\nrestart:\n  max_restarts: lots\n");
+TEST(LayeredSpec, ErrorsPointAtTheLayerThatSetTheValue) {
+  testing::Scratch s;
+  std::string base = s.Write("base.yaml", "name: demo\ncommand: [x]\n");
+  std::string prod = s.Write("prod.yaml", "# prod\nrestart:\n  max_restarts: lots\n");
   auto spec = LoadJobSpec({{base, prod}, {}});
   ASSERT_FALSE(spec.ok());
   EXPECT_EQ(spec.status().message(),
             prod + ":3: restart.max_restarts: expected a whole number, got \"lots\"");
 }
 
-TEST_F(LayeredSpecTest, SetOverridesWithTypedValuesAndIndexes) {
-  std::string base = Write("job.yaml", "name: demo\ncommand: [x]\nargs: [--a, --b]\n");
+TEST(LayeredSpec, SetOverridesWithTypedValuesAndIndexes) {
+  testing::Scratch s;
+  std::string base = s.Write("job.yaml", "name: demo\ncommand: [x]\nargs: [--a, --b]\n");
   auto spec = LoadJobSpec({{base},
                            {"restart.max_restarts=9", "args[1]=--c", "args[2]=--d",
                             "env.NEW=hello", "command=[python3, t.py]", "nodes=1:3"}});
@@ -236,8 +226,9 @@ TEST_F(LayeredSpecTest, SetOverridesWithTypedValuesAndIndexes) {
   EXPECT_EQ(spec->nodes.max, 3);
 }
 
-TEST_F(LayeredSpecTest, SetErrorsNameTheFlag) {
-  std::string base = Write("job.yaml", "name: demo\ncommand: [x]\n");
+TEST(LayeredSpec, SetErrorsNameTheFlag) {
+  testing::Scratch s;
+  std::string base = s.Write("job.yaml", "name: demo\ncommand: [x]\n");
   auto bad_value = LoadJobSpec({{base}, {"nodes=two"}});
   ASSERT_FALSE(bad_value.ok());
   EXPECT_EQ(bad_value.status().message().rfind("--set nodes=two: nodes: expected a positive integer, got \"two\"", 0), 0u)
@@ -250,11 +241,12 @@ TEST_F(LayeredSpecTest, SetErrorsNameTheFlag) {
   }
 }
 
-TEST_F(LayeredSpecTest, MissingOrUnreadableFiles) {
-  auto missing = LoadJobSpec({{(dir_ / "nope.yaml").string()}, {}});
+TEST(LayeredSpec, MissingOrUnreadableFiles) {
+  testing::Scratch s;
+  auto missing = LoadJobSpec({{s.path("nope.yaml")}, {}});
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("nope.yaml"), std::string::npos);
-  auto directory = LoadJobSpec({{dir_.string()}, {}});
+  auto directory = LoadJobSpec({{s.path("")}, {}});
   EXPECT_FALSE(directory.ok());
 }
 

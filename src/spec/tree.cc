@@ -91,7 +91,10 @@ class TreeBuilder : public YAML::EventHandler {
     if (static_cast<int>(stack_.size()) >= kMaxDepth) {
       Fail(n.origin.ToString() + ": nested more than " + std::to_string(kMaxDepth) + " levels deep");
     }
-    stack_.push_back({std::move(n), anchor});
+    Frame frame;
+    frame.node = std::move(n);
+    frame.anchor = anchor;
+    stack_.push_back(std::move(frame));
   }
   void Close() {
     Frame f = std::move(stack_.back());

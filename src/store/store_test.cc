@@ -268,55 +268,57 @@ TEST(TcpStore, AWaitingClientFailsFastWhenTheServerStops) {
   EXPECT_LT(Clock::now() - again_start, seconds(5));
 }
 
-TEST(TcpStore, AClientOfAKilledServerProcessGetsAnErrorNotAHang) {
-  TcpStoreServerOptions so;
-  so.token = "t";
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t child = ::fork();
-  if (child == 0) {
-    auto server = TcpStoreServer::Start(so);
-    uint16_t port = server.ok() ? (*server)->port() : 0;
-    ssize_t ignored = ::write(ready[1], &port, sizeof port);
-    (void)ignored;
-    ::pause();
-    ::_exit(0);
-  }
+// A TCP store server in a child process, so a test can kill or stop it like a crashed host.
+struct ForkedServer {
+  pid_t pid = -1;
   uint16_t port = 0;
-  ASSERT_EQ(::read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
-  ASSERT_NE(port, 0);
-  TcpStoreOptions co;
-  co.port = port;
-  co.token = "t";
-  auto client = std::move(TcpStore::Connect(co).value());
+  ForkedServer() {
+    TcpStoreServerOptions so;
+    so.token = "t";
+    int ready[2];
+    EXPECT_EQ(::pipe(ready), 0);
+    pid = ::fork();
+    if (pid == 0) {
+      auto server = TcpStoreServer::Start(so);
+      uint16_t p = server.ok() ? (*server)->port() : 0;
+      ssize_t ignored = ::write(ready[1], &p, sizeof p);
+      (void)ignored;
+      ::pause();
+      ::_exit(0);
+    }
+    EXPECT_EQ(::read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+    ::close(ready[0]);
+    ::close(ready[1]);
+  }
+  ~ForkedServer() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  std::unique_ptr<TcpStore> Client(Duration io_timeout = seconds(30)) {
+    TcpStoreOptions co;
+    co.port = port;
+    co.token = "t";
+    co.io_timeout = io_timeout;
+    return std::move(TcpStore::Connect(co).value());
+  }
+};
+
+TEST(TcpStore, AClientOfAKilledServerProcessGetsAnErrorNotAHang) {
+  ForkedServer server;
+  ASSERT_NE(server.port, 0);
+  auto client = server.Client();
   ASSERT_TRUE(client->Set("a", "1").ok());
-  ::kill(child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
+  ::kill(server.pid, SIGKILL);
+  ::waitpid(server.pid, nullptr, 0);
   auto r = client->Get("b", seconds(60));
   EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().ToString();
 }
 
 TEST(TcpStore, AStalledServerIsDetectedByTheDeadline) {
-  TcpStoreServerOptions so;
-  so.token = "t";
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t child = ::fork();
-  if (child == 0) {
-    auto server = TcpStoreServer::Start(so);
-    uint16_t port = server.ok() ? (*server)->port() : 0;
-    ssize_t ignored = ::write(ready[1], &port, sizeof port);
-    (void)ignored;
-    ::pause();
-    ::_exit(0);
-  }
-  uint16_t port = 0;
-  ASSERT_EQ(::read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
-  TcpStoreOptions co;
-  co.port = port;
-  co.token = "t";
-  co.io_timeout = milliseconds(300);
-  auto client = std::move(TcpStore::Connect(co).value());
+  ForkedServer server;
+  ASSERT_NE(server.port, 0);
+  pid_t child = server.pid;
+  auto client = server.Client(milliseconds(300));
   ::kill(child, SIGSTOP);
   // Delivery is asynchronous: go on only once the server process is really stopped.
   auto stopped = [child] {
@@ -334,8 +336,6 @@ TEST(TcpStore, AStalledServerIsDetectedByTheDeadline) {
   auto r = client->Set("a", "1");
   EXPECT_FALSE(r.ok());
   EXPECT_LT(Clock::now() - start, seconds(5));
-  ::kill(child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
 }
 
 TEST(ParseHostPort, AcceptsHostsAndRejectsJunk) {
