@@ -1,7 +1,10 @@
 // End-to-end: the real trainctl binary running real worker processes (POSIX sh programs).
 #include <nlohmann/json.hpp>
 
+#include "agent/agent.h"
 #include "common/exit_codes.h"
+#include "spec/job_spec.h"
+#include "store/tcp/tcp_store.h"
 #include "test_util.h"
 
 namespace trainctl::testing {
@@ -241,6 +244,68 @@ output_dir: {out}/out
   for (pid_t p : ReadPids(s.path("pids"))) {
     EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(5))) << p;
   }
+}
+
+TEST(Cli, KillingTrainctlWithSigkillStillStopsEveryWorker) {
+  Scratch s;
+  Spec(s, R"(name: killed
+nodes: 2
+procs_per_node: 2
+command: [sh, -c, 'sleep 300 & echo "$$ $!" >> {out}/pids; wait']
+output_dir: {out}/out
+)");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
+  ASSERT_TRUE(Eventually([&] { return ReadPids(s.path("pids")).size() == 8; }));
+  ::kill(job.pid(), SIGKILL);  // no chance to clean up: the agents must notice on their own
+  job.Wait(seconds(10));
+  for (pid_t p : ReadPids(s.path("pids"))) {
+    EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(20))) << "pid " << p << " orphaned";
+  }
+}
+
+// An agent run by hand against a store: the way other launchers start it.
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TcpStoreServerOptions so;
+    so.token = "agent-test-token";
+    server_ = std::move(TcpStoreServer::Start(so).value());
+    TcpStoreOptions co;
+    co.port = server_->port();
+    co.token = so.token;
+    store_ = std::make_unique<PrefixStore>(std::move(TcpStore::Connect(co).value()), "/trainctl/run-1/");
+  }
+  void Publish(const std::string& yaml) {
+    auto spec = ParseJobSpec(yaml, "job.yaml");
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    ASSERT_TRUE(store_->Set(keys::kSpec, JobSpecToJson(*spec)).ok());
+  }
+  CommandResult RunAgent(const std::string& token) {
+    return Trainctl({"agent", "--node-rank", "0", "--run-id", "run-1"}, scratch_.path(""),
+                    seconds(60),
+                    {{"TRAINCTL_AGENT_STORE", "127.0.0.1:" + std::to_string(server_->port())},
+                     {"TRAINCTL_AGENT_TOKEN", token}});
+  }
+  Scratch scratch_;
+  std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<PrefixStore> store_;
+};
+
+TEST_F(AgentTest, RendezvousTimeoutNamesTheMissingNodesAndExits4) {
+  Publish("name: rdzv\nnodes: 2\ncommand: [\"true\"]\ntimeouts: {rendezvous: 500ms}\n"
+          "output_dir: " + scratch_.path("out") + "\n");
+  auto r = RunAgent("agent-test-token");
+  EXPECT_EQ(r.exit.code, kExitRendezvousTimeout) << r.output;
+  EXPECT_NE(r.output.find("1 of 2 nodes joined within 500ms; missing node rank(s) 1"),
+            std::string::npos) << r.output;
+}
+
+TEST_F(AgentTest, AWrongTokenIsRefused) {
+  Publish("name: auth\ncommand: [\"true\"]\noutput_dir: " + scratch_.path("out") + "\n");
+  auto r = RunAgent("not-the-token");
+  EXPECT_EQ(r.exit.code, kExitError) << r.output;
+  EXPECT_NE(r.output.find("refused the token"), std::string::npos) << r.output;
+  EXPECT_FALSE(store_->TryGet("round/0/joined")->has_value()) << "nothing was written";
 }
 
 }  // namespace

@@ -45,11 +45,13 @@ class Scratch {
 };
 
 inline CommandResult Trainctl(const std::vector<std::string>& args, const std::string& cwd,
-                              Duration timeout = std::chrono::seconds(60)) {
+                              Duration timeout = std::chrono::seconds(60),
+                              const std::vector<std::pair<std::string, std::string>>& env = {}) {
   SpawnOptions o;
   o.argv = {TRAINCTL_BIN};
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   o.env = CurrentEnvironment();
+  for (const auto& [k, v] : env) SetEnv(&o.env, k, v);
   o.cwd = cwd;
   auto r = RunCommand(o, timeout);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
