@@ -149,6 +149,15 @@ std::vector<std::string> Agent::WorkerEnv(int local_rank, int group_rank, int gr
   return env;
 }
 
+FailureRecord Agent::NewFailure(const std::string& kind, int round, int group_rank) const {
+  FailureRecord rec;
+  rec.kind = kind;
+  rec.round = round;
+  rec.node_rank = group_rank;
+  rec.host = node_id_;
+  return rec;
+}
+
 Agent::Outcome Agent::RunRound(int round, int restart) {
   const JobSpec& s = o_.spec;
   Outcome out;
@@ -220,11 +229,7 @@ Agent::Outcome Agent::RunRound(int round, int restart) {
   LOG_DEBUG("round {}: node {} of {}, master {}, starting {} workers", round, info.group_rank,
             info.group_world_size, master, launches.size());
   if (Status st = group.Start(launches); !st.ok()) {
-    FailureRecord rec;
-    rec.kind = "start";
-    rec.round = round;
-    rec.node_rank = info.group_rank;
-    rec.host = node_id_;
+    FailureRecord rec = NewFailure("start", round, info.group_rank);
     rec.rank = launches[0].rank;
     rec.local_rank = 0;
     rec.exit = st.message();
@@ -246,11 +251,7 @@ Agent::Outcome Agent::RunRound(int round, int restart) {
     }
     for (const WorkerExit& e : group.ReapExited()) {
       if (e.exit.success()) continue;
-      FailureRecord rec;
-      rec.kind = "worker";
-      rec.round = round;
-      rec.node_rank = info.group_rank;
-      rec.host = node_id_;
+      FailureRecord rec = NewFailure("worker", round, info.group_rank);
       rec.rank = e.rank;
       rec.local_rank = e.local_rank;
       rec.pid = e.pid;
@@ -288,7 +289,7 @@ Agent::Outcome Agent::RunRound(int round, int restart) {
     }
     if (reported_success) {
       auto n = store_->TryGet(keys::RoundSucceeded(round));
-      if (n.ok() && n->has_value() && std::stoll(**n) >= info.group_world_size) {
+      if (n.ok() && n->has_value() && std::atoll((*n)->c_str()) >= info.group_world_size) {
         group.Stop(Duration(0));  // reaps nothing; cleans up the workers' process groups
         out.kind = Outcome::kSucceeded;
         out.code = kExitOk;

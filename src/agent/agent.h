@@ -14,6 +14,7 @@
 
 #include <string>
 
+#include "agent/failure.h"
 #include "spec/job_spec.h"
 #include "store/store.h"
 
@@ -44,6 +45,7 @@ class Agent {
   std::vector<std::string> WorkerEnv(int local_rank, int group_rank, int group_world_size,
                                      const std::string& master, int restart) const;
   Status CheckStop();
+  FailureRecord NewFailure(const std::string& kind, int round, int group_rank) const;
 
   AgentOptions o_;
   Store* store_;

@@ -156,7 +156,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   std::string restarts = "0";
   if (auto r = store.TryGet(keys::kRestarts); r.ok() && r->has_value()) restarts = **r;
   nlohmann::json status = {{"job", spec.name}, {"run_id", run_id}, {"exit_code", final_code},
-                           {"restarts", std::stoi(restarts)}, {"elapsed", Elapsed(start)}};
+                           {"restarts", std::atoi(restarts.c_str())}, {"elapsed", Elapsed(start)}};
   std::string state;
   switch (final_code) {
     case kExitOk:

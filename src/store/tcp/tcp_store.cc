@@ -231,6 +231,23 @@ Status ReplyError(uint8_t reply, const std::string& fields, const std::string& w
   return Internal("store at " + where + ": " + (msg.empty() ? "request failed" : msg));
 }
 
+// The reply's single string field; an error status when the reply is not kOk.
+Result<std::string> StringReply(const std::pair<uint8_t, std::string>& reply, const std::string& where) {
+  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, where);
+  std::string value;
+  wire::Reader r(reply.second);
+  if (!r.Str(&value)) return Internal("store at " + where + ": malformed reply");
+  return value;
+}
+
+Result<int64_t> IntReply(const std::pair<uint8_t, std::string>& reply, const std::string& where) {
+  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, where);
+  int64_t value = 0;
+  wire::Reader r(reply.second);
+  if (!r.I64(&value)) return Internal("store at " + where + ": malformed reply");
+  return value;
+}
+
 }  // namespace
 
 Status TcpStore::Set(const std::string& key, const std::string& value) {
@@ -249,11 +266,7 @@ Result<std::string> TcpStore::Get(const std::string& key, Duration timeout) {
       reply.first == static_cast<uint8_t>(Reply::kNotFound)) {
     return KeysTimeout({key}, timeout);
   }
-  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
-  std::string value;
-  wire::Reader r(reply.second);
-  if (!r.Str(&value)) return Internal("store at " + Where() + ": malformed reply");
-  return value;
+  return StringReply(reply, Where());
 }
 
 Result<std::optional<std::string>> TcpStore::TryGet(const std::string& key) {
@@ -261,10 +274,7 @@ Result<std::optional<std::string>> TcpStore::TryGet(const std::string& key) {
   w.U8(static_cast<uint8_t>(Op::kTryGet)).Str(key);
   ASSIGN_OR_RETURN(auto reply, Call(w.Frame(), Duration(0)));
   if (reply.first == static_cast<uint8_t>(Reply::kNotFound)) return std::optional<std::string>();
-  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
-  std::string value;
-  wire::Reader r(reply.second);
-  if (!r.Str(&value)) return Internal("store at " + Where() + ": malformed reply");
+  ASSIGN_OR_RETURN(std::string value, StringReply(reply, Where()));
   return std::optional<std::string>(std::move(value));
 }
 
@@ -272,11 +282,7 @@ Result<int64_t> TcpStore::Add(const std::string& key, int64_t delta) {
   wire::Writer w;
   w.U8(static_cast<uint8_t>(Op::kAdd)).Str(key).I64(delta);
   ASSIGN_OR_RETURN(auto reply, Call(w.Frame(), Duration(0)));
-  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
-  int64_t v = 0;
-  wire::Reader r(reply.second);
-  if (!r.I64(&v)) return Internal("store at " + Where() + ": malformed reply");
-  return v;
+  return IntReply(reply, Where());
 }
 
 Result<std::string> TcpStore::CompareSet(const std::string& key, const std::string& expected,
@@ -284,11 +290,7 @@ Result<std::string> TcpStore::CompareSet(const std::string& key, const std::stri
   wire::Writer w;
   w.U8(static_cast<uint8_t>(Op::kCompareSet)).Str(key).Str(expected).Str(desired);
   ASSIGN_OR_RETURN(auto reply, Call(w.Frame(), Duration(0)));
-  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
-  std::string value;
-  wire::Reader r(reply.second);
-  if (!r.Str(&value)) return Internal("store at " + Where() + ": malformed reply");
-  return value;
+  return StringReply(reply, Where());
 }
 
 Status TcpStore::Wait(const std::vector<std::string>& keys, Duration timeout) {
@@ -306,11 +308,8 @@ Result<bool> TcpStore::Delete(const std::string& key) {
   wire::Writer w;
   w.U8(static_cast<uint8_t>(Op::kDelete)).Str(key);
   ASSIGN_OR_RETURN(auto reply, Call(w.Frame(), Duration(0)));
-  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
-  int64_t v = 0;
-  wire::Reader r(reply.second);
-  if (!r.I64(&v)) return Internal("store at " + Where() + ": malformed reply");
-  return v != 0;
+  ASSIGN_OR_RETURN(int64_t existed, IntReply(reply, Where()));
+  return existed != 0;
 }
 
 }  // namespace trainctl
