@@ -121,10 +121,12 @@ output_dir: {out}/out
 
 TEST(Cli, AFailedWorkerRestartsTheWholeGroupOnEveryNode) {
   Scratch s;
+  // Rank 3 fails on the first attempt once all four workers have started (else a worker could be
+  // stopped before it printed anything), and every worker succeeds on the second.
   Spec(s, R"(name: flaky
 nodes: 2
 procs_per_node: 2
-command: [sh, -c, 'echo "start $RANK attempt $TORCHELASTIC_RESTART_COUNT"; if [ "$RANK" = 3 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 9; fi; [ "$TORCHELASTIC_RESTART_COUNT" = 1 ] || sleep 20']
+command: [sh, -c, 'echo "start $RANK attempt $TORCHELASTIC_RESTART_COUNT"; echo $RANK >> {out}/started-$TORCHELASTIC_RESTART_COUNT; if [ "$RANK" = 3 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then i=0; while [ $(wc -l < {out}/started-0) -lt 4 ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit 9; fi; [ "$TORCHELASTIC_RESTART_COUNT" = 1 ] || sleep 20']
 restart: {max_restarts: 2}
 timeouts: {stop_grace: 2s}
 output_dir: {out}/out
