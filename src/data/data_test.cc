@@ -1,0 +1,171 @@
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "tests/test_util.h"
+
+namespace trainctl::data {
+namespace {
+
+std::string BigEndian(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
+}
+
+// An idx3 image file and idx1 label file of `n` images of 2x3 pixels, pixel value = image index.
+std::pair<std::string, std::string> IdxFiles(uint32_t n, uint32_t labels_n) {
+  std::string images = BigEndian(0x803) + BigEndian(n) + BigEndian(2) + BigEndian(3);
+  for (uint32_t i = 0; i < n; ++i) images += std::string(6, static_cast<char>(i));
+  std::string labels = BigEndian(0x801) + BigEndian(labels_n);
+  for (uint32_t i = 0; i < labels_n; ++i) labels += static_cast<char>(i % 10);
+  return {images, labels};
+}
+
+void WriteGzip(const std::string& path, const std::string& data) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, data.data(), static_cast<unsigned>(data.size())), static_cast<int>(data.size()));
+  gzclose(f);
+}
+
+TEST(Idx, RealFashionMnistFromTheDebianPackage) {
+  auto train = LoadMnistDir(kFashionMnistDir, true);
+  ASSERT_TRUE(train.ok()) << train.status().message() << " (apt-get install dataset-fashion-mnist)";
+  EXPECT_EQ(train->count, 60000);
+  EXPECT_EQ(train->rows, 28);
+  EXPECT_EQ(train->cols, 28);
+  EXPECT_EQ(train->num_classes, 10);
+  EXPECT_EQ(train->pixels.size(), 60000u * 784);
+  // Fashion-MNIST is balanced: 6000 training and 1000 test images per class.
+  std::vector<int> per_class(10);
+  for (uint8_t l : train->labels) ++per_class[l];
+  EXPECT_EQ(per_class, std::vector<int>(10, 6000));
+  auto test = LoadMnistDir(kFashionMnistDir, false);
+  ASSERT_TRUE(test.ok()) << test.status().message();
+  EXPECT_EQ(test->count, 10000);
+  std::fill(per_class.begin(), per_class.end(), 0);
+  for (uint8_t l : test->labels) ++per_class[l];
+  EXPECT_EQ(per_class, std::vector<int>(10, 1000));
+  EXPECT_EQ(FashionMnistClasses()[7], "Sneaker");
+}
+
+TEST(Idx, RawAndGzipReadTheSame) {
+  testing::Scratch s;
+  auto [images, labels] = IdxFiles(5, 5);
+  s.Write("raw-images", images);
+  s.Write("raw-labels", labels);
+  WriteGzip(s.path("gz-images.gz"), images);
+  WriteGzip(s.path("gz-labels.gz"), labels);
+  auto raw = LoadIdx(s.path("raw-images"), s.path("raw-labels"));
+  auto gz = LoadIdx(s.path("gz-images.gz"), s.path("gz-labels.gz"));
+  ASSERT_TRUE(raw.ok()) << raw.status().message();
+  ASSERT_TRUE(gz.ok()) << gz.status().message();
+  EXPECT_EQ(raw->pixels, gz->pixels);
+  EXPECT_EQ(raw->labels, gz->labels);
+  EXPECT_EQ(raw->count, 5);
+  EXPECT_EQ(raw->image(3)[5], 3);
+  EXPECT_EQ(raw->labels[4], 4);
+}
+
+TEST(Idx, BadFilesAreNamedWithWhatIsWrong) {
+  testing::Scratch s;
+  auto [images, labels] = IdxFiles(5, 5);
+  auto expect_error = [&](const std::string& img, const std::string& lab, const std::string& want) {
+    s.Write("i", img);
+    s.Write("l", lab);
+    auto r = LoadIdx(s.path("i"), s.path("l"));
+    ASSERT_FALSE(r.ok()) << want;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
+  };
+  expect_error(images.substr(0, images.size() - 7), labels,
+               s.path("i") + ": truncated: the header promises 46 bytes, the file has 39");
+  expect_error(images + "x", labels, "trailing data");
+  expect_error(IdxFiles(5, 20).second, labels, "not an idx3 image file (magic 0x00000801, expected 0x00000803)");
+  expect_error(images, IdxFiles(5, 4).second, "has 5 images but " + s.path("l") + " has 4 labels");
+  expect_error("abc", labels, "shorter than an idx header");
+  auto missing = LoadIdx(s.path("nope"), s.path("l"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find(s.path("nope")), std::string::npos);
+  // A gzip file cut short.
+  WriteGzip(s.path("full.gz"), images);
+  std::string gz = s.Read("full.gz");
+  s.Write("cut.gz", gz.substr(0, gz.size() / 2));
+  auto cut = LoadIdx(s.path("cut.gz"), s.path("l"));
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().message().find(s.path("cut.gz")), std::string::npos) << cut.status().message();
+}
+
+TEST(Cifar10, ReadsBatchesAndRejectsBrokenOnes) {
+  testing::Scratch s;
+  auto batch = [](int records, int first_label) {
+    std::string out;
+    for (int r = 0; r < records; ++r) {
+      out += static_cast<char>((first_label + r) % 10);
+      out += std::string(3072, static_cast<char>(r));
+    }
+    return out;
+  };
+  s.Write("data_batch_1.bin", batch(3, 0));
+  s.Write("data_batch_2.bin", batch(2, 7));
+  auto set = LoadCifar10({s.path("data_batch_1.bin"), s.path("data_batch_2.bin")});
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  EXPECT_EQ(set->count, 5);
+  EXPECT_EQ(set->channels, 3);
+  EXPECT_EQ(set->image_bytes(), 3072);
+  EXPECT_EQ(set->labels, (std::vector<uint8_t>{0, 1, 2, 7, 8}));
+  EXPECT_EQ(set->image(4)[0], 1);
+  s.Write("short.bin", batch(2, 0).substr(0, 5000));
+  auto shortened = LoadCifar10({s.path("short.bin")});
+  ASSERT_FALSE(shortened.ok());
+  EXPECT_NE(shortened.status().message().find("not a whole number of CIFAR-10 records"), std::string::npos);
+  std::string bad = batch(1, 0);
+  bad[0] = 42;
+  s.Write("bad.bin", bad);
+  auto bad_label = LoadCifar10({s.path("bad.bin")});
+  ASSERT_FALSE(bad_label.ok());
+  EXPECT_NE(bad_label.status().message().find("record 0 has label 42"), std::string::npos);
+}
+
+TEST(Synthetic, AnyShapeReproducibleFromTheSeed) {
+  auto a = Synthetic(10, 3, 8, 8, 5, 7), b = Synthetic(10, 3, 8, 8, 5, 7), c = Synthetic(10, 3, 8, 8, 5, 8);
+  EXPECT_EQ(a.pixels.size(), 10u * 3 * 8 * 8);
+  EXPECT_EQ(a.pixels, b.pixels);
+  EXPECT_NE(a.pixels, c.pixels);
+  EXPECT_TRUE(std::all_of(a.labels.begin(), a.labels.end(), [](uint8_t l) { return l < 5; }));
+}
+
+TEST(Sampler, ShardsAreDisjointEqualAndCoverEverything) {
+  for (int world : {1, 2, 3, 7}) {
+    std::multiset<int64_t> seen;
+    for (int rank = 0; rank < world; ++rank) {
+      auto mine = ShardIndices(100, 0, {rank, world, 5});
+      EXPECT_EQ(static_cast<int64_t>(mine.size()), ShardSize(100, {rank, world}));
+      seen.insert(mine.begin(), mine.end());
+    }
+    for (int64_t i = 0; i < 100; ++i) EXPECT_GE(seen.count(i), 1u) << "world " << world;
+    // Padding repeats at most world-1 items.
+    EXPECT_LT(seen.size(), 100u + world);
+  }
+}
+
+TEST(Sampler, NewShuffleEachEpochSameOnEveryRank) {
+  SamplerOptions o{0, 1, 42};
+  auto e0 = ShardIndices(1000, 0, o), e0_again = ShardIndices(1000, 0, o), e1 = ShardIndices(1000, 1, o);
+  EXPECT_EQ(e0, e0_again);
+  EXPECT_NE(e0, e1);
+  std::vector<int64_t> sorted = e1;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 1000; ++i) EXPECT_EQ(sorted[i], i);
+  SamplerOptions plain{0, 1, 42, false};
+  EXPECT_EQ(ShardIndices(5, 3, plain), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  SamplerOptions drop{1, 3, 0, false, true};
+  EXPECT_EQ(ShardIndices(10, 0, drop), (std::vector<int64_t>{1, 4, 7}));
+}
+
+}  // namespace
+}  // namespace trainctl::data

@@ -1,0 +1,44 @@
+// Image classification datasets held once per process as raw bytes (N x C x H x W uint8, and one
+// uint8 label per image): Fashion-MNIST/MNIST idx files (gzipped or raw), CIFAR-10 binary
+// batches, and synthetic data of any shape. No torch here: the trainer wraps these bytes.
+//
+// Every loader validates what it reads; a missing, truncated or corrupt file gives an error that
+// names the file and what is wrong.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace trainctl::data {
+
+struct ImageSet {
+  int64_t count = 0;
+  int channels = 1, rows = 0, cols = 0;
+  int num_classes = 0;          // 1 + the largest label
+  std::vector<uint8_t> pixels;  // count * channels * rows * cols, image-major, then C, H, W
+  std::vector<uint8_t> labels;  // count
+
+  int64_t image_bytes() const { return int64_t{channels} * rows * cols; }
+  const uint8_t* image(int64_t i) const { return pixels.data() + i * image_bytes(); }
+};
+
+// Reads an idx3 image file and its idx1 label file (gzip detected by content, not by name).
+Result<ImageSet> LoadIdx(const std::string& images_path, const std::string& labels_path);
+// The standard Fashion-MNIST/MNIST file names in `dir`: train-images-idx3-ubyte[.gz] and
+// train-labels-idx1-ubyte[.gz], or t10k-* for the test split.
+Result<ImageSet> LoadMnistDir(const std::string& dir, bool train);
+// CIFAR-10 binary batches: records of 1 label byte + 3072 pixel bytes (3 x 32 x 32).
+Result<ImageSet> LoadCifar10(const std::vector<std::string>& batch_paths);
+// Random pixels and labels, reproducible from `seed`.
+ImageSet Synthetic(int64_t count, int channels, int rows, int cols, int num_classes, uint64_t seed);
+
+// Where Debian's dataset-fashion-mnist package puts the real data.
+inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+// Fashion-MNIST's class names, index = label.
+const std::vector<std::string>& FashionMnistClasses();
+
+}  // namespace trainctl::data
