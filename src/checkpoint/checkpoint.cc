@@ -1,0 +1,207 @@
+#include "checkpoint/checkpoint.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/fs.h"
+
+namespace trainctl::checkpoint {
+namespace {
+
+using nlohmann::json;
+
+constexpr uint64_t kMaxHeaderBytes = 100 << 20;
+constexpr const char* kCrcKey = "trainctl.crc32";
+constexpr const char* kStepKey = "trainctl.step";
+constexpr const char* kPrefix = "ckpt-";
+constexpr const char* kSuffix = ".safetensors";
+
+uint32_t Crc32(const std::string& data, size_t offset) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  const auto* p = reinterpret_cast<const Bytef*>(data.data() + offset);
+  size_t left = data.size() - offset;
+  while (left > 0) {
+    uInt chunk = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
+    crc = ::crc32(crc, p, chunk);
+    p += chunk;
+    left -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+int64_t Elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > INT64_MAX / d)) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+// The step from "ckpt-<step>.safetensors", or -1.
+int64_t StepOf(const std::string& filename) {
+  std::string prefix = kPrefix, suffix = kSuffix;
+  if (filename.size() <= prefix.size() + suffix.size() || filename.rfind(prefix, 0) != 0 ||
+      filename.compare(filename.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return -1;
+  }
+  std::string digits = filename.substr(prefix.size(), filename.size() - prefix.size() - suffix.size());
+  if (digits.empty() || digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return -1;
+  }
+  return std::stoll(digits);
+}
+
+}  // namespace
+
+const Blob* Checkpoint::Find(const std::string& name) const {
+  for (const auto& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+int DtypeSize(const std::string& dtype) {
+  static const std::map<std::string, int> sizes = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
+      {"I16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"U16", 2}, {"U32", 4}, {"U64", 8}};
+  auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+Result<std::string> Encode(const Checkpoint& c) {
+  json header = json::object();
+  std::string data;
+  std::set<std::string> names;
+  for (const auto& t : c.tensors) {
+    int size = DtypeSize(t.dtype);
+    int64_t elements = Elements(t.shape);
+    if (size == 0) return InvalidArgument("tensor " + t.name + ": unknown dtype " + t.dtype);
+    if (elements < 0 || static_cast<uint64_t>(elements) * size != t.data.size()) {
+      return InvalidArgument("tensor " + t.name + ": " + std::to_string(t.data.size()) +
+                             " bytes do not match its dtype and shape");
+    }
+    if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second) {
+      return InvalidArgument("tensor name " + t.name + " is empty, reserved or repeated");
+    }
+    header[t.name] = {{"dtype", t.dtype},
+                      {"shape", t.shape},
+                      {"data_offsets", {data.size(), data.size() + t.data.size()}}};
+    data += t.data;
+  }
+  json meta = json::object();
+  for (const auto& [k, v] : c.metadata) meta[k] = v;
+  meta[kStepKey] = std::to_string(c.step);
+  meta[kCrcKey] = std::to_string(Crc32(data, 0));
+  header["__metadata__"] = meta;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
+  std::string out(8, '\0');
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + text + data;
+}
+
+Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
+  auto bad = [&source](const std::string& why) { return InvalidArgument(source + ": " + why); };
+  if (bytes.size() < 8) return bad("truncated: shorter than a safetensors header");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+  if (n > kMaxHeaderBytes || n > bytes.size() - 8) return bad("truncated or corrupt: header length " + std::to_string(n));
+  json header;
+  try {
+    header = json::parse(bytes.substr(8, n));
+  } catch (const json::exception& e) {
+    return bad(std::string("corrupt header: ") + e.what());
+  }
+  if (!header.is_object()) return bad("corrupt header: not a JSON object");
+  const size_t data_start = 8 + n;
+  const uint64_t data_size = bytes.size() - data_start;
+  Checkpoint c;
+  uint64_t covered = 0;
+  try {
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") continue;
+      Blob t;
+      t.name = name;
+      t.dtype = entry.at("dtype").get<std::string>();
+      t.shape = entry.at("shape").get<std::vector<int64_t>>();
+      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      int size = DtypeSize(t.dtype);
+      int64_t elements = Elements(t.shape);
+      if (size == 0) return bad("tensor " + name + ": unknown dtype " + t.dtype);
+      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size ||
+          elements < 0 || offsets[1] - offsets[0] != static_cast<uint64_t>(elements) * size) {
+        return bad("tensor " + name + ": byte range does not fit the file (truncated?)");
+      }
+      covered += offsets[1] - offsets[0];
+      t.data = bytes.substr(data_start + offsets[0], offsets[1] - offsets[0]);
+      c.tensors.push_back(std::move(t));
+    }
+    if (covered != data_size) return bad("the data section has bytes no tensor claims");
+    if (header.contains("__metadata__")) {
+      for (const auto& [k, v] : header["__metadata__"].items()) c.metadata[k] = v.get<std::string>();
+    }
+  } catch (const json::exception& e) {
+    return bad(std::string("corrupt header: ") + e.what());
+  }
+  auto crc = c.metadata.find(kCrcKey);
+  if (crc == c.metadata.end()) return bad("no trainctl.crc32 in the metadata");
+  if (crc->second != std::to_string(Crc32(bytes, data_start))) {
+    return bad("checksum mismatch: the tensor data is corrupt");
+  }
+  auto step = c.metadata.find(kStepKey);
+  c.step = step == c.metadata.end() ? 0 : std::atoll(step->second.c_str());
+  c.metadata.erase(kCrcKey);
+  c.metadata.erase(kStepKey);
+  return c;
+}
+
+std::string CheckpointDir::PathFor(int64_t step) const {
+  char name[64];
+  std::snprintf(name, sizeof name, "%s%010lld%s", kPrefix, static_cast<long long>(step), kSuffix);
+  return dir_ + "/" + name;
+}
+
+std::vector<std::string> CheckpointDir::List() const {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    int64_t step = StepOf(entry.path().filename().string());
+    if (step >= 0 && entry.is_regular_file(ec)) found.emplace_back(step, entry.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  return paths;
+}
+
+Status CheckpointDir::Save(const Checkpoint& c) {
+  RETURN_IF_ERROR(MakeDirs(dir_));
+  ASSIGN_OR_RETURN(std::string bytes, Encode(c));
+  RETURN_IF_ERROR(AtomicWriteFile(PathFor(c.step), bytes));
+  std::vector<std::string> all = List();
+  for (size_t i = 0; keep_last_ > 0 && i + keep_last_ < all.size(); ++i) {
+    std::error_code ec;
+    std::filesystem::remove(all[i], ec);
+  }
+  return Status::Ok();
+}
+
+Result<Checkpoint> CheckpointDir::LoadLatest(std::vector<std::string>* skipped) const {
+  std::vector<std::string> all = List();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    auto bytes = ReadFile(*it, int64_t{64} << 30);
+    Result<Checkpoint> c = bytes.ok() ? Decode(*bytes, *it) : Result<Checkpoint>(bytes.status());
+    if (c.ok()) return c;
+    if (skipped) skipped->push_back(c.status().message());
+  }
+  return NotFound("no valid checkpoint in " + dir_);
+}
+
+}  // namespace trainctl::checkpoint

@@ -1,0 +1,155 @@
+#include "checkpoint/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "tests/test_util.h"
+
+namespace trainctl::checkpoint {
+namespace {
+
+std::string Floats(std::initializer_list<float> values) {
+  std::string out(values.size() * 4, '\0');
+  std::memcpy(out.data(), values.begin(), out.size());
+  return out;
+}
+
+Checkpoint Sample(int64_t step) {
+  Checkpoint c;
+  c.step = step;
+  c.metadata["model"] = "cnn";
+  c.tensors.push_back({"conv1.weight", "F32", {2, 2}, Floats({1.5f, -2.f, 3.25f, static_cast<float>(step)})});
+  c.tensors.push_back({"step_count", "I64", {1}, std::string("\x07\0\0\0\0\0\0\0", 8)});
+  return c;
+}
+
+TEST(Safetensors, RoundTripsTensorsStepAndMetadata) {
+  auto bytes = Encode(Sample(42));
+  ASSERT_TRUE(bytes.ok()) << bytes.status().message();
+  auto back = Decode(*bytes, "mem");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->step, 42);
+  EXPECT_EQ(back->metadata.at("model"), "cnn");
+  EXPECT_EQ(back->metadata.count("trainctl.crc32"), 0u);
+  ASSERT_NE(back->Find("conv1.weight"), nullptr);
+  EXPECT_EQ(back->Find("conv1.weight")->data, Sample(42).tensors[0].data);
+  EXPECT_EQ(back->Find("conv1.weight")->shape, (std::vector<int64_t>{2, 2}));
+  uint64_t header = 0;
+  std::memcpy(&header, bytes->data(), 8);
+  EXPECT_EQ((8 + header) % 8, 0u) << "data section 8-byte aligned";
+}
+
+TEST(Safetensors, EncodeRejectsBlobsThatDoNotMatchTheirShape) {
+  Checkpoint c;
+  c.tensors.push_back({"w", "F32", {3}, Floats({1.f, 2.f})});
+  EXPECT_FALSE(Encode(c).ok());
+  c.tensors[0] = {"w", "F99", {2}, Floats({1.f, 2.f})};
+  EXPECT_FALSE(Encode(c).ok());
+  c.tensors = {{"w", "F32", {1}, Floats({1.f})}, {"w", "F32", {1}, Floats({2.f})}};
+  EXPECT_FALSE(Encode(c).ok());
+}
+
+TEST(Safetensors, EveryKindOfDamageIsCaught) {
+  std::string good = *Encode(Sample(1));
+  std::string flipped = good;
+  flipped[flipped.size() - 3] ^= 0x40;
+  EXPECT_NE(Decode(flipped, "f").status().message().find("checksum mismatch"), std::string::npos);
+  EXPECT_NE(Decode(good.substr(0, good.size() - 4), "t").status().message().find("does not fit"),
+            std::string::npos);
+  EXPECT_NE(Decode(good.substr(0, 5), "s").status().message().find("truncated"), std::string::npos);
+  std::string bad_header = good;
+  bad_header[8] = '[';
+  EXPECT_FALSE(Decode(bad_header, "h").ok());
+  EXPECT_FALSE(Decode(std::string(8, '\xff') + "{}", "len").ok());
+}
+
+TEST(Safetensors, FuzzedFilesNeverCrashTheDecoder) {
+  std::string good = *Encode(Sample(5));
+  std::mt19937 rng(7);
+  for (int i = 0; i < 5000; ++i) {
+    std::string bytes = good;
+    int edits = 1 + static_cast<int>(rng() % 6);
+    for (int e = 0; e < edits; ++e) {
+      size_t pos = rng() % bytes.size();
+      switch (rng() % 3) {
+        case 0: bytes[pos] = static_cast<char>(rng()); break;
+        case 1: bytes.erase(pos, 1 + rng() % 8); break;
+        default: bytes.insert(pos, 1, static_cast<char>(rng()));
+      }
+      if (bytes.empty()) bytes = "x";
+    }
+    auto r = Decode(bytes, "fuzz");  // must return, ok or not
+    if (!r.ok()) {
+      EXPECT_FALSE(r.status().message().empty());
+    }
+  }
+}
+
+TEST(CheckpointDir, KeepsTheLastKAndResumesFromTheNewest) {
+  testing::Scratch s;
+  CheckpointDir dir(s.path("ckpt"), 2);
+  for (int64_t step : {100, 200, 300}) ASSERT_TRUE(dir.Save(Sample(step)).ok());
+  auto files = dir.List();
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[0], dir.PathFor(200));
+  EXPECT_EQ(files[1], dir.PathFor(300));
+  auto latest = dir.LoadLatest();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->step, 300);
+  // No temporary files are left behind.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(s.path("ckpt")),
+                          std::filesystem::directory_iterator()), 2);
+}
+
+TEST(CheckpointDir, FallsBackPastACorruptOrTruncatedNewest) {
+  testing::Scratch s;
+  CheckpointDir dir(s.path("ckpt"), 3);
+  for (int64_t step : {1, 2, 3}) ASSERT_TRUE(dir.Save(Sample(step)).ok());
+  std::string newest = *ReadFile(dir.PathFor(3));
+  newest[newest.size() - 1] ^= 1;
+  ASSERT_TRUE(AtomicWriteFile(dir.PathFor(3), newest).ok());
+  std::string middle = *ReadFile(dir.PathFor(2));
+  ASSERT_TRUE(AtomicWriteFile(dir.PathFor(2), middle.substr(0, middle.size() / 2)).ok());
+  std::vector<std::string> skipped;
+  auto latest = dir.LoadLatest(&skipped);
+  ASSERT_TRUE(latest.ok()) << latest.status().message();
+  EXPECT_EQ(latest->step, 1);
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_NE(skipped[0].find(dir.PathFor(3) + ": checksum mismatch"), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[1].find(dir.PathFor(2)), std::string::npos);
+  CheckpointDir empty(s.path("none"), 1);
+  EXPECT_EQ(empty.LoadLatest().status().code(), Code::kNotFound);
+}
+
+TEST(CheckpointDir, PythonReadsTheFileAsSafetensors) {
+  testing::Scratch s;
+  CheckpointDir dir(s.path("ckpt"), 1);
+  ASSERT_TRUE(dir.Save(Sample(9)).ok());
+  // Reads the layout by hand, as the safetensors format is specified: no trainctl code involved.
+  std::string script = R"(
+import json, struct, sys, numpy as np
+raw = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+header = json.loads(raw[8:8 + n])
+data = raw[8 + n:]
+w = header["conv1.weight"]
+a, b = w["data_offsets"]
+arr = np.frombuffer(data[a:b], dtype="<f4").reshape(w["shape"])
+assert arr.tolist() == [[1.5, -2.0], [3.25, 9.0]], arr
+assert header["__metadata__"]["trainctl.step"] == "9"
+print("ok")
+)";
+  SpawnOptions o;
+  o.argv = {TRAINCTL_TEST_PYTHON, "-c", script, dir.PathFor(9)};
+  o.env = CurrentEnvironment();
+  auto r = RunCommand(o, std::chrono::seconds(60));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->output, "ok\n");
+  EXPECT_EQ(r->exit.code, 0);
+}
+
+}  // namespace
+}  // namespace trainctl::checkpoint
