@@ -23,7 +23,9 @@ struct SpawnOptions {
   int output_fd = -1;                 // if >= 0: becomes the child's stdout and stderr
   int stdin_fd = -1;                  // if >= 0: becomes stdin; else /dev/null
   bool new_process_group = true;      // the child leads its own group (so stops reach its tree)
-  bool die_with_parent = true;        // PR_SET_PDEATHSIG: SIGTERM when the parent dies
+  // PR_SET_PDEATHSIG: SIGTERM when the parent dies. The kernel ties this to the *thread* that
+  // called Spawn(): spawn from a thread that lives as long as the child (the supervisor's).
+  bool die_with_parent = true;
 };
 
 // Starts a child. Fails (with the reason, e.g. "cannot run python4: No such file or directory")

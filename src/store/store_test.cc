@@ -10,6 +10,9 @@
 #include <fstream>
 #include <thread>
 
+#include "tests/test_util.h"
+
+#include "store/etcd/etcd_store.h"
 #include "store/memory/memory_store.h"
 #include "store/tcp/tcp_store.h"
 #include "store/tcp/wire.h"
@@ -46,18 +49,92 @@ class TcpBackend {
   std::unique_ptr<TcpStoreServer> server_;
 };
 
+// A real etcd (Debian's etcd-server) on free loopback ports, one for the whole test binary;
+// every client gets a fresh key prefix so tests never see each other's keys.
+class EtcdServer {
+ public:
+  static EtcdServer& Get() {
+    static EtcdServer server;
+    return server;
+  }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
+  ~EtcdServer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+ private:
+  static int FreePort() {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+  }
+  EtcdServer() {
+    client_port_ = FreePort();
+    int peer_port = FreePort();
+    std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
+    std::string peer = "http://127.0.0.1:" + std::to_string(peer_port);
+    SpawnOptions o;
+    o.argv = {"etcd", "--name", "test", "--data-dir", scratch_.path("etcd"),
+              "--listen-client-urls", client, "--advertise-client-urls", client,
+              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+              "--initial-cluster", "test=" + peer, "--logger", "zap", "--log-outputs",
+              scratch_.path("etcd.log")};
+    o.env = CurrentEnvironment();
+    auto pid = Spawn(o);
+    if (!pid.ok()) {
+      ADD_FAILURE() << pid.status().ToString() << " (apt-get install etcd-server)";
+      return;
+    }
+    pid_ = *pid;
+  }
+  testing::Scratch scratch_;
+  int client_port_ = 0;
+  pid_t pid_ = -1;
+};
+
+class EtcdBackend {
+ public:
+  // Starts etcd here, on the test's main thread: PR_SET_PDEATHSIG follows the thread that
+  // spawned it, and a test's worker thread ending would take etcd down with it.
+  EtcdBackend() { EtcdServer::Get(); }
+  std::unique_ptr<Store> NewClient() {
+    EtcdStoreOptions o;
+    o.endpoints = {EtcdServer::Get().endpoint()};
+    auto store = EtcdStore::Connect(o);
+    if (!store.ok()) {  // every test below needs a client: stop here, saying why
+      std::fprintf(stderr, "etcd test server unreachable: %s\n", store.status().ToString().c_str());
+      std::abort();
+    }
+    return std::make_unique<PrefixStore>(std::move(store).value(), prefix_);
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::string prefix_ = "/test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++) + "/";
+};
+
 template <typename Backend>
 class StoreTest : public ::testing::Test {
  protected:
   Backend backend_;
 };
 
-using Backends = ::testing::Types<MemoryBackend, TcpBackend>;
+using Backends = ::testing::Types<MemoryBackend, TcpBackend, EtcdBackend>;
 class BackendNames {
  public:
   template <typename T>
   static std::string GetName(int) {
-    return std::is_same_v<T, MemoryBackend> ? "Memory" : "Tcp";
+    if (std::is_same_v<T, MemoryBackend>) return "Memory";
+    return std::is_same_v<T, TcpBackend> ? "Tcp" : "Etcd";
   }
 };
 TYPED_TEST_SUITE(StoreTest, Backends, BackendNames);
@@ -140,7 +217,8 @@ TYPED_TEST(StoreTest, WaitForSeveralKeys) {
   ASSERT_TRUE(s->Set("a", "1").ok());
   auto st = s->Wait({"a", "b"}, milliseconds(100));
   EXPECT_EQ(st.code(), Code::kTimeout);
-  EXPECT_NE(st.message().find("a, b"), std::string::npos);
+  EXPECT_NE(st.message().find("a, "), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("b (gave up after 100ms)"), std::string::npos) << st.message();
   auto other = this->backend_.NewClient();
   std::thread t([&] { ASSERT_TRUE(other->Set("b", "2").ok()); });
   EXPECT_TRUE(s->Wait({"a", "b"}, seconds(10)).ok());
@@ -335,6 +413,25 @@ TEST(TcpStore, AStalledServerIsDetectedByTheDeadline) {
   auto start = Clock::now();
   auto r = client->Set("a", "1");
   EXPECT_FALSE(r.ok());
+  EXPECT_LT(Clock::now() - start, seconds(5));
+}
+
+TEST(Base64, RoundTripsEveryLength) {
+  for (const std::string& s : std::vector<std::string>{"", "f", "fo", "foo", "foob", "fooba", "foobar", std::string("\0\xff\x10", 3)}) {
+    EXPECT_EQ(*Base64Decode(Base64Encode(s)), s);
+  }
+  EXPECT_EQ(Base64Encode("foobar"), "Zm9vYmFy");
+  EXPECT_EQ(Base64Encode("fo"), "Zm8=");
+  EXPECT_FALSE(Base64Decode("a*b").ok());
+}
+
+TEST(EtcdStore, AnUnreachableEndpointFailsWithinTheConnectTimeout) {
+  EtcdStoreOptions o;
+  o.endpoints = {"127.0.0.1:1"};
+  o.connect_timeout = milliseconds(300);
+  auto start = Clock::now();
+  auto store = EtcdStore::Connect(o);
+  EXPECT_EQ(store.status().code(), Code::kUnavailable);
   EXPECT_LT(Clock::now() - start, seconds(5));
 }
 

@@ -1,0 +1,223 @@
+#include "store/etcd/etcd_store.h"
+
+#include <httplib.h>
+
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/strings.h"
+#include "store/memory/memory_store.h"
+#include "store/tcp/tcp_store.h"
+
+namespace trainctl {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+// Polls `probe` (true: done) with backoff from 2 ms to 50 ms until `deadline`.
+template <typename F>
+Result<bool> PollUntil(Clock::time_point deadline, F probe) {
+  Duration pause(2);
+  while (true) {
+    ASSIGN_OR_RETURN(bool done, probe());
+    if (done) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::min(pause, Remaining(deadline)));
+    pause = std::min(pause * 2, Duration(50));
+  }
+}
+
+}  // namespace
+
+std::string Base64Encode(const std::string& in) {
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    uint32_t v = static_cast<uint8_t>(in[i]) << 16 | static_cast<uint8_t>(in[i + 1]) << 8 |
+                 static_cast<uint8_t>(in[i + 2]);
+    for (int s = 18; s >= 0; s -= 6) out += kAlphabet[(v >> s) & 63];
+  }
+  if (i < in.size()) {
+    uint32_t v = static_cast<uint8_t>(in[i]) << 16;
+    if (i + 1 < in.size()) v |= static_cast<uint8_t>(in[i + 1]) << 8;
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += i + 1 < in.size() ? kAlphabet[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+Result<std::string> Base64Decode(const std::string& in) {
+  std::string out;
+  uint32_t v = 0;
+  int bits = 0;
+  for (char c : in) {
+    if (c == '=') break;
+    const char* p = std::strchr(kAlphabet, c);
+    if (!p || c == '\0') return InvalidArgument("invalid base64 from etcd");
+    v = v << 6 | static_cast<uint32_t>(p - kAlphabet);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((v >> bits) & 0xff);
+    }
+  }
+  return out;
+}
+
+EtcdStore::EtcdStore(EtcdStoreOptions options) : options_(std::move(options)) {}
+EtcdStore::~EtcdStore() = default;
+
+Result<std::unique_ptr<EtcdStore>> EtcdStore::Connect(const EtcdStoreOptions& options) {
+  if (options.endpoints.empty()) return InvalidArgument("no etcd endpoints given");
+  for (const auto& e : options.endpoints) {
+    std::string host;
+    uint16_t port;
+    RETURN_IF_ERROR(ParseHostPort(e, &host, &port));
+  }
+  std::unique_ptr<EtcdStore> store(new EtcdStore(options));
+  auto deadline = Clock::now() + options.connect_timeout;
+  Status last;
+  auto reached = PollUntil(deadline, [&]() -> Result<bool> {
+    auto r = store->TryGet("/trainctl/health-probe");
+    last = r.status();
+    return r.ok();
+  });
+  if (!reached.ok() || !*reached) {
+    return Unavailable("cannot reach etcd at " + Join(options.endpoints, ", ") + ": " + last.message());
+  }
+  return store;
+}
+
+Result<std::string> EtcdStore::Post(const std::string& path, const std::string& body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string errors;
+  for (size_t attempt = 0; attempt < options_.endpoints.size(); ++attempt) {
+    const std::string& endpoint = options_.endpoints[current_];
+    if (!client_) {
+      std::string host;
+      uint16_t port = 0;
+      RETURN_IF_ERROR(ParseHostPort(endpoint, &host, &port));
+      client_ = std::make_unique<httplib::Client>(host, port);
+      auto secs = std::chrono::duration_cast<std::chrono::microseconds>(options_.request_timeout);
+      client_->set_connection_timeout(std::chrono::seconds(2));
+      client_->set_read_timeout(secs);
+      client_->set_write_timeout(secs);
+    }
+    auto res = client_->Post(("/v3/" + path).c_str(), body, "application/json");
+    if (res && res->status == 200) return res->body;
+    errors += (errors.empty() ? "" : "; ") + endpoint + ": " +
+              (res ? "HTTP " + std::to_string(res->status) + " " + res->body
+                   : httplib::to_string(res.error()));
+    // Try the next member.
+    client_.reset();
+    current_ = (current_ + 1) % options_.endpoints.size();
+  }
+  return Unavailable("etcd request " + path + " failed: " + errors);
+}
+
+Result<EtcdStore::Value> EtcdStore::Range(const std::string& key) {
+  ASSIGN_OR_RETURN(std::string reply, Post("kv/range", json{{"key", Base64Encode(key)}}.dump()));
+  Value v;
+  try {
+    json j = json::parse(reply);
+    if (!j.contains("kvs") || j["kvs"].empty()) return v;
+    const json& kv = j["kvs"][0];
+    v.exists = true;
+    v.mod_revision = kv.at("mod_revision").get<std::string>();
+    if (kv.contains("value")) {
+      ASSIGN_OR_RETURN(v.data, Base64Decode(kv["value"].get<std::string>()));
+    }
+  } catch (const json::exception& e) {
+    return Internal(std::string("unexpected reply from etcd: ") + e.what());
+  }
+  return v;
+}
+
+Result<bool> EtcdStore::PutIf(const std::string& key, const Value& seen, const std::string& value) {
+  json compare = seen.exists
+      ? json{{"key", Base64Encode(key)}, {"target", "MOD"}, {"result", "EQUAL"}, {"mod_revision", seen.mod_revision}}
+      : json{{"key", Base64Encode(key)}, {"target", "CREATE"}, {"result", "EQUAL"}, {"create_revision", "0"}};
+  json txn = {{"compare", json::array({compare})},
+              {"success", json::array({{{"request_put", {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}}}}})}};
+  ASSIGN_OR_RETURN(std::string reply, Post("kv/txn", txn.dump()));
+  try {
+    json j = json::parse(reply);
+    return j.value("succeeded", false);
+  } catch (const json::exception& e) {
+    return Internal(std::string("unexpected reply from etcd: ") + e.what());
+  }
+}
+
+Status EtcdStore::Set(const std::string& key, const std::string& value) {
+  auto r = Post("kv/put", json{{"key", Base64Encode(key)}, {"value", Base64Encode(value)}}.dump());
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+Result<std::optional<std::string>> EtcdStore::TryGet(const std::string& key) {
+  ASSIGN_OR_RETURN(Value v, Range(key));
+  if (!v.exists) return std::optional<std::string>();
+  return std::optional<std::string>(std::move(v.data));
+}
+
+Result<std::string> EtcdStore::Get(const std::string& key, Duration timeout) {
+  std::string value;
+  ASSIGN_OR_RETURN(bool found, PollUntil(Clock::now() + timeout, [&]() -> Result<bool> {
+    ASSIGN_OR_RETURN(Value v, Range(key));
+    if (v.exists) value = std::move(v.data);
+    return v.exists;
+  }));
+  if (!found) return KeysTimeout({key}, timeout);
+  return value;
+}
+
+Result<int64_t> EtcdStore::Add(const std::string& key, int64_t delta) {
+  while (true) {
+    ASSIGN_OR_RETURN(Value v, Range(key));
+    KvTable table;  // the shared integer rules, on this one value
+    if (v.exists) table.Set(key, v.data);
+    ASSIGN_OR_RETURN(int64_t next, table.Add(key, delta));
+    ASSIGN_OR_RETURN(bool done, PutIf(key, v, std::to_string(next)));
+    if (done) return next;
+  }
+}
+
+Result<std::string> EtcdStore::CompareSet(const std::string& key, const std::string& expected,
+                                          const std::string& desired) {
+  while (true) {
+    ASSIGN_OR_RETURN(Value v, Range(key));
+    std::string current = v.exists ? v.data : "";
+    if (current != expected) return current;
+    ASSIGN_OR_RETURN(bool done, PutIf(key, v, desired));
+    if (done) return desired;
+  }
+}
+
+Status EtcdStore::Wait(const std::vector<std::string>& keys, Duration timeout) {
+  auto all = PollUntil(Clock::now() + timeout, [&]() -> Result<bool> {
+    for (const auto& k : keys) {
+      ASSIGN_OR_RETURN(Value v, Range(k));
+      if (!v.exists) return false;
+    }
+    return true;
+  });
+  if (!all.ok()) return all.status();
+  return *all ? Status::Ok() : KeysTimeout(keys, timeout);
+}
+
+Result<bool> EtcdStore::Delete(const std::string& key) {
+  ASSIGN_OR_RETURN(std::string reply, Post("kv/deleterange", json{{"key", Base64Encode(key)}}.dump()));
+  try {
+    json j = json::parse(reply);
+    return j.contains("deleted") && j["deleted"].get<std::string>() != "0";
+  } catch (const json::exception& e) {
+    return Internal(std::string("unexpected reply from etcd: ") + e.what());
+  }
+}
+
+}  // namespace trainctl
