@@ -200,25 +200,32 @@ output_dir: {out}/out
   EXPECT_EQ(Status(s)["state"], "timed-out");
 }
 
-// Ctrl-C (SIGINT) or SIGTERM to trainctl stops every process it started.
-class InterruptTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(InterruptTest, StopsEverythingAndLeavesNoOrphans) {
-  Scratch s;
-  // Each worker records its pid and a background child's pid, then waits.
-  Spec(s, R"(name: interrupt
+// Starts a 2 x 2 job whose workers each start a background child, and returns once every worker
+// has written "<its pid> <child pid>" to pids and its agent's pid to agents.
+std::unique_ptr<Background> StartJobWithGrandchildren(const Scratch& s) {
+  Spec(s, R"(name: grandchildren
 nodes: 2
 procs_per_node: 2
 command: [sh, -c, 'sleep 300 & echo "$$ $!" >> {out}/pids; echo "$PPID" >> {out}/agents; wait']
 output_dir: {out}/out
 )");
-  Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
-  ASSERT_TRUE(Eventually([&] { return ReadPids(s.path("pids")).size() == 8; }));
+  auto job = std::make_unique<Background>(std::vector<std::string>{"run", "job.yaml"}, s.path(""),
+                                          s.path("log"));
+  EXPECT_TRUE(Eventually([&] { return ReadPids(s.path("pids")).size() == 8; }));
+  return job;
+}
+
+// Ctrl-C (SIGINT) or SIGTERM to trainctl stops every process it started.
+class InterruptTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(InterruptTest, StopsEverythingAndLeavesNoOrphans) {
+  Scratch s;
+  auto job = StartJobWithGrandchildren(s);
   std::vector<pid_t> pids = ReadPids(s.path("pids"));
   for (pid_t agent : ReadPids(s.path("agents"))) pids.push_back(agent);
-  ::kill(job.pid(), GetParam());
-  ExitInfo exit = job.Wait(seconds(30));
-  EXPECT_EQ(exit.code, kExitInterrupted) << job.Output();
+  ::kill(job->pid(), GetParam());
+  ExitInfo exit = job->Wait(seconds(30));
+  EXPECT_EQ(exit.code, kExitInterrupted) << job->Output();
   for (pid_t p : pids) {
     EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(5))) << "pid " << p << " outlived trainctl";
   }
@@ -250,16 +257,9 @@ output_dir: {out}/out
 
 TEST(Cli, KillingTrainctlWithSigkillStillStopsEveryWorker) {
   Scratch s;
-  Spec(s, R"(name: killed
-nodes: 2
-procs_per_node: 2
-command: [sh, -c, 'sleep 300 & echo "$$ $!" >> {out}/pids; wait']
-output_dir: {out}/out
-)");
-  Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
-  ASSERT_TRUE(Eventually([&] { return ReadPids(s.path("pids")).size() == 8; }));
-  ::kill(job.pid(), SIGKILL);  // no chance to clean up: the agents must notice on their own
-  job.Wait(seconds(10));
+  auto job = StartJobWithGrandchildren(s);
+  ::kill(job->pid(), SIGKILL);  // no chance to clean up: the agents must notice on their own
+  job->Wait(seconds(10));
   for (pid_t p : ReadPids(s.path("pids"))) {
     EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(20))) << "pid " << p << " orphaned";
   }
