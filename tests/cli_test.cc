@@ -5,6 +5,8 @@
 #include "common/exit_codes.h"
 #include "spec/job_spec.h"
 #include "store/tcp/tcp_store.h"
+#include "store/etcd/etcd_store.h"
+#include "tests/etcd_server.h"
 #include "test_util.h"
 
 namespace trainctl::testing {
@@ -263,6 +265,38 @@ TEST(Cli, KillingTrainctlWithSigkillStillStopsEveryWorker) {
   for (pid_t p : ReadPids(s.path("pids"))) {
     EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(20))) << "pid " << p << " orphaned";
   }
+}
+
+TEST(Cli, AJobCanRendezvousOnEtcd) {
+  EtcdServer& etcd = EtcdServer::Get();
+  Scratch s;
+  std::string url = "etcd://" + etcd.endpoint();
+  Spec(s, "name: on-etcd\nnodes: 2\nprocs_per_node: 2\nrendezvous: " + url +
+              "\ncommand: [sh, -c, 'echo \"$RANK $TRAINCTL_STORE_ADDR\" >> {out}/ranks']\n"
+              "output_dir: {out}/out\n");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  std::string ranks = s.Read("ranks");
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(CountLines(ranks, std::to_string(rank) + " " + url), 1) << ranks;
+  }
+  // The rounds were held on etcd, under this run's own prefix.
+  std::string run_id = Status(s)["run_id"];
+  EtcdStoreOptions o;
+  o.endpoints = {etcd.endpoint()};
+  auto store = std::move(EtcdStore::Connect(o).value());
+  EXPECT_EQ(**store->TryGet("/trainctl/" + run_id + "/round/0/joined"), "2");
+  EXPECT_EQ(**store->TryGet("/trainctl/" + run_id + "/round/0/succeeded"), "2");
+}
+
+TEST(Cli, AnUnreachableEtcdIsReportedNotWaitedOnForever) {
+  Scratch s;
+  Spec(s, "name: no-etcd\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"
+          "command: [\"true\"]\noutput_dir: {out}/out\n");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30));
+  EXPECT_EQ(r.exit.code, kExitError) << r.output;
+  EXPECT_NE(r.output.find("cannot reach the job's store: cannot reach etcd at 127.0.0.1:1"),
+            std::string::npos) << r.output;
 }
 
 // An agent run by hand against a store: the way other launchers start it.

@@ -6,14 +6,15 @@
 #include "common/log.h"
 #include "common/subprocess.h"
 #include "launch/local/local_launcher.h"
-#include "store/tcp/tcp_store.h"
+#include "store/open_store.h"
 
 namespace trainctl::cli {
 
 void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
-      "agent", "Run one node's agent (started by the launchers; the store's address and token "
-               "come from TRAINCTL_AGENT_STORE and TRAINCTL_AGENT_TOKEN)");
+      "agent", "Run one node's agent (started by the launchers; the store's URL, tcp://host:port "
+               "or etcd://host:port[,...], and token come from TRAINCTL_AGENT_STORE and "
+               "TRAINCTL_AGENT_TOKEN)");
   struct Flags {
     int node_rank = -1;
     std::string run_id;
@@ -31,26 +32,19 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
     BlockSupervisorSignals();
     const char* addr_env = std::getenv(kEnvStoreAddr);
     const char* token_env = std::getenv(kEnvStoreToken);
-    if (!addr_env || !token_env) {
-      std::fprintf(stderr, "trainctl agent: %s and %s must be set\n", kEnvStoreAddr, kEnvStoreToken);
+    if (!addr_env) {
+      std::fprintf(stderr, "trainctl agent: %s must be set to the job's store URL\n", kEnvStoreAddr);
       *code = kExitInvalidSpec;
       return;
     }
-    const std::string addr = addr_env, token = token_env;
-    TcpStoreOptions so;
-    so.token = token;
-    if (Status st = ParseHostPort(addr, &so.host, &so.port); !st.ok()) {
-      std::fprintf(stderr, "trainctl agent: %s: %s\n", kEnvStoreAddr, st.message().c_str());
-      *code = kExitInvalidSpec;
-      return;
-    }
+    const std::string addr = addr_env, token = token_env ? token_env : "";
     // The token must not leak into the workers' environment under this name.
     ::unsetenv(kEnvStoreToken);
     ::unsetenv(kEnvStoreAddr);
-    auto client = TcpStore::Connect(so);
+    auto client = OpenStore(addr, token);
     if (!client.ok()) {
       LOG_ERROR("{}", client.status().message());
-      *code = kExitError;
+      *code = client.status().code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
       return;
     }
     const std::string prefix = "/trainctl/" + f->run_id + "/";

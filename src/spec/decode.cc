@@ -5,6 +5,7 @@
 #include <optional>
 #include <tuple>
 
+#include "common/address.h"
 #include "common/strings.h"
 #include "spec/job_spec.h"
 #include "spec/tree.h"
@@ -233,7 +234,7 @@ class Decoder {
 const std::vector<std::string> kTopLevel = {
     "name",      "nodes",       "procs_per_node", "command",    "args",
     "env",       "working_dir", "resources",      "restart",    "timeouts",
-    "output_dir", "checkpoint_dir"};
+    "rendezvous", "output_dir", "checkpoint_dir"};
 
 }  // namespace
 
@@ -331,6 +332,16 @@ Result<JobSpec> Decode(const Node& root) {
             *f.out = *v;
           }
         }
+      }
+    }
+  }
+  if (const Node* n = Decoder::Child(root, "rendezvous")) {
+    if (auto url = d.String(*n, "rendezvous")) {
+      if (auto endpoints = ParseEtcdUrl(*url); endpoints.ok()) {
+        spec.rendezvous = *url;
+      } else {
+        d.Error(*n, "rendezvous", endpoints.status().message() +
+                                      " (leave the field out for the embedded store)");
       }
     }
   }

@@ -44,6 +44,7 @@ struct JobSpec {
   ResourcesSpec resources;
   RestartSpec restart;
   TimeoutsSpec timeouts;
+  std::string rendezvous;                // "": the launcher's embedded store; or etcd://h:p[,h:p]
   std::string output_dir;                // default runs/<name>
   std::string checkpoint_dir;            // default <output_dir>/checkpoints
 

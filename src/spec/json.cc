@@ -25,6 +25,7 @@ std::string JobSpecToJson(const JobSpec& s, int indent) {
        {{"rendezvous", s.timeouts.rendezvous.count()},
         {"stop_grace", s.timeouts.stop_grace.count()},
         {"job", s.timeouts.job.count()}}},
+      {"rendezvous", s.rendezvous},
       {"output_dir", s.output_dir},
       {"checkpoint_dir", s.checkpoint_dir},
   };
@@ -53,6 +54,7 @@ Result<JobSpec> JobSpecFromJson(const std::string& text) {
     s.timeouts.rendezvous = Duration(t.at("rendezvous").get<int64_t>());
     s.timeouts.stop_grace = Duration(t.at("stop_grace").get<int64_t>());
     s.timeouts.job = Duration(t.at("job").get<int64_t>());
+    s.rendezvous = j.at("rendezvous").get<std::string>();
     s.output_dir = j.at("output_dir").get<std::string>();
     s.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
     if (s.command.empty() || s.procs_per_node < 1 || s.nodes.min < 1 || s.nodes.max < s.nodes.min) {

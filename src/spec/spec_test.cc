@@ -115,6 +115,17 @@ TEST(JobSpec, WrongTypes) {
             std::string::npos);
 }
 
+TEST(JobSpec, RendezvousTakesAnEtcdUrl) {
+  auto spec = ParseJobSpec(std::string(kMinimal) + "rendezvous: etcd://10.0.0.1:2379,10.0.0.2:2379\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->rendezvous, "etcd://10.0.0.1:2379,10.0.0.2:2379");
+  EXPECT_EQ(ParseJobSpec(kMinimal, "job.yaml")->rendezvous, "");
+  for (const char* bad : {"etcd://", "etcd://host", "http://h:1", "etcd://h:1,", "etcd://h:99999"}) {
+    std::string e = Errors(std::string(kMinimal) + "rendezvous: \"" + bad + "\"\n");
+    EXPECT_NE(e.find("job.yaml:3: rendezvous: expected etcd://host:port"), std::string::npos) << e;
+  }
+}
+
 TEST(JobSpec, NodeRanges) {
   auto range = ParseJobSpec(std::string(kMinimal) + "nodes: \"2:4\"\n", "job.yaml");
   ASSERT_TRUE(range.ok()) << range.status().message();

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "tests/etcd_server.h"
 #include "tests/test_util.h"
 
 #include "store/etcd/etcd_store.h"
@@ -49,66 +50,14 @@ class TcpBackend {
   std::unique_ptr<TcpStoreServer> server_;
 };
 
-// A real etcd (Debian's etcd-server) on free loopback ports, one for the whole test binary;
-// every client gets a fresh key prefix so tests never see each other's keys.
-class EtcdServer {
- public:
-  static EtcdServer& Get() {
-    static EtcdServer server;
-    return server;
-  }
-  std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
-  ~EtcdServer() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-
- private:
-  static int FreePort() {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
-  }
-  EtcdServer() {
-    client_port_ = FreePort();
-    int peer_port = FreePort();
-    std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
-    std::string peer = "http://127.0.0.1:" + std::to_string(peer_port);
-    SpawnOptions o;
-    o.argv = {"etcd", "--name", "test", "--data-dir", scratch_.path("etcd"),
-              "--listen-client-urls", client, "--advertise-client-urls", client,
-              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-              "--initial-cluster", "test=" + peer, "--logger", "zap", "--log-outputs",
-              scratch_.path("etcd.log")};
-    o.env = CurrentEnvironment();
-    auto pid = Spawn(o);
-    if (!pid.ok()) {
-      ADD_FAILURE() << pid.status().ToString() << " (apt-get install etcd-server)";
-      return;
-    }
-    pid_ = *pid;
-  }
-  testing::Scratch scratch_;
-  int client_port_ = 0;
-  pid_t pid_ = -1;
-};
-
 class EtcdBackend {
  public:
   // Starts etcd here, on the test's main thread: PR_SET_PDEATHSIG follows the thread that
   // spawned it, and a test's worker thread ending would take etcd down with it.
-  EtcdBackend() { EtcdServer::Get(); }
+  EtcdBackend() { testing::EtcdServer::Get(); }
   std::unique_ptr<Store> NewClient() {
     EtcdStoreOptions o;
-    o.endpoints = {EtcdServer::Get().endpoint()};
+    o.endpoints = {testing::EtcdServer::Get().endpoint()};
     auto store = EtcdStore::Connect(o);
     if (!store.ok()) {  // every test below needs a client: stop here, saying why
       std::fprintf(stderr, "etcd test server unreachable: %s\n", store.status().ToString().c_str());

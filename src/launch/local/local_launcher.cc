@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/random.h"
 #include "common/subprocess.h"
+#include "store/open_store.h"
 #include "store/tcp/tcp_store.h"
 
 namespace trainctl {
@@ -52,18 +53,21 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     return kExitError;
   }
 
-  TcpStoreServerOptions so;
-  so.token = token;
-  auto server = TcpStoreServer::Start(so);
-  if (!server.ok()) {
-    LOG_ERROR("cannot start the job's store: {}", server.status().message());
-    return kExitError;
+  // The job's store: an etcd cluster when the spec names one, else one served here.
+  std::unique_ptr<TcpStoreServer> server;
+  std::string store_url = spec.rendezvous;
+  if (store_url.empty()) {
+    TcpStoreServerOptions so;
+    so.token = token;
+    auto started = TcpStoreServer::Start(so);
+    if (!started.ok()) {
+      LOG_ERROR("cannot start the job's store: {}", started.status().message());
+      return kExitError;
+    }
+    server = std::move(*started);
+    store_url = "tcp://127.0.0.1:" + std::to_string(server->port());
   }
-  const std::string store_addr = "127.0.0.1:" + std::to_string((*server)->port());
-  TcpStoreOptions co;
-  co.port = (*server)->port();
-  co.token = token;
-  auto client = TcpStore::Connect(co);
+  auto client = OpenStore(store_url, token, std::min<Duration>(spec.timeouts.rendezvous, std::chrono::seconds(30)));
   if (!client.ok()) {
     LOG_ERROR("cannot reach the job's store: {}", client.status().message());
     return kExitError;
@@ -75,7 +79,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   }
 
   std::vector<std::string> env = CurrentEnvironment();
-  SetEnv(&env, kEnvStoreAddr, store_addr);
+  SetEnv(&env, kEnvStoreAddr, store_url);
   SetEnv(&env, kEnvStoreToken, token);
   std::vector<AgentProc> agents;
   int final_code = kExitOk;
@@ -199,7 +203,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     LOG_WARN("{}", st.message());
   }
   client->reset();
-  (*server)->Stop();
+  if (server) server->Stop();
   return final_code;
 }
 

@@ -1,5 +1,5 @@
 // LocalLauncher: the default target. Serves the job's TCP store on loopback (with a fresh token
-// per run), starts one `trainctl agent` process per node on this machine, forwards Ctrl-C and
+// per run) unless the spec names an etcd cluster as `rendezvous:`, starts one `trainctl agent` process per node on this machine, forwards Ctrl-C and
 // SIGTERM to them, enforces timeouts.job, and prints the failure report at the end. Leaves
 // <output_dir>/status.json (state, exit code, restarts, failure) for scripts.
 #pragma once
@@ -13,7 +13,8 @@ class LocalLauncher : public Launcher {
   int Run(const JobSpec& spec, const LaunchOptions& options) override;
 };
 
-// Environment variables that carry the store to `trainctl agent` (never argv: argv is public).
+// Environment variables that carry the store's URL (see OpenStore) and token to `trainctl agent`
+// (never argv: argv is public).
 inline constexpr const char* kEnvStoreAddr = "TRAINCTL_AGENT_STORE";
 inline constexpr const char* kEnvStoreToken = "TRAINCTL_AGENT_TOKEN";
 

@@ -98,23 +98,6 @@ int RecvAll(int fd, char* out, size_t size, Clock::time_point deadline) {
 
 }  // namespace
 
-Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port) {
-  size_t colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
-    return InvalidArgument("expected host:port, got \"" + text + "\"");
-  }
-  std::string h = text.substr(0, colon);
-  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-  char* end = nullptr;
-  long p = std::strtol(text.c_str() + colon + 1, &end, 10);
-  if (*end != '\0' || p <= 0 || p > 65535) {
-    return InvalidArgument("expected a port from 1 to 65535 in \"" + text + "\"");
-  }
-  *host = h;
-  *port = static_cast<uint16_t>(p);
-  return Status::Ok();
-}
-
 Result<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOptions& options) {
   std::unique_ptr<TcpStore> store(new TcpStore(options));
   auto deadline = Clock::now() + options.connect_timeout;

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "common/address.h"
 #include "store/store.h"
 
 namespace trainctl {
@@ -84,8 +85,5 @@ class TcpStore : public Store {
   int fd_ = -1;
   bool greeted_ = false;
 };
-
-// Parses "host:port" (or "[v6]:port").
-Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port);
 
 }  // namespace trainctl

@@ -1,0 +1,17 @@
+// Opens a job's store from its URL, the one form in which launchers hand it to agents:
+//   tcp://host:port        the embedded TCP store (token required)
+//   etcd://host:port[,host:port...]   an etcd v3 cluster (the spec's `rendezvous:`)
+// A bare "host:port" means tcp.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "store/store.h"
+
+namespace trainctl {
+
+Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::string& token,
+                                         Duration connect_timeout = std::chrono::seconds(30));
+
+}  // namespace trainctl
