@@ -268,9 +268,9 @@ TEST(Cli, KillingTrainctlWithSigkillStillStopsEveryWorker) {
 }
 
 TEST(Cli, AJobCanRendezvousOnEtcd) {
-  EtcdServer& etcd = EtcdServer::Get();
+  const std::string endpoint = SharedEtcd().endpoints()[0];
   Scratch s;
-  std::string url = "etcd://" + etcd.endpoint();
+  std::string url = "etcd://" + endpoint;
   Spec(s, "name: on-etcd\nnodes: 2\nprocs_per_node: 2\nrendezvous: " + url +
               "\ncommand: [sh, -c, 'echo \"$RANK $TRAINCTL_STORE_ADDR\" >> {out}/ranks']\n"
               "output_dir: {out}/out\n");
@@ -283,7 +283,7 @@ TEST(Cli, AJobCanRendezvousOnEtcd) {
   // The rounds were held on etcd, under this run's own prefix.
   std::string run_id = Status(s)["run_id"];
   EtcdStoreOptions o;
-  o.endpoints = {etcd.endpoint()};
+  o.endpoints = {endpoint};
   auto store = std::move(EtcdStore::Connect(o).value());
   EXPECT_EQ(**store->TryGet("/trainctl/" + run_id + "/round/0/joined"), "2");
   EXPECT_EQ(**store->TryGet("/trainctl/" + run_id + "/round/0/succeeded"), "2");

@@ -1,8 +1,9 @@
-// A real etcd (Debian's etcd-server) for tests, on free loopback ports: one per test process,
-// started on first use (call Get() from the test's main thread: see SpawnOptions::die_with_parent).
+// Real etcd (Debian's etcd-server) for tests, on free loopback ports. Construct on the test's
+// main thread: PR_SET_PDEATHSIG follows the spawning thread (see SpawnOptions::die_with_parent).
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -10,23 +11,56 @@
 
 namespace trainctl::testing {
 
-// A real etcd (Debian's etcd-server) on free loopback ports, one for the whole test binary;
-// every client gets a fresh key prefix so tests never see each other's keys.
-class EtcdServer {
+class EtcdCluster {
  public:
-  static EtcdServer& Get() {
-    static EtcdServer server;
-    return server;
+  explicit EtcdCluster(int members) {
+    std::vector<std::string> peers;
+    std::string initial;
+    for (int i = 0; i < members; ++i) {
+      client_ports_.push_back(FreePort());
+      peers.push_back("http://127.0.0.1:" + std::to_string(FreePort()));
+      initial += (i ? "," : "") + Name(i) + "=" + peers.back();
+    }
+    for (int i = 0; i < members; ++i) {
+      std::string client = "http://127.0.0.1:" + std::to_string(client_ports_[i]);
+      SpawnOptions o;
+      o.argv = {"etcd", "--name", Name(i), "--data-dir", scratch_.path(Name(i)),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peers[i], "--initial-advertise-peer-urls", peers[i],
+                "--initial-cluster", initial, "--initial-cluster-state", "new",
+                "--logger", "zap", "--log-outputs", scratch_.path(Name(i) + ".log")};
+      o.env = CurrentEnvironment();
+      int out = ::open(scratch_.path(Name(i) + ".out").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+      o.output_fd = out;  // etcd's own chatter stays out of the test output
+      auto pid = Spawn(o);
+      ::close(out);
+      if (!pid.ok()) {
+        ADD_FAILURE() << pid.status().ToString() << " (apt-get install etcd-server)";
+        pids_.push_back(-1);
+        continue;
+      }
+      pids_.push_back(*pid);
+    }
   }
-  std::string endpoint() const { return "127.0.0.1:" + std::to_string(client_port_); }
-  ~EtcdServer() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
+  ~EtcdCluster() {
+    for (size_t i = 0; i < pids_.size(); ++i) Kill(static_cast<int>(i));
+  }
+  // "127.0.0.1:port" of each member's client URL.
+  std::vector<std::string> endpoints() const {
+    std::vector<std::string> out;
+    for (int port : client_ports_) out.push_back("127.0.0.1:" + std::to_string(port));
+    return out;
+  }
+  void Kill(int member) {
+    if (pids_[member] > 0) {
+      ::kill(pids_[member], SIGKILL);
+      ::waitpid(pids_[member], nullptr, 0);
+      pids_[member] = -1;
     }
   }
 
  private:
+  static std::string Name(int i) { return "member" + std::to_string(i); }
   static int FreePort() {
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
@@ -38,31 +72,15 @@ class EtcdServer {
     ::close(fd);
     return ntohs(a.sin_port);
   }
-  EtcdServer() {
-    client_port_ = FreePort();
-    int peer_port = FreePort();
-    std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
-    std::string peer = "http://127.0.0.1:" + std::to_string(peer_port);
-    SpawnOptions o;
-    o.argv = {"etcd", "--name", "test", "--data-dir", scratch_.path("etcd"),
-              "--listen-client-urls", client, "--advertise-client-urls", client,
-              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-              "--initial-cluster", "test=" + peer, "--logger", "zap", "--log-outputs",
-              scratch_.path("etcd.log")};
-    o.env = CurrentEnvironment();
-    int out = ::open(scratch_.path("etcd.out").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    o.output_fd = out;  // etcd's own chatter stays out of the test output
-    auto pid = Spawn(o);
-    ::close(out);
-    if (!pid.ok()) {
-      ADD_FAILURE() << pid.status().ToString() << " (apt-get install etcd-server)";
-      return;
-    }
-    pid_ = *pid;
-  }
   Scratch scratch_;
-  int client_port_ = 0;
-  pid_t pid_ = -1;
+  std::vector<int> client_ports_;
+  std::vector<pid_t> pids_;
 };
+
+// One single-member etcd for the whole test process, started on first use.
+inline EtcdCluster& SharedEtcd() {
+  static EtcdCluster etcd(1);
+  return etcd;
+}
 
 }  // namespace trainctl::testing

@@ -54,10 +54,10 @@ class EtcdBackend {
  public:
   // Starts etcd here, on the test's main thread: PR_SET_PDEATHSIG follows the thread that
   // spawned it, and a test's worker thread ending would take etcd down with it.
-  EtcdBackend() { testing::EtcdServer::Get(); }
+  EtcdBackend() { testing::SharedEtcd(); }
   std::unique_ptr<Store> NewClient() {
     EtcdStoreOptions o;
-    o.endpoints = {testing::EtcdServer::Get().endpoint()};
+    o.endpoints = testing::SharedEtcd().endpoints();
     auto store = EtcdStore::Connect(o);
     if (!store.ok()) {  // every test below needs a client: stop here, saying why
       std::fprintf(stderr, "etcd test server unreachable: %s\n", store.status().ToString().c_str());
@@ -382,6 +382,26 @@ TEST(EtcdStore, AnUnreachableEndpointFailsWithinTheConnectTimeout) {
   auto store = EtcdStore::Connect(o);
   EXPECT_EQ(store.status().code(), Code::kUnavailable);
   EXPECT_LT(Clock::now() - start, seconds(5));
+}
+
+TEST(EtcdStore, KeepsServingWhenOneOfThreeMembersIsKilled) {
+  testing::EtcdCluster cluster(3);
+  EtcdStoreOptions o;
+  o.endpoints = cluster.endpoints();
+  o.request_timeout = seconds(5);
+  auto store = EtcdStore::Connect(o);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto& s = **store;
+  ASSERT_TRUE(s.Set("before", "1").ok());
+  EXPECT_EQ(*s.Add("counter", 1), 1);
+  cluster.Kill(0);  // the member the client was talking to
+  auto start = Clock::now();
+  EXPECT_EQ(*s.Get("before", seconds(10)), "1");
+  auto n = s.Add("counter", 1);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, 2);
+  EXPECT_EQ(*s.CompareSet("leader", "", "node-1"), "node-1");
+  EXPECT_LT(Clock::now() - start, seconds(15));
 }
 
 TEST(ParseHostPort, AcceptsHostsAndRejectsJunk) {

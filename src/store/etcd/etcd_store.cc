@@ -81,44 +81,53 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::Connect(const EtcdStoreOptions& op
     RETURN_IF_ERROR(ParseHostPort(e, &host, &port));
   }
   std::unique_ptr<EtcdStore> store(new EtcdStore(options));
-  auto deadline = Clock::now() + options.connect_timeout;
-  Status last;
-  auto reached = PollUntil(deadline, [&]() -> Result<bool> {
-    auto r = store->TryGet("/trainctl/health-probe");
-    last = r.status();
-    return r.ok();
-  });
-  if (!reached.ok() || !*reached) {
-    return Unavailable("cannot reach etcd at " + Join(options.endpoints, ", ") + ": " + last.message());
+  // The gateway answers a range only once the member serves requests; one round of retries
+  // over all members, bounded by connect_timeout.
+  auto probe = store->PostBy("kv/range", json{{"key", Base64Encode("/trainctl/")}}.dump(),
+                             Clock::now() + options.connect_timeout);
+  if (!probe.ok()) {
+    return Unavailable("cannot reach etcd at " + Join(options.endpoints, ", ") + ": " +
+                       probe.status().message());
   }
   return store;
 }
 
 Result<std::string> EtcdStore::Post(const std::string& path, const std::string& body) {
+  return PostBy(path, body, Clock::now() + options_.request_timeout);
+}
+
+Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string& body,
+                                      Clock::time_point deadline) {
+  // A transaction whose reply was lost may have been applied: retrying it could apply it twice.
+  // Everything else here is idempotent, and a request refused or never delivered is safe to
+  // resend; those go round the members until request_timeout (a leader election takes ~1 s).
+  const bool idempotent = path != "kv/txn";
   std::lock_guard<std::mutex> lock(mu_);
-  std::string errors;
-  for (size_t attempt = 0; attempt < options_.endpoints.size(); ++attempt) {
+  std::string last_error;
+  while (true) {
     const std::string& endpoint = options_.endpoints[current_];
     if (!client_) {
       std::string host;
       uint16_t port = 0;
       RETURN_IF_ERROR(ParseHostPort(endpoint, &host, &port));
       client_ = std::make_unique<httplib::Client>(host, port);
-      auto secs = std::chrono::duration_cast<std::chrono::microseconds>(options_.request_timeout);
+      auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(options_.request_timeout);
       client_->set_connection_timeout(std::chrono::seconds(2));
-      client_->set_read_timeout(secs);
-      client_->set_write_timeout(secs);
+      client_->set_read_timeout(timeout);
+      client_->set_write_timeout(timeout);
     }
     auto res = client_->Post(("/v3/" + path).c_str(), body, "application/json");
     if (res && res->status == 200) return res->body;
-    errors += (errors.empty() ? "" : "; ") + endpoint + ": " +
-              (res ? "HTTP " + std::to_string(res->status) + " " + res->body
-                   : httplib::to_string(res.error()));
-    // Try the next member.
-    client_.reset();
+    bool delivered_maybe = !res && res.error() != httplib::Error::Connection;
+    last_error = endpoint + ": " +
+                 (res ? "HTTP " + std::to_string(res->status) + " " + res->body
+                      : httplib::to_string(res.error()));
+    client_.reset();  // next time, the next member
     current_ = (current_ + 1) % options_.endpoints.size();
+    if ((delivered_maybe && !idempotent) || Clock::now() >= deadline) break;
+    if (current_ == 0) std::this_thread::sleep_for(std::min(Duration(100), Remaining(deadline)));
   }
-  return Unavailable("etcd request " + path + " failed: " + errors);
+  return Unavailable("etcd request " + path + " failed: " + last_error);
 }
 
 Result<EtcdStore::Value> EtcdStore::Range(const std::string& key) {

@@ -49,8 +49,11 @@ class EtcdStore : public Store {
     std::string mod_revision;
   };
   explicit EtcdStore(EtcdStoreOptions options);
-  // POSTs a JSON body to /v3/<path>, trying each endpoint once; returns the JSON reply text.
+  // POSTs a JSON body to /v3/<path> and returns the reply text, going round the members on
+  // failures that are safe to retry until request_timeout (PostBy: until `deadline`).
   Result<std::string> Post(const std::string& path, const std::string& body);
+  Result<std::string> PostBy(const std::string& path, const std::string& body,
+                             Clock::time_point deadline);
   Result<Value> Range(const std::string& key);
   // Sets key to `value` if it still has `seen` (absent, or the same mod_revision).
   Result<bool> PutIf(const std::string& key, const Value& seen, const std::string& value);
