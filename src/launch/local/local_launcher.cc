@@ -67,7 +67,8 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     server = std::move(*started);
     store_url = "tcp://127.0.0.1:" + std::to_string(server->port());
   }
-  auto client = OpenStore(store_url, token, std::min<Duration>(spec.timeouts.rendezvous, std::chrono::seconds(30)));
+  const Duration connect_timeout = std::min<Duration>(spec.timeouts.rendezvous, std::chrono::seconds(30));
+  auto client = OpenStore(store_url, token, connect_timeout);
   if (!client.ok()) {
     LOG_ERROR("cannot reach the job's store: {}", client.status().message());
     return kExitError;
