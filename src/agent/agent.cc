@@ -264,16 +264,6 @@ Agent::Outcome Agent::RunRound(int round, int restart) {
         auto ignored = store_->Set(keys::kLastFailure, json);
       }
     }
-    if (!reported_success && group.AllExited()) {
-      // Every local worker exited 0 (a failure would have set the round's end above).
-      auto end_now = store_->TryGet(keys::RoundEnd(round));
-      if (end_now.ok() && !end_now->has_value()) {
-        if (auto n = store_->Add(keys::RoundSucceeded(round), 1); !n.ok()) {
-          return error(kExitError, "lost the job's store: " + n.status().ToString());
-        }
-        reported_success = true;
-      }
-    }
     auto end = store_->TryGet(keys::RoundEnd(round));
     if (!end.ok()) {
       group.Stop(s.timeouts.stop_grace);
@@ -286,6 +276,13 @@ Agent::Outcome Agent::RunRound(int round, int restart) {
       out.kind = Outcome::kFailed;
       out.failure = *rec;
       return out;
+    }
+    if (!reported_success && group.AllExited()) {
+      // Every local worker exited 0 (a failure would have ended the round above).
+      if (auto n = store_->Add(keys::RoundSucceeded(round), 1); !n.ok()) {
+        return error(kExitError, "lost the job's store: " + n.status().ToString());
+      }
+      reported_success = true;
     }
     if (reported_success) {
       auto n = store_->TryGet(keys::RoundSucceeded(round));
