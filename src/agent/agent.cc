@@ -74,13 +74,6 @@ std::string HostName() {
   return buf;
 }
 
-bool HasEnv(const std::vector<std::string>& env, const std::string& key) {
-  for (const auto& kv : env) {
-    if (kv.compare(0, key.size() + 1, key + "=") == 0) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 struct Agent::Outcome {
@@ -111,11 +104,11 @@ std::vector<std::string> Agent::WorkerEnv(int local_rank, int group_rank, int gr
   std::vector<std::string> env = CurrentEnvironment();
   for (const auto& [k, v] : s.env) SetEnv(&env, k, v);
   // Defaults a user or the spec may override.
-  if (!HasEnv(env, "OMP_NUM_THREADS")) {
+  if (!GetEnv(env, "OMP_NUM_THREADS")) {
     int threads = s.resources.cpus >= 1 ? static_cast<int>(s.resources.cpus) : 1;
     SetEnv(&env, "OMP_NUM_THREADS", std::to_string(threads));
   }
-  if (!HasEnv(env, "PYTHONUNBUFFERED")) SetEnv(&env, "PYTHONUNBUFFERED", "1");
+  if (!GetEnv(env, "PYTHONUNBUFFERED")) SetEnv(&env, "PYTHONUNBUFFERED", "1");
 
   int nproc = s.procs_per_node;
   int world = group_world_size * nproc;

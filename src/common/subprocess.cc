@@ -18,15 +18,6 @@ extern char** environ;
 namespace trainctl {
 namespace {
 
-std::string GetEnv(const std::vector<std::string>& env, const std::string& key) {
-  for (const auto& kv : env) {
-    if (kv.size() > key.size() && kv.compare(0, key.size(), key) == 0 && kv[key.size()] == '=') {
-      return kv.substr(key.size() + 1);
-    }
-  }
-  return "";
-}
-
 bool IsExecutableFile(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
@@ -62,6 +53,15 @@ bool IsExecutableFile(const std::string& path) {
 
 }  // namespace
 
+std::optional<std::string> GetEnv(const std::vector<std::string>& env, const std::string& key) {
+  for (const auto& kv : env) {
+    if (kv.size() > key.size() && kv.compare(0, key.size(), key) == 0 && kv[key.size()] == '=') {
+      return kv.substr(key.size() + 1);
+    }
+  }
+  return std::nullopt;
+}
+
 std::vector<std::string> CurrentEnvironment() {
   std::vector<std::string> env;
   for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
@@ -85,7 +85,7 @@ Result<std::string> FindExecutable(const std::string& name, const std::vector<st
     if (IsExecutableFile(name)) return name;
     return NotFound(name + " is not an executable file");
   }
-  std::string path = GetEnv(env, "PATH");
+  std::string path = GetEnv(env, "PATH").value_or("");
   if (path.empty()) {
     const char* own = ::getenv("PATH");
     path = own ? own : "/usr/local/bin:/usr/bin:/bin";

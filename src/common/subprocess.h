@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,8 @@ struct ExitInfo {
 
 // The environment of this process, as "KEY=VALUE" strings.
 std::vector<std::string> CurrentEnvironment();
+// The value of KEY in an environment list, if it is there.
+std::optional<std::string> GetEnv(const std::vector<std::string>& env, const std::string& key);
 // Sets KEY in an environment list, replacing an existing entry.
 void SetEnv(std::vector<std::string>* env, const std::string& key, const std::string& value);
 
