@@ -122,14 +122,21 @@ bool Eventually(F cond, Duration timeout = std::chrono::seconds(30)) {
   return true;
 }
 
-// A process is gone when /proc has no entry for it or it is a zombie (dead, awaiting its reaper).
-inline bool ProcessGone(pid_t pid) {
+// A process's state letter from /proc/<pid>/stat (R, S, T, Z, ...), or 0 when there is no such
+// process.
+inline char ProcessState(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return true;
+  if (!stat) return 0;
   std::string line;
   std::getline(stat, line);
-  size_t close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+  size_t close = line.rfind(')');  // the command name may hold spaces and parentheses
+  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : 0;
+}
+
+// A process is gone when /proc has no entry for it or it is a zombie (dead, awaiting its reaper).
+inline bool ProcessGone(pid_t pid) {
+  char state = ProcessState(pid);
+  return state == 0 || state == 'Z';
 }
 
 inline std::vector<pid_t> ReadPids(const std::string& file) {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include <thread>
+#include "tests/test_util.h"
 
 namespace trainctl {
 namespace {
@@ -57,19 +57,9 @@ TEST(Subprocess, TimeoutKillsTheWholeProcessGroup) {
   pid_t grandchild = std::stoi(r->output);
   // The grandchild is gone, or a zombie waiting for init: never still running. SIGKILL is
   // delivered asynchronously, so allow it a moment to land.
-  auto gone = [grandchild] {
-    FILE* f = std::fopen(("/proc/" + std::to_string(grandchild) + "/stat").c_str(), "r");
-    if (!f) return true;
-    char state = 0;
-    int ignored_pid;
-    char comm[256];
-    int n = std::fscanf(f, "%d %255s %c", &ignored_pid, comm, &state);
-    std::fclose(f);
-    return n == 3 && state == 'Z';
-  };
-  auto deadline = Clock::now() + std::chrono::seconds(5);
-  while (!gone() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_TRUE(gone()) << "grandchild " << grandchild << " survived the timeout";
+  EXPECT_TRUE(testing::Eventually([grandchild] { return testing::ProcessGone(grandchild); },
+                                  std::chrono::seconds(5)))
+      << "grandchild " << grandchild << " survived the timeout";
 }
 
 TEST(Subprocess, FindExecutableUsesThePathOfTheGivenEnvironment) {

@@ -7,7 +7,6 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <thread>
 
 #include "tests/etcd_server.h"
@@ -348,17 +347,7 @@ TEST(TcpStore, AStalledServerIsDetectedByTheDeadline) {
   auto client = server.Client(milliseconds(300));
   ::kill(child, SIGSTOP);
   // Delivery is asynchronous: go on only once the server process is really stopped.
-  auto stopped = [child] {
-    std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    size_t close = line.rfind(')');
-    return close != std::string::npos && line[close + 2] == 'T';
-  };
-  for (auto until = Clock::now() + seconds(10); !stopped() && Clock::now() < until;) {
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  ASSERT_TRUE(stopped());
+  ASSERT_TRUE(testing::Eventually([child] { return testing::ProcessState(child) == 'T'; }, seconds(10)));
   auto start = Clock::now();
   auto r = client->Set("a", "1");
   EXPECT_FALSE(r.ok());
