@@ -31,19 +31,33 @@ class MemoryBackend {
   MemoryStore store_;
 };
 
+// A TCP store server on loopback that requires `token`.
+std::unique_ptr<TcpStoreServer> StartTcpServer(const std::string& token,
+                                               Duration auth_timeout = seconds(10)) {
+  TcpStoreServerOptions o;
+  o.token = token;
+  o.auth_timeout = auth_timeout;
+  return std::move(TcpStoreServer::Start(o).value());
+}
+
+TcpStoreOptions ClientOptions(uint16_t port, const std::string& token) {
+  TcpStoreOptions o;
+  o.port = port;
+  o.token = token;
+  return o;
+}
+
+std::unique_ptr<TcpStore> ConnectTcp(uint16_t port, const std::string& token,
+                                     Duration io_timeout = seconds(30)) {
+  TcpStoreOptions o = ClientOptions(port, token);
+  o.io_timeout = io_timeout;
+  return std::move(TcpStore::Connect(o).value());
+}
+
 class TcpBackend {
  public:
-  TcpBackend() {
-    TcpStoreServerOptions o;
-    o.token = "secret-token";
-    server_ = std::move(TcpStoreServer::Start(o).value());
-  }
-  std::unique_ptr<Store> NewClient() {
-    TcpStoreOptions o;
-    o.port = server_->port();
-    o.token = "secret-token";
-    return std::move(TcpStore::Connect(o).value());
-  }
+  TcpBackend() : server_(StartTcpServer("secret-token")) {}
+  std::unique_ptr<Store> NewClient() { return ConnectTcp(server_->port(), "secret-token"); }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
@@ -185,12 +199,8 @@ TYPED_TEST(StoreTest, PrefixesKeepJobsApart) {
 // --- TCP only ---------------------------------------------------------------------------
 
 TEST(TcpStore, RefusesAClientWithoutTheToken) {
-  TcpStoreServerOptions so;
-  so.token = "right";
-  auto server = std::move(TcpStoreServer::Start(so).value());
-  TcpStoreOptions co;
-  co.port = server->port();
-  co.token = "wrong";
+  auto server = StartTcpServer("right");
+  TcpStoreOptions co = ClientOptions(server->port(), "wrong");
   co.connect_timeout = seconds(2);
   auto client = TcpStore::Connect(co);
   ASSERT_FALSE(client.ok());
@@ -212,9 +222,7 @@ int RawConnect(uint16_t port) {
 }
 
 TEST(TcpStore, UnauthenticatedRequestsAreRefusedAndTheConnectionClosed) {
-  TcpStoreServerOptions so;
-  so.token = "t";
-  auto server = std::move(TcpStoreServer::Start(so).value());
+  auto server = StartTcpServer("t");
   int fd = RawConnect(server->port());
   wire::Writer w;
   w.U8(static_cast<uint8_t>(wire::Op::kSet)).Str("k").Str("v");
@@ -227,18 +235,12 @@ TEST(TcpStore, UnauthenticatedRequestsAreRefusedAndTheConnectionClosed) {
   EXPECT_EQ(::recv(fd, buf, sizeof buf, 0), 0);  // closed
   ::close(fd);
   // And nothing was written.
-  TcpStoreOptions co;
-  co.port = server->port();
-  co.token = "t";
-  auto client = std::move(TcpStore::Connect(co).value());
+  auto client = ConnectTcp(server->port(), "t");
   EXPECT_FALSE(client->TryGet("k")->has_value());
 }
 
 TEST(TcpStore, OversizedFramesAndSilentClientsAreCutOff) {
-  TcpStoreServerOptions so;
-  so.token = "t";
-  so.auth_timeout = milliseconds(200);
-  auto server = std::move(TcpStoreServer::Start(so).value());
+  auto server = StartTcpServer("t", milliseconds(200));
   int fd = RawConnect(server->port());
   const char huge[4] = {'\xff', '\xff', '\xff', '\x7f'};
   ASSERT_EQ(::send(fd, huge, 4, 0), 4);
@@ -253,10 +255,8 @@ TEST(TcpStore, OversizedFramesAndSilentClientsAreCutOff) {
 }
 
 TEST(TcpStore, BindsLoopbackByDefault) {
-  TcpStoreServerOptions so;
-  so.token = "t";
-  EXPECT_EQ(so.host, "127.0.0.1");
-  auto server = std::move(TcpStoreServer::Start(so).value());
+  EXPECT_EQ(TcpStoreServerOptions().host, "127.0.0.1");
+  auto server = StartTcpServer("t");
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(server->port());
@@ -267,18 +267,12 @@ TEST(TcpStore, BindsLoopbackByDefault) {
 }
 
 TEST(TcpStore, AWaitingClientFailsFastWhenTheServerStops) {
-  TcpStoreServerOptions so;
-  so.token = "t";
-  auto server = std::move(TcpStoreServer::Start(so).value());
-  TcpStoreOptions co;
-  co.port = server->port();
-  co.token = "t";
-  auto client = std::move(TcpStore::Connect(co).value());
+  auto server = StartTcpServer("t");
+  auto client = ConnectTcp(server->port(), "t");
   auto start = Clock::now();
   std::thread stopper([&] {
     // Stop only once the client is inside its wait.
-    TcpStoreOptions c2 = co;
-    auto probe = std::move(TcpStore::Connect(c2).value());
+    auto probe = ConnectTcp(server->port(), "t");
     ASSERT_TRUE(probe->Set("ready", "1").ok());
     server->Stop();
   });
@@ -321,11 +315,7 @@ struct ForkedServer {
     ::waitpid(pid, nullptr, 0);
   }
   std::unique_ptr<TcpStore> Client(Duration io_timeout = seconds(30)) {
-    TcpStoreOptions co;
-    co.port = port;
-    co.token = "t";
-    co.io_timeout = io_timeout;
-    return std::move(TcpStore::Connect(co).value());
+    return ConnectTcp(port, "t", io_timeout);
   }
 };
 
