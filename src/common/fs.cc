@@ -78,7 +78,9 @@ Result<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
     out.append(buf, static_cast<size_t>(n));
     if (static_cast<int64_t>(out.size()) > max_bytes) {
       ::close(fd);
-      return InvalidArgument(path + " is larger than " + std::to_string(max_bytes) + " bytes");
+      std::string limit = max_bytes % (1 << 20) == 0 ? std::to_string(max_bytes >> 20) + " MiB"
+                                                     : std::to_string(max_bytes) + " bytes";
+      return InvalidArgument(path + " is larger than " + limit);
     }
   }
   ::close(fd);

@@ -21,14 +21,8 @@ Result<JobSpec> LoadJobSpec(const SpecSources& sources) {
   spec::Node root;
   bool first = true;
   for (const auto& file : sources.files) {
-    auto text = ReadFile(file, spec::kMaxFileBytes);
-    if (!text.ok()) {
-      if (text.status().code() == Code::kInvalidArgument) {
-        return InvalidArgument(file + ": file is larger than 4 MiB; a job spec is a few kilobytes");
-      }
-      return text.status();
-    }
-    ASSIGN_OR_RETURN(spec::Node layer, spec::ParseYaml(*text, file));
+    ASSIGN_OR_RETURN(std::string text, ReadFile(file, spec::kMaxFileBytes));
+    ASSIGN_OR_RETURN(spec::Node layer, spec::ParseYaml(text, file));
     if (layer.kind != spec::Node::Kind::kMap && layer.kind != spec::Node::Kind::kNull) {
       return InvalidArgument(layer.origin.ToString() +
                              ": expected a mapping of job fields (name: ..., command: [...]), got " +

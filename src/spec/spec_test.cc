@@ -258,7 +258,13 @@ TEST(LayeredSpec, MissingOrUnreadableFiles) {
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("nope.yaml"), std::string::npos);
   auto directory = LoadJobSpec({{s.path("")}, {}});
-  EXPECT_FALSE(directory.ok());
+  ASSERT_FALSE(directory.ok());
+  EXPECT_NE(directory.status().message().find("is a directory, not a file"), std::string::npos)
+      << directory.status().message();
+  s.Write("huge.yaml", std::string((4 << 20) + 1, ' '));
+  auto huge = LoadJobSpec({{s.path("huge.yaml")}, {}});
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().message(), s.path("huge.yaml") + " is larger than 4 MiB");
 }
 
 TEST(JobSpecJson, RoundTripsEveryField) {
