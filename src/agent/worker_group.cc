@@ -121,10 +121,4 @@ std::vector<std::string> WorkerGroup::Tail(int local_rank, Duration drain) {
   return {};
 }
 
-std::vector<pid_t> WorkerGroup::pids() const {
-  std::vector<pid_t> out;
-  for (const auto& w : workers_) out.push_back(w.pid);
-  return out;
-}
-
 }  // namespace trainctl

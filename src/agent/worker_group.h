@@ -49,7 +49,6 @@ class WorkerGroup {
   void Stop(Duration grace);
   // The last lines of a worker's output, after giving its pipe up to `drain` to reach EOF.
   std::vector<std::string> Tail(int local_rank, Duration drain);
-  std::vector<pid_t> pids() const;
 
  private:
   struct Worker {

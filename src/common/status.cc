@@ -23,11 +23,6 @@ std::string Status::ToString() const {
   return std::string(CodeName(code_)) + ": " + message_;
 }
 
-Status Status::WithContext(const std::string& context) const {
-  if (ok()) return *this;
-  return Status(code_, context + ": " + message_);
-}
-
 Status ErrnoStatus(const std::string& what, int err) {
   Code code = Code::kInternal;
   if (err == ENOENT) code = Code::kNotFound;

@@ -32,8 +32,6 @@ class Status {
   const std::string& message() const { return message_; }
   // "timeout: rendezvous round 0: 1 of 2 nodes joined" ; "ok" for success.
   std::string ToString() const;
-  // Returns a copy with "context: " put before the message.
-  Status WithContext(const std::string& context) const;
 
  private:
   Code code_ = Code::kOk;

@@ -23,7 +23,6 @@ struct AgentProc {
   int node = 0;
   pid_t pid = -1;
   bool done = false;
-  ExitInfo exit;
 };
 
 // How long agents get to stop their workers before the launcher kills them.
@@ -108,7 +107,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       begin_stop("could not start every agent", kExitError);
       break;
     }
-    agents.push_back({node, *pid, false, {}});
+    agents.push_back({node, *pid, false});
   }
   LOG_INFO("started {} node(s) x {} worker(s), run {}; worker logs in {}/logs", spec.nodes.max,
            spec.procs_per_node, run_id, spec.output_dir);
@@ -135,15 +134,15 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       int status = 0;
       if (::waitpid(a.pid, &status, WNOHANG) == a.pid) {
         a.done = true;
-        a.exit = ExitInfo::FromWaitStatus(status);
-        if (!a.exit.success()) {
-          int code = a.exit.signaled ? kExitError : a.exit.code;
-          if (a.exit.signaled) {
-            LOG_ERROR("the agent for node {} died: {}", a.node, a.exit.Describe());
+        ExitInfo exit = ExitInfo::FromWaitStatus(status);
+        if (!exit.success()) {
+          int code = exit.signaled ? kExitError : exit.code;
+          if (exit.signaled) {
+            LOG_ERROR("the agent for node {} died: {}", a.node, exit.Describe());
           }
           if (final_code == kExitOk) final_code = code;
           begin_stop("the agent for node " + std::to_string(a.node) + " ended with " +
-                         a.exit.Describe(), code);
+                         exit.Describe(), code);
         }
       } else {
         all_done = false;
