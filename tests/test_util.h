@@ -59,6 +59,17 @@ inline CommandResult Trainctl(const std::vector<std::string>& args, const std::s
   return r.ok() ? *r : CommandResult{};
 }
 
+// Polls `cond` until it holds or `timeout` passes; returns whether it held.
+template <typename F>
+bool Eventually(F cond, Duration timeout = std::chrono::seconds(30)) {
+  auto deadline = Clock::now() + timeout;
+  while (!cond()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
 // trainctl in the background, its output going to a file.
 class Background {
  public:
@@ -86,16 +97,11 @@ class Background {
   pid_t pid() const { return pid_; }
   // Waits for exit; returns the exit info, or fails the test after `timeout`.
   ExitInfo Wait(Duration timeout) {
-    auto deadline = Clock::now() + timeout;
     int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-      if (Clock::now() > deadline) {
-        ADD_FAILURE() << "trainctl still running after " << timeout.count() << " ms";
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!Eventually([&] { return ::waitpid(pid_, &status, WNOHANG) != 0; }, timeout)) {
+      ADD_FAILURE() << "trainctl still running after " << timeout.count() << " ms";
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
     }
     done_ = true;
     return ExitInfo::FromWaitStatus(status);
@@ -110,17 +116,6 @@ class Background {
   pid_t pid_ = -1;
   bool done_ = false;
 };
-
-// Polls `cond` until it holds or `timeout` passes; returns whether it held.
-template <typename F>
-bool Eventually(F cond, Duration timeout = std::chrono::seconds(30)) {
-  auto deadline = Clock::now() + timeout;
-  while (!cond()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
 
 // A process's state letter from /proc/<pid>/stat (R, S, T, Z, ...), or 0 when there is no such
 // process.
