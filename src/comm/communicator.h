@@ -1,0 +1,47 @@
+// Communicator: the collectives the trainer needs (allreduce, broadcast, barrier) among the
+// ranks of one worker group. Backends live in subfolders: gloo/ (CPU tensors over TCP). No torch
+// here: collectives work on plain buffers, and the trainer hands them tensor memory.
+//
+// Every call blocks until it completes on this rank or `timeout` (set at connect) passes; then it
+// returns kTimeout and the communicator is broken: a peer may be dead or stalled, and the caller's
+// job is to stop and let the agent start a new round. Calls must be made in the same order on
+// every rank. Not thread safe: one thread at a time (the trainer's reducer thread, or the main
+// thread while the reducer is idle).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/duration.h"
+#include "common/status.h"
+#include "store/store.h"
+
+namespace trainctl::comm {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // data[i] = sum over ranks of data[i]; every rank ends with the same bits.
+  virtual Status AllReduceSum(float* data, size_t count) = 0;
+  // Copies `bytes` bytes at `data` from rank `root` to every rank.
+  virtual Status Broadcast(void* data, size_t bytes, int root) = 0;
+  virtual Status Barrier() = 0;
+};
+
+struct GlooOptions {
+  int rank = 0;
+  int size = 1;
+  std::string host = "127.0.0.1";  // the address this rank listens on and announces to peers
+  Duration timeout = std::chrono::seconds(60);  // connect and every collective
+};
+
+// Connects all ranks in a full mesh, exchanging addresses through `store` (keys are namespaced by
+// the caller, for example per round). Does not keep `store`.
+Result<std::unique_ptr<Communicator>> ConnectGloo(Store& store, const GlooOptions& options);
+
+}  // namespace trainctl::comm
