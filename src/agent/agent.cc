@@ -137,6 +137,7 @@ std::vector<std::string> Agent::WorkerEnv(int local_rank, int group_rank, int gr
       {"TRAINCTL_STORE_ADDR", o_.store_addr},
       {"TRAINCTL_STORE_TOKEN", o_.store_token},
       {"TRAINCTL_STORE_PREFIX", o_.store_prefix},
+      {"TRAINCTL_HOST", o_.host},
   };
   for (const auto& [k, v] : contract) SetEnv(&env, k, v);
   return env;
@@ -205,6 +206,10 @@ Agent::Outcome Agent::RunRound(int round, int restart) {
   std::vector<WorkerLaunch> launches;
   std::vector<std::string> argv = s.command;
   argv.insert(argv.end(), s.args.begin(), s.args.end());
+  if (s.trainer.enabled) {  // the built-in trainer: this same binary, `trainctl train`
+    bool debug = spdlog::get_level() <= spdlog::level::debug;
+    argv = {SelfExe(), "--log-level", debug ? "debug" : "info", "train"};
+  }
   for (int local = 0; local < s.procs_per_node; ++local) {
     WorkerLaunch w;
     w.local_rank = local;

@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
   trainctl::cli::AddRun(app, flags, &code);
   trainctl::cli::AddValidate(app, flags, &code);
   trainctl::cli::AddAgent(app, flags, &code);
+  trainctl::cli::AddTrain(app, flags, &code);
+  trainctl::cli::AddEval(app, flags, &code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "cli/verbs.h"
+#include "data/dataset.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
 #include "common/subprocess.h"
@@ -38,21 +39,29 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
     // A program that cannot start is a spec error, found now rather than as N worker crashes.
     std::vector<std::string> env = CurrentEnvironment();
     for (const auto& [k, v] : spec->env) SetEnv(&env, k, v);
-    std::string program = spec->command[0];
-    if (program.find('/') != std::string::npos && program[0] != '/' && !spec->working_dir.empty()) {
-      program = spec->working_dir + "/" + program;
-    }
-    if (auto found = FindExecutable(program, env); !found.ok()) {
-      std::fprintf(stderr, "%s: command: %s\n",
-                   spec_flags->Sources().files[0].c_str(), found.status().message().c_str());
-      *code = kExitInvalidSpec;
-      return;
+    const std::string spec_file = spec_flags->Sources().files[0];
+    if (spec->trainer.enabled) {
+      const DataSpec& d = spec->trainer.data;
+      std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
+      if (Status st = data::CheckDataDir(d.dataset, dir); !st.ok()) {
+        std::fprintf(stderr, "%s: trainer.data: %s\n", spec_file.c_str(), st.message().c_str());
+        *code = kExitInvalidSpec;
+        return;
+      }
+    } else {
+      std::string program = spec->command[0];
+      if (program.find('/') != std::string::npos && program[0] != '/' && !spec->working_dir.empty()) {
+        program = spec->working_dir + "/" + program;
+      }
+      if (auto found = FindExecutable(program, env); !found.ok()) {
+        std::fprintf(stderr, "%s: command: %s\n", spec_file.c_str(), found.status().message().c_str());
+        *code = kExitInvalidSpec;
+        return;
+      }
     }
     BlockSupervisorSignals();
     LaunchOptions options;
-    char self[4096];
-    ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    options.self_exe = n > 0 ? std::string(self, static_cast<size_t>(n)) : "trainctl";
+    options.self_exe = SelfExe();
     options.color_output = ::isatty(STDOUT_FILENO) != 0;
     options.log_level = flags.log_level;
     LocalLauncher launcher;

@@ -114,4 +114,12 @@ Duration Remaining(Clock::time_point deadline) {
   return left.count() < 0 ? Duration(0) : left;
 }
 
+double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
 }  // namespace trainctl

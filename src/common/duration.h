@@ -25,4 +25,9 @@ Result<int64_t> ParseBytes(std::string_view text);
 // Milliseconds left until `deadline`, never negative.
 Duration Remaining(Clock::time_point deadline);
 
+// Seconds since the Unix epoch (wall clock), for records that leave this process.
+double WallSeconds();
+// Seconds elapsed since `start` on the steady clock.
+double SecondsSince(Clock::time_point start);
+
 }  // namespace trainctl

@@ -14,6 +14,8 @@ namespace trainctl {
 // file is removed.
 Status AtomicWriteFile(const std::string& path, std::string_view data, int mode = 0644);
 // Reads a whole file; fails with kInvalidArgument if it is larger than `max_bytes`.
+bool Exists(const std::string& path);
+bool IsDirectory(const std::string& path);
 Result<std::string> ReadFile(const std::string& path, int64_t max_bytes = 64 << 20);
 // mkdir -p.
 Status MakeDirs(const std::string& path);

@@ -79,6 +79,12 @@ void SetEnv(std::vector<std::string>* env, const std::string& key, const std::st
   env->push_back(prefix + value);
 }
 
+std::string SelfExe() {
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  return n > 0 ? std::string(self, static_cast<size_t>(n)) : "trainctl";
+}
+
 Result<std::string> FindExecutable(const std::string& name, const std::vector<std::string>& env) {
   if (name.empty()) return InvalidArgument("empty command");
   if (name.find('/') != std::string::npos) {

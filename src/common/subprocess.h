@@ -55,6 +55,9 @@ void SetEnv(std::vector<std::string>* env, const std::string& key, const std::st
 // is checked as is. Returns the resolved path.
 Result<std::string> FindExecutable(const std::string& name, const std::vector<std::string>& env);
 
+// The absolute path of this process's executable (/proc/self/exe), or "trainctl" if unknown.
+std::string SelfExe();
+
 // Runs a command to completion, collecting stdout+stderr; kills it (whole group) after `timeout`.
 struct CommandResult {
   ExitInfo exit;

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <random>
 
+#include "common/fs.h"
+
 namespace trainctl::data {
 namespace {
 
@@ -98,11 +100,6 @@ int NumClasses(const std::vector<uint8_t>& labels) {
   return top + 1;
 }
 
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
-
 }  // namespace
 
 Result<ImageSet> LoadIdx(const std::string& images_path, const std::string& labels_path) {
@@ -130,6 +127,28 @@ Result<ImageSet> LoadMnistDir(const std::string& dir, bool train) {
   std::string prefix = dir + "/" + (train ? "train" : "t10k");
   auto pick = [](const std::string& base) { return Exists(base) ? base : base + ".gz"; };
   return LoadIdx(pick(prefix + "-images-idx3-ubyte"), pick(prefix + "-labels-idx1-ubyte"));
+}
+
+Status CheckDataDir(const std::string& dataset, const std::string& dir) {
+  std::vector<std::string> files;
+  if (dataset == "cifar10") {
+    for (int i = 1; i <= 5; ++i) files.push_back("data_batch_" + std::to_string(i) + ".bin");
+    files.push_back("test_batch.bin");
+  } else if (dataset == "mnist" || dataset == "fashion-mnist") {
+    files = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+             "t10k-labels-idx1-ubyte"};
+  }
+  for (const auto& f : files) {
+    std::string path = dir + "/" + f;
+    bool gz_ok = dataset != "cifar10" && Exists(path + ".gz");
+    if (!Exists(path) && !gz_ok) {
+      return NotFound(path + (dataset == "cifar10" ? "" : "[.gz]") + ": no such file; expected the " +
+                      dataset + " files in " + dir +
+                      (dataset == "fashion-mnist" && dir == kFashionMnistDir
+                           ? " (apt-get install dataset-fashion-mnist)" : ""));
+    }
+  }
+  return Status::Ok();
 }
 
 Result<ImageSet> LoadCifar10(const std::vector<std::string>& batch_paths) {

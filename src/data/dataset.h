@@ -35,6 +35,11 @@ Result<ImageSet> LoadCifar10(const std::vector<std::string>& batch_paths);
 // Random pixels and labels, reproducible from `seed`.
 ImageSet Synthetic(int64_t count, int channels, int rows, int cols, int num_classes, uint64_t seed);
 
+// Checks, without reading them, that the files a dataset needs are in `dir` ("fashion-mnist" and
+// "mnist": the four idx files, raw or gzipped; "cifar10": data_batch_1..5.bin and test_batch.bin),
+// so a job with a wrong path fails before it starts. The error names the first missing file.
+Status CheckDataDir(const std::string& dataset, const std::string& dir);
+
 // Where Debian's dataset-fashion-mnist package puts the real data.
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 

@@ -86,6 +86,167 @@ class Decoder {
     return v;
   }
 
+  std::optional<double> Double(const Node& n, const std::string& path, double min, double max) {
+    const std::string expected = "expected a number from " + FormatNumber(min) + " to " +
+                                 FormatNumber(max);
+    if (!ExpectScalar(n, path, expected)) return std::nullopt;
+    char* end = nullptr;
+    errno = 0;
+    double v = std::strtod(n.scalar.c_str(), &end);
+    if (n.scalar.empty() || end != n.scalar.c_str() + n.scalar.size() || errno == ERANGE ||
+        !(v >= min && v <= max)) {
+      Error(n, path, expected + ", got " + Quote(n.scalar));
+      return std::nullopt;
+    }
+    return v;
+  }
+
+  std::optional<bool> Bool(const Node& n, const std::string& path) {
+    if (!ExpectScalar(n, path, "expected true or false")) return std::nullopt;
+    if (n.scalar == "true") return true;
+    if (n.scalar == "false") return false;
+    Error(n, path, "expected true or false, got " + Quote(n.scalar));
+    return std::nullopt;
+  }
+
+  // One of `allowed`, with a did-you-mean.
+  std::optional<std::string> OneOf(const Node& n, const std::string& path,
+                                   const std::vector<std::string>& allowed) {
+    auto s = String(n, path);
+    if (!s) return std::nullopt;
+    if (std::find(allowed.begin(), allowed.end(), *s) != allowed.end()) return s;
+    std::string guess = ClosestMatch(*s, allowed);
+    Error(n, path, "expected one of " + Join(allowed, ", ") + ", got " + Quote(*s) +
+                       (guess.empty() ? "" : "; did you mean '" + guess + "'?"));
+    return std::nullopt;
+  }
+
+  static std::string FormatNumber(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return buf;
+  }
+
+  // A mapping at `path`, with only `keys` allowed; nullptr (and an error) otherwise.
+  const Node* Section(const Node& n, const std::string& path, const std::vector<std::string>& keys) {
+    if (n.kind != Kind::kMap) {
+      Error(n, path, "expected a mapping with " + Join(keys, ", ") + ", got " + n.KindName());
+      return nullptr;
+    }
+    CheckKeys(n, path, keys);
+    return &n;
+  }
+
+  template <typename T, typename F>
+  void Field(const Node& map, const std::string& prefix, const std::string& key, T* out, F parse) {
+    if (const Node* c = Child(map, key)) {
+      if (auto v = parse(*c, prefix + "." + key)) *out = static_cast<T>(*v);
+    }
+  }
+
+  void DecodeTrainer(const Node& n, TrainerSpec* t) {
+    const std::string p = "trainer";
+    if (!Section(n, p, {"model", "data", "epochs", "max_steps", "batch_size",
+                        "global_batch_size", "optimizer", "schedule", "seed", "deterministic",
+                        "threads", "device", "bucket_mb", "checkpoint_every", "keep_last",
+                        "log_every", "eval"})) {
+      return;
+    }
+    t->enabled = true;
+    auto int_in = [this](long long lo, long long hi) {
+      return [this, lo, hi](const Node& c, const std::string& path) { return Int(c, path, lo, hi); };
+    };
+    auto num_in = [this](double lo, double hi) {
+      return [this, lo, hi](const Node& c, const std::string& path) { return Double(c, path, lo, hi); };
+    };
+    auto boolean = [this](const Node& c, const std::string& path) { return Bool(c, path); };
+    auto one_of = [this](std::vector<std::string> allowed) {
+      return [this, allowed](const Node& c, const std::string& path) { return OneOf(c, path, allowed); };
+    };
+    constexpr long long kBig = 1LL << 40;
+    Field(n, p, "model", &t->model, one_of({"cnn", "resnet18", "resnet50"}));
+    Field(n, p, "epochs", &t->epochs, int_in(1, 100000));
+    Field(n, p, "max_steps", &t->max_steps, int_in(0, kBig));
+    Field(n, p, "batch_size", &t->batch_size, int_in(1, 1 << 20));
+    Field(n, p, "global_batch_size", &t->global_batch_size, int_in(1, 1 << 30));
+    Field(n, p, "seed", &t->seed, int_in(0, kBig));
+    Field(n, p, "deterministic", &t->deterministic, boolean);
+    Field(n, p, "threads", &t->threads, int_in(0, 1024));
+    Field(n, p, "device", &t->device, one_of({"cpu", "cuda"}));
+    Field(n, p, "bucket_mb", &t->bucket_mb, num_in(0.001, 1024));
+    Field(n, p, "checkpoint_every", &t->checkpoint_every, int_in(0, kBig));
+    Field(n, p, "keep_last", &t->keep_last, int_in(1, 1000));
+    Field(n, p, "log_every", &t->log_every, int_in(1, kBig));
+    Field(n, p, "eval", &t->eval, boolean);
+
+    if (const Node* d = Child(n, "data")) {
+      const std::string dp = p + ".data";
+      if (Section(*d, dp, {"dataset", "dir", "limit", "test_limit", "samples", "shape", "classes"})) {
+        DataSpec& ds = t->data;
+        Field(*d, dp, "dataset", &ds.dataset,
+              one_of({"fashion-mnist", "mnist", "cifar10", "synthetic"}));
+        Field(*d, dp, "dir", &ds.dir, [this](const Node& c, const std::string& path) {
+          return String(c, path);
+        });
+        Field(*d, dp, "limit", &ds.limit, int_in(0, kBig));
+        Field(*d, dp, "test_limit", &ds.test_limit, int_in(0, kBig));
+        Field(*d, dp, "samples", &ds.samples, int_in(1, kBig));
+        Field(*d, dp, "classes", &ds.classes, int_in(2, 256));
+        if (const Node* sh = Child(*d, "shape")) {
+          if (sh->kind != Kind::kSeq || sh->seq.size() != 3) {
+            Error(*sh, dp + ".shape", "expected [channels, rows, cols] such as [3, 32, 32]");
+          } else {
+            std::vector<int64_t> shape;
+            for (size_t i = 0; i < 3; ++i) {
+              if (auto v = Int(sh->seq[i], dp + ".shape[" + std::to_string(i) + "]", 1, 4096)) {
+                shape.push_back(*v);
+              }
+            }
+            if (shape.size() == 3) ds.shape = shape;
+          }
+        }
+        bool needs_dir = ds.dataset == "mnist" || ds.dataset == "cifar10";
+        if (needs_dir && ds.dir.empty()) {
+          Error(*d, dp + ".dir", "required for " + ds.dataset + "; expected the directory with " +
+                                     (ds.dataset == "mnist" ? "the idx files"
+                                                            : "data_batch_N.bin and test_batch.bin"));
+        }
+      }
+    }
+    if (const Node* o = Child(n, "optimizer")) {
+      const std::string op = p + ".optimizer";
+      if (Section(*o, op, {"name", "lr", "momentum", "weight_decay", "nesterov", "beta1", "beta2",
+                           "eps"})) {
+        OptimizerSpec& os = t->optimizer;
+        Field(*o, op, "name", &os.name, one_of({"sgd", "adam"}));
+        Field(*o, op, "lr", &os.lr, num_in(0, 100));
+        Field(*o, op, "momentum", &os.momentum, num_in(0, 1));
+        Field(*o, op, "weight_decay", &os.weight_decay, num_in(0, 10));
+        Field(*o, op, "nesterov", &os.nesterov, boolean);
+        Field(*o, op, "beta1", &os.beta1, num_in(0, 0.999999));
+        Field(*o, op, "beta2", &os.beta2, num_in(0, 0.999999999));
+        Field(*o, op, "eps", &os.eps, num_in(0, 1));
+      }
+    }
+    if (const Node* sc = Child(n, "schedule")) {
+      const std::string sp = p + ".schedule";
+      if (Section(*sc, sp, {"name", "warmup_steps", "step_size", "gamma", "min_lr",
+                            "scale_by_world_size"})) {
+        ScheduleSpec& ss = t->schedule;
+        Field(*sc, sp, "name", &ss.name, one_of({"constant", "step", "cosine"}));
+        Field(*sc, sp, "warmup_steps", &ss.warmup_steps, int_in(0, kBig));
+        Field(*sc, sp, "step_size", &ss.step_size, int_in(1, kBig));
+        Field(*sc, sp, "gamma", &ss.gamma, num_in(0, 1));
+        Field(*sc, sp, "min_lr", &ss.min_lr, num_in(0, 100));
+        Field(*sc, sp, "scale_by_world_size", &ss.scale_by_world_size, boolean);
+        if (ss.name == "step" && ss.step_size == 0) {
+          Error(*sc, sp + ".step_size", "required for the step schedule; expected the number of "
+                                        "steps between LR drops, such as 1000");
+        }
+      }
+    }
+  }
+
   std::optional<std::string> String(const Node& n, const std::string& path) {
     if (!ExpectScalar(n, path, "expected a string")) return std::nullopt;
     return n.scalar;
@@ -234,7 +395,7 @@ class Decoder {
 const std::vector<std::string> kTopLevel = {
     "name",      "nodes",       "procs_per_node", "command",    "args",
     "env",       "working_dir", "resources",      "restart",    "timeouts",
-    "rendezvous", "output_dir", "checkpoint_dir"};
+    "rendezvous", "output_dir", "checkpoint_dir", "trainer"};
 
 }  // namespace
 
@@ -269,7 +430,13 @@ Result<JobSpec> Decode(const Node& root) {
     if (auto v = d.Int(*n, "procs_per_node", 1, kMaxProcsPerNode)) spec.procs_per_node = static_cast<int>(*v);
   }
 
-  if (const Node* n = Decoder::Child(root, "command")) {
+  const Node* trainer = Decoder::Child(root, "trainer");
+  if (trainer) d.DecodeTrainer(*trainer, &spec.trainer);
+  const Node* command = Decoder::Child(root, "command");
+  if (trainer && command) {
+    d.Error(*command, "command", "a job runs either its own program (command) or the built-in "
+                                 "trainer (trainer), not both; remove one");
+  } else if (const Node* n = command) {
     if (n->kind == Kind::kScalar) {
       if (n->scalar.find_first_of(" \t") != std::string::npos) {
         d.Error(*n, "command", "expected a list such as [python3, train.py], got the string " +
@@ -286,9 +453,10 @@ Result<JobSpec> Decode(const Node& root) {
         spec.command = *list;
       }
     }
-  } else {
+  } else if (!trainer) {
     d.Error(root, "command", "required field is missing; expected the worker program, for example "
-                             "command: [python3, train.py]");
+                             "command: [python3, train.py], or a trainer: section for the built-in "
+                             "trainer");
   }
   if (const Node* n = Decoder::Child(root, "args")) {
     if (auto list = d.StringList(*n, "args")) spec.args = *list;
@@ -352,6 +520,17 @@ Result<JobSpec> Decode(const Node& root) {
     if (auto s = d.String(*n, "checkpoint_dir")) spec.checkpoint_dir = *s;
   }
 
+  if (trainer && spec.trainer.global_batch_size > 0 &&
+      spec.trainer.global_batch_size % spec.world_size() != 0) {
+    const Node* g = trainer->Find("global_batch_size");
+    d.Error(*g, "trainer.global_batch_size",
+            "expected a multiple of the number of workers (" + std::to_string(spec.world_size()) +
+                " = nodes x procs_per_node), got " + std::to_string(spec.trainer.global_batch_size));
+  }
+  if (trainer && !spec.args.empty()) {
+    d.Error(*root.Find("args"), "args", "args go with command; the built-in trainer takes its "
+                                        "settings from the trainer section");
+  }
   if (!d.errors.empty()) return InvalidArgument(d.Report());
   if (spec.output_dir.empty()) spec.output_dir = "runs/" + spec.name;
   if (spec.checkpoint_dir.empty()) spec.checkpoint_dir = spec.output_dir + "/checkpoints";

@@ -33,11 +33,63 @@ struct TimeoutsSpec {
   Duration job = Duration(0);                     // whole-job deadline; 0: none
 };
 
+// The built-in trainer (`trainer:` in a spec, instead of `command:`). docs/job-spec.md lists the
+// fields; the trainer itself lives in src/train/.
+struct DataSpec {
+  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | cifar10 | synthetic
+  std::string dir;                        // "": Debian's Fashion-MNIST for fashion-mnist
+  int64_t limit = 0;                      // use the first N training images (0: all)
+  int64_t test_limit = 0;                 // use the first N test images (0: all)
+  int64_t samples = 10000;                // synthetic: images in the training set
+  std::vector<int64_t> shape = {1, 28, 28};  // synthetic: channels, rows, cols
+  int classes = 10;                       // synthetic
+};
+
+struct OptimizerSpec {
+  std::string name = "sgd";  // sgd | adam
+  double lr = 0.01;
+  double momentum = 0.9;     // sgd
+  double weight_decay = 0;
+  bool nesterov = false;     // sgd
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
+};
+
+struct ScheduleSpec {
+  std::string name = "constant";  // constant | step | cosine
+  int64_t warmup_steps = 0;       // linear warm-up from 0 to lr
+  int64_t step_size = 0;          // step: multiply by gamma every step_size steps
+  double gamma = 0.1;
+  double min_lr = 0;              // cosine: the floor
+  bool scale_by_world_size = false;  // lr *= world size (the linear scaling rule)
+};
+
+struct TrainerSpec {
+  bool enabled = false;
+  std::string model = "cnn";  // cnn | resnet18 | resnet50
+  DataSpec data;
+  int epochs = 1;
+  int64_t max_steps = 0;          // stop after this many steps; 0: run all epochs
+  int batch_size = 64;            // per worker
+  int global_batch_size = 0;      // if set: split evenly among workers (wins over batch_size)
+  OptimizerSpec optimizer;
+  ScheduleSpec schedule;
+  int64_t seed = 0;
+  bool deterministic = false;     // same seed, same world size: the same losses, bit for bit
+  int threads = 0;                // compute threads per worker; 0: OMP_NUM_THREADS
+  std::string device = "cpu";     // cpu | cuda
+  double bucket_mb = 1;           // gradient bucket size for the overlapped allreduce
+  int64_t checkpoint_every = 0;   // steps; 0: at the end of each epoch
+  int keep_last = 3;
+  int64_t log_every = 50;         // steps between metric lines
+  bool eval = true;               // test accuracy after every epoch
+};
+
 struct JobSpec {
   std::string name;                      // DNS-1123 label: [a-z0-9-], at most 63 chars
   NodesSpec nodes;
   int procs_per_node = 1;
-  std::vector<std::string> command;      // the worker program and its first arguments
+  std::vector<std::string> command;      // the worker program and its first arguments; empty
+                                         // when the built-in trainer runs (trainer.enabled)
   std::vector<std::string> args;         // appended to command
   std::vector<std::pair<std::string, std::string>> env;  // in spec order
   std::string working_dir;               // empty: where trainctl runs
@@ -47,6 +99,7 @@ struct JobSpec {
   std::string rendezvous;                // "": the launcher's embedded store; or etcd://h:p[,h:p]
   std::string output_dir;                // default runs/<name>
   std::string checkpoint_dir;            // default <output_dir>/checkpoints
+  TrainerSpec trainer;
 
   int world_size() const { return nodes.max * procs_per_node; }
 };

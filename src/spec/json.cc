@@ -6,6 +6,18 @@ namespace trainctl {
 
 using nlohmann::json;
 
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(DataSpec, dataset, dir, limit, test_limit, samples,
+                                                shape, classes)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OptimizerSpec, name, lr, momentum, weight_decay,
+                                                nesterov, beta1, beta2, eps)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ScheduleSpec, name, warmup_steps, step_size, gamma,
+                                                min_lr, scale_by_world_size)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainerSpec, enabled, model, data, epochs,
+                                                max_steps, batch_size, global_batch_size,
+                                                optimizer, schedule, seed, deterministic, threads,
+                                                device, bucket_mb, checkpoint_every, keep_last,
+                                                log_every, eval)
+
 std::string JobSpecToJson(const JobSpec& s, int indent) {
   json env = json::array();
   for (const auto& [k, v] : s.env) env.push_back({k, v});
@@ -29,6 +41,7 @@ std::string JobSpecToJson(const JobSpec& s, int indent) {
       {"output_dir", s.output_dir},
       {"checkpoint_dir", s.checkpoint_dir},
   };
+  if (s.trainer.enabled) j["trainer"] = s.trainer;
   return j.dump(indent);
 }
 
@@ -57,7 +70,8 @@ Result<JobSpec> JobSpecFromJson(const std::string& text) {
     s.rendezvous = j.at("rendezvous").get<std::string>();
     s.output_dir = j.at("output_dir").get<std::string>();
     s.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
-    if (s.command.empty() || s.procs_per_node < 1 || s.nodes.min < 1 || s.nodes.max < s.nodes.min) {
+    if (j.contains("trainer")) s.trainer = j.at("trainer").get<TrainerSpec>();
+    if ((s.command.empty() && !s.trainer.enabled) || s.procs_per_node < 1 || s.nodes.min < 1 || s.nodes.max < s.nodes.min) {
       return InvalidArgument("resolved job spec is inconsistent");
     }
     return s;

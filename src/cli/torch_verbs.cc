@@ -1,0 +1,82 @@
+// `trainctl train` (a worker of the built-in trainer) and `trainctl eval`. Both run code that
+// needs LibTorch, which lives in the plugin trainctl-torch.so next to this binary (or in
+// ../lib/trainctl/), loaded only here: every other verb starts without paying for libtorch.
+#include <dlfcn.h>
+
+#include <cstdio>
+
+#include "cli/verbs.h"
+#include "common/exit_codes.h"
+#include "common/fs.h"
+#include "common/subprocess.h"
+#include "train/entry.h"
+
+namespace trainctl::cli {
+namespace {
+
+int CallPlugin(const char* verb, const void* options) {
+  std::string exe = SelfExe();
+  std::string dir = exe.substr(0, exe.rfind('/'));
+  std::vector<std::string> candidates = {dir + "/" + train::kPluginFile,
+                                         dir + "/../lib/trainctl/" + train::kPluginFile};
+  std::string errors;
+  for (const auto& path : candidates) {
+    if (!Exists(path)) continue;
+    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      errors += std::string("\n  ") + ::dlerror();
+      continue;
+    }
+    auto entry = reinterpret_cast<train::PluginEntry>(::dlsym(handle, train::kPluginEntry));
+    if (!entry) {
+      errors += "\n  " + path + ": no entry point " + train::kPluginEntry;
+      continue;
+    }
+    return entry(verb, options);  // the plugin stays loaded until exit
+  }
+  std::fprintf(stderr,
+               "trainctl %s: cannot load the LibTorch part of trainctl (%s); looked in %s and "
+               "%s%s\n",
+               verb, train::kPluginFile, candidates[0].c_str(), candidates[1].c_str(),
+               errors.c_str());
+  return kExitError;
+}
+
+}  // namespace
+
+void AddTrain(CLI::App& app, const GlobalFlags& flags, int* code) {
+  CLI::App* cmd = app.add_subcommand(
+      "train", "Run one worker of the built-in trainer (started by the agent for jobs with a "
+               "trainer section; reads the torchrun environment)");
+  cmd->callback([&flags, code] {
+    train::TrainOptions o;
+    o.log_level = flags.log_level;
+    *code = CallPlugin("train", &o);
+  });
+}
+
+void AddEval(CLI::App& app, const GlobalFlags& flags, int* code) {
+  auto o = std::make_shared<train::EvalOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "eval", "Evaluate a trained model on its test set: overall and per-class accuracy and the "
+              "confusion matrix");
+  cmd->add_option("--checkpoint", o->checkpoint,
+                  "a model or checkpoint (.safetensors: <output_dir>/model.safetensors, or a "
+                  "checkpoint file), or a checkpoint directory (its newest valid checkpoint)")
+      ->required();
+  cmd->add_option("--data", o->data_dir,
+                  "directory with the test set (default: the one the model was trained on)");
+  cmd->add_option("--limit", o->limit, "evaluate only the first N test images")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("-o,--output", o->format, "text or json")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"text", "json"}));
+  cmd->add_option("--threads", o->threads, "compute threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch", o->batch, "images per forward pass")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->callback([o, code] { *code = CallPlugin("eval", o.get()); });
+}
+
+}  // namespace trainctl::cli

@@ -1,0 +1,30 @@
+// Image classifiers on LibTorch: the 2-conv CNN (28x28 or 32x32 inputs, any channel count) and
+// ResNet-18 / ResNet-50 with torchvision's layer shapes and parameter names, so a state exported
+// as safetensors loads into the same torchvision model in Python.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace trainctl::models {
+
+class Classifier : public torch::nn::Module {
+ public:
+  // x: N x C x H x W float; returns N x classes logits.
+  virtual torch::Tensor forward(torch::Tensor x) = 0;
+};
+
+struct InputShape {
+  int channels = 1, rows = 28, cols = 28;
+  int classes = 10;
+};
+
+// "cnn", "resnet18" or "resnet50". kInvalidArgument for an unknown name or a shape the model
+// cannot take (the CNN needs rows and cols divisible by 4).
+Result<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const InputShape& shape);
+
+}  // namespace trainctl::models

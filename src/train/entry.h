@@ -1,0 +1,34 @@
+// Entry points of the torch plugin (trainctl-torch.so), called by the `train` and `eval` verbs.
+// No torch in this header: the CLI includes it without LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace trainctl::train {
+
+// `trainctl train`: one worker of a job whose spec has a trainer section. Reads the torchrun
+// environment and the spec from the job's store; returns the process exit code.
+struct TrainOptions {
+  std::string log_level = "info";
+};
+int RunTrainer(const TrainOptions& options);
+
+// `trainctl eval`: evaluates a checkpoint or exported model on a test set and prints the report.
+struct EvalOptions {
+  std::string checkpoint;  // a .safetensors file, or a directory: its newest valid checkpoint
+  std::string data_dir;    // "": the directory recorded in the checkpoint
+  int64_t limit = 0;       // evaluate the first N test images (0: all)
+  std::string format = "text";  // text | json
+  int threads = 0;              // 0: all cores
+  int64_t batch = 500;
+};
+int RunEval(const EvalOptions& options);
+
+// The plugin's one exported symbol: verb is "train" (options: TrainOptions) or "eval"
+// (EvalOptions). Built from the same sources as the binary, so C++ types cross safely.
+using PluginEntry = int (*)(const char* verb, const void* options);
+inline constexpr const char* kPluginEntry = "trainctl_torch_entry";
+inline constexpr const char* kPluginFile = "trainctl-torch.so";
+
+}  // namespace trainctl::train

@@ -1,0 +1,120 @@
+#include "train/reducer.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+namespace trainctl::train {
+
+GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Communicator* comm,
+                                 size_t bucket_bytes)
+    : comm_(comm), params_(std::move(params)) {
+  int64_t total = 0;
+  for (const auto& p : params_) total += p.numel();
+  auto options = torch::TensorOptions().dtype(torch::kFloat32);
+  flat_params_ = torch::empty({total}, options);
+  flat_grads_ = torch::zeros({total}, options);
+
+  // Reverse order: the last layers' gradients come first in backward.
+  const int64_t bucket_numel = std::max<int64_t>(1, bucket_bytes / sizeof(float));
+  std::vector<size_t> bucket_of(params_.size());
+  int64_t offset = 0;
+  for (size_t k = params_.size(); k-- > 0;) {
+    torch::Tensor& p = params_[k];
+    if (buckets_.empty() || buckets_.back().numel >= bucket_numel) {
+      buckets_.push_back(Bucket{offset, 0, 0, 0});
+    }
+    Bucket& b = buckets_.back();
+    int64_t n = p.numel();
+    torch::NoGradGuard no_grad;
+    torch::Tensor param_view = flat_params_.narrow(0, offset, n).view(p.sizes());
+    param_view.copy_(p);
+    p.set_data(param_view);
+    p.mutable_grad() = flat_grads_.narrow(0, offset, n).view(p.sizes());
+    b.numel += n;
+    b.expected += 1;
+    bucket_of[k] = buckets_.size() - 1;
+    offset += n;
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
+    size_t bucket = bucket_of[k];
+    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, bucket](const torch::autograd::variable_list& outputs,
+                       const torch::autograd::variable_list&) {
+          OnGradReady(bucket);
+          return outputs;
+        }));
+    accumulators_.push_back(std::move(acc));
+  }
+  thread_ = std::thread([this] { CommLoop(); });
+}
+
+GradientReducer::~GradientReducer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Status GradientReducer::BroadcastParameters() {
+  return comm_->Broadcast(flat_params_.data_ptr(), flat_params_.numel() * sizeof(float), 0);
+}
+
+void GradientReducer::ZeroGrad() {
+  flat_grads_.zero_();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& b : buckets_) b.ready = 0;
+  next_to_reduce_ = 0;
+  launched_ = 0;
+  armed_ = true;
+}
+
+void GradientReducer::OnGradReady(size_t bucket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!armed_) return;  // a backward outside training (none today): nothing to reduce
+  Bucket& b = buckets_[bucket];
+  if (++b.ready == b.expected) cv_.notify_all();
+}
+
+// Reduces buckets strictly in index order, so every rank issues the same collectives in the
+// same order whatever order its hooks fire in.
+void GradientReducer::CommLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] {
+      return stopping_ || (armed_ && launched_ < buckets_.size() &&
+                           buckets_[launched_].ready >= buckets_[launched_].expected);
+    });
+    if (stopping_) return;
+    Bucket b = buckets_[launched_++];
+    Status st;
+    if (error_.ok()) {
+      lock.unlock();
+      st = comm_->AllReduceSum(flat_grads_.data_ptr<float>() + b.offset, b.numel);
+      lock.lock();
+    }
+    if (!st.ok() && error_.ok()) error_ = st;
+    next_to_reduce_ = launched_;
+    cv_.notify_all();
+  }
+}
+
+Status GradientReducer::Finish() {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Parameters that took no part in this step's graph never fire their hooks: their gradient
+  // stays zero, and their buckets are released here.
+  for (auto& b : buckets_) b.ready = b.expected;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return next_to_reduce_ == buckets_.size(); });
+  armed_ = false;
+  Status st = error_;
+  lock.unlock();
+  if (!st.ok()) return st;
+  if (comm_->size() > 1) flat_grads_.div_(static_cast<float>(comm_->size()));
+  return Status::Ok();
+}
+
+}  // namespace trainctl::train

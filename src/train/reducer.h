@@ -1,0 +1,74 @@
+// GradientReducer: data-parallel gradient averaging that overlaps communication with backward,
+// as PyTorch DDP's reducer does.
+//
+// At construction the parameters are moved into one flat buffer, and their gradients become views
+// of a second one, laid out in reverse registration order (roughly the order backward produces
+// them) and cut into buckets of about `bucket_bytes`. A hook on each parameter's gradient
+// accumulator counts the gradients that are ready; when a bucket is complete, the reducer's
+// thread allreduces it while backward goes on with the rest. Finish() waits for every bucket and
+// divides by the world size. The flat buffers also let the optimizer update all parameters in a
+// few vectorized operations.
+//
+// Threads: ZeroGrad/Finish/Broadcast from the training thread only; hooks run on the thread that
+// calls backward. Errors (a peer gone, a timeout) come back from Finish(); after one, the reducer
+// is unusable and the trainer should exit so the agent can start a new round.
+#pragma once
+
+#include <torch/types.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "common/status.h"
+
+namespace trainctl::train {
+
+class GradientReducer {
+ public:
+  // `params` must be leaf tensors that require grad, contiguous, float32, on the CPU.
+  GradientReducer(std::vector<torch::Tensor> params, comm::Communicator* comm, size_t bucket_bytes);
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // Every rank gets rank 0's parameters (call once, before training).
+  Status BroadcastParameters();
+  // Zeroes the gradients and arms the buckets for the next backward.
+  void ZeroGrad();
+  // Waits for every bucket's allreduce, then averages; call after backward.
+  Status Finish();
+
+  torch::Tensor flat_params() const { return flat_params_; }
+  torch::Tensor flat_grads() const { return flat_grads_; }
+  size_t bucket_count() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    int64_t offset = 0, numel = 0;
+    int expected = 0;  // parameters in the bucket
+    int ready = 0;     // gradients accumulated so far in this step
+  };
+  void OnGradReady(size_t bucket);
+  void CommLoop();
+
+  comm::Communicator* comm_;
+  std::vector<torch::Tensor> params_;
+  torch::Tensor flat_params_, flat_grads_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t next_to_reduce_ = 0;  // buckets below this are done (or failed)
+  size_t launched_ = 0;        // buckets handed to the comm thread this step
+  bool armed_ = false;
+  bool stopping_ = false;
+  Status error_;
+  std::thread thread_;
+};
+
+}  // namespace trainctl::train

@@ -1,0 +1,166 @@
+#include "train/torch_data.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace trainctl::train {
+namespace {
+
+const std::vector<std::string> kCifar10Classes = {"airplane", "automobile", "bird", "cat", "deer",
+                                                  "dog", "frog", "horse", "ship", "truck"};
+
+data::ImageSet Limit(data::ImageSet set, int64_t limit) {
+  if (limit > 0 && limit < set.count) {
+    set.count = limit;
+    set.pixels.resize(limit * set.image_bytes());
+    set.labels.resize(limit);
+  }
+  return set;
+}
+
+}  // namespace
+
+Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train) {
+  int64_t limit = train ? spec.limit : spec.test_limit;
+  if (spec.dataset == "synthetic") {
+    int64_t count = train ? spec.samples : std::max<int64_t>(1, spec.samples / 6);
+    return Limit(data::Synthetic(count, spec.shape[0], spec.shape[1], spec.shape[2], spec.classes,
+                                 train ? 1 : 2),
+                 limit);
+  }
+  if (spec.dataset == "cifar10") {
+    std::vector<std::string> files;
+    if (train) {
+      for (int i = 1; i <= 5; ++i) files.push_back(spec.dir + "/data_batch_" + std::to_string(i) + ".bin");
+    } else {
+      files.push_back(spec.dir + "/test_batch.bin");
+    }
+    ASSIGN_OR_RETURN(auto set, data::LoadCifar10(files));
+    set.num_classes = 10;
+    return Limit(std::move(set), limit);
+  }
+  std::string dir = spec.dir.empty() ? data::kFashionMnistDir : spec.dir;
+  ASSIGN_OR_RETURN(auto set, data::LoadMnistDir(dir, train));
+  set.num_classes = 10;
+  return Limit(std::move(set), limit);
+}
+
+std::vector<std::string> ClassNames(const std::string& dataset, int classes) {
+  if (dataset == "fashion-mnist" && classes == 10) return data::FashionMnistClasses();
+  if (dataset == "cifar10" && classes == 10) return kCifar10Classes;
+  std::vector<std::string> names;
+  for (int i = 0; i < classes; ++i) {
+    names.push_back(dataset == "mnist" ? std::to_string(i) : "class " + std::to_string(i));
+  }
+  return names;
+}
+
+Normalizer Normalizer::Compute(const data::ImageSet& set) {
+  Normalizer n;
+  const int64_t plane = int64_t{set.rows} * set.cols;
+  for (int c = 0; c < set.channels; ++c) {
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < set.count; ++i) {
+      const uint8_t* p = set.image(i) + c * plane;
+      for (int64_t k = 0; k < plane; ++k) {
+        double v = p[k] / 255.0;
+        sum += v;
+        sq += v * v;
+      }
+    }
+    double count = std::max<double>(1, double(set.count) * plane);
+    double mean = sum / count;
+    double var = std::max(0.0, sq / count - mean * mean);
+    n.mean.push_back(static_cast<float>(mean));
+    n.std.push_back(static_cast<float>(std::max(1e-3, std::sqrt(var))));
+  }
+  return n;
+}
+
+void FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
+               const Normalizer& norm, torch::Tensor* x, torch::Tensor* y) {
+  if (!x->defined() || x->size(0) != n) {
+    *x = torch::empty({n, set.channels, set.rows, set.cols}, torch::kFloat32);
+    *y = torch::empty({n}, torch::kInt64);
+  }
+  // One lookup table per channel: 256 floats replace a divide and a subtract per pixel.
+  std::vector<float> lut(256 * set.channels);
+  for (int c = 0; c < set.channels; ++c) {
+    for (int v = 0; v < 256; ++v) lut[c * 256 + v] = (v / 255.0f - norm.mean[c]) / norm.std[c];
+  }
+  const int64_t plane = int64_t{set.rows} * set.cols;
+  float* out = x->data_ptr<float>();
+  int64_t* labels = y->data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* src = set.image(indices[i]);
+    for (int c = 0; c < set.channels; ++c) {
+      const float* table = lut.data() + c * 256;
+      for (int64_t k = 0; k < plane; ++k) *out++ = table[src[c * plane + k]];
+    }
+    labels[i] = set.labels[indices[i]];
+  }
+}
+
+namespace {
+std::string DtypeName(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32: return "F32";
+    case torch::kFloat64: return "F64";
+    case torch::kInt64: return "I64";
+    case torch::kInt32: return "I32";
+    case torch::kUInt8: return "U8";
+    default: return "";
+  }
+}
+}  // namespace
+
+checkpoint::Blob ToBlob(const std::string& name, const torch::Tensor& t) {
+  checkpoint::Blob b;
+  b.name = name;
+  torch::Tensor c = t.detach().to(torch::kCPU).contiguous();
+  b.dtype = DtypeName(c.scalar_type());
+  b.shape = c.sizes().vec();
+  b.data.assign(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+  return b;
+}
+
+Status CopyBlob(const checkpoint::Blob& blob, torch::Tensor dst) {
+  std::string want = DtypeName(dst.scalar_type());
+  if (blob.dtype != want || blob.shape != dst.sizes().vec()) {
+    auto shape = [](const std::vector<int64_t>& dims) {
+      std::string s;
+      for (auto d : dims) s += (s.empty() ? "" : ", ") + std::to_string(d);
+      return "[" + s + "]";
+    };
+    return InvalidArgument("tensor " + blob.name + ": expected " + want + " " +
+                           shape(dst.sizes().vec()) + ", got " + blob.dtype + " " +
+                           shape(blob.shape) + "; was it saved by another model?");
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor src = torch::from_blob(const_cast<char*>(blob.data.data()), blob.shape,
+                                       dst.scalar_type());
+  dst.copy_(src);
+  return Status::Ok();
+}
+
+}  // namespace trainctl::train
+
+namespace trainctl::train {
+
+void AddModuleState(torch::nn::Module& module, std::vector<checkpoint::Blob>* out) {
+  for (const auto& p : module.named_parameters()) out->push_back(ToBlob(p.key(), p.value()));
+  for (const auto& b : module.named_buffers()) out->push_back(ToBlob(b.key(), b.value()));
+}
+
+Status LoadModuleState(torch::nn::Module& module, const checkpoint::Checkpoint& ckpt) {
+  auto load = [&](const std::string& name, torch::Tensor t) -> Status {
+    const checkpoint::Blob* b = ckpt.Find(name);
+    if (!b) return InvalidArgument("tensor " + name + " is missing; was it saved by another model?");
+    return CopyBlob(*b, t);
+  };
+  for (const auto& p : module.named_parameters()) RETURN_IF_ERROR(load(p.key(), p.value()));
+  for (const auto& b : module.named_buffers()) RETURN_IF_ERROR(load(b.key(), b.value()));
+  return Status::Ok();
+}
+
+}  // namespace trainctl::train

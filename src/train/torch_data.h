@@ -1,0 +1,52 @@
+// The trainer's view of the datasets: loading what a DataSpec names, per-channel normalization,
+// batches as tensors, class names, and the model state <-> checkpoint blobs conversion.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "common/status.h"
+#include "data/dataset.h"
+#include "spec/job_spec.h"
+
+namespace trainctl::train {
+
+// Loads the training or test split that `spec` names, cut to spec.limit / spec.test_limit.
+Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train);
+
+// Class names for a dataset ("T-shirt/top", ...; "class 7" when it has none).
+std::vector<std::string> ClassNames(const std::string& dataset, int classes);
+
+// Per-channel mean and standard deviation of pixel values in [0, 1]; images are fed to the model
+// as (pixel / 255 - mean) / std.
+struct Normalizer {
+  std::vector<float> mean, std;
+  static Normalizer Compute(const data::ImageSet& set);
+};
+
+// Gathers images `indices[0..n)` into x (n x C x H x W float, normalized) and y (n, int64),
+// resizing them if needed. The only per-step copy of the data.
+void FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
+               const Normalizer& norm, torch::Tensor* x, torch::Tensor* y);
+
+// Tensors <-> safetensors blobs (CPU, contiguous copies).
+checkpoint::Blob ToBlob(const std::string& name, const torch::Tensor& t);
+// Copies a blob into `dst`, checking dtype and shape; the error names the tensor.
+Status CopyBlob(const checkpoint::Blob& blob, torch::Tensor dst);
+
+}  // namespace trainctl::train
+
+namespace trainctl::train {
+
+// A module's parameters and buffers as blobs named as in PyTorch ("conv1.weight",
+// "layer1.0.bn1.running_mean"), appended to `out`.
+void AddModuleState(torch::nn::Module& module, std::vector<checkpoint::Blob>* out);
+// Copies every parameter and buffer of `module` from `ckpt`; the error names what is missing or
+// does not fit.
+Status LoadModuleState(torch::nn::Module& module, const checkpoint::Checkpoint& ckpt);
+
+}  // namespace trainctl::train

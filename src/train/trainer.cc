@@ -1,0 +1,520 @@
+// The built-in data-parallel trainer: one process per rank, started by the agent as
+// `trainctl train` with the torchrun environment. See docs/trainer.md.
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/utils.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "common/duration.h"
+#include "common/exit_codes.h"
+#include "common/fs.h"
+#include "common/log.h"
+#include "common/subprocess.h"
+#include "data/sampler.h"
+#include "metrics/metrics.h"
+#include "store/open_store.h"
+#include "train/entry.h"
+#include "train/evaluate.h"
+#include "train/optimizer.h"
+#include "train/reducer.h"
+#include "train/schedule.h"
+
+namespace trainctl::train {
+namespace {
+
+struct Batch {
+  torch::Tensor x, y;
+};
+
+// Builds the next batches on a background thread while the current step computes.
+class Prefetcher {
+ public:
+  Prefetcher(const data::ImageSet& set, const Normalizer& norm, std::vector<int64_t> indices,
+             int64_t batch, int64_t first, int64_t count)
+      : set_(set), norm_(norm), indices_(std::move(indices)), batch_(batch) {
+    thread_ = std::thread([this, first, count] {
+      for (int64_t b = first; b < first + count; ++b) {
+        Batch out;
+        FillBatch(set_, indices_.data() + b * batch_, batch_, norm_, &out.x, &out.y);
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || queue_.size() < kDepth; });
+        if (stop_) return;
+        queue_.push_back(std::move(out));
+        cv_.notify_all();
+      }
+    });
+  }
+  ~Prefetcher() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Batch Next() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !queue_.empty(); });
+    Batch b = std::move(queue_.front());
+    queue_.pop_front();
+    cv_.notify_all();
+    return b;
+  }
+
+ private:
+  static constexpr size_t kDepth = 2;
+  const data::ImageSet& set_;
+  const Normalizer& norm_;
+  std::vector<int64_t> indices_;
+  int64_t batch_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Batch> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+std::string JoinFloats(const std::vector<float>& v) {
+  std::ostringstream s;
+  s.precision(9);
+  for (size_t i = 0; i < v.size(); ++i) s << (i ? "," : "") << v[i];
+  return s.str();
+}
+
+std::vector<float> SplitFloats(const std::string& text) {
+  std::vector<float> out;
+  std::stringstream s(text);
+  std::string item;
+  while (std::getline(s, item, ',')) out.push_back(std::stof(item));
+  return out;
+}
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+std::string EnvString(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// Everything one training process holds.
+class Trainer {
+ public:
+  Trainer(JobSpec spec, int rank, int world, comm::Communicator* comm)
+      : spec_(std::move(spec)), t_(spec_.trainer), rank_(rank), world_(world), comm_(comm) {}
+
+  Status Run();
+
+ private:
+  Status Setup();
+  Status Resume();
+  Status TrainEpoch(int64_t epoch, int64_t first_batch);
+  Status EvalEpoch(int64_t epoch);
+  Status SyncBuffers();
+  Status SaveCheckpoint();
+  Status Export();
+  checkpoint::Checkpoint Snapshot(bool with_optimizer);
+  Status LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples);
+  bool Done() const { return t_.max_steps > 0 && step_ >= t_.max_steps; }
+
+  JobSpec spec_;
+  const TrainerSpec& t_;
+  int rank_, world_;
+  comm::Communicator* comm_;
+
+  data::ImageSet train_set_, test_set_;
+  Normalizer norm_;
+  std::shared_ptr<models::Classifier> model_;
+  std::unique_ptr<GradientReducer> reducer_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<checkpoint::CheckpointDir> checkpoints_;
+  std::unique_ptr<metrics::JsonLines> jsonl_;
+  std::unique_ptr<metrics::EventWriter> events_;
+
+  int classes_ = 0;
+  int64_t batch_ = 0;           // per rank
+  int64_t steps_per_epoch_ = 0;
+  int64_t total_steps_ = 0;
+  int64_t step_ = 0;            // optimizer steps done, job-wide
+  int64_t epoch_ = 0;           // current epoch
+  int64_t batch_in_epoch_ = 0;  // batches done in the current epoch
+  bool last_saved_ = false;
+};
+
+Status Trainer::Setup() {
+  batch_ = t_.global_batch_size > 0 ? t_.global_batch_size / world_ : t_.batch_size;
+  if (batch_ < 1) return InvalidArgument("trainer.global_batch_size is smaller than the world size");
+  ASSIGN_OR_RETURN(train_set_, LoadSplit(t_.data, /*train=*/true));
+  if (t_.eval) {
+    ASSIGN_OR_RETURN(test_set_, LoadSplit(t_.data, /*train=*/false));
+  }
+  data::SamplerOptions so{rank_, world_, static_cast<uint64_t>(t_.seed), true, true};
+  steps_per_epoch_ = data::ShardSize(train_set_.count, so) / batch_;
+  if (steps_per_epoch_ < 1) {
+    return InvalidArgument("the training set (" + std::to_string(train_set_.count) +
+                           " images) is smaller than one global batch (" +
+                           std::to_string(batch_ * world_) + ")");
+  }
+  total_steps_ = steps_per_epoch_ * t_.epochs;
+  if (t_.max_steps > 0) total_steps_ = std::min(total_steps_, t_.max_steps);
+  norm_ = Normalizer::Compute(train_set_);
+
+  torch::manual_seed(static_cast<uint64_t>(t_.seed));
+  classes_ = t_.data.dataset == "synthetic" ? t_.data.classes : train_set_.num_classes;
+  train_set_.num_classes = test_set_.num_classes = classes_;
+  models::InputShape shape{train_set_.channels, train_set_.rows, train_set_.cols, classes_};
+  try {
+    ASSIGN_OR_RETURN(model_, models::MakeModel(t_.model, shape));
+  } catch (const std::exception& e) {
+    return InvalidArgument(std::string("cannot build the model: ") + e.what());
+  }
+  model_->train();
+  std::vector<torch::Tensor> params;
+  for (auto& p : model_->parameters()) params.push_back(p);
+  reducer_ = std::make_unique<GradientReducer>(params, comm_, size_t(t_.bucket_mb * (1 << 20)));
+  optimizer_ = std::make_unique<Optimizer>(t_.optimizer, reducer_->flat_params(), reducer_->flat_grads());
+  checkpoints_ = std::make_unique<checkpoint::CheckpointDir>(spec_.checkpoint_dir, t_.keep_last);
+  if (rank_ == 0) {
+    ASSIGN_OR_RETURN(auto* j, metrics::JsonLines::Open(spec_.output_dir + "/metrics.jsonl"));
+    jsonl_.reset(j);
+    ASSIGN_OR_RETURN(auto* e, metrics::EventWriter::Open(spec_.output_dir + "/tensorboard"));
+    events_.reset(e);
+  }
+  return Status::Ok();
+}
+
+checkpoint::Checkpoint Trainer::Snapshot(bool with_optimizer) {
+  checkpoint::Checkpoint c;
+  c.step = step_;
+  AddModuleState(*model_, &c.tensors);
+  c.metadata = {{"model", t_.model},
+                {"dataset", t_.data.dataset},
+                {"data_dir", t_.data.dir},
+                {"shape", std::to_string(train_set_.channels) + "," + std::to_string(train_set_.rows) +
+                              "," + std::to_string(train_set_.cols)},
+                {"norm_mean", JoinFloats(norm_.mean)},
+                {"norm_std", JoinFloats(norm_.std)}};
+  c.metadata["classes"] = std::to_string(classes_);
+  if (with_optimizer) {
+    for (auto& [name, t] : optimizer_->State()) c.tensors.push_back(ToBlob("optimizer." + name, t));
+    c.metadata["optimizer.steps"] = std::to_string(optimizer_->steps());
+    c.metadata["epoch"] = std::to_string(epoch_);
+    c.metadata["batch_in_epoch"] = std::to_string(batch_in_epoch_);
+    c.metadata["global_batch"] = std::to_string(batch_ * world_);
+    c.metadata["world_size"] = std::to_string(world_);
+  }
+  return c;
+}
+
+Status Trainer::SyncBuffers() {
+  for (auto& b : model_->buffers()) {
+    RETURN_IF_ERROR(comm_->Broadcast(b.data_ptr(), b.numel() * b.element_size(), 0));
+  }
+  return Status::Ok();
+}
+
+Status Trainer::SaveCheckpoint() {
+  RETURN_IF_ERROR(SyncBuffers());
+  last_saved_ = true;
+  if (rank_ != 0) return Status::Ok();
+  Status st = checkpoints_->Save(Snapshot(/*with_optimizer=*/true));
+  if (st.ok()) LOG_DEBUG("checkpoint at step {}", step_);
+  return st;
+}
+
+Status Trainer::Export() {
+  if (rank_ != 0) return Status::Ok();
+  ASSIGN_OR_RETURN(std::string bytes, checkpoint::Encode(Snapshot(/*with_optimizer=*/false)));
+  std::string path = spec_.output_dir + "/model.safetensors";
+  RETURN_IF_ERROR(AtomicWriteFile(path, bytes));
+  LOG_INFO("model exported to {}", path);
+  return Status::Ok();
+}
+
+// Rank 0 reads the newest valid checkpoint and broadcasts it, so ranks on hosts without the
+// shared checkpoint directory resume too.
+Status Trainer::Resume() {
+  int64_t header[4] = {0, 0, 0, 0};  // found, step, samples done in the epoch, epoch
+  std::vector<std::pair<std::string, torch::Tensor>> opt_state = optimizer_->State();
+  int64_t opt_steps = 0;
+  if (rank_ == 0) {
+    std::vector<std::string> skipped;
+    auto ckpt = checkpoints_->LoadLatest(&skipped);
+    for (const auto& s : skipped) LOG_WARN("skipping checkpoint {}", s);
+    if (ckpt.ok()) {
+      const auto& m = ckpt->metadata;
+      auto get = [&](const std::string& k) {
+        auto it = m.find(k);
+        return it == m.end() ? std::string() : it->second;
+      };
+      if (get("model") != t_.model) {
+        return InvalidArgument("checkpoint " + checkpoints_->PathFor(ckpt->step) + " holds model '" +
+                               get("model") + "', the spec trains '" + t_.model +
+                               "'; use another checkpoint_dir or remove it");
+      }
+      RETURN_IF_ERROR(LoadModuleState(*model_, *ckpt));
+      for (auto& [name, t] : opt_state) {
+        const checkpoint::Blob* b = ckpt->Find("optimizer." + name);
+        if (!b) return InvalidArgument("checkpoint lacks optimizer state " + name);
+        RETURN_IF_ERROR(CopyBlob(*b, t));
+      }
+      opt_steps = std::stoll(get("optimizer.steps"));
+      header[0] = 1;
+      header[1] = ckpt->step;
+      header[2] = std::stoll(get("batch_in_epoch")) * std::stoll(get("global_batch"));
+      header[3] = std::stoll(get("epoch"));
+      LOG_INFO("resuming from {} (step {}, epoch {})", checkpoints_->PathFor(ckpt->step), ckpt->step,
+               header[3] + 1);
+    } else if (ckpt.status().code() != Code::kNotFound) {
+      return ckpt.status();
+    }
+  }
+  RETURN_IF_ERROR(comm_->Broadcast(header, sizeof header, 0));
+  RETURN_IF_ERROR(reducer_->BroadcastParameters());
+  RETURN_IF_ERROR(SyncBuffers());
+  if (!header[0]) return Status::Ok();
+  RETURN_IF_ERROR(comm_->Broadcast(&opt_steps, sizeof opt_steps, 0));
+  for (auto& [name, t] : opt_state) {
+    RETURN_IF_ERROR(comm_->Broadcast(t.data_ptr(), t.numel() * t.element_size(), 0));
+  }
+  optimizer_->set_steps(opt_steps);
+  step_ = header[1];
+  epoch_ = header[3];
+  // The same position in the epoch's sample order, even if the world size changed.
+  batch_in_epoch_ = header[2] / (batch_ * world_);
+  if (batch_in_epoch_ >= steps_per_epoch_) {
+    ++epoch_;
+    batch_in_epoch_ = 0;
+  }
+  return Status::Ok();
+}
+
+Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples) {
+  float buf[2] = {float(loss_sum), float(count)};
+  RETURN_IF_ERROR(comm_->AllReduceSum(buf, 2));
+  if (rank_ != 0) return Status::Ok();
+  double loss = buf[0] / std::max(1.0f, buf[1]);
+  double rate = seconds > 0 ? samples / seconds : 0;
+  double eta = rate > 0 ? double(total_steps_ - step_) * batch_ * world_ / rate : 0;
+  RETURN_IF_ERROR(jsonl_->Write({{"step", double(step_)},
+                                 {"epoch", double(epoch_ + 1)},
+                                 {"loss", loss},
+                                 {"lr", lr},
+                                 {"samples_per_s", rate},
+                                 {"time", WallSeconds()}}));
+  double now = WallSeconds();
+  RETURN_IF_ERROR(events_->AddScalar("train/loss", loss, step_, now));
+  RETURN_IF_ERROR(events_->AddScalar("train/lr", lr, step_, now));
+  RETURN_IF_ERROR(events_->AddScalar("train/samples_per_s", rate, step_, now));
+  std::printf("%s\n", metrics::ProgressLine(epoch_ + 1, t_.epochs, batch_in_epoch_,
+                                             steps_per_epoch_, loss, rate, eta)
+                          .c_str());
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
+  data::SamplerOptions so{rank_, world_, static_cast<uint64_t>(t_.seed), true, true};
+  int64_t count = steps_per_epoch_ - first_batch;
+  if (t_.max_steps > 0) count = std::min(count, t_.max_steps - step_);
+  Prefetcher prefetch(train_set_, norm_, data::ShardIndices(train_set_.count, epoch, so), batch_,
+                      first_batch, count);
+  auto epoch_start = Clock::now();
+  auto window_start = epoch_start;
+  int64_t window_samples = 0;
+  double loss_sum = 0, loss_count = 0;
+  double lr = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    Batch b = prefetch.Next();
+    reducer_->ZeroGrad();
+    torch::Tensor loss = torch::nn::functional::cross_entropy(model_->forward(b.x), b.y);
+    loss.backward();
+    RETURN_IF_ERROR(reducer_->Finish());
+    lr = LearningRate(t_.optimizer, t_.schedule, step_, total_steps_, world_);
+    optimizer_->Step(lr);
+    ++step_;
+    ++batch_in_epoch_;
+    last_saved_ = false;
+    loss_sum += loss.item<float>();
+    loss_count += 1;
+    window_samples += batch_ * world_;
+    if (step_ % t_.log_every == 0) {
+      RETURN_IF_ERROR(LogStep(loss_sum, loss_count, lr, SecondsSince(window_start), window_samples));
+      loss_sum = loss_count = 0;
+      window_samples = 0;
+      window_start = Clock::now();
+    }
+    if (t_.checkpoint_every > 0 && step_ % t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
+  }
+  double seconds = SecondsSince(epoch_start);
+  if (rank_ == 0 && count > 0) {
+    RETURN_IF_ERROR(jsonl_->Write({{"epoch", double(epoch + 1)},
+                                   {"step", double(step_)},
+                                   {"epoch_seconds", seconds},
+                                   {"epoch_samples_per_s", count * batch_ * world_ / seconds}}));
+  }
+  return Status::Ok();
+}
+
+Status Trainer::EvalEpoch(int64_t epoch) {
+  RETURN_IF_ERROR(SyncBuffers());
+  int64_t n = test_set_.count;
+  Confusion c = Evaluate(*model_, test_set_, n * rank_ / world_, n * (rank_ + 1) / world_, norm_);
+  std::vector<float> counts(c.counts.begin(), c.counts.end());
+  RETURN_IF_ERROR(comm_->AllReduceSum(counts.data(), counts.size()));
+  c.counts.assign(counts.begin(), counts.end());
+  if (rank_ == 0) {
+    RETURN_IF_ERROR(jsonl_->Write({{"epoch", double(epoch + 1)},
+                                   {"step", double(step_)},
+                                   {"test_accuracy", c.accuracy()}}));
+    RETURN_IF_ERROR(events_->AddScalar("test/accuracy", c.accuracy(), step_, WallSeconds()));
+    std::printf("epoch %lld/%d: test accuracy %.4f (%.0f images)\n", (long long)epoch + 1, t_.epochs,
+                c.accuracy(), c.total());
+    std::fflush(stdout);
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Run() {
+  RETURN_IF_ERROR(Setup());
+  RETURN_IF_ERROR(Resume());
+  if (rank_ == 0) {
+    LOG_INFO("training {} on {} ({} images), {} workers x batch {}, {} steps per epoch, {} epochs",
+             t_.model, t_.data.dataset, train_set_.count, world_, batch_, steps_per_epoch_, t_.epochs);
+  }
+  while (epoch_ < t_.epochs && !Done()) {
+    RETURN_IF_ERROR(TrainEpoch(epoch_, batch_in_epoch_));
+    if (batch_in_epoch_ < steps_per_epoch_) break;  // max_steps ended it mid-epoch
+    if (t_.eval) RETURN_IF_ERROR(EvalEpoch(epoch_));
+    ++epoch_;
+    batch_in_epoch_ = 0;
+    if (t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
+  }
+  if (!last_saved_) RETURN_IF_ERROR(SaveCheckpoint());
+  return Export();
+}
+
+}  // namespace
+
+int RunTrainer(const TrainOptions& options) {
+  log::SetLevel(options.log_level);
+  const int rank = EnvInt("RANK", -1), world = EnvInt("WORLD_SIZE", -1);
+  const int restart = EnvInt("TORCHELASTIC_RESTART_COUNT", 0);
+  const std::string addr = EnvString("TRAINCTL_STORE_ADDR");
+  if (rank < 0 || world < 1 || addr.empty()) {
+    std::fprintf(stderr, "trainctl train: runs as a worker of a job (trainctl run JOB.yaml with a "
+                         "trainer section); RANK, WORLD_SIZE and TRAINCTL_STORE_ADDR are not set\n");
+    return kExitInvalidSpec;
+  }
+  auto fail = [](const Status& st) {
+    LOG_ERROR("{}", st.message());
+    return kExitError;
+  };
+  auto client = OpenStore(addr, EnvString("TRAINCTL_STORE_TOKEN"));
+  if (!client.ok()) return fail(client.status());
+  const std::string prefix = EnvString("TRAINCTL_STORE_PREFIX");
+  PrefixStore store(client->get(), prefix);
+  auto spec_json = store.Get("spec", std::chrono::seconds(30));
+  if (!spec_json.ok()) return fail(spec_json.status());
+  auto spec = JobSpecFromJson(*spec_json);
+  if (!spec.ok()) return fail(spec.status());
+  log::SetContext(spec->name, "rank=" + std::to_string(rank), restart);
+
+  const TrainerSpec& t = spec->trainer;
+  if (t.device != "cpu") {
+    return fail(InvalidArgument("trainer.device: " + t.device + " needs a LibTorch built with CUDA; "
+                                "this trainctl was built against a CPU-only LibTorch"));
+  }
+  int threads = t.threads > 0 ? t.threads : EnvInt("OMP_NUM_THREADS", 1);
+  at::set_num_interop_threads(1);
+  at::set_num_threads(std::max(1, threads));
+  if (t.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
+
+  comm::GlooOptions go;
+  go.rank = rank;
+  go.size = world;
+  go.host = EnvString("TRAINCTL_HOST").empty() ? "127.0.0.1" : EnvString("TRAINCTL_HOST");
+  go.timeout = std::chrono::seconds(60);
+  PrefixStore comm_store(client->get(), prefix + "comm/" + std::to_string(restart) + "/");
+  auto comm = comm::ConnectGloo(comm_store, go);
+  if (!comm.ok()) return fail(comm.status());
+
+  try {
+    Trainer trainer(*spec, rank, world, comm->get());
+    Status st = trainer.Run();
+    if (!st.ok()) return fail(st);
+  } catch (const std::exception& e) {  // LibTorch reports errors as c10::Error
+    return fail(Status(Code::kInternal, std::string("LibTorch: ") + e.what()));
+  }
+  return kExitOk;
+}
+
+int RunEval(const EvalOptions& o) {
+  if (o.threads > 0) at::set_num_threads(o.threads);
+  auto fail = [](const std::string& message) {
+    std::fprintf(stderr, "trainctl eval: %s\n", message.c_str());
+    return kExitError;
+  };
+  Result<checkpoint::Checkpoint> ckpt = NotFound("");
+  std::string path = o.checkpoint;
+  if (IsDirectory(path)) {
+    checkpoint::CheckpointDir dir(path, 1);
+    ckpt = dir.LoadLatest();
+    if (!ckpt.ok()) return fail(path + ": no valid checkpoint: " + ckpt.status().message());
+  } else {
+    auto bytes = ReadFile(path, int64_t{8} << 30);
+    if (!bytes.ok()) return fail(bytes.status().message());
+    ckpt = checkpoint::Decode(*bytes, path);
+    if (!ckpt.ok()) return fail(ckpt.status().message());
+  }
+  auto meta = [&](const std::string& k) {
+    auto it = ckpt->metadata.find(k);
+    return it == ckpt->metadata.end() ? std::string() : it->second;
+  };
+  if (meta("model").empty() || meta("norm_mean").empty()) {
+    return fail(path + ": not a trainctl model (its metadata lacks model and norm_mean)");
+  }
+  DataSpec ds;
+  ds.dataset = meta("dataset");
+  ds.dir = o.data_dir.empty() ? meta("data_dir") : o.data_dir;
+  ds.test_limit = o.limit;
+  std::vector<float> shape = SplitFloats(meta("shape"));
+  if (shape.size() == 3) ds.shape = {int64_t(shape[0]), int64_t(shape[1]), int64_t(shape[2])};
+  ds.classes = std::atoi(meta("classes").c_str());
+  auto test = LoadSplit(ds, /*train=*/false);
+  if (!test.ok()) return fail(test.status().message());
+  if (ds.dataset == "synthetic") test->num_classes = ds.classes;
+  models::InputShape in{test->channels, test->rows, test->cols, ds.classes};
+  if (shape.size() != 3 || in.channels != int(shape[0]) || in.rows != int(shape[1]) ||
+      in.cols != int(shape[2])) {
+    return fail("the test images are " + std::to_string(in.channels) + "x" + std::to_string(in.rows) +
+                "x" + std::to_string(in.cols) + ", the model was trained on " + meta("shape"));
+  }
+  try {
+    auto model = models::MakeModel(meta("model"), in);
+    if (!model.ok()) return fail(model.status().message());
+    if (Status st = LoadModuleState(**model, *ckpt); !st.ok()) return fail(path + ": " + st.message());
+    Normalizer norm{SplitFloats(meta("norm_mean")), SplitFloats(meta("norm_std"))};
+    test->num_classes = ds.classes;
+    Confusion c = Evaluate(**model, *test, 0, test->count, norm, o.batch);
+    auto names = ClassNames(ds.dataset, ds.classes);
+    std::string report = o.format == "json" ? FormatReportJson(c, names) : FormatReport(c, names);
+    std::fwrite(report.data(), 1, report.size(), stdout);
+  } catch (const std::exception& e) {
+    return fail(std::string("LibTorch: ") + e.what());
+  }
+  return kExitOk;
+}
+
+}  // namespace trainctl::train
