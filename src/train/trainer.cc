@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -96,6 +97,12 @@ std::vector<float> SplitFloats(const std::string& text) {
   std::string item;
   while (std::getline(s, item, ',')) out.push_back(std::stof(item));
   return out;
+}
+
+double PeakRssMb() {
+  struct rusage ru;
+  ::getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;  // Linux reports KiB
 }
 
 int EnvInt(const char* name, int fallback) {
@@ -362,7 +369,8 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     RETURN_IF_ERROR(jsonl_->Write({{"epoch", double(epoch + 1)},
                                    {"step", double(step_)},
                                    {"epoch_seconds", seconds},
-                                   {"epoch_samples_per_s", count * batch_ * world_ / seconds}}));
+                                   {"epoch_samples_per_s", count * batch_ * world_ / seconds},
+                                   {"peak_rss_mb", PeakRssMb()}}));
   }
   return Status::Ok();
 }
@@ -402,6 +410,11 @@ Status Trainer::Run() {
     if (t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
   }
   if (!last_saved_) RETURN_IF_ERROR(SaveCheckpoint());
+  // Every rank logs a digest of its final parameters: data parallelism keeps them bit-identical,
+  // and a rank that drifted is easy to spot.
+  torch::Tensor flat = reducer_->flat_params();
+  LOG_INFO("final parameters: {} values, crc32c {:08x}", flat.numel(),
+           metrics::Crc32c(flat.data_ptr(), flat.numel() * sizeof(float)));
   return Export();
 }
 

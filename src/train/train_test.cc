@@ -1,0 +1,149 @@
+// Unit tests of the trainer's LibTorch parts: model shapes, the optimizers against PyTorch's own
+// (torch::optim), and the gradient reducer on one rank against plain backward.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "comm/communicator.h"
+#include "models/models.h"
+#include "store/memory/memory_store.h"
+#include "train/optimizer.h"
+#include "train/reducer.h"
+#include "train/schedule.h"
+
+namespace trainctl::train {
+namespace {
+
+int64_t Count(const std::shared_ptr<models::Classifier>& m) {
+  int64_t n = 0;
+  for (const auto& p : m->parameters()) n += p.numel();
+  return n;
+}
+
+TEST(Models, ResNetsHaveTorchvisionsShapes) {
+  // torchvision's resnet18 and resnet50 with 1000 classes: 11,689,512 and 25,557,032 parameters.
+  auto r18 = models::MakeModel("resnet18", {3, 32, 32, 1000});
+  ASSERT_TRUE(r18.ok());
+  EXPECT_EQ(Count(*r18), 11689512);
+  auto r50 = models::MakeModel("resnet50", {3, 32, 32, 1000});
+  ASSERT_TRUE(r50.ok());
+  EXPECT_EQ(Count(*r50), 25557032);
+  auto params = (*r50)->named_parameters();
+  EXPECT_TRUE(params.contains("layer4.2.conv3.weight"));
+  EXPECT_TRUE(params.contains("layer1.0.downsample.1.weight"));
+  EXPECT_TRUE((*r50)->named_buffers().contains("bn1.running_mean"));
+  auto out = (*r18)->forward(torch::randn({2, 3, 32, 32}));
+  EXPECT_EQ(out.sizes().vec(), (std::vector<int64_t>{2, 1000}));
+}
+
+TEST(Models, CnnTakes28And32PixelImagesAndRejectsOthers) {
+  for (int side : {28, 32}) {
+    auto m = models::MakeModel("cnn", {side == 28 ? 1 : 3, side, side, 10});
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ((*m)->forward(torch::randn({4, side == 28 ? 1 : 3, side, side})).sizes().vec(),
+              (std::vector<int64_t>{4, 10}));
+  }
+  EXPECT_EQ(models::MakeModel("cnn", {1, 30, 30, 10}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(models::MakeModel("vgg", {1, 28, 28, 10}).status().code(), Code::kInvalidArgument);
+}
+
+// Runs our optimizer and torch::optim's on the same parameters and gradients.
+void CompareWithTorch(const OptimizerSpec& spec, std::unique_ptr<torch::optim::Optimizer> (*make)(
+                                                     std::vector<torch::Tensor>, const OptimizerSpec&)) {
+  torch::manual_seed(1);
+  torch::Tensor ours = torch::randn({1000});
+  torch::Tensor theirs = ours.clone().requires_grad_(true);
+  torch::Tensor grads = torch::zeros({1000});
+  Optimizer opt(spec, ours, grads);
+  auto ref = make({theirs}, spec);
+  for (int step = 0; step < 5; ++step) {
+    torch::Tensor g = torch::randn({1000});
+    grads.copy_(g);
+    theirs.mutable_grad() = g.clone();
+    opt.Step(spec.lr);
+    ref->step();
+  }
+  EXPECT_TRUE(torch::allclose(ours, theirs.detach(), 1e-6, 1e-6))
+      << (ours - theirs.detach()).abs().max().item<float>();
+}
+
+TEST(Optimizer, SgdMatchesTorch) {
+  OptimizerSpec s;
+  s.lr = 0.1;
+  s.momentum = 0.9;
+  s.weight_decay = 1e-3;
+  for (bool nesterov : {false, true}) {
+    s.nesterov = nesterov;
+    CompareWithTorch(s, [](std::vector<torch::Tensor> p, const OptimizerSpec& s) {
+      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::SGD(
+          p, torch::optim::SGDOptions(s.lr).momentum(s.momentum).weight_decay(s.weight_decay)
+                 .nesterov(s.nesterov)));
+    });
+  }
+}
+
+TEST(Optimizer, AdamMatchesTorch) {
+  OptimizerSpec s;
+  s.name = "adam";
+  s.lr = 0.01;
+  s.weight_decay = 1e-2;
+  CompareWithTorch(s, [](std::vector<torch::Tensor> p, const OptimizerSpec& s) {
+    return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::Adam(
+        p, torch::optim::AdamOptions(s.lr).betas({s.beta1, s.beta2}).eps(s.eps)
+               .weight_decay(s.weight_decay)));
+  });
+}
+
+TEST(Reducer, FlatGradientsEqualPlainBackward) {
+  MemoryStore store;
+  auto comm = comm::ConnectGloo(store, {});
+  ASSERT_TRUE(comm.ok());
+  torch::manual_seed(3);
+  auto model = *models::MakeModel("cnn", {1, 28, 28, 10});
+  auto reference = *models::MakeModel("cnn", {1, 28, 28, 10});
+  for (size_t i = 0; i < model->parameters().size(); ++i) {
+    torch::NoGradGuard g;
+    reference->parameters()[i].copy_(model->parameters()[i]);
+  }
+  // Small buckets: several of them, each reduced as soon as its gradients are in.
+  GradientReducer reducer(model->parameters(), comm->get(), 64 << 10);
+  EXPECT_GT(reducer.bucket_count(), 2u);
+  torch::Tensor x = torch::randn({8, 1, 28, 28});
+  torch::Tensor y = torch::randint(0, 10, {8});
+  for (int step = 0; step < 2; ++step) {  // the second step checks that ZeroGrad re-arms
+    reducer.ZeroGrad();
+    torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+    ASSERT_TRUE(reducer.Finish().ok());
+  }
+  reference->zero_grad();
+  torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+  for (size_t i = 0; i < model->parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(model->parameters()[i].grad(), reference->parameters()[i].grad())) << i;
+  }
+  // The parameters now live in the flat buffer.
+  EXPECT_EQ(model->parameters()[0].data_ptr<float>() >= reducer.flat_params().data_ptr<float>(), true);
+}
+
+TEST(Schedule, WarmupStepAndCosine) {
+  OptimizerSpec o;
+  o.lr = 0.1;
+  ScheduleSpec s;
+  s.warmup_steps = 10;
+  EXPECT_DOUBLE_EQ(LearningRate(o, s, 0, 100, 1), 0.01);
+  EXPECT_DOUBLE_EQ(LearningRate(o, s, 9, 100, 1), 0.1);
+  EXPECT_DOUBLE_EQ(LearningRate(o, s, 50, 100, 1), 0.1);
+  s.scale_by_world_size = true;
+  EXPECT_DOUBLE_EQ(LearningRate(o, s, 50, 100, 4), 0.4);
+  s.scale_by_world_size = false;
+  s.name = "step";
+  s.step_size = 20;
+  s.gamma = 0.5;
+  EXPECT_DOUBLE_EQ(LearningRate(o, s, 10 + 39, 100, 1), 0.05);
+  EXPECT_DOUBLE_EQ(LearningRate(o, s, 10 + 40, 100, 1), 0.025);
+  s.name = "cosine";
+  EXPECT_DOUBLE_EQ(LearningRate(o, s, 10, 110, 1), 0.1);
+  EXPECT_NEAR(LearningRate(o, s, 60, 110, 1), 0.05, 1e-12);
+  EXPECT_NEAR(LearningRate(o, s, 110, 110, 1), 0.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace trainctl::train

@@ -1,0 +1,140 @@
+// The built-in trainer as users run it: `trainctl run` with a trainer section, real worker
+// processes, real Gloo between them, the real Fashion-MNIST (a few hundred images of it).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "common/strings.h"
+#include "tests/test_util.h"
+
+namespace trainctl::testing {
+namespace {
+
+std::string Spec(const std::string& name, const std::string& out, const std::string& trainer,
+                 int nodes = 1, int procs = 2) {
+  return "name: " + name + "\nnodes: " + std::to_string(nodes) + "\nprocs_per_node: " +
+         std::to_string(procs) + "\noutput_dir: " + out + "\ntrainer:\n" + trainer;
+}
+
+// step -> loss from metrics.jsonl; a later line for the same step wins (a resumed run appends).
+std::map<int64_t, std::string> Losses(const std::string& metrics) {
+  std::map<int64_t, std::string> out;
+  for (const auto& line : SplitLines(metrics)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].dump();
+  }
+  return out;
+}
+
+std::string Digest(const std::string& log) {
+  std::smatch m;
+  static const std::regex re("final parameters: \\d+ values, crc32c ([0-9a-f]{8})");
+  return std::regex_search(log, m, re) ? m[1].str() : "";
+}
+
+TEST(Trainer, AllRanksEndWithBitIdenticalParameters) {
+  Scratch s;
+  // 2 nodes x 2 workers: gradients cross agents and processes; each rank reads its own shard.
+  std::string spec = s.Write("job.yaml", Spec("ident", s.path("out"), R"(  model: cnn
+  data: {limit: 640, test_limit: 200}
+  batch_size: 16
+  max_steps: 8
+  threads: 1
+)", 2, 2));
+  auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  std::string d0 = Digest(s.Read("out/logs/worker-0.log"));
+  ASSERT_FALSE(d0.empty()) << s.Read("out/logs/worker-0.log");
+  for (int rank = 1; rank < 4; ++rank) {
+    EXPECT_EQ(Digest(s.Read("out/logs/worker-" + std::to_string(rank) + ".log")), d0) << rank;
+  }
+  EXPECT_TRUE(Exists(s.path("out/model.safetensors")));
+}
+
+TEST(Trainer, AResumedRunHasTheSameLossesAsAnUninterruptedOne) {
+  Scratch s;
+  // 640 images / (2 workers x 32) = 10 steps per epoch: the runs cross an epoch boundary, and the
+  // stop at step 7 falls mid-epoch, between checkpoints.
+  auto trainer = [](int max_steps) {
+    return "  model: cnn\n  data: {limit: 640}\n  batch_size: 32\n  threads: 1\n"
+           "  deterministic: true\n  epochs: 2\n  eval: false\n  log_every: 1\n"
+           "  checkpoint_every: 4\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+           "  max_steps: " + std::to_string(max_steps) + "\n";
+  };
+  auto whole = Trainctl({"run", s.Write("a.yaml", Spec("whole", s.path("a"), trainer(14)))},
+                        s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(whole.exit.code, 0) << whole.output;
+  auto first = Trainctl({"run", s.Write("b1.yaml", Spec("part", s.path("b"), trainer(7)))},
+                        s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(first.exit.code, 0) << first.output;
+  auto second = Trainctl({"run", s.Write("b2.yaml", Spec("part", s.path("b"), trainer(14)))},
+                         s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(second.exit.code, 0) << second.output;
+  EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
+
+  auto a = Losses(s.Read("a/metrics.jsonl"));
+  auto b = Losses(s.Read("b/metrics.jsonl"));
+  ASSERT_EQ(a.size(), 14u);
+  ASSERT_EQ(b.size(), 14u);
+  for (int64_t step = 1; step <= 14; ++step) EXPECT_EQ(a[step], b[step]) << "step " << step;
+  EXPECT_NE(a[1], a[14]);  // it did learn something
+}
+
+TEST(Trainer, EvalReportsPerClassAccuracyAndTheConfusionMatrix) {
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("evaljob", s.path("out"), R"(  model: cnn
+  data: {limit: 512, test_limit: 100}
+  batch_size: 32
+  threads: 1
+)", 1, 1));
+  auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_NE(r.output.find("test accuracy"), std::string::npos) << r.output;
+
+  auto text = Trainctl({"eval", "--checkpoint", s.path("out/model.safetensors"), "--limit", "300"},
+                       s.path(""));
+  ASSERT_EQ(text.exit.code, 0) << text.output;
+  EXPECT_NE(text.output.find("Accuracy of the network on the 300 test images"), std::string::npos)
+      << text.output;
+  EXPECT_NE(text.output.find("Accuracy for class: Sneaker"), std::string::npos) << text.output;
+
+  auto js = Trainctl({"eval", "--checkpoint", s.path("out/checkpoints"), "--limit", "300", "-o",
+                      "json"}, s.path(""));
+  ASSERT_EQ(js.exit.code, 0) << js.output;
+  auto j = nlohmann::json::parse(js.output);
+  EXPECT_EQ(j["images"], 300);
+  ASSERT_EQ(j["classes"].size(), 10u);
+  ASSERT_EQ(j["confusion_matrix"].size(), 10u);
+  int64_t total = 0, diagonal = 0, class_images = 0;
+  for (int t = 0; t < 10; ++t) {
+    int64_t row = 0;
+    for (int p = 0; p < 10; ++p) row += j["confusion_matrix"][t][p].get<int64_t>();
+    total += row;
+    diagonal += j["confusion_matrix"][t][t].get<int64_t>();
+    EXPECT_EQ(j["classes"][t]["images"].get<int64_t>(), row);
+    class_images += j["classes"][t]["images"].get<int64_t>();
+  }
+  EXPECT_EQ(total, 300);
+  EXPECT_EQ(class_images, 300);
+  EXPECT_DOUBLE_EQ(j["accuracy"].get<double>(), diagonal / 300.0);
+  EXPECT_GT(j["accuracy"].get<double>(), 0.3);  // better than chance (0.1) after 16 steps
+}
+
+TEST(Trainer, BadInputGivesAClearError) {
+  Scratch s;
+  std::string missing = s.Write("missing.yaml", Spec("nodata", s.path("out"),
+                                                     "  data: {dataset: mnist, dir: /nonexistent}\n"));
+  auto r = Trainctl({"run", missing}, s.path(""));
+  EXPECT_EQ(r.exit.code, 2) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/train-images-idx3-ubyte"), std::string::npos) << r.output;
+
+  s.Write("bad.safetensors", "not a model");
+  auto e = Trainctl({"eval", "--checkpoint", s.path("bad.safetensors")}, s.path(""));
+  EXPECT_EQ(e.exit.code, 1) << e.output;
+  EXPECT_NE(e.output.find(s.path("bad.safetensors")), std::string::npos) << e.output;
+}
+
+}  // namespace
+}  // namespace trainctl::testing
