@@ -5,7 +5,8 @@ All runs use the 2-conv CNN, batch 64 per worker, one compute thread per worker,
 momentum 0.9), the real Fashion-MNIST from Debian's dataset-fashion-mnist:
   1. trainctl, 1 worker, 1 epoch          -> epoch time (training only)
   2. trainctl, 2 workers, 1 epoch         -> epoch time; scaling = (2) / (1), target <= 0.55
-  3. PyTorch DDP (gloo), 2 workers        -> epoch time; ratio = (2) / (3), target <= 0.5
+  3. PyTorch DDP (gloo), 2 workers        -> epoch time; ratio = (2) / (3), target <= 0.5; fed
+     two ways: indexing a pre-normalized tensor, and the DataLoader of the PyTorch tutorials
   4. trainctl, 2 workers, 5 epochs        -> test accuracy after 5 epochs, target >= 0.91
 Prints a markdown table for bench/RESULTS.md. Usage: bench/fashion_mnist.py [--trainctl PATH]
 """
@@ -40,7 +41,7 @@ trainer:
     return epochs_, acc
 
 
-def ddp_run(workers, epochs):
+def ddp_run(workers, epochs, loader):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -49,7 +50,8 @@ def ddp_run(workers, epochs):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(
-            [PYTHON, os.path.join(ROOT, "bench", "ddp_fashion_mnist.py"), "--epochs", str(epochs)],
+            [PYTHON, os.path.join(ROOT, "bench", "ddp_fashion_mnist.py"), "--epochs", str(epochs),
+             "--loader", loader],
             env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True))
     out = procs[0].communicate()[0]
     for p in procs[1:]:
@@ -67,17 +69,22 @@ def main():
     tmp = tempfile.mkdtemp(prefix="bench-fm-")
     one, _ = trainctl_run(a.trainctl, 1, 1, False, os.path.join(tmp, "one"))
     two, _ = trainctl_run(a.trainctl, 2, 1, False, os.path.join(tmp, "two"))
-    ddp = ddp_run(2, 1)
+    ddp = ddp_run(2, 1, "tensor")
+    ddp_loader = ddp_run(2, 1, "dataloader")
     acc_epochs, acc = trainctl_run(a.trainctl, 2, a.accuracy_epochs, True, os.path.join(tmp, "acc"))
     t1, t2, td = one[0]["epoch_seconds"], two[0]["epoch_seconds"], ddp[0]["epoch_seconds"]
+    tl = ddp_loader[0]["epoch_seconds"]
     print(f"| run | epoch (s) | peak RSS per worker (MiB) |")
     print(f"|---|---|---|")
     print(f"| trainctl, 1 worker | {t1:.1f} | {one[0]['peak_rss_mb']:.0f} |")
     print(f"| trainctl, 2 workers | {t2:.1f} | {two[0]['peak_rss_mb']:.0f} |")
-    print(f"| PyTorch DDP (gloo), 2 workers | {td:.1f} | {ddp[0]['peak_rss_mb']:.0f} |")
+    print(f"| PyTorch DDP (gloo), 2 workers, batches by tensor indexing | {td:.1f} | {ddp[0]['peak_rss_mb']:.0f} |")
+    print(f"| PyTorch DDP (gloo), 2 workers, DataLoader + DistributedSampler | {tl:.1f} | {ddp_loader[0]['peak_rss_mb']:.0f} |")
     print()
     print(f"scaling (2 workers / 1 worker): {t2 / t1:.3f}  (target <= 0.55)")
-    print(f"trainctl / PyTorch DDP, 2 workers: {t2 / td:.3f}  (target <= 0.5)")
+    print(f"trainctl / PyTorch DDP, 2 workers: {t2 / td:.3f} (tensor indexing), "
+          f"{t2 / tl:.3f} (DataLoader)  (target <= 0.5)")
+    print(f"allreduce wait, trainctl 2 workers: {two[0]['allreduce_wait_seconds']:.2f} s of {t2:.1f} s")
     print(f"test accuracy after {a.accuracy_epochs} epochs, 2 workers: "
           f"{' '.join(f'{x:.4f}' for x in acc)}  (target >= 0.91); "
           f"epoch times {' '.join('%.1f' % r['epoch_seconds'] for r in acc_epochs)} s")

@@ -1,32 +1,60 @@
-// Collectives among real Gloo ranks (threads of this process, real TCP on loopback), rendezvous
-// through a MemoryStore.
+// One suite for every backend (house style): real ranks as threads of this process, Gloo over
+// real TCP on loopback, shm over a real /dev/shm segment; rendezvous through a MemoryStore.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <functional>
 #include <future>
 #include <thread>
 
 #include "comm/communicator.h"
+#include "common/fs.h"
 #include "store/memory/memory_store.h"
 
 namespace trainctl::comm {
 namespace {
 
-// Runs fn(rank, communicator) on `size` ranks at once; returns each rank's status.
-std::vector<Status> OnRanks(int size, Duration timeout,
-                            const std::function<Status(int, Communicator&)>& fn) {
+Result<std::unique_ptr<Communicator>> Connect(const std::string& backend, Store& store, int rank,
+                                              int size, Duration timeout) {
+  if (backend == "shm") {
+    ShmOptions o;
+    o.rank = rank;
+    o.size = size;
+    o.timeout = timeout;
+    o.chunk_bytes = 64 << 10;  // small chunks: the tests cross chunk boundaries
+    return ConnectShm(store, o);
+  }
+  GlooOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.timeout = timeout;
+  return ConnectGloo(store, o);
+}
+
+class Comm : public ::testing::TestWithParam<std::string> {
+ public:
+  // Runs fn(rank, communicator) on `size` ranks at once; returns each rank's status.
+  std::vector<Status> OnRanks(int size, Duration timeout,
+                              const std::function<Status(int, Communicator&)>& fn) {
+    return RunRanks(GetParam(), size, timeout, fn);
+  }
+  static std::vector<Status> RunRanks(const std::string& backend, int size, Duration timeout,
+                                      const std::function<Status(int, Communicator&)>& fn);
+};
+
+std::vector<Status> Comm::RunRanks(const std::string& backend, int size, Duration timeout,
+                                   const std::function<Status(int, Communicator&)>& fn) {
   MemoryStore store;
   std::vector<Status> out(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
-      GlooOptions o;
-      o.rank = r;
-      o.size = size;
-      o.timeout = timeout;
-      auto comm = ConnectGloo(store, o);
+      auto comm = Connect(backend, store, r, size, timeout);
       if (!comm.ok()) {
         out[r] = comm.status();
         return;
@@ -38,7 +66,7 @@ std::vector<Status> OnRanks(int size, Duration timeout,
   return out;
 }
 
-TEST(Gloo, AllReduceSumsAndEveryRankGetsTheSameBits) {
+TEST_P(Comm, AllReduceSumsAndEveryRankGetsTheSameBits) {
   constexpr int kSize = 3;
   constexpr size_t kCount = 100003;  // not a multiple of the ring's chunking
   std::vector<std::vector<float>> data(kSize);
@@ -60,7 +88,7 @@ TEST(Gloo, AllReduceSumsAndEveryRankGetsTheSameBits) {
   }
 }
 
-TEST(Gloo, BroadcastCopiesRootsBytesAndBarrierCompletes) {
+TEST_P(Comm, BroadcastCopiesRootsBytesAndBarrierCompletes) {
   constexpr int kSize = 2;
   std::vector<std::string> got(kSize);
   auto st = OnRanks(kSize, std::chrono::seconds(30), [&](int r, Communicator& c) {
@@ -74,7 +102,7 @@ TEST(Gloo, BroadcastCopiesRootsBytesAndBarrierCompletes) {
   EXPECT_EQ(got[1], "from rank one");
 }
 
-TEST(Gloo, APeerThatNeverJoinsTheCollectiveTimesOut) {
+TEST_P(Comm, APeerThatNeverJoinsTheCollectiveTimesOut) {
   auto start = Clock::now();
   std::promise<void> rank0_done;
   auto done = rank0_done.get_future();
@@ -95,7 +123,7 @@ TEST(Gloo, APeerThatNeverJoinsTheCollectiveTimesOut) {
 }
 
 TEST(Gloo, APeerThatExitsBreaksTheCollectiveAtOnce) {
-  auto st = OnRanks(2, std::chrono::seconds(30), [&](int r, Communicator& c) {
+  auto st = Comm::RunRanks("gloo", 2, std::chrono::seconds(30), [&](int r, Communicator& c) {
     if (r == 1) return Status::Ok();  // rank 1 leaves: its sockets close
     float x = 1;
     Status s = c.AllReduceSum(&x, 1);
@@ -108,24 +136,71 @@ TEST(Gloo, APeerThatExitsBreaksTheCollectiveAtOnce) {
   EXPECT_EQ(st[0].code(), Code::kUnavailable) << st[0].ToString();
 }
 
+// A real second process (a peer's pid is what shm watches): it maps the segment, then exits.
+TEST(Shm, APeerProcessThatExitsIsReportedWithinASecond) {
+  MemoryStore store;
+  Result<std::unique_ptr<Communicator>> rank0 = Unavailable("not connected");
+  std::thread t([&] { rank0 = Connect("shm", store, 0, 2, std::chrono::seconds(30)); });
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (!(*store.TryGet("shm")).has_value() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  pid_t child = ::fork();
+  if (child == 0) {  // the child has a copy of the store, which now holds the segment's name
+    auto rank1 = Connect("shm", store, 1, 2, std::chrono::seconds(5));
+    ::_exit(rank1.ok() ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);  // reaped, as the agent reaps its workers
+  t.join();
+  ASSERT_EQ(status, 0);
+  ASSERT_TRUE(rank0.ok()) << rank0.status().ToString();
+  auto start = Clock::now();
+  float x = 1;
+  Status st = (*rank0)->AllReduceSum(&x, 1);
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("rank 1 (pid " + std::to_string(child) + ") exited"),
+            std::string::npos) << st.ToString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
+}
+
 TEST(Gloo, ARankThatNeverConnectsIsNamed) {
   MemoryStore store;
-  GlooOptions o;
-  o.rank = 0;
-  o.size = 2;
-  o.timeout = std::chrono::milliseconds(300);
-  auto comm = ConnectGloo(store, o);
+  auto comm = Connect("gloo", store, 0, 2, std::chrono::milliseconds(300));
   ASSERT_FALSE(comm.ok());
   EXPECT_NE(comm.status().message().find("rank 1"), std::string::npos) << comm.status().ToString();
 }
 
-TEST(Gloo, RejectsARankOutsideTheGroup) {
+TEST(Shm, RanksThatNeverConnectLeaveNothingBehind) {
   MemoryStore store;
-  GlooOptions o;
-  o.rank = 2;
-  o.size = 2;
-  EXPECT_EQ(ConnectGloo(store, o).status().code(), Code::kInvalidArgument);
+  auto comm = Connect("shm", store, 0, 3, std::chrono::milliseconds(300));
+  ASSERT_EQ(comm.status().code(), Code::kTimeout) << comm.status().ToString();
+  EXPECT_NE(comm.status().message().find("1 of 3"), std::string::npos) << comm.status().ToString();
+  auto name = store.TryGet("shm");
+  ASSERT_TRUE(name.ok() && name->has_value());
+  EXPECT_FALSE(Exists(**name)) << **name;  // the segment's name is gone from /dev/shm
 }
+
+TEST(Shm, ASegmentsNameIsRemovedOnceEveryRankHasIt) {
+  std::string name;
+  auto st = Comm::RunRanks("shm", 2, std::chrono::seconds(30), [&](int r, Communicator& c) {
+    return c.Barrier();
+  });
+  for (const auto& s : st) ASSERT_TRUE(s.ok()) << s.ToString();
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_EQ(entry.path().filename().string().rfind("trainctl-", 0), std::string::npos)
+        << entry.path();  // (no other test of this binary runs at the same time)
+  }
+}
+
+TEST_P(Comm, RejectsARankOutsideTheGroup) {
+  MemoryStore store;
+  EXPECT_EQ(Connect(GetParam(), store, 2, 2, std::chrono::seconds(1)).status().code(),
+            Code::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Comm, ::testing::Values("gloo", "shm"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace trainctl::comm

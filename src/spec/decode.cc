@@ -148,7 +148,7 @@ class Decoder {
     const std::string p = "trainer";
     if (!Section(n, p, {"model", "data", "epochs", "max_steps", "batch_size",
                         "global_batch_size", "optimizer", "schedule", "seed", "deterministic",
-                        "threads", "device", "bucket_mb", "checkpoint_every", "keep_last",
+                        "threads", "device", "backend", "bucket_mb", "checkpoint_every", "keep_last",
                         "log_every", "eval"})) {
       return;
     }
@@ -173,6 +173,7 @@ class Decoder {
     Field(n, p, "deterministic", &t->deterministic, boolean);
     Field(n, p, "threads", &t->threads, int_in(0, 1024));
     Field(n, p, "device", &t->device, one_of({"cpu", "cuda"}));
+    Field(n, p, "backend", &t->backend, one_of({"auto", "gloo", "shm"}));
     Field(n, p, "bucket_mb", &t->bucket_mb, num_in(0.001, 1024));
     Field(n, p, "checkpoint_every", &t->checkpoint_every, int_in(0, kBig));
     Field(n, p, "keep_last", &t->keep_last, int_in(1, 1000));

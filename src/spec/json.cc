@@ -15,7 +15,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ScheduleSpec, name, warmup_steps
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainerSpec, enabled, model, data, epochs,
                                                 max_steps, batch_size, global_batch_size,
                                                 optimizer, schedule, seed, deterministic, threads,
-                                                device, bucket_mb, checkpoint_every, keep_last,
+                                                device, backend, bucket_mb, checkpoint_every, keep_last,
                                                 log_every, eval)
 
 std::string JobSpecToJson(const JobSpec& s, int indent) {

@@ -96,6 +96,62 @@ TEST(JobSpec, EveryProblemIsReportedAtOnce) {
   EXPECT_LT(e.find("job.yaml:1: nodes"), e.find("job.yaml:2: procs_per_node")) << "in line order";
 }
 
+TEST(JobSpec, TrainerSectionParsesAndRoundTrips) {
+  auto spec = ParseJobSpec(R"(
+name: fm
+procs_per_node: 2
+trainer:
+  model: resnet18
+  data: {dataset: cifar10, dir: /data/cifar, limit: 100, test_limit: 10}
+  epochs: 3
+  global_batch_size: 256
+  optimizer: {name: adam, lr: 1e-3, weight_decay: 0.01}
+  schedule: {name: cosine, warmup_steps: 100, scale_by_world_size: true}
+  deterministic: true
+  backend: gloo
+  checkpoint_every: 500
+)", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  const TrainerSpec& t = spec->trainer;
+  EXPECT_TRUE(t.enabled);
+  EXPECT_TRUE(spec->command.empty());
+  EXPECT_EQ(t.model, "resnet18");
+  EXPECT_EQ(t.data.dataset, "cifar10");
+  EXPECT_EQ(t.data.dir, "/data/cifar");
+  EXPECT_EQ(t.global_batch_size, 256);
+  EXPECT_EQ(t.optimizer.name, "adam");
+  EXPECT_DOUBLE_EQ(t.optimizer.lr, 1e-3);
+  EXPECT_EQ(t.schedule.warmup_steps, 100);
+  EXPECT_TRUE(t.schedule.scale_by_world_size);
+  EXPECT_EQ(t.backend, "gloo");
+  auto back = JobSpecFromJson(JobSpecToJson(*spec));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(JobSpecToJson(*back), JobSpecToJson(*spec));
+}
+
+TEST(JobSpec, TrainerErrorsNameTheField) {
+  std::string e = Errors(R"(name: fm
+procs_per_node: 2
+trainer:
+  model: resnet51
+  epochs: 0
+  data: {dataset: mnist}
+  optimizer: {name: sgd, lr: fast}
+  global_batch_size: 3
+  deterministic: yes
+)");
+  EXPECT_NE(e.find("job.yaml:4: trainer.model: expected one of cnn, resnet18, resnet50, got "
+                   "\"resnet51\"; did you mean 'resnet50'?"), std::string::npos) << e;
+  EXPECT_NE(e.find("job.yaml:5: trainer.epochs:"), std::string::npos) << e;
+  EXPECT_NE(e.find("job.yaml:6: trainer.data.dir: required for mnist"), std::string::npos) << e;
+  EXPECT_NE(e.find("job.yaml:7: trainer.optimizer.lr: expected a number"), std::string::npos) << e;
+  EXPECT_NE(e.find("job.yaml:8: trainer.global_batch_size: expected a multiple of the number of "
+                   "workers (2"), std::string::npos) << e;
+  EXPECT_NE(e.find("job.yaml:9: trainer.deterministic: expected true or false"), std::string::npos) << e;
+  EXPECT_NE(Errors("name: fm\ncommand: [x]\ntrainer: {}\n").find("not both"), std::string::npos);
+  EXPECT_NE(Errors("name: fm\n").find("or a trainer: section"), std::string::npos);
+}
+
 TEST(JobSpec, WrongTypes) {
   EXPECT_NE(Errors("name: demo\ncommand: {a: 1}\n").find("job.yaml:2: command: expected a list"),
             std::string::npos);

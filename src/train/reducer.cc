@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "common/duration.h"
+
 namespace trainctl::train {
 
 GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Communicator* comm,
@@ -102,7 +104,14 @@ void GradientReducer::CommLoop() {
   }
 }
 
+double GradientReducer::TakeWaitSeconds() {
+  double s = wait_seconds_;
+  wait_seconds_ = 0;
+  return s;
+}
+
 Status GradientReducer::Finish() {
+  auto start = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   // Parameters that took no part in this step's graph never fire their hooks: their gradient
   // stays zero, and their buckets are released here.
@@ -112,6 +121,7 @@ Status GradientReducer::Finish() {
   armed_ = false;
   Status st = error_;
   lock.unlock();
+  wait_seconds_ += SecondsSince(start);
   if (!st.ok()) return st;
   if (comm_->size() > 1) flat_grads_.div_(static_cast<float>(comm_->size()));
   return Status::Ok();

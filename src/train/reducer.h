@@ -45,6 +45,8 @@ class GradientReducer {
   torch::Tensor flat_params() const { return flat_params_; }
   torch::Tensor flat_grads() const { return flat_grads_; }
   size_t bucket_count() const { return buckets_.size(); }
+  // Seconds Finish() spent waiting for allreduces since the last call; resets the count.
+  double TakeWaitSeconds();
 
  private:
   struct Bucket {
@@ -68,6 +70,7 @@ class GradientReducer {
   bool armed_ = false;
   bool stopping_ = false;
   Status error_;
+  double wait_seconds_ = 0;
   std::thread thread_;
 };
 

@@ -365,11 +365,15 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     if (t_.checkpoint_every > 0 && step_ % t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
   }
   double seconds = SecondsSince(epoch_start);
+  double waited = reducer_->TakeWaitSeconds();
+  LOG_INFO("epoch {}: {:.2f} s training, {:.2f} s of it waiting for the gradient allreduce",
+           epoch + 1, seconds, waited);
   if (rank_ == 0 && count > 0) {
     RETURN_IF_ERROR(jsonl_->Write({{"epoch", double(epoch + 1)},
                                    {"step", double(step_)},
                                    {"epoch_seconds", seconds},
                                    {"epoch_samples_per_s", count * batch_ * world_ / seconds},
+                                   {"allreduce_wait_seconds", waited},
                                    {"peak_rss_mb", PeakRssMb()}}));
   }
   return Status::Ok();
@@ -454,13 +458,26 @@ int RunTrainer(const TrainOptions& options) {
   at::set_num_threads(std::max(1, threads));
   if (t.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
 
-  comm::GlooOptions go;
-  go.rank = rank;
-  go.size = world;
-  go.host = EnvString("TRAINCTL_HOST").empty() ? "127.0.0.1" : EnvString("TRAINCTL_HOST");
-  go.timeout = std::chrono::seconds(60);
+  // Collectives: shared memory when every rank is on this host, else Gloo over TCP.
   PrefixStore comm_store(client->get(), prefix + "comm/" + std::to_string(restart) + "/");
-  auto comm = comm::ConnectGloo(comm_store, go);
+  const bool one_node = EnvInt("GROUP_WORLD_SIZE", 0) == 1 || EnvInt("LOCAL_WORLD_SIZE", 0) == world;
+  const bool shm = t.backend == "shm" || (t.backend == "auto" && one_node);
+  const Duration comm_timeout = std::chrono::seconds(60);
+  Result<std::unique_ptr<comm::Communicator>> comm = Unavailable("");
+  if (shm) {
+    comm::ShmOptions so;
+    so.rank = rank;
+    so.size = world;
+    so.timeout = comm_timeout;
+    comm = comm::ConnectShm(comm_store, so);
+  } else {
+    comm::GlooOptions go;
+    go.rank = rank;
+    go.size = world;
+    go.host = EnvString("TRAINCTL_HOST").empty() ? "127.0.0.1" : EnvString("TRAINCTL_HOST");
+    go.timeout = comm_timeout;
+    comm = comm::ConnectGloo(comm_store, go);
+  }
   if (!comm.ok()) return fail(comm.status());
 
   try {

@@ -1,0 +1,242 @@
+// Shared-memory collectives. Layout of the segment:
+//   Control (one cache line per rank: its pid and barrier sequence number; a shared bell word)
+//   slots[size][chunk]   each rank's input for the current chunk
+//   result[chunk]        the reduced chunk, written in parts: rank r sums part r
+// AllReduce of one chunk: copy in, barrier, sum my part of every slot into result, barrier,
+// copy result out. Every element is summed by one rank in rank order, so all ranks get the same
+// bits. The next chunk's copy-in only touches this rank's slot, which no one reads after the
+// second barrier; result is rewritten only after the next first barrier, by which time every
+// rank has copied it out.
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "common/random.h"
+
+namespace trainctl::comm {
+namespace {
+
+constexpr uint32_t kMagic = 0x74636d73;  // "tcms"
+
+struct alignas(64) RankState {
+  std::atomic<uint32_t> seq;  // barriers this rank has entered
+  std::atomic<int32_t> pid;
+};
+
+struct Control {
+  uint32_t magic;
+  int32_t size;
+  uint64_t chunk_floats;
+  alignas(64) std::atomic<uint32_t> bell;     // bumped on every arrival; waiters sleep on it
+  alignas(64) std::atomic<uint32_t> mapped;   // ranks that have mapped the segment
+  RankState ranks[];                          // size of them
+};
+
+size_t ControlBytes(int size) {
+  return (sizeof(Control) + size * sizeof(RankState) + 63) / 64 * 64;
+}
+
+long Futex(std::atomic<uint32_t>* addr, int op, uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, value, timeout, nullptr, 0);
+}
+
+class ShmCommunicator : public Communicator {
+ public:
+  ShmCommunicator(int rank, int size, Duration timeout, void* base, size_t bytes)
+      : rank_(rank), size_(size), timeout_(timeout), base_(base), bytes_(bytes) {
+    control_ = static_cast<Control*>(base);
+    chunk_ = control_->chunk_floats;
+    slots_ = reinterpret_cast<float*>(static_cast<char*>(base) + ControlBytes(size));
+    result_ = slots_ + size_t(size) * chunk_;
+    seq_ = control_->ranks[rank].seq.load();
+  }
+  ~ShmCommunicator() override { ::munmap(base_, bytes_); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status AllReduceSum(float* data, size_t count) override {
+    if (size_ == 1) return Status::Ok();
+    RETURN_IF_ERROR(Usable());
+    for (size_t off = 0; off < count; off += chunk_) {
+      size_t n = std::min(chunk_, count - off);
+      std::memcpy(slot(rank_), data + off, n * sizeof(float));
+      RETURN_IF_ERROR(Arrive("allreduce"));
+      size_t begin = n * rank_ / size_, end = n * (rank_ + 1) / size_;
+      float* out = result_ + begin;
+      std::memcpy(out, slot(0) + begin, (end - begin) * sizeof(float));
+      for (int r = 1; r < size_; ++r) {
+        const float* in = slot(r) + begin;
+        for (size_t i = 0; i < end - begin; ++i) out[i] += in[i];
+      }
+      RETURN_IF_ERROR(Arrive("allreduce"));
+      std::memcpy(data + off, result_, n * sizeof(float));
+    }
+    return Status::Ok();
+  }
+
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    if (size_ == 1 || bytes == 0) return Status::Ok();
+    RETURN_IF_ERROR(Usable());
+    const size_t chunk_bytes = chunk_ * sizeof(float);
+    auto* p = static_cast<char*>(data);
+    for (size_t off = 0; off < bytes; off += chunk_bytes) {
+      size_t n = std::min(chunk_bytes, bytes - off);
+      // The first barrier also guarantees everyone has finished reading the previous result.
+      RETURN_IF_ERROR(Arrive("broadcast"));
+      if (rank_ == root) std::memcpy(result_, p + off, n);
+      RETURN_IF_ERROR(Arrive("broadcast"));
+      if (rank_ != root) std::memcpy(p + off, result_, n);
+    }
+    return Status::Ok();
+  }
+
+  Status Barrier() override {
+    if (size_ == 1) return Status::Ok();
+    RETURN_IF_ERROR(Usable());
+    return Arrive("barrier");
+  }
+
+ private:
+  float* slot(int r) { return slots_ + size_t(r) * chunk_; }
+
+  Status Usable() const {
+    return broken_.empty() ? Status::Ok() : Unavailable("communicator is broken: " + broken_);
+  }
+
+  // Enters the next barrier and waits for every rank to enter it too.
+  Status Arrive(const char* what) {
+    ++seq_;
+    control_->ranks[rank_].seq.store(seq_, std::memory_order_release);
+    control_->bell.fetch_add(1, std::memory_order_acq_rel);
+    Futex(&control_->bell, FUTEX_WAKE, INT32_MAX, nullptr);
+    auto deadline = Clock::now() + timeout_;
+    auto next_liveness_check = Clock::now() + std::chrono::milliseconds(100);
+    int spins = 0;
+    while (true) {
+      uint32_t bell = control_->bell.load(std::memory_order_acquire);
+      std::vector<int> missing;
+      for (int r = 0; r < size_; ++r) {
+        // Wrap-safe: the peer has entered barrier seq_ or a later one.
+        int32_t behind = int32_t(seq_ - control_->ranks[r].seq.load(std::memory_order_acquire));
+        if (behind > 0) missing.push_back(r);
+      }
+      if (missing.empty()) return Status::Ok();
+      if (++spins < 200) continue;  // a peer a few microseconds behind: no need to sleep
+      auto now = Clock::now();
+      if (now >= next_liveness_check) {
+        next_liveness_check = now + std::chrono::milliseconds(100);
+        for (int r : missing) {
+          int32_t pid = control_->ranks[r].pid.load();
+          if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+            return Broken(Unavailable(std::string(what) + " failed on rank " +
+                                      std::to_string(rank_) + ": rank " + std::to_string(r) +
+                                      " (pid " + std::to_string(pid) + ") exited"));
+          }
+        }
+      }
+      if (now >= deadline) {
+        std::string ranks;
+        for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+        return Broken(Timeout(std::string(what) + " timed out on rank " + std::to_string(rank_) +
+                              " after " + FormatDuration(timeout_) + ": rank(s) " + ranks +
+                              " did not arrive (stalled or stuck)"));
+      }
+      timespec slice{0, 50 * 1000 * 1000};  // wake up for the liveness and deadline checks
+      Futex(&control_->bell, FUTEX_WAIT, bell, &slice);
+    }
+  }
+
+  Status Broken(Status st) {
+    broken_ = st.message();
+    return st;
+  }
+
+  int rank_, size_;
+  Duration timeout_;
+  void* base_;
+  size_t bytes_;
+  Control* control_;
+  size_t chunk_;
+  float* slots_;
+  float* result_;
+  uint32_t seq_ = 0;
+  std::string broken_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> ConnectShm(Store& store, const ShmOptions& o) {
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    return InvalidArgument("shm: rank " + std::to_string(o.rank) + " out of range for size " +
+                           std::to_string(o.size));
+  }
+  const size_t chunk = std::max<size_t>(1024, o.chunk_bytes / sizeof(float));
+  const size_t bytes = ControlBytes(o.size) + (size_t(o.size) + 1) * chunk * sizeof(float);
+  std::string name;
+  int fd = -1;
+  if (o.rank == 0) {
+    name = "/dev/shm/trainctl-" + RandomHex(16);
+    fd = ::open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return ErrnoStatus("shm: cannot create " + name, errno);
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(name.c_str());
+      return ErrnoStatus("shm: cannot size " + name, err);
+    }
+  } else {
+    auto got = store.Get("shm", o.timeout);
+    if (!got.ok()) return Unavailable("shm: rank 0 did not publish its segment: " + got.status().ToString());
+    name = *got;
+    fd = ::open(name.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus("shm: cannot open " + name, errno);
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    if (o.rank == 0) ::unlink(name.c_str());
+    return ErrnoStatus("shm: cannot map " + name, err);
+  }
+  auto* control = static_cast<Control*>(base);
+  if (o.rank == 0) {
+    control->magic = kMagic;
+    control->size = o.size;
+    control->chunk_floats = chunk;
+  }
+  control->ranks[o.rank].pid.store(::getpid());
+  auto cleanup = [&](Status st) -> Result<std::unique_ptr<Communicator>> {
+    ::munmap(base, bytes);
+    if (o.rank == 0) ::unlink(name.c_str());
+    return st;
+  };
+  if (o.rank == 0) {
+    if (Status st = store.Set("shm", name); !st.ok()) return cleanup(st);
+  } else if (control->magic != kMagic || control->size != o.size || control->chunk_floats != chunk) {
+    return cleanup(InvalidArgument("shm: " + name + " was made for another group"));
+  }
+  control->mapped.fetch_add(1);
+  // Every rank has mapped the segment once the "mapped" count is full; then its name can go.
+  auto deadline = Clock::now() + o.timeout;
+  while (control->mapped.load() < uint32_t(o.size)) {
+    if (Clock::now() > deadline) {
+      return cleanup(Timeout("shm: only " + std::to_string(control->mapped.load()) + " of " +
+                             std::to_string(o.size) + " ranks mapped the segment in time"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (o.rank == 0) ::unlink(name.c_str());
+  return std::unique_ptr<Communicator>(new ShmCommunicator(o.rank, o.size, o.timeout, base, bytes));
+}
+
+}  // namespace trainctl::comm
