@@ -3,14 +3,14 @@
 
 All runs use the 2-conv CNN, batch 64 per worker, one compute thread per worker, SGD (lr 0.05,
 momentum 0.9), the real Fashion-MNIST from Debian's dataset-fashion-mnist:
-  1. trainctl, 1 worker, 1 epoch          -> epoch time (training only)
-  2. trainctl, 2 workers, 1 epoch         -> epoch time; scaling = (2) / (1), target <= 0.55
+  1. trainctl, 1 worker                   -> median epoch time (training only) of --timed-epochs
+  2. trainctl, 2 workers                  -> the same; scaling = (2) / (1), target <= 0.55
   3. PyTorch DDP (gloo), 2 workers        -> epoch time; ratio = (2) / (3), target <= 0.5; fed
      two ways: indexing a pre-normalized tensor, and the DataLoader of the PyTorch tutorials
   4. trainctl, 2 workers, 5 epochs        -> test accuracy after 5 epochs, target >= 0.91
 Prints a markdown table for bench/RESULTS.md. Usage: bench/fashion_mnist.py [--trainctl PATH]
 """
-import argparse, json, os, socket, subprocess, sys, tempfile, time
+import argparse, json, os, socket, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = "/usr/bin/python3"  # Debian's, with python3-torch
@@ -65,30 +65,37 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trainctl", default=os.path.join(ROOT, "build", "src", "trainctl"))
     ap.add_argument("--accuracy-epochs", type=int, default=5)
+    ap.add_argument("--timed-epochs", type=int, default=3,
+                    help="epochs per timing run; the median epoch is reported (shared, noisy "
+                         "machines: one slow epoch does not decide)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-fm-")
-    one, _ = trainctl_run(a.trainctl, 1, 1, False, os.path.join(tmp, "one"))
-    two, _ = trainctl_run(a.trainctl, 2, 1, False, os.path.join(tmp, "two"))
-    ddp = ddp_run(2, 1, "tensor")
-    ddp_loader = ddp_run(2, 1, "dataloader")
+    n = a.timed_epochs
+    one, _ = trainctl_run(a.trainctl, 1, n, False, os.path.join(tmp, "one"))
+    two, _ = trainctl_run(a.trainctl, 2, n, False, os.path.join(tmp, "two"))
+    ddp = ddp_run(2, n, "tensor")
+    ddp_loader = ddp_run(2, n, "dataloader")
     acc_epochs, acc = trainctl_run(a.trainctl, 2, a.accuracy_epochs, True, os.path.join(tmp, "acc"))
-    t1, t2, td = one[0]["epoch_seconds"], two[0]["epoch_seconds"], ddp[0]["epoch_seconds"]
-    tl = ddp_loader[0]["epoch_seconds"]
-    print(f"| run | epoch (s) | peak RSS per worker (MiB) |")
-    print(f"|---|---|---|")
-    print(f"| trainctl, 1 worker | {t1:.1f} | {one[0]['peak_rss_mb']:.0f} |")
-    print(f"| trainctl, 2 workers | {t2:.1f} | {two[0]['peak_rss_mb']:.0f} |")
-    print(f"| PyTorch DDP (gloo), 2 workers, batches by tensor indexing | {td:.1f} | {ddp[0]['peak_rss_mb']:.0f} |")
-    print(f"| PyTorch DDP (gloo), 2 workers, DataLoader + DistributedSampler | {tl:.1f} | {ddp_loader[0]['peak_rss_mb']:.0f} |")
+    med = lambda runs: statistics.median(r["epoch_seconds"] for r in runs)
+    each = lambda runs: " ".join("%.1f" % r["epoch_seconds"] for r in runs)
+    t1, t2, td, tl = med(one), med(two), med(ddp), med(ddp_loader)
+    print(f"| run | median epoch (s) | epochs (s) | peak RSS per worker (MiB) |")
+    print(f"|---|---|---|---|")
+    print(f"| trainctl, 1 worker | {t1:.1f} | {each(one)} | {one[-1]['peak_rss_mb']:.0f} |")
+    print(f"| trainctl, 2 workers | {t2:.1f} | {each(two)} | {two[-1]['peak_rss_mb']:.0f} |")
+    print(f"| PyTorch DDP (gloo), 2 workers, batches by tensor indexing | {td:.1f} | {each(ddp)} | {ddp[-1]['peak_rss_mb']:.0f} |")
+    print(f"| PyTorch DDP (gloo), 2 workers, DataLoader + DistributedSampler | {tl:.1f} | {each(ddp_loader)} | {ddp_loader[-1]['peak_rss_mb']:.0f} |")
     print()
     print(f"scaling (2 workers / 1 worker): {t2 / t1:.3f}  (target <= 0.55)")
     print(f"trainctl / PyTorch DDP, 2 workers: {t2 / td:.3f} (tensor indexing), "
           f"{t2 / tl:.3f} (DataLoader)  (target <= 0.5)")
-    print(f"allreduce wait, trainctl 2 workers: {two[0]['allreduce_wait_seconds']:.2f} s of {t2:.1f} s")
+    print("allreduce wait per epoch, trainctl 2 workers (rank 0): " +
+          " ".join("%.2f" % r["allreduce_wait_seconds"] for r in two) + " s")
     print(f"test accuracy after {a.accuracy_epochs} epochs, 2 workers: "
           f"{' '.join(f'{x:.4f}' for x in acc)}  (target >= 0.91); "
           f"epoch times {' '.join('%.1f' % r['epoch_seconds'] for r in acc_epochs)} s")
-    print(f"PyTorch DDP 1-epoch test accuracy: {ddp[0]['test_accuracy']:.4f}")
+    print(f"PyTorch DDP test accuracy after each of its {n} epochs: " +
+          " ".join("%.4f" % r["test_accuracy"] for r in ddp))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 // processes, real Gloo between them, the real Fashion-MNIST (a few hundred images of it).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -80,6 +81,46 @@ TEST(Trainer, AResumedRunHasTheSameLossesAsAnUninterruptedOne) {
   ASSERT_EQ(b.size(), 14u);
   for (int64_t step = 1; step <= 14; ++step) EXPECT_EQ(a[step], b[step]) << "step " << step;
   EXPECT_NE(a[1], a[14]);  // it did learn something
+}
+
+TEST(Trainer, ACorruptNewestCheckpointFallsBackToTheOneBefore) {
+  Scratch s;
+  auto trainer = [](int max_steps) {
+    return "  model: cnn\n  data: {limit: 640}\n  batch_size: 32\n  threads: 1\n  eval: false\n"
+           "  checkpoint_every: 4\n  max_steps: " + std::to_string(max_steps) + "\n";
+  };
+  auto first = Trainctl({"run", s.Write("a.yaml", Spec("fallback", s.path("out"), trainer(7)))},
+                        s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(first.exit.code, 0) << first.output;
+  std::string newest = s.path("out/checkpoints/ckpt-0000000007.safetensors");
+  ASSERT_TRUE(Exists(newest));
+  std::filesystem::resize_file(newest, std::filesystem::file_size(newest) / 2);  // a torn write
+  auto second = Trainctl({"run", s.Write("b.yaml", Spec("fallback", s.path("out"), trainer(9)))},
+                         s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(second.exit.code, 0) << second.output;
+  EXPECT_NE(second.output.find("skipping checkpoint " + newest), std::string::npos) << second.output;
+  EXPECT_NE(second.output.find("resuming from " + s.path("out/checkpoints/ckpt-0000000004")),
+            std::string::npos) << second.output;
+}
+
+TEST(Trainer, ResNet18TrainsOnCifarShapedDataWithIdenticalRanks) {
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("resnet", s.path("out"), R"(  model: resnet18
+  data: {dataset: synthetic, samples: 64, shape: [3, 32, 32], classes: 10}
+  batch_size: 4
+  max_steps: 2
+  threads: 1
+  eval: false
+)"));
+  auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  std::string d0 = Digest(s.Read("out/logs/worker-0.log"));
+  ASSERT_FALSE(d0.empty());
+  EXPECT_EQ(Digest(s.Read("out/logs/worker-1.log")), d0);
+  // The export holds torchvision's names, BatchNorm buffers included.
+  std::string model = s.Read("out/model.safetensors");
+  EXPECT_NE(model.find("\"layer4.1.bn2.running_var\""), std::string::npos);
+  EXPECT_NE(model.find("\"fc.weight\""), std::string::npos);
 }
 
 TEST(Trainer, EvalReportsPerClassAccuracyAndTheConfusionMatrix) {
