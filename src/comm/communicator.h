@@ -33,6 +33,9 @@ class Communicator {
   virtual Status Barrier() = 0;
 };
 
+// kInvalidArgument unless 0 <= rank < size; `backend` names the caller in the message.
+Status CheckGroup(const char* backend, int rank, int size);
+
 struct GlooOptions {
   int rank = 0;
   int size = 1;

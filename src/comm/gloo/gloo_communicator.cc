@@ -125,10 +125,7 @@ class GlooCommunicator : public Communicator {
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> ConnectGloo(Store& store, const GlooOptions& o) {
-  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
-    return InvalidArgument("gloo: rank " + std::to_string(o.rank) + " out of range for size " +
-                           std::to_string(o.size));
-  }
+  RETURN_IF_ERROR(CheckGroup("gloo", o.rank, o.size));
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = o.host;

@@ -176,10 +176,7 @@ class ShmCommunicator : public Communicator {
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> ConnectShm(Store& store, const ShmOptions& o) {
-  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
-    return InvalidArgument("shm: rank " + std::to_string(o.rank) + " out of range for size " +
-                           std::to_string(o.size));
-  }
+  RETURN_IF_ERROR(CheckGroup("shm", o.rank, o.size));
   const size_t chunk = std::max<size_t>(1024, o.chunk_bytes / sizeof(float));
   const size_t bytes = ControlBytes(o.size) + (size_t(o.size) + 1) * chunk * sizeof(float);
   std::string name;
