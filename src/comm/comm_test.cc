@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -182,15 +181,21 @@ TEST(Shm, RanksThatNeverConnectLeaveNothingBehind) {
 }
 
 TEST(Shm, ASegmentsNameIsRemovedOnceEveryRankHasIt) {
-  std::string name;
-  auto st = Comm::RunRanks("shm", 2, std::chrono::seconds(30), [&](int r, Communicator& c) {
-    return c.Barrier();
-  });
-  for (const auto& s : st) ASSERT_TRUE(s.ok()) << s.ToString();
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-    EXPECT_EQ(entry.path().filename().string().rfind("trainctl-", 0), std::string::npos)
-        << entry.path();  // (no other test of this binary runs at the same time)
+  MemoryStore store;
+  std::vector<Status> st(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto c = Connect("shm", store, r, 2, std::chrono::seconds(30));
+      st[r] = c.ok() ? (*c)->Barrier() : c.status();
+    });
   }
+  for (auto& t : ranks) t.join();
+  for (const auto& s : st) ASSERT_TRUE(s.ok()) << s.ToString();
+  auto name = store.TryGet("shm");
+  ASSERT_TRUE(name.ok() && name->has_value());
+  EXPECT_EQ((*name)->rfind("/dev/shm/trainctl-", 0), 0u) << **name;
+  EXPECT_FALSE(Exists(**name)) << **name;  // rank 0 removed the name once both had mapped it
 }
 
 TEST_P(Comm, RejectsARankOutsideTheGroup) {
