@@ -109,6 +109,8 @@ std::vector<std::string> Agent::WorkerEnv(int local_rank, int group_rank, int gr
     SetEnv(&env, "OMP_NUM_THREADS", std::to_string(threads));
   }
   if (!GetEnv(env, "PYTHONUNBUFFERED")) SetEnv(&env, "PYTHONUNBUFFERED", "1");
+  // Output reaches a terminal: workers may redraw a status line with '\r' (see OutputPump).
+  if (o_.color_output) SetEnv(&env, "TRAINCTL_TTY", "1");
 
   int nproc = s.procs_per_node;
   int world = group_world_size * nproc;

@@ -58,17 +58,31 @@ std::string OutputPump::Consume(Stream& s, const char* data, size_t n, bool flus
   s.partial.append(data, n);
   size_t start = 0;
   while (true) {
-    size_t nl = s.partial.find('\n', start);
+    size_t nl = color_ ? s.partial.find_first_of("\r\n", start) : s.partial.find('\n', start);
+    if (nl != std::string::npos && s.partial[nl] == '\r') {
+      if (nl + 1 < s.partial.size() && s.partial[nl + 1] == '\n') {
+        ++nl;  // "\r\n": an ordinary line end
+      } else if (nl + 1 == s.partial.size() && !flush_partial) {
+        break;  // the '\n' of a "\r\n" may come with the next read
+      } else {
+        out += "\r\033[K" + s.prefix + s.partial.substr(start, nl - start);
+        status_shown_ = true;
+        start = nl + 1;
+        continue;
+      }
+    }
     bool cut = nl == std::string::npos && s.partial.size() - start >= kMaxLine;
     if (nl == std::string::npos && !cut && !(flush_partial && start < s.partial.size())) break;
     size_t end = nl != std::string::npos ? nl : (cut ? start + kMaxLine : s.partial.size());
     std::string line = s.partial.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // a "\r\n" line end
     start = nl != std::string::npos ? nl + 1 : end;
     if (s.log_fd >= 0) {
       std::string raw = line + "\n";
       WriteFully(s.log_fd, raw.data(), raw.size());
     }
-    std::string shown = s.prefix + line + "\n";
+    std::string shown = (status_shown_ ? "\r\033[K" : "") + s.prefix + line + "\n";
+    status_shown_ = false;
     if (!out.empty() && out.size() + shown.size() > kAtomicWrite) {
       WriteOut(out);
       out.clear();

@@ -1,6 +1,10 @@
 // OutputPump: copies worker output to this process's stdout, each line prefixed with its rank
 // ("[worker-3] loss 0.42", as kubetail shows pods), and unprefixed to a per-rank log file; keeps
 // the last lines of each rank for failure reports. One thread for all of an agent's workers.
+//
+// On a terminal (`color`), a line a worker ends with '\r' instead of '\n' is a status line (a
+// progress bar redrawn in place): it is shown over the previous status line and the next line
+// clears it; it goes to neither the log file nor the tail. Elsewhere '\r' is ordinary text.
 #pragma once
 
 #include <condition_variable>
@@ -48,6 +52,7 @@ class OutputPump {
 
   int out_fd_;
   bool color_;
+  bool status_shown_ = false;  // a status line is on the terminal now (pump thread only)
   int wake_[2] = {-1, -1};
   std::mutex mu_;
   std::condition_variable drained_;

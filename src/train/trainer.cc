@@ -157,6 +157,7 @@ class Trainer {
   int64_t epoch_ = 0;           // current epoch
   int64_t batch_in_epoch_ = 0;  // batches done in the current epoch
   bool last_saved_ = false;
+  bool tty_ = EnvInt("TRAINCTL_TTY", 0) == 1;  // redraw a progress bar in place
 };
 
 Status Trainer::Setup() {
@@ -342,6 +343,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
   int64_t window_samples = 0;
   double loss_sum = 0, loss_count = 0;
   double lr = 0;
+  auto last_status = epoch_start;
   for (int64_t i = 0; i < count; ++i) {
     Batch b = prefetch.Next();
     reducer_->ZeroGrad();
@@ -363,6 +365,15 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       window_start = Clock::now();
     }
     if (t_.checkpoint_every > 0 && step_ % t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
+    if (tty_ && rank_ == 0 && Clock::now() - last_status > std::chrono::milliseconds(250)) {
+      last_status = Clock::now();
+      double rate = (i + 1) * batch_ * world_ / std::max(1e-9, SecondsSince(epoch_start));
+      double eta = double(total_steps_ - step_) * batch_ * world_ / rate;
+      std::printf("%s\r", metrics::ProgressLine(epoch + 1, t_.epochs, batch_in_epoch_,
+                                               steps_per_epoch_, loss.item<float>(), rate, eta)
+                               .c_str());
+      std::fflush(stdout);
+    }
   }
   double seconds = SecondsSince(epoch_start);
   double waited = reducer_->TakeWaitSeconds();
