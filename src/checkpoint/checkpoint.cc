@@ -59,6 +59,11 @@ int64_t StepOf(const std::string& filename) {
 
 }  // namespace
 
+std::string Checkpoint::Meta(const std::string& key) const {
+  auto it = metadata.find(key);
+  return it == metadata.end() ? std::string() : it->second;
+}
+
 const Blob* Checkpoint::Find(const std::string& name) const {
   for (const auto& t : tensors) {
     if (t.name == name) return &t;

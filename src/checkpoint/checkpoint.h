@@ -31,6 +31,8 @@ struct Checkpoint {
   std::map<std::string, std::string> metadata;
   std::vector<Blob> tensors;
   const Blob* Find(const std::string& name) const;
+  // The metadata value under `key`, or "" when there is none.
+  std::string Meta(const std::string& key) const;
 };
 
 // Bytes per element of a safetensors dtype, or 0 if unknown.

@@ -261,14 +261,9 @@ Status Trainer::Resume() {
     auto ckpt = checkpoints_->LoadLatest(&skipped);
     for (const auto& s : skipped) LOG_WARN("skipping checkpoint {}", s);
     if (ckpt.ok()) {
-      const auto& m = ckpt->metadata;
-      auto get = [&](const std::string& k) {
-        auto it = m.find(k);
-        return it == m.end() ? std::string() : it->second;
-      };
-      if (get("model") != t_.model) {
+      if (ckpt->Meta("model") != t_.model) {
         return InvalidArgument("checkpoint " + checkpoints_->PathFor(ckpt->step) + " holds model '" +
-                               get("model") + "', the spec trains '" + t_.model +
+                               ckpt->Meta("model") + "', the spec trains '" + t_.model +
                                "'; use another checkpoint_dir or remove it");
       }
       RETURN_IF_ERROR(LoadModuleState(*model_, *ckpt));
@@ -277,11 +272,11 @@ Status Trainer::Resume() {
         if (!b) return InvalidArgument("checkpoint lacks optimizer state " + name);
         RETURN_IF_ERROR(CopyBlob(*b, t));
       }
-      opt_steps = std::stoll(get("optimizer.steps"));
+      opt_steps = std::stoll(ckpt->Meta("optimizer.steps"));
       header[0] = 1;
       header[1] = ckpt->step;
-      header[2] = std::stoll(get("batch_in_epoch")) * std::stoll(get("global_batch"));
-      header[3] = std::stoll(get("epoch"));
+      header[2] = std::stoll(ckpt->Meta("batch_in_epoch")) * std::stoll(ckpt->Meta("global_batch"));
+      header[3] = std::stoll(ckpt->Meta("epoch"));
       LOG_INFO("resuming from {} (step {}, epoch {})", checkpoints_->PathFor(ckpt->step), ckpt->step,
                header[3] + 1);
     } else if (ckpt.status().code() != Code::kNotFound) {
@@ -355,7 +350,8 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     ++step_;
     ++batch_in_epoch_;
     last_saved_ = false;
-    loss_sum += loss.item<float>();
+    const float loss_value = loss.item<float>();
+    loss_sum += loss_value;
     loss_count += 1;
     window_samples += batch_ * world_;
     if (step_ % t_.log_every == 0) {
@@ -370,7 +366,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       double rate = (i + 1) * batch_ * world_ / std::max(1e-9, SecondsSince(epoch_start));
       double eta = double(total_steps_ - step_) * batch_ * world_ / rate;
       std::printf("%s\r", metrics::ProgressLine(epoch + 1, t_.epochs, batch_in_epoch_,
-                                               steps_per_epoch_, loss.item<float>(), rate, eta)
+                                               steps_per_epoch_, loss_value, rate, eta)
                                .c_str());
       std::fflush(stdout);
     }
@@ -519,20 +515,16 @@ int RunEval(const EvalOptions& o) {
     ckpt = checkpoint::Decode(*bytes, path);
     if (!ckpt.ok()) return fail(ckpt.status().message());
   }
-  auto meta = [&](const std::string& k) {
-    auto it = ckpt->metadata.find(k);
-    return it == ckpt->metadata.end() ? std::string() : it->second;
-  };
-  if (meta("model").empty() || meta("norm_mean").empty()) {
+  if (ckpt->Meta("model").empty() || ckpt->Meta("norm_mean").empty()) {
     return fail(path + ": not a trainctl model (its metadata lacks model and norm_mean)");
   }
   DataSpec ds;
-  ds.dataset = meta("dataset");
-  ds.dir = o.data_dir.empty() ? meta("data_dir") : o.data_dir;
+  ds.dataset = ckpt->Meta("dataset");
+  ds.dir = o.data_dir.empty() ? ckpt->Meta("data_dir") : o.data_dir;
   ds.test_limit = o.limit;
-  std::vector<float> shape = SplitFloats(meta("shape"));
+  std::vector<float> shape = SplitFloats(ckpt->Meta("shape"));
   if (shape.size() == 3) ds.shape = {int64_t(shape[0]), int64_t(shape[1]), int64_t(shape[2])};
-  ds.classes = std::atoi(meta("classes").c_str());
+  ds.classes = std::atoi(ckpt->Meta("classes").c_str());
   auto test = LoadSplit(ds, /*train=*/false);
   if (!test.ok()) return fail(test.status().message());
   if (ds.dataset == "synthetic") test->num_classes = ds.classes;
@@ -540,13 +532,13 @@ int RunEval(const EvalOptions& o) {
   if (shape.size() != 3 || in.channels != int(shape[0]) || in.rows != int(shape[1]) ||
       in.cols != int(shape[2])) {
     return fail("the test images are " + std::to_string(in.channels) + "x" + std::to_string(in.rows) +
-                "x" + std::to_string(in.cols) + ", the model was trained on " + meta("shape"));
+                "x" + std::to_string(in.cols) + ", the model was trained on " + ckpt->Meta("shape"));
   }
   try {
-    auto model = models::MakeModel(meta("model"), in);
+    auto model = models::MakeModel(ckpt->Meta("model"), in);
     if (!model.ok()) return fail(model.status().message());
     if (Status st = LoadModuleState(**model, *ckpt); !st.ok()) return fail(path + ": " + st.message());
-    Normalizer norm{SplitFloats(meta("norm_mean")), SplitFloats(meta("norm_std"))};
+    Normalizer norm{SplitFloats(ckpt->Meta("norm_mean")), SplitFloats(ckpt->Meta("norm_std"))};
     test->num_classes = ds.classes;
     Confusion c = Evaluate(**model, *test, 0, test->count, norm, o.batch);
     auto names = ClassNames(ds.dataset, ds.classes);
