@@ -8,6 +8,8 @@
 #include <cstring>
 #include <ctime>
 
+#include <nlohmann/json.hpp>
+
 #include "common/duration.h"
 #include "common/fs.h"
 
@@ -53,24 +55,9 @@ std::string EventHeader(double wall_time, int64_t step) {
   return e;
 }
 
+// A JSON string literal; invalid UTF-8 is replaced rather than rejected.
 std::string JsonEscape(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Result<std::FILE*> OpenAppend(const std::string& path) {
