@@ -137,8 +137,8 @@ output_dir: {out}/out
   ASSERT_EQ(r.exit.code, 0) << r.output;
   for (int rank = 0; rank < 4; ++rank) {
     std::string R = std::to_string(rank);
-    EXPECT_EQ(CountLines(r.output, "start " + R + " attempt 0"), 1) << r.output;
-    EXPECT_EQ(CountLines(r.output, "start " + R + " attempt 1"), 1) << r.output;
+    EXPECT_EQ(CountLines(r.output, "] start " + R + " attempt 0"), 1) << r.output;
+    EXPECT_EQ(CountLines(r.output, "] start " + R + " attempt 1"), 1) << r.output;
   }
   EXPECT_NE(r.output.find("worker rank 3"), std::string::npos);
   EXPECT_NE(r.output.find("restarting the worker group (restart 1 of 2)"), std::string::npos);
@@ -285,7 +285,9 @@ TEST(Cli, AJobCanRendezvousOnEtcd) {
   EtcdStoreOptions o;
   o.endpoints = {endpoint};
   auto store = std::move(EtcdStore::Connect(o).value());
-  EXPECT_EQ(**store->TryGet("/trainctl/" + run_id + "/round/0/joined"), "2");
+  auto state = nlohmann::json::parse(**store->TryGet("/trainctl/" + run_id + "/round/0/state"));
+  EXPECT_EQ(state["nodes"].size(), 2u) << state;
+  EXPECT_TRUE(state["closed"].get<bool>()) << state;
   EXPECT_EQ(**store->TryGet("/trainctl/" + run_id + "/round/0/succeeded"), "2");
 }
 
@@ -332,8 +334,8 @@ TEST_F(AgentTest, RendezvousTimeoutNamesTheMissingNodesAndExits4) {
           "output_dir: " + scratch_.path("out") + "\n");
   auto r = RunAgent("agent-test-token");
   EXPECT_EQ(r.exit.code, kExitRendezvousTimeout) << r.output;
-  EXPECT_NE(r.output.find("1 of 2 nodes joined within 500ms; missing node rank(s) 1"),
-            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 of 2 nodes joined within 500ms (joined: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("; missing node rank(s) 1"), std::string::npos) << r.output;
 }
 
 TEST_F(AgentTest, AWrongTokenIsRefused) {

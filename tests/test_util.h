@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -73,13 +74,15 @@ bool Eventually(F cond, Duration timeout = std::chrono::seconds(30)) {
 // trainctl in the background, its output going to a file.
 class Background {
  public:
-  Background(const std::vector<std::string>& args, const std::string& cwd, const std::string& log)
+  Background(const std::vector<std::string>& args, const std::string& cwd, const std::string& log,
+             const std::vector<std::pair<std::string, std::string>>& env = {})
       : log_(log) {
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     SpawnOptions o;
     o.argv = {TRAINCTL_BIN};
     o.argv.insert(o.argv.end(), args.begin(), args.end());
     o.env = CurrentEnvironment();
+    for (const auto& [k, v] : env) SetEnv(&o.env, k, v);
     o.cwd = cwd;
     o.output_fd = fd;
     o.new_process_group = false;
@@ -132,6 +135,29 @@ inline char ProcessState(pid_t pid) {
 inline bool ProcessGone(pid_t pid) {
   char state = ProcessState(pid);
   return state == 0 || state == 'Z';
+}
+
+// A process's NUL-separated /proc file (cmdline, environ) as strings; empty if it is gone.
+inline std::vector<std::string> ProcStrings(pid_t pid, const char* file) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + file, std::ios::binary);
+  std::vector<std::string> out;
+  for (std::string item; std::getline(in, item, '\0');) out.push_back(item);
+  return out;
+}
+
+// The live processes (of this user) whose environment holds every one of `vars` ("NAME=value").
+inline std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& vars) {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t pid = std::stoi(name);
+    auto env = ProcStrings(pid, "environ");
+    bool all = !env.empty();
+    for (const auto& v : vars) all = all && std::find(env.begin(), env.end(), v) != env.end();
+    if (all && !ProcessGone(pid)) out.push_back(pid);
+  }
+  return out;
 }
 
 inline std::vector<pid_t> ReadPids(const std::string& file) {

@@ -177,5 +177,38 @@ TEST(Trainer, BadInputGivesAClearError) {
   EXPECT_NE(e.output.find(s.path("bad.safetensors")), std::string::npos) << e.output;
 }
 
+TEST(Trainer, AStalledRankIsNamedWithItsHostAndTheJobRecovers) {
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("stall", s.path("out"), R"(  model: cnn
+  data: {limit: 640, test_limit: 100}
+  batch_size: 8
+  threads: 1
+  epochs: 2
+  log_every: 1
+  checkpoint_every: 10
+  eval: false
+timeouts: {collective: 2s, stop_grace: 2s}
+)"));
+  Background job({"run", spec}, s.path(""), s.path("run.log"));
+  // Once rank 1 is training and a checkpoint exists, stop rank 1 as a debugger or a stuck NFS
+  // read would.
+  ASSERT_TRUE(Eventually([&] { return fs::exists(s.path("out/checkpoints")) &&
+                                      !fs::is_empty(s.path("out/checkpoints")); },
+                         std::chrono::seconds(60))) << job.Output();
+  auto rank1 = ProcessesWithEnv({"RANK=1", "TRAINCTL_JOB_NAME=stall"});
+  ASSERT_EQ(rank1.size(), 1u);
+  ASSERT_EQ(::kill(rank1[0], SIGSTOP), 0);
+
+  ExitInfo exit = job.Wait(std::chrono::seconds(120));
+  const std::string out = job.Output();
+  EXPECT_EQ(exit.code, 0) << out;
+  EXPECT_NE(out.find("timed out on rank 0 after 2s: rank(s) 1 did not arrive"), std::string::npos) << out;
+  EXPECT_NE(out.find("stalled or unreachable: rank 1 on "), std::string::npos) << out;
+  EXPECT_NE(out.find("pid " + std::to_string(rank1[0]) + ")"), std::string::npos) << out;
+  EXPECT_NE(out.find("restarting the worker group (restart 1 of 3)"), std::string::npos) << out;
+  EXPECT_NE(out.find("resuming from"), std::string::npos) << out;
+  EXPECT_TRUE(ProcessGone(rank1[0])) << "the stopped worker was left behind";
+}
+
 }  // namespace
 }  // namespace trainctl::testing

@@ -22,6 +22,10 @@ namespace keys {
 std::string RoundEnd(int round) { return "round/" + std::to_string(round) + "/end"; }
 std::string RoundSucceeded(int round) { return "round/" + std::to_string(round) + "/succeeded"; }
 std::string RoundMaster(int round) { return "round/" + std::to_string(round) + "/master"; }
+std::string RoundWaiting(int round) { return "round/" + std::to_string(round) + "/waiting"; }
+std::string RoundHeartbeat(int round, int node) {
+  return "round/" + std::to_string(round) + "/heartbeat/" + std::to_string(node);
+}
 }  // namespace keys
 
 std::string StopRecord(const std::string& reason, int code) {
@@ -77,10 +81,13 @@ std::string HostName() {
 }  // namespace
 
 struct Agent::Outcome {
-  enum Kind { kSucceeded, kFailed, kStopped, kError } kind = kError;
+  // kEnded: the round ended (failure or membership change, in `end`); kWaited: this agent was not
+  // in the round and it ended (in `end`); kSucceeded: the job is done.
+  enum Kind { kSucceeded, kEnded, kStopped, kError } kind = kError;
   int code = kExitError;
   std::string message;
-  FailureRecord failure;
+  FailureRecord end;
+  bool reported = false;  // this agent wrote `end` (and logs it)
 };
 
 Agent::Agent(AgentOptions options, Store* store) : o_(std::move(options)), store_(store) {
@@ -154,7 +161,72 @@ FailureRecord Agent::NewFailure(const std::string& kind, int round, int group_ra
   return rec;
 }
 
-Agent::Outcome Agent::RunRound(int round, int restart) {
+// Records why round `round` ended, unless another agent already did; returns the record that won.
+Result<FailureRecord> Agent::EndRound(int round, const FailureRecord& rec, bool* won) {
+  std::string json = rec.ToJson();
+  ASSIGN_OR_RETURN(std::string now, store_->CompareSet(keys::RoundEnd(round), "", json));
+  *won = now == json;
+  if (*won && rec.failure()) {
+    RETURN_IF_ERROR(store_->Set(keys::kLastFailure, json));
+    // Restarts done: a failure past the budget ends the job instead of restarting it.
+    int done = std::min(rec.restarts, o_.spec.restart.max_restarts);
+    RETURN_IF_ERROR(store_->Set(keys::kRestarts, std::to_string(done)));
+  }
+  return FailureRecord::FromJson(now);
+}
+
+// This agent is not in round `round` (it was full): wait, as a node waiting to join, until the
+// round ends (then join the next), the job succeeds, or it is stopped. The round's members see
+// the waiting count and end their round to admit it (see RunRound).
+Agent::Outcome Agent::WaitOutRound(int round, const RoundInfo& full) {
+  Outcome out;
+  LOG_INFO("round {} is full ({} of max {} nodes): waiting to join the job at the next round", round,
+           full.group_world_size, o_.spec.nodes.max);
+  if (auto n = store_->Add(keys::RoundWaiting(round), 1); !n.ok()) {
+    out.message = "lost the job's store: " + n.status().ToString();
+    return out;
+  }
+  while (true) {
+    WaitSignal(std::chrono::milliseconds(200));
+    if (Status st = CheckStop(); !st.ok()) return Stopped(st);
+    auto end = store_->TryGet(keys::RoundEnd(round));
+    auto done = store_->TryGet(keys::RoundSucceeded(round));
+    if (!end.ok() || !done.ok()) {
+      out.message = "lost the job's store: " + (end.ok() ? done.status() : end.status()).ToString();
+      return out;
+    }
+    if (end->has_value()) {
+      auto rec = FailureRecord::FromJson(**end);
+      if (!rec.ok()) {
+        out.message = rec.status().message();
+        return out;
+      }
+      out.kind = Outcome::kEnded;
+      out.end = *rec;
+      return out;
+    }
+    if (done->has_value() && std::atoi((*done)->c_str()) >= full.group_world_size) {
+      LOG_INFO("the job finished before this node could join it");
+      out.kind = Outcome::kSucceeded;
+      out.code = kExitOk;
+      return out;
+    }
+  }
+}
+
+Agent::Outcome Agent::Stopped(const Status& why) {
+  Outcome out;
+  std::string reason = why.message();
+  int code = kExitInterrupted;
+  std::string parsed;
+  if (ParseStopRecord(why.message(), &parsed, &code)) reason = parsed;
+  out.kind = Outcome::kStopped;
+  out.code = code;
+  out.message = reason;
+  return out;
+}
+
+Agent::Outcome Agent::RunRound(int round, int restarts) {
   const JobSpec& s = o_.spec;
   Outcome out;
   auto error = [&out](int code, const std::string& message) {
@@ -163,32 +235,41 @@ Agent::Outcome Agent::RunRound(int round, int restart) {
     out.message = message;
     return out;
   };
-  auto stopped = [&](const Status& why) {
-    std::string reason = why.message();
-    int code = kExitInterrupted;
-    std::string parsed;
-    if (ParseStopRecord(why.message(), &parsed, &code)) reason = parsed;
-    out.kind = Outcome::kStopped;
-    out.code = code;
-    out.message = reason;
+  auto ended = [&](FailureRecord rec) {
+    auto won = EndRound(round, rec, &out.reported);
+    if (!won.ok()) return error(kExitError, "lost the job's store: " + won.status().ToString());
+    out.kind = Outcome::kEnded;
+    out.end = *won;
     return out;
   };
 
   RendezvousOptions ro;
-  ro.nnodes = s.nodes.max;
+  ro.min_nodes = s.nodes.min;
+  ro.max_nodes = s.nodes.max;
+  ro.last_call = s.timeouts.last_call;
   ro.timeout = s.timeouts.rendezvous;
-  ro.node_rank = o_.node_rank;
+  ro.rank_hint = o_.node_rank;
   ro.node_id = node_id_;
   ro.check = [this] { return CheckStop(); };
-  auto joined = JoinRound(*store_, round, ro);
+  auto joined = JoinRound(*store_, round, restarts, ro);
   if (!joined.ok()) {
     const Status& st = joined.status();
-    if (st.code() == Code::kAborted) return stopped(st);
+    if (st.code() == Code::kAborted) return Stopped(st);
     if (st.code() == Code::kTimeout) return error(kExitRendezvousTimeout, st.message());
     return error(kExitError, "rendezvous failed: " + st.ToString());
   }
-  const RoundInfo info = *joined;
+  if (!joined->has_value()) {
+    auto peek = PeekRound(*store_, round);
+    if (!peek.ok() || !peek->has_value()) return error(kExitError, "rendezvous round " + std::to_string(round) + " vanished");
+    return WaitOutRound(round, **peek);
+  }
+  const RoundInfo info = **joined;
+  const int restart = info.restarts;
   log::SetContext(s.name, "node=" + std::to_string(info.group_rank), restart);
+  if (info.group_rank == 0 && (round > 0 || info.group_world_size < s.nodes.max)) {
+    LOG_INFO("round {}: {} node(s), world size {} (restart {} of {})", round, info.group_world_size,
+             info.group_world_size * s.procs_per_node, restart, s.restart.max_restarts);
+  }
 
   std::string master;
   if (info.group_rank == 0) {
@@ -218,6 +299,7 @@ Agent::Outcome Agent::RunRound(int round, int restart) {
     w.rank = info.group_rank * s.procs_per_node + local;
     w.argv = argv;
     w.env = WorkerEnv(local, info.group_rank, info.group_world_size, master, restart);
+    SetEnv(&w.env, "TRAINCTL_ROUND", std::to_string(round));
     w.cwd = s.working_dir;
     w.log_path = s.output_dir + "/logs/worker-" + std::to_string(w.rank) + ".log";
     w.log_header = "=== trainctl: run " + o_.run_id + ", round " + std::to_string(round) +
@@ -230,39 +312,43 @@ Agent::Outcome Agent::RunRound(int round, int restart) {
             info.group_world_size, master, launches.size());
   if (Status st = group.Start(launches); !st.ok()) {
     FailureRecord rec = NewFailure("start", round, info.group_rank);
+    rec.restarts = restart + 1;
     rec.rank = launches[0].rank;
     rec.local_rank = 0;
     rec.exit = st.message();
-    std::string json = rec.ToJson();
-    auto ignored1 = store_->CompareSet(keys::RoundEnd(round), "", json);
-    auto ignored2 = store_->Set(keys::kLastFailure, json);
-    out.kind = Outcome::kFailed;
-    out.failure = rec;
-    return out;
+    return ended(rec);
   }
+
+  // Liveness: each agent bumps its heartbeat key and watches the next node's (a ring), so a
+  // lost node is seen by one peer at a cost that does not grow with the job.
+  const Duration hb_every = std::max<Duration>(Duration(100), s.timeouts.heartbeat / 5);
+  const int watched = (info.group_rank + 1) % info.group_world_size;
+  std::string watched_beat;
+  auto watched_seen = Clock::now();
+  auto next_beat = Clock::now();
+  int64_t beats = 0;
 
   bool reported_success = false;
   while (true) {
     WaitSignal(o_.poll_interval);
     if (Status st = CheckStop(); !st.ok()) {
       group.Stop(s.timeouts.stop_grace);
-      if (st.code() == Code::kAborted) return stopped(st);
+      if (st.code() == Code::kAborted) return Stopped(st);
       return error(kExitError, "lost the job's store: " + st.ToString());
     }
     for (const WorkerExit& e : group.ReapExited()) {
       if (e.exit.success()) continue;
       FailureRecord rec = NewFailure("worker", round, info.group_rank);
+      rec.restarts = restart + 1;
       rec.rank = e.rank;
       rec.local_rank = e.local_rank;
       rec.pid = e.pid;
       rec.exit = e.exit.Describe();
       rec.log_path = launches[e.local_rank].log_path;
       rec.last_lines = group.Tail(e.local_rank, std::chrono::milliseconds(500));
-      std::string json = rec.ToJson();
-      auto won = store_->CompareSet(keys::RoundEnd(round), "", json);
-      if (won.ok() && *won == json) {
-        auto ignored = store_->Set(keys::kLastFailure, json);
-      }
+      Outcome o = ended(rec);  // first, so peers stop their workers meanwhile
+      group.Stop(s.timeouts.stop_grace);
+      return o;
     }
     auto end = store_->TryGet(keys::RoundEnd(round));
     if (!end.ok()) {
@@ -273,9 +359,44 @@ Agent::Outcome Agent::RunRound(int round, int restart) {
       group.Stop(s.timeouts.stop_grace);
       auto rec = FailureRecord::FromJson(**end);
       if (!rec.ok()) return error(kExitError, rec.status().message());
-      out.kind = Outcome::kFailed;
-      out.failure = *rec;
+      out.kind = Outcome::kEnded;
+      out.end = *rec;
       return out;
+    }
+    if (Clock::now() >= next_beat && !reported_success) {
+      next_beat = Clock::now() + hb_every;
+      Status st = store_->Set(keys::RoundHeartbeat(round, info.group_rank), std::to_string(++beats));
+      auto beat = st.ok() ? store_->TryGet(keys::RoundHeartbeat(round, watched))
+                          : Result<std::optional<std::string>>(st);
+      if (!beat.ok()) {
+        group.Stop(s.timeouts.stop_grace);
+        return error(kExitError, "lost the job's store: " + beat.status().ToString());
+      }
+      if (beat->value_or("") != watched_beat) {
+        watched_beat = beat->value_or("");
+        watched_seen = Clock::now();
+      } else if (watched != info.group_rank && Clock::now() - watched_seen >= s.timeouts.heartbeat) {
+        FailureRecord rec = NewFailure("node_lost", round, watched);
+        rec.restarts = restart + 1;
+        rec.host = info.nodes[watched];
+        rec.exit = "its agent sent no heartbeat for " + FormatDuration(s.timeouts.heartbeat) +
+                   " (timeouts.heartbeat)";
+        Outcome o = ended(rec);  // first, so peers stop their workers meanwhile
+        group.Stop(s.timeouts.stop_grace);
+        return o;
+      }
+      // Scale-up: nodes waiting to join end the round, without spending the restart budget.
+      if (info.group_rank == 0 && info.group_world_size < s.nodes.max) {
+        auto waiting = store_->TryGet(keys::RoundWaiting(round));
+        if (waiting.ok() && waiting->has_value() && std::atoi((*waiting)->c_str()) > 0) {
+          FailureRecord rec = NewFailure("membership", round, info.group_rank);
+          rec.restarts = restart;
+          rec.exit = **waiting + " node(s) waiting to join; restarting the worker group with them";
+          Outcome o = ended(rec);  // first, so peers stop their workers meanwhile
+          group.Stop(s.timeouts.stop_grace);
+          return o;
+        }
+      }
     }
     if (!reported_success && group.AllExited()) {
       // Every local worker exited 0 (a failure would have ended the round above).
@@ -305,8 +426,19 @@ int Agent::Run() {
     LOG_ERROR("{}", st.message());
     return kExitError;
   }
-  for (int round = 0, restart = 0;; ++round) {
-    Outcome out = RunRound(round, restart);
+  // A node that joins a running job starts at its current round.
+  auto current = CurrentRound(*store_);
+  if (!current.ok()) {
+    LOG_ERROR("cannot read the job's state: {}", current.status().message());
+    return kExitError;
+  }
+  int restarts = 0;
+  if (*current > 0) {
+    auto peek = PeekRound(*store_, *current);
+    if (peek.ok() && peek->has_value()) restarts = (*peek)->restarts;
+  }
+  for (int round = *current;; ++round) {
+    Outcome out = RunRound(round, restarts);
     switch (out.kind) {
       case Outcome::kSucceeded:
         return kExitOk;
@@ -316,24 +448,29 @@ int Agent::Run() {
       case Outcome::kError:
         LOG_ERROR("{}", out.message);
         return out.code;
-      case Outcome::kFailed:
+      case Outcome::kEnded:
         break;
     }
-    const FailureRecord& f = out.failure;
-    bool mine = f.host == node_id_;
+    const FailureRecord& f = out.end;
+    restarts = f.restarts;
     if (f.kind == "start") {
-      if (mine) LOG_ERROR("{}", f.Summary());
+      if (out.reported) LOG_ERROR("{}", f.Summary());
       return kExitWorkerFailed;
     }
-    if (restart >= s.restart.max_restarts) {
-      if (mine) LOG_ERROR("{}; no restarts left (max_restarts: {})", f.Summary(), s.restart.max_restarts);
+    if (!f.failure()) {
+      if (out.reported) LOG_INFO("{}", f.Summary());
+      continue;
+    }
+    if (f.restarts > s.restart.max_restarts) {
+      if (out.reported) {
+        LOG_ERROR("{}; no restarts left (max_restarts: {})", f.Summary(), s.restart.max_restarts);
+      }
       return kExitWorkerFailed;
     }
-    ++restart;
-    if (mine) {
-      auto ignored = store_->Set(keys::kRestarts, std::to_string(restart));
-      LOG_WARN("{}; restarting the worker group (restart {} of {})", f.Summary(), restart,
+    if (out.reported) {
+      LOG_WARN("{}; restarting the worker group (restart {} of {})", f.Summary(), f.restarts,
                s.restart.max_restarts);
+      if (!f.last_lines.empty()) LOG_WARN("its last output: {}", f.last_lines.back());
     }
   }
 }

@@ -9,12 +9,18 @@
 //
 // A failure anywhere ends the round for every node: the first agent to see it records it with
 // compare-and-set under round/<r>/end, and all agents stop their workers and join round r+1.
-// The restart budget is the job's (rounds are counted on the store), not each agent's.
+// Failures are a worker exiting non-zero and a node lost (the agent watching it in a ring saw no
+// heartbeat for timeouts.heartbeat). Elastic jobs (nodes.min < nodes.max) go on with the nodes
+// that join the next round. A node arriving while a round runs waits (round/<r>/waiting); group
+// rank 0 then ends the round to admit it, as a membership change that spends no restart.
+// The restart budget is the job's: the count travels in the round's state and end record, so a
+// node that leaves and rejoins cannot reset it.
 #pragma once
 
 #include <string>
 
 #include "agent/failure.h"
+#include "rendezvous/rendezvous.h"
 #include "spec/job_spec.h"
 #include "store/store.h"
 
@@ -41,7 +47,10 @@ class Agent {
 
  private:
   struct Outcome;
-  Outcome RunRound(int round, int restart);
+  Outcome RunRound(int round, int restarts);
+  Outcome WaitOutRound(int round, const RoundInfo& full);
+  Outcome Stopped(const Status& why);
+  Result<FailureRecord> EndRound(int round, const FailureRecord& rec, bool* won);
   std::vector<std::string> WorkerEnv(int local_rank, int group_rank, int group_world_size,
                                      const std::string& master, int restart) const;
   Status CheckStop();
@@ -61,6 +70,8 @@ inline constexpr const char* kRestarts = "restarts";          // restarts so far
 std::string RoundEnd(int round);
 std::string RoundSucceeded(int round);
 std::string RoundMaster(int round);
+std::string RoundWaiting(int round);                 // nodes waiting to join (scale-up)
+std::string RoundHeartbeat(int round, int node);
 }  // namespace keys
 
 // Encodes/decodes the stop key's value.

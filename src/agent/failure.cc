@@ -7,7 +7,7 @@ namespace trainctl {
 using nlohmann::json;
 
 std::string FailureRecord::ToJson() const {
-  return json{{"kind", kind},         {"round", round},       {"node_rank", node_rank},
+  return json{{"kind", kind},         {"round", round},       {"restarts", restarts},       {"node_rank", node_rank},
               {"host", host},         {"rank", rank},         {"local_rank", local_rank},
               {"pid", pid},           {"exit", exit},         {"log_path", log_path},
               {"last_lines", last_lines}}
@@ -20,6 +20,7 @@ Result<FailureRecord> FailureRecord::FromJson(const std::string& text) {
     FailureRecord r;
     r.kind = j.at("kind").get<std::string>();
     r.round = j.at("round").get<int>();
+    r.restarts = j.at("restarts").get<int>();
     r.node_rank = j.at("node_rank").get<int>();
     r.host = j.at("host").get<std::string>();
     r.rank = j.at("rank").get<int>();
@@ -37,6 +38,8 @@ Result<FailureRecord> FailureRecord::FromJson(const std::string& text) {
 std::string FailureRecord::Summary() const {
   std::string where = "node " + std::to_string(node_rank) + " on " + host + ", local rank " +
                       std::to_string(local_rank);
+  if (kind == "node_lost") return "node " + std::to_string(node_rank) + " (" + host + ") was lost: " + exit;
+  if (kind == "membership") return exit;
   if (kind == "start") {
     return "worker rank " + std::to_string(rank) + " (" + where + ") could not start: " + exit;
   }

@@ -1,5 +1,7 @@
-// FailureRecord: what went wrong in a round, written to the store by the agent that saw it, so
-// every agent restarts for the same reason and the launcher can print the root cause.
+// FailureRecord: why a round ended, written to the store (compare-and-set, first one wins) by the
+// agent that saw it, so every agent restarts for the same reason and the launcher can print the
+// root cause. Membership changes (a node waiting to join) end a round too, without spending the
+// job's restart budget.
 #pragma once
 
 #include <string>
@@ -10,8 +12,12 @@
 namespace trainctl {
 
 struct FailureRecord {
-  std::string kind;        // "worker" (a worker exited non-zero), "start" (could not start one)
+  // "worker" (a worker exited non-zero), "start" (could not start one), "node_lost" (an agent
+  // stopped heartbeating), "membership" (nodes are waiting to join; not a failure)
+  std::string kind;
   int round = 0;
+  int restarts = 0;        // the job's restarts once this round has ended
+  bool failure() const { return kind != "membership"; }
   int node_rank = 0;
   std::string host;
   int rank = -1;           // global rank of the failed worker

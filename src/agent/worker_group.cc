@@ -82,7 +82,10 @@ bool WorkerGroup::AllExited() const {
 
 void WorkerGroup::Stop(Duration grace) {
   for (auto& w : workers_) {
-    if (!w.exited) ::kill(-w.pid, SIGTERM);
+    if (!w.exited) {
+      ::kill(-w.pid, SIGTERM);
+      ::kill(-w.pid, SIGCONT);  // a stopped (SIGSTOP) worker only acts on SIGTERM once resumed
+    }
   }
   auto deadline = Clock::now() + grace;
   while (!AllExited()) {

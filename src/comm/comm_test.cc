@@ -121,6 +121,29 @@ TEST_P(Comm, APeerThatNeverJoinsTheCollectiveTimesOut) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
 }
 
+TEST(HangReport, TheRanksThatNeverReportTheTimeoutAreNamedWithTheirHosts) {
+  MemoryStore store;
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(AnnounceRank(store, r, "10.0.0." + std::to_string(r)).ok());
+  // Ranks 0 and 3 time out in a collective; rank 1 is stalled and rank 2 cut off: neither reports.
+  std::vector<Status> got(4);
+  std::vector<std::thread> alive;
+  for (int r : {0, 3}) {
+    alive.emplace_back([&, r] {
+      got[r] = NameStalledRanks(store, r, 4, std::chrono::milliseconds(500),
+                                Timeout("allreduce timed out on rank " + std::to_string(r)));
+    });
+  }
+  for (auto& t : alive) t.join();
+  for (int r : {0, 3}) {
+    EXPECT_EQ(got[r].code(), Code::kTimeout);
+    const std::string& m = got[r].message();
+    EXPECT_NE(m.find("allreduce timed out on rank " + std::to_string(r)), std::string::npos) << m;
+    EXPECT_NE(m.find("stalled or unreachable: rank 1 on "), std::string::npos) << m;
+    EXPECT_NE(m.find("(10.0.0.1, pid " + std::to_string(::getpid()) + "), rank 2 on "), std::string::npos) << m;
+    EXPECT_EQ(m.find("rank 3 on"), std::string::npos) << m;
+  }
+}
+
 TEST(Gloo, APeerThatExitsBreaksTheCollectiveAtOnce) {
   auto st = Comm::RunRanks("gloo", 2, std::chrono::seconds(30), [&](int r, Communicator& c) {
     if (r == 1) return Status::Ok();  // rank 1 leaves: its sockets close

@@ -1,11 +1,56 @@
 #include "comm/communicator.h"
 
+#include <unistd.h>
+
+#include <vector>
+
+#include "common/strings.h"
+
 namespace trainctl::comm {
 
 Status CheckGroup(const char* backend, int rank, int size) {
   if (size >= 1 && rank >= 0 && rank < size) return Status::Ok();
   return InvalidArgument(std::string(backend) + ": rank " + std::to_string(rank) +
                          " out of range for size " + std::to_string(size));
+}
+
+namespace {
+std::string HostKey(int rank) { return "rank/" + std::to_string(rank) + "/host"; }
+std::string StalledKey(int rank) { return "rank/" + std::to_string(rank) + "/timed_out"; }
+}  // namespace
+
+Status AnnounceRank(Store& store, int rank, const std::string& address) {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof name - 1) != 0) name[0] = 0;
+  return store.Set(HostKey(rank), std::string(name) + " (" + address + ", pid " +
+                                      std::to_string(::getpid()) + ")");
+}
+
+Status NameStalledRanks(Store& store, int rank, int size, Duration grace, const Status& error) {
+  if (!store.Set(StalledKey(rank), "1").ok()) return error;
+  const auto deadline = Clock::now() + grace;
+  std::vector<int> silent;
+  for (int r = 0; r < size; ++r) silent.push_back(r);
+  while (true) {
+    std::vector<int> still;
+    for (int r : silent) {
+      auto got = store.TryGet(StalledKey(r));
+      if (!got.ok()) return error;
+      if (!got->has_value()) still.push_back(r);
+    }
+    silent.swap(still);
+    if (silent.empty() || Clock::now() >= deadline) break;
+    auto ignored = store.Wait({StalledKey(silent[0])}, std::min(Remaining(deadline), Duration(100)));
+  }
+  if (silent.empty()) return error;  // every rank is alive and waiting: a mismatched call order
+  std::vector<std::string> names;
+  for (int r : silent) {
+    auto host = store.TryGet(HostKey(r));
+    std::string where = host.ok() && host->has_value() ? " on " + **host : "";
+    names.push_back("rank " + std::to_string(r) + where);
+  }
+  return Status(error.code(), error.message() + "; stalled or unreachable: " + Join(names, ", ") +
+                                  " (the other ranks reported the timeout)");
 }
 
 }  // namespace trainctl::comm

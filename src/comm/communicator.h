@@ -36,6 +36,14 @@ class Communicator {
 // kInvalidArgument unless 0 <= rank < size; `backend` names the caller in the message.
 Status CheckGroup(const char* backend, int rank, int size);
 
+// Hang reports. Each rank announces where it runs ("host (address, pid N)") on the group's store after
+// connecting. When a collective times out, the ranks that are alive time out in it too and
+// report so on the store; NameStalledRanks waits up to `grace` for those reports and returns
+// `error` extended with the ranks that never reported, and their hosts: the stalled (SIGSTOP,
+// deadlocked) or cut-off ones. Store errors leave `error` as it was.
+Status AnnounceRank(Store& store, int rank, const std::string& address);
+Status NameStalledRanks(Store& store, int rank, int size, Duration grace, const Status& error);
+
 struct GlooOptions {
   int rank = 0;
   int size = 1;

@@ -1,63 +1,157 @@
 #include "rendezvous/rendezvous.h"
 
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
 #include "common/strings.h"
 
 namespace trainctl {
 namespace {
 
-std::string RoundKey(int round, const std::string& leaf) {
-  return "round/" + std::to_string(round) + "/" + leaf;
+using json = nlohmann::json;
+
+std::string StateKey(int round) { return "round/" + std::to_string(round) + "/state"; }
+std::string ClosedKey(int round) { return "round/" + std::to_string(round) + "/closed"; }
+constexpr const char* kCurrentKey = "round/current";
+
+struct Member {
+  std::string id;
+  int hint = -1;
+};
+
+struct State {
+  int64_t version = 0;
+  int restarts = 0;
+  bool closed = false;
+  std::vector<Member> nodes;
+
+  std::string Encode() const {
+    json n = json::array();
+    for (const auto& m : nodes) n.push_back({{"id", m.id}, {"hint", m.hint}});
+    return json{{"v", version}, {"restarts", restarts}, {"closed", closed}, {"nodes", n}}.dump();
+  }
+  int IndexOf(const std::string& id) const {
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (nodes[i].id == id) return static_cast<int>(i);
+    }
+    return -1;
+  }
+  // Closing fixes the ranks: hinted nodes by hint, then the others by arrival.
+  void Close() {
+    std::stable_sort(nodes.begin(), nodes.end(), [](const Member& a, const Member& b) {
+      unsigned ha = static_cast<unsigned>(a.hint), hb = static_cast<unsigned>(b.hint);  // -1 last
+      return ha < hb;
+    });
+    closed = true;
+  }
+};
+
+Result<State> Decode(int round, const std::string& text) {
+  try {
+    auto j = json::parse(text);
+    State s;
+    s.version = j.at("v").get<int64_t>();
+    s.restarts = j.at("restarts").get<int>();
+    s.closed = j.at("closed").get<bool>();
+    for (const auto& n : j.at("nodes")) s.nodes.push_back({n.at("id"), n.at("hint")});
+    return s;
+  } catch (const json::exception& e) {
+    return Internal("rendezvous round " + std::to_string(round) + " has a corrupt state: " +
+                    e.what());
+  }
+}
+
+RoundInfo Info(int round, const State& s, int rank) {
+  RoundInfo info;
+  info.round = round;
+  info.restarts = s.restarts;
+  info.group_rank = rank;
+  info.group_world_size = static_cast<int>(s.nodes.size());
+  info.closed = s.closed;
+  for (const auto& m : s.nodes) info.nodes.push_back(m.id);
+  return info;
 }
 
 }  // namespace
 
-Result<RoundInfo> JoinRound(Store& store, int round, const RendezvousOptions& o) {
-  auto deadline = Clock::now() + o.timeout;
-  RoundInfo info;
-  info.round = round;
-  info.group_world_size = o.nnodes;
-  if (o.node_rank >= o.nnodes) {
-    return InvalidArgument("node rank " + std::to_string(o.node_rank) + " is out of range for " +
-                           std::to_string(o.nnodes) + " nodes");
+Result<std::optional<RoundInfo>> PeekRound(Store& store, int round) {
+  ASSIGN_OR_RETURN(auto text, store.TryGet(StateKey(round)));
+  if (!text) return std::optional<RoundInfo>();
+  ASSIGN_OR_RETURN(State s, Decode(round, *text));
+  return std::optional<RoundInfo>(Info(round, s, -1));
+}
+
+Result<int> CurrentRound(Store& store) {
+  ASSIGN_OR_RETURN(auto text, store.TryGet(kCurrentKey));
+  return text ? std::atoi(text->c_str()) : 0;
+}
+
+Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts,
+                                           const RendezvousOptions& o) {
+  const auto deadline = Clock::now() + o.timeout;
+  if (o.rank_hint >= o.max_nodes) {
+    return InvalidArgument("node rank " + std::to_string(o.rank_hint) + " is out of range for " +
+                           std::to_string(o.max_nodes) + " nodes");
   }
-  int rank = o.node_rank;
-  if (rank < 0) {
-    ASSIGN_OR_RETURN(int64_t arrived, store.Add(RoundKey(round, "arrivals"), 1));
-    if (arrived > o.nnodes) {
-      return InvalidArgument("rendezvous round " + std::to_string(round) + " already has all " +
-                             std::to_string(o.nnodes) + " nodes");
+  std::optional<Clock::time_point> last_call_since;  // when this agent first saw min nodes
+  while (true) {
+    ASSIGN_OR_RETURN(auto text, store.TryGet(StateKey(round)));
+    State s;
+    s.restarts = restarts;
+    if (text) {
+      ASSIGN_OR_RETURN(s, Decode(round, *text));
     }
-    rank = static_cast<int>(arrived - 1);
-  }
-  std::string claim_key = RoundKey(round, "node/" + std::to_string(rank));
-  ASSIGN_OR_RETURN(std::string holder, store.CompareSet(claim_key, "", o.node_id));
-  if (holder != o.node_id) {
-    return InvalidArgument("node rank " + std::to_string(rank) + " in round " +
-                           std::to_string(round) + " is already taken by " + holder);
-  }
-  info.group_rank = rank;
-  ASSIGN_OR_RETURN(int64_t joined, store.Add(RoundKey(round, "joined"), 1));
-  if (joined == o.nnodes) {
-    RETURN_IF_ERROR(store.Set(RoundKey(round, "closed"), "1"));
-    return info;
-  }
-  Status waited;
-  do {
+    const std::string expected = text.value_or("");
+    int me = s.IndexOf(o.node_id);
+    if (s.closed) {
+      if (me < 0) return std::optional<RoundInfo>();
+      RETURN_IF_ERROR(store.Set(kCurrentKey, std::to_string(round)));
+      return std::optional<RoundInfo>(Info(round, s, me));
+    }
+    State next = s;
+    next.version = s.version + 1;
+    if (me < 0) {  // join
+      for (const auto& m : s.nodes) {
+        if (o.rank_hint >= 0 && m.hint == o.rank_hint) {
+          return InvalidArgument("node rank " + std::to_string(o.rank_hint) + " in round " +
+                                 std::to_string(round) + " is already taken by " + m.id);
+        }
+      }
+      next.nodes.push_back({o.node_id, o.rank_hint});
+      if (static_cast<int>(next.nodes.size()) >= o.max_nodes) next.Close();
+    } else if (static_cast<int>(s.nodes.size()) >= o.min_nodes) {  // last call
+      if (!last_call_since) last_call_since = Clock::now();
+      if (Clock::now() - *last_call_since >= o.last_call) next.Close();
+    }
+    if (next.nodes.size() != s.nodes.size() || next.closed) {
+      const std::string desired = next.Encode();
+      ASSIGN_OR_RETURN(std::string now, store.CompareSet(StateKey(round), expected, desired));
+      if (now == desired && next.closed) RETURN_IF_ERROR(store.Set(ClosedKey(round), "1"));
+      continue;  // won or lost, read the state again
+    }
+    if (Clock::now() >= deadline) {
+      std::vector<std::string> ids, missing;
+      for (const auto& m : s.nodes) ids.push_back(m.id);
+      for (int r = 0; r < o.max_nodes && missing.size() < 16; ++r) {
+        bool hinted = std::any_of(s.nodes.begin(), s.nodes.end(), [r](const Member& m) { return m.hint == r; });
+        if (!hinted && o.rank_hint >= 0) missing.push_back(std::to_string(r));
+      }
+      std::string need = o.min_nodes == o.max_nodes
+                             ? std::to_string(o.max_nodes)
+                             : "at least " + std::to_string(o.min_nodes) + " (max " +
+                                   std::to_string(o.max_nodes) + ")";
+      return Timeout("rendezvous round " + std::to_string(round) + ": " +
+                     std::to_string(s.nodes.size()) + " of " + need + " nodes joined within " +
+                     FormatDuration(o.timeout) + " (joined: " + Join(ids, ", ") + ")" +
+                     (missing.empty() ? "" : "; missing node rank(s) " + Join(missing, ", ")));
+    }
     if (o.check) RETURN_IF_ERROR(o.check());
-    waited = store.Wait({RoundKey(round, "closed")}, std::min(Remaining(deadline), Duration(200)));
-    if (waited.ok()) return info;
-    if (waited.code() != Code::kTimeout) return waited;
-  } while (Clock::now() < deadline);
-  std::vector<std::string> missing;
-  for (int r = 0; r < o.nnodes && missing.size() < 16; ++r) {
-    auto got = store.TryGet(RoundKey(round, "node/" + std::to_string(r)));
-    if (got.ok() && !got->has_value()) missing.push_back(std::to_string(r));
+    Duration wait = std::min(Remaining(deadline), o.poll);
+    if (last_call_since) wait = std::min(wait, Remaining(*last_call_since + o.last_call));
+    Status waited = store.Wait({ClosedKey(round)}, std::max(wait, Duration(1)));
+    if (!waited.ok() && waited.code() != Code::kTimeout) return waited;
   }
-  auto now_joined = store.TryGet(RoundKey(round, "joined"));
-  std::string count = now_joined.ok() && now_joined->has_value() ? **now_joined : "?";
-  return Timeout("rendezvous round " + std::to_string(round) + ": " + count + " of " +
-                 std::to_string(o.nnodes) + " nodes joined within " + FormatDuration(o.timeout) +
-                 (missing.empty() ? "" : "; missing node rank(s) " + Join(missing, ", ")));
 }
 
 }  // namespace trainctl

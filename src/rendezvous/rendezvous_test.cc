@@ -5,81 +5,185 @@
 #include <set>
 #include <thread>
 
+#include "store/etcd/etcd_store.h"
 #include "store/memory/memory_store.h"
+#include "tests/etcd_server.h"
 
 namespace trainctl {
 namespace {
 
-RendezvousOptions Opts(int nnodes, int rank, const std::string& id) {
+using namespace std::chrono_literals;
+
+RendezvousOptions Opts(int min, int max, int hint, const std::string& id) {
   RendezvousOptions o;
-  o.nnodes = nnodes;
-  o.node_rank = rank;
+  o.min_nodes = min;
+  o.max_nodes = max;
+  o.rank_hint = hint;
   o.node_id = id;
-  o.timeout = std::chrono::seconds(10);
+  o.timeout = 10s;
+  o.last_call = 10min;  // tests that want a last call set it
+  o.poll = 20ms;
   return o;
+}
+
+// Joins from one thread per node; returns each node's result.
+std::vector<Result<std::optional<RoundInfo>>> JoinAll(Store& store, int round,
+                                                      const std::vector<RendezvousOptions>& opts) {
+  std::vector<Result<std::optional<RoundInfo>>> out(opts.size(), Internal("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < opts.size(); ++i) {
+    threads.emplace_back([&, i] { out[i] = JoinRound(store, round, 0, opts[i]); });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+void ExpectDistinctContiguousRanks(Store& store, int nodes) {
+  std::vector<RendezvousOptions> opts;
+  for (int i = 0; i < nodes; ++i) opts.push_back(Opts(nodes, nodes, -1, "node" + std::to_string(i)));
+  auto results = JoinAll(store, 0, opts);
+  std::set<int> ranks;
+  for (int i = 0; i < nodes; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    ASSERT_TRUE(results[i]->has_value());
+    const RoundInfo& info = **results[i];
+    EXPECT_EQ(info.group_world_size, nodes);
+    ranks.insert(info.group_rank);
+    // Every node sees the same assignment, and its own id at its rank.
+    EXPECT_EQ(info.nodes, (*results[0])->nodes);
+    EXPECT_EQ(info.nodes[info.group_rank], "node" + std::to_string(i));
+  }
+  EXPECT_EQ(static_cast<int>(ranks.size()), nodes);
+  EXPECT_EQ(*ranks.begin(), 0);
+  EXPECT_EQ(*ranks.rbegin(), nodes - 1);
 }
 
 TEST(Rendezvous, ArrivingNodesGetDistinctContiguousRanks) {
   MemoryStore store;
-  constexpr int kNodes = 5;
-  std::vector<int> ranks(kNodes, -1);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < kNodes; ++i) {
-    threads.emplace_back([&, i] {
-      auto r = JoinRound(store, 0, Opts(kNodes, -1, "node" + std::to_string(i)));
-      ASSERT_TRUE(r.ok()) << r.status().ToString();
-      EXPECT_EQ(r->group_world_size, kNodes);
-      ranks[i] = r->group_rank;
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::set<int> unique(ranks.begin(), ranks.end());
-  EXPECT_EQ(unique, (std::set<int>{0, 1, 2, 3, 4}));
+  ExpectDistinctContiguousRanks(store, 6);
 }
 
-TEST(Rendezvous, FixedRanksAreKeptAndCannotBeTakenTwice) {
+TEST(Rendezvous, ArrivingNodesGetDistinctContiguousRanksOnEtcd) {
+  EtcdStoreOptions o;
+  o.endpoints = testing::SharedEtcd().endpoints();
+  auto etcd = EtcdStore::Connect(o);
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  PrefixStore store(etcd->get(), "/rendezvous-test/" + std::to_string(::getpid()) + "/");
+  ExpectDistinctContiguousRanks(store, 4);
+}
+
+TEST(Rendezvous, HintsOrderTheRanksAndCannotBeTakenTwice) {
   MemoryStore store;
-  std::thread other([&] { ASSERT_TRUE(JoinRound(store, 0, Opts(2, 1, "b")).ok()); });
-  auto mine = JoinRound(store, 0, Opts(2, 0, "a"));
-  other.join();
-  ASSERT_TRUE(mine.ok());
-  EXPECT_EQ(mine->group_rank, 0);
-  auto dup = JoinRound(store, 0, Opts(2, 1, "c"));
+  auto results = JoinAll(store, 0, {Opts(3, 3, 2, "c"), Opts(3, 3, -1, "x"), Opts(3, 3, 0, "a")});
+  for (auto& r : results) ASSERT_TRUE(r.ok() && r->has_value()) << r.status().ToString();
+  EXPECT_EQ((*results[2])->group_rank, 0);
+  EXPECT_EQ((*results[0])->group_rank, 1);  // hinted nodes first, by hint; ranks stay contiguous
+  EXPECT_EQ((*results[1])->group_rank, 2);
+
+  std::thread other([&] { EXPECT_TRUE(JoinRound(store, 1, 0, Opts(2, 2, 1, "b")).ok()); });
+  ASSERT_TRUE(testing::Eventually([&] {
+    auto peek = PeekRound(store, 1);
+    return peek.ok() && peek->has_value();
+  }));
+  auto dup = JoinRound(store, 1, 0, Opts(2, 2, 1, "c"));
   ASSERT_FALSE(dup.ok());
-  EXPECT_NE(dup.status().message().find("already taken by b"), std::string::npos);
-  EXPECT_FALSE(JoinRound(store, 1, Opts(2, 2, "d")).ok());  // out of range
+  EXPECT_NE(dup.status().message().find("already taken by b"), std::string::npos) << dup.status().message();
+  EXPECT_TRUE(JoinRound(store, 1, 0, Opts(2, 2, 0, "a")).ok());
+  other.join();
+  EXPECT_FALSE(JoinRound(store, 2, 0, Opts(2, 2, 2, "d")).ok());  // out of range
 }
 
-TEST(Rendezvous, TimeoutNamesTheMissingNodes) {
+TEST(Rendezvous, ARoundClosesAtOnceWhenMaxNodesJoin) {
   MemoryStore store;
-  auto o = Opts(3, 0, "a");
-  o.timeout = std::chrono::milliseconds(300);
-  auto r = JoinRound(store, 0, o);
+  auto start = Clock::now();
+  auto results = JoinAll(store, 0, {Opts(1, 2, -1, "a"), Opts(1, 2, -1, "b")});  // last call 10 min
+  EXPECT_LT(Clock::now() - start, 5s);
+  for (auto& r : results) {
+    ASSERT_TRUE(r.ok() && r->has_value()) << r.status().ToString();
+    EXPECT_EQ((*r)->group_world_size, 2);
+  }
+}
+
+TEST(Rendezvous, LastCallClosesTheRoundWithFewerThanMaxNodes) {
+  MemoryStore store;
+  auto o = Opts(1, 3, -1, "a");
+  o.last_call = 300ms;
+  auto start = Clock::now();
+  auto r = JoinRound(store, 0, 0, o);
+  auto took = Clock::now() - start;
+  ASSERT_TRUE(r.ok() && r->has_value()) << r.status().ToString();
+  EXPECT_EQ((*r)->group_world_size, 1);
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 5s);
+  EXPECT_EQ(*CurrentRound(store), 0);
+
+  // A node that comes later finds the round closed without it: it is not in this round.
+  auto late = JoinRound(store, 0, 0, Opts(1, 3, -1, "b"));
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_FALSE(late->has_value());
+  auto peek = PeekRound(store, 0);
+  ASSERT_TRUE(peek.ok() && peek->has_value());
+  EXPECT_EQ((*peek)->nodes, std::vector<std::string>{"a"});
+}
+
+TEST(Rendezvous, TheRoundKeepsTheRestartCountOfItsFirstJoiner) {
+  MemoryStore store;
+  std::thread first([&] {
+    auto r = JoinRound(store, 3, 2, Opts(2, 2, -1, "a"));
+    ASSERT_TRUE(r.ok() && r->has_value());
+    EXPECT_EQ((*r)->restarts, 2);
+  });
+  ASSERT_TRUE(testing::Eventually([&] {
+    auto peek = PeekRound(store, 3);
+    return peek.ok() && peek->has_value();
+  }));
+  auto second = JoinRound(store, 3, 0, Opts(2, 2, -1, "b"));
+  first.join();
+  ASSERT_TRUE(second.ok() && second->has_value());
+  EXPECT_EQ((*second)->restarts, 2);
+  EXPECT_EQ(*CurrentRound(store), 3);
+}
+
+TEST(Rendezvous, TimeoutNamesWhoJoinedAndTheMissingNodes) {
+  MemoryStore store;
+  auto o = Opts(3, 3, 0, "host-a:12");
+  o.timeout = 300ms;
+  auto r = JoinRound(store, 0, 0, o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kTimeout);
-  EXPECT_NE(r.status().message().find("1 of 3 nodes joined"), std::string::npos) << r.status().message();
-  EXPECT_NE(r.status().message().find("missing node rank(s) 1, 2"), std::string::npos);
+  const std::string& m = r.status().message();
+  EXPECT_NE(m.find("1 of 3 nodes joined"), std::string::npos) << m;
+  EXPECT_NE(m.find("joined: host-a:12"), std::string::npos) << m;
+  EXPECT_NE(m.find("missing node rank(s) 1, 2"), std::string::npos) << m;
+
+  auto elastic = Opts(2, 4, -1, "b");
+  elastic.timeout = 200ms;
+  auto e = JoinRound(store, 1, 0, elastic);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("1 of at least 2 (max 4) nodes joined"), std::string::npos)
+      << e.status().message();
 }
 
 TEST(Rendezvous, ACheckCanAbortTheWait) {
   MemoryStore store;
-  auto o = Opts(2, 0, "a");
+  auto o = Opts(2, 2, 0, "a");
   o.timeout = std::chrono::minutes(5);
   int calls = 0;
   o.check = [&calls] { return ++calls >= 3 ? Aborted("stop requested") : Status::Ok(); };
   auto start = Clock::now();
-  auto r = JoinRound(store, 0, o);
+  auto r = JoinRound(store, 0, 0, o);
   EXPECT_EQ(r.status().code(), Code::kAborted);
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  EXPECT_LT(Clock::now() - start, 5s);
 }
 
 TEST(Rendezvous, RoundsAreIndependent) {
   MemoryStore store;
-  ASSERT_TRUE(JoinRound(store, 0, Opts(1, -1, "a")).ok());
-  auto next = JoinRound(store, 1, Opts(1, -1, "a"));
-  ASSERT_TRUE(next.ok());
-  EXPECT_EQ(next->round, 1);
-  EXPECT_EQ(next->group_rank, 0);
+  ASSERT_TRUE(JoinRound(store, 0, 0, Opts(1, 1, -1, "a")).ok());
+  auto next = JoinRound(store, 1, 1, Opts(1, 1, -1, "a"));
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_EQ((*next)->round, 1);
+  EXPECT_EQ((*next)->group_rank, 0);
+  EXPECT_EQ((*next)->restarts, 1);
 }
 
 }  // namespace

@@ -482,14 +482,18 @@ Result<JobSpec> Decode(const Node& root) {
   }
   if (const Node* n = Decoder::Child(root, "timeouts")) {
     if (n->kind != Kind::kMap) {
-      d.Error(*n, "timeouts", std::string("expected a mapping {rendezvous, stop_grace, job}, got ") +
+      d.Error(*n, "timeouts", std::string("expected a mapping {rendezvous, stop_grace, job, last_call, heartbeat, collective}, got ") +
                                   n->KindName());
     } else {
-      d.CheckKeys(*n, "timeouts", {"rendezvous", "stop_grace", "job"});
+      d.CheckKeys(*n, "timeouts",
+                  {"rendezvous", "stop_grace", "job", "last_call", "heartbeat", "collective"});
       struct { const char* key; Duration* out; bool zero_ok; } fields[] = {
           {"rendezvous", &spec.timeouts.rendezvous, false},
           {"stop_grace", &spec.timeouts.stop_grace, true},
-          {"job", &spec.timeouts.job, true}};
+          {"job", &spec.timeouts.job, true},
+          {"last_call", &spec.timeouts.last_call, true},
+          {"heartbeat", &spec.timeouts.heartbeat, false},
+          {"collective", &spec.timeouts.collective, false}};
       for (auto& f : fields) {
         const Node* m = Decoder::Child(*n, f.key);
         if (!m) continue;

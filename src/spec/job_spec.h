@@ -31,6 +31,13 @@ struct TimeoutsSpec {
   Duration rendezvous = std::chrono::minutes(5);  // all nodes must join within this
   Duration stop_grace = std::chrono::seconds(10); // SIGTERM, then SIGKILL after this
   Duration job = Duration(0);                     // whole-job deadline; 0: none
+  // Elastic rounds: once min nodes have joined, wait this long for more before closing.
+  Duration last_call = std::chrono::seconds(3);
+  // A node whose agent has not heartbeated for this long is lost; its round ends.
+  Duration heartbeat = std::chrono::seconds(10);
+  // A collective (allreduce, broadcast, barrier) of the built-in trainer that does not complete
+  // in this long fails, naming the ranks that never arrived.
+  Duration collective = std::chrono::seconds(60);
 };
 
 // The built-in trainer (`trainer:` in a spec, instead of `command:`). docs/job-spec.md lists the

@@ -36,7 +36,10 @@ std::string JobSpecToJson(const JobSpec& s, int indent) {
       {"timeouts_ms",
        {{"rendezvous", s.timeouts.rendezvous.count()},
         {"stop_grace", s.timeouts.stop_grace.count()},
-        {"job", s.timeouts.job.count()}}},
+        {"job", s.timeouts.job.count()},
+        {"last_call", s.timeouts.last_call.count()},
+        {"heartbeat", s.timeouts.heartbeat.count()},
+        {"collective", s.timeouts.collective.count()}}},
       {"rendezvous", s.rendezvous},
       {"output_dir", s.output_dir},
       {"checkpoint_dir", s.checkpoint_dir},
@@ -67,6 +70,9 @@ Result<JobSpec> JobSpecFromJson(const std::string& text) {
     s.timeouts.rendezvous = Duration(t.at("rendezvous").get<int64_t>());
     s.timeouts.stop_grace = Duration(t.at("stop_grace").get<int64_t>());
     s.timeouts.job = Duration(t.at("job").get<int64_t>());
+    s.timeouts.last_call = Duration(t.at("last_call").get<int64_t>());
+    s.timeouts.heartbeat = Duration(t.at("heartbeat").get<int64_t>());
+    s.timeouts.collective = Duration(t.at("collective").get<int64_t>());
     s.rendezvous = j.at("rendezvous").get<std::string>();
     s.output_dir = j.at("output_dir").get<std::string>();
     s.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();

@@ -466,10 +466,13 @@ int RunTrainer(const TrainOptions& options) {
   if (t.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
 
   // Collectives: shared memory when every rank is on this host, else Gloo over TCP.
-  PrefixStore comm_store(client->get(), prefix + "comm/" + std::to_string(restart) + "/");
+  // A fresh key space per rendezvous round (a membership change starts a round, not a restart).
+  const int round = EnvInt("TRAINCTL_ROUND", restart);
+  PrefixStore comm_store(client->get(), prefix + "comm/" + std::to_string(round) + "/");
   const bool one_node = EnvInt("GROUP_WORLD_SIZE", 0) == 1 || EnvInt("LOCAL_WORLD_SIZE", 0) == world;
   const bool shm = t.backend == "shm" || (t.backend == "auto" && one_node);
-  const Duration comm_timeout = std::chrono::seconds(60);
+  const Duration comm_timeout = spec->timeouts.collective;
+  const std::string host = EnvString("TRAINCTL_HOST").empty() ? "127.0.0.1" : EnvString("TRAINCTL_HOST");
   Result<std::unique_ptr<comm::Communicator>> comm = Unavailable("");
   if (shm) {
     comm::ShmOptions so;
@@ -481,15 +484,20 @@ int RunTrainer(const TrainOptions& options) {
     comm::GlooOptions go;
     go.rank = rank;
     go.size = world;
-    go.host = EnvString("TRAINCTL_HOST").empty() ? "127.0.0.1" : EnvString("TRAINCTL_HOST");
+    go.host = host;
     go.timeout = comm_timeout;
     comm = comm::ConnectGloo(comm_store, go);
   }
   if (!comm.ok()) return fail(comm.status());
+  if (Status st = comm::AnnounceRank(comm_store, rank, host); !st.ok()) return fail(st);
 
   try {
     Trainer trainer(*spec, rank, world, comm->get());
     Status st = trainer.Run();
+    if (st.code() == Code::kTimeout) {
+      Duration grace = std::min<Duration>(comm_timeout / 2, std::chrono::seconds(5));
+      st = comm::NameStalledRanks(comm_store, rank, world, grace, st);
+    }
     if (!st.ok()) return fail(st);
   } catch (const std::exception& e) {  // LibTorch reports errors as c10::Error
     return fail(Status(Code::kInternal, std::string("LibTorch: ") + e.what()));

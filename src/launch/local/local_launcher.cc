@@ -115,6 +115,9 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   const bool has_deadline = spec.timeouts.job.count() > 0;
   const auto job_deadline = start + spec.timeouts.job;
   int signals_seen = 0;
+  const bool elastic = spec.nodes.min < spec.nodes.max;
+  bool any_succeeded = false;
+  int lost_code = kExitOk;
   while (true) {
     int sig = WaitSignal(std::chrono::milliseconds(50));
     if (sig && sig != SIGCHLD) {
@@ -135,7 +138,15 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       if (::waitpid(a.pid, &status, WNOHANG) == a.pid) {
         a.done = true;
         ExitInfo exit = ExitInfo::FromWaitStatus(status);
-        if (!exit.success()) {
+        if (exit.success()) {
+          any_succeeded = true;
+        } else if (exit.signaled && elastic && !stopping) {
+          // An elastic job goes on without the node: its peers miss its heartbeat and start
+          // a new round with the nodes that are left.
+          LOG_WARN("the agent for node {} died: {}; the job goes on with the other nodes "
+                   "(nodes.min: {})", a.node, exit.Describe(), spec.nodes.min);
+          if (lost_code == kExitOk) lost_code = kExitError;
+        } else {
           int code = exit.signaled ? kExitError : exit.code;
           if (exit.signaled) {
             LOG_ERROR("the agent for node {} died: {}", a.node, exit.Describe());
@@ -148,7 +159,10 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
         all_done = false;
       }
     }
-    if (all_done) break;
+    if (all_done) {
+      if (!any_succeeded && final_code == kExitOk) final_code = lost_code;
+      break;
+    }
     if (stopping && Clock::now() >= kill_at) {
       for (auto& a : agents) {
         if (!a.done) ::kill(-a.pid, SIGKILL);
