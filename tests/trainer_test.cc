@@ -101,6 +101,19 @@ TEST(Trainer, ACorruptNewestCheckpointFallsBackToTheOneBefore) {
   EXPECT_NE(second.output.find("skipping checkpoint " + newest), std::string::npos) << second.output;
   EXPECT_NE(second.output.find("resuming from " + s.path("out/checkpoints/ckpt-0000000004")),
             std::string::npos) << second.output;
+
+  // An exported model (weights, no training position) put where a checkpoint goes is named as
+  // such, not trained from as if it were one.
+  std::string last = s.path("out/checkpoints/ckpt-0000000009.safetensors");
+  ASSERT_TRUE(Exists(last));
+  std::filesystem::copy_file(s.path("out/model.safetensors"), last,
+                             std::filesystem::copy_options::overwrite_existing);
+  auto third = Trainctl({"run", s.Write("c.yaml", Spec("fallback", s.path("out"), trainer(11)))},
+                        s.path(""), std::chrono::seconds(120));
+  EXPECT_NE(third.exit.code, 0) << third.output;
+  EXPECT_NE(third.output.find("checkpoint " + last + ": its metadata field optimizer.steps is "
+                              "missing, expected a count (is it an exported model"),
+            std::string::npos) << third.output;
 }
 
 TEST(Trainer, ResNet18TrainsOnCifarShapedDataWithIdenticalRanks) {

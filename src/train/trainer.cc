@@ -1,5 +1,6 @@
 // The built-in data-parallel trainer: one process per rank, started by the agent as
 // `trainctl train` with the torchrun environment. See docs/trainer.md.
+#include <charconv>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <torch/nn/functional/loss.h>
@@ -266,17 +267,31 @@ Status Trainer::Resume() {
                                ckpt->Meta("model") + "', the spec trains '" + t_.model +
                                "'; use another checkpoint_dir or remove it");
       }
+      // The training position; an exported model (weights only) in checkpoint_dir lacks it.
+      int64_t position[4];
+      const char* fields[4] = {"optimizer.steps", "batch_in_epoch", "global_batch", "epoch"};
+      for (int i = 0; i < 4; ++i) {
+        const std::string text = ckpt->Meta(fields[i]);
+        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), position[i]);
+        if (text.empty() || ec != std::errc() || end != text.data() + text.size() || position[i] < 0) {
+          return InvalidArgument("checkpoint " + checkpoints_->PathFor(ckpt->step) +
+                                 ": its metadata field " + fields[i] + " is " +
+                                 (text.empty() ? "missing" : "'" + text + "'") +
+                                 ", expected a count (is it an exported model, not a checkpoint?)");
+        }
+      }
       RETURN_IF_ERROR(LoadModuleState(*model_, *ckpt));
       for (auto& [name, t] : opt_state) {
         const checkpoint::Blob* b = ckpt->Find("optimizer." + name);
-        if (!b) return InvalidArgument("checkpoint lacks optimizer state " + name);
+        if (!b) return InvalidArgument("checkpoint " + checkpoints_->PathFor(ckpt->step) +
+                                       " lacks optimizer state " + name);
         RETURN_IF_ERROR(CopyBlob(*b, t));
       }
-      opt_steps = std::stoll(ckpt->Meta("optimizer.steps"));
+      opt_steps = position[0];
       header[0] = 1;
       header[1] = ckpt->step;
-      header[2] = std::stoll(ckpt->Meta("batch_in_epoch")) * std::stoll(ckpt->Meta("global_batch"));
-      header[3] = std::stoll(ckpt->Meta("epoch"));
+      header[2] = position[1] * position[2];
+      header[3] = position[3];
       LOG_INFO("resuming from {} (step {}, epoch {})", checkpoints_->PathFor(ckpt->step), ckpt->step,
                header[3] + 1);
     } else if (ckpt.status().code() != Code::kNotFound) {
