@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "common/strings.h"
+#include "tests/etcd_server.h"
 #include "tests/test_util.h"
 
 namespace trainctl::testing {
@@ -221,6 +222,29 @@ timeouts: {collective: 2s, stop_grace: 2s}
   EXPECT_NE(out.find("restarting the worker group (restart 1 of 3)"), std::string::npos) << out;
   EXPECT_NE(out.find("resuming from"), std::string::npos) << out;
   EXPECT_TRUE(ProcessGone(rank1[0])) << "the stopped worker was left behind";
+}
+
+TEST(Trainer, TrainingGoesOnWhenOneOfThreeEtcdMembersIsKilled) {
+  EtcdCluster etcd(3);
+  Scratch s;
+  std::string url = "etcd://" + Join(etcd.endpoints(), ",");
+  // 2 nodes: the agents' rounds, heartbeats and the Gloo rendezvous all go through etcd.
+  std::string spec = s.Write("job.yaml", Spec("etcd3", s.path("out"), R"(  model: cnn
+  data: {limit: 1280, test_limit: 100}
+  batch_size: 8
+  threads: 1
+  log_every: 1
+  eval: false
+rendezvous: )" + url + "\n", 2, 1));
+  Background job({"run", spec}, s.path(""), s.path("run.log"));
+  ASSERT_TRUE(Eventually([&] { return SplitLines(s.Read("out/metrics.jsonl")).size() >= 5; },
+                         std::chrono::seconds(60))) << job.Output();
+  etcd.Kill(0);  // the member every client tries first
+  ExitInfo exit = job.Wait(std::chrono::seconds(120));
+  EXPECT_EQ(exit.code, 0) << job.Output();
+  auto status = nlohmann::json::parse(s.Read("out/status.json"));
+  EXPECT_EQ(status["restarts"], 0) << job.Output();
+  EXPECT_EQ(SplitLines(s.Read("out/metrics.jsonl")).size(), 80u + 1) << s.Read("out/metrics.jsonl");
 }
 
 }  // namespace
