@@ -159,6 +159,7 @@ class Trainer {
   int64_t batch_in_epoch_ = 0;  // batches done in the current epoch
   bool last_saved_ = false;
   bool tty_ = EnvInt("TRAINCTL_TTY", 0) == 1;  // redraw a progress bar in place
+  int restart_ = EnvInt("TORCHELASTIC_RESTART_COUNT", 0);
 };
 
 Status Trainer::Setup() {
@@ -330,6 +331,7 @@ Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds
                                  {"loss", loss},
                                  {"lr", lr},
                                  {"samples_per_s", rate},
+                                 {"restart", double(restart_)},
                                  {"time", WallSeconds()}}));
   double now = WallSeconds();
   RETURN_IF_ERROR(events_->AddScalar("train/loss", loss, step_, now));
