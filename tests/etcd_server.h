@@ -13,16 +13,17 @@ namespace trainctl::testing {
 
 class EtcdCluster {
  public:
-  explicit EtcdCluster(int members) {
+  // Members listen on `host` (loopback unless a test gives another address of this machine).
+  explicit EtcdCluster(int members, std::string host = "127.0.0.1") : host_(std::move(host)) {
     std::vector<std::string> peers;
     std::string initial;
     for (int i = 0; i < members; ++i) {
       client_ports_.push_back(FreePort());
-      peers.push_back("http://127.0.0.1:" + std::to_string(FreePort()));
+      peers.push_back("http://" + host_ + ":" + std::to_string(FreePort()));
       initial += (i ? "," : "") + Name(i) + "=" + peers.back();
     }
     for (int i = 0; i < members; ++i) {
-      std::string client = "http://127.0.0.1:" + std::to_string(client_ports_[i]);
+      std::string client = "http://" + host_ + ":" + std::to_string(client_ports_[i]);
       SpawnOptions o;
       o.argv = {"etcd", "--name", Name(i), "--data-dir", scratch_.path(Name(i)),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
@@ -45,10 +46,10 @@ class EtcdCluster {
   ~EtcdCluster() {
     for (size_t i = 0; i < pids_.size(); ++i) Kill(static_cast<int>(i));
   }
-  // "127.0.0.1:port" of each member's client URL.
+  // "host:port" of each member's client URL.
   std::vector<std::string> endpoints() const {
     std::vector<std::string> out;
-    for (int port : client_ports_) out.push_back("127.0.0.1:" + std::to_string(port));
+    for (int port : client_ports_) out.push_back(host_ + ":" + std::to_string(port));
     return out;
   }
   void Kill(int member) {
@@ -72,6 +73,7 @@ class EtcdCluster {
     ::close(fd);
     return ntohs(a.sin_port);
   }
+  std::string host_;
   Scratch scratch_;
   std::vector<int> client_ports_;
   std::vector<pid_t> pids_;

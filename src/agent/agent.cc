@@ -91,7 +91,9 @@ struct Agent::Outcome {
 };
 
 Agent::Agent(AgentOptions options, Store* store) : o_(std::move(options)), store_(store) {
-  node_id_ = HostName() + ":" + std::to_string(::getpid());
+  // "host:pid", or "host/address:pid" when peers reach this node at another address than loopback.
+  std::string where = o_.host == "127.0.0.1" || o_.host == "::1" ? HostName() : HostName() + "/" + o_.host;
+  node_id_ = where + ":" + std::to_string(::getpid());
 }
 
 Status Agent::CheckStop() {
