@@ -13,7 +13,7 @@ batch 64, one thread each) under SIGKILL.
 
 Prints lines for bench/RESULTS.md. Usage: bench/faults.py recovery|soak [--trainctl PATH] ...
 """
-import argparse, glob, json, os, random, signal, statistics, subprocess, sys, tempfile, time
+import argparse, glob, json, os, random, shutil, signal, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -190,6 +190,11 @@ def main():
     ap.add_argument("--every", type=float, default=30, help="soak: seconds between kills")
     ap.add_argument("--checkpoint-every", type=int, default=100)
     a = ap.parse_args()
+    # Run a copy, so that a rebuild during a long run does not change what runs.
+    bin_dir = tempfile.mkdtemp(prefix="bench-faults-bin-")
+    for f in ("trainctl", "trainctl-torch.so"):
+        shutil.copy2(os.path.join(os.path.dirname(a.trainctl), f), bin_dir)
+    a.trainctl = os.path.join(bin_dir, "trainctl")
     random.seed(1)
     recovery(a) if a.mode == "recovery" else soak(a)
 

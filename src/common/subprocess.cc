@@ -82,7 +82,15 @@ void SetEnv(std::vector<std::string>* env, const std::string& key, const std::st
 std::string SelfExe() {
   char self[4096];
   ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  return n > 0 ? std::string(self, static_cast<size_t>(n)) : "trainctl";
+  if (n <= 0) return "trainctl";
+  std::string path(self, static_cast<size_t>(n));
+  // Replaced while running (a package upgrade, a rebuild): the kernel reports the old file as
+  // deleted. Workers restarted later run the file now at that path.
+  constexpr std::string_view kDeleted = " (deleted)";
+  if (path.ends_with(kDeleted) && ::access(path.c_str(), X_OK) != 0) {
+    path.resize(path.size() - kDeleted.size());
+  }
+  return path;
 }
 
 Result<std::string> FindExecutable(const std::string& name, const std::vector<std::string>& env) {

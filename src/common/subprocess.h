@@ -56,6 +56,7 @@ void SetEnv(std::vector<std::string>* env, const std::string& key, const std::st
 Result<std::string> FindExecutable(const std::string& name, const std::vector<std::string>& env);
 
 // The absolute path of this process's executable (/proc/self/exe), or "trainctl" if unknown.
+// If the executable was replaced since this process started, the path of its replacement.
 std::string SelfExe();
 
 // Runs a command to completion, collecting stdout+stderr; kills it (whole group) after `timeout`.
