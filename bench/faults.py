@@ -10,8 +10,11 @@ batch 64, one thread each) under SIGKILL.
             same job (same seed, same step count, deterministic) without kills. Checks: the job
             completes, final test accuracy within 0.5 points of the uninterrupted run, every
             checkpoint left is valid, no process of the job outlives it, restarts == kills.
+  hang:     SIGSTOP a random worker, --trials times: time until a live rank reports the stopped
+            one by rank and host (target: within timeouts.collective, default 60 s), and until
+            the restarted group completes a step.
 
-Prints lines for bench/RESULTS.md. Usage: bench/faults.py recovery|soak [--trainctl PATH] ...
+Prints lines for bench/RESULTS.md. Usage: bench/faults.py recovery|soak|hang [--trainctl PATH] ...
 """
 import argparse, glob, json, os, random, shutil, signal, statistics, subprocess, sys, tempfile, time
 
@@ -81,7 +84,7 @@ def start(trainctl, text, out):
     path = out + ".yaml"
     open(path, "w").write(text)
     log = open(out + ".log", "w")
-    return subprocess.Popen([trainctl, "run", path], stdout=subprocess.DEVNULL, stderr=log)
+    return subprocess.Popen([trainctl, "run", path], stdout=log, stderr=subprocess.STDOUT)
 
 
 def wait_for(cond, timeout, what):
@@ -129,6 +132,46 @@ def recovery(a):
           f"p50 {statistics.median(times):.2f} s, p99 {p(0.99):.2f} s, max {times[-1]:.2f} s, "
           f"min {times[0]:.2f} s (targets: p50 <= 2 s, p99 <= 5 s); "
           f"processes left after the job: {len(left)}")
+
+
+def hang(a):
+    """SIGSTOP a random worker; time until a live rank reports it by rank and host, and until
+    the restarted group completes a step."""
+    tmp = tempfile.mkdtemp(prefix="bench-hang-")
+    out = os.path.join(tmp, "job")
+    text = spec("bench-hang", out, 10**7, False, 50) + \
+        (f"timeouts: {{collective: {a.timeout}s}}\n" if a.timeout else "")
+    proc = start(a.trainctl, text, out)
+    m = Metrics(os.path.join(out, "metrics.jsonl"))
+    rows = []
+    for i in range(a.trials):
+        def trained(n):
+            m.poll()
+            return sum(1 for r in m.steps if r["restart"] == i) >= n
+        wait_for(lambda: trained(5), 120, f"restart {i} to train")
+        rank = random.choice([0, 1])
+        pid = job_pids("bench-hang", [f"TORCHELASTIC_RESTART_COUNT={i}", f"RANK={rank}"])[0]
+        t = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: any(r["restart"] == i + 1 for r in (m.poll() or m.steps)), 600,
+                 f"restart {i + 1}")
+        recovered = next(r for r in m.steps if r["restart"] == i + 1)["time"] - t
+        report = next(l for l in open(out + ".log") if "stalled or unreachable" in l and
+                      f"restart={i}]" in l)
+        stamp = report.split("] ", 1)[1].split(" ")[0]  # the worker's own log time
+        reported = time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) + \
+            float(stamp[19:]) - time.timezone - t
+        named = f"stalled or unreachable: rank {rank} on " in report and f"pid {pid})" in report
+        rows.append((rank, reported, recovered, named))
+        print(f"SIGSTOP rank {rank}: reported after {reported:.1f} s, naming it: {named}; "
+              f"next step after {recovered:.1f} s", flush=True)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    time.sleep(0.5)
+    print(f"hang: collective timeout {a.timeout or 60} s, {len(rows)} SIGSTOPs: reported after "
+          f"{' '.join('%.1f' % r[1] for r in rows)} s, stopped rank and host named in "
+          f"{sum(r[3] for r in rows)}/{len(rows)}, next step after "
+          f"{' '.join('%.1f' % r[2] for r in rows)} s; processes left {len(job_pids('bench-hang'))}")
 
 
 def accuracy(trainctl, model):
@@ -183,7 +226,9 @@ def soak(a):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["recovery", "soak"])
+    ap.add_argument("mode", choices=["recovery", "soak", "hang"])
+    ap.add_argument("--trials", type=int, default=3, help="hang: SIGSTOPs")
+    ap.add_argument("--timeout", type=int, default=0, help="hang: timeouts.collective (0: default)")
     ap.add_argument("--trainctl", default=os.path.join(ROOT, "build", "src", "trainctl"))
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--steps", type=int, default=468 * 60, help="soak: training steps")
@@ -196,7 +241,7 @@ def main():
         shutil.copy2(os.path.join(os.path.dirname(a.trainctl), f), bin_dir)
     a.trainctl = os.path.join(bin_dir, "trainctl")
     random.seed(1)
-    recovery(a) if a.mode == "recovery" else soak(a)
+    {"recovery": recovery, "soak": soak, "hang": hang}[a.mode](a)
 
 
 if __name__ == "__main__":

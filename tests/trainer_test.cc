@@ -216,7 +216,7 @@ timeouts: {collective: 2s, stop_grace: 2s}
   ExitInfo exit = job.Wait(std::chrono::seconds(120));
   const std::string out = job.Output();
   EXPECT_EQ(exit.code, 0) << out;
-  EXPECT_NE(out.find("timed out on rank 0 after 2s: rank(s) 1 did not arrive"), std::string::npos) << out;
+  EXPECT_NE(out.find("timed out on rank 0 after 1.8s: rank(s) 1 did not arrive"), std::string::npos) << out;
   EXPECT_NE(out.find("stalled or unreachable: rank 1 on "), std::string::npos) << out;
   EXPECT_NE(out.find("pid " + std::to_string(rank1[0]) + ")"), std::string::npos) << out;
   EXPECT_NE(out.find("restarting the worker group (restart 1 of 3)"), std::string::npos) << out;

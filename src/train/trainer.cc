@@ -488,7 +488,10 @@ int RunTrainer(const TrainOptions& options) {
   PrefixStore comm_store(client->get(), prefix + "comm/" + std::to_string(round) + "/");
   const bool one_node = EnvInt("GROUP_WORLD_SIZE", 0) == 1 || EnvInt("LOCAL_WORLD_SIZE", 0) == world;
   const bool shm = t.backend == "shm" || (t.backend == "auto" && one_node);
-  const Duration comm_timeout = spec->timeouts.collective;
+  // A hang is reported within timeouts.collective: the collective gives up a little earlier and
+  // the rest goes to finding out which ranks are stalled (NameStalledRanks).
+  const Duration stall_grace = std::min<Duration>(spec->timeouts.collective / 10, std::chrono::seconds(3));
+  const Duration comm_timeout = spec->timeouts.collective - stall_grace;
   const std::string host = EnvString("TRAINCTL_HOST").empty() ? "127.0.0.1" : EnvString("TRAINCTL_HOST");
   Result<std::unique_ptr<comm::Communicator>> comm = Unavailable("");
   if (shm) {
@@ -512,8 +515,7 @@ int RunTrainer(const TrainOptions& options) {
     Trainer trainer(*spec, rank, world, comm->get());
     Status st = trainer.Run();
     if (st.code() == Code::kTimeout) {
-      Duration grace = std::min<Duration>(comm_timeout / 2, std::chrono::seconds(5));
-      st = comm::NameStalledRanks(comm_store, rank, world, grace, st);
+      st = comm::NameStalledRanks(comm_store, rank, world, stall_grace, st);
     }
     if (!st.ok()) return fail(st);
   } catch (const std::exception& e) {  // LibTorch reports errors as c10::Error
