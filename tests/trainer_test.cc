@@ -117,6 +117,45 @@ TEST(Trainer, ACorruptNewestCheckpointFallsBackToTheOneBefore) {
             std::string::npos) << third.output;
 }
 
+TEST(Trainer, AKilledWorkerResumesFromTheInMemorySnapshotExactly) {
+  Scratch s;
+  // Checkpoints only at the end: what the restart resumes from is the snapshot in /dev/shm.
+  const std::string trainer =
+      "  model: cnn\n  data: {limit: 1280}\n  batch_size: 32\n  threads: 1\n"
+      "  deterministic: true\n  epochs: 3\n  max_steps: 50\n  eval: false\n  log_every: 1\n"
+      "  checkpoint_every: 1000\n  snapshot_every: 4\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n";
+  auto whole = Trainctl({"run", s.Write("a.yaml", Spec("whole", s.path("a"), trainer))}, s.path(""),
+                        std::chrono::seconds(120));
+  ASSERT_EQ(whole.exit.code, 0) << whole.output;
+
+  Background job({"run", s.Write("b.yaml", Spec("snap", s.path("b"), trainer))}, s.path(""),
+                 s.path("run.log"));
+  int64_t seen = 0;
+  ASSERT_TRUE(Eventually([&] {
+    auto losses = Losses(Exists(s.path("b/metrics.jsonl")) ? s.Read("b/metrics.jsonl") : "");
+    seen = losses.empty() ? 0 : losses.rbegin()->first;
+    return seen >= 6;
+  }, std::chrono::seconds(60))) << job.Output();
+  auto rank1 = ProcessesWithEnv({"RANK=1", "TRAINCTL_JOB_NAME=snap"});
+  ASSERT_EQ(rank1.size(), 1u);
+  ASSERT_EQ(::kill(rank1[0], SIGKILL), 0);
+  ExitInfo exit = job.Wait(std::chrono::seconds(120));
+  const std::string out = job.Output();
+  ASSERT_EQ(exit.code, 0) << out;
+
+  std::smatch m;
+  static const std::regex re("resuming from (/dev/shm/trainctl-[^/ ]+)/ckpt-\\d+\\.safetensors \\(step (\\d+),");
+  ASSERT_TRUE(std::regex_search(out, m, re)) << out;
+  EXPECT_GE(std::stoll(m[2].str()), seen - 3) << "more than snapshot_every steps lost";
+  EXPECT_FALSE(Exists(m[1].str())) << "the snapshot outlived the job";
+
+  auto a = Losses(s.Read("a/metrics.jsonl"));
+  auto b = Losses(s.Read("b/metrics.jsonl"));
+  ASSERT_EQ(a.size(), 50u);
+  ASSERT_EQ(b.size(), 50u);
+  for (int64_t step = 1; step <= 50; ++step) EXPECT_EQ(a[step], b[step]) << "step " << step;
+}
+
 TEST(Trainer, ResNet18TrainsOnCifarShapedDataWithIdenticalRanks) {
   Scratch s;
   std::string spec = s.Write("job.yaml", Spec("resnet", s.path("out"), R"(  model: resnet18

@@ -421,6 +421,11 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
 
 int Agent::Run() {
   const JobSpec& s = o_.spec;
+  // The trainer's in-memory snapshot lives as long as this agent's part in the job.
+  struct RemoveSnapshot {
+    std::string dir;
+    ~RemoveSnapshot() { RemoveAll(dir); }
+  } remove_snapshot{SnapshotDir(o_.run_id)};
   // Orphans of our workers come back to us instead of init, so none outlives the job unreaped.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   log::SetContext(s.name, o_.node_rank >= 0 ? "node=" + std::to_string(o_.node_rank) : "agent", 0);

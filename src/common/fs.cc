@@ -104,4 +104,11 @@ Status MakeDirs(const std::string& path) {
   return Status::Ok();
 }
 
+void RemoveAll(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+std::string SnapshotDir(const std::string& run_id) { return "/dev/shm/trainctl-" + run_id; }
+
 }  // namespace trainctl

@@ -148,7 +148,7 @@ class Decoder {
     const std::string p = "trainer";
     if (!Section(n, p, {"model", "data", "epochs", "max_steps", "batch_size",
                         "global_batch_size", "optimizer", "schedule", "seed", "deterministic",
-                        "threads", "device", "backend", "bucket_mb", "checkpoint_every", "keep_last",
+                        "threads", "device", "backend", "bucket_mb", "checkpoint_every", "keep_last", "snapshot_every",
                         "log_every", "eval"})) {
       return;
     }
@@ -177,6 +177,7 @@ class Decoder {
     Field(n, p, "bucket_mb", &t->bucket_mb, num_in(0.001, 1024));
     Field(n, p, "checkpoint_every", &t->checkpoint_every, int_in(0, kBig));
     Field(n, p, "keep_last", &t->keep_last, int_in(1, 1000));
+    Field(n, p, "snapshot_every", &t->snapshot_every, int_in(0, kBig));
     Field(n, p, "log_every", &t->log_every, int_in(1, kBig));
     Field(n, p, "eval", &t->eval, boolean);
 

@@ -88,6 +88,9 @@ struct TrainerSpec {
   double bucket_mb = 1;           // gradient bucket size for the overlapped allreduce
   int64_t checkpoint_every = 0;   // steps; 0: at the end of each epoch
   int keep_last = 3;
+  // Steps between in-memory snapshots of the training state (each node keeps one in /dev/shm for
+  // the job's run); a restart resumes from the newer of it and the newest checkpoint. 0: off.
+  int64_t snapshot_every = 20;
   int64_t log_every = 50;         // steps between metric lines
   bool eval = true;               // test accuracy after every epoch
 };

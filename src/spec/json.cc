@@ -16,7 +16,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainerSpec, enabled, model, dat
                                                 max_steps, batch_size, global_batch_size,
                                                 optimizer, schedule, seed, deterministic, threads,
                                                 device, backend, bucket_mb, checkpoint_every, keep_last,
-                                                log_every, eval)
+                                                snapshot_every, log_every, eval)
 
 std::string JobSpecToJson(const JobSpec& s, int indent) {
   json env = json::array();

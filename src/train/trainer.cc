@@ -131,6 +131,7 @@ class Trainer {
   Status EvalEpoch(int64_t epoch);
   Status SyncBuffers();
   Status SaveCheckpoint();
+  Status SaveSnapshot();
   Status Export();
   checkpoint::Checkpoint Snapshot(bool with_optimizer);
   Status LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples);
@@ -147,6 +148,7 @@ class Trainer {
   std::unique_ptr<GradientReducer> reducer_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<checkpoint::CheckpointDir> checkpoints_;
+  std::unique_ptr<checkpoint::CheckpointDir> snapshots_;  // in memory (/dev/shm); may be null
   std::unique_ptr<metrics::JsonLines> jsonl_;
   std::unique_ptr<metrics::EventWriter> events_;
 
@@ -195,6 +197,10 @@ Status Trainer::Setup() {
   reducer_ = std::make_unique<GradientReducer>(params, comm_, size_t(t_.bucket_mb * (1 << 20)));
   optimizer_ = std::make_unique<Optimizer>(t_.optimizer, reducer_->flat_params(), reducer_->flat_grads());
   checkpoints_ = std::make_unique<checkpoint::CheckpointDir>(spec_.checkpoint_dir, t_.keep_last);
+  const std::string run_id = EnvString("TRAINCTL_RUN_ID");
+  if (t_.snapshot_every > 0 && !run_id.empty()) {
+    snapshots_ = std::make_unique<checkpoint::CheckpointDir>(SnapshotDir(run_id), 1);
+  }
   if (rank_ == 0) {
     ASSIGN_OR_RETURN(auto* j, metrics::JsonLines::Open(spec_.output_dir + "/metrics.jsonl"));
     jsonl_.reset(j);
@@ -243,6 +249,19 @@ Status Trainer::SaveCheckpoint() {
   return st;
 }
 
+// Keeps the training state in memory (tmpfs) for a fast, nearly lossless restart. After the buffer
+// sync every rank holds the same state, so the first worker on each node keeps a copy: whichever
+// node hosts rank 0 after a restart finds one there. A failure to write it costs only that speed,
+// so it is logged, not fatal.
+Status Trainer::SaveSnapshot() {
+  RETURN_IF_ERROR(SyncBuffers());
+  if (EnvInt("LOCAL_RANK", rank_) != 0) return Status::Ok();
+  if (Status st = snapshots_->Save(Snapshot(/*with_optimizer=*/true)); !st.ok()) {
+    LOG_WARN("in-memory snapshot at step {} not kept: {}", step_, st.message());
+  }
+  return Status::Ok();
+}
+
 Status Trainer::Export() {
   if (rank_ != 0) return Status::Ok();
   ASSIGN_OR_RETURN(std::string bytes, checkpoint::Encode(Snapshot(/*with_optimizer=*/false)));
@@ -261,10 +280,18 @@ Status Trainer::Resume() {
   if (rank_ == 0) {
     std::vector<std::string> skipped;
     auto ckpt = checkpoints_->LoadLatest(&skipped);
+    const checkpoint::CheckpointDir* from = checkpoints_.get();
+    if (snapshots_) {
+      auto snap = snapshots_->LoadLatest(&skipped);
+      if (snap.ok() && (!ckpt.ok() || snap->step > ckpt->step)) {
+        ckpt = std::move(snap);
+        from = snapshots_.get();
+      }
+    }
     for (const auto& s : skipped) LOG_WARN("skipping checkpoint {}", s);
     if (ckpt.ok()) {
       if (ckpt->Meta("model") != t_.model) {
-        return InvalidArgument("checkpoint " + checkpoints_->PathFor(ckpt->step) + " holds model '" +
+        return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) + " holds model '" +
                                ckpt->Meta("model") + "', the spec trains '" + t_.model +
                                "'; use another checkpoint_dir or remove it");
       }
@@ -275,7 +302,7 @@ Status Trainer::Resume() {
         const std::string text = ckpt->Meta(fields[i]);
         auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), position[i]);
         if (text.empty() || ec != std::errc() || end != text.data() + text.size() || position[i] < 0) {
-          return InvalidArgument("checkpoint " + checkpoints_->PathFor(ckpt->step) +
+          return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) +
                                  ": its metadata field " + fields[i] + " is " +
                                  (text.empty() ? "missing" : "'" + text + "'") +
                                  ", expected a count (is it an exported model, not a checkpoint?)");
@@ -284,7 +311,7 @@ Status Trainer::Resume() {
       RETURN_IF_ERROR(LoadModuleState(*model_, *ckpt));
       for (auto& [name, t] : opt_state) {
         const checkpoint::Blob* b = ckpt->Find("optimizer." + name);
-        if (!b) return InvalidArgument("checkpoint " + checkpoints_->PathFor(ckpt->step) +
+        if (!b) return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) +
                                        " lacks optimizer state " + name);
         RETURN_IF_ERROR(CopyBlob(*b, t));
       }
@@ -293,7 +320,7 @@ Status Trainer::Resume() {
       header[1] = ckpt->step;
       header[2] = position[1] * position[2];
       header[3] = position[3];
-      LOG_INFO("resuming from {} (step {}, epoch {})", checkpoints_->PathFor(ckpt->step), ckpt->step,
+      LOG_INFO("resuming from {} (step {}, epoch {})", from->PathFor(ckpt->step), ckpt->step,
                header[3] + 1);
     } else if (ckpt.status().code() != Code::kNotFound) {
       return ckpt.status();
@@ -377,7 +404,11 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       window_samples = 0;
       window_start = Clock::now();
     }
-    if (t_.checkpoint_every > 0 && step_ % t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
+    if (t_.checkpoint_every > 0 && step_ % t_.checkpoint_every == 0) {
+      RETURN_IF_ERROR(SaveCheckpoint());
+    } else if (snapshots_ && step_ % t_.snapshot_every == 0) {
+      RETURN_IF_ERROR(SaveSnapshot());
+    }
     if (tty_ && rank_ == 0 && Clock::now() - last_status > std::chrono::milliseconds(250)) {
       last_status = Clock::now();
       double rate = (i + 1) * batch_ * world_ / std::max(1e-9, SecondsSince(epoch_start));

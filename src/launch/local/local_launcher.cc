@@ -216,6 +216,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   if (Status st = AtomicWriteFile(spec.output_dir + "/status.json", status.dump(2) + "\n"); !st.ok()) {
     LOG_WARN("{}", st.message());
   }
+  RemoveAll(SnapshotDir(run_id));  // agents remove it too, unless they were killed
   client->reset();
   if (server) server->Stop();
   return final_code;
