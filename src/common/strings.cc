@@ -63,16 +63,18 @@ std::string Quote(std::string_view value) {
   return out + "\"";
 }
 
-std::vector<std::string> SplitLines(std::string_view text) {
-  std::vector<std::string> lines;
+std::vector<std::string> Split(std::string_view text, char sep) {
+  std::vector<std::string> parts;
   size_t start = 0;
   while (start < text.size()) {
-    size_t nl = text.find('\n', start);
-    if (nl == std::string_view::npos) nl = text.size();
-    lines.emplace_back(text.substr(start, nl - start));
-    start = nl + 1;
+    size_t end = text.find(sep, start);
+    if (end == std::string_view::npos) end = text.size();
+    parts.emplace_back(text.substr(start, end - start));
+    start = end + 1;
   }
-  return lines;
+  return parts;
 }
+
+std::vector<std::string> SplitLines(std::string_view text) { return Split(text, '\n'); }
 
 }  // namespace trainctl

@@ -14,6 +14,8 @@ std::string ClosestMatch(std::string_view word, const std::vector<std::string>& 
 std::string Join(const std::vector<std::string>& parts, std::string_view sep);
 // Shows a user-given value inside an error: quoted, control bytes escaped, cut at 60 chars.
 std::string Quote(std::string_view value);
+// Splits on `sep`, dropping a final empty piece.
+std::vector<std::string> Split(std::string_view text, char sep);
 // Splits on '\n', dropping a final empty piece.
 std::vector<std::string> SplitLines(std::string_view text);
 

@@ -387,6 +387,118 @@ class Decoder {
     }
   }
 
+  // The `cluster:` section: what `trainctl render` needs for Kubernetes, Slurm and MPI.
+  void DecodeCluster(const Node& n, ClusterSpec* c) {
+    const std::string p = "cluster";
+    if (!Section(n, p, {"image", "image_pull_secret", "namespace", "token_secret", "storage", "stage",
+                        "tensorboard", "tensorboard_image", "node_selector", "tolerations"})) {
+      return;
+    }
+    auto image = [&](const Node& v, const std::string& path) -> std::optional<std::string> {
+      auto s = String(v, path);
+      if (s && (s->empty() || s->find_first_of(" \t\n") != std::string::npos)) {
+        Error(v, path, "expected a container image such as registry.example.com/trainctl:1.0, got " +
+                           Quote(*s));
+        return std::nullopt;
+      }
+      return s;
+    };
+    auto name = [&](const Node& v, const std::string& path) -> std::optional<std::string> {
+      auto s = String(v, path);
+      if (s && !IsDnsLabel(*s)) {
+        Error(v, path, "expected a Kubernetes object name (lowercase letters, digits and '-'), got " +
+                           Quote(*s));
+        return std::nullopt;
+      }
+      return s;
+    };
+    Field(n, p, "image", &c->image, image);
+    Field(n, p, "tensorboard_image", &c->tensorboard_image, image);
+    Field(n, p, "image_pull_secret", &c->image_pull_secret, name);
+    Field(n, p, "namespace", &c->namespace_, name);
+    Field(n, p, "token_secret", &c->token_secret, name);
+    Field(n, p, "tensorboard", &c->tensorboard, [&](const Node& v, const std::string& path) { return Bool(v, path); });
+    if (const Node* st = Child(n, "storage")) {
+      const std::string sp = p + ".storage";
+      if (Section(*st, sp, {"claim", "class", "size", "mount"})) {
+        Field(*st, sp, "claim", &c->storage.claim, name);
+        Field(*st, sp, "class", &c->storage.storage_class, name);
+        Field(*st, sp, "size", &c->storage.size, [&](const Node& v, const std::string& path) {
+          auto s = String(v, path);
+          static const std::vector<std::string> units = {"", "Ki", "Mi", "Gi", "Ti", "Pi", "k", "M", "G", "T", "P"};
+          size_t digits = s ? s->find_first_not_of("0123456789") : 0;
+          if (s && (digits == 0 || std::find(units.begin(), units.end(),
+                                              s->substr(std::min(digits, s->size()))) == units.end())) {
+            Error(v, path, "expected a size such as 100Gi, got " + Quote(*s));
+            return std::optional<std::string>();
+          }
+          return s;
+        });
+        Field(*st, sp, "mount", &c->storage.mount, [&](const Node& v, const std::string& path) {
+          auto s = String(v, path);
+          if (s && (s->size() < 2 || (*s)[0] != '/')) {
+            Error(v, path, "expected an absolute directory such as /mnt/shared, got " + Quote(*s));
+            return std::optional<std::string>();
+          }
+          return s;
+        });
+      }
+    }
+    if (const Node* st = Child(n, "stage")) {
+      const std::string sp = p + ".stage";
+      if (Section(*st, sp, {"url", "sha256"})) {
+        Field(*st, sp, "url", &c->stage.url, [&](const Node& v, const std::string& path) {
+          auto s = String(v, path);
+          if (s && s->rfind("https://", 0) != 0 && s->rfind("http://", 0) != 0) {
+            Error(v, path, "expected an http:// or https:// URL of a dataset archive, got " + Quote(*s));
+            return std::optional<std::string>();
+          }
+          return s;
+        });
+        Field(*st, sp, "sha256", &c->stage.sha256, [&](const Node& v, const std::string& path) {
+          auto s = String(v, path);
+          if (s && (s->size() != 64 || s->find_first_not_of("0123456789abcdef") != std::string::npos)) {
+            Error(v, path, "expected 64 lowercase hex digits, got " + Quote(*s));
+            return std::optional<std::string>();
+          }
+          return s;
+        });
+      }
+    }
+    if (const Node* ns = Child(n, "node_selector")) {
+      if (ns->kind != Kind::kMap) {
+        Error(*ns, p + ".node_selector", std::string("expected a mapping of label: value, got ") + ns->KindName());
+      } else {
+        for (const auto& [key, value] : ns->map) {
+          if (auto v = String(value, p + ".node_selector." + key)) c->node_selector.emplace_back(key, *v);
+        }
+      }
+    }
+    if (const Node* tl = Child(n, "tolerations")) {
+      if (tl->kind != Kind::kSeq) {
+        Error(*tl, p + ".tolerations", std::string("expected a list of {key, operator, value, effect}, got ") +
+                                           tl->KindName());
+        return;
+      }
+      for (size_t i = 0; i < tl->seq.size(); ++i) {
+        const std::string tp = p + ".tolerations[" + std::to_string(i) + "]";
+        const Node& t = tl->seq[i];
+        if (!Section(t, tp, {"key", "operator", "value", "effect"})) continue;
+        Toleration tol;
+        auto str = [&](const Node& v, const std::string& path) { return String(v, path); };
+        Field(t, tp, "key", &tol.key, str);
+        Field(t, tp, "value", &tol.value, str);
+        Field(t, tp, "operator", &tol.op, [&](const Node& v, const std::string& path) {
+          return OneOf(v, path, {"Equal", "Exists"});
+        });
+        Field(t, tp, "effect", &tol.effect, [&](const Node& v, const std::string& path) {
+          return OneOf(v, path, {"NoSchedule", "PreferNoSchedule", "NoExecute"});
+        });
+        c->tolerations.push_back(tol);
+      }
+    }
+  }
+
   static bool IsDnsLabel(const std::string& s) {
     if (s.empty() || s.size() > 63) return false;
     auto ok = [](char c) { return (c >= 'a' && c <= 'z') || std::isdigit(c) || c == '-'; };
@@ -397,7 +509,7 @@ class Decoder {
 const std::vector<std::string> kTopLevel = {
     "name",      "nodes",       "procs_per_node", "command",    "args",
     "env",       "working_dir", "resources",      "restart",    "timeouts",
-    "rendezvous", "output_dir", "checkpoint_dir", "trainer"};
+    "rendezvous", "output_dir", "checkpoint_dir", "trainer",    "cluster"};
 
 }  // namespace
 
@@ -525,6 +637,8 @@ Result<JobSpec> Decode(const Node& root) {
   if (const Node* n = Decoder::Child(root, "checkpoint_dir")) {
     if (auto s = d.String(*n, "checkpoint_dir")) spec.checkpoint_dir = *s;
   }
+
+  if (const Node* n = Decoder::Child(root, "cluster")) d.DecodeCluster(*n, &spec.cluster);
 
   if (trainer && spec.trainer.global_batch_size > 0 &&
       spec.trainer.global_batch_size % spec.world_size() != 0) {

@@ -95,6 +95,37 @@ struct TrainerSpec {
   bool eval = true;               // test accuracy after every epoch
 };
 
+// Where and how the job runs on a cluster engine (`trainctl render`); the local launcher ignores
+// it. docs/cluster.md explains each target.
+struct StorageSpec {
+  std::string claim;                 // an existing PersistentVolumeClaim; "": render <name>-data
+  std::string storage_class;         // of the rendered claim ("": the cluster's default); RWX
+  std::string size = "10Gi";         // of the rendered claim
+  std::string mount = "/mnt/trainctl";  // where pods mount it: runs/ and datasets/ live there
+};
+
+struct StageSpec {
+  std::string url;     // an archive (.tar, .tar.gz, .tgz, .zip, .gz) fetched into datasets/<name>
+  std::string sha256;  // checked when set
+};
+
+struct Toleration {
+  std::string key, op = "Equal", value, effect;  // op: Equal | Exists
+};
+
+struct ClusterSpec {
+  std::string image = "trainctl:latest";
+  std::string image_pull_secret;     // a Secret with registry credentials
+  std::string namespace_ = "default";
+  std::string token_secret;          // Secret (key "token") with the store token; "": <name>-token
+  StorageSpec storage;
+  StageSpec stage;
+  bool tensorboard = true;
+  std::string tensorboard_image = "tensorflow/tensorflow:2.15.0";
+  std::vector<std::pair<std::string, std::string>> node_selector;
+  std::vector<Toleration> tolerations;
+};
+
 struct JobSpec {
   std::string name;                      // DNS-1123 label: [a-z0-9-], at most 63 chars
   NodesSpec nodes;
@@ -111,6 +142,7 @@ struct JobSpec {
   std::string output_dir;                // default runs/<name>
   std::string checkpoint_dir;            // default <output_dir>/checkpoints
   TrainerSpec trainer;
+  ClusterSpec cluster;
 
   int world_size() const { return nodes.max * procs_per_node; }
 };

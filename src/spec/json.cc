@@ -18,6 +18,13 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainerSpec, enabled, model, dat
                                                 device, backend, bucket_mb, checkpoint_every, keep_last,
                                                 snapshot_every, log_every, eval)
 
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(StorageSpec, claim, storage_class, size, mount)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(StageSpec, url, sha256)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Toleration, key, op, value, effect)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ClusterSpec, image, image_pull_secret, namespace_,
+                                                token_secret, storage, stage, tensorboard,
+                                                tensorboard_image, node_selector, tolerations)
+
 std::string JobSpecToJson(const JobSpec& s, int indent) {
   json env = json::array();
   for (const auto& [k, v] : s.env) env.push_back({k, v});
@@ -45,6 +52,7 @@ std::string JobSpecToJson(const JobSpec& s, int indent) {
       {"checkpoint_dir", s.checkpoint_dir},
   };
   if (s.trainer.enabled) j["trainer"] = s.trainer;
+  j["cluster"] = s.cluster;
   return j.dump(indent);
 }
 
@@ -77,6 +85,7 @@ Result<JobSpec> JobSpecFromJson(const std::string& text) {
     s.output_dir = j.at("output_dir").get<std::string>();
     s.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
     if (j.contains("trainer")) s.trainer = j.at("trainer").get<TrainerSpec>();
+    if (j.contains("cluster")) s.cluster = j.at("cluster").get<ClusterSpec>();
     if ((s.command.empty() && !s.trainer.enabled) || s.procs_per_node < 1 || s.nodes.min < 1 || s.nodes.max < s.nodes.min) {
       return InvalidArgument("resolved job spec is inconsistent");
     }
