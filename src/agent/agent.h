@@ -67,6 +67,8 @@ inline constexpr const char* kSpec = "spec";
 inline constexpr const char* kStop = "stop";                  // {"reason": ..., "code": N}
 inline constexpr const char* kLastFailure = "last_failure";   // FailureRecord JSON
 inline constexpr const char* kRestarts = "restarts";          // restarts so far
+inline constexpr const char* kAgentsStarted = "agents/started";  // counters: a store-serving
+inline constexpr const char* kAgentsExited = "agents/exited";    // node 0 waits for the others
 std::string RoundEnd(int round);
 std::string RoundSucceeded(int round);
 std::string RoundMaster(int round);
