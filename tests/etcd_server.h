@@ -2,10 +2,7 @@
 // main thread: PR_SET_PDEATHSIG follows the spawning thread (see SpawnOptions::die_with_parent).
 #pragma once
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include "tests/test_util.h"
 
@@ -62,17 +59,6 @@ class EtcdCluster {
 
  private:
   static std::string Name(int i) { return "member" + std::to_string(i); }
-  static int FreePort() {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
-  }
   std::string host_;
   Scratch scratch_;
   std::vector<int> client_ports_;

@@ -2,8 +2,11 @@
 // trainctl binary (to completion, or in the background to signal it), and checking processes.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,6 +47,19 @@ class Scratch {
   static inline int counter_ = 0;
   fs::path dir_;
 };
+
+// A loopback TCP port that was free a moment ago.
+inline int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
 
 inline CommandResult Trainctl(const std::vector<std::string>& args, const std::string& cwd,
                               Duration timeout = std::chrono::seconds(60),

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   trainctl::cli::AddAgent(app, flags, &code);
   trainctl::cli::AddTrain(app, flags, &code);
   trainctl::cli::AddEval(app, flags, &code);
+  trainctl::cli::AddRender(app, flags, &code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

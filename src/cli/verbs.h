@@ -20,6 +20,7 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddTrain(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddEval(CLI::App& app, const GlobalFlags& flags, int* code);
+void AddRender(CLI::App& app, const GlobalFlags& flags, int* code);
 
 // The spec-source flags shared by run and validate: FILE, -f FILE (repeatable), --set K=V.
 struct SpecFlags {

@@ -1,0 +1,568 @@
+#include "launch/k8s/render.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+
+#include "common/duration.h"
+
+namespace trainctl::k8s {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kSpecDir = "/etc/trainctl";
+constexpr const char* kEtcdImage = "quay.io/coreos/etcd:v3.5.15";
+constexpr int kUid = 1000;  // the image's non-root user (deploy/Dockerfile)
+
+std::string Under(const std::string& mount, const std::string& path) {
+  if (path.empty()) return mount;
+  return path[0] == '/' ? path : mount + "/" + path;
+}
+
+// A Kubernetes quantity from bytes: the largest binary unit that divides it.
+std::string Bytes(int64_t b) {
+  static const char* units[] = {"Ki", "Mi", "Gi", "Ti"};
+  std::string unit;
+  for (const char* u : units) {
+    if (b % 1024 != 0) break;
+    b /= 1024;
+    unit = u;
+  }
+  return std::to_string(b) + unit;
+}
+
+std::string Cpus(double cpus) {
+  long long milli = std::llround(cpus * 1000);
+  return milli % 1000 == 0 ? std::to_string(milli / 1000) : std::to_string(milli) + "m";
+}
+
+struct Names {
+  std::string job, ns, svc, spec, data, token, etcd, stage, eval, tensorboard, submitter;
+  explicit Names(const JobSpec& s)
+      : job(s.name), ns(s.cluster.namespace_), svc(s.name), spec(s.name + "-spec"),
+        data(s.cluster.storage.claim.empty() ? s.name + "-data" : s.cluster.storage.claim),
+        token(s.cluster.token_secret.empty() ? s.name + "-token" : s.cluster.token_secret),
+        etcd(s.name + "-etcd"), stage(s.name + "-stage"), eval(s.name + "-eval"),
+        tensorboard(s.name + "-tensorboard"), submitter(s.name + "-submitter") {}
+};
+
+class Renderer {
+ public:
+  Renderer(const JobSpec& spec, const std::string& format)
+      : s_(spec), pod_(PodSpec(spec)), c_(spec.cluster), n_(spec), format_(format) {}
+
+  std::vector<json> All() {
+    std::vector<json> out;
+    out.push_back(Object("v1", "ServiceAccount", n_.job, "job",
+                         {{"automountServiceAccountToken", false}}));
+    out.push_back(Object("v1", "ConfigMap", n_.spec, "job",
+                         {{"data", {{"job.json", JobSpecToJson(pod_, 2) + "\n"}}}}));
+    if (c_.storage.claim.empty()) out.push_back(Claim());
+    out.push_back(Policy());
+    if (format_ == "job") out.push_back(HeadlessService());
+    if (Etcd()) {
+      out.push_back(EtcdSet());
+      out.push_back(Service(n_.etcd, "etcd", 2379, "client"));
+    }
+    if (!c_.stage.url.empty()) out.push_back(StageJob());
+    out.push_back(format_ == "pytorchjob" ? PyTorchJob() : IndexedJob());
+    if (s_.trainer.enabled) out.push_back(EvalJob());
+    if (c_.tensorboard) {
+      out.push_back(TensorBoard());
+      out.push_back(Service(n_.tensorboard, "tensorboard", 6006, "http"));
+    }
+    out.push_back(SubmitterRole());
+    return out;
+  }
+
+ private:
+  bool Etcd() const { return s_.rendezvous.empty() && s_.nodes.min < s_.nodes.max; }
+
+  json Labels(const std::string& component) const {
+    return {{"app.kubernetes.io/name", "trainctl"},
+            {"app.kubernetes.io/instance", n_.job},
+            {"app.kubernetes.io/component", component},
+            {"trainctl.dev/job", n_.job}};
+  }
+
+  json Meta(const std::string& name, const std::string& component) const {
+    return {{"name", name}, {"namespace", n_.ns}, {"labels", Labels(component)}};
+  }
+
+  json Object(const std::string& api, const std::string& kind, const std::string& name,
+              const std::string& component, json rest) const {
+    json o = {{"apiVersion", api}, {"kind", kind}, {"metadata", Meta(name, component)}};
+    o.update(rest);
+    return o;
+  }
+
+  // The "restricted" Pod Security Standard, for pods and for containers.
+  static json PodSecurity() {
+    return {{"runAsNonRoot", true}, {"runAsUser", kUid}, {"runAsGroup", kUid}, {"fsGroup", kUid},
+            {"seccompProfile", {{"type", "RuntimeDefault"}}}};
+  }
+  static json ContainerSecurity() {
+    return {{"allowPrivilegeEscalation", false}, {"readOnlyRootFilesystem", true},
+            {"runAsNonRoot", true}, {"capabilities", {{"drop", {"ALL"}}}}};
+  }
+
+  json Volumes(bool read_only_data) const {
+    json data = {{"name", "data"}, {"persistentVolumeClaim", {{"claimName", n_.data}}}};
+    if (read_only_data) data["persistentVolumeClaim"]["readOnly"] = true;
+    return json::array({data,
+                        {{"name", "spec"}, {"configMap", {{"name", n_.spec}}}},
+                        {{"name", "tmp"}, {"emptyDir", json::object()}},
+                        // Shared memory for the one-node collectives and the in-memory snapshot;
+                        // a container's own /dev/shm is 64 MiB.
+                        {{"name", "shm"}, {"emptyDir", {{"medium", "Memory"}}}}});
+  }
+
+  json Mounts(bool read_only_data) const {
+    json data = {{"name", "data"}, {"mountPath", c_.storage.mount}};
+    if (read_only_data) data["readOnly"] = true;
+    return json::array({data,
+                        {{"name", "spec"}, {"mountPath", kSpecDir}, {"readOnly", true}},
+                        {{"name", "tmp"}, {"mountPath", "/tmp"}},
+                        {{"name", "shm"}, {"mountPath", "/dev/shm"}}});
+  }
+
+  json Container(const std::string& name, const std::string& image, json command, json env,
+                 bool read_only_data = false) const {
+    json c = {{"name", name},
+              {"image", image},
+              {"imagePullPolicy", "IfNotPresent"},
+              {"command", std::move(command)},
+              {"env", std::move(env)},
+              {"workingDir", c_.storage.mount},
+              {"volumeMounts", Mounts(read_only_data)},
+              {"securityContext", ContainerSecurity()}};
+    c["env"].push_back({{"name", "HOME"}, {"value", "/tmp"}});  // the root filesystem is read-only
+    return c;
+  }
+
+  json PodTemplate(const std::string& component, json containers, json init = json::array(),
+                   bool read_only_data = false) const {
+    json spec = {{"serviceAccountName", n_.job},
+                 {"automountServiceAccountToken", false},
+                 {"enableServiceLinks", false},
+                 {"securityContext", PodSecurity()},
+                 {"containers", std::move(containers)},
+                 {"volumes", Volumes(read_only_data)}};
+    if (!init.empty()) spec["initContainers"] = std::move(init);
+    if (!c_.node_selector.empty()) {
+      json sel = json::object();
+      for (const auto& [k, v] : c_.node_selector) sel[k] = v;
+      spec["nodeSelector"] = sel;
+    }
+    if (!c_.tolerations.empty()) {
+      json tol = json::array();
+      for (const auto& t : c_.tolerations) {
+        json one = {{"operator", t.op}};
+        if (!t.key.empty()) one["key"] = t.key;
+        if (!t.value.empty()) one["value"] = t.value;
+        if (!t.effect.empty()) one["effect"] = t.effect;
+        tol.push_back(one);
+      }
+      spec["tolerations"] = tol;
+    }
+    if (!c_.image_pull_secret.empty()) spec["imagePullSecrets"] = {{{"name", c_.image_pull_secret}}};
+    return {{"metadata", {{"labels", Labels(component)}}}, {"spec", spec}};
+  }
+
+  // An init container that waits for `file` on the shared volume, for at most `limit`.
+  json WaitFor(const std::string& what, const std::string& file, Duration limit) const {
+    const long long tries = std::max<long long>(1, limit.count() / 5000);
+    std::string script = "i=0\nuntil [ -e \"$WAIT_FILE\" ]; do\n  i=$((i+1))\n  if [ \"$i\" -gt " +
+                         std::to_string(tries) + " ]; then\n    echo \"trainctl: gave up after " +
+                         FormatDuration(limit) + " waiting for " + what + " ($WAIT_FILE)\" >&2\n" +
+                         "    exit 1\n  fi\n  sleep 5\ndone\n";
+    return Container("wait-" + what, c_.image, {"sh", "-c", script},
+                     {{{"name", "WAIT_FILE"}, {"value", file}}}, true);
+  }
+
+  std::string StagedMarker() const { return pod_.trainer.data.dir + "/.trainctl-staged"; }
+
+  json Resources() const {
+    const ResourcesSpec& r = s_.resources;
+    json amounts = json::object();
+    if (r.cpus > 0) amounts["cpu"] = Cpus(r.cpus * s_.procs_per_node);
+    if (r.memory_bytes > 0) amounts["memory"] = Bytes(r.memory_bytes * s_.procs_per_node);
+    json res = json::object();
+    if (!amounts.empty()) res = {{"requests", amounts}, {"limits", amounts}};
+    if (r.gpus > 0) res["limits"]["nvidia.com/gpu"] = r.gpus * s_.procs_per_node;
+    return res;
+  }
+
+  // The agent, one per pod. `rank` and `store` are what this format's pods know of themselves.
+  json AgentContainer(const std::string& name, const std::string& rank, const std::string& store,
+                      const std::string& uid_label) const {
+    json command = {"trainctl", "agent", "--spec", std::string(kSpecDir) + "/job.json",
+                    "--run-id", "$(TRAINCTL_RUN_ID)", "--node-rank", rank, "--host", "$(POD_IP)"};
+    if (store.rfind("tcp://", 0) == 0) command.push_back("--serve-store");
+    json env = {
+        {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
+        {{"name", "TRAINCTL_RUN_ID"}, {"value", n_.job}},
+        {{"name", "TRAINCTL_AGENT_STORE"}, {"value", store}},
+        {{"name", "TRAINCTL_AGENT_TOKEN"},
+         {"valueFrom", {{"secretKeyRef", {{"name", n_.token}, {"key", "token"}}}}}}};
+    if (!uid_label.empty()) {
+      // Unique per submitted Job object: state an earlier job left in an etcd is never reused.
+      json uid = {{"name", "JOB_UID"},
+                  {"valueFrom", {{"fieldRef", {{"fieldPath", "metadata.labels['" + uid_label + "']"}}}}}};
+      env.insert(env.begin() + 1, uid);
+      env[2]["value"] = n_.job + "-$(JOB_UID)";
+    }
+    json c = Container(name, c_.image, command, env);
+    c["ports"] = {{{"name", "store"}, {"containerPort", kStorePort}}};
+    json res = Resources();
+    if (!res.empty()) c["resources"] = res;
+    return c;
+  }
+
+  json Init() const {
+    json init = json::array();
+    if (!c_.stage.url.empty()) {
+      init.push_back(WaitFor("dataset", StagedMarker(), std::chrono::hours(1)));
+    }
+    return init;
+  }
+
+  std::string StoreUrl(const std::string& node0) const {
+    if (!s_.rendezvous.empty()) return s_.rendezvous;
+    if (Etcd()) return "etcd://" + n_.etcd + ":2379";
+    return "tcp://" + node0 + ":" + std::to_string(kStorePort);
+  }
+
+  json IndexedJob() const {
+    const bool elastic = s_.nodes.min < s_.nodes.max;
+    json tmpl = PodTemplate(
+        "worker", {AgentContainer("trainctl", elastic ? "-1" : "$(JOB_COMPLETION_INDEX)",
+                                  StoreUrl(n_.job + "-0." + n_.svc),
+                                  "batch.kubernetes.io/controller-uid")},
+        Init());
+    tmpl["spec"]["subdomain"] = n_.svc;
+    tmpl["spec"]["restartPolicy"] = "Never";
+    json spec = {
+        {"completionMode", "Indexed"},
+        {"completions", s_.nodes.max},
+        {"parallelism", s_.nodes.max},
+        // A pod lost with its node is replaced and rejoins; trainctl's own restart budget
+        // (restart.max_restarts) governs worker failures, so an agent that exits with a verdict
+        // (invalid spec 2, budget spent 3, rendezvous timeout 4, job timeout 5) ends the Job.
+        {"backoffLimit", s_.restart.max_restarts},
+        {"podFailurePolicy",
+         {{"rules",
+           {{{"action", "FailJob"},
+             {"onExitCodes", {{"containerName", "trainctl"}, {"operator", "In"}, {"values", {2, 3, 4, 5}}}}},
+            {{"action", "Ignore"}, {"onPodConditions", {{{"type", "DisruptionTarget"}}}}}}}}},
+        {"template", tmpl}};
+    if (s_.timeouts.job.count() > 0) {
+      spec["activeDeadlineSeconds"] = std::max<int64_t>(1, s_.timeouts.job.count() / 1000);
+    }
+    return Object("batch/v1", "Job", n_.job, "worker", {{"spec", spec}});
+  }
+
+  json PyTorchJob() const {
+    // The operator gives every pod RANK (node rank) and MASTER_ADDR (the master's headless
+    // Service), and its container must be named "pytorch".
+    auto replica = [&](int replicas) {
+      json tmpl = PodTemplate("worker", {AgentContainer("pytorch", "$(RANK)", StoreUrl("$(MASTER_ADDR)"), "")},
+                              Init());
+      return json{{"replicas", replicas}, {"restartPolicy", "OnFailure"}, {"template", tmpl}};
+    };
+    json replicas = {{"Master", replica(1)}};
+    if (s_.nodes.max > 1) replicas["Worker"] = replica(s_.nodes.max - 1);
+    json spec = {{"runPolicy", {{"cleanPodPolicy", "None"}, {"backoffLimit", s_.restart.max_restarts}}},
+                 {"pytorchReplicaSpecs", replicas}};
+    if (s_.timeouts.job.count() > 0) {
+      spec["runPolicy"]["activeDeadlineSeconds"] = std::max<int64_t>(1, s_.timeouts.job.count() / 1000);
+    }
+    return Object("kubeflow.org/v1", "PyTorchJob", n_.job, "worker", {{"spec", spec}});
+  }
+
+  json Claim() const {
+    json spec = {{"accessModes", {"ReadWriteMany"}},
+                 {"resources", {{"requests", {{"storage", c_.storage.size}}}}}};
+    if (!c_.storage.storage_class.empty()) spec["storageClassName"] = c_.storage.storage_class;
+    return Object("v1", "PersistentVolumeClaim", n_.data, "storage", {{"spec", spec}});
+  }
+
+  // Only the job's own pods reach the job's pods, on any port (the store, Gloo, NCCL, etcd).
+  json Policy() const {
+    json job_pods = {{"matchLabels", {{"trainctl.dev/job", n_.job}}}};
+    return Object("networking.k8s.io/v1", "NetworkPolicy", n_.job, "network",
+                  {{"spec", {{"podSelector", job_pods},
+                             {"policyTypes", {"Ingress"}},
+                             {"ingress", {{{"from", {{{"podSelector", job_pods}}}}}}}}}});
+  }
+
+  // Stable DNS names <job>-<index>.<job> for the Indexed Job's pods.
+  json HeadlessService() const {
+    return Object("v1", "Service", n_.svc, "worker",
+                  {{"spec", {{"clusterIP", "None"},
+                             {"publishNotReadyAddresses", true},
+                             {"selector", {{"trainctl.dev/job", n_.job},
+                                           {"app.kubernetes.io/component", "worker"}}},
+                             {"ports", {{{"name", "store"}, {"port", kStorePort}}}}}}});
+  }
+
+  json Service(const std::string& name, const std::string& component, int port,
+               const std::string& port_name) const {
+    return Object("v1", "Service", name, component,
+                  {{"spec", {{"selector", {{"trainctl.dev/job", n_.job},
+                                           {"app.kubernetes.io/component", component}}},
+                             {"ports", {{{"name", port_name}, {"port", port}, {"targetPort", port}}}}}}});
+  }
+
+  json EtcdSet() const {
+    json command = {"etcd", "--name", n_.etcd + "-0", "--data-dir", "/tmp/etcd",
+                    "--listen-client-urls", "http://0.0.0.0:2379",
+                    "--advertise-client-urls", "http://" + n_.etcd + ":2379",
+                    "--listen-peer-urls", "http://127.0.0.1:2380"};
+    json c = Container("etcd", kEtcdImage, command, json::array());
+    c["ports"] = {{{"name", "client"}, {"containerPort", 2379}}};
+    c.erase("workingDir");
+    c["volumeMounts"] = {{{"name", "tmp"}, {"mountPath", "/tmp"}}};
+    json tmpl = PodTemplate("etcd", {c});
+    tmpl["spec"]["volumes"] = {{{"name", "tmp"}, {"emptyDir", json::object()}}};
+    return Object("apps/v1", "StatefulSet", n_.etcd, "etcd",
+                  {{"spec", {{"serviceName", n_.etcd},
+                             {"replicas", 1},
+                             {"selector", {{"matchLabels", {{"trainctl.dev/job", n_.job},
+                                                            {"app.kubernetes.io/component", "etcd"}}}}},
+                             {"template", tmpl}}}});
+  }
+
+  json StageJob() const {
+    // The URL travels in the environment, never through the shell's parser.
+    const std::string script = R"(set -eu
+mkdir -p "$DEST"
+cd "$DEST"
+if [ -e .trainctl-staged ]; then echo "already staged in $DEST"; exit 0; fi
+curl -fsSL --retry 5 --max-time 3600 -o .download "$URL"
+if [ -n "$SHA256" ]; then echo "$SHA256  .download" | sha256sum -c -; fi
+name=$(basename "${URL%%\?*}")
+case "$name" in
+  *.tar.gz|*.tgz) tar -xzf .download ;;
+  *.tar) tar -xf .download ;;
+  *.zip) unzip -q .download ;;
+  *.gz) gunzip -c .download > "${name%.gz}" ;;
+  *) cp .download "$name" ;;
+esac
+rm -f .download
+touch .trainctl-staged
+echo "staged $URL into $DEST"
+)";
+    json env = {{{"name", "URL"}, {"value", c_.stage.url}},
+                {{"name", "SHA256"}, {"value", c_.stage.sha256}},
+                {{"name", "DEST"}, {"value", pod_.trainer.data.dir}}};
+    json tmpl = PodTemplate("stage", {Container("stage", c_.image, {"sh", "-c", script}, env)});
+    tmpl["spec"]["restartPolicy"] = "Never";
+    return Object("batch/v1", "Job", n_.stage, "stage",
+                  {{"spec", {{"backoffLimit", 3}, {"activeDeadlineSeconds", 4 * 3600},
+                             {"template", tmpl}}}});
+  }
+
+  json EvalJob() const {
+    const std::string model = pod_.output_dir + "/model.safetensors";
+    // Waits for the trained model as long as the job may run (timeouts.job, else a week).
+    const Duration limit = s_.timeouts.job.count() > 0 ? s_.timeouts.job : Duration(std::chrono::hours(24 * 7));
+    json command = {"trainctl", "eval", "--checkpoint", model, "-o", "json"};
+    json tmpl = PodTemplate("eval", {Container("eval", c_.image, command, json::array(), true)},
+                            {WaitFor("model", model, limit)}, true);
+    tmpl["spec"]["restartPolicy"] = "Never";
+    return Object("batch/v1", "Job", n_.eval, "eval",
+                  {{"spec", {{"backoffLimit", 2}, {"template", tmpl}}}});
+  }
+
+  json TensorBoard() const {
+    json command = {"tensorboard", "--logdir", pod_.output_dir, "--host", "0.0.0.0", "--port", "6006"};
+    json c = Container("tensorboard", c_.tensorboard_image, command, json::array(), true);
+    c["ports"] = {{{"name", "http"}, {"containerPort", 6006}}};
+    json tmpl = PodTemplate("tensorboard", {c}, json::array(), true);
+    return Object("apps/v1", "Deployment", n_.tensorboard, "tensorboard",
+                  {{"spec", {{"replicas", 1},
+                             {"selector", {{"matchLabels", {{"trainctl.dev/job", n_.job},
+                                                            {"app.kubernetes.io/component", "tensorboard"}}}}},
+                             {"template", tmpl}}}});
+  }
+
+  // What `trainctl submit/status/logs/delete` need in the namespace, and nothing more: no
+  // wildcards, no cluster scope. Bind it to the people or CI accounts that run the job.
+  json SubmitterRole() const {
+    const json manage = {"get", "list", "create", "patch", "delete"};
+    json rules = {
+        {{"apiGroups", {""}},
+         {"resources", {"configmaps", "services", "serviceaccounts", "persistentvolumeclaims"}},
+         {"verbs", manage}},
+        {{"apiGroups", {""}}, {"resources", {"secrets"}}, {"verbs", {"get", "create"}}},
+        {{"apiGroups", {""}}, {"resources", {"pods"}}, {"verbs", {"get", "list", "watch"}}},
+        {{"apiGroups", {""}}, {"resources", {"pods/log"}}, {"verbs", {"get"}}},
+        {{"apiGroups", {"batch"}}, {"resources", {"jobs"}}, {"verbs", {"get", "list", "watch", "create", "patch", "delete"}}},
+        {{"apiGroups", {"apps"}}, {"resources", {"deployments", "statefulsets"}}, {"verbs", manage}},
+        {{"apiGroups", {"networking.k8s.io"}}, {"resources", {"networkpolicies"}}, {"verbs", manage}}};
+    if (format_ == "pytorchjob") {
+      rules.push_back({{"apiGroups", {"kubeflow.org"}}, {"resources", {"pytorchjobs"}},
+                       {"verbs", {"get", "list", "watch", "create", "patch", "delete"}}});
+    }
+    return Object("rbac.authorization.k8s.io/v1", "Role", n_.submitter, "rbac", {{"rules", rules}});
+  }
+
+  const JobSpec& s_;
+  JobSpec pod_;
+  const ClusterSpec& c_;
+  Names n_;
+  std::string format_;
+};
+
+// Strings that a YAML 1.1 reader (kubectl's) would take for something else are quoted.
+bool NeedsQuotes(const std::string& s) {
+  if (s.empty()) return true;
+  static const std::set<std::string> words = {"y", "n", "yes", "no", "on", "off", "true",
+                                              "false", "null", "~"};
+  std::string lower = s;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (words.count(lower)) return true;
+  if (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-' || s[0] == '+' || s[0] == '.') {
+    return true;
+  }
+  for (char c : s) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || std::string_view("_-./:$()'[]@=,+").find(c) != std::string_view::npos)) {
+      return true;
+    }
+  }
+  return s.find(": ") != std::string::npos || s.back() == ':';
+}
+
+void Emit(YAML::Emitter& out, const json& j) {
+  switch (j.type()) {
+    case json::value_t::object:
+      if (j.empty()) { out << YAML::Flow << YAML::BeginMap << YAML::EndMap; return; }
+      out << YAML::BeginMap;
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        out << YAML::Key << it.key() << YAML::Value;
+        Emit(out, it.value());
+      }
+      out << YAML::EndMap;
+      return;
+    case json::value_t::array:
+      if (j.empty()) { out << YAML::Flow << YAML::BeginSeq << YAML::EndSeq; return; }
+      out << YAML::BeginSeq;
+      for (const auto& v : j) Emit(out, v);
+      out << YAML::EndSeq;
+      return;
+    case json::value_t::string: {
+      const std::string& s = j.get_ref<const std::string&>();
+      if (s.find('\n') != std::string::npos) out << YAML::Literal << s;
+      else if (NeedsQuotes(s)) out << YAML::DoubleQuoted << s;
+      else out << s;
+      return;
+    }
+    case json::value_t::boolean: out << j.get<bool>(); return;
+    case json::value_t::number_integer: out << j.get<int64_t>(); return;
+    case json::value_t::number_unsigned: out << j.get<uint64_t>(); return;
+    case json::value_t::number_float: out << j.get<double>(); return;
+    default: out << YAML::Null; return;
+  }
+}
+
+std::string Key(const json& o) { return o.at("kind").get<std::string>() + "/" + o.at("metadata").at("name").get<std::string>(); }
+
+std::string FileName(const json& o) {
+  std::string kind = o.at("kind").get<std::string>();
+  std::transform(kind.begin(), kind.end(), kind.begin(), [](unsigned char c) { return std::tolower(c); });
+  return kind + "-" + o.at("metadata").at("name").get<std::string>() + ".yaml";
+}
+
+}  // namespace
+
+JobSpec PodSpec(const JobSpec& spec) {
+  JobSpec p = spec;
+  const std::string& mount = spec.cluster.storage.mount;
+  p.output_dir = Under(mount, spec.output_dir);
+  p.checkpoint_dir = Under(mount, spec.checkpoint_dir);
+  p.working_dir = Under(mount, spec.working_dir);
+  if (p.trainer.enabled) {
+    DataSpec& d = p.trainer.data;
+    if (!spec.cluster.stage.url.empty() && d.dir.empty()) d.dir = mount + "/datasets/" + spec.name;
+    else if (!d.dir.empty()) d.dir = Under(mount, d.dir);
+  }
+  return p;
+}
+
+std::vector<json> Render(const JobSpec& spec, const std::string& format) {
+  return Renderer(spec, format).All();
+}
+
+std::string ToYaml(const std::vector<json>& docs) {
+  std::string text;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    YAML::Emitter out;
+    out.SetIndent(2);
+    out.SetSeqFormat(YAML::Block);
+    Emit(out, docs[i]);
+    if (i > 0) text += "---\n";
+    text += out.c_str();
+    text += "\n";
+  }
+  return text;
+}
+
+std::map<std::string, std::string> Kustomize(const JobSpec& base,
+                                             const std::vector<std::pair<std::string, JobSpec>>& envs,
+                                             const std::string& format) {
+  std::vector<std::vector<json>> env_objects;
+  for (const auto& e : envs) env_objects.push_back(Render(e.second, format));
+  auto has = [](const std::vector<json>& objects, const std::string& key) {
+    return std::any_of(objects.begin(), objects.end(), [&](const json& o) { return Key(o) == key; });
+  };
+  // The base holds what every environment has; an overlay patches it and adds its own objects
+  // (kustomize 2 cannot delete an object in an overlay without leaving an empty one behind).
+  std::map<std::string, std::string> files;
+  std::map<std::string, json> shared;
+  json resources = json::array();
+  for (const auto& o : Render(base, format)) {
+    const std::string key = Key(o);
+    if (!std::all_of(env_objects.begin(), env_objects.end(),
+                     [&](const std::vector<json>& objects) { return has(objects, key); })) {
+      continue;
+    }
+    shared[key] = o;
+    files["base/" + FileName(o)] = ToYaml({o});
+    resources.push_back(FileName(o));
+  }
+  files["base/kustomization.yaml"] = ToYaml({{{"resources", resources}}});
+  for (size_t i = 0; i < envs.size(); ++i) {
+    const std::string dir = "overlays/" + envs[i].first + "/";
+    json k = {{"bases", {"../../base"}}};
+    json own = json::array(), patches = json::array();
+    for (const auto& o : env_objects[i]) {
+      auto it = shared.find(Key(o));
+      if (it == shared.end()) {
+        files[dir + FileName(o)] = ToYaml({o});
+        own.push_back(FileName(o));
+        continue;
+      }
+      json patch = json::diff(it->second, o);
+      if (patch.empty()) continue;
+      const std::string name = "patch-" + FileName(o);
+      files[dir + name] = ToYaml({patch});
+      std::string api = o.at("apiVersion").get<std::string>();
+      auto slash = api.find('/');
+      json target = {{"version", slash == std::string::npos ? api : api.substr(slash + 1)},
+                     {"kind", o.at("kind")}, {"name", o.at("metadata").at("name")}};
+      if (slash != std::string::npos) target["group"] = api.substr(0, slash);
+      patches.push_back({{"target", target}, {"path", name}});
+    }
+    if (!own.empty()) k["resources"] = own;
+    if (!patches.empty()) k["patchesJson6902"] = patches;
+    files[dir + "kustomization.yaml"] = ToYaml({k});
+  }
+  return files;
+}
+
+}  // namespace trainctl::k8s

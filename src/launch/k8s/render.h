@@ -1,0 +1,44 @@
+// Kubernetes manifests for a job spec: `trainctl render --target k8s`. Pure functions of the spec
+// (no cluster, no clock, no randomness), so the same spec renders the same bytes.
+//
+// Objects, in apply order: ServiceAccount, ConfigMap (the resolved spec), PVC (unless the spec
+// names a claim), NetworkPolicy, headless Service, an etcd (elastic jobs without their own
+// rendezvous URL), the data-staging Job, the training workload, the eval Job, TensorBoard, and a
+// Role for the people who submit it. Every pod meets the "restricted" Pod Security Standard; the
+// store token comes from a Secret that no manifest contains.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "spec/job_spec.h"
+
+namespace trainctl::k8s {
+
+// job: an Indexed Job (no operator). pytorchjob, mpijob: the Kubeflow Training Operator's kinds.
+inline const std::vector<std::string> kFormats = {"job", "pytorchjob", "mpijob"};
+
+constexpr int kStorePort = 29400;
+
+// The spec as the pods see it: relative output, checkpoint, working and data directories moved
+// under the shared volume's mount, the rendezvous pointed at the in-cluster store.
+JobSpec PodSpec(const JobSpec& spec);
+
+// The manifests, in apply order. `format` is one of kFormats.
+std::vector<nlohmann::json> Render(const JobSpec& spec, const std::string& format);
+
+// Multi-document YAML ("---" between documents), keys sorted.
+std::string ToYaml(const std::vector<nlohmann::json>& docs);
+
+// A kustomize tree: overlays/<env>/ for each environment, whose objects are those of the spec
+// `base` layered with that environment's files, over base/: the objects of `base` that every
+// environment has. Overlays carry JSON patches (RFC 6902) against the base plus whole objects
+// that the base lacks. Paths are relative to the output directory. Works with kustomize 2
+// (kubectl 1.14+) and later.
+std::map<std::string, std::string> Kustomize(
+    const JobSpec& base, const std::vector<std::pair<std::string, JobSpec>>& envs,
+    const std::string& format);
+
+}  // namespace trainctl::k8s

@@ -1,0 +1,184 @@
+// What every rendered manifest promises, checked on the objects themselves: the restricted Pod
+// Security Standard, no secret in any manifest, namespaced minimal RBAC, a NetworkPolicy that
+// admits only the job's pods, and the pod's view of the spec. The schema, kustomize and golden
+// checks run the binary (tests/k8s_test.cc).
+#include "launch/k8s/render.h"
+
+#include <gtest/gtest.h>
+
+namespace trainctl::k8s {
+namespace {
+
+using nlohmann::json;
+
+JobSpec Parse(const std::string& yaml) {
+  auto spec = ParseJobSpec(yaml, "test.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  return spec.ok() ? *spec : JobSpec{};
+}
+
+const std::string kSpec = R"(name: fm
+nodes: 2
+procs_per_node: 4
+resources: {cpus: 1.5, memory: 2Gi, gpus: 1}
+trainer: {model: cnn, data: {dir: datasets/fm}}
+cluster:
+  image: registry.example.com/trainctl:1
+  namespace: ml
+  stage: {url: "https://example.com/fm.tar.gz"}
+  node_selector: {pool: gpu}
+  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+)";
+
+// Every pod template in an object: a Job's, a Deployment's, each Kubeflow replica's.
+std::vector<json> PodTemplates(const json& o) {
+  std::vector<json> out;
+  if (o["spec"].contains("template")) out.push_back(o["spec"]["template"]);
+  if (o["spec"].contains("pytorchReplicaSpecs")) {
+    for (const auto& [type, r] : o["spec"]["pytorchReplicaSpecs"].items()) out.push_back(r["template"]);
+  }
+  return out;
+}
+
+std::vector<json> All(const JobSpec& spec) {
+  std::vector<json> all;
+  for (const auto& format : kFormats) {
+    for (auto& o : Render(spec, format)) all.push_back(o);
+  }
+  return all;
+}
+
+TEST(Render, EveryPodMeetsTheRestrictedPodSecurityStandard) {
+  JobSpec elastic = Parse(kSpec + "\n");
+  elastic.nodes.min = 1;  // with the rendered etcd
+  int pods = 0;
+  for (const JobSpec& spec : {Parse(kSpec), elastic}) {
+    for (const auto& o : All(spec)) {
+      for (const auto& t : PodTemplates(o)) {
+        ++pods;
+        const std::string what = o["kind"].get<std::string>() + "/" + o["metadata"]["name"].get<std::string>();
+        const json& ps = t["spec"]["securityContext"];
+        EXPECT_EQ(ps["runAsNonRoot"], true) << what;
+        EXPECT_GT(ps["runAsUser"].get<int>(), 0) << what;
+        EXPECT_EQ(ps["seccompProfile"]["type"], "RuntimeDefault") << what;
+        EXPECT_FALSE(t["spec"].contains("hostNetwork") || t["spec"].contains("hostPID") ||
+                     t["spec"].contains("hostIPC")) << what;
+        EXPECT_EQ(t["spec"]["automountServiceAccountToken"], false) << what;
+        for (const auto& v : t["spec"]["volumes"]) EXPECT_FALSE(v.contains("hostPath")) << what;
+        json containers = t["spec"]["containers"];
+        for (const auto& c : t["spec"].value("initContainers", json::array())) containers.push_back(c);
+        for (const auto& c : containers) {
+          const json& cs = c["securityContext"];
+          EXPECT_EQ(cs["allowPrivilegeEscalation"], false) << what << " " << c["name"];
+          EXPECT_EQ(cs["capabilities"]["drop"], json::array({"ALL"})) << what;
+          EXPECT_FALSE(cs["capabilities"].contains("add")) << what;
+          EXPECT_FALSE(cs.value("privileged", false)) << what;
+          for (const auto& e : c["env"]) {
+            // The store token comes from its Secret; no manifest holds it.
+            if (e["name"].get<std::string>().find("TOKEN") != std::string::npos) {
+              EXPECT_FALSE(e.contains("value")) << what << " " << e;
+              EXPECT_TRUE(e["valueFrom"].contains("secretKeyRef")) << what;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(pods, 12);  // workers, stage, eval, tensorboard, etcd, in both formats
+}
+
+TEST(Render, RbacIsNamespacedMinimalAndWithoutWildcards) {
+  for (const auto& o : All(Parse(kSpec))) {
+    EXPECT_NE(o["kind"], "ClusterRole");
+    EXPECT_NE(o["kind"], "ClusterRoleBinding");
+    EXPECT_EQ(o["metadata"]["namespace"], "ml") << o["kind"];
+    EXPECT_EQ(o["metadata"]["labels"]["trainctl.dev/job"], "fm") << o["kind"];
+    if (o["kind"] != "Role") continue;
+    for (const auto& rule : o["rules"]) {
+      for (const char* field : {"apiGroups", "resources", "verbs"}) {
+        for (const auto& v : rule[field]) EXPECT_NE(v.get<std::string>().find('*'), 0u) << rule;
+      }
+      for (const auto& v : rule["verbs"]) {
+        EXPECT_NE(v, "escalate");
+        EXPECT_NE(v, "bind");
+        EXPECT_NE(v, "impersonate");
+      }
+      // Secrets: create the token, read it back; never list every secret of the namespace.
+      if (rule["resources"].front() == "secrets") EXPECT_EQ(rule["verbs"], json::array({"get", "create"}));
+    }
+  }
+}
+
+TEST(Render, OnlyTheJobsOwnPodsReachItsPods) {
+  for (const auto& o : Render(Parse(kSpec), "job")) {
+    if (o["kind"] != "NetworkPolicy") continue;
+    const json job_pods = {{"matchLabels", {{"trainctl.dev/job", "fm"}}}};
+    EXPECT_EQ(o["spec"]["podSelector"], job_pods);
+    EXPECT_EQ(o["spec"]["policyTypes"], json::array({"Ingress"}));
+    EXPECT_EQ(o["spec"]["ingress"], json::parse(R"([{"from": [{"podSelector": {"matchLabels": {"trainctl.dev/job": "fm"}}}]}])"));
+    return;
+  }
+  FAIL() << "no NetworkPolicy rendered";
+}
+
+TEST(Render, WorkersGetOneNodeEachWithGpusSelectorsAndTheStagedData) {
+  auto objects = Render(Parse(kSpec), "job");
+  const json* job = nullptr;
+  for (const auto& o : objects) {
+    if (o["kind"] == "Job" && o["metadata"]["name"] == "fm") job = &o;
+  }
+  ASSERT_NE(job, nullptr);
+  EXPECT_EQ((*job)["spec"]["completionMode"], "Indexed");
+  EXPECT_EQ((*job)["spec"]["completions"], 2);
+  const json& pod = (*job)["spec"]["template"]["spec"];
+  const json& c = pod["containers"][0];
+  // Per node: procs_per_node x the per-worker resources.
+  EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], 4);
+  EXPECT_EQ(c["resources"]["limits"]["cpu"], "6");
+  EXPECT_EQ(c["resources"]["requests"]["memory"], "8Gi");
+  EXPECT_EQ(pod["nodeSelector"], json({{"pool", "gpu"}}));
+  EXPECT_EQ(pod["tolerations"][0]["key"], "nvidia.com/gpu");
+  EXPECT_EQ(pod["subdomain"], "fm");
+  // The workers wait for the staging Job's marker before they start.
+  ASSERT_EQ(pod["initContainers"].size(), 1u);
+  EXPECT_EQ(pod["initContainers"][0]["env"][0]["value"], "/mnt/trainctl/datasets/fm/.trainctl-staged");
+  // The spec they read has its directories on the shared volume.
+  std::string spec_json;
+  for (const auto& o : objects) {
+    if (o["kind"] == "ConfigMap") spec_json = o["data"]["job.json"];
+  }
+  auto pod_spec = JobSpecFromJson(spec_json);
+  ASSERT_TRUE(pod_spec.ok()) << pod_spec.status().ToString();
+  EXPECT_EQ(pod_spec->output_dir, "/mnt/trainctl/runs/fm");
+  EXPECT_EQ(pod_spec->checkpoint_dir, "/mnt/trainctl/runs/fm/checkpoints");
+  EXPECT_EQ(pod_spec->trainer.data.dir, "/mnt/trainctl/datasets/fm");
+}
+
+TEST(Render, ElasticJobsGetAnEtcdAndRanksByArrival) {
+  JobSpec spec = Parse(kSpec);
+  spec.nodes.min = 1;
+  bool etcd = false;
+  for (const auto& o : Render(spec, "job")) {
+    if (o["kind"] == "StatefulSet") etcd = o["metadata"]["name"] == "fm-etcd";
+    if (o["kind"] == "Job" && o["metadata"]["name"] == "fm") {
+      const json& c = o["spec"]["template"]["spec"]["containers"][0];
+      auto cmd = c["command"].get<std::vector<std::string>>();
+      auto rank = std::find(cmd.begin(), cmd.end(), "--node-rank");
+      ASSERT_NE(rank, cmd.end());
+      EXPECT_EQ(rank[1], "-1");
+      EXPECT_EQ(std::find(cmd.begin(), cmd.end(), "--serve-store"), cmd.end());
+      EXPECT_EQ(c["env"][3]["value"], "etcd://fm-etcd:2379");
+    }
+  }
+  EXPECT_TRUE(etcd);
+}
+
+TEST(Render, YamlQuotesWhatAYaml11ReaderWouldMisread) {
+  std::string y = ToYaml({json{{"a", "yes"}, {"b", "8080"}, {"c", ""}, {"d", "plain"}, {"e", "x: y"},
+                              {"f", "two\nlines\n"}, {"g", 3}, {"h", false}}});
+  // (the literal block keeps its one final newline; the blank line after it is yaml-cpp's)
+  EXPECT_EQ(y, "a: \"yes\"\nb: \"8080\"\nc: \"\"\nd: plain\ne: \"x: y\"\nf: |\n  two\n  lines\n\ng: 3\nh: false\n");
+}
+
+}  // namespace
+}  // namespace trainctl::k8s

@@ -1,0 +1,203 @@
+// `trainctl render --target k8s` as users run it: every manifest checked against the Kubernetes
+// OpenAPI schema (kubernetes-models, tests/k8s/validate.mjs), kustomize overlays built with the
+// real `kubectl kustomize` and compared with what the layered spec renders, golden files, and the
+// pod's own command line run here: node 0 serving the store, node 1 joining it, a real job.
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <regex>
+
+#include "tests/test_util.h"
+
+namespace trainctl::testing {
+namespace {
+
+const std::string kSrc = TRAINCTL_SOURCE_DIR;
+
+CommandResult Exec(std::vector<std::string> argv, const std::string& cwd = kSrc) {
+  SpawnOptions o;
+  o.argv = std::move(argv);
+  o.env = CurrentEnvironment();
+  o.cwd = cwd;
+  auto r = RunCommand(o, std::chrono::seconds(120));
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : CommandResult{};
+}
+
+// The schema checker needs its npm packages (scripts/dev installs them).
+void RequireNodeModules() {
+  ASSERT_TRUE(fs::exists(kSrc + "/tests/k8s/node_modules/kubernetes-models"))
+      << "run `npm ci --prefix tests/k8s` (scripts/dev deps does) to install the schema checker";
+}
+
+std::string Render(const Scratch& s, const std::string& out, std::vector<std::string> args) {
+  args.insert(args.begin(), "render");
+  auto r = Trainctl(args, kSrc);
+  EXPECT_EQ(r.exit.code, 0) << r.output;
+  return s.Write(out, r.output);
+}
+
+TEST(K8s, EveryRenderedManifestPassesTheKubernetesSchema) {
+  RequireNodeModules();
+  Scratch s;
+  const std::string base = kSrc + "/examples/k8s/base.yaml";
+  std::vector<std::string> files = {
+      Render(s, "job.yaml", {base}),
+      Render(s, "prod.yaml", {base, "-f", kSrc + "/examples/k8s/prod.yaml"}),  // elastic, etcd, staging
+      Render(s, "dev.yaml", {base, "-f", kSrc + "/examples/k8s/dev.yaml"}),
+      Render(s, "pytorchjob.yaml", {base, "--format", "pytorchjob", "--set", "resources.gpus=1"}),
+      Render(s, "ddp.yaml", {kSrc + "/examples/ddp.yaml"}),  // a user program, no trainer
+  };
+  std::vector<std::string> argv = {"node", kSrc + "/tests/k8s/validate.mjs"};
+  argv.insert(argv.end(), files.begin(), files.end());
+  auto r = Exec(argv);
+  EXPECT_EQ(r.exit.code, 0) << r.output;
+  int objects = 0;
+  for (const auto& f : files) objects += CountLines(*ReadFile(f), "---") + 1;
+  EXPECT_EQ(CountLines(r.output, ": valid"), objects) << r.output;
+  EXPECT_EQ(CountLines(r.output, "INVALID"), 0) << r.output;
+
+  // The checker itself rejects what the API server would.
+  std::string bad = s.Read("job.yaml");
+  bad = std::regex_replace(bad, std::regex("completions: 2"), "completions: two");
+  auto rejected = Exec({"node", kSrc + "/tests/k8s/validate.mjs", s.Write("bad.yaml", bad)});
+  EXPECT_EQ(rejected.exit.code, 1) << rejected.output;
+  EXPECT_NE(rejected.output.find("Job/fashion-mnist: INVALID: data/spec/completions must be integer"),
+            std::string::npos) << rejected.output;
+}
+
+TEST(K8s, KustomizeOverlaysBuildTheSameObjectsAsTheLayeredSpec) {
+  RequireNodeModules();
+  Scratch s;
+  const std::string base = kSrc + "/examples/k8s/base.yaml";
+  auto r = Trainctl({"render", base, "--format", "kustomize", "-o", s.path("deploy"), "--env",
+                     "dev=" + kSrc + "/examples/k8s/dev.yaml", "--env",
+                     "prod=" + kSrc + "/examples/k8s/prod.yaml"}, kSrc);
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  for (const std::string env : {"dev", "prod"}) {
+    auto built = Exec({"kubectl", "kustomize", s.path("deploy/overlays/" + env)});
+    ASSERT_EQ(built.exit.code, 0) << built.output;
+    // kubectl's warnings (deprecated fields, kept for kustomize 2) go to stderr, mixed in here.
+    std::string yaml = std::regex_replace(built.output, std::regex("(^|\n)(# Warning|E\\d{4})[^\n]*"), "$1");
+    const std::string direct = Render(s, env + "-direct.yaml", {base, "-f", kSrc + "/examples/k8s/" + env + ".yaml"});
+    auto same = Exec({"node", kSrc + "/tests/k8s/compare.mjs", s.Write(env + "-kustomize.yaml", yaml), direct});
+    EXPECT_EQ(same.exit.code, 0) << env << ":\n" << same.output;
+    auto valid = Exec({"node", kSrc + "/tests/k8s/validate.mjs", s.path(env + "-kustomize.yaml")});
+    EXPECT_EQ(valid.exit.code, 0) << valid.output;
+  }
+  // prod's own objects (the etcd of its elastic job, the staging Job) are the overlay's.
+  EXPECT_TRUE(fs::exists(s.path("deploy/overlays/prod/statefulset-fashion-mnist-etcd.yaml")));
+  EXPECT_TRUE(fs::exists(s.path("deploy/overlays/prod/job-fashion-mnist-stage.yaml")));
+  EXPECT_FALSE(fs::exists(s.path("deploy/base/job-fashion-mnist-stage.yaml")));
+}
+
+TEST(K8s, RenderedManifestsMatchTheGoldenFiles) {
+  // After a deliberate change: TRAINCTL_UPDATE_GOLDEN=1 ctest -R Golden, and review the diff.
+  struct Case { std::string golden; std::vector<std::string> args; };
+  const std::string base = kSrc + "/examples/k8s/base.yaml";
+  std::vector<Case> cases = {
+      {"k8s-prod.yaml", {"render", base, "-f", kSrc + "/examples/k8s/prod.yaml"}},
+      {"k8s-pytorchjob.yaml", {"render", base, "--format", "pytorchjob"}}};
+  for (const auto& c : cases) {
+    auto r = Trainctl(c.args, kSrc);
+    ASSERT_EQ(r.exit.code, 0) << r.output;
+    const std::string path = kSrc + "/tests/golden/" + c.golden;
+    if (std::getenv("TRAINCTL_UPDATE_GOLDEN")) {
+      ASSERT_TRUE(AtomicWriteFile(path, r.output).ok());
+    }
+    auto golden = ReadFile(path);
+    ASSERT_TRUE(golden.ok()) << golden.status().ToString();
+    EXPECT_EQ(r.output, *golden) << c.golden << " differs; if the change is intended, rerun with "
+                                                "TRAINCTL_UPDATE_GOLDEN=1 and review the diff";
+  }
+}
+
+TEST(K8s, BadRenderRequestsAreNamed) {
+  auto r = Trainctl({"render", kSrc + "/examples/k8s/base.yaml", "--format", "kustomize"}, kSrc);
+  EXPECT_EQ(r.exit.code, 2);
+  EXPECT_NE(r.output.find("give it with -o DIR"), std::string::npos) << r.output;
+  Scratch s;
+  std::string spec = s.Write("bad.yaml", "name: x\ncommand: [true]\ncluster:\n  namespace: Prod\n"
+                                         "  storage: {size: lots}\n  stag: {}\n");
+  r = Trainctl({"render", spec}, kSrc);
+  EXPECT_EQ(r.exit.code, 2);
+  EXPECT_NE(r.output.find("bad.yaml:4: cluster.namespace: expected a Kubernetes object name"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cluster.storage.size: expected a size such as 100Gi, got \"lots\""),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cluster.stag: unknown field; did you mean 'stage'?"), std::string::npos) << r.output;
+}
+
+// What a pod of the rendered Indexed Job runs, with the values Kubernetes would substitute.
+struct PodCommand {
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string spec_json;
+};
+
+PodCommand FromManifests(const std::string& yaml) {
+  PodCommand pc;
+  for (const auto& doc : YAML::LoadAll(yaml)) {
+    const std::string kind = doc["kind"].as<std::string>();
+    if (kind == "ConfigMap") pc.spec_json = doc["data"]["job.json"].as<std::string>();
+    if (kind != "Job" || !doc["spec"]["completionMode"]) continue;  // the workers' Indexed Job
+    const YAML::Node c = doc["spec"]["template"]["spec"]["containers"][0];
+    for (const auto& a : c["command"]) pc.argv.push_back(a.as<std::string>());
+    for (const auto& e : c["env"]) {
+      if (e["value"]) pc.env.emplace_back(e["name"].as<std::string>(), e["value"].as<std::string>());
+    }
+  }
+  return pc;
+}
+
+TEST(K8s, TheRenderedPodCommandRunsTheJobWithNodeZeroServingTheStore) {
+  Scratch s;
+  // The shared volume is a directory here; pods would mount the claim at the same path.
+  std::string spec = s.Write("job.yaml", "name: podjob\nnodes: 2\nprocs_per_node: 1\n"
+                                         "trainer:\n  model: cnn\n  data: {limit: 256, test_limit: 64}\n"
+                                         "  batch_size: 16\n  max_steps: 4\n  threads: 1\n"
+                                         "cluster:\n  storage: {mount: " + s.path("volume") + "}\n");
+  auto r = Trainctl({"render", spec}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  PodCommand pod = FromManifests(r.output);
+  ASSERT_FALSE(pod.argv.empty()) << r.output;
+  ASSERT_FALSE(pod.spec_json.empty());
+  fs::create_directories(s.path("volume"));
+  const std::string spec_file = s.Write("job.json", pod.spec_json);
+  const std::string port = std::to_string(FreePort());
+
+  auto substitute = [&](std::string v, int index) {
+    v = std::regex_replace(v, std::regex("podjob-0\\.podjob:29400"), "127.0.0.1:" + port);
+    v = std::regex_replace(v, std::regex("\\$\\(JOB_COMPLETION_INDEX\\)"), std::to_string(index));
+    v = std::regex_replace(v, std::regex("\\$\\(POD_IP\\)"), "127.0.0.1");
+    v = std::regex_replace(v, std::regex("\\$\\(JOB_UID\\)"), "0f0e");
+    return std::regex_replace(v, std::regex("/etc/trainctl/job.json"), spec_file);
+  };
+  std::vector<std::unique_ptr<Background>> nodes;
+  for (int index : {1, 0}) {  // the joining node first: it waits for node 0's store
+    std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_AGENT_TOKEN", "t0ken"}};
+    std::string run_id;
+    for (const auto& [k, v] : pod.env) {
+      if (k != "TRAINCTL_RUN_ID") env.emplace_back(k, substitute(v, index));
+      else run_id = substitute(v, index);
+    }
+    std::vector<std::string> args;
+    ASSERT_EQ(pod.argv[0], "trainctl");
+    for (size_t i = 1; i < pod.argv.size(); ++i) {
+      args.push_back(pod.argv[i] == "$(TRAINCTL_RUN_ID)" ? run_id : substitute(pod.argv[i], index));
+    }
+    EXPECT_EQ(run_id, "podjob-0f0e");
+    nodes.push_back(std::make_unique<Background>(args, s.path("volume"),
+                                                 s.path("node" + std::to_string(index) + ".log"), env));
+  }
+  for (auto& n : nodes) {
+    ExitInfo exit = n->Wait(std::chrono::seconds(120));
+    EXPECT_EQ(exit.code, 0) << n->Output();
+  }
+  EXPECT_TRUE(fs::exists(s.path("volume/runs/podjob/model.safetensors")));
+  EXPECT_NE(s.Read("node0.log").find("2 workers x batch 16"), std::string::npos)
+      << s.Read("node0.log");
+}
+
+}  // namespace
+}  // namespace trainctl::testing
