@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <cstdlib>
 #include <optional>
 #include <thread>
@@ -31,7 +33,8 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
   Flags* f = &flags_storage;
   cmd->add_option("--node-rank", f->node_rank, "this node's rank; -1: by arrival")->capture_default_str();
   cmd->add_option("--run-id", f->run_id, "the job run's id")->required();
-  cmd->add_option("--host", f->host, "this node's address for its peers")->capture_default_str();
+  cmd->add_option("--host", f->host, "this node's address for its peers; auto: its host name")
+      ->capture_default_str();
   cmd->add_flag("--color", f->color, "colour the [worker-N] prefixes");
   cmd->add_option("--spec", f->spec,
                   "the job spec (YAML, or the JSON that render writes) instead of the store's copy: "
@@ -117,6 +120,11 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
     o.node_rank = f->node_rank;
     o.run_id = f->run_id;
     o.host = f->host;
+    if (o.host == "auto") {
+      char name[256] = {};
+      ::gethostname(name, sizeof name - 1);
+      o.host = name;
+    }
     o.store_addr = addr;
     o.store_token = token;
     o.store_prefix = prefix;

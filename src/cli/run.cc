@@ -21,15 +21,45 @@ std::string Absolute(const std::string& path) {
 
 void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
-      "run", "Run a job on this machine: one agent per node, each starting its workers; worker "
-             "output is shown as [worker-N] lines and saved under <output_dir>/logs");
+      "run", "Run a job from this machine: one agent per node, each starting its workers, here "
+             "or under mpirun on the hosts given; worker output is shown as [worker-N] lines and "
+             "saved under <output_dir>/logs");
   static SpecFlags spec_storage;
   SpecFlags* spec_flags = &spec_storage;
   spec_flags->Add(cmd);
-  cmd->callback([spec_flags, &flags, code] {
+  static LaunchOptions launch_storage;
+  LaunchOptions* lo = &launch_storage;
+  cmd->add_option("--target", lo->placement,
+                  "local: the agents run here; mpi: one agent per host under mpirun (Open MPI)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"local", "mpi"}));
+  cmd->add_option("--hosts", lo->mpi_hosts, "mpi: the hosts, as mpirun's --host (a,b or a:1,b:1)");
+  cmd->add_option("--hostfile", lo->mpi_hostfile, "mpi: a hostfile, as mpirun's --hostfile")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--store-host", lo->store_host,
+                  "the address of this machine that agents reach the job's store at (it listens "
+                  "there, with the job's token)")
+      ->capture_default_str();
+  cmd->callback([spec_flags, lo, &flags, code] {
     log::SetLevel(flags.log_level);
     auto spec = LoadOrReport(*spec_flags);
     if (!spec) {
+      *code = kExitInvalidSpec;
+      return;
+    }
+    const bool remote = !lo->mpi_hosts.empty() || !lo->mpi_hostfile.empty();
+    std::string bad_flags;
+    if (lo->placement != "mpi" && remote) {
+      bad_flags = "--hosts and --hostfile go with --target mpi";
+    } else if (remote && spec->rendezvous.empty() && lo->store_host.rfind("127.", 0) == 0) {
+      bad_flags = "agents on other hosts cannot reach a store on " + lo->store_host +
+                  "; give --store-host with this machine's address on their network (or a "
+                  "rendezvous: etcd://... in the spec)";
+    } else if (lo->placement == "mpi" && !FindExecutable("mpirun", CurrentEnvironment()).ok()) {
+      bad_flags = "--target mpi needs mpirun on the PATH (Open MPI; on Debian: apt-get install openmpi-bin)";
+    }
+    if (!bad_flags.empty()) {
+      std::fprintf(stderr, "trainctl run: %s\n", bad_flags.c_str());
       *code = kExitInvalidSpec;
       return;
     }
@@ -60,7 +90,7 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
       }
     }
     BlockSupervisorSignals();
-    LaunchOptions options;
+    LaunchOptions options = *lo;
     options.self_exe = SelfExe();
     options.color_output = ::isatty(STDOUT_FILENO) != 0;
     options.log_level = flags.log_level;

@@ -12,6 +12,15 @@ struct LaunchOptions {
   std::string self_exe;        // the trainctl binary, run as `trainctl agent` for each node
   bool color_output = false;   // colour worker prefixes (stdout is a terminal)
   std::string log_level = "info";
+  // How agents are placed: "local", one process per node on this machine; or "mpi", one mpirun
+  // that starts an agent on each of `mpi_hosts` (its --host list) or of the hosts in
+  // `mpi_hostfile`, or nodes.max agents here when neither is given.
+  std::string placement = "local";
+  std::string mpi_hosts;
+  std::string mpi_hostfile;
+  // The address the job's store listens on and agents reach it at: loopback unless agents run on
+  // other hosts.
+  std::string store_host = "127.0.0.1";
 };
 
 class Launcher {

@@ -20,10 +20,30 @@ namespace trainctl {
 namespace {
 
 struct AgentProc {
-  int node = 0;
+  std::string name;  // "the agent for node N", or "mpirun" for all of them
   pid_t pid = -1;
   bool done = false;
 };
+
+// mpirun starting one agent per host (or nodes.max agents here); the store's address and token
+// travel in the environment (-x NAME copies it without putting the value in argv).
+std::vector<std::string> MpirunArgv(const JobSpec& spec, const LaunchOptions& options,
+                                    std::vector<std::string> agent) {
+  std::vector<std::string> argv = {"mpirun", "-np", std::to_string(spec.nodes.max),
+                                   // the agent's workers use the cores; MPI must not pin it to one
+                                   "--bind-to", "none", "-x", kEnvStoreAddr, "-x", kEnvStoreToken};
+  if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
+  if (!options.mpi_hosts.empty()) argv.insert(argv.end(), {"--host", options.mpi_hosts});
+  if (!options.mpi_hostfile.empty()) argv.insert(argv.end(), {"--hostfile", options.mpi_hostfile});
+  if (options.mpi_hosts.empty() && options.mpi_hostfile.empty()) {
+    argv.push_back("--oversubscribe");  // N agents on this machine, whatever its core count
+  } else {
+    argv.insert(argv.end(), {"--map-by", "ppr:1:node"});
+    agent.insert(agent.end(), {"--host", "auto"});  // each agent's own host name
+  }
+  argv.insert(argv.end(), agent.begin(), agent.end());
+  return argv;
+}
 
 // How long agents get to stop their workers before the launcher kills them.
 Duration AgentGrace(const JobSpec& spec) { return spec.timeouts.stop_grace + std::chrono::seconds(5); }
@@ -57,6 +77,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   std::string store_url = spec.rendezvous;
   if (store_url.empty()) {
     TcpStoreServerOptions so;
+    so.host = options.store_host;
     so.token = token;
     auto started = TcpStoreServer::Start(so);
     if (!started.ok()) {
@@ -64,7 +85,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       return kExitError;
     }
     server = std::move(*started);
-    store_url = "tcp://127.0.0.1:" + std::to_string(server->port());
+    store_url = "tcp://" + options.store_host + ":" + std::to_string(server->port());
   }
   const Duration connect_timeout = std::min<Duration>(spec.timeouts.rendezvous, std::chrono::seconds(30));
   auto client = OpenStore(store_url, token, connect_timeout);
@@ -95,22 +116,25 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     kill_at = Clock::now() + AgentGrace(spec);
   };
 
-  for (int node = 0; node < spec.nodes.max; ++node) {
+  const bool mpi = options.placement == "mpi";
+  for (int node = 0; node < (mpi ? 1 : spec.nodes.max); ++node) {
     SpawnOptions o;
     o.argv = {options.self_exe, "--log-level", options.log_level, "agent", "--node-rank",
-              std::to_string(node), "--run-id", run_id};
+              std::to_string(mpi ? -1 : node), "--run-id", run_id};
     if (options.color_output) o.argv.push_back("--color");
+    if (mpi) o.argv = MpirunArgv(spec, options, o.argv);
     o.env = env;
+    const std::string name = mpi ? "mpirun" : "the agent for node " + std::to_string(node);
     auto pid = Spawn(o);
     if (!pid.ok()) {
-      LOG_ERROR("cannot start the agent for node {}: {}", node, pid.status().message());
+      LOG_ERROR("cannot start {}: {}", name, pid.status().message());
       begin_stop("could not start every agent", kExitError);
       break;
     }
-    agents.push_back({node, *pid, false});
+    agents.push_back({name, *pid, false});
   }
-  LOG_INFO("started {} node(s) x {} worker(s), run {}; worker logs in {}/logs", spec.nodes.max,
-           spec.procs_per_node, run_id, spec.output_dir);
+  LOG_INFO("started {} node(s) x {} worker(s){}, run {}; worker logs in {}/logs", spec.nodes.max,
+           spec.procs_per_node, mpi ? " under mpirun" : "", run_id, spec.output_dir);
 
   const bool has_deadline = spec.timeouts.job.count() > 0;
   const auto job_deadline = start + spec.timeouts.job;
@@ -143,17 +167,16 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
         } else if (exit.signaled && elastic && !stopping) {
           // An elastic job goes on without the node: its peers miss its heartbeat and start
           // a new round with the nodes that are left.
-          LOG_WARN("the agent for node {} died: {}; the job goes on with the other nodes "
-                   "(nodes.min: {})", a.node, exit.Describe(), spec.nodes.min);
+          LOG_WARN("{} died: {}; the job goes on with the other nodes (nodes.min: {})", a.name,
+                   exit.Describe(), spec.nodes.min);
           if (lost_code == kExitOk) lost_code = kExitError;
         } else {
           int code = exit.signaled ? kExitError : exit.code;
           if (exit.signaled) {
-            LOG_ERROR("the agent for node {} died: {}", a.node, exit.Describe());
+            LOG_ERROR("{} died: {}", a.name, exit.Describe());
           }
           if (final_code == kExitOk) final_code = code;
-          begin_stop("the agent for node " + std::to_string(a.node) + " ended with " +
-                         exit.Describe(), code);
+          begin_stop(a.name + " ended with " + exit.Describe(), code);
         }
       } else {
         all_done = false;

@@ -1,0 +1,97 @@
+// `trainctl run --target mpi`: the agents start under Open MPI's real mpirun (Debian's
+// openmpi-bin), here on one machine, and the job behaves as it does with local agents: ranks,
+// restarts, Ctrl-C, no process left behind.
+#include <gtest/gtest.h>
+
+#include "tests/test_util.h"
+
+namespace trainctl::testing {
+namespace {
+
+std::string Spec(const std::string& name, const std::string& out, const std::string& body) {
+  return "name: " + name + "\nnodes: 2\nprocs_per_node: 2\noutput_dir: " + out + "\n" + body;
+}
+
+// Processes whose command line mentions this job's run (mpirun and the agents it started).
+std::vector<pid_t> RunProcesses(const std::string& job) {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t pid = std::stoi(name);
+    auto argv = ProcStrings(pid, "cmdline");
+    auto run = std::find(argv.begin(), argv.end(), "--run-id");
+    if (run != argv.end() && run + 1 != argv.end() && run[1].rfind(job + "-", 0) == 0 &&
+        !ProcessGone(pid)) {
+      out.push_back(pid);
+    }
+  }
+  return out;
+}
+
+void RequireMpirun() {
+  ASSERT_TRUE(FindExecutable("mpirun", CurrentEnvironment()).ok())
+      << "these tests run Open MPI's mpirun: apt-get install openmpi-bin (scripts/dev deps does)";
+}
+
+TEST(Mpi, AgentsStartedByMpirunRunTheJobWithTheirRanks) {
+  RequireMpirun();
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("mpi-ranks", s.path("out"),
+      "command: [sh, -c, 'echo rank=$RANK of $WORLD_SIZE node=$GROUP_RANK mpi=$OMPI_COMM_WORLD_SIZE']\n"));
+  auto r = Trainctl({"run", spec, "--target", "mpi"}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_NE(r.output.find("started 2 node(s) x 2 worker(s) under mpirun"), std::string::npos) << r.output;
+  // The agents are mpirun's processes (its environment reaches the workers), one per node.
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.output.find("rank=" + std::to_string(rank) + " of 4 node=" + std::to_string(rank / 2) +
+                            " mpi=2"), std::string::npos) << r.output;
+  }
+}
+
+TEST(Mpi, AFailedWorkerIsRestartedAcrossTheMpiAgents) {
+  RequireMpirun();
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("mpi-restart", s.path("out"),
+      "command: [sh, -c, 'if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 3 ]; then exit 7; fi; "
+      "echo done $RANK']\n"));
+  auto r = Trainctl({"run", spec, "--target", "mpi"}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_NE(r.output.find("restarting the worker group (restart 1 of 3)"), std::string::npos) << r.output;
+  const size_t restart = r.output.find("restarting the worker group");
+  ASSERT_NE(restart, std::string::npos);
+  EXPECT_EQ(CountLines(r.output.substr(restart), "] done "), 4) << r.output;  // every rank, again
+  EXPECT_NE(s.Read("out/status.json").find("\"restarts\": 1"), std::string::npos) << s.Read("out/status.json");
+}
+
+TEST(Mpi, SigtermStopsMpirunTheAgentsAndTheWorkers) {
+  RequireMpirun();
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("mpi-stop", s.path("out"), "command: [sleep, '600']\n"));
+  Background job({"run", spec, "--target", "mpi"}, s.path(""), s.path("run.log"));
+  ASSERT_TRUE(Eventually([&] { return ProcessesWithEnv({"TRAINCTL_JOB_NAME=mpi-stop"}).size() == 4; },
+                         std::chrono::seconds(30))) << job.Output();
+  auto workers = ProcessesWithEnv({"TRAINCTL_JOB_NAME=mpi-stop"});
+  auto run = RunProcesses("mpi-stop");
+  EXPECT_GE(run.size(), 3u);  // mpirun and two agents
+  ASSERT_EQ(::kill(job.pid(), SIGTERM), 0);
+  ExitInfo exit = job.Wait(std::chrono::seconds(60));
+  EXPECT_EQ(exit.code, 130) << job.Output();
+  for (pid_t p : workers) EXPECT_TRUE(ProcessGone(p)) << "worker " << p << " left behind";
+  for (pid_t p : run) EXPECT_TRUE(ProcessGone(p)) << "mpirun or agent " << p << " left behind";
+}
+
+TEST(Mpi, OtherHostsNeedAStoreAddressTheyCanReach) {
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("mpi-flags", s.path("out"), "command: [true]\n"));
+  auto r = Trainctl({"run", spec, "--target", "mpi", "--hosts", "node1,node2"}, s.path(""));
+  EXPECT_EQ(r.exit.code, 2);
+  EXPECT_NE(r.output.find("agents on other hosts cannot reach a store on 127.0.0.1; give "
+                          "--store-host"), std::string::npos) << r.output;
+  r = Trainctl({"run", spec, "--hosts", "node1"}, s.path(""));
+  EXPECT_EQ(r.exit.code, 2);
+  EXPECT_NE(r.output.find("--hosts and --hostfile go with --target mpi"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace trainctl::testing
