@@ -6,6 +6,7 @@
 #include "common/fs.h"
 #include "common/strings.h"
 #include "launch/k8s/render.h"
+#include "launch/slurm/sbatch.h"
 
 namespace trainctl::cli {
 
@@ -26,21 +27,22 @@ Status WriteTree(const std::string& dir, const std::map<std::string, std::string
 void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
       "render", "Write what runs the job on a cluster engine: Kubernetes manifests (an Indexed "
-                "Job, or the Kubeflow PyTorchJob kind), or a kustomize base with one overlay "
-                "per environment. Nothing is contacted; see docs/cluster.md");
+                "Job, or the Kubeflow PyTorchJob kind), a kustomize base with one overlay per "
+                "environment, or a Slurm batch script. Nothing is contacted; see docs/cluster.md");
   struct Flags {
     SpecFlags spec;
     std::string target = "k8s";
     std::string format = "job";
     std::vector<std::string> envs;
     std::string out;
+    std::string trainctl = "trainctl";
   };
   static Flags storage;
   Flags* f = &storage;
   f->spec.Add(cmd);
   cmd->add_option("--target", f->target, "the cluster engine")
       ->capture_default_str()
-      ->check(CLI::IsMember({"k8s"}));
+      ->check(CLI::IsMember({"k8s", "slurm"}));
   std::vector<std::string> formats = k8s::kFormats;
   formats.push_back("kustomize");
   cmd->add_option("--format", f->format,
@@ -51,11 +53,37 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_option("--env", f->envs,
                   "kustomize: an overlay, NAME=FILE[,FILE...]: the spec layered with these files")
       ->allow_extra_args(false);
-  cmd->add_option("-o,--output", f->out, "a directory to write into (default: YAML on stdout)");
+  cmd->add_option("-o,--output", f->out, "a directory to write into (default: stdout)");
+  cmd->add_option("--trainctl", f->trainctl, "slurm: the trainctl binary as the nodes see it")
+      ->capture_default_str();
   cmd->callback([f, code] {
     auto spec = LoadOrReport(f->spec);
     if (!spec) {
       *code = kExitInvalidSpec;
+      return;
+    }
+    if (f->target == "slurm") {
+      // The script runs the same spec sources, from the shared filesystem.
+      std::vector<std::string> args;
+      for (size_t i = 0; i < f->spec.Sources().files.size(); ++i) {
+        if (i > 0) args.push_back("-f");
+        args.push_back(std::filesystem::absolute(f->spec.Sources().files[i]).lexically_normal().string());
+      }
+      for (const auto& set : f->spec.sets) args.insert(args.end(), {"--set", set});
+      const std::string script = slurm::SbatchScript(*spec, args, f->trainctl);
+      if (f->out.empty()) {
+        std::fputs(script.c_str(), stdout);
+        return;
+      }
+      const std::string path = f->out + "/" + spec->name + ".sbatch";
+      Status st = MakeDirs(f->out);
+      if (st.ok()) st = AtomicWriteFile(path, script, 0755);
+      if (!st.ok()) {
+        std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());
+        *code = kExitError;
+        return;
+      }
+      std::printf("wrote %s; submit it with sbatch %s\n", path.c_str(), path.c_str());
       return;
     }
     if (f->format != "kustomize") {

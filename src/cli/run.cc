@@ -30,9 +30,11 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
   static LaunchOptions launch_storage;
   LaunchOptions* lo = &launch_storage;
   cmd->add_option("--target", lo->placement,
-                  "local: the agents run here; mpi: one agent per host under mpirun (Open MPI)")
+                  "local: the agents run here; mpi: one agent per host under mpirun (Open MPI); "
+                  "slurm: one agent per node of the Slurm allocation this runs in, under srun "
+                  "(the script that `trainctl render --target slurm` writes does this)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"local", "mpi"}));
+      ->check(CLI::IsMember({"local", "mpi", "slurm"}));
   cmd->add_option("--hosts", lo->mpi_hosts, "mpi: the hosts, as mpirun's --host (a,b or a:1,b:1)");
   cmd->add_option("--hostfile", lo->mpi_hostfile, "mpi: a hostfile, as mpirun's --hostfile")
       ->check(CLI::ExistingFile);
@@ -47,10 +49,14 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = kExitInvalidSpec;
       return;
     }
-    const bool remote = !lo->mpi_hosts.empty() || !lo->mpi_hostfile.empty();
+    const bool slurm = lo->placement == "slurm";
+    const bool remote = !lo->mpi_hosts.empty() || !lo->mpi_hostfile.empty() || slurm;
     std::string bad_flags;
-    if (lo->placement != "mpi" && remote) {
+    if (lo->placement == "local" && remote) {
       bad_flags = "--hosts and --hostfile go with --target mpi";
+    } else if (slurm && std::string(std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "").empty()) {
+      bad_flags = "--target slurm runs inside a Slurm allocation (sbatch or salloc); to submit a "
+                  "job, write its batch script with trainctl render --target slurm";
     } else if (remote && spec->rendezvous.empty() && lo->store_host.rfind("127.", 0) == 0) {
       bad_flags = "agents on other hosts cannot reach a store on " + lo->store_host +
                   "; give --store-host with this machine's address on their network (or a "

@@ -12,9 +12,10 @@ struct LaunchOptions {
   std::string self_exe;        // the trainctl binary, run as `trainctl agent` for each node
   bool color_output = false;   // colour worker prefixes (stdout is a terminal)
   std::string log_level = "info";
-  // How agents are placed: "local", one process per node on this machine; or "mpi", one mpirun
-  // that starts an agent on each of `mpi_hosts` (its --host list) or of the hosts in
-  // `mpi_hostfile`, or nodes.max agents here when neither is given.
+  // How agents are placed: "local", one process per node on this machine; "slurm", one srun that
+  // starts an agent on each node of the Slurm allocation this runs in; or "mpi", one mpirun that
+  // starts an agent on each of `mpi_hosts` (its --host list) or of the hosts in `mpi_hostfile`,
+  // or nodes.max agents here when neither is given.
   std::string placement = "local";
   std::string mpi_hosts;
   std::string mpi_hostfile;

@@ -20,16 +20,26 @@ namespace trainctl {
 namespace {
 
 struct AgentProc {
-  std::string name;  // "the agent for node N", or "mpirun" for all of them
+  std::string name;  // "the agent for node N", or "mpirun"/"srun" for all of them
   pid_t pid = -1;
   bool done = false;
 };
 
-// mpirun starting one agent per host (or nodes.max agents here); the store's address and token
-// travel in the environment (-x NAME copies it without putting the value in argv).
-std::vector<std::string> MpirunArgv(const JobSpec& spec, const LaunchOptions& options,
-                                    std::vector<std::string> agent) {
-  std::vector<std::string> argv = {"mpirun", "-np", std::to_string(spec.nodes.max),
+// The command that starts every agent at once: srun, one per node of the Slurm allocation; or
+// mpirun, one per host (or nodes.max agents here). The store's address and token travel in the
+// environment (mpirun's -x NAME copies it without putting the value in argv).
+std::vector<std::string> PlacementArgv(const JobSpec& spec, const LaunchOptions& options,
+                                       std::vector<std::string> agent) {
+  const std::string n = std::to_string(spec.nodes.max);
+  if (options.placement == "slurm") {
+    std::vector<std::string> argv = {"srun", "--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1",
+                                     // trainctl handles a failed agent; Slurm must not end the step
+                                     "--kill-on-bad-exit=0", "--cpu-bind=none", "--export=ALL"};
+    argv.insert(argv.end(), agent.begin(), agent.end());
+    argv.insert(argv.end(), {"--host", "auto"});
+    return argv;
+  }
+  std::vector<std::string> argv = {"mpirun", "-np", n,
                                    // the agent's workers use the cores; MPI must not pin it to one
                                    "--bind-to", "none", "-x", kEnvStoreAddr, "-x", kEnvStoreToken};
   if (::geteuid() == 0) argv.push_back("--allow-run-as-root");
@@ -116,15 +126,15 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     kill_at = Clock::now() + AgentGrace(spec);
   };
 
-  const bool mpi = options.placement == "mpi";
-  for (int node = 0; node < (mpi ? 1 : spec.nodes.max); ++node) {
+  const bool one = options.placement != "local";  // one srun or mpirun starts every agent
+  for (int node = 0; node < (one ? 1 : spec.nodes.max); ++node) {
     SpawnOptions o;
     o.argv = {options.self_exe, "--log-level", options.log_level, "agent", "--node-rank",
-              std::to_string(mpi ? -1 : node), "--run-id", run_id};
+              std::to_string(one ? -1 : node), "--run-id", run_id};
     if (options.color_output) o.argv.push_back("--color");
-    if (mpi) o.argv = MpirunArgv(spec, options, o.argv);
+    if (one) o.argv = PlacementArgv(spec, options, o.argv);
     o.env = env;
-    const std::string name = mpi ? "mpirun" : "the agent for node " + std::to_string(node);
+    const std::string name = one ? o.argv[0] : "the agent for node " + std::to_string(node);
     auto pid = Spawn(o);
     if (!pid.ok()) {
       LOG_ERROR("cannot start {}: {}", name, pid.status().message());
@@ -134,7 +144,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     agents.push_back({name, *pid, false});
   }
   LOG_INFO("started {} node(s) x {} worker(s){}, run {}; worker logs in {}/logs", spec.nodes.max,
-           spec.procs_per_node, mpi ? " under mpirun" : "", run_id, spec.output_dir);
+           spec.procs_per_node, one ? " under " + agents.front().name : "", run_id, spec.output_dir);
 
   const bool has_deadline = spec.timeouts.job.count() > 0;
   const auto job_deadline = start + spec.timeouts.job;
