@@ -128,6 +128,25 @@ TEST(K8s, BadRenderRequestsAreNamed) {
   EXPECT_NE(r.output.find("cluster.stag: unknown field; did you mean 'stage'?"), std::string::npos) << r.output;
 }
 
+// No cluster is reachable from the test machines: these check what users see when theirs is not.
+TEST(K8s, ClusterVerbsNameAnUnreachableClusterAndAMissingKubectl) {
+  Scratch s;
+  const std::string spec = kSrc + "/examples/k8s/base.yaml";
+  const std::string kubeconfig = s.Write("kubeconfig", "apiVersion: v1\nkind: Config\nclusters:\n"
+      "- cluster: {server: \"https://127.0.0.1:" + std::to_string(FreePort()) + "\"}\n  name: c\n"
+      "contexts:\n- context: {cluster: c, user: u}\n  name: c\ncurrent-context: c\n"
+      "users:\n- name: u\n  user: {token: t}\n");
+  for (const std::string verb : {"submit", "status", "delete"}) {
+    auto r = Trainctl({verb, spec}, s.path(""), std::chrono::seconds(60), {{"KUBECONFIG", kubeconfig}});
+    EXPECT_EQ(r.exit.code, 1) << verb << ": " << r.output;
+    EXPECT_NE(r.output.find("trainctl " + verb + ": "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("refused"), std::string::npos) << verb << ": " << r.output;
+  }
+  auto r = Trainctl({"status", spec}, s.path(""), std::chrono::seconds(60), {{"PATH", s.path("")}});
+  EXPECT_EQ(r.exit.code, 2) << r.output;
+  EXPECT_NE(r.output.find("trainctl status: kubectl is not on the PATH"), std::string::npos) << r.output;
+}
+
 // What a pod of the rendered Indexed Job runs, with the values Kubernetes would substitute.
 struct PodCommand {
   std::vector<std::string> argv;

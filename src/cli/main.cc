@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   trainctl::cli::AddTrain(app, flags, &code);
   trainctl::cli::AddEval(app, flags, &code);
   trainctl::cli::AddRender(app, flags, &code);
+  trainctl::cli::AddClusterVerbs(app, flags, &code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -21,6 +21,8 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddTrain(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddEval(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddRender(CLI::App& app, const GlobalFlags& flags, int* code);
+// submit, status, logs, delete: a job on Kubernetes, through kubectl.
+void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code);
 
 // The spec-source flags shared by run and validate: FILE, -f FILE (repeatable), --set K=V.
 struct SpecFlags {

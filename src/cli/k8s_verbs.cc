@@ -1,0 +1,249 @@
+// submit, status, logs, delete: a rendered job on a Kubernetes cluster, through the user's own
+// kubectl (its kubeconfig, context and credentials). Each takes the job's spec, as run does.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "cli/verbs.h"
+#include "common/exit_codes.h"
+#include "common/random.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "launch/k8s/render.h"
+
+namespace trainctl::cli {
+namespace {
+
+using nlohmann::json;
+
+constexpr auto kKubectlTimeout = std::chrono::seconds(120);
+
+// kubectl with `args`, fed `input` on stdin from memory (manifests, the token: never a file).
+Result<CommandResult> Kubectl(const std::vector<std::string>& args, const std::string& input = "") {
+  SpawnOptions o;
+  o.env = CurrentEnvironment();
+  auto exe = FindExecutable("kubectl", o.env);
+  if (!exe.ok()) {
+    return NotFound("kubectl is not on the PATH; install it (Debian: kubernetes-client) and point "
+                    "it at the cluster (KUBECONFIG)");
+  }
+  o.argv = {*exe};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  int fd = -1;
+  if (!input.empty()) {
+    fd = ::memfd_create("trainctl-kubectl-stdin", MFD_CLOEXEC);
+    if (fd < 0 || ::write(fd, input.data(), input.size()) != static_cast<ssize_t>(input.size()) ||
+        ::lseek(fd, 0, SEEK_SET) != 0) {
+      if (fd >= 0) ::close(fd);
+      return Internal("cannot hand kubectl its input");
+    }
+    o.stdin_fd = fd;
+  }
+  auto r = RunCommand(o, kKubectlTimeout);
+  if (fd >= 0) ::close(fd);
+  if (r.ok() && r->timed_out) {
+    return Unavailable("kubectl " + args[0] + " did not finish within 120s: " + r->output);
+  }
+  return r;
+}
+
+// kubectl's own verdict when it fails: its last line (the ones before are its retries' logs).
+std::string Why(const CommandResult& r) {
+  auto lines = SplitLines(r.output);
+  while (!lines.empty() && lines.back().find_first_not_of(" \t\r") == std::string::npos) lines.pop_back();
+  return lines.empty() ? "kubectl ended with " + r.exit.Describe() : lines.back();
+}
+
+struct Common {
+  SpecFlags spec;
+  std::string format = "job";
+};
+
+void AddCommon(CLI::App* cmd, Common* c) {
+  c->spec.Add(cmd);
+  cmd->add_option("--format", c->format, "what was submitted: job (an Indexed Job) or pytorchjob")
+      ->capture_default_str()
+      ->check(CLI::IsMember(k8s::kFormats));
+}
+
+std::string Selector(const JobSpec& s, const std::string& component = "") {
+  return "trainctl.dev/job=" + s.name + (component.empty() ? "" : ",app.kubernetes.io/component=" + component);
+}
+
+std::string WorkloadKind(const std::string& format) {
+  return format == "pytorchjob" ? "pytorchjobs.kubeflow.org" : "jobs.batch";
+}
+
+int Fail(const std::string& verb, const Status& st) {
+  std::fprintf(stderr, "trainctl %s: %s\n", verb.c_str(), st.message().c_str());
+  return st.code() == Code::kNotFound ? kExitInvalidSpec : kExitError;
+}
+
+int Submit(const JobSpec& s, const std::string& format) {
+  const std::string& ns = s.cluster.namespace_;
+  const std::string secret = s.cluster.token_secret.empty() ? s.name + "-token" : s.cluster.token_secret;
+  // The store token: a Secret made once, from a random value that only the cluster keeps.
+  auto got = Kubectl({"get", "secret", secret, "-n", ns, "-o", "name", "--ignore-not-found"});
+  if (!got.ok()) return Fail("submit", got.status());
+  if (got->exit.code != 0) {
+    return Fail("submit", Unavailable("cannot reach the cluster: " + Why(*got)));
+  }
+  if (got->output.empty()) {
+    json obj = {{"apiVersion", "v1"}, {"kind", "Secret"}, {"type", "Opaque"},
+                {"metadata", {{"name", secret}, {"namespace", ns}, {"labels", {{"trainctl.dev/job", s.name}}}}},
+                {"stringData", {{"token", RandomHex(32)}}}};
+    auto made = Kubectl({"create", "-f", "-"}, obj.dump());
+    if (!made.ok()) return Fail("submit", made.status());
+    if (made->exit.code != 0) return Fail("submit", Unavailable("cannot create the token Secret " + secret + ": " + Why(*made)));
+  }
+  auto applied = Kubectl({"apply", "-f", "-"}, k8s::ToYaml(k8s::Render(s, format)));
+  if (!applied.ok()) return Fail("submit", applied.status());
+  std::fputs(applied->output.c_str(), stdout);
+  if (applied->exit.code != 0) return Fail("submit", Unavailable("kubectl apply failed"));
+  std::printf("submitted %s to namespace %s; follow it with trainctl status/logs, remove it with "
+              "trainctl delete\n", s.name.c_str(), ns.c_str());
+  return kExitOk;
+}
+
+int Status_(const JobSpec& s, const std::string& format, bool as_json) {
+  const std::string& ns = s.cluster.namespace_;
+  auto job = Kubectl({"get", WorkloadKind(format), s.name, "-n", ns, "-o", "json"});
+  if (!job.ok()) return Fail("status", job.status());
+  if (job->exit.code != 0) return Fail("status", Unavailable(Why(*job)));
+  auto pods = Kubectl({"get", "pods", "-n", ns, "-l", Selector(s), "-o", "json"});
+  if (!pods.ok()) return Fail("status", pods.status());
+  if (pods->exit.code != 0) return Fail("status", Unavailable(Why(*pods)));
+  try {
+    json j = json::parse(job->output), p = json::parse(pods->output);
+    json st = j.value("status", json::object());
+    std::string state = "running";
+    for (const auto& c : st.value("conditions", json::array())) {
+      if (c.value("status", "") != "True") continue;
+      const std::string type = c.value("type", "");
+      if (type == "Complete" || type == "Succeeded") state = "succeeded";
+      if (type == "Failed") state = "failed: " + c.value("reason", "") + " " + c.value("message", "");
+    }
+    json out = {{"job", s.name}, {"namespace", ns}, {"state", state},
+                {"active", st.value("active", 0)}, {"succeeded", st.value("succeeded", 0)},
+                {"failed", st.value("failed", 0)}, {"pods", json::array()}};
+    for (const auto& pod : p.value("items", json::array())) {
+      int restarts = 0;
+      for (const auto& cs : pod["status"].value("containerStatuses", json::array())) restarts += cs.value("restartCount", 0);
+      out["pods"].push_back({{"name", pod["metadata"].value("name", "")},
+                             {"component", pod["metadata"]["labels"].value("app.kubernetes.io/component", "")},
+                             {"phase", pod["status"].value("phase", "")},
+                             {"node", pod["spec"].value("nodeName", "")},
+                             {"restarts", restarts}});
+    }
+    if (as_json) {
+      std::printf("%s\n", out.dump(2).c_str());
+    } else {
+      std::printf("job %s (namespace %s): %s; pods active %d, succeeded %d, failed %d\n", s.name.c_str(),
+                  ns.c_str(), state.c_str(), out["active"].get<int>(), out["succeeded"].get<int>(),
+                  out["failed"].get<int>());
+      for (const auto& pod : out["pods"]) {
+        std::printf("  %-40s %-12s %-10s %s\n", pod["name"].get<std::string>().c_str(),
+                    pod["component"].get<std::string>().c_str(), pod["phase"].get<std::string>().c_str(),
+                    pod["node"].get<std::string>().c_str());
+      }
+    }
+    return state.rfind("failed", 0) == 0 ? kExitWorkerFailed : kExitOk;
+  } catch (const json::exception& e) {
+    return Fail("status", Internal(std::string("kubectl's answer is not the JSON expected: ") + e.what()));
+  }
+}
+
+}  // namespace
+
+void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
+  (void)flags;
+  static Common submit_c, status_c, logs_c, delete_c;
+  auto* submit = app.add_subcommand(
+      "submit", "Submit the job to the Kubernetes cluster of kubectl's current context: create "
+                "the store token's Secret if it is missing, then apply the rendered manifests");
+  AddCommon(submit, &submit_c);
+  submit->callback([code] {
+    auto spec = LoadOrReport(submit_c.spec);
+    *code = spec ? Submit(*spec, submit_c.format) : kExitInvalidSpec;
+  });
+
+  static bool status_json = false;
+  auto* status = app.add_subcommand("status", "The submitted job's state and its pods (exit 3 if it failed)");
+  AddCommon(status, &status_c);
+  status->add_flag("--json", status_json, "print JSON");
+  status->callback([code] {
+    auto spec = LoadOrReport(status_c.spec);
+    *code = spec ? Status_(*spec, status_c.format, status_json) : kExitInvalidSpec;
+  });
+
+  static bool follow = false;
+  static std::string component = "worker";
+  auto* logs = app.add_subcommand("logs", "The output of every pod of the job, each line prefixed with its pod");
+  AddCommon(logs, &logs_c);
+  logs->add_flag("--follow", follow, "keep streaming (-f is a spec layer, as in every verb)");
+  logs->add_option("--component", component, "worker, stage, eval, tensorboard or etcd")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"worker", "stage", "eval", "tensorboard", "etcd"}));
+  logs->callback([code] {
+    auto spec = LoadOrReport(logs_c.spec);
+    if (!spec) {
+      *code = kExitInvalidSpec;
+      return;
+    }
+    std::vector<std::string> args = {"logs", "-n", spec->cluster.namespace_, "-l", Selector(*spec, component),
+                                     "--prefix", "--all-containers=true", "--tail=-1",
+                                     "--max-log-requests=" + std::to_string(std::max(5, spec->nodes.max + 1))};
+    if (follow) {
+      // Streams until the user stops it: kubectl replaces this process.
+      auto exe = FindExecutable("kubectl", CurrentEnvironment());
+      if (!exe.ok()) {
+        *code = Fail("logs", NotFound("kubectl is not on the PATH"));
+        return;
+      }
+      std::vector<char*> argv = {const_cast<char*>("kubectl")};
+      args.push_back("--follow");
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(exe->c_str(), argv.data());
+      *code = Fail("logs", Internal("cannot run " + *exe));
+      return;
+    }
+    auto r = Kubectl(args);
+    if (!r.ok()) {
+      *code = Fail("logs", r.status());
+      return;
+    }
+    std::fputs(r->output.c_str(), stdout);
+    *code = r->exit.code == 0 ? kExitOk : kExitError;
+  });
+
+  static bool with_data = false;
+  auto* del = app.add_subcommand("delete", "Delete every object of the submitted job; the data volume "
+                                           "and the token Secret stay unless --data");
+  AddCommon(del, &delete_c);
+  del->add_flag("--data", with_data, "also delete the job's PersistentVolumeClaim (its datasets, "
+                                     "checkpoints, metrics) and its token Secret");
+  del->callback([code] {
+    auto spec = LoadOrReport(delete_c.spec);
+    if (!spec) {
+      *code = kExitInvalidSpec;
+      return;
+    }
+    std::string kinds = WorkloadKind(delete_c.format) +
+                        ",jobs.batch,deployments.apps,statefulsets.apps,services,configmaps,"
+                        "networkpolicies.networking.k8s.io,roles.rbac.authorization.k8s.io,serviceaccounts";
+    if (with_data) kinds += ",persistentvolumeclaims,secrets";
+    auto r = Kubectl({"delete", kinds, "-n", spec->cluster.namespace_, "-l", Selector(*spec),
+                      "--ignore-not-found", "--wait=false"});
+    if (!r.ok()) {
+      *code = Fail("delete", r.status());
+      return;
+    }
+    std::fputs(r->output.c_str(), stdout);
+    *code = r->exit.code == 0 ? kExitOk : Fail("delete", Unavailable(Why(*r)));
+  });
+}
+
+}  // namespace trainctl::cli
