@@ -58,9 +58,9 @@ TEST(Mpi, AFailedWorkerIsRestartedAcrossTheMpiAgents) {
   auto r = Trainctl({"run", spec, "--target", "mpi"}, s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   EXPECT_NE(r.output.find("restarting the worker group (restart 1 of 3)"), std::string::npos) << r.output;
-  const size_t restart = r.output.find("restarting the worker group");
-  ASSERT_NE(restart, std::string::npos);
-  EXPECT_EQ(CountLines(r.output.substr(restart), "] done "), 4) << r.output;  // every rank, again
+  // Rank 3 failed the first time: its one "done" is the restarted group's. (Lines of the first
+  // group's other ranks may come before or after the restart's log line.)
+  EXPECT_EQ(CountLines(r.output, "] done 3"), 1) << r.output;
   EXPECT_NE(s.Read("out/status.json").find("\"restarts\": 1"), std::string::npos) << s.Read("out/status.json");
 }
 
