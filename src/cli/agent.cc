@@ -9,8 +9,8 @@
 #include "common/exit_codes.h"
 #include "common/log.h"
 #include "common/subprocess.h"
-#include "launch/local/local_launcher.h"
 #include "common/fs.h"
+#include "launch/local/local_launcher.h"
 #include "store/open_store.h"
 #include "store/tcp/tcp_store.h"
 
@@ -107,9 +107,11 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
         return;
       }
     }
-    auto spec_json = file_spec ? Result<std::string>(JobSpecToJson(*file_spec))
-                               : store.Get(keys::kSpec, std::chrono::seconds(30));
-    auto spec = spec_json.ok() ? JobSpecFromJson(*spec_json) : Result<JobSpec>(spec_json.status());
+    auto spec = [&]() -> Result<JobSpec> {
+      if (file_spec) return *file_spec;
+      ASSIGN_OR_RETURN(std::string json, store.Get(keys::kSpec, std::chrono::seconds(30)));
+      return JobSpecFromJson(json);
+    }();
     if (!spec.ok()) {
       LOG_ERROR("cannot read the job spec from the store: {}", spec.status().message());
       *code = kExitError;

@@ -107,7 +107,7 @@ int Submit(const JobSpec& s, const std::string& format) {
   return kExitOk;
 }
 
-int Status_(const JobSpec& s, const std::string& format, bool as_json) {
+int ShowStatus(const JobSpec& s, const std::string& format, bool as_json) {
   const std::string& ns = s.cluster.namespace_;
   auto job = Kubectl({"get", WorkloadKind(format), s.name, "-n", ns, "-o", "json"});
   if (!job.ok()) return Fail("status", job.status());
@@ -175,7 +175,7 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   status->add_flag("--json", status_json, "print JSON");
   status->callback([code] {
     auto spec = LoadOrReport(status_c.spec);
-    *code = spec ? Status_(*spec, status_c.format, status_json) : kExitInvalidSpec;
+    *code = spec ? ShowStatus(*spec, status_c.format, status_json) : kExitInvalidSpec;
   });
 
   static bool follow = false;

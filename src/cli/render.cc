@@ -67,7 +67,7 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
       std::vector<std::string> args;
       for (size_t i = 0; i < f->spec.Sources().files.size(); ++i) {
         if (i > 0) args.push_back("-f");
-        args.push_back(std::filesystem::absolute(f->spec.Sources().files[i]).lexically_normal().string());
+        args.push_back(AbsolutePath(f->spec.Sources().files[i]));
       }
       for (const auto& set : f->spec.sets) args.insert(args.end(), {"--set", set});
       const std::string script = slurm::SbatchScript(*spec, args, f->trainctl);

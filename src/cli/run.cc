@@ -1,7 +1,5 @@
 #include <unistd.h>
 
-#include <filesystem>
-
 #include "cli/verbs.h"
 #include "data/dataset.h"
 #include "common/exit_codes.h"
@@ -10,14 +8,6 @@
 #include "launch/local/local_launcher.h"
 
 namespace trainctl::cli {
-namespace {
-
-std::string Absolute(const std::string& path) {
-  if (path.empty()) return path;
-  return std::filesystem::absolute(path).lexically_normal().string();
-}
-
-}  // namespace
 
 void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
@@ -54,7 +44,7 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
     std::string bad_flags;
     if (lo->placement == "local" && remote) {
       bad_flags = "--hosts and --hostfile go with --target mpi";
-    } else if (slurm && std::string(std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "").empty()) {
+    } else if (slurm && GetEnv(CurrentEnvironment(), "SLURM_JOB_ID").value_or("").empty()) {
       bad_flags = "--target slurm runs inside a Slurm allocation (sbatch or salloc); to submit a "
                   "job, write its batch script with trainctl render --target slurm";
     } else if (remote && spec->rendezvous.empty() && lo->store_host.rfind("127.", 0) == 0) {
@@ -69,9 +59,9 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = kExitInvalidSpec;
       return;
     }
-    spec->output_dir = Absolute(spec->output_dir);
-    spec->checkpoint_dir = Absolute(spec->checkpoint_dir);
-    spec->working_dir = Absolute(spec->working_dir);
+    spec->output_dir = AbsolutePath(spec->output_dir);
+    spec->checkpoint_dir = AbsolutePath(spec->checkpoint_dir);
+    spec->working_dir = AbsolutePath(spec->working_dir);
     // A program that cannot start is a spec error, found now rather than as N worker crashes.
     std::vector<std::string> env = CurrentEnvironment();
     for (const auto& [k, v] : spec->env) SetEnv(&env, k, v);

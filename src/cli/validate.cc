@@ -27,6 +27,11 @@ SpecSources SpecFlags::Sources() const {
   return s;
 }
 
+std::string AbsolutePath(const std::string& path) {
+  if (path.empty()) return path;
+  return std::filesystem::absolute(path).lexically_normal().string();
+}
+
 std::optional<JobSpec> LoadOrReport(const SpecFlags& flags) {
   auto spec = LoadJobSpec(flags.Sources());
   if (!spec.ok()) {

@@ -33,6 +33,9 @@ struct SpecFlags {
   SpecSources Sources() const;
 };
 
+// `path` made absolute against the current directory and normalized; "" stays "".
+std::string AbsolutePath(const std::string& path);
+
 // Loads the spec; on error prints every problem to stderr and returns nullopt.
 std::optional<JobSpec> LoadOrReport(const SpecFlags& flags);
 
