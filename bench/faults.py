@@ -104,6 +104,14 @@ def kill_random_worker(name, restart):
     return t
 
 
+def wait_trained(m, restart, n):
+    """Waits until attempt `restart` of the job has completed `n` training steps."""
+    def trained():
+        m.poll()
+        return sum(1 for r in m.steps if r["restart"] == restart) >= n
+    wait_for(trained, 120, f"restart {restart} to train")
+
+
 def recovery(a):
     tmp = tempfile.mkdtemp(prefix="bench-recovery-")
     out = os.path.join(tmp, "job")
@@ -111,10 +119,7 @@ def recovery(a):
     m = Metrics(os.path.join(out, "metrics.jsonl"))
     times = []
     for i in range(a.kills):
-        def trained(n):
-            m.poll()
-            return sum(1 for r in m.steps if r["restart"] == i) >= n
-        wait_for(lambda: trained(5), 120, f"restart {i} to train")
+        wait_trained(m, i, 5)
         time.sleep(random.uniform(0, 1))
         t = kill_random_worker("bench-recovery", i)
         wait_for(lambda: any(r["restart"] == i + 1 for r in (m.poll() or m.steps)), 60,
@@ -145,10 +150,7 @@ def hang(a):
     m = Metrics(os.path.join(out, "metrics.jsonl"))
     rows = []
     for i in range(a.trials):
-        def trained(n):
-            m.poll()
-            return sum(1 for r in m.steps if r["restart"] == i) >= n
-        wait_for(lambda: trained(5), 120, f"restart {i} to train")
+        wait_trained(m, i, 5)
         rank = random.choice([0, 1])
         pid = job_pids("bench-hang", [f"TORCHELASTIC_RESTART_COUNT={i}", f"RANK={rank}"])[0]
         t = time.time()

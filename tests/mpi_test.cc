@@ -14,19 +14,11 @@ std::string Spec(const std::string& name, const std::string& out, const std::str
 
 // Processes whose command line mentions this job's run (mpirun and the agents it started).
 std::vector<pid_t> RunProcesses(const std::string& job) {
-  std::vector<pid_t> out;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    pid_t pid = std::stoi(name);
+  return LiveProcesses([&](pid_t pid) {
     auto argv = ProcStrings(pid, "cmdline");
     auto run = std::find(argv.begin(), argv.end(), "--run-id");
-    if (run != argv.end() && run + 1 != argv.end() && run[1].rfind(job + "-", 0) == 0 &&
-        !ProcessGone(pid)) {
-      out.push_back(pid);
-    }
-  }
-  return out;
+    return run != argv.end() && run + 1 != argv.end() && run[1].rfind(job + "-", 0) == 0;
+  });
 }
 
 void RequireMpirun() {

@@ -161,19 +161,27 @@ inline std::vector<std::string> ProcStrings(pid_t pid, const char* file) {
   return out;
 }
 
-// The live processes (of this user) whose environment holds every one of `vars` ("NAME=value").
-inline std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& vars) {
+// The live processes for which `match(pid)` holds.
+template <typename F>
+std::vector<pid_t> LiveProcesses(F match) {
   std::vector<pid_t> out;
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     pid_t pid = std::stoi(name);
+    if (match(pid) && !ProcessGone(pid)) out.push_back(pid);
+  }
+  return out;
+}
+
+// The live processes (of this user) whose environment holds every one of `vars` ("NAME=value").
+inline std::vector<pid_t> ProcessesWithEnv(const std::vector<std::string>& vars) {
+  return LiveProcesses([&](pid_t pid) {
     auto env = ProcStrings(pid, "environ");
     bool all = !env.empty();
     for (const auto& v : vars) all = all && std::find(env.begin(), env.end(), v) != env.end();
-    if (all && !ProcessGone(pid)) out.push_back(pid);
-  }
-  return out;
+    return all;
+  });
 }
 
 inline std::vector<pid_t> ReadPids(const std::string& file) {
