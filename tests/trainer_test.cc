@@ -84,6 +84,46 @@ TEST(Trainer, AResumedRunHasTheSameLossesAsAnUninterruptedOne) {
   EXPECT_NE(a[1], a[14]);  // it did learn something
 }
 
+// `device: cuda`: on a trainctl built with CUDA and NCCL and a machine with a GPU, training on the
+// GPU resumes exactly (deterministic mode) and its model evaluates on the CPU; elsewhere the
+// worker says why it cannot use a GPU.
+TEST(Trainer, DeviceCudaTrainsOnTheGpuOrSaysWhyItCannot) {
+  Scratch s;
+  auto trainer = [](int max_steps) {
+    return "  model: cnn\n  device: cuda\n  data: {limit: 640, test_limit: 300}\n  batch_size: 32\n"
+           "  deterministic: true\n  epochs: 2\n  eval: false\n  log_every: 1\n"
+           "  checkpoint_every: 4\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+           "  max_steps: " + std::to_string(max_steps) + "\n";
+  };
+  auto spec = [&](const std::string& file, const std::string& name, const std::string& out, int steps) {
+    return s.Write(file, Spec(name, s.path(out), trainer(steps), 1, 1) + "restart: {max_restarts: 0}\n");
+  };
+  auto whole = Trainctl({"run", spec("a.yaml", "whole", "a", 14)}, s.path(""), std::chrono::seconds(120));
+  if (!TRAINCTL_HAVE_NCCL || !Exists("/dev/nvidiactl")) {
+    EXPECT_EQ(whole.exit.code, 3) << whole.output;
+    EXPECT_NE(s.Read("a/logs/worker-0.log").find("trainer.device: cuda, but this worker cannot use a GPU"),
+              std::string::npos) << s.Read("a/logs/worker-0.log");
+    if (TRAINCTL_HAVE_NCCL) GTEST_SKIP() << "built with NCCL, but there is no GPU here";
+    return;
+  }
+  ASSERT_EQ(whole.exit.code, 0) << whole.output;
+  EXPECT_NE(s.Read("a/logs/worker-0.log").find("images) on cuda:0"), std::string::npos)
+      << s.Read("a/logs/worker-0.log");
+  auto first = Trainctl({"run", spec("b1.yaml", "part", "b", 7)}, s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(first.exit.code, 0) << first.output;
+  auto second = Trainctl({"run", spec("b2.yaml", "part", "b", 14)}, s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(second.exit.code, 0) << second.output;
+  auto a = Losses(s.Read("a/metrics.jsonl"));
+  auto b = Losses(s.Read("b/metrics.jsonl"));
+  ASSERT_EQ(a.size(), 14u);
+  ASSERT_EQ(b.size(), 14u);
+  for (int64_t step = 1; step <= 14; ++step) EXPECT_EQ(a[step], b[step]) << "step " << step;
+  EXPECT_NE(a[1], a[14]);
+  auto e = Trainctl({"eval", "--checkpoint", s.path("a/model.safetensors"), "-o", "json"}, s.path(""));
+  ASSERT_EQ(e.exit.code, 0) << e.output;
+  EXPECT_GT(nlohmann::json::parse(e.output)["accuracy"].get<double>(), 0.3) << e.output;
+}
+
 TEST(Trainer, ACorruptNewestCheckpointFallsBackToTheOneBefore) {
   Scratch s;
   auto trainer = [](int max_steps) {

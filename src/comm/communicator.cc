@@ -53,4 +53,13 @@ Status NameStalledRanks(Store& store, int rank, int size, Duration grace, const 
                                   " (the other ranks reported the timeout)");
 }
 
+#ifndef TRAINCTL_WITH_NCCL
+bool NcclAvailable() { return false; }
+
+Result<std::unique_ptr<Communicator>> ConnectNccl(Store&, const NcclOptions&) {
+  return InvalidArgument("nccl: this trainctl was built without CUDA and NCCL; build it where "
+                         "CUDA and NCCL are found (see docs/trainer.md, GPUs)");
+}
+#endif
+
 }  // namespace trainctl::comm

@@ -1,6 +1,7 @@
 // Communicator: the collectives the trainer needs (allreduce, broadcast, barrier) among the
-// ranks of one worker group. Backends live in subfolders: gloo/ (CPU tensors over TCP). No torch
-// here: collectives work on plain buffers, and the trainer hands them tensor memory.
+// ranks of one worker group. Backends live in subfolders: gloo/ (CPU buffers over TCP), shm/ (CPU
+// buffers, ranks on one host), nccl/ (GPU buffers). No torch here: collectives work on plain
+// buffers, and the trainer hands them tensor memory.
 //
 // Every call blocks until it completes on this rank or `timeout` (set at connect) passes; then it
 // returns kTimeout and the communicator is broken: a peer may be dead or stalled, and the caller's
@@ -68,5 +69,20 @@ struct ShmOptions {
   size_t chunk_bytes = 4 << 20;  // per rank: larger collectives go through in chunks
 };
 Result<std::unique_ptr<Communicator>> ConnectShm(Store& store, const ShmOptions& options);
+
+// NCCL, for buffers on NVIDIA GPUs, one GPU per rank (NCCL refuses two ranks on one GPU). Buffers
+// may also be host memory (they are staged through the GPU), so small headers and counts need no
+// special path. Rank 0 publishes the NCCL id on `store`. Connect and every collective give up
+// after `timeout` (kTimeout) and abort the communicator; a peer's failure that NCCL detects
+// first gives kUnavailable. Compiled only where CUDA and NCCL were found at build time; elsewhere
+// NcclAvailable() is false and ConnectNccl returns kInvalidArgument saying so.
+struct NcclOptions {
+  int rank = 0;
+  int size = 1;
+  int device = 0;  // CUDA device ordinal of this rank's GPU
+  Duration timeout = std::chrono::seconds(60);
+};
+bool NcclAvailable();
+Result<std::unique_ptr<Communicator>> ConnectNccl(Store& store, const NcclOptions& options);
 
 }  // namespace trainctl::comm

@@ -173,7 +173,13 @@ class Decoder {
     Field(n, p, "deterministic", &t->deterministic, boolean);
     Field(n, p, "threads", &t->threads, int_in(0, 1024));
     Field(n, p, "device", &t->device, one_of({"cpu", "cuda"}));
-    Field(n, p, "backend", &t->backend, one_of({"auto", "gloo", "shm"}));
+    Field(n, p, "backend", &t->backend, one_of({"auto", "gloo", "shm", "nccl"}));
+    if (const Node* b = Child(n, "backend"); b && t->backend != "auto" &&
+                                             (t->backend == "nccl") != (t->device == "cuda")) {
+      Error(*b, p + ".backend", t->device == "cuda"
+                                    ? "expected nccl or auto with device: cuda (GPU memory goes through NCCL)"
+                                    : "nccl needs device: cuda; expected auto, gloo or shm for the CPU");
+    }
     Field(n, p, "bucket_mb", &t->bucket_mb, num_in(0.001, 1024));
     Field(n, p, "checkpoint_every", &t->checkpoint_every, int_in(0, kBig));
     Field(n, p, "keep_last", &t->keep_last, int_in(1, 1000));

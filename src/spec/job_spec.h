@@ -84,7 +84,7 @@ struct TrainerSpec {
   bool deterministic = false;     // same seed, same world size: the same losses, bit for bit
   int threads = 0;                // compute threads per worker; 0: OMP_NUM_THREADS
   std::string device = "cpu";     // cpu | cuda
-  std::string backend = "auto";   // collectives: auto | gloo | shm (auto: shm on one node)
+  std::string backend = "auto";   // auto (nccl for cuda, shm on one node, else gloo) | gloo | shm | nccl
   double bucket_mb = 1;           // gradient bucket size for the overlapped allreduce
   int64_t checkpoint_every = 0;   // steps; 0: at the end of each epoch
   int keep_last = 3;

@@ -148,6 +148,13 @@ trainer:
   EXPECT_NE(e.find("job.yaml:8: trainer.global_batch_size: expected a multiple of the number of "
                    "workers (2"), std::string::npos) << e;
   EXPECT_NE(e.find("job.yaml:9: trainer.deterministic: expected true or false"), std::string::npos) << e;
+  // GPU memory goes through NCCL, and NCCL takes only GPU memory.
+  EXPECT_NE(Errors("name: fm\ntrainer:\n  device: cuda\n  backend: gloo\n")
+                .find("job.yaml:4: trainer.backend: expected nccl or auto with device: cuda"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: fm\ntrainer:\n  backend: nccl\n")
+                .find("job.yaml:3: trainer.backend: nccl needs device: cuda"), std::string::npos);
+  EXPECT_TRUE(ParseJobSpec("name: fm\ntrainer: {device: cuda, backend: nccl}\n", "job.yaml").ok());
   EXPECT_NE(Errors("name: fm\ncommand: [x]\ntrainer: {}\n").find("not both"), std::string::npos);
   EXPECT_NE(Errors("name: fm\n").find("or a trainer: section"), std::string::npos);
 }

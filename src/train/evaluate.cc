@@ -32,6 +32,8 @@ Confusion Evaluate(models::Classifier& model, const data::ImageSet& set, int64_t
   bool was_training = model.is_training();
   model.eval();
   torch::NoGradGuard no_grad;
+  const auto params = model.parameters();
+  const torch::Device device = params.empty() ? torch::Device(torch::kCPU) : params[0].device();
   std::vector<int64_t> idx;
   torch::Tensor x, y;
   for (int64_t i = begin; i < end; i += batch) {
@@ -39,7 +41,7 @@ Confusion Evaluate(models::Classifier& model, const data::ImageSet& set, int64_t
     idx.resize(n);
     std::iota(idx.begin(), idx.end(), i);
     FillBatch(set, idx.data(), n, norm, &x, &y);
-    torch::Tensor pred = model.forward(x).argmax(1);
+    torch::Tensor pred = model.forward(x.to(device)).argmax(1).to(torch::kCPU);
     auto* p = pred.data_ptr<int64_t>();
     auto* t = y.data_ptr<int64_t>();
     for (int64_t k = 0; k < n; ++k) {

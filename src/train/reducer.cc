@@ -1,5 +1,6 @@
 #include "train/reducer.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -10,10 +11,12 @@ namespace trainctl::train {
 
 GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Communicator* comm,
                                  size_t bucket_bytes)
-    : comm_(comm), params_(std::move(params)) {
+    : comm_(comm),
+      params_(std::move(params)),
+      device_(params_.empty() ? torch::Device(torch::kCPU) : params_[0].device()) {
   int64_t total = 0;
   for (const auto& p : params_) total += p.numel();
-  auto options = torch::TensorOptions().dtype(torch::kFloat32);
+  auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   flat_params_ = torch::empty({total}, options);
   flat_grads_ = torch::zeros({total}, options);
 
@@ -24,7 +27,8 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
   for (size_t k = params_.size(); k-- > 0;) {
     torch::Tensor& p = params_[k];
     if (buckets_.empty() || buckets_.back().numel >= bucket_numel) {
-      buckets_.push_back(Bucket{offset, 0, 0, 0});
+      buckets_.push_back(Bucket{offset, 0, 0, 0, nullptr});
+      if (device_.is_cuda()) buckets_.back().queued = std::make_shared<c10::Event>(device_.type());
     }
     Bucket& b = buckets_.back();
     int64_t n = p.numel();
@@ -78,7 +82,18 @@ void GradientReducer::OnGradReady(size_t bucket) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!armed_) return;  // a backward outside training (none today): nothing to reduce
   Bucket& b = buckets_[bucket];
-  if (++b.ready == b.expected) cv_.notify_all();
+  if (++b.ready == b.expected) {
+    MarkQueued(b);
+    cv_.notify_all();
+  }
+}
+
+// The calling thread's current stream is the one backward (or the training thread) queued the
+// bucket's gradients on.
+void GradientReducer::MarkQueued(Bucket& b) {
+  if (!b.queued) return;
+  c10::impl::VirtualGuardImpl guard(device_.type());
+  b.queued->record(guard.getStream(device_));
 }
 
 // Reduces buckets strictly in index order, so every rank issues the same collectives in the
@@ -95,6 +110,9 @@ void GradientReducer::CommLoop() {
     Status st;
     if (error_.ok()) {
       lock.unlock();
+      if (b.queued) {
+        while (!b.queued->query()) std::this_thread::yield();
+      }
       st = comm_->AllReduceSum(flat_grads_.data_ptr<float>() + b.offset, b.numel);
       lock.lock();
     }
@@ -114,8 +132,13 @@ Status GradientReducer::Finish() {
   auto start = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   // Parameters that took no part in this step's graph never fire their hooks: their gradient
-  // stays zero, and their buckets are released here.
-  for (auto& b : buckets_) b.ready = b.expected;
+  // stays zero, and their buckets are released here (after the gradients queued so far).
+  for (auto& b : buckets_) {
+    if (b.ready < b.expected) {
+      b.ready = b.expected;
+      MarkQueued(b);
+    }
+  }
   cv_.notify_all();
   cv_.wait(lock, [&] { return next_to_reduce_ == buckets_.size(); });
   armed_ = false;

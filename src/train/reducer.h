@@ -9,11 +9,17 @@
 // divides by the world size. The flat buffers also let the optimizer update all parameters in a
 // few vectorized operations.
 //
+// On a GPU the buffers live on the parameters' device. A hook runs when backward has queued a
+// gradient's kernels, not when they have run: the hook that completes a bucket records a CUDA
+// event on the stream, and the reducer's thread waits for that event before it hands the bucket
+// to the communicator (NCCL), while the GPU goes on with the rest of backward.
+//
 // Threads: ZeroGrad/Finish/Broadcast from the training thread only; hooks run on the thread that
 // calls backward. Errors (a peer gone, a timeout) come back from Finish(); after one, the reducer
 // is unusable and the trainer should exit so the agent can start a new round.
 #pragma once
 
+#include <c10/core/Event.h>
 #include <torch/types.h>
 
 #include <condition_variable>
@@ -29,7 +35,8 @@ namespace trainctl::train {
 
 class GradientReducer {
  public:
-  // `params` must be leaf tensors that require grad, contiguous, float32, on the CPU.
+  // `params` must be leaf tensors that require grad, contiguous, float32, all on one device (the
+  // CPU, or one GPU with a communicator that takes GPU memory).
   GradientReducer(std::vector<torch::Tensor> params, comm::Communicator* comm, size_t bucket_bytes);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
@@ -53,12 +60,15 @@ class GradientReducer {
     int64_t offset = 0, numel = 0;
     int expected = 0;  // parameters in the bucket
     int ready = 0;     // gradients accumulated so far in this step
+    std::shared_ptr<c10::Event> queued;  // GPU: recorded when the bucket's last gradient is queued
   };
+  void MarkQueued(Bucket& b);
   void OnGradReady(size_t bucket);
   void CommLoop();
 
   comm::Communicator* comm_;
   std::vector<torch::Tensor> params_;
+  torch::Device device_;
   torch::Tensor flat_params_, flat_grads_;
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 #include <sys/resource.h>
@@ -37,15 +38,21 @@ struct Batch {
   torch::Tensor x, y;
 };
 
-// Builds the next batches on a background thread while the current step computes.
+// Builds the next batches on a background thread while the current step computes. For a GPU
+// they are built in page-locked memory, so the copy to the GPU runs asynchronously.
 class Prefetcher {
  public:
   Prefetcher(const data::ImageSet& set, const Normalizer& norm, std::vector<int64_t> indices,
-             int64_t batch, int64_t first, int64_t count)
+             int64_t batch, int64_t first, int64_t count, bool pinned)
       : set_(set), norm_(norm), indices_(std::move(indices)), batch_(batch) {
-    thread_ = std::thread([this, first, count] {
+    thread_ = std::thread([this, first, count, pinned] {
       for (int64_t b = first; b < first + count; ++b) {
         Batch out;
+        if (pinned) {
+          out.x = torch::empty({batch_, set_.channels, set_.rows, set_.cols},
+                               torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+          out.y = torch::empty({batch_}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(true));
+        }
         FillBatch(set_, indices_.data() + b * batch_, batch_, norm_, &out.x, &out.y);
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || queue_.size() < kDepth; });
@@ -119,8 +126,8 @@ std::string EnvString(const char* name) {
 // Everything one training process holds.
 class Trainer {
  public:
-  Trainer(JobSpec spec, int rank, int world, comm::Communicator* comm)
-      : spec_(std::move(spec)), t_(spec_.trainer), rank_(rank), world_(world), comm_(comm) {}
+  Trainer(JobSpec spec, int rank, int world, comm::Communicator* comm, torch::Device device)
+      : spec_(std::move(spec)), t_(spec_.trainer), rank_(rank), world_(world), comm_(comm), device_(device) {}
 
   Status Run();
 
@@ -141,6 +148,7 @@ class Trainer {
   const TrainerSpec& t_;
   int rank_, world_;
   comm::Communicator* comm_;
+  torch::Device device_;
 
   data::ImageSet train_set_, test_set_;
   Normalizer norm_;
@@ -191,6 +199,7 @@ Status Trainer::Setup() {
   } catch (const std::exception& e) {
     return InvalidArgument(std::string("cannot build the model: ") + e.what());
   }
+  model_->to(device_);
   model_->train();
   std::vector<torch::Tensor> params;
   for (auto& p : model_->parameters()) params.push_back(p);
@@ -376,15 +385,22 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
   int64_t count = steps_per_epoch_ - first_batch;
   if (t_.max_steps > 0) count = std::min(count, t_.max_steps - step_);
   Prefetcher prefetch(train_set_, norm_, data::ShardIndices(train_set_.count, epoch, so), batch_,
-                      first_batch, count);
+                      first_batch, count, device_.is_cuda());
   auto epoch_start = Clock::now();
   auto window_start = epoch_start;
   int64_t window_samples = 0;
-  double loss_sum = 0, loss_count = 0;
+  // The loss stays on the device until it is logged: reading it every step would make the CPU
+  // wait for the GPU every step.
+  torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+  double loss_count = 0;
   double lr = 0;
   auto last_status = epoch_start;
   for (int64_t i = 0; i < count; ++i) {
     Batch b = prefetch.Next();
+    if (device_.is_cuda()) {
+      b.x = b.x.to(device_, /*non_blocking=*/true);
+      b.y = b.y.to(device_, /*non_blocking=*/true);
+    }
     reducer_->ZeroGrad();
     torch::Tensor loss = torch::nn::functional::cross_entropy(model_->forward(b.x), b.y);
     loss.backward();
@@ -394,13 +410,14 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     ++step_;
     ++batch_in_epoch_;
     last_saved_ = false;
-    const float loss_value = loss.item<float>();
-    loss_sum += loss_value;
+    loss_sum.add_(loss.detach());
     loss_count += 1;
     window_samples += batch_ * world_;
     if (step_ % t_.log_every == 0) {
-      RETURN_IF_ERROR(LogStep(loss_sum, loss_count, lr, SecondsSince(window_start), window_samples));
-      loss_sum = loss_count = 0;
+      RETURN_IF_ERROR(LogStep(loss_sum.item<double>(), loss_count, lr, SecondsSince(window_start),
+                              window_samples));
+      loss_sum.zero_();
+      loss_count = 0;
       window_samples = 0;
       window_start = Clock::now();
     }
@@ -414,7 +431,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       double rate = (i + 1) * batch_ * world_ / std::max(1e-9, SecondsSince(epoch_start));
       double eta = double(total_steps_ - step_) * batch_ * world_ / rate;
       std::printf("%s\r", metrics::ProgressLine(epoch + 1, t_.epochs, batch_in_epoch_,
-                                               steps_per_epoch_, loss_value, rate, eta)
+                                               steps_per_epoch_, loss.item<float>(), rate, eta)
                                .c_str());
       std::fflush(stdout);
     }
@@ -457,8 +474,9 @@ Status Trainer::Run() {
   RETURN_IF_ERROR(Setup());
   RETURN_IF_ERROR(Resume());
   if (rank_ == 0) {
-    LOG_INFO("training {} on {} ({} images), {} workers x batch {}, {} steps per epoch, {} epochs",
-             t_.model, t_.data.dataset, train_set_.count, world_, batch_, steps_per_epoch_, t_.epochs);
+    LOG_INFO("training {} on {} ({} images) on {}, {} workers x batch {}, {} steps per epoch, {} epochs",
+             t_.model, t_.data.dataset, train_set_.count, device_.str(), world_, batch_,
+             steps_per_epoch_, t_.epochs);
   }
   while (epoch_ < t_.epochs && !Done()) {
     RETURN_IF_ERROR(TrainEpoch(epoch_, batch_in_epoch_));
@@ -471,7 +489,7 @@ Status Trainer::Run() {
   if (!last_saved_) RETURN_IF_ERROR(SaveCheckpoint());
   // Every rank logs a digest of its final parameters: data parallelism keeps them bit-identical,
   // and a rank that drifted is easy to spot.
-  torch::Tensor flat = reducer_->flat_params();
+  torch::Tensor flat = reducer_->flat_params().cpu();
   LOG_INFO("final parameters: {} values, crc32c {:08x}", flat.numel(),
            metrics::Crc32c(flat.data_ptr(), flat.numel() * sizeof(float)));
   return Export();
@@ -504,9 +522,30 @@ int RunTrainer(const TrainOptions& options) {
   log::SetContext(spec->name, "rank=" + std::to_string(rank), restart);
 
   const TrainerSpec& t = spec->trainer;
-  if (t.device != "cpu") {
-    return fail(InvalidArgument("trainer.device: " + t.device + " needs a LibTorch built with CUDA; "
-                                "this trainctl was built against a CPU-only LibTorch"));
+  torch::Device device(torch::kCPU);
+  if (t.device == "cuda") {
+    if (!torch::cuda::is_available()) {
+      return fail(InvalidArgument(
+          "trainer.device: cuda, but this worker cannot use a GPU: either this trainctl was built "
+          "against a LibTorch without CUDA (Debian's is CPU-only; see docs/trainer.md, GPUs) or "
+          "no GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)"));
+    }
+    if (!comm::NcclAvailable()) {
+      return fail(InvalidArgument("trainer.device: cuda needs the NCCL backend, and this trainctl "
+                                  "was built without NCCL (see docs/trainer.md, GPUs)"));
+    }
+    // One GPU per worker on each node, as torchrun scripts use LOCAL_RANK. NCCL refuses two
+    // ranks on one GPU, so more workers than GPUs is a spec error, said before NCCL says it.
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    if (EnvInt("LOCAL_WORLD_SIZE", 1) > gpus) {
+      return fail(InvalidArgument("trainer.device: cuda: " + std::to_string(EnvInt("LOCAL_WORLD_SIZE", 1)) +
+                                  " workers on this node but " + std::to_string(gpus) +
+                                  " GPU(s); expected procs_per_node at most " + std::to_string(gpus) +
+                                  " (one GPU per worker)"));
+    }
+    device = torch::Device(torch::kCUDA, EnvInt("LOCAL_RANK", 0) % gpus);
+    // Deterministic cuBLAS needs a fixed workspace, chosen before the first cuBLAS call.
+    if (t.deterministic) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   }
   int threads = t.threads > 0 ? t.threads : EnvInt("OMP_NUM_THREADS", 1);
   at::set_num_interop_threads(1);
@@ -518,14 +557,22 @@ int RunTrainer(const TrainOptions& options) {
   const int round = EnvInt("TRAINCTL_ROUND", restart);
   PrefixStore comm_store(client->get(), prefix + "comm/" + std::to_string(round) + "/");
   const bool one_node = EnvInt("GROUP_WORLD_SIZE", 0) == 1 || EnvInt("LOCAL_WORLD_SIZE", 0) == world;
-  const bool shm = t.backend == "shm" || (t.backend == "auto" && one_node);
+  const bool nccl = device.is_cuda();  // the spec allows only nccl (or auto) with cuda
+  const bool shm = !nccl && (t.backend == "shm" || (t.backend == "auto" && one_node));
   // A hang is reported within timeouts.collective: the collective gives up a little earlier and
   // the rest goes to finding out which ranks are stalled (NameStalledRanks).
   const Duration stall_grace = std::min<Duration>(spec->timeouts.collective / 10, std::chrono::seconds(3));
   const Duration comm_timeout = spec->timeouts.collective - stall_grace;
   const std::string host = EnvString("TRAINCTL_HOST").empty() ? "127.0.0.1" : EnvString("TRAINCTL_HOST");
   Result<std::unique_ptr<comm::Communicator>> comm = Unavailable("");
-  if (shm) {
+  if (nccl) {
+    comm::NcclOptions no;
+    no.rank = rank;
+    no.size = world;
+    no.device = device.index();
+    no.timeout = comm_timeout;
+    comm = comm::ConnectNccl(comm_store, no);
+  } else if (shm) {
     comm::ShmOptions so;
     so.rank = rank;
     so.size = world;
@@ -543,7 +590,7 @@ int RunTrainer(const TrainOptions& options) {
   if (Status st = comm::AnnounceRank(comm_store, rank, host); !st.ok()) return fail(st);
 
   try {
-    Trainer trainer(*spec, rank, world, comm->get());
+    Trainer trainer(*spec, rank, world, comm->get(), device);
     Status st = trainer.Run();
     if (st.code() == Code::kTimeout) {
       st = comm::NameStalledRanks(comm_store, rank, world, stall_grace, st);

@@ -5,6 +5,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <dlfcn.h>
 
 #include <atomic>
 #include <cstring>
@@ -122,10 +123,28 @@ class GlooCommunicator : public Communicator {
   std::string broken_;
 };
 
+// A pip-installed LibTorch exports its own, newer Gloo under the same names; if its definitions
+// are the ones this process bound, they do not match the headers this file was compiled with, and
+// the first collective would crash. Say so instead.
+Status CheckGlooIsTheOneCompiledFor() {
+  Dl_info info{};
+  auto allreduce = static_cast<void (*)(const gloo::AllreduceOptions&)>(&gloo::allreduce);
+  if (::dladdr(reinterpret_cast<void*>(allreduce), &info) == 0 || info.dli_fname == nullptr) {
+    return Status::Ok();
+  }
+  const std::string lib = info.dli_fname;
+  if (lib.find("libtorch") == std::string::npos) return Status::Ok();
+  return InvalidArgument("gloo: this trainctl's LibTorch (" + lib + ") carries its own Gloo, "
+                         "which replaces the one trainctl was built with; use trainer.backend: "
+                         "shm (one node) or nccl (GPUs), or a trainctl built against Debian's "
+                         "LibTorch for CPU jobs across nodes");
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> ConnectGloo(Store& store, const GlooOptions& o) {
   RETURN_IF_ERROR(CheckGroup("gloo", o.rank, o.size));
+  RETURN_IF_ERROR(CheckGlooIsTheOneCompiledFor());
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = o.host;

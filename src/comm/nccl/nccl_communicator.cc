@@ -1,0 +1,220 @@
+// NCCL backend: GPU collectives on the job's GPUs (NVLink, PCIe, InfiniBand or sockets, as NCCL
+// chooses), for trainers with `device: cuda`. Built only where CUDA and NCCL are found.
+//
+// Every call keeps the Communicator contract: it returns once the collective is complete on this
+// rank, or after the timeout, with the communicator aborted. NCCL's own calls never block here:
+// the communicator is non-blocking (ncclConfig_t::blocking = 0), and completion is polled on a
+// CUDA event against the deadline, so a dead or stalled peer gives kTimeout instead of a hang.
+// Buffers may be in GPU or host memory: host buffers (small headers, metric counts) go through a
+// staging buffer on the GPU.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <thread>
+
+#include "comm/communicator.h"
+
+namespace trainctl::comm {
+namespace {
+
+constexpr char kIdKey[] = "nccl/unique_id";
+
+std::string CudaError(const char* what, cudaError_t err) {
+  return std::string(what) + ": " + cudaGetErrorString(err);
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(const NcclOptions& o) : rank_(o.rank), size_(o.size), device_(o.device), timeout_(o.timeout) {}
+  ~NcclCommunicator() override {
+    ::cudaSetDevice(device_);
+    if (comm_) {
+      if (broken_) {
+        ncclCommAbort(comm_);
+      } else {
+        ncclCommDestroy(comm_);
+      }
+    }
+    if (staging_) ::cudaFree(staging_);
+    if (done_) ::cudaEventDestroy(done_);
+    if (stream_) ::cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status Init(Store& store) {
+    if (cudaError_t e = ::cudaSetDevice(device_); e != cudaSuccess) {
+      return Unavailable(CudaError(("nccl: GPU " + std::to_string(device_)).c_str(), e));
+    }
+    // A stream of its own that does not synchronize with the legacy default stream, so the
+    // collectives overlap the trainer's kernels; the caller orders them (it waits for the data
+    // before calling, and the call returns after the collective has finished).
+    if (cudaError_t e = ::cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); e != cudaSuccess) {
+      return Unavailable(CudaError("nccl: cudaStreamCreate", e));
+    }
+    if (cudaError_t e = ::cudaEventCreateWithFlags(&done_, cudaEventDisableTiming); e != cudaSuccess) {
+      return Unavailable(CudaError("nccl: cudaEventCreate", e));
+    }
+    ncclUniqueId id;
+    if (rank_ == 0) {
+      if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) return NcclStatus("ncclGetUniqueId", r);
+      RETURN_IF_ERROR(store.Set(kIdKey, std::string(id.internal, sizeof id.internal)));
+    } else {
+      auto got = store.Get(kIdKey, timeout_);
+      if (!got.ok()) {
+        return Status(got.status().code(), "nccl: rank 0 did not publish its NCCL id: " + got.status().message());
+      }
+      if (got->size() != sizeof id.internal) return Internal("nccl: the NCCL id on the store has the wrong size");
+      std::memcpy(id.internal, got->data(), sizeof id.internal);
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+    if (r != ncclSuccess && r != ncclInProgress) return NcclStatus("ncclCommInitRank", r);
+    return AwaitEnqueued("connect", Clock::now() + timeout_);
+  }
+
+  Status AllReduceSum(float* data, size_t count) override {
+    if (count == 0) return Status::Ok();
+    return Collective("allreduce", data, count * sizeof(float), [&](void* buf) {
+      return ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm_, stream_);
+    });
+  }
+
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    if (bytes == 0) return Status::Ok();
+    RETURN_IF_ERROR(CheckGroup("nccl broadcast", root, size_));
+    return Collective("broadcast", data, bytes, [&](void* buf) {
+      return ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_);
+    });
+  }
+
+  Status Barrier() override {
+    float one = 1;
+    return AllReduceSum(&one, 1);
+  }
+
+ private:
+  Status NcclStatus(const char* what, ncclResult_t r) {
+    const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
+    std::string detail = last && *last ? std::string(" (") + last + ")" : "";
+    // Remote and system errors are what a lost peer looks like.
+    Code code = r == ncclRemoteError || r == ncclSystemError ? Code::kUnavailable : Code::kInternal;
+    return Status(code, std::string("nccl: ") + what + ": " + ncclGetErrorString(r) + detail);
+  }
+
+  // Breaks the communicator: NCCL's kernels are stopped, and every later call fails.
+  Status Break(Status st) {
+    if (!broken_ && comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    broken_ = true;
+    error_ = st;
+    return st;
+  }
+
+  // Non-blocking NCCL calls may return before they are enqueued; waits until they are.
+  Status AwaitEnqueued(const char* what, Clock::time_point deadline) {
+    while (true) {
+      ncclResult_t state = ncclSuccess;
+      if (ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) {
+        return Break(NcclStatus(what, r));
+      }
+      if (state == ncclSuccess) return Status::Ok();
+      if (state != ncclInProgress) return Break(NcclStatus(what, state));
+      if (Clock::now() >= deadline) return Break(TimedOut(what));
+      std::this_thread::yield();
+    }
+  }
+
+  Status TimedOut(const char* what) {
+    return Timeout("nccl " + std::string(what) + " did not complete within " +
+                   FormatDuration(timeout_) + " on rank " + std::to_string(rank_) + " of " +
+                   std::to_string(size_));
+  }
+
+  template <typename Enqueue>
+  Status Collective(const char* what, void* data, size_t bytes, Enqueue enqueue) {
+    if (broken_) return error_;
+    const Clock::time_point deadline = Clock::now() + timeout_;
+    // The calling thread may not be the one that connected (the reducer's thread).
+    if (cudaError_t e = ::cudaSetDevice(device_); e != cudaSuccess) return Break(Unavailable(CudaError("nccl", e)));
+    cudaPointerAttributes attr{};
+    const bool on_host = ::cudaPointerGetAttributes(&attr, data) != cudaSuccess ||
+                         (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged);
+    ::cudaGetLastError();  // clear what cudaPointerGetAttributes may have set for a host pointer
+    void* buf = data;
+    if (on_host) {
+      RETURN_IF_ERROR(EnsureStaging(bytes));
+      buf = staging_;
+      if (cudaError_t e = ::cudaMemcpyAsync(buf, data, bytes, cudaMemcpyHostToDevice, stream_); e != cudaSuccess) {
+        return Break(Unavailable(CudaError("nccl: copy to the GPU", e)));
+      }
+    }
+    ncclResult_t r = enqueue(buf);
+    if (r != ncclSuccess && r != ncclInProgress) return Break(NcclStatus(what, r));
+    RETURN_IF_ERROR(AwaitEnqueued(what, deadline));
+    if (on_host) {
+      if (cudaError_t e = ::cudaMemcpyAsync(data, buf, bytes, cudaMemcpyDeviceToHost, stream_); e != cudaSuccess) {
+        return Break(Unavailable(CudaError("nccl: copy from the GPU", e)));
+      }
+    }
+    if (cudaError_t e = ::cudaEventRecord(done_, stream_); e != cudaSuccess) {
+      return Break(Unavailable(CudaError("nccl: cudaEventRecord", e)));
+    }
+    // Spin briefly (a step's collectives take microseconds to milliseconds), then back off; look
+    // at NCCL's error state now and then: a peer's failure shows there before the deadline.
+    for (int spins = 0;; ++spins) {
+      cudaError_t e = ::cudaEventQuery(done_);
+      if (e == cudaSuccess) return Status::Ok();
+      if (e != cudaErrorNotReady) return Break(Unavailable(CudaError("nccl: waiting for the collective", e)));
+      if (spins % 1024 == 1023) {
+        ncclResult_t state = ncclSuccess;
+        ncclCommGetAsyncError(comm_, &state);
+        if (state != ncclSuccess && state != ncclInProgress) return Break(NcclStatus(what, state));
+        if (Clock::now() >= deadline) return Break(TimedOut(what));
+      }
+      if (spins < 4096) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  Status EnsureStaging(size_t bytes) {
+    if (bytes <= staging_bytes_) return Status::Ok();
+    if (staging_) ::cudaFree(staging_);
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    if (cudaError_t e = ::cudaMalloc(&staging_, bytes); e != cudaSuccess) {
+      return Break(Unavailable(CudaError("nccl: staging buffer", e)));
+    }
+    staging_bytes_ = bytes;
+    return Status::Ok();
+  }
+
+  int rank_, size_, device_;
+  Duration timeout_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  void* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+  bool broken_ = false;
+  Status error_;
+};
+
+}  // namespace
+
+bool NcclAvailable() { return true; }
+
+Result<std::unique_ptr<Communicator>> ConnectNccl(Store& store, const NcclOptions& options) {
+  RETURN_IF_ERROR(CheckGroup("nccl", options.rank, options.size));
+  auto comm = std::make_unique<NcclCommunicator>(options);
+  RETURN_IF_ERROR(comm->Init(store));
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+}  // namespace trainctl::comm
