@@ -29,15 +29,15 @@ class Cnn : public Classifier {
         fc2_(register_module("fc2", torch::nn::Linear(128, s.classes))) {}
 
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(Pool(conv1_(x)));
-    x = torch::relu(Pool(conv2_(x)));
+    x = PoolRelu(conv1_(x));
+    x = PoolRelu(conv2_(x));
     x = torch::relu(fc1_(x.flatten(1)));
     return fc2_(x);
   }
 
   // Our 2x2 kernel on the CPU (ATen's is slow there; see ops.h), ATen's elsewhere.
-  static torch::Tensor Pool(const torch::Tensor& x) {
-    return x.is_cpu() ? MaxPool2x2(x) : F::max_pool2d(x, F::MaxPool2dFuncOptions(2));
+  static torch::Tensor PoolRelu(const torch::Tensor& x) {
+    return x.is_cpu() ? MaxPool2x2Relu(x) : torch::relu(F::max_pool2d(x, F::MaxPool2dFuncOptions(2)));
   }
 
  private:

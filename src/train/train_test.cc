@@ -36,17 +36,18 @@ TEST(Models, ResNetsHaveTorchvisionsShapes) {
   EXPECT_EQ(out.sizes().vec(), (std::vector<int64_t>{2, 1000}));
 }
 
-TEST(Ops, MaxPool2x2MatchesTorchBitForBitWithTies) {
+TEST(Ops, MaxPool2x2ReluMatchesTorchBitForBitWithTies) {
   torch::manual_seed(5);
-  // Widths 6, 12, 28: windows in the SSE loop (4 at a time) and in its scalar tail. Small
-  // integers make many ties inside windows: the gradient must go where ATen sends it.
-  for (auto shape : {std::vector<int64_t>{3, 5, 8, 6}, {3, 5, 8, 12}, {2, 3, 28, 28}}) {
+  // Widths 6, 12, 28, 36: rows wholly in the scalar loop, and rows in the AVX2 loop (8 windows
+  // at a time) with a scalar tail. Small integers, negatives included, make many ties inside
+  // windows and many windows that the ReLU zeroes: the gradient must go where ATen sends it.
+  for (auto shape : {std::vector<int64_t>{3, 5, 8, 6}, {3, 5, 8, 12}, {2, 3, 28, 28}, {2, 3, 4, 36}}) {
     for (bool ties : {true, false}) {
-      torch::Tensor base = ties ? torch::randint(0, 4, shape).to(torch::kFloat32) : torch::randn(shape);
+      torch::Tensor base = ties ? torch::randint(-2, 3, shape).to(torch::kFloat32) : torch::randn(shape);
       torch::Tensor a = base.clone().requires_grad_(true);
       torch::Tensor b = base.clone().requires_grad_(true);
-      torch::Tensor ours = models::MaxPool2x2(a);
-      torch::Tensor theirs = torch::max_pool2d(b, 2);
+      torch::Tensor ours = models::MaxPool2x2Relu(a);
+      torch::Tensor theirs = torch::relu(torch::max_pool2d(b, 2));
       EXPECT_TRUE(torch::equal(ours, theirs)) << shape[3];
       torch::Tensor g = torch::randn(ours.sizes());
       ours.backward(g);
@@ -54,10 +55,11 @@ TEST(Ops, MaxPool2x2MatchesTorchBitForBitWithTies) {
       EXPECT_TRUE(torch::equal(a.grad(), b.grad())) << shape[3] << " ties " << ties;
     }
   }
-  // NaN propagates to the window's output.
-  torch::Tensor base = torch::randn({2, 2, 8, 8});
-  base.view(-1).index_put_({torch::tensor({7, 100, 201})}, std::nanf(""));
-  EXPECT_TRUE(torch::equal(models::MaxPool2x2(base).isnan(), torch::max_pool2d(base, 2).isnan()));
+  // NaN propagates to the window's output, in both loops.
+  torch::Tensor base = torch::randn({2, 2, 8, 40});
+  base.view(-1).index_put_({torch::tensor({7, 100, 201, 333, 1000})}, std::nanf(""));
+  EXPECT_TRUE(torch::equal(models::MaxPool2x2Relu(base).isnan(),
+                           torch::relu(torch::max_pool2d(base, 2)).isnan()));
 }
 
 TEST(Models, CnnTakes28And32PixelImagesAndRejectsOthers) {
