@@ -75,12 +75,12 @@ class Hosts {
 class HostAgent {
  public:
   HostAgent(const Hosts& hosts, int i, const std::string& run_id, const std::string& store,
-            const std::string& log)
+            const std::string& log, const std::string& log_level = "info")
       : log_(log) {
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     SpawnOptions o;
-    o.argv = {"ip", "netns", "exec", hosts.ns(i), TRAINCTL_BIN, "agent", "--run-id", run_id,
-              "--host", hosts.addr(i)};
+    o.argv = {"ip", "netns", "exec", hosts.ns(i), TRAINCTL_BIN, "--log-level", log_level, "agent",
+              "--run-id", run_id, "--host", hosts.addr(i)};
     o.env = CurrentEnvironment();
     SetEnv(&o.env, "TRAINCTL_AGENT_STORE", store);
     o.output_fd = fd;
@@ -196,7 +196,8 @@ trainer:
   // Bring the link back and start host 1's agent again: it is admitted at the next round, as a
   // membership change that spends no restart.
   ASSERT_TRUE(hosts.Restore(1).ok());
-  b = std::make_unique<HostAgent>(hosts, 1, run_id, store_url, s.path("b2.log"));
+  // At debug level: under load this agent once printed nothing for 60 s; its steps say where.
+  b = std::make_unique<HostAgent>(hosts, 1, run_id, store_url, s.path("b2.log"), "debug");
   ASSERT_TRUE(Eventually([&] {
     return a->Output().find("round 2: 2 node(s), world size 2 (restart 1 of 3)") != std::string::npos;
   }, seconds(60))) << a->Output() << b->Output();

@@ -253,6 +253,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   ro.rank_hint = o_.node_rank;
   ro.node_id = node_id_;
   ro.check = [this] { return CheckStop(); };
+  LOG_DEBUG("round {}: joining as {}", round, node_id_);
   auto joined = JoinRound(*store_, round, restarts, ro);
   if (!joined.ok()) {
     const Status& st = joined.status();

@@ -98,6 +98,7 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = client.status().code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
       return;
     }
+    LOG_DEBUG("connected to the job's store{}", server ? " (served here)" : " at " + addr);
     const std::string prefix = "/trainctl/" + f->run_id + "/";
     PrefixStore store(std::move(*client), prefix);
     if (server) {
@@ -117,6 +118,7 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = kExitError;
       return;
     }
+    LOG_DEBUG("job spec of {} read{}", spec->name, file_spec ? " from " + f->spec : " from the store");
     AgentOptions o;
     o.spec = *spec;
     o.node_rank = f->node_rank;
