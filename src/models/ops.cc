@@ -141,7 +141,11 @@ __attribute__((target("avx2"))) void BackwardRowAvx2(const float* r0, const floa
   }
 }
 
-const bool kAvx2 = __builtin_cpu_supports("avx2");
+// A static initializer may run before libgcc's own, which fills in what cpu_supports reads.
+const bool kAvx2 = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") != 0;
+}();
 const ForwardFn kForward = kAvx2 ? ForwardRowAvx2 : ForwardRowPortable;
 const BackwardFn kBackward = kAvx2 ? BackwardRowAvx2 : BackwardRowPortable;
 #else
