@@ -41,24 +41,29 @@ trainer:
     return epochs_, acc
 
 
-def ddp_run(workers, epochs, loader):
+def run_peer_ranks(argv, workers, threads):
+    """Runs `workers` copies of the Python command `argv` with the torchrun environment on this
+    host (a free loopback port as MASTER_PORT) and returns the JSON lines rank 0 printed."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
     for rank in range(workers):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
         procs.append(subprocess.Popen(
-            [PYTHON, os.path.join(ROOT, "bench", "ddp_fashion_mnist.py"), "--epochs", str(epochs),
-             "--loader", loader],
-            env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True))
+            argv, env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True))
     out = procs[0].communicate()[0]
     for p in procs[1:]:
         p.wait()
     if any(p.returncode for p in procs):
-        sys.exit("DDP baseline failed")
+        sys.exit(f"the PyTorch peer failed: {' '.join(argv)}")
     return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+
+
+def ddp_run(workers, epochs, loader):
+    return run_peer_ranks([PYTHON, os.path.join(ROOT, "bench", "ddp_fashion_mnist.py"), "--epochs",
+                           str(epochs), "--loader", loader], workers, threads=1)
 
 
 def main():

@@ -11,7 +11,9 @@ already on the GPU, the fastest way to feed PyTorch.
 
 Usage: bench/gpu.py --trainctl PATH [--python PYTHON] [--configs NAME,...] [--gpus N]
 """
-import argparse, json, os, socket, statistics, subprocess, sys, tempfile
+import argparse, json, os, statistics, subprocess, sys, tempfile
+
+from fashion_mnist import run_peer_ranks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = "/usr/share/datasets/fashion-mnist"
@@ -59,24 +61,12 @@ trainer:
 
 
 def peer_run(a, model, data, batch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(a.gpus):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(a.gpus), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="4")
-        procs.append(subprocess.Popen(
-            [a.python, os.path.join(ROOT, "bench", "ddp_gpu.py"), "--model", model, "--data",
-             FMNIST if data == "fashion-mnist" else data, "--batch", str(batch),
-             "--warmup", str(a.window), "--window", str(a.window), "--windows", str(a.windows)],
-            env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True))
-    out = procs[0].communicate()[0]
-    for p in procs[1:]:
-        p.wait()
-    if any(p.returncode for p in procs):
-        sys.exit("PyTorch DDP peer failed")
-    return [json.loads(l)["samples_per_s"] for l in out.splitlines() if l.startswith("{")]
+    lines = run_peer_ranks(
+        [a.python, os.path.join(ROOT, "bench", "ddp_gpu.py"), "--model", model, "--data",
+         FMNIST if data == "fashion-mnist" else data, "--batch", str(batch),
+         "--warmup", str(a.window), "--window", str(a.window), "--windows", str(a.windows)],
+        a.gpus, threads=4)
+    return [l["samples_per_s"] for l in lines]
 
 
 def main():
