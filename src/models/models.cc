@@ -1,6 +1,9 @@
 #include "models/models.h"
 
 #include "models/ops.h"
+#if TRAINCTL_HAVE_ONEDNN
+#include "models/onednn.h"
+#endif
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
@@ -29,15 +32,26 @@ class Cnn : public Classifier {
         fc2_(register_module("fc2", torch::nn::Linear(128, s.classes))) {}
 
   torch::Tensor forward(torch::Tensor x) override {
+#if TRAINCTL_HAVE_ONEDNN
+    if (x.is_cpu() && x.scalar_type() == torch::kFloat32 && x.size(1) < kBlock) {
+      // In oneDNN's blocked layout from the first convolution to the last pooling.
+      x = MaxPool2x2Relu(Conv3x3(x, conv1_->weight, conv1_->bias));
+      x = FromBlocked(MaxPool2x2Relu(Conv3x3(x, conv2_->weight, conv2_->bias)));
+      return fc2_(torch::relu(fc1_(x.flatten(1))));
+    }
+#endif
     x = PoolRelu(conv1_(x));
     x = PoolRelu(conv2_(x));
-    x = torch::relu(fc1_(x.flatten(1)));
-    return fc2_(x);
+    return fc2_(torch::relu(fc1_(x.flatten(1))));
   }
 
-  // Our 2x2 kernel on the CPU (ATen's is slow there; see ops.h), ATen's elsewhere.
+  // ATen's convolutions (a GPU, or a build without oneDNN). On the CPU our pooling, even with the
+  // copies into and out of its layout: ATen's max-pool is slow there (see ops.h).
   static torch::Tensor PoolRelu(const torch::Tensor& x) {
-    return x.is_cpu() ? MaxPool2x2Relu(x) : torch::relu(F::max_pool2d(x, F::MaxPool2dFuncOptions(2)));
+    if (x.is_cpu() && x.scalar_type() == torch::kFloat32 && x.size(1) % kBlock == 0) {
+      return FromBlocked(MaxPool2x2Relu(ToBlocked(x)));
+    }
+    return torch::relu(F::max_pool2d(x, F::MaxPool2dFuncOptions(2)));
   }
 
  private:

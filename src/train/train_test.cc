@@ -6,6 +6,9 @@
 #include "comm/communicator.h"
 #include "models/models.h"
 #include "models/ops.h"
+#if TRAINCTL_HAVE_ONEDNN
+#include "models/onednn.h"
+#endif
 #include "store/memory/memory_store.h"
 #include "train/optimizer.h"
 #include "train/reducer.h"
@@ -36,17 +39,24 @@ TEST(Models, ResNetsHaveTorchvisionsShapes) {
   EXPECT_EQ(out.sizes().vec(), (std::vector<int64_t>{2, 1000}));
 }
 
+TEST(Ops, BlockedLayoutRoundTrips) {
+  torch::Tensor x = torch::randn({2, 32, 5, 6});
+  torch::Tensor b = models::ToBlocked(x);
+  EXPECT_EQ(b.sizes().vec(), (std::vector<int64_t>{2, 2, 5, 6, 16}));
+  EXPECT_EQ(b[1][1][4][3][7].item<float>(), x[1][16 + 7][4][3].item<float>());  // channel 23
+  EXPECT_TRUE(torch::equal(models::FromBlocked(b), x));
+}
+
 TEST(Ops, MaxPool2x2ReluMatchesTorchBitForBitWithTies) {
   torch::manual_seed(5);
-  // Widths 6, 12, 28, 36: rows wholly in the scalar loop, and rows in the AVX2 loop (8 windows
-  // at a time) with a scalar tail. Small integers, negatives included, make many ties inside
-  // windows and many windows that the ReLU zeroes: the gradient must go where ATen sends it.
-  for (auto shape : {std::vector<int64_t>{3, 5, 8, 6}, {3, 5, 8, 12}, {2, 3, 28, 28}, {2, 3, 4, 36}}) {
+  // Small integers, negatives included, make many ties inside windows and many windows that the
+  // ReLU zeroes: the gradient must go where ATen sends it.
+  for (auto shape : {std::vector<int64_t>{3, 16, 8, 6}, {2, 32, 28, 28}, {2, 64, 14, 14}}) {
     for (bool ties : {true, false}) {
       torch::Tensor base = ties ? torch::randint(-2, 3, shape).to(torch::kFloat32) : torch::randn(shape);
       torch::Tensor a = base.clone().requires_grad_(true);
       torch::Tensor b = base.clone().requires_grad_(true);
-      torch::Tensor ours = models::MaxPool2x2Relu(a);
+      torch::Tensor ours = models::FromBlocked(models::MaxPool2x2Relu(models::ToBlocked(a)));
       torch::Tensor theirs = torch::relu(torch::max_pool2d(b, 2));
       EXPECT_TRUE(torch::equal(ours, theirs)) << shape[3];
       torch::Tensor g = torch::randn(ours.sizes());
@@ -55,12 +65,53 @@ TEST(Ops, MaxPool2x2ReluMatchesTorchBitForBitWithTies) {
       EXPECT_TRUE(torch::equal(a.grad(), b.grad())) << shape[3] << " ties " << ties;
     }
   }
-  // NaN propagates to the window's output, in both loops.
-  torch::Tensor base = torch::randn({2, 2, 8, 40});
-  base.view(-1).index_put_({torch::tensor({7, 100, 201, 333, 1000})}, std::nanf(""));
-  EXPECT_TRUE(torch::equal(models::MaxPool2x2Relu(base).isnan(),
+  // NaN propagates to the window's output.
+  torch::Tensor base = torch::randn({2, 16, 8, 40});
+  base.view(-1).index_put_({torch::tensor({7, 100, 201, 333, 1000, 5000})}, std::nanf(""));
+  EXPECT_TRUE(torch::equal(models::FromBlocked(models::MaxPool2x2Relu(models::ToBlocked(base))).isnan(),
                            torch::relu(torch::max_pool2d(base, 2)).isnan()));
+  EXPECT_THROW(models::MaxPool2x2Relu(base), c10::Error);  // not blocked
 }
+
+#if TRAINCTL_HAVE_ONEDNN
+// Our oneDNN convolution against ATen's, forward and backward, for the CNN's two shapes: a plain
+// 1-channel input (the direct algorithm) and a blocked 32-channel one (Winograd where oneDNN
+// picks it, so equal to rounding, not bit for bit).
+TEST(OneDnn, Conv3x3MatchesAtensConvolutionForwardAndBackward) {
+  torch::manual_seed(11);
+  // The batch of 64: oneDNN takes Winograd for the 32-channel shape at that size on AVX-512.
+  for (auto [batch, in, out, side] :
+       {std::array<int64_t, 4>{5, 1, 32, 28}, {64, 32, 64, 14}, {5, 32, 64, 14}, {5, 3, 16, 8}}) {
+    torch::Tensor x = torch::randn({batch, in, side, side});
+    torch::Tensor w = (torch::randn({out, in, 3, 3}) * 0.2).requires_grad_(true);
+    torch::Tensor bias = torch::randn({out}).requires_grad_(true);
+    torch::Tensor w2 = w.detach().clone().requires_grad_(true), bias2 = bias.detach().clone().requires_grad_(true);
+    torch::Tensor xa = x.clone().requires_grad_(in >= 16), xb = x.clone().requires_grad_(in >= 16);
+    torch::Tensor ours = models::FromBlocked(models::Conv3x3(in >= 16 ? models::ToBlocked(xa) : xa, w, bias));
+    torch::Tensor theirs = torch::conv2d(xb, w2, bias2, 1, 1);
+    auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
+      float err = (a - b).abs().max().item<float>(), scale = std::max(1.0f, b.abs().max().item<float>());
+      return err <= 1e-5f * scale;
+    };
+    EXPECT_TRUE(close(ours, theirs)) << in << " -> " << out;
+    torch::Tensor g = torch::randn(ours.sizes());
+    ours.backward(g);
+    theirs.backward(g);
+    EXPECT_TRUE(close(w.grad(), w2.grad())) << in;
+    EXPECT_TRUE(close(bias.grad(), bias2.grad())) << in;
+    if (in >= 16) {
+      EXPECT_TRUE(close(xa.grad(), xb.grad())) << in;
+    }
+    // The same inputs give the same bits.
+    torch::Tensor again = models::FromBlocked(models::Conv3x3(in >= 16 ? models::ToBlocked(x) : x, w, bias));
+    EXPECT_TRUE(torch::equal(again, ours.detach()));
+  }
+  EXPECT_THROW(models::Conv3x3(torch::randn({2, 32, 8, 8}), torch::randn({16, 32, 3, 3}), torch::randn({16})),
+               c10::Error);  // 32 channels, not blocked
+  EXPECT_THROW(models::Conv3x3(torch::randn({2, 1, 8, 8}), torch::randn({16, 1, 5, 5}), torch::randn({16})),
+               c10::Error);  // not 3x3
+}
+#endif
 
 TEST(Models, CnnTakes28And32PixelImagesAndRejectsOthers) {
   for (int side : {28, 32}) {

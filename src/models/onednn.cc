@@ -1,0 +1,174 @@
+#include "models/onednn.h"
+
+#include <dnnl.hpp>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <tuple>
+
+namespace trainctl::models {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+using dnnl::memory;
+using Tag = memory::format_tag;
+
+const dnnl::engine& Engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// The primitives of one convolution shape, made once (oneDNN generates their code at creation).
+struct Conv {
+  dnnl::convolution_forward::primitive_desc fwd_pd;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd;
+  dnnl::convolution_forward fwd;
+  dnnl::convolution_backward_weights bwd_weights;
+  std::optional<dnnl::convolution_backward_data::primitive_desc> bwd_data_pd;  // blocked input only
+  std::optional<dnnl::convolution_backward_data> bwd_data;
+  memory::desc user_weights;  // O x I x 3 x 3, as torch holds them
+};
+
+// batch, input channels, output channels, height, width; input channels < 16 means plain input.
+using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+std::shared_ptr<const Conv> MakeConv(const ConvKey& key) {
+  auto [n, ic, oc, h, w] = key;
+  const bool blocked_src = ic % kBlock == 0;
+  const memory::dims strides{1, 1}, pad{1, 1};
+  memory::desc src({n, ic, h, w}, memory::data_type::f32, blocked_src ? Tag::nChw16c : Tag::nchw);
+  memory::desc dst({n, oc, h, w}, memory::data_type::f32, Tag::nChw16c);
+  memory::desc weights({oc, ic, 3, 3}, memory::data_type::f32, Tag::any);
+  memory::desc bias({oc}, memory::data_type::f32, Tag::x);
+  // Winograd needs whole blocks of channels; for a network's 1- or 3-channel input the direct
+  // algorithm is several times faster (oneDNN's auto choice would still take Winograd there).
+  const auto algorithm =
+      blocked_src ? dnnl::algorithm::convolution_auto : dnnl::algorithm::convolution_direct;
+  const dnnl::engine& e = Engine();
+  dnnl::convolution_forward::primitive_desc fwd_pd(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algorithm, src, weights,
+                                      bias, dst, strides, pad, pad),
+      e);
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd(
+      dnnl::convolution_backward_weights::desc(algorithm, src, weights, bias, dst, strides, pad, pad),
+      e, fwd_pd);
+  auto conv = std::make_shared<Conv>(Conv{fwd_pd, bwd_weights_pd, dnnl::convolution_forward(fwd_pd),
+                                          dnnl::convolution_backward_weights(bwd_weights_pd), {}, {},
+                                          memory::desc({oc, ic, 3, 3}, memory::data_type::f32, Tag::oihw)});
+  if (blocked_src) {
+    conv->bwd_data_pd.emplace(
+        dnnl::convolution_backward_data::desc(algorithm, src, weights, dst, strides, pad, pad), e,
+        fwd_pd);
+    conv->bwd_data.emplace(*conv->bwd_data_pd);
+  }
+  return conv;
+}
+
+std::shared_ptr<const Conv> GetConv(const ConvKey& key) {
+  static std::mutex mu;
+  static std::map<ConvKey, std::shared_ptr<const Conv>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& conv = cache[key];
+  if (!conv) conv = MakeConv(key);
+  return conv;
+}
+
+memory Wrap(const memory::desc& desc, const torch::Tensor& t) {
+  return memory(desc, Engine(), t.data_ptr());
+}
+
+torch::Tensor Empty(const memory::desc& desc) {
+  return torch::empty({static_cast<int64_t>(desc.get_size() / sizeof(float))}, torch::kFloat32);
+}
+
+// `from` (in desc `from_desc`) in desc `to`: the tensor itself when the layouts agree.
+torch::Tensor Reorder(dnnl::stream& s, const torch::Tensor& from, const memory::desc& from_desc,
+                      const memory::desc& to) {
+  if (from_desc == to) return from;
+  torch::Tensor out = Empty(to);
+  memory src = Wrap(from_desc, from), dst = Wrap(to, out);
+  dnnl::reorder(src, dst).execute(s, src, dst);
+  return out;
+}
+
+class Conv3x3Function : public torch::autograd::Function<Conv3x3Function> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight,
+                               torch::Tensor bias) {
+    x = x.contiguous();
+    weight = weight.contiguous();
+    bias = bias.contiguous();
+    const bool blocked = x.dim() == 5;
+    const int64_t ic = blocked ? x.size(1) * kBlock : x.size(1), oc = weight.size(0);
+    const ConvKey key{x.size(0), ic, oc, x.size(2), x.size(3)};
+    auto conv = GetConv(key);
+    dnnl::stream s(Engine());
+    torch::Tensor w = Reorder(s, weight, conv->user_weights, conv->fwd_pd.weights_desc());
+    torch::Tensor out = torch::empty({x.size(0), oc / kBlock, x.size(2), x.size(3), kBlock}, x.options());
+    conv->fwd.execute(s, {{DNNL_ARG_SRC, Wrap(conv->fwd_pd.src_desc(), x)},
+                          {DNNL_ARG_WEIGHTS, Wrap(conv->fwd_pd.weights_desc(), w)},
+                          {DNNL_ARG_BIAS, Wrap(conv->fwd_pd.bias_desc(), bias)},
+                          {DNNL_ARG_DST, Wrap(conv->fwd_pd.dst_desc(), out)}});
+    s.wait();
+    ctx->save_for_backward({x, weight});
+    return out;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& weight = saved[1];
+    torch::Tensor g = grads[0].contiguous();
+    const int64_t ic = x.dim() == 5 ? x.size(1) * kBlock : x.size(1), oc = weight.size(0);
+    auto conv = GetConv({x.size(0), ic, oc, x.size(2), x.size(3)});
+    dnnl::stream s(Engine());
+    torch::Tensor dx;
+    if (ctx->needs_input_grad(0)) {
+      TORCH_CHECK(conv->bwd_data, "Conv3x3: the gradient of a plain (N x C x H x W) input");
+      const auto& pd = *conv->bwd_data_pd;
+      torch::Tensor w = Reorder(s, weight, conv->user_weights, pd.weights_desc());
+      dx = torch::empty_like(x);
+      conv->bwd_data->execute(s, {{DNNL_ARG_DIFF_DST, Wrap(pd.diff_dst_desc(), g)},
+                                  {DNNL_ARG_WEIGHTS, Wrap(pd.weights_desc(), w)},
+                                  {DNNL_ARG_DIFF_SRC, Wrap(pd.diff_src_desc(), dx)}});
+    }
+    const auto& pd = conv->bwd_weights_pd;
+    torch::Tensor dw = Empty(pd.diff_weights_desc());
+    torch::Tensor db = torch::empty({oc}, torch::kFloat32);
+    conv->bwd_weights.execute(s, {{DNNL_ARG_SRC, Wrap(pd.src_desc(), x)},
+                                  {DNNL_ARG_DIFF_DST, Wrap(pd.diff_dst_desc(), g)},
+                                  {DNNL_ARG_DIFF_WEIGHTS, Wrap(pd.diff_weights_desc(), dw)},
+                                  {DNNL_ARG_DIFF_BIAS, Wrap(pd.diff_bias_desc(), db)}});
+    dw = Reorder(s, dw, pd.diff_weights_desc(), conv->user_weights).view(weight.sizes());
+    s.wait();
+    return {dx, dw, db};
+  }
+};
+
+}  // namespace
+
+torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  if (x.dim() == 5) {
+    CheckBlocked(x, "Conv3x3");
+  } else {
+    TORCH_CHECK(x.dim() == 4 && x.size(1) < kBlock && x.scalar_type() == torch::kFloat32 &&
+                    x.device().is_cpu(),
+                "Conv3x3 takes a blocked tensor or an N x C x H x W float CPU tensor with C < 16");
+  }
+  const int64_t ic = x.dim() == 5 ? x.size(1) * kBlock : x.size(1);
+  TORCH_CHECK(weight.dim() == 4 && weight.size(1) == ic && weight.size(2) == 3 && weight.size(3) == 3 &&
+                  weight.size(0) % kBlock == 0 && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
+                  weight.scalar_type() == torch::kFloat32 && bias.scalar_type() == torch::kFloat32,
+              "Conv3x3 takes an O x ", ic, " x 3 x 3 weight (O a multiple of 16) and an O bias");
+  try {
+    return Conv3x3Function::apply(x, weight, bias);
+  } catch (const dnnl::error& e) {
+    TORCH_CHECK(false, "oneDNN convolution failed: ", e.what());
+  }
+}
+
+}  // namespace trainctl::models

@@ -1,0 +1,26 @@
+// The CNN's CPU convolutions through oneDNN directly, in oneDNN's blocked layout from the first
+// convolution to the last pooling (models/ops.h pools in that layout). Compiled when CMake finds oneDNN (Debian's libdnnl-dev: the
+// library that Debian's LibTorch runs its CPU convolutions on); TRAINCTL_HAVE_ONEDNN says so.
+//
+// Why not ATen's convolution: for every call ATen converts the input, the output and the gradients
+// between PyTorch's N x C x H x W and oneDNN's blocked layout (about 1 ms of a 13 ms Fashion-MNIST
+// CNN step on one core), and it always asks for the direct algorithm, where oneDNN's Winograd
+// kernels do a 3x3 convolution of 32 -> 64 channels in about two thirds of the time forward and
+// four fifths backward.
+#pragma once
+
+#include "models/ops.h"
+
+#include <torch/types.h>
+
+namespace trainctl::models {
+
+// A 3x3 convolution with stride 1 and padding 1 (weight O x I x 3 x 3 and bias O, as
+// torch::nn::Conv2d holds them), autograd. x is an N x C x H x W float CPU tensor when C < 16
+// (a network's input) or a blocked one (models/ops.h); the result is blocked (O a multiple of
+// 16). With 16 or more input channels oneDNN picks the algorithm (convolution_auto: Winograd
+// where it expects it to be faster), so results match ATen's to rounding, not bit for bit.
+// Deterministic: the same inputs give the same bits.
+torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
+}  // namespace trainctl::models
