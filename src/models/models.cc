@@ -37,7 +37,8 @@ class Cnn : public Classifier {
       // In oneDNN's blocked layout from the first convolution to the last pooling.
       x = MaxPool2x2Relu(Conv3x3(x, conv1_->weight, conv1_->bias));
       x = FromBlocked(MaxPool2x2Relu(Conv3x3(x, conv2_->weight, conv2_->bias)));
-      return fc2_(torch::relu(fc1_(x.flatten(1))));
+      x = torch::relu(Linear(x.flatten(1), fc1_->weight, fc1_->bias));
+      return Linear(x, fc2_->weight, fc2_->bias);
     }
 #endif
     x = PoolRelu(conv1_(x));

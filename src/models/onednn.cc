@@ -149,6 +149,45 @@ class Conv3x3Function : public torch::autograd::Function<Conv3x3Function> {
   }
 };
 
+// One row-major GEMM through oneDNN's own (AVX-512 where the CPU has it): c = a(T) * b(T).
+void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b,
+          float* c) {
+  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, ta ? m : k, b,
+                                tb ? k : n, 0.0f, c, n);
+  TORCH_CHECK(st == dnnl_success, "oneDNN sgemm failed (status ", int(st), ")");
+}
+
+class LinearFunction : public torch::autograd::Function<LinearFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight,
+                               torch::Tensor bias) {
+    x = x.contiguous();
+    weight = weight.contiguous();
+    const int64_t batch = x.size(0), in = x.size(1), out = weight.size(0);
+    torch::Tensor y = torch::empty({batch, out}, x.options());
+    Gemm(false, true, batch, out, in, x.data_ptr<float>(), weight.data_ptr<float>(), y.data_ptr<float>());
+    y.add_(bias);
+    ctx->save_for_backward({x, weight});
+    return y;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& weight = saved[1];
+    torch::Tensor g = grads[0].contiguous();
+    const int64_t batch = x.size(0), in = x.size(1), out = weight.size(0);
+    torch::Tensor dx;
+    if (ctx->needs_input_grad(0)) {
+      dx = torch::empty_like(x);
+      Gemm(false, false, batch, in, out, g.data_ptr<float>(), weight.data_ptr<float>(), dx.data_ptr<float>());
+    }
+    torch::Tensor dw = torch::empty_like(weight);
+    Gemm(true, false, out, in, batch, g.data_ptr<float>(), x.data_ptr<float>(), dw.data_ptr<float>());
+    return {dx, dw, g.sum(0)};
+  }
+};
+
 }  // namespace
 
 torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
@@ -169,6 +208,15 @@ torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const
   } catch (const dnnl::error& e) {
     TORCH_CHECK(false, "oneDNN convolution failed: ", e.what());
   }
+}
+
+torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() &&
+                  weight.dim() == 2 && weight.size(1) == x.size(1) &&
+                  weight.scalar_type() == torch::kFloat32 && bias.dim() == 1 &&
+                  bias.size(0) == weight.size(0) && bias.scalar_type() == torch::kFloat32,
+              "Linear takes a float CPU batch N x I, an O x I weight and an O bias");
+  return LinearFunction::apply(x, weight, bias);
 }
 
 }  // namespace trainctl::models

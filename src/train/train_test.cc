@@ -111,6 +111,29 @@ TEST(OneDnn, Conv3x3MatchesAtensConvolutionForwardAndBackward) {
   EXPECT_THROW(models::Conv3x3(torch::randn({2, 1, 8, 8}), torch::randn({16, 1, 5, 5}), torch::randn({16})),
                c10::Error);  // not 3x3
 }
+
+TEST(OneDnn, LinearMatchesTorchsForwardAndBackward) {
+  torch::manual_seed(12);
+  for (auto [batch, in, out] : {std::array<int64_t, 3>{64, 3136, 128}, {7, 128, 10}}) {
+    torch::Tensor x = torch::randn({batch, in});
+    torch::Tensor w = (torch::randn({out, in}) * 0.05).requires_grad_(true);
+    torch::Tensor b = torch::randn({out}).requires_grad_(true);
+    torch::Tensor xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
+    torch::Tensor w2 = w.detach().clone().requires_grad_(true), b2 = b.detach().clone().requires_grad_(true);
+    torch::Tensor ours = models::Linear(xa, w, b), theirs = torch::nn::functional::linear(xb, w2, b2);
+    auto close = [](const torch::Tensor& a, const torch::Tensor& e) {
+      return (a - e).abs().max().item<float>() <= 1e-5f * std::max(1.0f, e.abs().max().item<float>());
+    };
+    EXPECT_TRUE(close(ours, theirs)) << in;
+    torch::Tensor g = torch::randn(ours.sizes());
+    ours.backward(g);
+    theirs.backward(g);
+    EXPECT_TRUE(close(xa.grad(), xb.grad())) << in;
+    EXPECT_TRUE(close(w.grad(), w2.grad())) << in;
+    EXPECT_TRUE(close(b.grad(), b2.grad())) << in;
+  }
+  EXPECT_THROW(models::Linear(torch::randn({2, 5}), torch::randn({3, 4}), torch::randn({3})), c10::Error);
+}
 #endif
 
 TEST(Models, CnnTakes28And32PixelImagesAndRejectsOthers) {
