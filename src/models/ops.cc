@@ -15,87 +15,95 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// Forward: out = relu(max of the window a b / c d), NaN propagating (as ATen). Backward: the
-// window's gradient goes to the first of a b c d that equals the output, if the output is
-// positive; the others get zero. Per channel, the 16 channels of a position side by side.
-void PoolForwardPlanePortable(const float* x, int64_t h, int64_t w, float* out) {
+// Forward: out = relu(max of the window a b / c d), NaN propagating (as ATen), and which of the
+// four gets the window's gradient: the first (0-3, row-major) that equals the output when the
+// output is positive, else none (kNone). Backward scatters the gradient by those bytes alone,
+// without reading the input again. Per channel: a position's 16 channels lie side by side.
+constexpr uint8_t kNone = 4;
+
+void PoolForwardPlanePortable(const float* x, int64_t h, int64_t w, float* out, uint8_t* win) {
   for (int64_t i = 0; i < h / 2; ++i) {
     const float* r0 = x + 2 * i * w * kBlock;
     const float* r1 = r0 + w * kBlock;
     for (int64_t k = 0; k < w * kBlock; k += 2 * kBlock) {
-      for (int64_t l = 0; l < kBlock; ++l, ++out) {
+      for (int64_t l = 0; l < kBlock; ++l, ++out, ++win) {
         const float a = r0[k + l], b = r0[k + kBlock + l], c = r1[k + l], d = r1[k + kBlock + l];
         float m = std::max(std::max(a, b), std::max(c, d));
         if (a != a || b != b || c != c || d != d) m = a + b + c + d;
         *out = m > 0 || m != m ? m : 0.0f;
+        *win = !(m > 0) ? kNone : a == m ? 0 : b == m ? 1 : c == m ? 2 : 3;
       }
     }
   }
 }
 
-void PoolBackwardPlanePortable(const float* x, const float* out, const float* g, int64_t h,
-                               int64_t w, float* dx) {
+void PoolBackwardPlanePortable(const uint8_t* win, const float* g, int64_t h, int64_t w, float* dx) {
   for (int64_t i = 0; i < h / 2; ++i) {
     const int64_t r0 = 2 * i * w * kBlock, r1 = r0 + w * kBlock;
     for (int64_t k = 0; k < w * kBlock; k += 2 * kBlock) {
-      for (int64_t l = 0; l < kBlock; ++l, ++out, ++g) {
+      for (int64_t l = 0; l < kBlock; ++l, ++win, ++g) {
         const int64_t p[4] = {r0 + k + l, r0 + k + kBlock + l, r1 + k + l, r1 + k + kBlock + l};
-        const int first = x[p[0]] == *out ? 0 : x[p[1]] == *out ? 1 : x[p[2]] == *out ? 2 : 3;
-        for (int q = 0; q < 4; ++q) dx[p[q]] = q == first && *out > 0 ? *g : 0.0f;
+        for (int q = 0; q < 4; ++q) dx[p[q]] = q == *win ? *g : 0.0f;
       }
     }
   }
 }
 
-using ForwardFn = void (*)(const float*, int64_t, int64_t, float*);
-using BackwardFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, float*);
+using ForwardFn = void (*)(const float*, int64_t, int64_t, float*, uint8_t*);
+using BackwardFn = void (*)(const uint8_t*, const float*, int64_t, int64_t, float*);
 
 #if defined(__x86_64__)
 // The same with AVX2, a position's 16 channels as two registers of 8; no branches.
+// The winner of 8 windows as 8 int32 lanes.
 __attribute__((target("avx2"))) inline __m256 Forward8(const float* a, const float* b,
-                                                       const float* c, const float* d) {
+                                                       const float* c, const float* d,
+                                                       __m256i* win) {
   const __m256 va = _mm256_loadu_ps(a), vb = _mm256_loadu_ps(b);
   const __m256 vc = _mm256_loadu_ps(c), vd = _mm256_loadu_ps(d);
   __m256 m = _mm256_max_ps(_mm256_max_ps(va, vb), _mm256_max_ps(vc, vd));
   __m256 nan = _mm256_or_ps(_mm256_cmp_ps(va, vb, _CMP_UNORD_Q), _mm256_cmp_ps(vc, vd, _CMP_UNORD_Q));
   m = _mm256_blendv_ps(m, _mm256_add_ps(_mm256_add_ps(va, vb), _mm256_add_ps(vc, vd)), nan);
-  return _mm256_max_ps(_mm256_setzero_ps(), m);  // relu; max returns a NaN second operand
+  m = _mm256_max_ps(_mm256_setzero_ps(), m);  // relu; max returns a NaN second operand
+  // Later candidates first, so that the first equal one is what remains.
+  __m256 k = _mm256_set1_ps(3.0f);
+  k = _mm256_blendv_ps(k, _mm256_set1_ps(2.0f), _mm256_cmp_ps(vc, m, _CMP_EQ_OQ));
+  k = _mm256_blendv_ps(k, _mm256_set1_ps(1.0f), _mm256_cmp_ps(vb, m, _CMP_EQ_OQ));
+  k = _mm256_blendv_ps(k, _mm256_setzero_ps(), _mm256_cmp_ps(va, m, _CMP_EQ_OQ));
+  k = _mm256_blendv_ps(_mm256_set1_ps(kNone), k, _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_GT_OQ));
+  *win = _mm256_cvttps_epi32(k);
+  return m;
 }
 
 __attribute__((target("avx2"))) void PoolForwardPlaneAvx2(const float* x, int64_t h, int64_t w,
-                                                          float* out) {
+                                                          float* out, uint8_t* win) {
   for (int64_t i = 0; i < h / 2; ++i) {
     const float* r0 = x + 2 * i * w * kBlock;
     const float* r1 = r0 + w * kBlock;
-    for (int64_t k = 0; k < w * kBlock; k += 2 * kBlock, out += kBlock) {
-      for (int64_t l = 0; l < kBlock; l += 8) {
-        const int64_t j = k + l;
-        _mm256_storeu_ps(out + l, Forward8(r0 + j, r0 + j + kBlock, r1 + j, r1 + j + kBlock));
-      }
+    for (int64_t k = 0; k < w * kBlock; k += 2 * kBlock, out += kBlock, win += kBlock) {
+      __m256i lo, hi;
+      _mm256_storeu_ps(out, Forward8(r0 + k, r0 + k + kBlock, r1 + k, r1 + k + kBlock, &lo));
+      _mm256_storeu_ps(out + 8, Forward8(r0 + k + 8, r0 + k + kBlock + 8, r1 + k + 8, r1 + k + kBlock + 8, &hi));
+      // 16 int32 to 16 bytes: packing works within 128-bit lanes, the permute restores the order.
+      __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(win),
+                       _mm_packus_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1)));
     }
   }
 }
 
-__attribute__((target("avx2"))) void PoolBackwardPlaneAvx2(const float* x, const float* out,
-                                                           const float* g, int64_t h, int64_t w,
-                                                           float* dx) {
-  const __m256 zero = _mm256_setzero_ps();
+__attribute__((target("avx2"))) void PoolBackwardPlaneAvx2(const uint8_t* win, const float* g,
+                                                           int64_t h, int64_t w, float* dx) {
   for (int64_t i = 0; i < h / 2; ++i) {
     const int64_t r0 = 2 * i * w * kBlock, r1 = r0 + w * kBlock;
-    for (int64_t k = 0; k < w * kBlock; k += 2 * kBlock, out += kBlock, g += kBlock) {
+    for (int64_t k = 0; k < w * kBlock; k += 2 * kBlock, win += kBlock, g += kBlock) {
       for (int64_t l = 0; l < kBlock; l += 8) {
-        const int64_t a = r0 + k + l, b = a + kBlock, c = r1 + k + l, d = c + kBlock;
-        const __m256 m = _mm256_loadu_ps(out + l);
-        const __m256 gv = _mm256_and_ps(_mm256_loadu_ps(g + l), _mm256_cmp_ps(m, zero, _CMP_GT_OQ));
-        const __m256 ea = _mm256_cmp_ps(_mm256_loadu_ps(x + a), m, _CMP_EQ_OQ);
-        const __m256 eb = _mm256_andnot_ps(ea, _mm256_cmp_ps(_mm256_loadu_ps(x + b), m, _CMP_EQ_OQ));
-        __m256 taken = _mm256_or_ps(ea, eb);
-        const __m256 ec = _mm256_andnot_ps(taken, _mm256_cmp_ps(_mm256_loadu_ps(x + c), m, _CMP_EQ_OQ));
-        taken = _mm256_or_ps(taken, ec);  // d takes what a, b and c leave
-        _mm256_storeu_ps(dx + a, _mm256_and_ps(ea, gv));
-        _mm256_storeu_ps(dx + b, _mm256_and_ps(eb, gv));
-        _mm256_storeu_ps(dx + c, _mm256_and_ps(ec, gv));
-        _mm256_storeu_ps(dx + d, _mm256_andnot_ps(taken, gv));
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(win + l)));
+        const __m256 gv = _mm256_loadu_ps(g + l);
+        float* to[4] = {dx + r0 + k + l, dx + r0 + k + kBlock + l, dx + r1 + k + l, dx + r1 + k + kBlock + l};
+        for (int q = 0; q < 4; ++q) {
+          const __m256 is = _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_set1_epi32(q)));
+          _mm256_storeu_ps(to[q], _mm256_and_ps(is, gv));
+        }
       }
     }
   }
@@ -127,27 +135,25 @@ class PoolFunction : public torch::autograd::Function<PoolFunction> {
     x = x.contiguous();
     const int64_t h = x.size(2), w = x.size(3), in = h * w * kBlock, on = in / 4;
     torch::Tensor out = torch::empty({x.size(0), x.size(1), h / 2, w / 2, kBlock}, x.options());
+    torch::Tensor win = torch::empty(out.sizes(), torch::kUInt8);
     const float* xp = x.data_ptr<float>();
     float* op = out.data_ptr<float>();
-    ForEachPlane(x.size(0) * x.size(1), [&](int64_t p) { kForward(xp + p * in, h, w, op + p * on); });
-    ctx->save_for_backward({x, out});
+    uint8_t* wp = win.data_ptr<uint8_t>();
+    ForEachPlane(x.size(0) * x.size(1), [&](int64_t p) { kForward(xp + p * in, h, w, op + p * on, wp + p * on); });
+    ctx->save_for_backward({win});  // not x: it is freed as soon as nothing else holds it
+    ctx->saved_data["input_sizes"] = x.sizes().vec();
     return out;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    auto saved = ctx->get_saved_variables();
-    const torch::Tensor& x = saved[0];
-    const torch::Tensor& out = saved[1];
+    const torch::Tensor win = ctx->get_saved_variables()[0];
     torch::Tensor g = grads[0].contiguous();
-    torch::Tensor dx = torch::empty_like(x);
-    const int64_t h = x.size(2), w = x.size(3), in = h * w * kBlock, on = in / 4;
-    const float* xp = x.data_ptr<float>();
-    const float* mp = out.data_ptr<float>();
+    torch::Tensor dx = torch::empty(ctx->saved_data["input_sizes"].toIntVector(), g.options());
+    const int64_t h = dx.size(2), w = dx.size(3), in = h * w * kBlock, on = in / 4;
+    const uint8_t* wp = win.data_ptr<uint8_t>();
     const float* gp = g.data_ptr<float>();
     float* dp = dx.data_ptr<float>();
-    ForEachPlane(x.size(0) * x.size(1), [&](int64_t p) {
-      kBackward(xp + p * in, mp + p * on, gp + p * on, h, w, dp + p * in);
-    });
+    ForEachPlane(dx.size(0) * dx.size(1), [&](int64_t p) { kBackward(wp + p * on, gp + p * on, h, w, dp + p * in); });
     return {dx};
   }
 };
