@@ -3,11 +3,15 @@
 
 All runs use the 2-conv CNN, batch 64 per worker, one compute thread per worker, SGD (lr 0.05,
 momentum 0.9), the real Fashion-MNIST from Debian's dataset-fashion-mnist:
-  1. trainctl, 1 worker                   -> median epoch time (training only) of --timed-epochs
+  1. trainctl, 1 worker                   -> epoch time (training only)
   2. trainctl, 2 workers                  -> the same; scaling = (2) / (1), target <= 0.55
   3. PyTorch DDP (gloo), 2 workers        -> epoch time; ratio = (2) / (3), target <= 0.5; fed
      two ways: indexing a pre-normalized tensor, and the DataLoader of the PyTorch tutorials
   4. trainctl, 2 workers, 5 epochs        -> test accuracy after 5 epochs, target >= 0.91
+1-3 run one epoch each, in turn, for --rounds rounds: on a shared machine whose speed drifts
+(a core slowed for seconds at a time by its neighbours), configurations timed minutes apart
+differ by more than what is measured. Each ratio is taken within a round, and the median round
+is reported.
 Prints a markdown table for bench/RESULTS.md. Usage: bench/fashion_mnist.py [--trainctl PATH]
 """
 import argparse, json, os, socket, statistics, subprocess, sys, tempfile, time
@@ -70,38 +74,42 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trainctl", default=os.path.join(ROOT, "build", "src", "trainctl"))
     ap.add_argument("--accuracy-epochs", type=int, default=5)
-    ap.add_argument("--timed-epochs", type=int, default=3,
-                    help="epochs per timing run; the median epoch is reported (shared, noisy "
-                         "machines: one slow epoch does not decide)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds of one epoch per configuration; medians are reported")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-fm-")
-    n = a.timed_epochs
-    one, _ = trainctl_run(a.trainctl, 1, n, False, os.path.join(tmp, "one"))
-    two, _ = trainctl_run(a.trainctl, 2, n, False, os.path.join(tmp, "two"))
-    ddp = ddp_run(2, n, "tensor")
-    ddp_loader = ddp_run(2, n, "dataloader")
+    runs = {"one": [], "two": [], "ddp": [], "ddp_loader": []}
+    for r in range(a.rounds):
+        runs["one"] += trainctl_run(a.trainctl, 1, 1, False, os.path.join(tmp, f"one{r}"))[0]
+        runs["two"] += trainctl_run(a.trainctl, 2, 1, False, os.path.join(tmp, f"two{r}"))[0]
+        runs["ddp"] += ddp_run(2, 1, "tensor")
+        runs["ddp_loader"] += ddp_run(2, 1, "dataloader")
     acc_epochs, acc = trainctl_run(a.trainctl, 2, a.accuracy_epochs, True, os.path.join(tmp, "acc"))
-    med = lambda runs: statistics.median(r["epoch_seconds"] for r in runs)
-    each = lambda runs: " ".join("%.1f" % r["epoch_seconds"] for r in runs)
-    t1, t2, td, tl = med(one), med(two), med(ddp), med(ddp_loader)
-    print(f"| run | median epoch (s) | epochs (s) | peak RSS per worker (MiB) |")
+    secs = {k: [r["epoch_seconds"] for r in v] for k, v in runs.items()}
+    med = lambda k: statistics.median(secs[k])
+    each = lambda k: " ".join("%.1f" % x for x in secs[k])
+    ratios = lambda a_, b_: [x / y for x, y in zip(secs[a_], secs[b_])]
+    fmt = lambda v: " ".join("%.3f" % x for x in v)
+    rss = lambda k: max(r["peak_rss_mb"] for r in runs[k])
+    print(f"| run | median epoch (s) | epochs, round by round (s) | peak RSS per worker (MiB) |")
     print(f"|---|---|---|---|")
-    print(f"| trainctl, 1 worker | {t1:.1f} | {each(one)} | {one[-1]['peak_rss_mb']:.0f} |")
-    print(f"| trainctl, 2 workers | {t2:.1f} | {each(two)} | {two[-1]['peak_rss_mb']:.0f} |")
-    print(f"| PyTorch DDP (gloo), 2 workers, batches by tensor indexing | {td:.1f} | {each(ddp)} | {ddp[-1]['peak_rss_mb']:.0f} |")
-    print(f"| PyTorch DDP (gloo), 2 workers, DataLoader + DistributedSampler | {tl:.1f} | {each(ddp_loader)} | {ddp_loader[-1]['peak_rss_mb']:.0f} |")
+    print(f"| trainctl, 1 worker | {med('one'):.1f} | {each('one')} | {rss('one'):.0f} |")
+    print(f"| trainctl, 2 workers | {med('two'):.1f} | {each('two')} | {rss('two'):.0f} |")
+    print(f"| PyTorch DDP (gloo), 2 workers, batches by tensor indexing | {med('ddp'):.1f} | {each('ddp')} | {rss('ddp'):.0f} |")
+    print(f"| PyTorch DDP (gloo), 2 workers, DataLoader + DistributedSampler | {med('ddp_loader'):.1f} | {each('ddp_loader')} | {rss('ddp_loader'):.0f} |")
     print()
-    print(f"scaling (2 workers / 1 worker): {t2 / t1:.3f}  (target <= 0.55)")
-    print(f"trainctl / PyTorch DDP, 2 workers: {t2 / td:.3f} (tensor indexing), "
-          f"{t2 / tl:.3f} (DataLoader)  (target <= 0.5)")
+    for name, (x, y), target in [("scaling (2 workers / 1 worker)", ("two", "one"), 0.55),
+                                 ("trainctl / PyTorch DDP (tensor indexing)", ("two", "ddp"), 0.5),
+                                 ("trainctl / PyTorch DDP (DataLoader)", ("two", "ddp_loader"), 0.5)]:
+        v = ratios(x, y)
+        print(f"{name}: median {statistics.median(v):.3f}, rounds {fmt(v)}  (target <= {target})")
     print("allreduce wait per epoch, trainctl 2 workers (rank 0): " +
-          " ".join("%.2f" % r["allreduce_wait_seconds"] for r in two) + " s")
+          " ".join("%.2f" % r["allreduce_wait_seconds"] for r in runs["two"]) + " s")
     print(f"test accuracy after {a.accuracy_epochs} epochs, 2 workers: "
           f"{' '.join(f'{x:.4f}' for x in acc)}  (target >= 0.91); "
           f"epoch times {' '.join('%.1f' % r['epoch_seconds'] for r in acc_epochs)} s")
-    print(f"PyTorch DDP test accuracy after each of its {n} epochs: " +
-          " ".join("%.4f" % r["test_accuracy"] for r in ddp))
-
+    print(f"PyTorch DDP test accuracy after its one epoch, round by round: " +
+          " ".join("%.4f" % r["test_accuracy"] for r in runs["ddp"]))
 
 if __name__ == "__main__":
     main()

@@ -24,8 +24,10 @@ void CheckBlocked(const torch::Tensor& x, const char* what);
 // activations, mispredicts most of its comparisons: 7 ms a call for a 64 x 32 x 28 x 28 batch on
 // one core, the largest cost of a Fashion-MNIST CNN step; and the ReLU after it is two more
 // passes over memory. Here both directions are branch-free AVX2 loops over a position's 16
-// channels (portable C++ on CPUs without AVX2). Pooling first and then the ReLU gives the same
-// result as the other order, on a quarter of the elements.
+// channels (portable C++ on CPUs without AVX2); forward keeps one byte per window and channel
+// saying where its gradient goes, so backward reads neither x nor the output, and x need not
+// outlive the call. Pooling first and then the ReLU gives the same result as the other order, on
+// a quarter of the elements.
 torch::Tensor MaxPool2x2Relu(const torch::Tensor& x);
 
 }  // namespace trainctl::models
