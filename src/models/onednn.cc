@@ -68,6 +68,12 @@ std::shared_ptr<const Conv> MakeConv(const ConvKey& key) {
   return conv;
 }
 
+// x's convolution with weight (O x I x 3 x 3): the weight says the channels, which a blocked x
+// holds in blocks of 16.
+ConvKey KeyOf(const torch::Tensor& x, const torch::Tensor& weight) {
+  return {x.size(0), weight.size(1), weight.size(0), x.size(2), x.size(3)};
+}
+
 std::shared_ptr<const Conv> GetConv(const ConvKey& key) {
   static std::mutex mu;
   static std::map<ConvKey, std::shared_ptr<const Conv>> cache;
@@ -102,10 +108,8 @@ class Conv3x3Function : public torch::autograd::Function<Conv3x3Function> {
     x = x.contiguous();
     weight = weight.contiguous();
     bias = bias.contiguous();
-    const bool blocked = x.dim() == 5;
-    const int64_t ic = blocked ? x.size(1) * kBlock : x.size(1), oc = weight.size(0);
-    const ConvKey key{x.size(0), ic, oc, x.size(2), x.size(3)};
-    auto conv = GetConv(key);
+    const int64_t oc = weight.size(0);
+    auto conv = GetConv(KeyOf(x, weight));
     dnnl::stream s(Engine());
     torch::Tensor w = Reorder(s, weight, conv->user_weights, conv->fwd_pd.weights_desc());
     torch::Tensor out = torch::empty({x.size(0), oc / kBlock, x.size(2), x.size(3), kBlock}, x.options());
@@ -123,8 +127,8 @@ class Conv3x3Function : public torch::autograd::Function<Conv3x3Function> {
     const torch::Tensor& x = saved[0];
     const torch::Tensor& weight = saved[1];
     torch::Tensor g = grads[0].contiguous();
-    const int64_t ic = x.dim() == 5 ? x.size(1) * kBlock : x.size(1), oc = weight.size(0);
-    auto conv = GetConv({x.size(0), ic, oc, x.size(2), x.size(3)});
+    const int64_t oc = weight.size(0);
+    auto conv = GetConv(KeyOf(x, weight));
     dnnl::stream s(Engine());
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) {

@@ -1,6 +1,7 @@
 // The CNN's CPU convolutions through oneDNN directly, in oneDNN's blocked layout from the first
-// convolution to the last pooling (models/ops.h pools in that layout). Compiled when CMake finds oneDNN (Debian's libdnnl-dev: the
-// library that Debian's LibTorch runs its CPU convolutions on); TRAINCTL_HAVE_ONEDNN says so.
+// convolution to the last pooling (models/ops.h pools in that layout). Compiled when CMake finds
+// oneDNN (Debian's libdnnl-dev: the library that Debian's LibTorch runs its CPU convolutions on);
+// TRAINCTL_HAVE_ONEDNN says so.
 //
 // Why not ATen's convolution: for every call ATen converts the input, the output and the gradients
 // between PyTorch's N x C x H x W and oneDNN's blocked layout (about 1 ms of a 13 ms Fashion-MNIST

@@ -74,6 +74,11 @@ TEST(Ops, MaxPool2x2ReluMatchesTorchBitForBitWithTies) {
 }
 
 #if TRAINCTL_HAVE_ONEDNN
+// Equal to rounding: the largest difference at most 1e-5 of the expected magnitude (at least 1).
+bool Close(const torch::Tensor& got, const torch::Tensor& want) {
+  return (got - want).abs().max().item<float>() <= 1e-5f * std::max(1.0f, want.abs().max().item<float>());
+}
+
 // Our oneDNN convolution against ATen's, forward and backward, for the CNN's two shapes: a plain
 // 1-channel input (the direct algorithm) and a blocked 32-channel one (Winograd where oneDNN
 // picks it, so equal to rounding, not bit for bit).
@@ -89,18 +94,14 @@ TEST(OneDnn, Conv3x3MatchesAtensConvolutionForwardAndBackward) {
     torch::Tensor xa = x.clone().requires_grad_(in >= 16), xb = x.clone().requires_grad_(in >= 16);
     torch::Tensor ours = models::FromBlocked(models::Conv3x3(in >= 16 ? models::ToBlocked(xa) : xa, w, bias));
     torch::Tensor theirs = torch::conv2d(xb, w2, bias2, 1, 1);
-    auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
-      float err = (a - b).abs().max().item<float>(), scale = std::max(1.0f, b.abs().max().item<float>());
-      return err <= 1e-5f * scale;
-    };
-    EXPECT_TRUE(close(ours, theirs)) << in << " -> " << out;
+    EXPECT_TRUE(Close(ours, theirs)) << in << " -> " << out;
     torch::Tensor g = torch::randn(ours.sizes());
     ours.backward(g);
     theirs.backward(g);
-    EXPECT_TRUE(close(w.grad(), w2.grad())) << in;
-    EXPECT_TRUE(close(bias.grad(), bias2.grad())) << in;
+    EXPECT_TRUE(Close(w.grad(), w2.grad())) << in;
+    EXPECT_TRUE(Close(bias.grad(), bias2.grad())) << in;
     if (in >= 16) {
-      EXPECT_TRUE(close(xa.grad(), xb.grad())) << in;
+      EXPECT_TRUE(Close(xa.grad(), xb.grad())) << in;
     }
     // The same inputs give the same bits.
     torch::Tensor again = models::FromBlocked(models::Conv3x3(in >= 16 ? models::ToBlocked(x) : x, w, bias));
@@ -121,16 +122,13 @@ TEST(OneDnn, LinearMatchesTorchsForwardAndBackward) {
     torch::Tensor xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
     torch::Tensor w2 = w.detach().clone().requires_grad_(true), b2 = b.detach().clone().requires_grad_(true);
     torch::Tensor ours = models::Linear(xa, w, b), theirs = torch::nn::functional::linear(xb, w2, b2);
-    auto close = [](const torch::Tensor& a, const torch::Tensor& e) {
-      return (a - e).abs().max().item<float>() <= 1e-5f * std::max(1.0f, e.abs().max().item<float>());
-    };
-    EXPECT_TRUE(close(ours, theirs)) << in;
+    EXPECT_TRUE(Close(ours, theirs)) << in;
     torch::Tensor g = torch::randn(ours.sizes());
     ours.backward(g);
     theirs.backward(g);
-    EXPECT_TRUE(close(xa.grad(), xb.grad())) << in;
-    EXPECT_TRUE(close(w.grad(), w2.grad())) << in;
-    EXPECT_TRUE(close(b.grad(), b2.grad())) << in;
+    EXPECT_TRUE(Close(xa.grad(), xb.grad())) << in;
+    EXPECT_TRUE(Close(w.grad(), w2.grad())) << in;
+    EXPECT_TRUE(Close(b.grad(), b2.grad())) << in;
   }
   EXPECT_THROW(models::Linear(torch::randn({2, 5}), torch::randn({3, 4}), torch::randn({3})), c10::Error);
 }
