@@ -87,6 +87,42 @@ TEST_P(Comm, AllReduceSumsAndEveryRankGetsTheSameBits) {
   }
 }
 
+// Twice, with new inputs: the second round checks that inputs and result can be reused.
+TEST(Shm, SharedAverageGivesEveryRankTheMeanInTheSameBits) {
+  constexpr int kSize = 3;
+  constexpr size_t kCount = 10007;  // parts do not fall on cache lines
+  std::vector<std::vector<float>> got(kSize);
+  auto st = Comm::RunRanks("shm", kSize, std::chrono::seconds(30), [&](int r, Communicator& c) {
+    auto avg = c.MakeSharedAverage(kCount);
+    if (!avg.ok()) return avg.status();
+    for (int round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < kCount; ++i) (*avg)->input()[i] = std::sin(float(i) * (r + 1) + round);
+      if (Status s = (*avg)->Average(); !s.ok()) return s;
+      got[r].assign((*avg)->result(), (*avg)->result() + kCount);  // valid until the next call
+    }
+    return Status::Ok();
+  });
+  for (const auto& s : st) ASSERT_TRUE(s.ok()) << s.ToString();
+  for (size_t i = 0; i < kCount; ++i) {
+    float want = std::sin(float(i) + 1) + std::sin(float(i) * 2 + 1);  // round 1, in rank order
+    want += std::sin(float(i) * 3 + 1);
+    ASSERT_EQ(got[0][i], want / 3) << i;
+  }
+  for (int r = 1; r < kSize; ++r) EXPECT_EQ(got[0], got[r]) << r;
+}
+
+// Gloo has no shared memory: every rank hears so, and the communicator goes on working.
+TEST(Gloo, SharedAverageIsRefusedAndTheCommunicatorStaysUsable) {
+  auto st = Comm::RunRanks("gloo", 2, std::chrono::seconds(30), [&](int, Communicator& c) {
+    EXPECT_FALSE(c.MakeSharedAverage(10).ok());
+    float x = 1;
+    Status s = c.AllReduceSum(&x, 1);
+    EXPECT_EQ(x, 2);
+    return s;
+  });
+  for (const auto& s : st) ASSERT_TRUE(s.ok()) << s.ToString();
+}
+
 TEST_P(Comm, BroadcastCopiesRootsBytesAndBarrierCompletes) {
   constexpr int kSize = 2;
   std::vector<std::string> got(kSize);

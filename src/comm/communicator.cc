@@ -14,6 +14,10 @@ Status CheckGroup(const char* backend, int rank, int size) {
                          " out of range for size " + std::to_string(size));
 }
 
+Result<std::unique_ptr<SharedAverage>> Communicator::MakeSharedAverage(size_t) {
+  return InvalidArgument("this backend has no shared memory");
+}
+
 namespace {
 std::string HostKey(int rank) { return "rank/" + std::to_string(rank) + "/host"; }
 std::string StalledKey(int rank) { return "rank/" + std::to_string(rank) + "/timed_out"; }

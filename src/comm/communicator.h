@@ -21,6 +21,24 @@
 
 namespace trainctl::comm {
 
+// Averaging of one float buffer per rank that lives in memory every rank maps (shm only).
+// Each rank writes its contribution straight into input(); Average() then makes each rank sum
+// one part of everyone's inputs into a shared result that every rank reads. That is what a
+// trainer's gradient averaging needs with the least memory traffic: no copies in or out, no
+// separate division, and no thread: both waits are at the end of backward.
+class SharedAverage {
+ public:
+  virtual ~SharedAverage() = default;
+  // This rank's contribution (count floats). Peers read it during Average(); it may be
+  // written again once Average() has returned.
+  virtual float* input() = 0;
+  // The mean, the same bits on every rank (count floats); written by Average(), valid until
+  // the next call.
+  virtual const float* result() const = 0;
+  // A collective: result[i] = (input_0[i] + ... + input_{n-1}[i]) / n, added in rank order.
+  virtual Status Average() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -32,6 +50,10 @@ class Communicator {
   // Copies `bytes` bytes at `data` from rank `root` to every rank.
   virtual Status Broadcast(void* data, size_t bytes, int root) = 0;
   virtual Status Barrier() = 0;
+  // A collective: a SharedAverage of `count` floats per rank, which must not outlive the
+  // communicator. Where the backend has no shared memory, or there is no room for it, every
+  // rank gets an error and the communicator stays usable: callers fall back to AllReduceSum.
+  virtual Result<std::unique_ptr<SharedAverage>> MakeSharedAverage(size_t count);
 };
 
 // kInvalidArgument unless 0 <= rank < size; `backend` names the caller in the message.

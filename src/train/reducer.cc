@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "common/duration.h"
+#include "common/log.h"
 
 namespace trainctl::train {
 
@@ -18,7 +19,23 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
   for (const auto& p : params_) total += p.numel();
   auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   flat_params_ = torch::empty({total}, options);
-  flat_grads_ = torch::zeros({total}, options);
+  // Shared memory up to a size that /dev/shm can be expected to hold: inputs and the mean.
+  constexpr int64_t kMaxSharedBytes = int64_t{1} << 30;
+  if (device_.is_cpu() && comm_->size() > 1 &&
+      (comm_->size() + 1) * total * int64_t{sizeof(float)} <= kMaxSharedBytes) {
+    auto shared = comm_->MakeSharedAverage(total);
+    if (shared.ok()) {
+      shared_ = std::move(*shared);
+    } else {
+      LOG_DEBUG("gradients go through allreduce: {}", shared.status().message());
+    }
+  }
+  if (shared_) {
+    flat_grads_ = torch::from_blob(shared_->input(), {total}, options).zero_();
+    flat_mean_ = torch::from_blob(const_cast<float*>(shared_->result()), {total}, options);
+  } else {
+    flat_grads_ = flat_mean_ = torch::zeros({total}, options);
+  }
 
   // Reverse order: the last layers' gradients come first in backward.
   const int64_t bucket_numel = std::max<int64_t>(1, bucket_bytes / sizeof(float));
@@ -42,6 +59,10 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
     bucket_of[k] = buckets_.size() - 1;
     offset += n;
   }
+  if (shared_) {
+    buckets_.clear();
+    return;
+  }
   for (size_t k = 0; k < params_.size(); ++k) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
     size_t bucket = bucket_of[k];
@@ -62,7 +83,11 @@ GradientReducer::~GradientReducer() {
     stopping_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
+  // The gradients live in shared_'s memory, which goes with it.
+  if (shared_) {
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  }
 }
 
 Status GradientReducer::BroadcastParameters() {
@@ -130,6 +155,11 @@ double GradientReducer::TakeWaitSeconds() {
 
 Status GradientReducer::Finish() {
   auto start = Clock::now();
+  if (shared_) {
+    Status st = shared_->Average();
+    wait_seconds_ += SecondsSince(start);
+    return st;
+  }
   std::unique_lock<std::mutex> lock(mu_);
   // Parameters that took no part in this step's graph never fire their hooks: their gradient
   // stays zero, and their buckets are released here (after the gradients queued so far).

@@ -14,6 +14,12 @@
 // event on the stream, and the reducer's thread waits for that event before it hands the bucket
 // to the communicator (NCCL), while the GPU goes on with the rest of backward.
 //
+// Ranks that share memory (the shm backend, CPU) skip all that: the gradient buffer is this
+// rank's input of the communicator's SharedAverage, so backward writes where the peers read, and
+// Finish() averages in one pass with two waits, with no thread and no copies. Backward already
+// keeps every core busy there, so overlapping would only move the same work around. Then
+// flat_grads() is the shared average, and the parameters' .grad() stay this rank's own.
+//
 // Threads: ZeroGrad/Finish/Broadcast from the training thread only; hooks run on the thread that
 // calls backward. Errors (a peer gone, a timeout) come back from Finish(); after one, the reducer
 // is unusable and the trainer should exit so the agent can start a new round.
@@ -50,7 +56,9 @@ class GradientReducer {
   Status Finish();
 
   torch::Tensor flat_params() const { return flat_params_; }
-  torch::Tensor flat_grads() const { return flat_grads_; }
+  // The averaged gradients, after Finish().
+  torch::Tensor flat_grads() const { return flat_mean_; }
+  // Buckets reduced while backward runs; none when the gradients are averaged in shared memory.
   size_t bucket_count() const { return buckets_.size(); }
   // Seconds Finish() spent waiting for allreduces since the last call; resets the count.
   double TakeWaitSeconds();
@@ -69,7 +77,9 @@ class GradientReducer {
   comm::Communicator* comm_;
   std::vector<torch::Tensor> params_;
   torch::Device device_;
+  std::unique_ptr<comm::SharedAverage> shared_;  // null: buckets and a thread
   torch::Tensor flat_params_, flat_grads_;
+  torch::Tensor flat_mean_;  // flat_grads_, or the shared average
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
 

@@ -7,6 +7,13 @@
 // bits. The next chunk's copy-in only touches this rank's slot, which no one reads after the
 // second barrier; result is rewritten only after the next first barrier, by which time every
 // rank has copied it out.
+//
+// A SharedAverage has a segment of its own: inputs[size][stride], then result[stride]. Each rank
+// writes its input in place (a trainer's backward accumulates gradients there); Average() is a
+// barrier (every input is complete), each rank averaging its part of all inputs into result,
+// and a second barrier (the whole result is written). Inputs may be rewritten once Average()
+// has returned: no one reads them after the second barrier. Result is rewritten only after the
+// next Average's first barrier, which every rank enters after it is done with the last result.
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
@@ -16,6 +23,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -44,6 +52,21 @@ struct Control {
 size_t ControlBytes(int size) {
   return (sizeof(Control) + size * sizeof(RankState) + 63) / 64 * 64;
 }
+
+// Creates the file of a segment that is not mapped yet, with its memory reserved: a full
+// /dev/shm is an error here rather than a SIGBUS on first touch. On error nothing is left behind.
+Result<int> CreateSegment(const std::string& name, size_t bytes) {
+  int fd = ::open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus("shm: cannot create " + name, errno);
+  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    ::close(fd);
+    ::unlink(name.c_str());
+    return ErrnoStatus("shm: cannot reserve " + std::to_string(bytes >> 20) + " MiB for " + name, err);
+  }
+  return fd;
+}
+
+std::string NewSegmentName() { return "/dev/shm/trainctl-" + RandomHex(16); }
 
 long Futex(std::atomic<uint32_t>* addr, int op, uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, value, timeout, nullptr, 0);
@@ -104,6 +127,29 @@ class ShmCommunicator : public Communicator {
     if (size_ == 1) return Status::Ok();
     RETURN_IF_ERROR(Usable());
     return Arrive("barrier");
+  }
+
+  Result<std::unique_ptr<SharedAverage>> MakeSharedAverage(size_t count) override;
+
+  // SharedAverage::Average over `inputs` (size_ rows of `stride` floats) into `result`.
+  Status Average(const float* inputs, size_t stride, size_t count, float* result) {
+    RETURN_IF_ERROR(Usable());
+    RETURN_IF_ERROR(Arrive("gradient average"));
+    // Parts start on cache lines, so no two ranks write one line of the result.
+    auto bound = [&](int r) { return r == size_ ? count : count * r / size_ / 16 * 16; };
+    const float n = static_cast<float>(size_);
+    constexpr size_t kBlock = 4096;  // stays in L1 while every input is added to it
+    for (size_t begin = bound(rank_), end = bound(rank_ + 1); begin < end; begin += kBlock) {
+      const size_t len = std::min(kBlock, end - begin);
+      float* out = result + begin;
+      std::memcpy(out, inputs + begin, len * sizeof(float));
+      for (int r = 1; r < size_; ++r) {
+        const float* in = inputs + r * stride + begin;
+        for (size_t i = 0; i < len; ++i) out[i] += in[i];
+      }
+      for (size_t i = 0; i < len; ++i) out[i] /= n;
+    }
+    return Arrive("gradient average");
   }
 
  private:
@@ -173,6 +219,72 @@ class ShmCommunicator : public Communicator {
   std::string broken_;
 };
 
+class ShmAverage : public SharedAverage {
+ public:
+  ShmAverage(ShmCommunicator* comm, void* base, size_t bytes, size_t count, size_t stride)
+      : comm_(comm), base_(base), bytes_(bytes), count_(count), stride_(stride) {}
+  ~ShmAverage() override { ::munmap(base_, bytes_); }
+  float* input() override { return inputs() + comm_->rank() * stride_; }
+  const float* result() const override { return inputs() + comm_->size() * stride_; }
+  Status Average() override {
+    return comm_->Average(inputs(), stride_, count_, inputs() + comm_->size() * stride_);
+  }
+
+ private:
+  float* inputs() const { return static_cast<float*>(base_); }
+  ShmCommunicator* comm_;
+  void* base_;
+  size_t bytes_, count_, stride_;
+};
+
+// Rank 0 makes the segment and broadcasts its name (empty: it could not); every rank maps it;
+// an allreduce of the failures tells every rank whether all did; then the name goes.
+Result<std::unique_ptr<SharedAverage>> ShmCommunicator::MakeSharedAverage(size_t count) {
+  if (size_ == 1) return InvalidArgument("shm: one rank needs no shared average");
+  RETURN_IF_ERROR(Usable());
+  const size_t stride = (std::max<size_t>(count, 1) + 15) / 16 * 16;
+  const size_t bytes = (size_t(size_) + 1) * stride * sizeof(float);
+  char name[64] = {0};
+  Status made;
+  int fd = -1;
+  if (rank_ == 0) {
+    std::string n = NewSegmentName();
+    auto created = CreateSegment(n, bytes);
+    if (created.ok()) {
+      fd = *created;
+      std::snprintf(name, sizeof name, "%s", n.c_str());
+    } else {
+      made = created.status();
+    }
+  }
+  auto forget = [&] {
+    if (fd >= 0) ::close(fd);
+    if (rank_ == 0 && name[0]) ::unlink(name);
+  };
+  if (Status st = Broadcast(name, sizeof name, 0); !st.ok()) {
+    forget();
+    return st;
+  }
+  if (!name[0]) {
+    return rank_ == 0 ? made : Unavailable("shm: rank 0 could not make the gradient segment");
+  }
+  if (rank_ != 0) fd = ::open(name, O_RDWR | O_CLOEXEC);
+  void* base = fd < 0 ? MAP_FAILED : ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  float failed = base == MAP_FAILED ? 1 : 0;
+  Status st = AllReduceSum(&failed, 1);
+  forget();
+  if (st.ok() && failed > 0) {
+    st = base == MAP_FAILED ? ErrnoStatus(std::string("shm: cannot map ") + name, err)
+                            : Unavailable("shm: a peer could not map the gradient segment");
+  }
+  if (!st.ok()) {
+    if (base != MAP_FAILED) ::munmap(base, bytes);
+    return st;
+  }
+  return std::unique_ptr<SharedAverage>(new ShmAverage(this, base, bytes, count, stride));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> ConnectShm(Store& store, const ShmOptions& o) {
@@ -182,15 +294,8 @@ Result<std::unique_ptr<Communicator>> ConnectShm(Store& store, const ShmOptions&
   std::string name;
   int fd = -1;
   if (o.rank == 0) {
-    name = "/dev/shm/trainctl-" + RandomHex(16);
-    fd = ::open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) return ErrnoStatus("shm: cannot create " + name, errno);
-    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(name.c_str());
-      return ErrnoStatus("shm: cannot size " + name, err);
-    }
+    name = NewSegmentName();
+    ASSIGN_OR_RETURN(fd, CreateSegment(name, bytes));
   } else {
     auto got = store.Get("shm", o.timeout);
     if (!got.ok()) return Unavailable("shm: rank 0 did not publish its segment: " + got.status().ToString());
