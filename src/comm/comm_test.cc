@@ -90,13 +90,20 @@ TEST_P(Comm, AllReduceSumsAndEveryRankGetsTheSameBits) {
 // Twice, with new inputs: the second round checks that inputs and result can be reused.
 TEST(Shm, SharedAverageGivesEveryRankTheMeanInTheSameBits) {
   constexpr int kSize = 3;
-  constexpr size_t kCount = 10007;  // parts do not fall on cache lines
+  constexpr size_t kCount = 100007;  // blocks of 4096 and a partial one
   std::vector<std::vector<float>> got(kSize);
   auto st = Comm::RunRanks("shm", kSize, std::chrono::seconds(30), [&](int r, Communicator& c) {
     auto avg = c.MakeSharedAverage(kCount);
     if (!avg.ok()) return avg.status();
     for (int round = 0; round < 2; ++round) {
-      for (size_t i = 0; i < kCount; ++i) (*avg)->input()[i] = std::sin(float(i) * (r + 1) + round);
+      float* in = (*avg)->input();
+      for (size_t i = 0; i < kCount / 2; ++i) in[i] = std::sin(float(i) * (r + 1) + round);
+      // Rank 2 posts half and is late with the rest: its peers average the posted part first.
+      if (r == 2) {
+        (*avg)->Post(kCount / 2);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      for (size_t i = kCount / 2; i < kCount; ++i) in[i] = std::sin(float(i) * (r + 1) + round);
       if (Status s = (*avg)->Average(); !s.ok()) return s;
       got[r].assign((*avg)->result(), (*avg)->result() + kCount);  // valid until the next call
     }

@@ -22,10 +22,11 @@
 namespace trainctl::comm {
 
 // Averaging of one float buffer per rank that lives in memory every rank maps (shm only).
-// Each rank writes its contribution straight into input(); Average() then makes each rank sum
-// one part of everyone's inputs into a shared result that every rank reads. That is what a
-// trainer's gradient averaging needs with the least memory traffic: no copies in or out, no
-// separate division, and no thread: both waits are at the end of backward.
+// Each rank writes its contribution straight into input() and may Post() the parts that are
+// final; in Average() the ranks average parts of everyone's inputs into a shared result that
+// every rank reads, starting with parts every rank has posted while the others still compute.
+// That is what a trainer's gradient averaging needs with the least memory traffic and the least
+// waiting: no copies in or out, no separate division, and no thread.
 class SharedAverage {
  public:
   virtual ~SharedAverage() = default;
@@ -35,6 +36,9 @@ class SharedAverage {
   // The mean, the same bits on every rank (count floats); written by Average(), valid until
   // the next call.
   virtual const float* result() const = 0;
+  // Optional, before Average(): input()[0, ready) is final, and peers that wait in Average()
+  // may average it already.
+  virtual void Post(size_t ready) = 0;
   // A collective: result[i] = (input_0[i] + ... + input_{n-1}[i]) / n, added in rank order.
   virtual Status Average() = 0;
 };

@@ -59,10 +59,6 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
     bucket_of[k] = buckets_.size() - 1;
     offset += n;
   }
-  if (shared_) {
-    buckets_.clear();
-    return;
-  }
   for (size_t k = 0; k < params_.size(); ++k) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
     size_t bucket = bucket_of[k];
@@ -74,7 +70,7 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
         }));
     accumulators_.push_back(std::move(acc));
   }
-  thread_ = std::thread([this] { CommLoop(); });
+  if (!shared_) thread_ = std::thread([this] { CommLoop(); });
 }
 
 GradientReducer::~GradientReducer() {
@@ -107,10 +103,17 @@ void GradientReducer::OnGradReady(size_t bucket) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!armed_) return;  // a backward outside training (none today): nothing to reduce
   Bucket& b = buckets_[bucket];
-  if (++b.ready == b.expected) {
-    MarkQueued(b);
-    cv_.notify_all();
+  if (++b.ready < b.expected) return;
+  if (shared_) {
+    // Peers that finish backward first average what is final: the complete buckets in front.
+    while (launched_ < buckets_.size() && buckets_[launched_].ready == buckets_[launched_].expected) {
+      ++launched_;
+    }
+    if (launched_ > 0) shared_->Post(buckets_[launched_ - 1].offset + buckets_[launched_ - 1].numel);
+    return;
   }
+  MarkQueued(b);
+  cv_.notify_all();
 }
 
 // The calling thread's current stream is the one backward (or the training thread) queued the
@@ -156,6 +159,10 @@ double GradientReducer::TakeWaitSeconds() {
 Status GradientReducer::Finish() {
   auto start = Clock::now();
   if (shared_) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      armed_ = false;  // posts belong to this step
+    }
     Status st = shared_->Average();
     wait_seconds_ += SecondsSince(start);
     return st;

@@ -14,10 +14,10 @@
 // event on the stream, and the reducer's thread waits for that event before it hands the bucket
 // to the communicator (NCCL), while the GPU goes on with the rest of backward.
 //
-// Ranks that share memory (the shm backend, CPU) skip all that: the gradient buffer is this
-// rank's input of the communicator's SharedAverage, so backward writes where the peers read, and
-// Finish() averages in one pass with two waits, with no thread and no copies. Backward already
-// keeps every core busy there, so overlapping would only move the same work around. Then
+// Ranks that share memory (the shm backend, CPU) have no thread and no copies: the gradient
+// buffer is this rank's input of the communicator's SharedAverage, so backward writes where the
+// peers read; a complete bucket is posted to it, and in Finish() the ranks average the posted
+// buckets, the rank that finished backward first starting while the others still compute. Then
 // flat_grads() is the shared average, and the parameters' .grad() stay this rank's own.
 //
 // Threads: ZeroGrad/Finish/Broadcast from the training thread only; hooks run on the thread that
@@ -58,7 +58,6 @@ class GradientReducer {
   torch::Tensor flat_params() const { return flat_params_; }
   // The averaged gradients, after Finish().
   torch::Tensor flat_grads() const { return flat_mean_; }
-  // Buckets reduced while backward runs; none when the gradients are averaged in shared memory.
   size_t bucket_count() const { return buckets_.size(); }
   // Seconds Finish() spent waiting for allreduces since the last call; resets the count.
   double TakeWaitSeconds();
@@ -86,7 +85,7 @@ class GradientReducer {
   std::mutex mu_;
   std::condition_variable cv_;
   size_t next_to_reduce_ = 0;  // buckets below this are done (or failed)
-  size_t launched_ = 0;        // buckets handed to the comm thread this step
+  size_t launched_ = 0;        // buckets handed to the comm thread (or posted) this step
   bool armed_ = false;
   bool stopping_ = false;
   Status error_;

@@ -8,12 +8,14 @@
 // second barrier; result is rewritten only after the next first barrier, by which time every
 // rank has copied it out.
 //
-// A SharedAverage has a segment of its own: inputs[size][stride], then result[stride]. Each rank
-// writes its input in place (a trainer's backward accumulates gradients there); Average() is a
-// barrier (every input is complete), each rank averaging its part of all inputs into result,
-// and a second barrier (the whole result is written). Inputs may be rewritten once Average()
-// has returned: no one reads them after the second barrier. Result is rewritten only after the
-// next Average's first barrier, which every rank enters after it is done with the last result.
+// A SharedAverage has a segment of its own: AverageControl (a block counter shared by all, and
+// per rank the blocks of its input it has posted), inputs[size][stride], result[stride]. Each
+// rank writes its input in place (a trainer's backward accumulates gradients there) and posts
+// the blocks that are final. In Average() the ranks claim blocks in order from the counter, each
+// once every rank has posted it, average them into result, and meet at a barrier. Inputs may be
+// rewritten once Average() has returned: every block was averaged before the barrier. A block of
+// result is rewritten only once every rank has posted it in the next call, which each rank does
+// after it is done with the last result.
 #include <fcntl.h>
 #include <sched.h>
 #include <linux/futex.h>
@@ -115,6 +117,8 @@ long Futex(std::atomic<uint32_t>* addr, int op, uint32_t value, const timespec* 
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, value, timeout, nullptr, 0);
 }
 
+class ShmAverage;
+
 class ShmCommunicator : public Communicator {
  public:
   ShmCommunicator(int rank, int size, Duration timeout, void* base, size_t bytes)
@@ -174,18 +178,6 @@ class ShmCommunicator : public Communicator {
 
   Result<std::unique_ptr<SharedAverage>> MakeSharedAverage(size_t count) override;
 
-  // SharedAverage::Average over `inputs` (size_ rows of `stride` floats) into `result`.
-  Status Average(const float* inputs, size_t stride, size_t count, float* result) {
-    RETURN_IF_ERROR(Usable());
-    RETURN_IF_ERROR(Arrive("gradient average"));
-    // Parts start on cache lines, so no two ranks write one line of the result.
-    auto bound = [&](int r) { return r == size_ ? count : count * r / size_ / 16 * 16; };
-    for (size_t begin = bound(rank_), end = bound(rank_ + 1); begin < end; begin += kAverageBlock) {
-      AverageBlock(inputs + begin, stride, size_, std::min(kAverageBlock, end - begin), result + begin);
-    }
-    return Arrive("gradient average");
-  }
-
  private:
   float* slot(int r) { return slots_ + size_t(r) * chunk_; }
 
@@ -197,13 +189,37 @@ class ShmCommunicator : public Communicator {
   Status Arrive(const char* what) {
     ++seq_;
     control_->ranks[rank_].seq.store(seq_, std::memory_order_release);
+    Ring();
+    return Wait(what, [&](std::vector<int>& missing) {
+      for (int r = 0; r < size_; ++r) {
+        // Wrap-safe: the peer has entered barrier seq_ or a later one.
+        if (int32_t(seq_ - control_->ranks[r].seq.load(std::memory_order_acquire)) > 0) missing.push_back(r);
+      }
+    });
+  }
+
+  // Wakes the ranks that sleep in Wait(): call after publishing progress.
+  void Ring() {
     control_->bell.fetch_add(1, std::memory_order_acq_rel);
     Futex(&control_->bell, FUTEX_WAKE, INT32_MAX, nullptr);
-    // Peers doing the same work arrive within microseconds to a millisecond of each other. When
-    // every rank has a CPU of its own, spin that long: waking from the futex costs ~0.1 ms in a VM.
+  }
+
+  // Waits until find_missing(&ranks) leaves `ranks` empty (the ranks this one still waits for).
+  // Peers doing the same work arrive within microseconds to a millisecond of each other: when
+  // every rank has a CPU of its own it spins that long (waking from the futex costs ~0.1 ms in a
+  // VM), then sleeps on the bell. A missing peer that exited breaks the communicator within about
+  // 100 ms; one that stays away past the timeout too, named.
+  template <class FindMissing>
+  Status Wait(const char* what, FindMissing find_missing) {
+    std::vector<int> missing;
+    auto missing_now = [&] {
+      missing.clear();
+      find_missing(missing);
+      return !missing.empty();
+    };
     auto spin_until = Clock::now() + (size_ <= cpus_ ? kSpin : Duration::zero());
     while (Clock::now() < spin_until) {
-      if (AllArrived()) return Status::Ok();
+      if (!missing_now()) return Status::Ok();
       CpuRelax();
     }
     auto deadline = Clock::now() + timeout_;
@@ -211,13 +227,7 @@ class ShmCommunicator : public Communicator {
     int spins = 0;
     while (true) {
       uint32_t bell = control_->bell.load(std::memory_order_acquire);
-      std::vector<int> missing;
-      for (int r = 0; r < size_; ++r) {
-        // Wrap-safe: the peer has entered barrier seq_ or a later one.
-        int32_t behind = int32_t(seq_ - control_->ranks[r].seq.load(std::memory_order_acquire));
-        if (behind > 0) missing.push_back(r);
-      }
-      if (missing.empty()) return Status::Ok();
+      if (!missing_now()) return Status::Ok();
       if (++spins < 200) continue;  // a peer a few microseconds behind: no need to sleep
       auto now = Clock::now();
       if (now >= next_liveness_check) {
@@ -243,12 +253,7 @@ class ShmCommunicator : public Communicator {
     }
   }
 
-  bool AllArrived() const {
-    for (int r = 0; r < size_; ++r) {
-      if (int32_t(seq_ - control_->ranks[r].seq.load(std::memory_order_acquire)) > 0) return false;
-    }
-    return true;
-  }
+  friend class ShmAverage;
 
   Status Broken(Status st) {
     broken_ = st.message();
@@ -268,22 +273,76 @@ class ShmCommunicator : public Communicator {
   std::string broken_;
 };
 
+// The head of a SharedAverage's segment; the inputs and the result follow it.
+struct AverageControl {
+  alignas(64) std::atomic<uint64_t> next;  // the next block to average, counted over all calls
+  struct alignas(64) Posted {
+    std::atomic<uint64_t> blocks;  // the blocks of its input a rank has posted, over all calls
+  } posted[];                      // one per rank
+};
+
+size_t AverageControlBytes(int size) {
+  return (sizeof(AverageControl) + size * sizeof(AverageControl::Posted) + 63) / 64 * 64;
+}
+
+// Blocks of kAverageBlock floats are averaged by whichever rank claims them first (a shared
+// counter), once every rank has posted them. A rank that finishes backward early thus averages
+// the blocks its peers posted while they still compute, and the last rank to arrive finds little
+// left. Each block is added in rank order, whoever adds it: every rank gets the same bits.
 class ShmAverage : public SharedAverage {
  public:
   ShmAverage(ShmCommunicator* comm, void* base, size_t bytes, size_t count, size_t stride)
-      : comm_(comm), base_(base), bytes_(bytes), count_(count), stride_(stride) {}
+      : comm_(comm), base_(base), bytes_(bytes), count_(count), stride_(stride),
+        blocks_((count + kAverageBlock - 1) / kAverageBlock),
+        control_(static_cast<AverageControl*>(base)),
+        inputs_(reinterpret_cast<float*>(static_cast<char*>(base) + AverageControlBytes(comm->size()))) {}
   ~ShmAverage() override { ::munmap(base_, bytes_); }
-  float* input() override { return inputs() + comm_->rank() * stride_; }
-  const float* result() const override { return inputs() + comm_->size() * stride_; }
+
+  float* input() override { return inputs_ + comm_->rank() * stride_; }
+  const float* result() const override { return inputs_ + comm_->size() * stride_; }
+
+  void Post(size_t ready) override {
+    uint64_t blocks = ready >= count_ ? blocks_ : ready / kAverageBlock;
+    if (blocks <= posted_) return;
+    posted_ = blocks;
+    control_->posted[comm_->rank()].blocks.store(calls_ * blocks_ + blocks, std::memory_order_release);
+    comm_->Ring();
+  }
+
   Status Average() override {
-    return comm_->Average(inputs(), stride_, count_, inputs() + comm_->size() * stride_);
+    RETURN_IF_ERROR(comm_->Usable());
+    Post(count_);
+    const int size = comm_->size();
+    const uint64_t first = calls_ * blocks_, end = first + blocks_;
+    float* result = inputs_ + size * stride_;
+    uint64_t t = control_->next.load(std::memory_order_acquire);
+    while (t < end) {
+      const uint64_t i = t - first;
+      RETURN_IF_ERROR(comm_->Wait("gradient average", [&](std::vector<int>& missing) {
+        for (int r = 0; r < size; ++r) {
+          if (control_->posted[r].blocks.load(std::memory_order_acquire) <= first + i) missing.push_back(r);
+        }
+      }));
+      if (!control_->next.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
+      const size_t begin = i * kAverageBlock;
+      AverageBlock(inputs_ + begin, stride_, size, std::min(kAverageBlock, count_ - begin), result + begin);
+      t = control_->next.load(std::memory_order_acquire);
+    }
+    ++calls_;
+    posted_ = 0;
+    // Every block is averaged once every rank is past its loop: inputs and result are final.
+    return comm_->Arrive("gradient average");
   }
 
  private:
-  float* inputs() const { return static_cast<float*>(base_); }
   ShmCommunicator* comm_;
   void* base_;
   size_t bytes_, count_, stride_;
+  uint64_t blocks_;
+  AverageControl* control_;
+  float* inputs_;
+  uint64_t calls_ = 0;   // Average() calls made
+  uint64_t posted_ = 0;  // blocks posted in this call
 };
 
 // Rank 0 makes the segment and broadcasts its name (empty: it could not); every rank maps it;
@@ -292,7 +351,7 @@ Result<std::unique_ptr<SharedAverage>> ShmCommunicator::MakeSharedAverage(size_t
   if (size_ == 1) return InvalidArgument("shm: one rank needs no shared average");
   RETURN_IF_ERROR(Usable());
   const size_t stride = (std::max<size_t>(count, 1) + 15) / 16 * 16;
-  const size_t bytes = (size_t(size_) + 1) * stride * sizeof(float);
+  const size_t bytes = AverageControlBytes(size_) + (size_t(size_) + 1) * stride * sizeof(float);
   char name[64] = {0};
   Status made;
   int fd = -1;
