@@ -30,8 +30,8 @@ namespace trainctl::comm {
 class SharedAverage {
  public:
   virtual ~SharedAverage() = default;
-  // This rank's contribution (count floats). Peers read it during Average(); it may be
-  // written again once Average() has returned.
+  // This rank's contribution to the next Average() (count floats); it may be a different
+  // buffer after each call.
   virtual float* input() = 0;
   // The mean, the same bits on every rank (count floats); written by Average(), valid until
   // the next call.

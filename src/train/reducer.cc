@@ -1,5 +1,7 @@
 #include "train/reducer.h"
 
+#include <algorithm>
+
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -19,10 +21,10 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
   for (const auto& p : params_) total += p.numel();
   auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   flat_params_ = torch::empty({total}, options);
-  // Shared memory up to a size that /dev/shm can be expected to hold: inputs and the mean.
+  // Shared memory up to a size that /dev/shm can be expected to hold: two sets of inputs and the mean.
   constexpr int64_t kMaxSharedBytes = int64_t{1} << 30;
   if (device_.is_cpu() && comm_->size() > 1 &&
-      (comm_->size() + 1) * total * int64_t{sizeof(float)} <= kMaxSharedBytes) {
+      (2 * comm_->size() + 1) * total * int64_t{sizeof(float)} <= kMaxSharedBytes) {
     auto shared = comm_->MakeSharedAverage(total);
     if (shared.ok()) {
       shared_ = std::move(*shared);
@@ -91,12 +93,31 @@ Status GradientReducer::BroadcastParameters() {
 }
 
 void GradientReducer::ZeroGrad() {
+  if (shared_ && shared_->input() != flat_grads_.data_ptr<float>()) UseGradBuffer(shared_->input());
   flat_grads_.zero_();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& b : buckets_) b.ready = 0;
   next_to_reduce_ = 0;
   launched_ = 0;
   armed_ = true;
+}
+
+// The shared average takes each step's gradients in one of two buffers, in turn: the
+// parameters' .grad() become views of the one in use.
+void GradientReducer::UseGradBuffer(float* data) {
+  auto it = std::find_if(grad_buffers_.begin(), grad_buffers_.end(),
+                         [&](const GradBuffer& b) { return b.flat.data_ptr<float>() == data; });
+  if (it == grad_buffers_.end()) {
+    GradBuffer b;
+    b.flat = torch::from_blob(data, flat_grads_.sizes(), flat_grads_.options());
+    for (const auto& p : params_) {
+      b.views.push_back(b.flat.narrow(0, p.grad().data_ptr<float>() - flat_grads_.data_ptr<float>(),
+                                      p.numel()).view(p.sizes()));
+    }
+    it = grad_buffers_.insert(grad_buffers_.end(), std::move(b));
+  }
+  flat_grads_ = it->flat;
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].mutable_grad() = it->views[k];
 }
 
 void GradientReducer::OnGradReady(size_t bucket) {

@@ -69,6 +69,11 @@ class GradientReducer {
     int ready = 0;     // gradients accumulated so far in this step
     std::shared_ptr<c10::Event> queued;  // GPU: recorded when the bucket's last gradient is queued
   };
+  struct GradBuffer {
+    torch::Tensor flat;
+    std::vector<torch::Tensor> views;  // one per parameter
+  };
+  void UseGradBuffer(float* data);
   void MarkQueued(Bucket& b);
   void OnGradReady(size_t bucket);
   void CommLoop();
@@ -79,6 +84,7 @@ class GradientReducer {
   std::unique_ptr<comm::SharedAverage> shared_;  // null: buckets and a thread
   torch::Tensor flat_params_, flat_grads_;
   torch::Tensor flat_mean_;  // flat_grads_, or the shared average
+  std::vector<GradBuffer> grad_buffers_;  // shared: the two buffers gradients go to in turn
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
 

@@ -9,11 +9,14 @@
 // rank has copied it out.
 //
 // A SharedAverage has a segment of its own: AverageControl (a block counter shared by all, and
-// per rank the blocks of its input it has posted), inputs[size][stride], result[stride]. Each
-// rank writes its input in place (a trainer's backward accumulates gradients there) and posts
-// the blocks that are final. In Average() the ranks claim blocks in order from the counter, each
-// once every rank has posted it, average them into result, and meet at a barrier. Inputs may be
-// rewritten once Average() has returned: every block was averaged before the barrier. A block of
+// per rank the blocks of its input it has posted), two sets of inputs[size][stride] used in
+// turn, and result[stride]. Each rank writes its input in place (a trainer's backward
+// accumulates gradients there) and posts the blocks that are final. In Average() the ranks claim
+// blocks in order from the counter, each once every rank has posted it, average them into
+// result, and meet at a barrier. Every block was averaged before that barrier, so inputs could be
+// rewritten right after it; alternating the sets leaves a whole call in between, by which time
+// the peers' caches have let go of the lines they read: zeroing them again (a trainer's next
+// step) then costs no invalidations (~30 us instead of up to ~200 us for 1.7 MB). A block of
 // result is rewritten only once every rank has posted it in the next call, which each rank does
 // after it is done with the last result.
 #include <fcntl.h>
@@ -298,8 +301,8 @@ class ShmAverage : public SharedAverage {
         inputs_(reinterpret_cast<float*>(static_cast<char*>(base) + AverageControlBytes(comm->size()))) {}
   ~ShmAverage() override { ::munmap(base_, bytes_); }
 
-  float* input() override { return inputs_ + comm_->rank() * stride_; }
-  const float* result() const override { return inputs_ + comm_->size() * stride_; }
+  float* input() override { return inputs() + comm_->rank() * stride_; }
+  const float* result() const override { return inputs_ + 2 * comm_->size() * stride_; }
 
   void Post(size_t ready) override {
     uint64_t blocks = ready >= count_ ? blocks_ : ready / kAverageBlock;
@@ -314,7 +317,8 @@ class ShmAverage : public SharedAverage {
     Post(count_);
     const int size = comm_->size();
     const uint64_t first = calls_ * blocks_, end = first + blocks_;
-    float* result = inputs_ + size * stride_;
+    const float* in = inputs();
+    float* result = inputs_ + 2 * size * stride_;
     uint64_t t = control_->next.load(std::memory_order_acquire);
     while (t < end) {
       const uint64_t i = t - first;
@@ -325,7 +329,7 @@ class ShmAverage : public SharedAverage {
       }));
       if (!control_->next.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
       const size_t begin = i * kAverageBlock;
-      AverageBlock(inputs_ + begin, stride_, size, std::min(kAverageBlock, count_ - begin), result + begin);
+      AverageBlock(in + begin, stride_, size, std::min(kAverageBlock, count_ - begin), result + begin);
       t = control_->next.load(std::memory_order_acquire);
     }
     ++calls_;
@@ -335,6 +339,9 @@ class ShmAverage : public SharedAverage {
   }
 
  private:
+  // This call's set of inputs (one per rank).
+  float* inputs() const { return inputs_ + (calls_ % 2) * comm_->size() * stride_; }
+
   ShmCommunicator* comm_;
   void* base_;
   size_t bytes_, count_, stride_;
@@ -351,7 +358,7 @@ Result<std::unique_ptr<SharedAverage>> ShmCommunicator::MakeSharedAverage(size_t
   if (size_ == 1) return InvalidArgument("shm: one rank needs no shared average");
   RETURN_IF_ERROR(Usable());
   const size_t stride = (std::max<size_t>(count, 1) + 15) / 16 * 16;
-  const size_t bytes = AverageControlBytes(size_) + (size_t(size_) + 1) * stride * sizeof(float);
+  const size_t bytes = AverageControlBytes(size_) + (2 * size_t(size_) + 1) * stride * sizeof(float);
   char name[64] = {0};
   Status made;
   int fd = -1;
