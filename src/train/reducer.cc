@@ -28,8 +28,8 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
     auto shared = comm_->MakeSharedAverage(total);
     if (shared.ok()) {
       shared_ = std::move(*shared);
-    } else {
-      LOG_DEBUG("gradients go through allreduce: {}", shared.status().message());
+    } else if (shared.status().code() != Code::kInvalidArgument) {  // InvalidArgument: the backend has none
+      LOG_WARN("gradients go through allreduce, not shared memory: {}", shared.status().message());
     }
   }
   if (shared_) {
