@@ -21,14 +21,11 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
   for (const auto& p : params_) total += p.numel();
   auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   flat_params_ = torch::empty({total}, options);
-  // Shared memory up to a size that /dev/shm can be expected to hold: two sets of inputs and the mean.
-  constexpr int64_t kMaxSharedBytes = int64_t{1} << 30;
-  if (device_.is_cpu() && comm_->size() > 1 &&
-      (2 * comm_->size() + 1) * total * int64_t{sizeof(float)} <= kMaxSharedBytes) {
+  if (device_.is_cpu() && comm_->size() > 1) {
     auto shared = comm_->MakeSharedAverage(total);
     if (shared.ok()) {
       shared_ = std::move(*shared);
-    } else if (shared.status().code() != Code::kInvalidArgument) {  // InvalidArgument: the backend has none
+    } else if (shared.status().code() != Code::kInvalidArgument) {  // none, or too large to try
       LOG_WARN("gradients go through allreduce, not shared memory: {}", shared.status().message());
     }
   }
