@@ -11,6 +11,10 @@
 #include <future>
 #include <thread>
 
+#if TRAINCTL_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#endif
+
 #include "comm/communicator.h"
 #include "common/fs.h"
 #include "store/memory/memory_store.h"
@@ -296,6 +300,62 @@ TEST(Nccl, OneRankCollectivesOnHostBuffersOrAClearErrorWithoutNccl) {
   EXPECT_TRUE((*comm)->Barrier().ok());
   EXPECT_EQ((*comm)->Broadcast(header, sizeof header, 1).code(), Code::kInvalidArgument);
 }
+
+#if TRAINCTL_HAVE_NCCL
+// Queued sums on one GPU: the sum waits on the GPU for what the caller's stream queued before it,
+// Join returns without waiting on the host, and a sum that cannot finish (here: the caller's
+// stream is held for 4 s by a host function, with a 1 s timeout) is reported as a timeout by the
+// watchdog within about the timeout, instead of hanging whoever waits for it.
+TEST(Nccl, QueuedSumsFollowTheStreamAndAStuckOneTimesOutInsteadOfHanging) {
+  MemoryStore store;
+  NcclOptions o;
+  o.timeout = std::chrono::seconds(1);
+  auto comm = ConnectNccl(store, o);
+  if (!comm.ok() && comm.status().message().find("GPU") != std::string::npos) {
+    GTEST_SKIP() << "no usable GPU: " << comm.status().ToString();
+  }
+  ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+  auto sum = (*comm)->MakeDeviceAllReduce();
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const size_t n = 1 << 20;
+  float* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), n * sizeof(float)), cudaSuccess);
+  std::vector<float> host(n, 0.f), back(n);
+  for (size_t i = 0; i < n; ++i) host[i] = float(i % 1000) / 8;
+  // The values are copied on `stream` right before the sum is queued: one rank's sum leaves them
+  // as they are only if it ran after the copy.
+  ASSERT_EQ(cudaMemsetAsync(dev, 0, n * sizeof(float), stream), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(dev, host.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream), cudaSuccess);
+  ASSERT_TRUE((*sum)->Enqueue(dev, n, stream).ok());
+  ASSERT_TRUE((*sum)->Join(stream).ok());
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(back, host);
+
+  // Hold the stream on the GPU for 4 s; the sum queued behind it cannot finish in time.
+  auto hold = [](void*) { std::this_thread::sleep_for(std::chrono::seconds(4)); };
+  ASSERT_EQ(cudaLaunchHostFunc(stream, hold, nullptr), cudaSuccess);
+  const auto start = Clock::now();
+  ASSERT_TRUE((*sum)->Enqueue(dev, n, stream).ok());
+  ASSERT_TRUE((*sum)->Join(stream).ok());
+  EXPECT_LT(SecondsSince(start), 0.5);  // queued, not waited for
+  Status second = (*sum)->Join(stream);  // waits for the first one's sums: the watchdog ends it
+  double waited = SecondsSince(start);
+  EXPECT_EQ(second.code(), Code::kTimeout) << second.ToString();
+  EXPECT_NE(second.message().find("did not complete within 1s"), std::string::npos) << second.message();
+  EXPECT_GT(waited, 0.9);
+  EXPECT_LT(waited, 3.5);  // before the stream was released
+  float one = 1;
+  EXPECT_EQ((*comm)->AllReduceSum(&one, 1).code(), Code::kTimeout);  // the communicator is broken
+  cudaStreamSynchronize(stream);
+  sum->reset();
+  cudaFree(dev);
+  cudaStreamDestroy(stream);
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Backends, Comm, ::testing::Values("gloo", "shm"),
                          [](const auto& info) { return info.param; });

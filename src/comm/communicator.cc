@@ -18,6 +18,10 @@ Result<std::unique_ptr<SharedAverage>> Communicator::MakeSharedAverage(size_t) {
   return InvalidArgument("this backend has no shared memory");
 }
 
+Result<std::unique_ptr<DeviceAllReduce>> Communicator::MakeDeviceAllReduce() {
+  return InvalidArgument("this backend has no GPU streams");
+}
+
 namespace {
 std::string HostKey(int rank) { return "rank/" + std::to_string(rank) + "/host"; }
 std::string StalledKey(int rank) { return "rank/" + std::to_string(rank) + "/timed_out"; }

@@ -43,6 +43,25 @@ class SharedAverage {
   virtual Status Average() = 0;
 };
 
+// Sums of GPU buffers queued in stream order (NCCL only), for a trainer's gradient buckets: the
+// sums wait on the GPU for the gradients, the trainer's next kernels wait on the GPU for the sums,
+// and the host waits for neither, so the GPU never idles between steps. Streams are
+// cudaStream_t handles, passed as void* so that nothing here needs CUDA's headers.
+// A watchdog gives the sums of each Join() the communicator's timeout; after it, it aborts the
+// communicator, which ends NCCL's kernels (whatever waits on the streams goes on), and every
+// later call returns kTimeout. Enqueue and Join are communicator calls: one thread at a time.
+class DeviceAllReduce {
+ public:
+  virtual ~DeviceAllReduce() = default;
+  // Queues data[i] = sum over ranks of data[i] (count floats of device memory) after the work
+  // queued so far on `stream`; returns once it is queued. Every rank queues the same sums in
+  // the same order.
+  virtual Status Enqueue(float* data, size_t count, void* stream) = 0;
+  // Makes `stream` wait for every sum queued so far. The host first waits until the sums of the
+  // previous Join() are done (so the host runs at most one step ahead): bounded by the timeout.
+  virtual Status Join(void* stream) = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -58,6 +77,9 @@ class Communicator {
   // communicator. Where the backend has no shared memory, or there is no room for it, every
   // rank gets an error and the communicator stays usable: callers fall back to AllReduceSum.
   virtual Result<std::unique_ptr<SharedAverage>> MakeSharedAverage(size_t count);
+  // A DeviceAllReduce, which must not outlive the communicator; backends without GPU streams
+  // return kInvalidArgument (not a collective: no rank needs to agree).
+  virtual Result<std::unique_ptr<DeviceAllReduce>> MakeDeviceAllReduce();
 };
 
 // kInvalidArgument unless 0 <= rank < size; `backend` names the caller in the message.

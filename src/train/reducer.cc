@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/cuda.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -10,7 +11,24 @@
 #include "common/duration.h"
 #include "common/log.h"
 
+#if TRAINCTL_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace trainctl::train {
+namespace {
+
+// The calling thread's current CUDA stream (a cudaStream_t) on `device`, for the communicator.
+void* CurrentStream(const torch::Device& device) {
+#if TRAINCTL_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#else
+  (void)device;
+  return nullptr;  // unreachable: without CUDA in LibTorch there is no GPU tensor
+#endif
+}
+
+}  // namespace
 
 GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Communicator* comm,
                                  size_t bucket_bytes)
@@ -29,6 +47,14 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
       LOG_WARN("gradients go through allreduce, not shared memory: {}", shared.status().message());
     }
   }
+  if (device_.is_cuda()) {
+    auto sum = comm_->MakeDeviceAllReduce();
+    if (sum.ok()) {
+      device_sum_ = std::move(*sum);
+    } else if (sum.status().code() != Code::kInvalidArgument) {
+      LOG_WARN("gradients go through allreduce calls, not queued sums: {}", sum.status().message());
+    }
+  }
   if (shared_) {
     flat_grads_ = torch::from_blob(shared_->input(), {total}, options).zero_();
     flat_mean_ = torch::from_blob(const_cast<float*>(shared_->result()), {total}, options);
@@ -44,7 +70,9 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
     torch::Tensor& p = params_[k];
     if (buckets_.empty() || buckets_.back().numel >= bucket_numel) {
       buckets_.push_back(Bucket{offset, 0, 0, 0, nullptr});
-      if (device_.is_cuda()) buckets_.back().queued = std::make_shared<c10::Event>(device_.type());
+      if (device_.is_cuda() && !device_sum_) {
+        buckets_.back().queued = std::make_shared<c10::Event>(device_.type());
+      }
     }
     Bucket& b = buckets_.back();
     int64_t n = p.numel();
@@ -69,7 +97,7 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
         }));
     accumulators_.push_back(std::move(acc));
   }
-  if (!shared_) thread_ = std::thread([this] { CommLoop(); });
+  if (!shared_ && !device_sum_) thread_ = std::thread([this] { CommLoop(); });
 }
 
 GradientReducer::~GradientReducer() {
@@ -86,6 +114,8 @@ GradientReducer::~GradientReducer() {
 }
 
 Status GradientReducer::BroadcastParameters() {
+  // The communicator's own stream does not wait for the kernels that wrote them.
+  if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   return comm_->Broadcast(flat_params_.data_ptr(), flat_params_.numel() * sizeof(float), 0);
 }
 
@@ -122,16 +152,26 @@ void GradientReducer::OnGradReady(size_t bucket) {
   if (!armed_) return;  // a backward outside training (none today): nothing to reduce
   Bucket& b = buckets_[bucket];
   if (++b.ready < b.expected) return;
-  if (shared_) {
-    // Peers that finish backward first average what is final: the complete buckets in front.
+  if (shared_ || device_sum_) {
+    // The complete buckets in front, in index order as every rank has them: peers that finish
+    // backward first average them (shared), or their sums are queued behind their gradients.
     while (launched_ < buckets_.size() && buckets_[launched_].ready == buckets_[launched_].expected) {
-      ++launched_;
+      LaunchOnDevice(buckets_[launched_++]);
     }
-    if (launched_ > 0) shared_->Post(buckets_[launched_ - 1].offset + buckets_[launched_ - 1].numel);
+    if (shared_ && launched_ > 0) {
+      shared_->Post(buckets_[launched_ - 1].offset + buckets_[launched_ - 1].numel);
+    }
     return;
   }
   MarkQueued(b);
   cv_.notify_all();
+}
+
+// Queues the bucket's sum behind its gradients on the calling thread's stream (device_sum_ only);
+// the first failure is kept for Finish().
+void GradientReducer::LaunchOnDevice(const Bucket& b) {
+  if (!device_sum_ || !error_.ok()) return;
+  error_ = device_sum_->Enqueue(flat_grads_.data_ptr<float>() + b.offset, b.numel, CurrentStream(device_));
 }
 
 // The calling thread's current stream is the one backward (or the training thread) queued the
@@ -184,6 +224,21 @@ Status GradientReducer::Finish() {
     Status st = shared_->Average();
     wait_seconds_ += SecondsSince(start);
     return st;
+  }
+  if (device_sum_) {
+    Status st;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Buckets whose parameters took no part in this step: their zero gradients, in order.
+      while (launched_ < buckets_.size()) LaunchOnDevice(buckets_[launched_++]);
+      armed_ = false;
+      st = error_;
+    }
+    if (st.ok()) st = device_sum_->Join(CurrentStream(device_));
+    wait_seconds_ += SecondsSince(start);
+    if (!st.ok()) return st;
+    if (comm_->size() > 1) flat_grads_.div_(static_cast<float>(comm_->size()));
+    return Status::Ok();
   }
   std::unique_lock<std::mutex> lock(mu_);
   // Parameters that took no part in this step's graph never fire their hooks: their gradient

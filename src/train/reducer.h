@@ -10,9 +10,11 @@
 // few vectorized operations.
 //
 // On a GPU the buffers live on the parameters' device. A hook runs when backward has queued a
-// gradient's kernels, not when they have run: the hook that completes a bucket records a CUDA
-// event on the stream, and the reducer's thread waits for that event before it hands the bucket
-// to the communicator (NCCL), while the GPU goes on with the rest of backward.
+// gradient's kernels, not when they have run: the hook that completes a bucket queues its sum
+// (the communicator's DeviceAllReduce, NCCL) behind them, and Finish() makes the stream wait for
+// the sums, so neither waits on the host and the GPU goes from one step to the next without a
+// gap; the host runs at most one step ahead. Errors then come back one step late. A backend
+// without queued sums gets each bucket from the reducer's thread once an event says it is ready.
 //
 // Ranks that share memory (the shm backend, CPU) have no thread and no copies: the gradient
 // buffer is this rank's input of the communicator's SharedAverage, so backward writes where the
@@ -75,6 +77,7 @@ class GradientReducer {
   };
   void UseGradBuffer(float* data);
   void MarkQueued(Bucket& b);
+  void LaunchOnDevice(const Bucket& b);
   void OnGradReady(size_t bucket);
   void CommLoop();
 
@@ -82,6 +85,7 @@ class GradientReducer {
   std::vector<torch::Tensor> params_;
   torch::Device device_;
   std::unique_ptr<comm::SharedAverage> shared_;  // null: buckets and a thread
+  std::unique_ptr<comm::DeviceAllReduce> device_sum_;  // GPU: sums queued on the device
   torch::Tensor flat_params_, flat_grads_;
   torch::Tensor flat_mean_;  // flat_grads_, or the shared average
   std::vector<GradBuffer> grad_buffers_;  // shared: the two buffers gradients go to in turn
@@ -91,7 +95,7 @@ class GradientReducer {
   std::mutex mu_;
   std::condition_variable cv_;
   size_t next_to_reduce_ = 0;  // buckets below this are done (or failed)
-  size_t launched_ = 0;        // buckets handed to the comm thread (or posted) this step
+  size_t launched_ = 0;        // buckets handed to the comm thread (or posted, or queued) this step
   bool armed_ = false;
   bool stopping_ = false;
   Status error_;

@@ -236,8 +236,8 @@ TEST(Reducer, FlatGradientsEqualPlainBackward) {
   ExpectReducedGradientsEqualPlainBackward(comm->get(), torch::kCPU, /*bitwise=*/true);
 }
 
-// On a GPU, through NCCL: the reducer waits for each bucket's gradients (queued on the GPU when
-// the hook fires) before NCCL reads them. Convolution kernels may differ from run to run in the
+// On a GPU, through NCCL: each bucket's sum is queued on the GPU behind its gradients (queued,
+// not yet computed, when the hook fires), and the stream waits for the sums. Convolution kernels may differ from run to run in the
 // last bits, so this compares with a tolerance.
 TEST(Reducer, FlatGradientsEqualPlainBackwardOnTheGpu) {
   if (!torch::cuda::is_available() || !comm::NcclAvailable()) {

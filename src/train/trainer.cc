@@ -243,6 +243,8 @@ checkpoint::Checkpoint Trainer::Snapshot(bool with_optimizer) {
 }
 
 Status Trainer::SyncBuffers() {
+  // The communicator's own stream does not wait for the kernels that wrote them.
+  if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   for (auto& b : model_->buffers()) {
     RETURN_IF_ERROR(comm_->Broadcast(b.data_ptr(), b.numel() * b.element_size(), 0));
   }

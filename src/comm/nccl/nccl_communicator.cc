@@ -6,11 +6,15 @@
 // the communicator is non-blocking (ncclConfig_t::blocking = 0), and completion is polled on a
 // CUDA event against the deadline, so a dead or stalled peer gives kTimeout instead of a hang.
 // Buffers may be in GPU or host memory: host buffers (small headers, metric counts) go through a
-// staging buffer on the GPU.
+// staging buffer on the GPU. The trainer's gradients instead go through a DeviceAllReduce: sums
+// queued in stream order, watched by a thread of its own (see communicator.h).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "comm/communicator.h"
@@ -25,6 +29,8 @@ std::string CudaError(const char* what, cudaError_t err) {
 }
 
 class NcclCommunicator : public Communicator {
+  friend class NcclDeviceAllReduce;
+
  public:
   NcclCommunicator(const NcclOptions& o) : rank_(o.rank), size_(o.size), device_(o.device), timeout_(o.timeout) {}
   ~NcclCommunicator() override {
@@ -96,6 +102,8 @@ class NcclCommunicator : public Communicator {
     return AllReduceSum(&one, 1);
   }
 
+  Result<std::unique_ptr<DeviceAllReduce>> MakeDeviceAllReduce() override;
+
  private:
   Status NcclStatus(const char* what, ncclResult_t r) {
     const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
@@ -136,6 +144,7 @@ class NcclCommunicator : public Communicator {
 
   template <typename Enqueue>
   Status Collective(const char* what, void* data, size_t bytes, Enqueue enqueue) {
+    std::unique_lock<std::mutex> lock(mu_);
     if (broken_) return error_;
     const Clock::time_point deadline = Clock::now() + timeout_;
     // The calling thread may not be the one that connected (the reducer's thread).
@@ -163,24 +172,70 @@ class NcclCommunicator : public Communicator {
     if (cudaError_t e = ::cudaEventRecord(done_, stream_); e != cudaSuccess) {
       return Break(Unavailable(CudaError("nccl: cudaEventRecord", e)));
     }
-    // Spin briefly (a step's collectives take microseconds to milliseconds), then back off; look
-    // at NCCL's error state now and then: a peer's failure shows there before the deadline.
-    for (int spins = 0;; ++spins) {
-      cudaError_t e = ::cudaEventQuery(done_);
+    // A step's collectives take microseconds to milliseconds: spin briefly, then back off.
+    Status st = AwaitEvent(done_, what, deadline, lock, /*spin=*/true, nullptr);
+    return st.ok() || broken_ ? st : Break(st);
+  }
+
+  // Waits until `event` (recorded on stream_ after a collective) has happened, with `lock` (on
+  // mu_) released while polling; looks at NCCL's error state now and then, since a peer's failure
+  // may show there before the deadline. Returns the failure, or a timeout at `deadline`, for the
+  // caller to Break() with; gives up quietly when `*stop` becomes true.
+  Status AwaitEvent(cudaEvent_t event, const char* what, Clock::time_point deadline,
+                    std::unique_lock<std::mutex>& lock, bool spin, const std::atomic<bool>* stop) {
+    for (int polls = 0;; ++polls) {
+      if (broken_) return error_;
+      lock.unlock();
+      cudaError_t e = ::cudaEventQuery(event);
+      lock.lock();
       if (e == cudaSuccess) return Status::Ok();
-      if (e != cudaErrorNotReady) return Break(Unavailable(CudaError("nccl: waiting for the collective", e)));
-      if (spins % 1024 == 1023) {
+      if (broken_) return error_;
+      if (e != cudaErrorNotReady) return Unavailable(CudaError("nccl: waiting for the collective", e));
+      if (stop && stop->load()) return Status::Ok();
+      if (polls % 1024 == 1023) {
         ncclResult_t state = ncclSuccess;
         ncclCommGetAsyncError(comm_, &state);
-        if (state != ncclSuccess && state != ncclInProgress) return Break(NcclStatus(what, state));
-        if (Clock::now() >= deadline) return Break(TimedOut(what));
+        if (state != ncclSuccess && state != ncclInProgress) return NcclStatus(what, state);
+        if (Clock::now() >= deadline) return TimedOut(what);
       }
-      if (spins < 4096) {
+      lock.unlock();
+      if (spin && polls < 4096) {
         std::this_thread::yield();
       } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        std::this_thread::sleep_for(std::chrono::microseconds(spin ? 50 : 100));
       }
+      lock.lock();
     }
+  }
+
+  // DeviceAllReduce's calls, under mu_.
+  Status EnqueueSum(float* data, size_t count, cudaStream_t after, cudaEvent_t ready) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) return error_;
+    if (count == 0) return Status::Ok();
+    if (cudaError_t e = ::cudaSetDevice(device_); e != cudaSuccess) return Break(Unavailable(CudaError("nccl", e)));
+    if (cudaError_t e = ::cudaEventRecord(ready, after); e != cudaSuccess) {
+      return Break(Unavailable(CudaError("nccl: cudaEventRecord", e)));
+    }
+    if (cudaError_t e = ::cudaStreamWaitEvent(stream_, ready, 0); e != cudaSuccess) {
+      return Break(Unavailable(CudaError("nccl: cudaStreamWaitEvent", e)));
+    }
+    ncclResult_t r = ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_);
+    if (r != ncclSuccess && r != ncclInProgress) return Break(NcclStatus("allreduce", r));
+    return AwaitEnqueued("allreduce", Clock::now() + timeout_);
+  }
+
+  Status RecordJoin(cudaEvent_t joined, cudaStream_t waiter) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) return error_;
+    if (cudaError_t e = ::cudaSetDevice(device_); e != cudaSuccess) return Break(Unavailable(CudaError("nccl", e)));
+    if (cudaError_t e = ::cudaEventRecord(joined, stream_); e != cudaSuccess) {
+      return Break(Unavailable(CudaError("nccl: cudaEventRecord", e)));
+    }
+    if (cudaError_t e = ::cudaStreamWaitEvent(waiter, joined, 0); e != cudaSuccess) {
+      return Break(Unavailable(CudaError("nccl: cudaStreamWaitEvent", e)));
+    }
+    return Status::Ok();
   }
 
   Status EnsureStaging(size_t bytes) {
@@ -204,7 +259,104 @@ class NcclCommunicator : public Communicator {
   size_t staging_bytes_ = 0;
   bool broken_ = false;
   Status error_;
+  // Taken by every call, and by the DeviceAllReduce's watchdog, which may abort the communicator
+  // from its thread.
+  std::mutex mu_;
 };
+
+class NcclDeviceAllReduce : public DeviceAllReduce {
+ public:
+  explicit NcclDeviceAllReduce(NcclCommunicator& comm) : comm_(comm) {}
+  ~NcclDeviceAllReduce() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    // Events with work still pending are released once it completes.
+    if (ready_) ::cudaEventDestroy(ready_);
+    if (joined_) ::cudaEventDestroy(joined_);
+  }
+
+  Status Init() {
+    for (cudaEvent_t* e : {&ready_, &joined_}) {
+      if (cudaError_t err = ::cudaEventCreateWithFlags(e, cudaEventDisableTiming); err != cudaSuccess) {
+        return Unavailable(CudaError("nccl: cudaEventCreate", err));
+      }
+    }
+    watchdog_ = std::thread([this] { Watch(); });
+    return Status::Ok();
+  }
+
+  Status Enqueue(float* data, size_t count, void* stream) override {
+    return comm_.EnqueueSum(data, count, static_cast<cudaStream_t>(stream), ready_);
+  }
+
+  Status Join(void* stream) override {
+    {
+      // The watchdog clears this by the previous Join's deadline at the latest.
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !outstanding_ || !failed_.ok(); });
+      if (!failed_.ok()) return failed_;
+    }
+    RETURN_IF_ERROR(comm_.RecordJoin(joined_, static_cast<cudaStream_t>(stream)));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      outstanding_ = true;
+      joined_at_ = Clock::now();
+    }
+    cv_.notify_all();
+    return Status::Ok();
+  }
+
+ private:
+  void Watch() {
+    ::cudaSetDevice(comm_.device_);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || outstanding_; });
+      if (stop_) return;
+      const Clock::time_point deadline = joined_at_ + comm_.timeout_;
+      lock.unlock();
+      {
+        std::unique_lock<std::mutex> comm_lock(comm_.mu_);
+        Status st = comm_.AwaitEvent(joined_, "allreduce", deadline, comm_lock, /*spin=*/false, &stopping_);
+        if (!st.ok() && !comm_.broken_) {
+          // Join() reports it now: aborting may take until the stream gets past what it waits for.
+          {
+            std::lock_guard<std::mutex> l(mu_);
+            failed_ = st;
+          }
+          cv_.notify_all();
+          comm_.Break(st);  // every later call returns it
+        }
+      }
+      lock.lock();
+      outstanding_ = false;
+      cv_.notify_all();
+    }
+  }
+
+  NcclCommunicator& comm_;
+  cudaEvent_t ready_ = nullptr;   // recorded on the caller's stream before each sum
+  cudaEvent_t joined_ = nullptr;  // recorded on the communicator's stream at each Join
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool outstanding_ = false;  // joined_ not yet seen complete by the watchdog
+  Status failed_;             // the watchdog's verdict, once it gave up
+  bool stop_ = false;
+  std::atomic<bool> stopping_{false};
+  Clock::time_point joined_at_;
+  std::thread watchdog_;
+};
+
+Result<std::unique_ptr<DeviceAllReduce>> NcclCommunicator::MakeDeviceAllReduce() {
+  auto sum = std::make_unique<NcclDeviceAllReduce>(*this);
+  RETURN_IF_ERROR(sum->Init());
+  return std::unique_ptr<DeviceAllReduce>(std::move(sum));
+}
 
 }  // namespace
 
