@@ -34,6 +34,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "common/cpus.h"
 #include "common/random.h"
 
 namespace trainctl::comm {
@@ -93,14 +94,6 @@ inline void CpuRelax() {
 #elif defined(__aarch64__)
   asm volatile("yield");
 #endif
-}
-
-// CPUs this process may run on.
-int UsableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  return CPU_COUNT(&set);
 }
 
 // Creates the file of a segment that is not mapped yet, with its memory reserved: a full
@@ -211,8 +204,9 @@ class ShmCommunicator : public Communicator {
 
   // Waits until find_missing(&ranks) leaves `ranks` empty (the ranks this one still waits for).
   // Peers doing the same work arrive within microseconds to a millisecond of each other: when
-  // every rank has a CPU of its own it spins that long (waking from the futex costs ~0.1 ms in a
-  // VM), then sleeps on the bell. A missing peer that exited breaks the communicator within about
+  // every rank has a CPU of its own (the affinity mask, and a container's CPU quota, which
+  // spinning would spend) it spins that long (waking from the futex costs ~0.1 ms in a VM), then
+  // sleeps on the bell. A missing peer that exited breaks the communicator within about
   // 100 ms; one that stays away past the timeout too, named.
   template <class FindMissing>
   Status Wait(const char* what, FindMissing find_missing) {

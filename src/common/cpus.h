@@ -1,0 +1,19 @@
+// How many CPUs this process can keep busy: its affinity mask, capped by the CPU quota of its
+// cgroup (a container's CPU limit, as Kubernetes sets it), which the mask does not show.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace trainctl {
+
+// min(CPUs in the affinity mask, the cgroup's quota rounded down), at least 1.
+int UsableCpus();
+
+// The CPU quota, in CPUs, that applies to the cgroup named by `self_cgroup` (the text of
+// /proc/self/cgroup) under `root` (/sys/fs/cgroup): the smallest cpu.max ("QUOTA PERIOD") from
+// that cgroup up to `root` on cgroup v2, else cgroup v1's cpu/cpu.cfs_quota_us over
+// cpu.cfs_period_us. nullopt where there is no quota ("max", -1) or nothing can be read.
+std::optional<double> CgroupCpuQuota(const std::string& root, const std::string& self_cgroup);
+
+}  // namespace trainctl

@@ -1,0 +1,63 @@
+#include "common/cpus.h"
+
+#include <gtest/gtest.h>
+
+#include "common/fs.h"
+#include "tests/test_util.h"
+
+namespace trainctl {
+namespace {
+
+// A cgroup v2 tree as the kernel shows it: the container's limit of 1.5 CPUs sits on an
+// ancestor, its own cgroup has none; the smallest one on the way up applies.
+TEST(Cpus, TheSmallestCgroupV2QuotaOnThePathUpApplies) {
+  testing::Scratch s;
+  ASSERT_TRUE(MakeDirs(s.path("kubepods/pod1/ctr")).ok());
+  ASSERT_TRUE(AtomicWriteFile(s.path("cgroup.controllers"), "cpu memory\n").ok());
+  ASSERT_TRUE(AtomicWriteFile(s.path("kubepods/cpu.max"), "400000 100000\n").ok());
+  ASSERT_TRUE(AtomicWriteFile(s.path("kubepods/pod1/cpu.max"), "150000 100000\n").ok());
+  ASSERT_TRUE(AtomicWriteFile(s.path("kubepods/pod1/ctr/cpu.max"), "max 100000\n").ok());
+  auto q = CgroupCpuQuota(s.path(""), "0::/kubepods/pod1/ctr\n");
+  ASSERT_TRUE(q.has_value());
+  EXPECT_DOUBLE_EQ(*q, 1.5);
+  // The same tree seen from inside a cgroup namespace: the container is the root.
+  ASSERT_TRUE(AtomicWriteFile(s.path("cpu.max"), "50000 100000\n").ok());
+  q = CgroupCpuQuota(s.path(""), "0::/\n");
+  ASSERT_TRUE(q.has_value());
+  EXPECT_DOUBLE_EQ(*q, 0.5);
+}
+
+TEST(Cpus, NoQuotaOrAnUnreadableOneMeansNoLimit) {
+  testing::Scratch s;
+  ASSERT_TRUE(AtomicWriteFile(s.path("cgroup.controllers"), "cpu\n").ok());
+  ASSERT_TRUE(AtomicWriteFile(s.path("cpu.max"), "max 100000\n").ok());
+  EXPECT_FALSE(CgroupCpuQuota(s.path(""), "0::/\n").has_value());
+  ASSERT_TRUE(AtomicWriteFile(s.path("cpu.max"), "lots 100000\n").ok());
+  EXPECT_FALSE(CgroupCpuQuota(s.path(""), "0::/\n").has_value());
+  EXPECT_FALSE(CgroupCpuQuota(s.path("missing"), "0::/\n").has_value());
+}
+
+TEST(Cpus, CgroupV1QuotaOverPeriod) {
+  testing::Scratch s;
+  ASSERT_TRUE(MakeDirs(s.path("cpu")).ok());
+  ASSERT_TRUE(AtomicWriteFile(s.path("cpu/cpu.cfs_quota_us"), "300000\n").ok());
+  ASSERT_TRUE(AtomicWriteFile(s.path("cpu/cpu.cfs_period_us"), "100000\n").ok());
+  const std::string v1 = "12:cpu,cpuacct:/docker/abc\n11:memory:/docker/abc\n";
+  auto q = CgroupCpuQuota(s.path(""), v1);
+  ASSERT_TRUE(q.has_value());
+  EXPECT_DOUBLE_EQ(*q, 3.0);
+  ASSERT_TRUE(AtomicWriteFile(s.path("cpu/cpu.cfs_quota_us"), "-1\n").ok());
+  EXPECT_FALSE(CgroupCpuQuota(s.path(""), v1).has_value());
+}
+
+// This machine: at least one CPU, and no more than the affinity mask has.
+TEST(Cpus, UsableCpusIsBetweenOneAndTheAffinityMask) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  EXPECT_GE(UsableCpus(), 1);
+  EXPECT_LE(UsableCpus(), CPU_COUNT(&set));
+}
+
+}  // namespace
+}  // namespace trainctl
