@@ -110,6 +110,10 @@ TEST(Shm, SharedAverageGivesEveryRankTheMeanInTheSameBits) {
       for (size_t i = kCount / 2; i < kCount; ++i) in[i] = std::sin(float(i) * (r + 1) + round);
       if (Status s = (*avg)->Average(); !s.ok()) return s;
       got[r].assign((*avg)->result(), (*avg)->result() + kCount);  // valid until the next call
+      // Every input was zeroed for its next use (the trainer accumulates into it unzeroed).
+      for (size_t i = 0; i < kCount; ++i) {
+        if (in[i] != 0) return Internal("input " + std::to_string(i) + " of rank " + std::to_string(r) + " not zeroed");
+      }
     }
     return Status::Ok();
   });

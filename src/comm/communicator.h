@@ -30,8 +30,9 @@ namespace trainctl::comm {
 class SharedAverage {
  public:
   virtual ~SharedAverage() = default;
-  // This rank's contribution to the next Average() (count floats); it may be a different
-  // buffer after each call.
+  // This rank's contribution to the next Average() (count floats), all zeros until this rank
+  // writes to it (Average() zeroes the inputs it has read); it may be a different buffer after
+  // each call.
   virtual float* input() = 0;
   // The mean, the same bits on every rank (count floats); written by Average(), valid until
   // the next call.
@@ -39,7 +40,8 @@ class SharedAverage {
   // Optional, before Average(): input()[0, ready) is final, and peers that wait in Average()
   // may average it already.
   virtual void Post(size_t ready) = 0;
-  // A collective: result[i] = (input_0[i] + ... + input_{n-1}[i]) / n, added in rank order.
+  // A collective: result[i] = (input_0[i] + ... + input_{n-1}[i]) / n, added in rank order;
+  // every input is zero afterwards.
   virtual Status Average() = 0;
 };
 

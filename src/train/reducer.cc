@@ -120,8 +120,12 @@ Status GradientReducer::BroadcastParameters() {
 }
 
 void GradientReducer::ZeroGrad() {
-  if (shared_ && shared_->input() != flat_grads_.data_ptr<float>()) UseGradBuffer(shared_->input());
-  flat_grads_.zero_();
+  if (shared_) {
+    // The shared average hands out its inputs zeroed: it cleared them as it read them.
+    if (shared_->input() != flat_grads_.data_ptr<float>()) UseGradBuffer(shared_->input());
+  } else {
+    flat_grads_.zero_();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& b : buckets_) b.ready = 0;
   next_to_reduce_ = 0;

@@ -20,7 +20,8 @@
 // buffer is this rank's input of the communicator's SharedAverage, so backward writes where the
 // peers read; a complete bucket is posted to it, and in Finish() the ranks average the posted
 // buckets, the rank that finished backward first starting while the others still compute. Then
-// flat_grads() is the shared average, and the parameters' .grad() stay this rank's own.
+// flat_grads() is the shared average, and the parameters' .grad() are zero, ready for the next
+// backward (the average clears what it has read, so ZeroGrad has nothing to do).
 //
 // Threads: ZeroGrad/Finish/Broadcast from the training thread only; hooks run on the thread that
 // calls backward. Errors (a peer gone, a timeout) come back from Finish(); after one, the reducer

@@ -66,10 +66,10 @@ size_t ControlBytes(int size) {
 // Stays in L1 while every rank's input is added to it.
 constexpr size_t kAverageBlock = 4096;
 
-// out[i] = (in[i] + in[stride + i] + ...) / size for i < len, added in rank order. Whole blocks
+// out[i] = (in[i] + in[stride + i] + ...) / size for i < len, added in rank order; then the
+// inputs are zeroed for their next use, while their lines are in this core's cache. Whole blocks
 // have a constant length and no pointer aliases another, so the compiler vectorizes them.
-void AverageBlock(const float* __restrict in, size_t stride, int size, size_t len,
-                  float* __restrict out) {
+void AverageBlock(float* __restrict in, size_t stride, int size, size_t len, float* __restrict out) {
   const float n = float(size);
   if (len != kAverageBlock) {
     for (size_t i = 0; i < len; ++i) {
@@ -77,15 +77,16 @@ void AverageBlock(const float* __restrict in, size_t stride, int size, size_t le
       for (int r = 1; r < size; ++r) sum += in[r * stride + i];
       out[i] = sum / n;
     }
-    return;
+  } else {
+    const float* __restrict second = in + stride;
+    for (size_t i = 0; i < kAverageBlock; ++i) out[i] = in[i] + second[i];
+    for (int r = 2; r < size; ++r) {
+      const float* __restrict next = in + r * stride;
+      for (size_t i = 0; i < kAverageBlock; ++i) out[i] += next[i];
+    }
+    for (size_t i = 0; i < kAverageBlock; ++i) out[i] /= n;
   }
-  const float* __restrict second = in + stride;
-  for (size_t i = 0; i < kAverageBlock; ++i) out[i] = in[i] + second[i];
-  for (int r = 2; r < size; ++r) {
-    const float* __restrict next = in + r * stride;
-    for (size_t i = 0; i < kAverageBlock; ++i) out[i] += next[i];
-  }
-  for (size_t i = 0; i < kAverageBlock; ++i) out[i] /= n;
+  for (int r = 0; r < size; ++r) std::memset(in + r * stride, 0, len * sizeof(float));
 }
 
 inline void CpuRelax() {
@@ -314,7 +315,7 @@ class ShmAverage : public SharedAverage {
     Post(count_);
     const int size = comm_->size();
     const uint64_t first = calls_ * blocks_, end = first + blocks_;
-    const float* in = inputs();
+    float* in = inputs();
     uint64_t t = control_->next.load(std::memory_order_acquire);
     while (t < end) {
       const uint64_t i = t - first;
