@@ -238,8 +238,9 @@ Status GradientReducer::Finish() {
       armed_ = false;
       st = error_;
     }
+    // Not counted as waiting: Join waits for the GPU to finish the step before, and the sums
+    // in it run beside its kernels, so the host cannot tell them apart.
     if (st.ok()) st = device_sum_->Join(CurrentStream(device_));
-    wait_seconds_ += SecondsSince(start);
     if (!st.ok()) return st;
     if (comm_->size() > 1) flat_grads_.div_(static_cast<float>(comm_->size()));
     return Status::Ok();

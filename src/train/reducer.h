@@ -62,7 +62,8 @@ class GradientReducer {
   // The averaged gradients, after Finish().
   torch::Tensor flat_grads() const { return flat_mean_; }
   size_t bucket_count() const { return buckets_.size(); }
-  // Seconds Finish() spent waiting for allreduces since the last call; resets the count.
+  // Seconds Finish() spent waiting for allreduces since the last call; resets the count. Always
+  // 0 with sums queued on the GPU, which overlap its kernels where the host cannot time them.
   double TakeWaitSeconds();
 
  private:
