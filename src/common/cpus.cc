@@ -7,12 +7,17 @@
 #include <sstream>
 
 #include "common/fs.h"
+#include "common/strings.h"
 
 namespace trainctl {
 namespace {
 
-// "QUOTA PERIOD" in microseconds (cgroup v2's cpu.max); nullopt for "max" or anything else.
-std::optional<double> ParseQuota(const std::string& quota, const std::string& period) {
+// "QUOTA PERIOD" (microseconds, as cgroup v2's cpu.max has them) in CPUs; nullopt for "max",
+// a negative quota (v1's "none") or anything else.
+std::optional<double> ParseQuota(const std::string& text) {
+  std::istringstream fields(text);
+  std::string quota, period, extra;
+  if (!(fields >> quota >> period) || fields >> extra) return std::nullopt;
   try {
     size_t end = 0;
     long long q = std::stoll(quota, &end);
@@ -25,11 +30,6 @@ std::optional<double> ParseQuota(const std::string& quota, const std::string& pe
   }
 }
 
-std::string Trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \n\t"), e = s.find_last_not_of(" \n\t");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
 }  // namespace
 
 std::optional<double> CgroupCpuQuota(const std::string& root, const std::string& self_cgroup) {
@@ -38,25 +38,14 @@ std::optional<double> CgroupCpuQuota(const std::string& root, const std::string&
     if (q && (!best || *q < *best)) best = q;
   };
   // cgroup v2: the line "0::/path"; every cgroup from it up to the root may limit it.
-  std::istringstream lines(self_cgroup);
-  std::string line, v2_path;
-  bool v2 = false;
-  while (std::getline(lines, line)) {
-    if (line.rfind("0::", 0) == 0) {
-      v2 = true;
-      v2_path = line.substr(3);
-    }
+  std::optional<std::string> v2_path;
+  for (const std::string& line : SplitLines(self_cgroup)) {
+    if (line.rfind("0::", 0) == 0) v2_path = line.substr(3);
   }
-  if (v2 && Exists(root + "/cgroup.controllers")) {
-    std::string path = v2_path;
+  if (v2_path && Exists(root + "/cgroup.controllers")) {
+    std::string path = *v2_path;
     while (true) {
-      auto text = ReadFile(root + path + "/cpu.max", 4096);
-      if (text.ok()) {
-        std::istringstream fields(Trim(*text));
-        std::string quota, period;
-        fields >> quota >> period;
-        take(ParseQuota(quota, period));
-      }
+      if (auto text = ReadFile(root + path + "/cpu.max", 4096); text.ok()) take(ParseQuota(*text));
       if (path.empty() || path == "/") break;
       path = path.substr(0, path.find_last_of('/'));
     }
@@ -65,7 +54,7 @@ std::optional<double> CgroupCpuQuota(const std::string& root, const std::string&
   // cgroup v1 (the container's own cpu controller is mounted at root/cpu).
   auto quota = ReadFile(root + "/cpu/cpu.cfs_quota_us", 4096);
   auto period = ReadFile(root + "/cpu/cpu.cfs_period_us", 4096);
-  if (quota.ok() && period.ok()) take(ParseQuota(Trim(*quota), Trim(*period)));
+  if (quota.ok() && period.ok()) take(ParseQuota(*quota + " " + *period));
   return best;
 }
 
