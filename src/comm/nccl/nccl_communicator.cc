@@ -148,7 +148,7 @@ class NcclCommunicator : public Communicator {
     if (broken_) return error_;
     const Clock::time_point deadline = Clock::now() + timeout_;
     // The calling thread may not be the one that connected (the reducer's thread).
-    if (cudaError_t e = ::cudaSetDevice(device_); e != cudaSuccess) return Break(Unavailable(CudaError("nccl", e)));
+    RETURN_IF_ERROR(Check(::cudaSetDevice(device_), "nccl"));
     cudaPointerAttributes attr{};
     const bool on_host = ::cudaPointerGetAttributes(&attr, data) != cudaSuccess ||
                          (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged);
@@ -157,21 +157,17 @@ class NcclCommunicator : public Communicator {
     if (on_host) {
       RETURN_IF_ERROR(EnsureStaging(bytes));
       buf = staging_;
-      if (cudaError_t e = ::cudaMemcpyAsync(buf, data, bytes, cudaMemcpyHostToDevice, stream_); e != cudaSuccess) {
-        return Break(Unavailable(CudaError("nccl: copy to the GPU", e)));
-      }
+      RETURN_IF_ERROR(Check(::cudaMemcpyAsync(buf, data, bytes, cudaMemcpyHostToDevice, stream_),
+                            "nccl: copy to the GPU"));
     }
     ncclResult_t r = enqueue(buf);
     if (r != ncclSuccess && r != ncclInProgress) return Break(NcclStatus(what, r));
     RETURN_IF_ERROR(AwaitEnqueued(what, deadline));
     if (on_host) {
-      if (cudaError_t e = ::cudaMemcpyAsync(data, buf, bytes, cudaMemcpyDeviceToHost, stream_); e != cudaSuccess) {
-        return Break(Unavailable(CudaError("nccl: copy from the GPU", e)));
-      }
+      RETURN_IF_ERROR(Check(::cudaMemcpyAsync(data, buf, bytes, cudaMemcpyDeviceToHost, stream_),
+                            "nccl: copy from the GPU"));
     }
-    if (cudaError_t e = ::cudaEventRecord(done_, stream_); e != cudaSuccess) {
-      return Break(Unavailable(CudaError("nccl: cudaEventRecord", e)));
-    }
+    RETURN_IF_ERROR(Check(::cudaEventRecord(done_, stream_), "nccl: cudaEventRecord"));
     // A step's collectives take microseconds to milliseconds: spin briefly, then back off.
     Status st = AwaitEvent(done_, what, deadline, lock, /*spin=*/true, nullptr);
     return st.ok() || broken_ ? st : Break(st);
@@ -208,18 +204,24 @@ class NcclCommunicator : public Communicator {
     }
   }
 
+  // A CUDA call's result: a failure breaks the communicator. Under mu_.
+  Status Check(cudaError_t e, const char* what) {
+    return e == cudaSuccess ? Status::Ok() : Break(Unavailable(CudaError(what, e)));
+  }
+
+  // Makes `later` wait for the work queued so far on `earlier`, through `event`. Under mu_.
+  Status Order(cudaStream_t earlier, cudaStream_t later, cudaEvent_t event) {
+    RETURN_IF_ERROR(Check(::cudaSetDevice(device_), "nccl"));
+    RETURN_IF_ERROR(Check(::cudaEventRecord(event, earlier), "nccl: cudaEventRecord"));
+    return Check(::cudaStreamWaitEvent(later, event, 0), "nccl: cudaStreamWaitEvent");
+  }
+
   // DeviceAllReduce's calls, under mu_.
   Status EnqueueSum(float* data, size_t count, cudaStream_t after, cudaEvent_t ready) {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_) return error_;
     if (count == 0) return Status::Ok();
-    if (cudaError_t e = ::cudaSetDevice(device_); e != cudaSuccess) return Break(Unavailable(CudaError("nccl", e)));
-    if (cudaError_t e = ::cudaEventRecord(ready, after); e != cudaSuccess) {
-      return Break(Unavailable(CudaError("nccl: cudaEventRecord", e)));
-    }
-    if (cudaError_t e = ::cudaStreamWaitEvent(stream_, ready, 0); e != cudaSuccess) {
-      return Break(Unavailable(CudaError("nccl: cudaStreamWaitEvent", e)));
-    }
+    RETURN_IF_ERROR(Order(after, stream_, ready));
     ncclResult_t r = ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_);
     if (r != ncclSuccess && r != ncclInProgress) return Break(NcclStatus("allreduce", r));
     return AwaitEnqueued("allreduce", Clock::now() + timeout_);
@@ -228,14 +230,7 @@ class NcclCommunicator : public Communicator {
   Status RecordJoin(cudaEvent_t joined, cudaStream_t waiter) {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_) return error_;
-    if (cudaError_t e = ::cudaSetDevice(device_); e != cudaSuccess) return Break(Unavailable(CudaError("nccl", e)));
-    if (cudaError_t e = ::cudaEventRecord(joined, stream_); e != cudaSuccess) {
-      return Break(Unavailable(CudaError("nccl: cudaEventRecord", e)));
-    }
-    if (cudaError_t e = ::cudaStreamWaitEvent(waiter, joined, 0); e != cudaSuccess) {
-      return Break(Unavailable(CudaError("nccl: cudaStreamWaitEvent", e)));
-    }
-    return Status::Ok();
+    return Order(stream_, waiter, joined);
   }
 
   Status EnsureStaging(size_t bytes) {
@@ -243,9 +238,7 @@ class NcclCommunicator : public Communicator {
     if (staging_) ::cudaFree(staging_);
     staging_ = nullptr;
     staging_bytes_ = 0;
-    if (cudaError_t e = ::cudaMalloc(&staging_, bytes); e != cudaSuccess) {
-      return Break(Unavailable(CudaError("nccl: staging buffer", e)));
-    }
+    RETURN_IF_ERROR(Check(::cudaMalloc(&staging_, bytes), "nccl: staging buffer"));
     staging_bytes_ = bytes;
     return Status::Ok();
   }
