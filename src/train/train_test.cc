@@ -237,8 +237,8 @@ TEST(Reducer, FlatGradientsEqualPlainBackward) {
 }
 
 // On a GPU, through NCCL: each bucket's sum is queued on the GPU behind its gradients (queued,
-// not yet computed, when the hook fires), and the stream waits for the sums. Convolution kernels may differ from run to run in the
-// last bits, so this compares with a tolerance.
+// not yet computed, when the hook fires), and the stream waits for the sums. Convolution kernels
+// may differ from run to run in the last bits, so this compares with a tolerance.
 TEST(Reducer, FlatGradientsEqualPlainBackwardOnTheGpu) {
   if (!torch::cuda::is_available() || !comm::NcclAvailable()) {
     GTEST_SKIP() << "needs a GPU and a trainctl built with CUDA and NCCL";

@@ -262,8 +262,8 @@ class NcclDeviceAllReduce : public DeviceAllReduce {
   explicit NcclDeviceAllReduce(NcclCommunicator& comm) : comm_(comm) {}
   ~NcclDeviceAllReduce() override {
     {
+      // Under mu_, so that the watchdog cannot miss it between its check and its wait.
       std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
       stopping_ = true;
     }
     cv_.notify_all();
@@ -309,8 +309,8 @@ class NcclDeviceAllReduce : public DeviceAllReduce {
     ::cudaSetDevice(comm_.device_);
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return stop_ || outstanding_; });
-      if (stop_) return;
+      cv_.wait(lock, [&] { return stopping_ || outstanding_; });
+      if (stopping_) return;
       const Clock::time_point deadline = joined_at_ + comm_.timeout_;
       lock.unlock();
       {
@@ -339,8 +339,7 @@ class NcclDeviceAllReduce : public DeviceAllReduce {
   std::condition_variable cv_;
   bool outstanding_ = false;  // joined_ not yet seen complete by the watchdog
   Status failed_;             // the watchdog's verdict, once it gave up
-  bool stop_ = false;
-  std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopping_{false};  // set under mu_; read without it while polling
   Clock::time_point joined_at_;
   std::thread watchdog_;
 };
