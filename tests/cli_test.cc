@@ -1,7 +1,7 @@
 // End-to-end: the real trainctl binary running real worker processes (POSIX sh programs).
 #include <nlohmann/json.hpp>
 
-#include "agent/agent.h"
+#include "job/keys.h"
 #include "common/exit_codes.h"
 #include "spec/job_spec.h"
 #include "store/tcp/tcp_store.h"
@@ -140,7 +140,7 @@ output_dir: {out}/out
     EXPECT_EQ(CountLines(r.output, "] start " + R + " attempt 0"), 1) << r.output;
     EXPECT_EQ(CountLines(r.output, "] start " + R + " attempt 1"), 1) << r.output;
   }
-  EXPECT_NE(r.output.find("worker rank 3"), std::string::npos);
+  EXPECT_NE(r.output.find("worker 3 (rank 3"), std::string::npos);
   EXPECT_NE(r.output.find("restarting the worker group (restart 1 of 2)"), std::string::npos);
   EXPECT_EQ(Status(s)["restarts"], 1);
   EXPECT_EQ(Status(s)["state"], "succeeded");
@@ -157,7 +157,7 @@ output_dir: {out}/out
 )");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""));
   EXPECT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
-  EXPECT_NE(r.output.find("job broken failed after 1 restart(s) (max_restarts: 1): worker rank 1"),
+  EXPECT_NE(r.output.find("job broken failed after 1 restart(s) (max_restarts: 1): worker 1 (rank 1"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("failed: exit code 7"), std::string::npos);
   EXPECT_NE(r.output.find("| ValueError: bad shard 7"), std::string::npos);
@@ -288,7 +288,10 @@ TEST(Cli, AJobCanRendezvousOnEtcd) {
   auto state = nlohmann::json::parse(**store->TryGet("/trainctl/" + run_id + "/round/0/state"));
   EXPECT_EQ(state["nodes"].size(), 2u) << state;
   EXPECT_TRUE(state["closed"].get<bool>()) << state;
-  EXPECT_EQ(**store->TryGet("/trainctl/" + run_id + "/round/0/succeeded"), "2");
+  // Every one of the 4 tasks reported its success there, and the round ended with the job's.
+  EXPECT_EQ(**store->TryGet("/trainctl/" + run_id + "/round/0/succeeded"), "4");
+  EXPECT_NE(store->TryGet("/trainctl/" + run_id + "/round/0/end")->value_or("").find("\"succeeded\""),
+            std::string::npos);
 }
 
 TEST(Cli, AnUnreachableEtcdIsReportedNotWaitedOnForever) {

@@ -101,7 +101,7 @@ TEST(Elastic, ALostNodeShrinksTheJobAJoiningNodeGrowsItAndTheBudgetIsTheJobs) {
   ExitInfo exit = job.Wait(seconds(30));
   EXPECT_EQ(exit.code, kExitWorkerFailed) << job.Output();
   EXPECT_EQ(joiner.Wait(seconds(30)).code, kExitWorkerFailed) << joiner.Output();
-  EXPECT_NE(job.Output().find("job elastic failed after 1 restart(s) (max_restarts: 1): worker rank 1"),
+  EXPECT_NE(job.Output().find("job elastic failed after 1 restart(s) (max_restarts: 1): worker 1 (rank 1"),
             std::string::npos) << job.Output();
   auto status = nlohmann::json::parse(s.Read("out/status.json"));
   EXPECT_EQ(status["restarts"], 1) << status;

@@ -8,45 +8,21 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/failure.h"
 #include "agent/worker_group.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/subprocess.h"
+#include "job/keys.h"
+#include "job/paths.h"
 #include "rendezvous/rendezvous.h"
 
 namespace trainctl {
 
-namespace keys {
-std::string RoundEnd(int round) { return "round/" + std::to_string(round) + "/end"; }
-std::string RoundSucceeded(int round) { return "round/" + std::to_string(round) + "/succeeded"; }
-std::string RoundMaster(int round) { return "round/" + std::to_string(round) + "/master"; }
-std::string RoundWaiting(int round) { return "round/" + std::to_string(round) + "/waiting"; }
-std::string RoundHeartbeat(int round, int node) {
-  return "round/" + std::to_string(round) + "/heartbeat/" + std::to_string(node);
-}
-}  // namespace keys
-
-std::string StopRecord(const std::string& reason, int code) {
-  return nlohmann::json{{"reason", reason}, {"code", code}}.dump();
-}
-
-bool ParseStopRecord(const std::string& text, std::string* reason, int* code) {
-  try {
-    auto j = nlohmann::json::parse(text);
-    *reason = j.at("reason").get<std::string>();
-    *code = j.at("code").get<int>();
-    return true;
-  } catch (const nlohmann::json::exception&) {
-    return false;
-  }
-}
-
 namespace {
 
-// A port that is free on `host` now. The worker that becomes rank 0 binds it moments later
-// (torch's TCPStore uses SO_REUSEADDR), as torchrun does.
+// A port that is free on `host` now. The task it is for binds it moments later (torch's TCPStore
+// and TensorFlow's servers use SO_REUSEADDR), as torchrun and Kubeflow do.
 Result<int> FreePort(const std::string& host) {
   struct addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -78,16 +54,32 @@ std::string HostName() {
   return buf;
 }
 
+// "host:port" with brackets for an IPv6 address.
+std::string JoinHostPort(const std::string& host, int port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 }  // namespace
 
 struct Agent::Outcome {
-  // kEnded: the round ended (failure or membership change, in `end`); kWaited: this agent was not
-  // in the round and it ended (in `end`); kSucceeded: the job is done.
+  // kEnded: the round ended (failure or membership change, in `end`); kSucceeded: the job is done.
   enum Kind { kSucceeded, kEnded, kStopped, kError } kind = kError;
   int code = kExitError;
   std::string message;
   FailureRecord end;
   bool reported = false;  // this agent wrote `end` (and logs it)
+};
+
+struct Agent::Round {
+  int round = 0;
+  RoundInfo info;
+  std::vector<RoleSpec> roles;
+  std::vector<Task> all;    // every task of the round, by rank
+  std::vector<Task> mine;   // this node's, by local rank
+  int deciders = 0;         // tasks whose success decides the job's
+  std::string master;       // MASTER_ADDR:MASTER_PORT
+  std::vector<std::string> addrs;  // every task's host:port, for TF_CONFIG (jobs with roles)
+  const RoleSpec& RoleOf(const Task& t) const { return *FindRole(roles, t.role); }
 };
 
 Agent::Agent(AgentOptions options, Store* store) : o_(std::move(options)), store_(store) {
@@ -99,7 +91,7 @@ Agent::Agent(AgentOptions options, Store* store) : o_(std::move(options)), store
 Status Agent::CheckStop() {
   if (int sig = StopSignal()) {
     std::string reason = std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " on " + node_id_;
-    auto ignored = store_->CompareSet(keys::kStop, "", StopRecord(reason, kExitInterrupted));
+    auto ignored = store_->CompareSet(keys::kStop, "", StopRecord{reason, kExitInterrupted}.ToJson());
     return Aborted(reason);
   }
   ASSIGN_OR_RETURN(auto stop, store_->TryGet(keys::kStop));
@@ -107,54 +99,69 @@ Status Agent::CheckStop() {
   return Status::Ok();
 }
 
-std::vector<std::string> Agent::WorkerEnv(int local_rank, int group_rank, int group_world_size,
-                                          const std::string& master, int restart) const {
+WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) const {
   const JobSpec& s = o_.spec;
-  std::vector<std::string> env = CurrentEnvironment();
-  for (const auto& [k, v] : s.env) SetEnv(&env, k, v);
-  // Defaults a user or the spec may override.
-  if (!GetEnv(env, "OMP_NUM_THREADS")) {
-    int threads = s.resources.cpus >= 1 ? static_cast<int>(s.resources.cpus) : 1;
-    SetEnv(&env, "OMP_NUM_THREADS", std::to_string(threads));
+  const RoleSpec& role = r.RoleOf(t);
+  WorkerLaunch w;
+  w.local_rank = t.local;
+  w.rank = t.rank;
+  w.label = t.role + "-" + std::to_string(t.index);
+  w.argv = role.command;
+  w.argv.insert(w.argv.end(), role.args.begin(), role.args.end());
+  if (role.command.empty()) {  // the built-in trainer: this same binary, `trainctl train`
+    bool debug = spdlog::get_level() <= spdlog::level::debug;
+    w.argv = {SelfExe(), "--log-level", debug ? "debug" : "info", "train"};
   }
-  if (!GetEnv(env, "PYTHONUNBUFFERED")) SetEnv(&env, "PYTHONUNBUFFERED", "1");
-  // Output reaches a terminal: workers may redraw a status line with '\r' (see OutputPump).
-  if (o_.color_output) SetEnv(&env, "TRAINCTL_TTY", "1");
+  w.env = CurrentEnvironment();
+  for (const auto& [k, v] : role.env) SetEnv(&w.env, k, v);
+  // Defaults a user or the spec may override.
+  if (!GetEnv(w.env, "OMP_NUM_THREADS")) {
+    int threads = role.resources.cpus >= 1 ? static_cast<int>(role.resources.cpus) : 1;
+    SetEnv(&w.env, "OMP_NUM_THREADS", std::to_string(threads));
+  }
+  if (!GetEnv(w.env, "PYTHONUNBUFFERED")) SetEnv(&w.env, "PYTHONUNBUFFERED", "1");
 
-  int nproc = s.procs_per_node;
-  int world = group_world_size * nproc;
-  int rank = group_rank * nproc + local_rank;
-  size_t colon = master.rfind(':');
-  const std::pair<const char*, std::string> contract[] = {
-      {"RANK", std::to_string(rank)},
-      {"LOCAL_RANK", std::to_string(local_rank)},
-      {"WORLD_SIZE", std::to_string(world)},
-      {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-      {"GROUP_RANK", std::to_string(group_rank)},
-      {"GROUP_WORLD_SIZE", std::to_string(group_world_size)},
-      {"ROLE_NAME", "default"},
-      {"ROLE_RANK", std::to_string(rank)},
-      {"ROLE_WORLD_SIZE", std::to_string(world)},
-      {"MASTER_ADDR", master.substr(0, colon)},
-      {"MASTER_PORT", master.substr(colon + 1)},
-      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
-      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(s.restart.max_restarts)},
-      {"TORCHELASTIC_RUN_ID", o_.run_id},
-      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
-      {"TRAINCTL_JOB_NAME", s.name},
-      {"TRAINCTL_RUN_ID", o_.run_id},
-      {"TRAINCTL_OUTPUT_DIR", s.output_dir},
-      {"TRAINCTL_CHECKPOINT_DIR", s.checkpoint_dir},
-      {"TRAINCTL_STORE_ADDR", o_.store_addr},
-      {"TRAINCTL_STORE_TOKEN", o_.store_token},
-      {"TRAINCTL_STORE_PREFIX", o_.store_prefix},
-      {"TRAINCTL_HOST", o_.host},
-  };
-  for (const auto& [k, v] : contract) SetEnv(&env, k, v);
-  return env;
+  TaskEnv e;
+  e.rank = t.rank;
+  e.local_rank = t.local;
+  e.world_size = static_cast<int>(r.all.size());
+  e.local_world_size = t.local_size;
+  e.group_rank = r.info.group_rank;
+  e.group_world_size = r.info.group_world_size;
+  e.role_name = t.role;
+  e.role_rank = t.index;
+  e.role_world_size = t.role_size;
+  const size_t colon = r.master.rfind(':');
+  e.master_addr = r.master.substr(0, colon);
+  e.master_port = std::atoi(r.master.c_str() + colon + 1);
+  e.restart_count = r.info.restarts;
+  e.max_restarts = s.restart.max_restarts;
+  e.run_id = o_.run_id;
+  if (!r.addrs.empty()) {
+    e.tf_config = TfConfig(r.all, r.addrs, t);
+    e.task_addr = r.addrs[t.rank];
+  }
+  e.job_name = s.name;
+  e.output_dir = s.output_dir;
+  e.checkpoint_dir = s.checkpoint_dir;
+  e.store_addr = o_.store_addr;
+  e.store_token = o_.store_token;
+  e.store_prefix = o_.store_prefix;
+  e.host = o_.host;
+  e.round = r.round;
+  e.task_restarts = task_restarts;
+  e.tty = o_.color_output;  // output reaches a terminal: tasks may redraw a status line
+  e.ApplyTo(&w.env);
+
+  w.cwd = s.working_dir;
+  w.log_path = paths::TaskLog(s.output_dir, t.role, t.index);
+  w.log_header = "=== trainctl: run " + o_.run_id + ", round " + std::to_string(r.round) +
+                 ", restart " + std::to_string(r.info.restarts) +
+                 (task_restarts ? ", task restart " + std::to_string(task_restarts) : "") + " ===\n";
+  return w;
 }
 
-FailureRecord Agent::NewFailure(const std::string& kind, int round, int group_rank) const {
+FailureRecord Agent::NewFailure(FailureKind kind, int round, int group_rank) const {
   FailureRecord rec;
   rec.kind = kind;
   rec.round = round;
@@ -171,10 +178,55 @@ Result<FailureRecord> Agent::EndRound(int round, const FailureRecord& rec, bool*
   if (*won && rec.failure()) {
     RETURN_IF_ERROR(store_->Set(keys::kLastFailure, json));
     // Restarts done: a failure past the budget ends the job instead of restarting it.
-    int done = std::min(rec.restarts, o_.spec.restart.max_restarts);
+    int done = rec.final ? rec.restarts : std::min(rec.restarts, o_.spec.restart.max_restarts);
     RETURN_IF_ERROR(store_->Set(keys::kRestarts, std::to_string(done)));
   }
   return FailureRecord::FromJson(now);
+}
+
+Result<std::string> Agent::WaitForKey(int round, const std::string& key) {
+  const auto deadline = Clock::now() + o_.spec.timeouts.rendezvous;
+  while (true) {
+    auto got = store_->Get(key, std::chrono::milliseconds(200));
+    if (got.ok() || got.status().code() != Code::kTimeout) return got;
+    RETURN_IF_ERROR(CheckStop());
+    ASSIGN_OR_RETURN(auto end, store_->TryGet(keys::RoundEnd(round)));
+    if (end) return Aborted("round " + std::to_string(round) + " ended while starting");
+    if (Clock::now() >= deadline) {
+      return Timeout("no " + key + " within timeouts.rendezvous (" +
+                     FormatDuration(o_.spec.timeouts.rendezvous) + ")");
+    }
+  }
+}
+
+Result<std::vector<std::string>> Agent::ExchangeTaskAddrs(const Round& r) {
+  nlohmann::json mine = nlohmann::json::array();
+  for (size_t i = 0; i < r.mine.size(); ++i) {
+    ASSIGN_OR_RETURN(int port, FreePort(o_.host));
+    mine.push_back(JoinHostPort(o_.host, port));
+  }
+  RETURN_IF_ERROR(store_->Set(keys::RoundTaskAddrs(r.round, r.info.group_rank), mine.dump()));
+  std::vector<std::string> addrs(r.all.size());
+  for (int node = 0; node < r.info.group_world_size; ++node) {
+    std::vector<std::string> theirs;
+    if (node == r.info.group_rank) {
+      theirs = mine.get<std::vector<std::string>>();
+    } else {
+      ASSIGN_OR_RETURN(std::string text, WaitForKey(r.round, keys::RoundTaskAddrs(r.round, node)));
+      try {
+        theirs = nlohmann::json::parse(text).get<std::vector<std::string>>();
+      } catch (const nlohmann::json::exception& e) {
+        return Internal("node " + std::to_string(node) + "'s task addresses are malformed: " + e.what());
+      }
+    }
+    std::vector<Task> tasks = TasksOfNode(r.all, node);
+    if (theirs.size() != tasks.size()) {
+      return Internal("node " + std::to_string(node) + " published " + std::to_string(theirs.size()) +
+                      " task addresses for " + std::to_string(tasks.size()) + " tasks");
+    }
+    for (size_t i = 0; i < tasks.size(); ++i) addrs[tasks[i].rank] = theirs[i];
+  }
+  return addrs;
 }
 
 // This agent is not in round `round` (it was full): wait, as a node waiting to join, until the
@@ -192,39 +244,36 @@ Agent::Outcome Agent::WaitOutRound(int round, const RoundInfo& full) {
     WaitSignal(std::chrono::milliseconds(200));
     if (Status st = CheckStop(); !st.ok()) return Stopped(st);
     auto end = store_->TryGet(keys::RoundEnd(round));
-    auto done = store_->TryGet(keys::RoundSucceeded(round));
-    if (!end.ok() || !done.ok()) {
-      out.message = "lost the job's store: " + (end.ok() ? done.status() : end.status()).ToString();
+    if (!end.ok()) {
+      out.message = "lost the job's store: " + end.status().ToString();
       return out;
     }
-    if (end->has_value()) {
-      auto rec = FailureRecord::FromJson(**end);
-      if (!rec.ok()) {
-        out.message = rec.status().message();
-        return out;
-      }
-      out.kind = Outcome::kEnded;
-      out.end = *rec;
+    if (!end->has_value()) continue;
+    auto rec = FailureRecord::FromJson(**end);
+    if (!rec.ok()) {
+      out.message = rec.status().message();
       return out;
     }
-    if (done->has_value() && std::atoi((*done)->c_str()) >= full.group_world_size) {
+    if (rec->kind == FailureKind::kSucceeded) {
       LOG_INFO("the job finished before this node could join it");
       out.kind = Outcome::kSucceeded;
       out.code = kExitOk;
       return out;
     }
+    out.kind = Outcome::kEnded;
+    out.end = *rec;
+    return out;
   }
 }
 
 Agent::Outcome Agent::Stopped(const Status& why) {
   Outcome out;
-  std::string reason = why.message();
-  int code = kExitInterrupted;
-  std::string parsed;
-  if (ParseStopRecord(why.message(), &parsed, &code)) reason = parsed;
+  StopRecord stop{why.message(), kExitInterrupted};
+  StopRecord parsed;
+  if (StopRecord::FromJson(why.message(), &parsed)) stop = parsed;
   out.kind = Outcome::kStopped;
-  out.code = code;
-  out.message = reason;
+  out.code = stop.code;
+  out.message = stop.reason;
   return out;
 }
 
@@ -266,58 +315,70 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
     if (!peek.ok() || !peek->has_value()) return error(kExitError, "rendezvous round " + std::to_string(round) + " vanished");
     return WaitOutRound(round, **peek);
   }
-  const RoundInfo info = **joined;
+  Round r;
+  r.round = round;
+  r.info = **joined;
+  const RoundInfo& info = r.info;
   const int restart = info.restarts;
   log::SetContext(s.name, "node=" + std::to_string(info.group_rank), restart);
+  r.roles = JobRoles(s, info.group_world_size);
+  std::vector<RoleSize> sizes;
+  for (const auto& role : r.roles) sizes.push_back({role.name, role.replicas});
+  r.all = PlaceTasks(sizes, info.group_world_size);
+  r.mine = TasksOfNode(r.all, info.group_rank);
+  for (const auto& t : r.all) r.deciders += r.RoleOf(t).success ? 1 : 0;
   if (info.group_rank == 0 && (round > 0 || info.group_world_size < s.nodes.max)) {
     LOG_INFO("round {}: {} node(s), world size {} (restart {} of {})", round, info.group_world_size,
-             info.group_world_size * s.procs_per_node, restart, s.restart.max_restarts);
+             r.all.size(), restart, s.restart.max_restarts);
   }
 
-  std::string master;
+  // Where rank 0 serves torch's store, and (jobs with roles) every task's own address.
+  auto stopped_or_error = [&](const Status& st, const std::string& what) {
+    if (st.code() == Code::kAborted) {
+      // A stop, or the round ended while this node was starting: a peer failed to start.
+      auto end = store_->TryGet(keys::RoundEnd(round));
+      if (end.ok() && end->has_value()) {
+        if (auto rec = FailureRecord::FromJson(**end); rec.ok()) {
+          out.kind = rec->kind == FailureKind::kSucceeded ? Outcome::kSucceeded : Outcome::kEnded;
+          out.code = kExitOk;
+          out.end = *rec;
+          return out;
+        }
+      }
+      return Stopped(st);
+    }
+    return error(kExitError, what + ": " + st.ToString());
+  };
   if (info.group_rank == 0) {
     auto port = FreePort(o_.host);
     if (!port.ok()) return error(kExitError, port.status().message());
-    master = o_.host + ":" + std::to_string(*port);
-    if (Status st = store_->Set(keys::RoundMaster(round), master); !st.ok()) {
+    r.master = JoinHostPort(o_.host, *port);
+    if (Status st = store_->Set(keys::RoundMaster(round), r.master); !st.ok()) {
       return error(kExitError, "lost the job's store: " + st.ToString());
     }
   } else {
-    auto got = store_->Get(keys::RoundMaster(round), s.timeouts.rendezvous);
-    if (!got.ok()) return error(kExitError, "no master address for round " + std::to_string(round) +
-                                                ": " + got.status().ToString());
-    master = *got;
+    auto got = WaitForKey(round, keys::RoundMaster(round));
+    if (!got.ok()) return stopped_or_error(got.status(), "no master address for round " + std::to_string(round));
+    r.master = *got;
+  }
+  if (!s.roles.empty()) {
+    auto addrs = ExchangeTaskAddrs(r);
+    if (!addrs.ok()) return stopped_or_error(addrs.status(), "cannot learn the tasks' addresses");
+    r.addrs = std::move(*addrs);
   }
 
   std::vector<WorkerLaunch> launches;
-  std::vector<std::string> argv = s.command;
-  argv.insert(argv.end(), s.args.begin(), s.args.end());
-  if (s.trainer.enabled) {  // the built-in trainer: this same binary, `trainctl train`
-    bool debug = spdlog::get_level() <= spdlog::level::debug;
-    argv = {SelfExe(), "--log-level", debug ? "debug" : "info", "train"};
-  }
-  for (int local = 0; local < s.procs_per_node; ++local) {
-    WorkerLaunch w;
-    w.local_rank = local;
-    w.rank = info.group_rank * s.procs_per_node + local;
-    w.argv = argv;
-    w.env = WorkerEnv(local, info.group_rank, info.group_world_size, master, restart);
-    SetEnv(&w.env, "TRAINCTL_ROUND", std::to_string(round));
-    w.cwd = s.working_dir;
-    w.log_path = s.output_dir + "/logs/worker-" + std::to_string(w.rank) + ".log";
-    w.log_header = "=== trainctl: run " + o_.run_id + ", round " + std::to_string(round) +
-                   ", restart " + std::to_string(restart) + " ===\n";
-    launches.push_back(std::move(w));
-  }
-
+  for (const auto& t : r.mine) launches.push_back(Launch(r, t, 0));
   WorkerGroup group(o_.color_output);
-  LOG_DEBUG("round {}: node {} of {}, master {}, starting {} workers", round, info.group_rank,
-            info.group_world_size, master, launches.size());
+  LOG_DEBUG("round {}: node {} of {}, master {}, starting {} tasks", round, info.group_rank,
+            info.group_world_size, r.master, launches.size());
   if (Status st = group.Start(launches); !st.ok()) {
-    FailureRecord rec = NewFailure("start", round, info.group_rank);
+    FailureRecord rec = NewFailure(FailureKind::kStart, round, info.group_rank);
     rec.restarts = restart + 1;
-    rec.rank = launches[0].rank;
+    rec.rank = r.mine[0].rank;
     rec.local_rank = 0;
+    rec.role = r.mine[0].role;
+    rec.task_index = r.mine[0].index;
     rec.exit = st.message();
     return ended(rec);
   }
@@ -330,8 +391,48 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   auto watched_seen = Clock::now();
   auto next_beat = Clock::now();
   int64_t beats = 0;
+  std::vector<int> task_restarts(r.mine.size(), 0);
 
-  bool reported_success = false;
+  // The round ended with `rec` (this agent's or a peer's): stop, or let finish, the tasks.
+  auto finish_round = [&](const FailureRecord& rec) -> Outcome {
+    if (rec.kind != FailureKind::kSucceeded) {
+      group.Stop(s.timeouts.stop_grace);
+      out.kind = Outcome::kEnded;
+      out.end = rec;
+      return out;
+    }
+    // Roles with `finish` end on their own (the evaluator's last model); the rest stop now.
+    std::vector<int> now, later;
+    for (const auto& t : r.mine) (r.RoleOf(t).finish ? later : now).push_back(t.local);
+    group.StopSome(now, s.timeouts.stop_grace);
+    const auto deadline = Clock::now() + s.timeouts.finish;
+    bool said = false;
+    for (auto left = later; !left.empty() && Clock::now() < deadline;) {
+      if (!said) {
+        LOG_INFO("the job succeeded; waiting up to {} (timeouts.finish) for {} task(s) to finish",
+                 FormatDuration(s.timeouts.finish), left.size());
+        said = true;
+      }
+      WaitSignal(o_.poll_interval);
+      if (StopSignal()) break;
+      for (const WorkerExit& e : group.ReapExited()) {
+        const Task& t = r.mine[e.local_rank];
+        if (!e.exit.success()) LOG_WARN("{} {} ended with {} after the job succeeded", t.role, t.index, e.exit.Describe());
+        left.erase(std::remove(left.begin(), left.end(), e.local_rank), left.end());
+      }
+    }
+    group.Stop(s.timeouts.stop_grace);  // what did not finish in time, and the process groups
+    out.kind = Outcome::kSucceeded;
+    out.code = kExitOk;
+    return out;
+  };
+  auto round_end = [&]() -> Result<std::optional<FailureRecord>> {
+    ASSIGN_OR_RETURN(auto end, store_->TryGet(keys::RoundEnd(round)));
+    if (!end) return std::optional<FailureRecord>();
+    ASSIGN_OR_RETURN(FailureRecord rec, FailureRecord::FromJson(*end));
+    return std::optional<FailureRecord>(rec);
+  };
+
   while (true) {
     WaitSignal(o_.poll_interval);
     if (Status st = CheckStop(); !st.ok()) {
@@ -340,33 +441,70 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       return error(kExitError, "lost the job's store: " + st.ToString());
     }
     for (const WorkerExit& e : group.ReapExited()) {
-      if (e.exit.success()) continue;
-      FailureRecord rec = NewFailure("worker", round, info.group_rank);
+      const Task& t = r.mine[e.local_rank];
+      const RoleSpec& role = r.RoleOf(t);
+      if (e.exit.success()) {
+        if (!role.success) continue;
+        auto n = store_->Add(keys::RoundSucceeded(round), 1);
+        if (!n.ok()) {
+          group.Stop(s.timeouts.stop_grace);
+          return error(kExitError, "lost the job's store: " + n.status().ToString());
+        }
+        if (*n == r.deciders) {  // the last one: the job has succeeded
+          FailureRecord rec = NewFailure(FailureKind::kSucceeded, round, info.group_rank);
+          rec.restarts = restart;
+          rec.exit = "the job succeeded";
+          auto won = EndRound(round, rec, &out.reported);
+          if (!won.ok()) return error(kExitError, "lost the job's store: " + won.status().ToString());
+          return finish_round(*won);
+        }
+        continue;
+      }
+      // A failure, unless the job succeeded a moment ago and this task lost what it needed.
+      auto end = round_end();
+      if (end.ok() && end->has_value() && (*end)->kind == FailureKind::kSucceeded) return finish_round(**end);
+      FailureRecord rec = NewFailure(FailureKind::kTask, round, info.group_rank);
       rec.restarts = restart + 1;
       rec.rank = e.rank;
       rec.local_rank = e.local_rank;
+      rec.role = t.role;
+      rec.task_index = t.index;
       rec.pid = e.pid;
       rec.exit = e.exit.Describe();
       rec.log_path = launches[e.local_rank].log_path;
       rec.last_lines = group.Tail(e.local_rank, std::chrono::milliseconds(500));
-      Outcome o = ended(rec);  // first, so peers stop their workers meanwhile
+      if (role.on_failure == "ignore") {
+        LOG_WARN("{}; the job goes on without it ({}.on_failure: ignore)", rec.Summary(), t.role);
+        // For status.json; the job goes on even if the store missed it.
+        if (store_->Add(keys::kIgnoredFailures, 1).ok()) {
+          (void)store_->Set(keys::kLastIgnoredFailure, rec.ToJson());
+        }
+        continue;
+      }
+      if (role.on_failure == "restart_task") {
+        auto n = store_->Add(keys::kTaskRestarts, 1);
+        if (n.ok() && *n <= s.restart.max_restarts) {
+          task_restarts[e.local_rank]++;
+          LOG_WARN("{}; restarting it alone (task restart {} of {})", rec.Summary(), *n, s.restart.max_restarts);
+          if (Status st = group.Restart(e.local_rank, Launch(r, t, task_restarts[e.local_rank])); st.ok()) continue;
+          else rec.exit += "; its restart failed: " + st.message();
+        }
+        rec.restarts = restart;  // no group restart: the task budget is spent, the job fails
+        rec.final = true;
+        rec.exit += " (restart.max_restarts: " + std::to_string(s.restart.max_restarts) +
+                    " task restarts spent)";
+      }
+      Outcome o = ended(rec);  // first, so peers stop their tasks meanwhile
       group.Stop(s.timeouts.stop_grace);
       return o;
     }
-    auto end = store_->TryGet(keys::RoundEnd(round));
+    auto end = round_end();
     if (!end.ok()) {
       group.Stop(s.timeouts.stop_grace);
       return error(kExitError, "lost the job's store: " + end.status().ToString());
     }
-    if (end->has_value()) {
-      group.Stop(s.timeouts.stop_grace);
-      auto rec = FailureRecord::FromJson(**end);
-      if (!rec.ok()) return error(kExitError, rec.status().message());
-      out.kind = Outcome::kEnded;
-      out.end = *rec;
-      return out;
-    }
-    if (Clock::now() >= next_beat && !reported_success) {
+    if (end->has_value()) return finish_round(**end);
+    if (Clock::now() >= next_beat) {
       next_beat = Clock::now() + hb_every;
       Status st = store_->Set(keys::RoundHeartbeat(round, info.group_rank), std::to_string(++beats));
       auto beat = st.ok() ? store_->TryGet(keys::RoundHeartbeat(round, watched))
@@ -379,12 +517,12 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
         watched_beat = beat->value_or("");
         watched_seen = Clock::now();
       } else if (watched != info.group_rank && Clock::now() - watched_seen >= s.timeouts.heartbeat) {
-        FailureRecord rec = NewFailure("node_lost", round, watched);
+        FailureRecord rec = NewFailure(FailureKind::kNodeLost, round, watched);
         rec.restarts = restart + 1;
         rec.host = info.nodes[watched];
         rec.exit = "its agent sent no heartbeat for " + FormatDuration(s.timeouts.heartbeat) +
                    " (timeouts.heartbeat)";
-        Outcome o = ended(rec);  // first, so peers stop their workers meanwhile
+        Outcome o = ended(rec);  // first, so peers stop their tasks meanwhile
         group.Stop(s.timeouts.stop_grace);
         return o;
       }
@@ -392,29 +530,13 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       if (info.group_rank == 0 && info.group_world_size < s.nodes.max) {
         auto waiting = store_->TryGet(keys::RoundWaiting(round));
         if (waiting.ok() && waiting->has_value() && std::atoi((*waiting)->c_str()) > 0) {
-          FailureRecord rec = NewFailure("membership", round, info.group_rank);
+          FailureRecord rec = NewFailure(FailureKind::kMembership, round, info.group_rank);
           rec.restarts = restart;
           rec.exit = **waiting + " node(s) waiting to join; restarting the worker group with them";
-          Outcome o = ended(rec);  // first, so peers stop their workers meanwhile
+          Outcome o = ended(rec);  // first, so peers stop their tasks meanwhile
           group.Stop(s.timeouts.stop_grace);
           return o;
         }
-      }
-    }
-    if (!reported_success && group.AllExited()) {
-      // Every local worker exited 0 (a failure would have ended the round above).
-      if (auto n = store_->Add(keys::RoundSucceeded(round), 1); !n.ok()) {
-        return error(kExitError, "lost the job's store: " + n.status().ToString());
-      }
-      reported_success = true;
-    }
-    if (reported_success) {
-      auto n = store_->TryGet(keys::RoundSucceeded(round));
-      if (n.ok() && n->has_value() && std::atoll((*n)->c_str()) >= info.group_world_size) {
-        group.Stop(Duration(0));  // reaps nothing; cleans up the workers' process groups
-        out.kind = Outcome::kSucceeded;
-        out.code = kExitOk;
-        return out;
       }
     }
   }
@@ -426,11 +548,11 @@ int Agent::Run() {
   struct RemoveSnapshot {
     std::string dir;
     ~RemoveSnapshot() { RemoveAll(dir); }
-  } remove_snapshot{SnapshotDir(o_.run_id)};
-  // Orphans of our workers come back to us instead of init, so none outlives the job unreaped.
+  } remove_snapshot{paths::SnapshotDir(o_.run_id)};
+  // Orphans of our tasks come back to us instead of init, so none outlives the job unreaped.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   log::SetContext(s.name, o_.node_rank >= 0 ? "node=" + std::to_string(o_.node_rank) : "agent", 0);
-  if (Status st = MakeDirs(s.output_dir + "/logs"); !st.ok()) {
+  if (Status st = MakeDirs(paths::LogsDir(s.output_dir)); !st.ok()) {
     LOG_ERROR("{}", st.message());
     return kExitError;
   }
@@ -460,8 +582,9 @@ int Agent::Run() {
         break;
     }
     const FailureRecord& f = out.end;
+    if (f.kind == FailureKind::kSucceeded) return kExitOk;
     restarts = f.restarts;
-    if (f.kind == "start") {
+    if (f.kind == FailureKind::kStart) {
       if (out.reported) LOG_ERROR("{}", f.Summary());
       return kExitWorkerFailed;
     }
@@ -469,7 +592,7 @@ int Agent::Run() {
       if (out.reported) LOG_INFO("{}", f.Summary());
       continue;
     }
-    if (f.restarts > s.restart.max_restarts) {
+    if (f.final || f.restarts > s.restart.max_restarts) {
       if (out.reported) {
         LOG_ERROR("{}; no restarts left (max_restarts: {})", f.Summary(), s.restart.max_restarts);
       }

@@ -36,16 +36,24 @@ OutputPump::~OutputPump() {
   if (wake_[1] >= 0) ::close(wake_[1]);
 }
 
-void OutputPump::Add(int rank, int read_fd, int log_fd) {
+void OutputPump::Add(int id, const std::string& label, int read_fd, int log_fd) {
   static const char* kColors[] = {"\033[36m", "\033[32m", "\033[33m", "\033[35m",
                                   "\033[34m", "\033[96m", "\033[92m", "\033[93m"};
   Stream s;
   s.fd = read_fd;
   s.log_fd = log_fd;
-  std::string tag = "[worker-" + std::to_string(rank) + "] ";
-  s.prefix = color_ ? std::string(kColors[rank % 8]) + tag + "\033[0m" : tag;
-  std::lock_guard<std::mutex> lock(mu_);
-  streams_[rank] = std::move(s);
+  std::string tag = "[" + label + "] ";
+  s.prefix = color_ ? std::string(kColors[id % 8]) + tag + "\033[0m" : tag;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_[id] = next_key_;
+    streams_[next_key_++] = std::move(s);
+  }
+  if (started_) {  // the loop polls a fixed set of fds: wake it to add this one
+    char b = 'a';
+    ssize_t ignored = ::write(wake_[1], &b, 1);
+    (void)ignored;
+  }
 }
 
 void OutputPump::Start() {
@@ -113,16 +121,17 @@ void OutputPump::Loop() {
         ranks.push_back(rank);
       }
     }
-    if (fds.empty()) return;
-    fds.push_back({wake_[0], POLLIN, 0});
+    if (fds.empty() && stopping) return;
+    fds.push_back({wake_[0], POLLIN, 0});  // a stop, or a stream added (a restarted task)
     // When stopping, take only what is already there.
     int rc = ::poll(fds.data(), fds.size(), stopping ? 0 : -1);
     if (rc < 0 && errno == EINTR) continue;
     if (rc <= 0 && stopping) return;
     if (fds.back().revents) {
-      stopping = true;
       char drain[64];
-      while (::read(wake_[0], drain, sizeof drain) > 0) {}
+      for (ssize_t n; (n = ::read(wake_[0], drain, sizeof drain)) > 0;) {
+        for (ssize_t i = 0; i < n; ++i) stopping = stopping || drain[i] == 's';
+      }
     }
     for (size_t i = 0; i + 1 < fds.size(); ++i) {
       if (!fds[i].revents) continue;
@@ -141,17 +150,19 @@ void OutputPump::Loop() {
   }
 }
 
-void OutputPump::WaitDrained(int rank, Duration timeout) {
+void OutputPump::WaitDrained(int id, Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   drained_.wait_for(lock, timeout, [&] {
-    auto it = streams_.find(rank);
+    auto key = current_.find(id);
+    auto it = key == current_.end() ? streams_.end() : streams_.find(key->second);
     return it == streams_.end() || it->second.eof || stopped_;
   });
 }
 
-std::vector<std::string> OutputPump::Tail(int rank) {
+std::vector<std::string> OutputPump::Tail(int id) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = streams_.find(rank);
+  auto key = current_.find(id);
+  auto it = key == current_.end() ? streams_.end() : streams_.find(key->second);
   if (it == streams_.end()) return {};
   return {it->second.tail.begin(), it->second.tail.end()};
 }
@@ -163,7 +174,7 @@ void OutputPump::Stop() {
     stopped_ = true;
   }
   if (started_) {
-    char b = 1;
+    char b = 's';
     ssize_t ignored = ::write(wake_[1], &b, 1);
     (void)ignored;
     thread_.join();

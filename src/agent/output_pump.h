@@ -1,6 +1,7 @@
-// OutputPump: copies worker output to this process's stdout, each line prefixed with its rank
-// ("[worker-3] loss 0.42", as kubetail shows pods), and unprefixed to a per-rank log file; keeps
-// the last lines of each rank for failure reports. One thread for all of an agent's workers.
+// OutputPump: copies task output to this process's stdout, each line prefixed with its task
+// ("[worker-3] loss 0.42", "[ps-0] ...", as kubetail shows pods), and unprefixed to a per-task log
+// file; keeps the last lines of each task for failure reports. One thread for all of an agent's
+// tasks.
 //
 // On a terminal (`color`), a line a worker ends with '\r' instead of '\n' is a status line (a
 // progress bar redrawn in place): it is shown over the previous status line and the next line
@@ -27,12 +28,14 @@ class OutputPump {
   OutputPump(int out_fd, bool color);
   ~OutputPump();  // Stop()
 
-  // Takes ownership of `read_fd` (a pipe read end) and `log_fd` (may be -1). Call before Start().
-  void Add(int rank, int read_fd, int log_fd);
+  // Takes ownership of `read_fd` (a pipe read end) and `log_fd` (may be -1); `label` is the
+  // prefix ("worker-3"). Before or after Start(); adding `id` again (a restarted task) makes the
+  // new stream the one WaitDrained and Tail look at, while the old one drains.
+  void Add(int id, const std::string& label, int read_fd, int log_fd);
   void Start();
-  // Waits until `rank`'s pipe reached end of file (every writer is gone) or `timeout` passed.
-  void WaitDrained(int rank, Duration timeout);
-  std::vector<std::string> Tail(int rank);
+  // Waits until `id`'s pipe reached end of file (every writer is gone) or `timeout` passed.
+  void WaitDrained(int id, Duration timeout);
+  std::vector<std::string> Tail(int id);
   // Stops the thread after copying what is already readable; closes all fds. Idempotent.
   void Stop();
 
@@ -56,7 +59,9 @@ class OutputPump {
   int wake_[2] = {-1, -1};
   std::mutex mu_;
   std::condition_variable drained_;
-  std::map<int, Stream> streams_;
+  std::map<int, Stream> streams_;  // by a key of their own: a restarted task gets a new one
+  std::map<int, int> current_;     // task id -> its newest stream's key
+  int next_key_ = 0;
   std::thread thread_;
   bool started_ = false;
   bool stopped_ = false;

@@ -27,7 +27,7 @@ Pumped Pump(const std::string& text, bool terminal) {
   int log_fd = ::mkstemp(log_path);
   {
     OutputPump pump(out[1], terminal);
-    pump.Add(0, in[0], log_fd);
+    pump.Add(0, "worker-0", in[0], log_fd);
     pump.Start();
     EXPECT_EQ(::write(in[1], text.data(), text.size()), ssize_t(text.size()));
     ::close(in[1]);

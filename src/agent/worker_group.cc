@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "common/fs.h"
@@ -15,48 +16,66 @@ WorkerGroup::WorkerGroup(bool color_output) : color_(color_output) {}
 
 WorkerGroup::~WorkerGroup() { Stop(Duration(0)); }
 
+// Spawns one worker with its output going to the pump (and its log file).
+Result<pid_t> WorkerGroup::SpawnOne(const WorkerLaunch& launch) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoStatus("pipe", errno);
+  int log_fd = -1;
+  if (!launch.log_path.empty()) {
+    log_fd = ::open(launch.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) {
+      int err = errno;
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return ErrnoStatus("cannot open worker log " + launch.log_path, err);
+    }
+    if (!launch.log_header.empty()) {
+      ssize_t ignored = ::write(log_fd, launch.log_header.data(), launch.log_header.size());
+      (void)ignored;
+    }
+  }
+  SpawnOptions o;
+  o.argv = launch.argv;
+  o.env = launch.env;
+  o.cwd = launch.cwd;
+  o.output_fd = fds[1];
+  auto pid = Spawn(o);
+  ::close(fds[1]);
+  if (!pid.ok()) {
+    ::close(fds[0]);
+    if (log_fd >= 0) ::close(log_fd);
+    return pid.status();
+  }
+  pump_->Add(launch.rank, launch.label.empty() ? "worker-" + std::to_string(launch.rank) : launch.label,
+             fds[0], log_fd);
+  return *pid;
+}
+
 Status WorkerGroup::Start(const std::vector<WorkerLaunch>& launches) {
   pump_ = std::make_unique<OutputPump>(STDOUT_FILENO, color_);
   workers_.clear();
   for (const auto& launch : launches) {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) {
-      Stop(Duration(0));
-      return ErrnoStatus("pipe", errno);
-    }
-    int log_fd = -1;
-    if (!launch.log_path.empty()) {
-      log_fd = ::open(launch.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (log_fd < 0) {
-        int err = errno;
-        ::close(fds[0]);
-        ::close(fds[1]);
-        Stop(Duration(0));
-        return ErrnoStatus("cannot open worker log " + launch.log_path, err);
-      }
-      if (!launch.log_header.empty()) {
-        ssize_t ignored = ::write(log_fd, launch.log_header.data(), launch.log_header.size());
-        (void)ignored;
-      }
-    }
-    SpawnOptions o;
-    o.argv = launch.argv;
-    o.env = launch.env;
-    o.cwd = launch.cwd;
-    o.output_fd = fds[1];
-    auto pid = Spawn(o);
-    ::close(fds[1]);
+    auto pid = SpawnOne(launch);
     if (!pid.ok()) {
-      ::close(fds[0]);
-      if (log_fd >= 0) ::close(log_fd);
       Stop(Duration(0));
       return pid.status();
     }
-    pump_->Add(launch.rank, fds[0], log_fd);
     workers_.push_back({launch, *pid, false});
   }
   pump_->Start();
   return Status::Ok();
+}
+
+Status WorkerGroup::Restart(int local_rank, const WorkerLaunch& launch) {
+  for (auto& w : workers_) {
+    if (w.launch.local_rank != local_rank) continue;
+    if (!w.exited) return Internal("worker " + launch.label + " is still running");
+    ::kill(-w.pid, SIGKILL);  // whatever the old worker left in its group
+    ASSIGN_OR_RETURN(pid_t pid, SpawnOne(launch));
+    w = {launch, pid, false};
+    return Status::Ok();
+  }
+  return NotFound("no worker with local rank " + std::to_string(local_rank));
 }
 
 std::vector<WorkerExit> WorkerGroup::ReapExited() {
@@ -74,26 +93,39 @@ std::vector<WorkerExit> WorkerGroup::ReapExited() {
 }
 
 bool WorkerGroup::AllExited() const {
+  return std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.exited; });
+}
+
+bool WorkerGroup::Exited(int local_rank) const {
   for (const auto& w : workers_) {
-    if (!w.exited) return false;
+    if (w.launch.local_rank == local_rank) return w.exited;
   }
   return true;
 }
 
-void WorkerGroup::Stop(Duration grace) {
+template <typename Pick>
+void WorkerGroup::StopWhere(Pick pick, Duration grace) {
   for (auto& w : workers_) {
-    if (!w.exited) {
+    if (pick(w) && !w.exited) {
       ::kill(-w.pid, SIGTERM);
       ::kill(-w.pid, SIGCONT);  // a stopped (SIGSTOP) worker only acts on SIGTERM once resumed
     }
   }
+  auto all_exited = [&] {
+    return std::all_of(workers_.begin(), workers_.end(), [&](const Worker& w) { return !pick(w) || w.exited; });
+  };
   auto deadline = Clock::now() + grace;
-  while (!AllExited()) {
-    ReapExited();
-    if (AllExited() || Clock::now() >= deadline) break;
+  while (!all_exited()) {
+    // Reap only the picked workers: the others' exits are the caller's to see.
+    for (auto& w : workers_) {
+      int status = 0;
+      if (pick(w) && !w.exited && ::waitpid(w.pid, &status, WNOHANG) == w.pid) w.exited = true;
+    }
+    if (all_exited() || Clock::now() >= deadline) break;
     WaitSignal(std::min(Remaining(deadline), Duration(20)));
   }
   for (auto& w : workers_) {
+    if (!pick(w)) continue;
     ::kill(-w.pid, SIGKILL);  // stragglers, and anything the worker left in its group
     if (!w.exited) {
       int status;
@@ -101,6 +133,16 @@ void WorkerGroup::Stop(Duration grace) {
       w.exited = true;
     }
   }
+}
+
+void WorkerGroup::StopSome(const std::vector<int>& local_ranks, Duration grace) {
+  StopWhere([&](const Worker& w) {
+    return std::find(local_ranks.begin(), local_ranks.end(), w.launch.local_rank) != local_ranks.end();
+  }, grace);
+}
+
+void WorkerGroup::Stop(Duration grace) {
+  StopWhere([](const Worker&) { return true; }, grace);
   // Grandchildren orphaned by a worker were reparented to this (subreaper) agent and have just
   // been sent SIGKILL with their group: reap them, bounded, since one that left the group
   // (setsid) may live on.

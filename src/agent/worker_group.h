@@ -1,5 +1,5 @@
-// WorkerGroup: one agent's local workers for one round. Each worker leads its own process group,
-// so a stop reaches everything it started (data loader processes too).
+// WorkerGroup: one agent's local tasks (workers of every role) for one round. Each task leads its
+// own process group, so a stop reaches everything it started (data loader processes too).
 //
 // Not thread-safe: the agent's supervising thread owns it. Expects SIGCHLD to be blocked (see
 // BlockSupervisorSignals) so Stop() can wait on it; works, by polling, when it is not.
@@ -20,6 +20,7 @@ namespace trainctl {
 struct WorkerLaunch {
   int local_rank = 0;
   int rank = 0;  // global
+  std::string label;  // the output prefix: "worker-3", "ps-0"
   std::vector<std::string> argv;
   std::vector<std::string> env;
   std::string cwd;
@@ -41,9 +42,14 @@ class WorkerGroup {
 
   // Starts every worker. If one cannot start, stops those already started and returns why.
   Status Start(const std::vector<WorkerLaunch>& workers);
+  // Starts the worker at `local_rank` again (it must have exited), with `launch`.
+  Status Restart(int local_rank, const WorkerLaunch& launch);
   // Reaps workers that have exited since the last call; never blocks.
   std::vector<WorkerExit> ReapExited();
   bool AllExited() const;
+  bool Exited(int local_rank) const;
+  // Stop() for the workers at `local_ranks` only; the others go on.
+  void StopSome(const std::vector<int>& local_ranks, Duration grace);
   // SIGTERM to every live worker's process group, up to `grace` for them to exit, then SIGKILL;
   // returns once all are reaped. Also kills whatever the workers left in their groups.
   void Stop(Duration grace);
@@ -56,6 +62,11 @@ class WorkerGroup {
     pid_t pid = -1;
     bool exited = false;
   };
+  Result<pid_t> SpawnOne(const WorkerLaunch& launch);
+  // SIGTERM to the selected workers' groups, up to `grace`, then SIGKILL; reaps them.
+  template <typename Pick>
+  void StopWhere(Pick pick, Duration grace);
+
   bool color_;
   std::vector<Worker> workers_;
   std::unique_ptr<OutputPump> pump_;

@@ -109,6 +109,5 @@ void RemoveAll(const std::string& path) {
   std::filesystem::remove_all(path, ec);
 }
 
-std::string SnapshotDir(const std::string& run_id) { return "/dev/shm/trainctl-" + run_id; }
 
 }  // namespace trainctl

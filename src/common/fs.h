@@ -22,8 +22,4 @@ Status MakeDirs(const std::string& path);
 // rm -rf, best effort (for cleanup: errors are ignored).
 void RemoveAll(const std::string& path);
 
-// Where the built-in trainer keeps the in-memory snapshot of run `run_id` (on tmpfs). The agents
-// and the launcher remove it when the job ends.
-std::string SnapshotDir(const std::string& run_id);
-
 }  // namespace trainctl

@@ -5,15 +5,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/strings.h"
+#include "job/keys.h"
 
 namespace trainctl {
 namespace {
 
 using json = nlohmann::json;
 
-std::string StateKey(int round) { return "round/" + std::to_string(round) + "/state"; }
-std::string ClosedKey(int round) { return "round/" + std::to_string(round) + "/closed"; }
-constexpr const char* kCurrentKey = "round/current";
 
 struct Member {
   std::string id;
@@ -76,14 +74,14 @@ RoundInfo Info(int round, const State& s, int rank) {
 }  // namespace
 
 Result<std::optional<RoundInfo>> PeekRound(Store& store, int round) {
-  ASSIGN_OR_RETURN(auto text, store.TryGet(StateKey(round)));
+  ASSIGN_OR_RETURN(auto text, store.TryGet(keys::RoundState(round)));
   if (!text) return std::optional<RoundInfo>();
   ASSIGN_OR_RETURN(State s, Decode(round, *text));
   return std::optional<RoundInfo>(Info(round, s, -1));
 }
 
 Result<int> CurrentRound(Store& store) {
-  ASSIGN_OR_RETURN(auto text, store.TryGet(kCurrentKey));
+  ASSIGN_OR_RETURN(auto text, store.TryGet(keys::kCurrentRound));
   return text ? std::atoi(text->c_str()) : 0;
 }
 
@@ -96,7 +94,7 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
   }
   std::optional<Clock::time_point> last_call_since;  // when this agent first saw min nodes
   while (true) {
-    ASSIGN_OR_RETURN(auto text, store.TryGet(StateKey(round)));
+    ASSIGN_OR_RETURN(auto text, store.TryGet(keys::RoundState(round)));
     State s;
     s.restarts = restarts;
     if (text) {
@@ -106,7 +104,7 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
     int me = s.IndexOf(o.node_id);
     if (s.closed) {
       if (me < 0) return std::optional<RoundInfo>();
-      RETURN_IF_ERROR(store.Set(kCurrentKey, std::to_string(round)));
+      RETURN_IF_ERROR(store.Set(keys::kCurrentRound, std::to_string(round)));
       return std::optional<RoundInfo>(Info(round, s, me));
     }
     State next = s;
@@ -126,8 +124,8 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
     }
     if (next.nodes.size() != s.nodes.size() || next.closed) {
       const std::string desired = next.Encode();
-      ASSIGN_OR_RETURN(std::string now, store.CompareSet(StateKey(round), expected, desired));
-      if (now == desired && next.closed) RETURN_IF_ERROR(store.Set(ClosedKey(round), "1"));
+      ASSIGN_OR_RETURN(std::string now, store.CompareSet(keys::RoundState(round), expected, desired));
+      if (now == desired && next.closed) RETURN_IF_ERROR(store.Set(keys::RoundClosed(round), "1"));
       continue;  // won or lost, read the state again
     }
     if (Clock::now() >= deadline) {
@@ -149,7 +147,7 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
     if (o.check) RETURN_IF_ERROR(o.check());
     Duration wait = std::min(Remaining(deadline), o.poll);
     if (last_call_since) wait = std::min(wait, Remaining(*last_call_since + o.last_call));
-    Status waited = store.Wait({ClosedKey(round)}, std::max(wait, Duration(1)));
+    Status waited = store.Wait({keys::RoundClosed(round)}, std::max(wait, Duration(1)));
     if (!waited.ok() && waited.code() != Code::kTimeout) return waited;
   }
 }

@@ -7,6 +7,7 @@
 
 #include "common/address.h"
 #include "common/strings.h"
+#include "job/task_env.h"
 #include "spec/job_spec.h"
 #include "spec/tree.h"
 
@@ -146,7 +147,7 @@ class Decoder {
 
   void DecodeTrainer(const Node& n, TrainerSpec* t) {
     const std::string p = "trainer";
-    if (!Section(n, p, {"model", "data", "epochs", "max_steps", "batch_size",
+    if (!Section(n, p, {"strategy", "parameter_server", "model", "data", "epochs", "max_steps", "batch_size",
                         "global_batch_size", "optimizer", "schedule", "seed", "deterministic",
                         "threads", "device", "backend", "bucket_mb", "checkpoint_every", "keep_last", "snapshot_every",
                         "log_every", "eval"})) {
@@ -164,6 +165,14 @@ class Decoder {
       return [this, allowed](const Node& c, const std::string& path) { return OneOf(c, path, allowed); };
     };
     constexpr long long kBig = 1LL << 40;
+    Field(n, p, "strategy", &t->strategy, one_of({"allreduce", "parameter_server"}));
+    if (const Node* ps = Child(n, "parameter_server")) {
+      const std::string pp = p + ".parameter_server";
+      if (Section(*ps, pp, {"mode", "max_staleness"})) {
+        Field(*ps, pp, "mode", &t->parameter_server.mode, one_of({"sync", "async"}));
+        Field(*ps, pp, "max_staleness", &t->parameter_server.max_staleness, int_in(0, 1 << 20));
+      }
+    }
     Field(n, p, "model", &t->model, one_of({"cnn", "resnet18", "resnet50"}));
     Field(n, p, "epochs", &t->epochs, int_in(1, 100000));
     Field(n, p, "max_steps", &t->max_steps, int_in(0, kBig));
@@ -255,6 +264,27 @@ class Decoder {
     }
   }
 
+  // A program and its first arguments: a list, or one word.
+  std::optional<std::vector<std::string>> Command(const Node& n, const std::string& path) {
+    if (n.kind == Kind::kScalar) {
+      if (n.scalar.find_first_of(" \t") != std::string::npos) {
+        Error(n, path, "expected a list such as [python3, train.py], got the string " +
+                           Quote(n.scalar) + " (trainctl runs no shell)");
+      } else if (n.scalar.empty()) {
+        Error(n, path, "expected a program to run, got an empty string");
+      } else {
+        return std::vector<std::string>{n.scalar};
+      }
+      return std::nullopt;
+    }
+    auto list = StringList(n, path);
+    if (list && (list->empty() || (*list)[0].empty())) {
+      Error(n, path, "expected a program to run, got an empty list");
+      return std::nullopt;
+    }
+    return list;
+  }
+
   std::optional<std::string> String(const Node& n, const std::string& path) {
     if (!ExpectScalar(n, path, "expected a string")) return std::nullopt;
     return n.scalar;
@@ -328,44 +358,43 @@ class Decoder {
     }
   }
 
-  void DecodeEnv(const Node& n, JobSpec* spec) {
+  void DecodeEnv(const Node& n, const std::string& prefix,
+                 std::vector<std::pair<std::string, std::string>>* out) {
     if (n.kind != Kind::kMap) {
-      Error(n, "env", std::string("expected a mapping of NAME: value, got ") + n.KindName());
+      Error(n, prefix, std::string("expected a mapping of NAME: value, got ") + n.KindName());
       return;
     }
-    const auto& reserved = ReservedEnvNames();
     for (const auto& [key, value] : n.map) {
-      std::string path = "env." + key;
+      std::string path = prefix + "." + key;
       bool valid_name = !key.empty() && !std::isdigit(static_cast<unsigned char>(key[0])) &&
                         std::all_of(key.begin(), key.end(), [](char c) {
                           return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
                         });
       if (!valid_name) {
-        Error(value, "env", "invalid variable name " + Quote(key) +
-                                ": expected letters, digits and _, not starting with a digit");
+        Error(value, prefix, "invalid variable name " + Quote(key) +
+                                 ": expected letters, digits and _, not starting with a digit");
         continue;
       }
-      if (std::find(reserved.begin(), reserved.end(), key) != reserved.end() ||
-          key.rfind("TRAINCTL_", 0) == 0) {
-        Error(value, path, "reserved: trainctl sets " + key + " for every worker");
+      if (IsReservedEnvName(key)) {
+        Error(value, path, "reserved: trainctl sets " + key + " for every task");
         continue;
       }
       if (value.kind == Kind::kNull) {
-        spec->env.emplace_back(key, "");
+        out->emplace_back(key, "");
       } else if (auto s = String(value, path)) {
-        spec->env.emplace_back(key, *s);
+        out->emplace_back(key, *s);
       }
     }
   }
 
-  void DecodeResources(const Node& n, ResourcesSpec* out) {
+  void DecodeResources(const Node& n, const std::string& p, ResourcesSpec* out) {
     if (n.kind != Kind::kMap) {
-      Error(n, "resources", std::string("expected a mapping {cpus, memory, gpus}, got ") + n.KindName());
+      Error(n, p, std::string("expected a mapping {cpus, memory, gpus}, got ") + n.KindName());
       return;
     }
-    CheckKeys(n, "resources", {"cpus", "memory", "gpus"});
+    CheckKeys(n, p, {"cpus", "memory", "gpus"});
     if (const Node* c = Child(n, "cpus")) {
-      if (ExpectScalar(*c, "resources.cpus", "expected a CPU count such as 2, 0.5 or 500m")) {
+      if (ExpectScalar(*c, p + ".cpus", "expected a CPU count such as 2, 0.5 or 500m")) {
         std::string s = c->scalar;
         double scale = 1;
         if (!s.empty() && s.back() == 'm') {
@@ -375,21 +404,20 @@ class Decoder {
         char* end = nullptr;
         double v = std::strtod(s.c_str(), &end);
         if (s.empty() || end != s.c_str() + s.size() || !(v > 0) || v * scale > 1e6) {
-          Error(*c, "resources.cpus",
-                "expected a CPU count such as 2, 0.5 or 500m, got " + Quote(c->scalar));
+          Error(*c, p + ".cpus", "expected a CPU count such as 2, 0.5 or 500m, got " + Quote(c->scalar));
         } else {
           out->cpus = v * scale;
         }
       }
     }
     if (const Node* m = Child(n, "memory")) {
-      if (ExpectScalar(*m, "resources.memory", "expected a size such as 4Gi")) {
+      if (ExpectScalar(*m, p + ".memory", "expected a size such as 4Gi")) {
         auto b = ParseBytes(m->scalar);
-        if (b.ok()) out->memory_bytes = *b; else Error(*m, "resources.memory", b.status().message());
+        if (b.ok()) out->memory_bytes = *b; else Error(*m, p + ".memory", b.status().message());
       }
     }
     if (const Node* g = Child(n, "gpus")) {
-      if (auto v = Int(*g, "resources.gpus", 0, 1024)) out->gpus = static_cast<int>(*v);
+      if (auto v = Int(*g, p + ".gpus", 0, 1024)) out->gpus = static_cast<int>(*v);
     }
   }
 
@@ -505,6 +533,169 @@ class Decoder {
     }
   }
 
+  // What a role says of itself; the rest is resolved once the whole spec is read (ResolveRoles).
+  struct RoleFields {
+    const Node* node = nullptr;
+    bool own_command = false, own_args = false, own_resources = false;
+    bool has_success = false, has_on_failure = false, has_finish = false;
+  };
+
+  void DecodeRoles(const Node& n, JobSpec* spec, std::vector<RoleFields>* fields) {
+    if (n.kind != Kind::kSeq || n.seq.empty()) {
+      Error(n, "roles", std::string("expected a list of roles such as [{name: ps, replicas: 2}, "
+                                    "{name: worker, replicas: 4}], got ") +
+                            (n.kind == Kind::kSeq ? "an empty list" : n.KindName()));
+      return;
+    }
+    for (size_t i = 0; i < n.seq.size(); ++i) {
+      const Node& r = n.seq[i];
+      const std::string p = "roles[" + std::to_string(i) + "]";
+      if (!Section(r, p, {"name", "replicas", "command", "args", "env", "resources", "success",
+                          "on_failure", "finish"})) {
+        continue;
+      }
+      RoleSpec role;
+      RoleFields f;
+      f.node = &r;
+      if (const Node* nm = Child(r, "name")) {
+        if (auto s = String(*nm, p + ".name")) {
+          if (!IsDnsLabel(*s)) {
+            Error(*nm, p + ".name", "expected a role name of lowercase letters, digits and '-' "
+                                    "(ps, worker, chief, evaluator, ...), got " + Quote(*s));
+          } else if (const RoleSpec* other = FindRole(spec->roles, *s)) {
+            Error(*nm, p + ".name", "duplicate role name " + Quote(*s) + "; role names must differ");
+            (void)other;
+          } else {
+            role.name = *s;
+          }
+        }
+      } else {
+        Error(r, p + ".name", "required field is missing; expected a role name such as worker");
+      }
+      if (const Node* c = Child(r, "replicas")) {
+        if (auto v = Int(*c, p + ".replicas", 1, kMaxNodes)) role.replicas = static_cast<int>(*v);
+      }
+      if (const Node* c = Child(r, "command")) {
+        if (auto cmd = Command(*c, p + ".command")) role.command = *cmd;
+        f.own_command = true;
+      }
+      if (const Node* c = Child(r, "args")) {
+        if (auto list = StringList(*c, p + ".args")) role.args = *list;
+        f.own_args = true;
+      }
+      if (const Node* c = Child(r, "env")) DecodeEnv(*c, p + ".env", &role.env);
+      if (const Node* c = Child(r, "resources")) {
+        DecodeResources(*c, p + ".resources", &role.resources);
+        f.own_resources = true;
+      }
+      if (const Node* c = Child(r, "success")) {
+        if (auto v = Bool(*c, p + ".success")) role.success = *v;
+        f.has_success = true;
+      }
+      if (const Node* c = Child(r, "on_failure")) {
+        if (auto v = OneOf(*c, p + ".on_failure", {"restart_job", "restart_task", "ignore"})) {
+          role.on_failure = *v;
+        }
+        f.has_on_failure = true;
+      }
+      if (const Node* c = Child(r, "finish")) {
+        if (auto v = Bool(*c, p + ".finish")) role.finish = *v;
+        f.has_finish = true;
+      }
+      if (role.name.empty()) role.name = "#" + std::to_string(i);  // keeps indices aligned
+      spec->roles.push_back(std::move(role));
+      fields->push_back(f);
+    }
+  }
+
+  // Fills in what each role inherits from the job and the defaults that depend on the other
+  // roles, and checks the roles fit the rest of the spec.
+  void ResolveRoles(const Node& root, JobSpec* spec, const std::vector<RoleFields>& fields) {
+    const Node& roles_node = *root.Find("roles");
+    const bool trainer = spec->trainer.enabled;
+    const bool ps_strategy = trainer && spec->trainer.strategy == "parameter_server";
+    if (const Node* ppn = Child(root, "procs_per_node")) {
+      Error(*ppn, "procs_per_node", "goes with a job without roles; with roles, give each role's "
+                                    "replicas (they are spread over the nodes)");
+    }
+    if (spec->nodes.min < spec->nodes.max) {
+      Error(*root.Find("nodes"), "nodes",
+            "a job with roles runs on a fixed number of nodes; expected one count such as 2, got "
+            "the range " + std::to_string(spec->nodes.min) + ":" + std::to_string(spec->nodes.max));
+    }
+    bool decider_named = FindRole(spec->roles, "chief") || FindRole(spec->roles, "launcher");
+    int deciders = 0, total = 0;
+    for (size_t i = 0; i < spec->roles.size(); ++i) {
+      RoleSpec& r = spec->roles[i];
+      const RoleFields& f = fields[i];
+      const std::string p = "roles[" + std::to_string(i) + "]";
+      total += r.replicas;
+      if (!f.own_command) {
+        r.command = spec->command;
+        if (!f.own_args) r.args = spec->args;
+      }
+      std::vector<std::pair<std::string, std::string>> env = spec->env;
+      for (const auto& [k, v] : r.env) {
+        auto it = std::find_if(env.begin(), env.end(), [&](const auto& e) { return e.first == k; });
+        if (it != env.end()) it->second = v; else env.emplace_back(k, v);
+      }
+      r.env = std::move(env);
+      if (!f.own_resources) r.resources = spec->resources;
+      const bool builtin = r.command.empty();
+      if (!f.has_success) {
+        r.success = decider_named ? (r.name == "chief" || r.name == "launcher")
+                                  : (r.name != "ps" && r.name != "evaluator");
+      }
+      if (!f.has_on_failure) {
+        r.on_failure = r.name == "evaluator"                                 ? "ignore"
+                       : ps_strategy && spec->trainer.parameter_server.mode == "async" &&
+                               builtin && r.name == "worker"
+                           ? "restart_task"
+                           : "restart_job";
+      }
+      if (!f.has_finish) r.finish = r.name == "evaluator";
+      if (r.success) ++deciders;
+      if (builtin && !trainer) {
+        Error(*f.node, p + ".command", "required field is missing; expected the role's program, "
+                                       "for example command: [python3, " + r.name +
+                                           ".py], or a job-wide command or trainer section");
+      } else if (builtin) {
+        static const std::vector<std::string> parts = {"ps", "worker", "chief", "evaluator"};
+        if (std::find(parts.begin(), parts.end(), r.name) == parts.end()) {
+          Error(*f.node, p + ".name",
+                "the built-in trainer has parts for the roles ps, worker, chief and evaluator; "
+                "role " + Quote(r.name) + " needs its own command");
+        } else if (r.name == "ps" && !ps_strategy) {
+          Error(*f.node, p + ".name", "a ps role of the built-in trainer needs trainer.strategy: "
+                                      "parameter_server (give the role its own command to run "
+                                      "your own parameter servers)");
+        } else if ((r.name == "chief" || r.name == "evaluator") && r.replicas != 1) {
+          Error(*f.node, p + ".replicas", "the built-in trainer runs one " + r.name + ", got " +
+                                              std::to_string(r.replicas));
+        }
+      }
+    }
+    if (deciders == 0) {
+      Error(roles_node, "roles", "no role decides the job's success; set success: true on the "
+                                 "role whose tasks finish the job (by default chief or launcher, "
+                                 "else every role but ps and evaluator)");
+    }
+    if (ps_strategy) {
+      const RoleSpec* ps = FindRole(spec->roles, "ps");
+      bool workers = false;
+      for (const auto& r : spec->roles) workers = workers || (r.command.empty() && (r.name == "worker" || r.name == "chief"));
+      if (!ps || !ps->command.empty() || !workers) {
+        Error(roles_node, "roles", "trainer.strategy: parameter_server needs a ps role and a "
+                                   "worker (or chief) role of the built-in trainer");
+      }
+    }
+    if (total < spec->nodes.max) {
+      Error(roles_node, "roles", "the roles have " + std::to_string(total) + " task(s) in all, "
+                                 "fewer than the " + std::to_string(spec->nodes.max) +
+                                 " nodes; every node runs at least one task");
+    }
+  }
+
   static bool IsDnsLabel(const std::string& s) {
     if (s.empty() || s.size() > 63) return false;
     auto ok = [](char c) { return (c >= 'a' && c <= 'z') || std::isdigit(c) || c == '-'; };
@@ -515,7 +706,8 @@ class Decoder {
 const std::vector<std::string> kTopLevel = {
     "name",      "nodes",       "procs_per_node", "command",    "args",
     "env",       "working_dir", "resources",      "restart",    "timeouts",
-    "rendezvous", "output_dir", "checkpoint_dir", "trainer",    "cluster"};
+    "rendezvous", "output_dir", "checkpoint_dir", "trainer",    "cluster",
+    "roles"};
 
 }  // namespace
 
@@ -552,28 +744,16 @@ Result<JobSpec> Decode(const Node& root) {
 
   const Node* trainer = Decoder::Child(root, "trainer");
   if (trainer) d.DecodeTrainer(*trainer, &spec.trainer);
+  const Node* roles = Decoder::Child(root, "roles");
+  std::vector<Decoder::RoleFields> role_fields;
+  if (roles) d.DecodeRoles(*roles, &spec, &role_fields);
   const Node* command = Decoder::Child(root, "command");
   if (trainer && command) {
     d.Error(*command, "command", "a job runs either its own program (command) or the built-in "
                                  "trainer (trainer), not both; remove one");
   } else if (const Node* n = command) {
-    if (n->kind == Kind::kScalar) {
-      if (n->scalar.find_first_of(" \t") != std::string::npos) {
-        d.Error(*n, "command", "expected a list such as [python3, train.py], got the string " +
-                                   Quote(n->scalar) + " (trainctl runs no shell)");
-      } else if (n->scalar.empty()) {
-        d.Error(*n, "command", "expected a program to run, got an empty string");
-      } else {
-        spec.command = {n->scalar};
-      }
-    } else if (auto list = d.StringList(*n, "command")) {
-      if (list->empty() || (*list)[0].empty()) {
-        d.Error(*n, "command", "expected a program to run, got an empty list");
-      } else {
-        spec.command = *list;
-      }
-    }
-  } else if (!trainer) {
+    if (auto c = d.Command(*n, "command")) spec.command = *c;
+  } else if (!trainer && !roles) {
     d.Error(root, "command", "required field is missing; expected the worker program, for example "
                              "command: [python3, train.py], or a trainer: section for the built-in "
                              "trainer");
@@ -581,11 +761,11 @@ Result<JobSpec> Decode(const Node& root) {
   if (const Node* n = Decoder::Child(root, "args")) {
     if (auto list = d.StringList(*n, "args")) spec.args = *list;
   }
-  if (const Node* n = Decoder::Child(root, "env")) d.DecodeEnv(*n, &spec);
+  if (const Node* n = Decoder::Child(root, "env")) d.DecodeEnv(*n, "env", &spec.env);
   if (const Node* n = Decoder::Child(root, "working_dir")) {
     if (auto s = d.String(*n, "working_dir")) spec.working_dir = *s;
   }
-  if (const Node* n = Decoder::Child(root, "resources")) d.DecodeResources(*n, &spec.resources);
+  if (const Node* n = Decoder::Child(root, "resources")) d.DecodeResources(*n, "resources", &spec.resources);
 
   if (const Node* n = Decoder::Child(root, "restart")) {
     if (n->kind != Kind::kMap) {
@@ -601,18 +781,19 @@ Result<JobSpec> Decode(const Node& root) {
   }
   if (const Node* n = Decoder::Child(root, "timeouts")) {
     if (n->kind != Kind::kMap) {
-      d.Error(*n, "timeouts", std::string("expected a mapping {rendezvous, stop_grace, job, last_call, heartbeat, collective}, got ") +
+      d.Error(*n, "timeouts", std::string("expected a mapping {rendezvous, stop_grace, job, last_call, heartbeat, collective, finish}, got ") +
                                   n->KindName());
     } else {
       d.CheckKeys(*n, "timeouts",
-                  {"rendezvous", "stop_grace", "job", "last_call", "heartbeat", "collective"});
+                  {"rendezvous", "stop_grace", "job", "last_call", "heartbeat", "collective", "finish"});
       struct { const char* key; Duration* out; bool zero_ok; } fields[] = {
           {"rendezvous", &spec.timeouts.rendezvous, false},
           {"stop_grace", &spec.timeouts.stop_grace, true},
           {"job", &spec.timeouts.job, true},
           {"last_call", &spec.timeouts.last_call, true},
           {"heartbeat", &spec.timeouts.heartbeat, false},
-          {"collective", &spec.timeouts.collective, false}};
+          {"collective", &spec.timeouts.collective, false},
+          {"finish", &spec.timeouts.finish, true}};
       for (auto& f : fields) {
         const Node* m = Decoder::Child(*n, f.key);
         if (!m) continue;
@@ -645,13 +826,23 @@ Result<JobSpec> Decode(const Node& root) {
   }
 
   if (const Node* n = Decoder::Child(root, "cluster")) d.DecodeCluster(*n, &spec.cluster);
+  if (roles && !spec.roles.empty() && role_fields.size() == spec.roles.size()) {
+    d.ResolveRoles(root, &spec, role_fields);
+  }
+  if (trainer && !roles && spec.trainer.strategy == "parameter_server") {
+    d.Error(*trainer->Find("strategy"), "trainer.strategy",
+            "parameter_server needs roles: a ps role and a worker role, for example roles: "
+            "[{name: ps, replicas: 1}, {name: worker, replicas: 2}]");
+  }
 
   if (trainer && spec.trainer.global_batch_size > 0 &&
-      spec.trainer.global_batch_size % spec.world_size() != 0) {
+      spec.trainer.global_batch_size % TrainingWorkers(spec) != 0) {
     const Node* g = trainer->Find("global_batch_size");
     d.Error(*g, "trainer.global_batch_size",
-            "expected a multiple of the number of workers (" + std::to_string(spec.world_size()) +
-                " = nodes x procs_per_node), got " + std::to_string(spec.trainer.global_batch_size));
+            "expected a multiple of the number of training workers (" +
+                std::to_string(TrainingWorkers(spec)) +
+                (spec.roles.empty() ? " = nodes x procs_per_node" : " = chief and worker replicas") +
+                "), got " + std::to_string(spec.trainer.global_batch_size));
   }
   if (trainer && !spec.args.empty()) {
     d.Error(*root.Find("args"), "args", "args go with command; the built-in trainer takes its "

@@ -35,6 +35,8 @@ struct TimeoutsSpec {
   Duration last_call = std::chrono::seconds(3);
   // A node whose agent has not heartbeated for this long is lost; its round ends.
   Duration heartbeat = std::chrono::seconds(10);
+  // Once the job has succeeded: how long roles with `finish` (the evaluator) get to end.
+  Duration finish = std::chrono::minutes(5);
   // A collective (allreduce, broadcast, barrier) of the built-in trainer that does not complete
   // in this long fails, naming the ranks that never arrived.
   Duration collective = std::chrono::seconds(60);
@@ -70,8 +72,19 @@ struct ScheduleSpec {
   bool scale_by_world_size = false;  // lr *= world size (the linear scaling rule)
 };
 
+// trainer.parameter_server: how the parameter-server strategy applies gradients.
+struct ParameterServerSpec {
+  std::string mode = "sync";  // sync: every worker's gradients each step | async: as they arrive
+  int max_staleness = 8;      // async: a gradient computed on parameters older than this many
+                              // updates is dropped (and counted), not applied
+};
+
 struct TrainerSpec {
   bool enabled = false;
+  // allreduce: every worker holds the parameters, gradients are averaged among the workers;
+  // parameter_server: the parameters and optimizer state are sharded over the ps role's tasks.
+  std::string strategy = "allreduce";
+  ParameterServerSpec parameter_server;
   std::string model = "cnn";  // cnn | resnet18 | resnet50
   DataSpec data;
   int epochs = 1;
@@ -126,6 +139,28 @@ struct ClusterSpec {
   std::vector<Toleration> tolerations;
 };
 
+// One role of a job of several (`roles:`): `replicas` tasks that run the same program. A job
+// without `roles` has one role, `worker`, of nodes x procs_per_node tasks (see JobRoles).
+struct RoleSpec {
+  std::string name;                       // a DNS label: ps, worker, chief, evaluator, launcher...
+  int replicas = 1;                       // tasks of this role in the whole job
+  std::vector<std::string> command;       // resolved: the role's own, else the job's; empty when
+  std::vector<std::string> args;          // the built-in trainer plays the role
+  std::vector<std::pair<std::string, std::string>> env;  // the job's env, then the role's
+  ResourcesSpec resources;                // per task; resolved: the role's own, else the job's
+  // The job succeeds once every task of every role with `success` has exited 0. Defaults: chief
+  // or launcher roles when the job has one; else every role but ps and evaluator.
+  bool success = true;
+  // What a task's failure does: restart_job (the whole group restarts, from restart.max_restarts),
+  // restart_task (this task alone restarts, from the same budget; async parameter-server workers)
+  // or ignore (reported, the job goes on; the evaluator's default).
+  std::string on_failure = "restart_job";
+  // Once the job has succeeded, tasks of this role may finish on their own for up to
+  // timeouts.finish (the evaluator's default, so it evaluates the final model); other roles still
+  // running (ps) are stopped at once.
+  bool finish = false;
+};
+
 struct JobSpec {
   std::string name;                      // DNS-1123 label: [a-z0-9-], at most 63 chars
   NodesSpec nodes;
@@ -143,9 +178,20 @@ struct JobSpec {
   std::string checkpoint_dir;            // default <output_dir>/checkpoints
   TrainerSpec trainer;
   ClusterSpec cluster;
+  std::vector<RoleSpec> roles;           // empty: one role, worker (see JobRoles)
 
-  int world_size() const { return nodes.max * procs_per_node; }
+  // Every task of the job at full size (nodes.max).
+  int world_size() const;
 };
+
+// The roles a round of `nodes` nodes runs: the spec's roles, or one role `worker` of
+// nodes x procs_per_node tasks running the job's command (or the built-in trainer).
+std::vector<RoleSpec> JobRoles(const JobSpec& spec, int nodes);
+// How many tasks train with the built-in trainer: every task of a job without roles, else the
+// tasks of its chief and worker roles that run the trainer.
+int TrainingWorkers(const JobSpec& spec);
+// The role named `name`, or nullptr.
+const RoleSpec* FindRole(const std::vector<RoleSpec>& roles, const std::string& name);
 
 // Where a spec comes from: files layered in order, then --set overrides in order.
 struct SpecSources {
@@ -158,9 +204,6 @@ struct SpecSources {
 Result<JobSpec> LoadJobSpec(const SpecSources& sources);
 // The same for text already in memory (tests, stdin); `source` names it in errors.
 Result<JobSpec> ParseJobSpec(const std::string& yaml, const std::string& source);
-
-// The environment variables that trainctl sets for every worker; a spec may not set them.
-const std::vector<std::string>& ReservedEnvNames();
 
 // Lossless round trip through JSON, used to hand the resolved spec to agents.
 std::string JobSpecToJson(const JobSpec& spec, int indent = -1);

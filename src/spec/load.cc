@@ -7,15 +7,6 @@ namespace spec {
 Result<JobSpec> Decode(const Node& root);
 }  // namespace spec
 
-const std::vector<std::string>& ReservedEnvNames() {
-  static const std::vector<std::string> names = {
-      "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-      "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-      "TORCHELASTIC_USE_AGENT_STORE"};
-  return names;
-}
-
 Result<JobSpec> LoadJobSpec(const SpecSources& sources) {
   if (sources.files.empty()) return InvalidArgument("no job spec given; pass a YAML file");
   spec::Node root;

@@ -146,7 +146,7 @@ trainer:
   EXPECT_NE(e.find("job.yaml:6: trainer.data.dir: required for mnist"), std::string::npos) << e;
   EXPECT_NE(e.find("job.yaml:7: trainer.optimizer.lr: expected a number"), std::string::npos) << e;
   EXPECT_NE(e.find("job.yaml:8: trainer.global_batch_size: expected a multiple of the number of "
-                   "workers (2"), std::string::npos) << e;
+                   "training workers (2"), std::string::npos) << e;
   EXPECT_NE(e.find("job.yaml:9: trainer.deterministic: expected true or false"), std::string::npos) << e;
   // GPU memory goes through NCCL, and NCCL takes only GPU memory.
   EXPECT_NE(Errors("name: fm\ntrainer:\n  device: cuda\n  backend: gloo\n")
@@ -202,7 +202,7 @@ TEST(JobSpec, NodeRanges) {
 
 TEST(JobSpec, ReservedEnvironmentIsRejected) {
   EXPECT_EQ(Errors(std::string(kMinimal) + "env:\n  RANK: 3\n"),
-            "job.yaml:4: env.RANK: reserved: trainctl sets RANK for every worker");
+            "job.yaml:4: env.RANK: reserved: trainctl sets RANK for every task");
   EXPECT_NE(Errors(std::string(kMinimal) + "env: {TRAINCTL_X: 1}\n").find("reserved"),
             std::string::npos);
   EXPECT_NE(Errors(std::string(kMinimal) + "env: {1BAD: 1}\n").find("invalid variable name"),

@@ -1,5 +1,6 @@
 // One suite, run against every Store backend; then what only the TCP store has (auth, a server
 // that dies or stalls, concurrent connections).
+#include <atomic>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -270,13 +271,16 @@ TEST(TcpStore, AWaitingClientFailsFastWhenTheServerStops) {
   auto server = StartTcpServer("t");
   auto client = ConnectTcp(server->port(), "t");
   auto start = Clock::now();
+  std::atomic<bool> waiting{false};
   std::thread stopper([&] {
-    // Stop only once the client is inside its wait.
-    auto probe = ConnectTcp(server->port(), "t");
-    ASSERT_TRUE(probe->Set("ready", "1").ok());
+    // Stop once the client is about to wait (or already inside its wait): either way its Get
+    // must fail at once, not after its 60 s.
+    while (!waiting) std::this_thread::yield();
     server->Stop();
   });
-  ASSERT_TRUE(client->Get("ready", seconds(10)).ok());
+  // The first call connects; the server's stop must find an established, greeted connection.
+  EXPECT_TRUE(client->Set("ready", "1").ok());
+  waiting = true;
   auto r = client->Get("never", seconds(60));
   stopper.join();
   ASSERT_FALSE(r.ok());

@@ -25,6 +25,9 @@
 #include "data/sampler.h"
 #include "metrics/metrics.h"
 #include "store/open_store.h"
+#include "job/keys.h"
+#include "job/paths.h"
+#include "job/task_env.h"
 #include "train/entry.h"
 #include "train/evaluate.h"
 #include "train/optimizer.h"
@@ -113,21 +116,14 @@ double PeakRssMb() {
   return ru.ru_maxrss / 1024.0;  // Linux reports KiB
 }
 
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-
-std::string EnvString(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
 
 // Everything one training process holds.
 class Trainer {
  public:
-  Trainer(JobSpec spec, int rank, int world, comm::Communicator* comm, torch::Device device)
-      : spec_(std::move(spec)), t_(spec_.trainer), rank_(rank), world_(world), comm_(comm), device_(device) {}
+  Trainer(JobSpec spec, const TaskEnv& env, int rank, int world, comm::Communicator* comm,
+          torch::Device device)
+      : spec_(std::move(spec)), t_(spec_.trainer), env_(env), rank_(rank), world_(world), comm_(comm),
+        device_(device) {}
 
   Status Run();
 
@@ -146,7 +142,8 @@ class Trainer {
 
   JobSpec spec_;
   const TrainerSpec& t_;
-  int rank_, world_;
+  const TaskEnv env_;
+  int rank_, world_;  // among the training tasks
   comm::Communicator* comm_;
   torch::Device device_;
 
@@ -168,8 +165,6 @@ class Trainer {
   int64_t epoch_ = 0;           // current epoch
   int64_t batch_in_epoch_ = 0;  // batches done in the current epoch
   bool last_saved_ = false;
-  bool tty_ = EnvInt("TRAINCTL_TTY", 0) == 1;  // redraw a progress bar in place
-  int restart_ = EnvInt("TORCHELASTIC_RESTART_COUNT", 0);
 };
 
 Status Trainer::Setup() {
@@ -206,14 +201,13 @@ Status Trainer::Setup() {
   reducer_ = std::make_unique<GradientReducer>(params, comm_, size_t(t_.bucket_mb * (1 << 20)));
   optimizer_ = std::make_unique<Optimizer>(t_.optimizer, reducer_->flat_params(), reducer_->flat_grads());
   checkpoints_ = std::make_unique<checkpoint::CheckpointDir>(spec_.checkpoint_dir, t_.keep_last);
-  const std::string run_id = EnvString("TRAINCTL_RUN_ID");
-  if (t_.snapshot_every > 0 && !run_id.empty()) {
-    snapshots_ = std::make_unique<checkpoint::CheckpointDir>(SnapshotDir(run_id), 1);
+  if (t_.snapshot_every > 0 && !env_.run_id.empty()) {
+    snapshots_ = std::make_unique<checkpoint::CheckpointDir>(paths::SnapshotDir(env_.run_id), 1);
   }
   if (rank_ == 0) {
-    ASSIGN_OR_RETURN(auto* j, metrics::JsonLines::Open(spec_.output_dir + "/metrics.jsonl"));
+    ASSIGN_OR_RETURN(auto* j, metrics::JsonLines::Open(paths::MetricsJsonl(spec_.output_dir)));
     jsonl_.reset(j);
-    ASSIGN_OR_RETURN(auto* e, metrics::EventWriter::Open(spec_.output_dir + "/tensorboard"));
+    ASSIGN_OR_RETURN(auto* e, metrics::EventWriter::Open(paths::TensorBoardDir(spec_.output_dir)));
     events_.reset(e);
   }
   return Status::Ok();
@@ -266,7 +260,7 @@ Status Trainer::SaveCheckpoint() {
 // so it is logged, not fatal.
 Status Trainer::SaveSnapshot() {
   RETURN_IF_ERROR(SyncBuffers());
-  if (EnvInt("LOCAL_RANK", rank_) != 0) return Status::Ok();
+  if (env_.local_rank != 0) return Status::Ok();
   if (Status st = snapshots_->Save(Snapshot(/*with_optimizer=*/true)); !st.ok()) {
     LOG_WARN("in-memory snapshot at step {} not kept: {}", step_, st.message());
   }
@@ -276,7 +270,7 @@ Status Trainer::SaveSnapshot() {
 Status Trainer::Export() {
   if (rank_ != 0) return Status::Ok();
   ASSIGN_OR_RETURN(std::string bytes, checkpoint::Encode(Snapshot(/*with_optimizer=*/false)));
-  std::string path = spec_.output_dir + "/model.safetensors";
+  std::string path = paths::Model(spec_.output_dir);
   RETURN_IF_ERROR(AtomicWriteFile(path, bytes));
   LOG_INFO("model exported to {}", path);
   return Status::Ok();
@@ -369,7 +363,7 @@ Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds
                                  {"loss", loss},
                                  {"lr", lr},
                                  {"samples_per_s", rate},
-                                 {"restart", double(restart_)},
+                                 {"restart", double(env_.restart_count)},
                                  {"time", WallSeconds()}}));
   double now = WallSeconds();
   RETURN_IF_ERROR(events_->AddScalar("train/loss", loss, step_, now));
@@ -428,7 +422,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     } else if (snapshots_ && step_ % t_.snapshot_every == 0) {
       RETURN_IF_ERROR(SaveSnapshot());
     }
-    if (tty_ && rank_ == 0 && Clock::now() - last_status > std::chrono::milliseconds(250)) {
+    if (env_.tty && rank_ == 0 && Clock::now() - last_status > std::chrono::milliseconds(250)) {
       last_status = Clock::now();
       double rate = (i + 1) * batch_ * world_ / std::max(1e-9, SecondsSince(epoch_start));
       double eta = double(total_steps_ - step_) * batch_ * world_ / rate;
@@ -501,26 +495,24 @@ Status Trainer::Run() {
 
 int RunTrainer(const TrainOptions& options) {
   log::SetLevel(options.log_level);
-  const int rank = EnvInt("RANK", -1), world = EnvInt("WORLD_SIZE", -1);
-  const int restart = EnvInt("TORCHELASTIC_RESTART_COUNT", 0);
-  const std::string addr = EnvString("TRAINCTL_STORE_ADDR");
-  if (rank < 0 || world < 1 || addr.empty()) {
-    std::fprintf(stderr, "trainctl train: runs as a worker of a job (trainctl run JOB.yaml with a "
-                         "trainer section); RANK, WORLD_SIZE and TRAINCTL_STORE_ADDR are not set\n");
+  auto env = TaskEnv::FromProcess();
+  if (!env.ok()) {
+    std::fprintf(stderr, "trainctl train: runs as a task of a job (trainctl run JOB.yaml with a "
+                         "trainer section): %s\n", env.status().message().c_str());
     return kExitInvalidSpec;
   }
   auto fail = [](const Status& st) {
     LOG_ERROR("{}", st.message());
     return kExitError;
   };
-  auto client = OpenStore(addr, EnvString("TRAINCTL_STORE_TOKEN"));
+  auto client = OpenStore(env->store_addr, env->store_token);
   if (!client.ok()) return fail(client.status());
-  const std::string prefix = EnvString("TRAINCTL_STORE_PREFIX");
-  PrefixStore store(client->get(), prefix);
-  auto spec_json = store.Get("spec", std::chrono::seconds(30));
+  PrefixStore store(client->get(), env->store_prefix);
+  auto spec_json = store.Get(keys::kSpec, std::chrono::seconds(30));
   if (!spec_json.ok()) return fail(spec_json.status());
   auto spec = JobSpecFromJson(*spec_json);
   if (!spec.ok()) return fail(spec.status());
+  const int rank = env->rank, world = env->world_size, restart = env->restart_count;
   log::SetContext(spec->name, "rank=" + std::to_string(rank), restart);
 
   const TrainerSpec& t = spec->trainer;
@@ -539,33 +531,33 @@ int RunTrainer(const TrainOptions& options) {
     // One GPU per worker on each node, as torchrun scripts use LOCAL_RANK. NCCL refuses two
     // ranks on one GPU, so more workers than GPUs is a spec error, said before NCCL says it.
     const int gpus = static_cast<int>(torch::cuda::device_count());
-    if (EnvInt("LOCAL_WORLD_SIZE", 1) > gpus) {
-      return fail(InvalidArgument("trainer.device: cuda: " + std::to_string(EnvInt("LOCAL_WORLD_SIZE", 1)) +
+    if (env->local_world_size > gpus) {
+      return fail(InvalidArgument("trainer.device: cuda: " + std::to_string(env->local_world_size) +
                                   " workers on this node but " + std::to_string(gpus) +
                                   " GPU(s); expected procs_per_node at most " + std::to_string(gpus) +
                                   " (one GPU per worker)"));
     }
-    device = torch::Device(torch::kCUDA, EnvInt("LOCAL_RANK", 0) % gpus);
+    device = torch::Device(torch::kCUDA, env->local_rank % gpus);
     // Deterministic cuBLAS needs a fixed workspace, chosen before the first cuBLAS call.
     if (t.deterministic) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
   }
-  int threads = t.threads > 0 ? t.threads : EnvInt("OMP_NUM_THREADS", 1);
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  int threads = t.threads > 0 ? t.threads : omp && *omp ? std::atoi(omp) : 1;
   at::set_num_interop_threads(1);
   at::set_num_threads(std::max(1, threads));
   if (t.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
 
   // Collectives: shared memory when every rank is on this host, else Gloo over TCP.
   // A fresh key space per rendezvous round (a membership change starts a round, not a restart).
-  const int round = EnvInt("TRAINCTL_ROUND", restart);
-  PrefixStore comm_store(client->get(), prefix + "comm/" + std::to_string(round) + "/");
-  const bool one_node = EnvInt("GROUP_WORLD_SIZE", 0) == 1 || EnvInt("LOCAL_WORLD_SIZE", 0) == world;
+  PrefixStore comm_store(client->get(), env->store_prefix + keys::CommPrefix(env->round));
+  const bool one_node = env->group_world_size == 1 || env->local_world_size == world;
   const bool nccl = device.is_cuda();  // the spec allows only nccl (or auto) with cuda
   const bool shm = !nccl && (t.backend == "shm" || (t.backend == "auto" && one_node));
   // A hang is reported within timeouts.collective: the collective gives up a little earlier and
   // the rest goes to finding out which ranks are stalled (NameStalledRanks).
   const Duration stall_grace = std::min<Duration>(spec->timeouts.collective / 10, std::chrono::seconds(3));
   const Duration comm_timeout = spec->timeouts.collective - stall_grace;
-  const std::string host = EnvString("TRAINCTL_HOST").empty() ? "127.0.0.1" : EnvString("TRAINCTL_HOST");
+  const std::string host = env->host.empty() ? "127.0.0.1" : env->host;
   Result<std::unique_ptr<comm::Communicator>> comm = Unavailable("");
   if (nccl) {
     comm::NcclOptions no;
@@ -592,7 +584,7 @@ int RunTrainer(const TrainOptions& options) {
   if (Status st = comm::AnnounceRank(comm_store, rank, host); !st.ok()) return fail(st);
 
   try {
-    Trainer trainer(*spec, rank, world, comm->get(), device);
+    Trainer trainer(*spec, *env, rank, world, comm->get(), device);
     Status st = trainer.Run();
     if (st.code() == Code::kTimeout) {
       st = comm::NameStalledRanks(comm_store, rank, world, stall_grace, st);

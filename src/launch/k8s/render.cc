@@ -7,6 +7,8 @@
 #include <set>
 
 #include "common/duration.h"
+#include "job/agent_command.h"
+#include "job/paths.h"
 
 namespace trainctl::k8s {
 
@@ -200,14 +202,18 @@ class Renderer {
   // The agent, one per pod. `rank` and `store` are what this format's pods know of themselves.
   json AgentContainer(const std::string& name, const std::string& rank, const std::string& store,
                       const std::string& uid_label) const {
-    json command = {"trainctl", "agent", "--spec", std::string(kSpecDir) + "/job.json",
-                    "--run-id", "$(TRAINCTL_RUN_ID)", "--node-rank", rank, "--host", "$(POD_IP)"};
-    if (store.rfind("tcp://", 0) == 0) command.push_back("--serve-store");
+    AgentCommand agent;
+    agent.spec_file = std::string(kSpecDir) + "/job.json";
+    agent.run_id = "$(TRAINCTL_RUN_ID)";
+    agent.node_rank = rank;
+    agent.host = "$(POD_IP)";
+    agent.serve_store = store.rfind("tcp://", 0) == 0;
+    json command = agent.Argv();
     json env = {
         {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
         {{"name", "TRAINCTL_RUN_ID"}, {"value", n_.job}},
-        {{"name", "TRAINCTL_AGENT_STORE"}, {"value", store}},
-        {{"name", "TRAINCTL_AGENT_TOKEN"},
+        {{"name", kEnvStoreAddr}, {"value", store}},
+        {{"name", kEnvStoreToken},
          {"valueFrom", {{"secretKeyRef", {{"name", n_.token}, {"key", "token"}}}}}}};
     if (!uid_label.empty()) {
       // Unique per submitted Job object: state an earlier job left in an etcd is never reused.
@@ -368,7 +374,7 @@ echo "staged $URL into $DEST"
   }
 
   json EvalJob() const {
-    const std::string model = pod_.output_dir + "/model.safetensors";
+    const std::string model = paths::Model(pod_.output_dir);
     // Waits for the trained model as long as the job may run (timeouts.job, else a week).
     const Duration limit = s_.timeouts.job.count() > 0 ? s_.timeouts.job : Duration(std::chrono::hours(24 * 7));
     json command = {"trainctl", "eval", "--checkpoint", model, "-o", "json"};

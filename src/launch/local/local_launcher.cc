@@ -6,8 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/agent.h"
-#include "agent/failure.h"
+#include "job/agent_command.h"
+#include "job/keys.h"
+#include "job/paths.h"
+#include "job/records.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
 #include "common/log.h"
@@ -69,14 +71,14 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   const auto start = Clock::now();
   const std::string run_id = spec.name + "-" + RandomHex(4);
   const std::string token = RandomHex(32);
-  const std::string prefix = "/trainctl/" + run_id + "/";
+  const std::string prefix = keys::RunPrefix(run_id);
   log::SetContext(spec.name, "launcher", -1);
 
-  if (Status st = MakeDirs(spec.output_dir + "/logs"); !st.ok()) {
+  if (Status st = MakeDirs(paths::LogsDir(spec.output_dir)); !st.ok()) {
     LOG_ERROR("{}", st.message());
     return kExitError;
   }
-  if (Status st = AtomicWriteFile(spec.output_dir + "/job.json", JobSpecToJson(spec, 2) + "\n");
+  if (Status st = AtomicWriteFile(paths::JobJson(spec.output_dir), JobSpecToJson(spec, 2) + "\n");
       !st.ok()) {
     LOG_ERROR("{}", st.message());
     return kExitError;
@@ -122,16 +124,20 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     stopping = true;
     stop_reason = reason;
     if (code != kExitOk && final_code == kExitOk) final_code = code;
-    auto ignored = store.CompareSet(keys::kStop, "", StopRecord(reason, code));
+    auto ignored = store.CompareSet(keys::kStop, "", StopRecord{reason, code}.ToJson());
     kill_at = Clock::now() + AgentGrace(spec);
   };
 
   const bool one = options.placement != "local";  // one srun or mpirun starts every agent
   for (int node = 0; node < (one ? 1 : spec.nodes.max); ++node) {
+    AgentCommand agent;
+    agent.trainctl = options.self_exe;
+    agent.log_level = options.log_level;
+    agent.node_rank = std::to_string(one ? -1 : node);
+    agent.run_id = run_id;
+    agent.color = options.color_output;
     SpawnOptions o;
-    o.argv = {options.self_exe, "--log-level", options.log_level, "agent", "--node-rank",
-              std::to_string(one ? -1 : node), "--run-id", run_id};
-    if (options.color_output) o.argv.push_back("--color");
+    o.argv = agent.Argv();
     if (one) o.argv = PlacementArgv(spec, options, o.argv);
     o.env = env;
     const std::string name = one ? o.argv[0] : "the agent for node " + std::to_string(node);
@@ -208,6 +214,15 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   if (auto r = store.TryGet(keys::kRestarts); r.ok() && r->has_value()) restarts = **r;
   nlohmann::json status = {{"job", spec.name}, {"run_id", run_id}, {"exit_code", final_code},
                            {"restarts", std::atoi(restarts.c_str())}, {"elapsed", Elapsed(start)}};
+  // Single-task restarts and failures that the job went on without (roles with on_failure).
+  if (auto n = store.TryGet(keys::kTaskRestarts); n.ok() && n->has_value()) {
+    status["task_restarts"] = std::min(std::atoi((*n)->c_str()), spec.restart.max_restarts);
+  }
+  if (auto n = store.TryGet(keys::kIgnoredFailures); n.ok() && n->has_value()) {
+    status["ignored_failures"] = std::atoi((*n)->c_str());
+    auto last = store.TryGet(keys::kLastIgnoredFailure);
+    if (last.ok() && last->has_value()) status["last_ignored_failure"] = nlohmann::json::parse(**last, nullptr, false);
+  }
   std::string state;
   switch (final_code) {
     case kExitOk:
@@ -220,7 +235,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       if (last.ok() && last->has_value()) {
         if (auto rec = FailureRecord::FromJson(**last); rec.ok()) {
           status["failure"] = nlohmann::json::parse(**last);
-          std::string budget = rec->kind == "start" ? "" : " after " + restarts + " restart(s) (max_restarts: " +
+          std::string budget = rec->kind == FailureKind::kStart ? "" : " after " + restarts + " restart(s) (max_restarts: " +
                                                  std::to_string(spec.restart.max_restarts) + ")";
           std::fprintf(stderr, "trainctl: job %s failed%s: %s", spec.name.c_str(), budget.c_str(),
                        rec->Report().c_str());
@@ -246,10 +261,10 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       LOG_ERROR("job {} failed: {}", spec.name, stop_reason.empty() ? "see the log above" : stop_reason);
   }
   status["state"] = state;
-  if (Status st = AtomicWriteFile(spec.output_dir + "/status.json", status.dump(2) + "\n"); !st.ok()) {
+  if (Status st = AtomicWriteFile(paths::StatusJson(spec.output_dir), status.dump(2) + "\n"); !st.ok()) {
     LOG_WARN("{}", st.message());
   }
-  RemoveAll(SnapshotDir(run_id));  // agents remove it too, unless they were killed
+  RemoveAll(paths::SnapshotDir(run_id));  // agents remove it too, unless they were killed
   client->reset();
   if (server) server->Stop();
   return final_code;

@@ -15,9 +15,4 @@ class LocalLauncher : public Launcher {
   int Run(const JobSpec& spec, const LaunchOptions& options) override;
 };
 
-// Environment variables that carry the store's URL (see OpenStore) and token to `trainctl agent`
-// (never argv: argv is public).
-inline constexpr const char* kEnvStoreAddr = "TRAINCTL_AGENT_STORE";
-inline constexpr const char* kEnvStoreToken = "TRAINCTL_AGENT_TOKEN";
-
 }  // namespace trainctl

@@ -1,0 +1,128 @@
+#include "agent/start.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <optional>
+#include <thread>
+
+#include "agent/agent.h"
+#include "common/exit_codes.h"
+#include "common/fs.h"
+#include "common/log.h"
+#include "job/agent_command.h"
+#include "job/keys.h"
+#include "store/open_store.h"
+#include "store/tcp/tcp_store.h"
+
+namespace trainctl {
+namespace {
+
+// The spec an agent that a cluster engine started reads: YAML, or the JSON that render writes.
+Result<JobSpec> ReadSpecFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  if (!text.empty() && text[0] == '{') return JobSpecFromJson(text);
+  return ParseJobSpec(text, path);
+}
+
+int CodeFor(const Status& st) { return st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError; }
+
+}  // namespace
+
+int RunAgentProcess(const AgentProcessOptions& f) {
+  const char* addr_env = std::getenv(kEnvStoreAddr);
+  const char* token_env = std::getenv(kEnvStoreToken);
+  if (!addr_env) {
+    std::fprintf(stderr, "trainctl agent: %s must be set to the job's store URL\n", kEnvStoreAddr);
+    return kExitInvalidSpec;
+  }
+  const std::string addr = addr_env, token = token_env ? token_env : "";
+  // The token must not leak into the tasks' environment under this name.
+  ::unsetenv(kEnvStoreToken);
+  ::unsetenv(kEnvStoreAddr);
+  std::optional<JobSpec> file_spec;
+  if (!f.spec_file.empty()) {
+    auto loaded = ReadSpecFile(f.spec_file);
+    if (!loaded.ok()) {
+      LOG_ERROR("{}: {}", f.spec_file, loaded.status().message());
+      return kExitInvalidSpec;
+    }
+    file_spec = *loaded;
+  }
+  // Node 0 hosts the store when no launcher does (a cluster engine started every agent).
+  std::unique_ptr<TcpStoreServer> server;
+  if (f.serve_store && f.node_rank == 0) {
+    std::string host;
+    uint16_t port = 0;
+    Status st = !file_spec ? InvalidArgument("--serve-store needs --spec")
+                : addr.rfind("tcp://", 0) != 0
+                    ? InvalidArgument("--serve-store needs a tcp:// store URL, got " + addr)
+                    : ParseHostPort(addr.substr(6), &host, &port);
+    TcpStoreServerOptions so;
+    so.host = "0.0.0.0";
+    so.port = port;
+    so.token = token;
+    auto started = st.ok() ? TcpStoreServer::Start(so) : Result<std::unique_ptr<TcpStoreServer>>(st);
+    if (!started.ok()) {
+      LOG_ERROR("cannot serve the job's store: {}", started.status().message());
+      return CodeFor(started.status());
+    }
+    server = std::move(*started);
+  }
+  auto client = OpenStore(server ? "tcp://127.0.0.1:" + std::to_string(server->port()) : addr, token,
+                          file_spec ? file_spec->timeouts.rendezvous : std::chrono::seconds(30));
+  if (!client.ok()) {
+    LOG_ERROR("{}", client.status().message());
+    return CodeFor(client.status());
+  }
+  LOG_DEBUG("connected to the job's store{}", server ? " (served here)" : " at " + addr);
+  const std::string prefix = keys::RunPrefix(f.run_id);
+  PrefixStore store(std::move(*client), prefix);
+  if (server) {
+    if (Status st = store.Set(keys::kSpec, JobSpecToJson(*file_spec)); !st.ok()) {
+      LOG_ERROR("{}", st.message());
+      return kExitError;
+    }
+  }
+  auto spec = [&]() -> Result<JobSpec> {
+    if (file_spec) return *file_spec;
+    ASSIGN_OR_RETURN(std::string json, store.Get(keys::kSpec, std::chrono::seconds(30)));
+    return JobSpecFromJson(json);
+  }();
+  if (!spec.ok()) {
+    LOG_ERROR("cannot read the job spec from the store: {}", spec.status().message());
+    return kExitError;
+  }
+  LOG_DEBUG("job spec of {} read{}", spec->name, file_spec ? " from " + f.spec_file : " from the store");
+  AgentOptions o;
+  o.spec = *spec;
+  o.node_rank = f.node_rank;
+  o.run_id = f.run_id;
+  o.host = f.host;
+  if (o.host == "auto") {
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    o.host = name;
+  }
+  o.store_addr = addr;
+  o.store_token = token;
+  o.store_prefix = prefix;
+  o.color_output = f.color;
+  auto started = store.Add(keys::kAgentsStarted, 1);
+  Agent agent(o, &store);
+  const int code = agent.Run();
+  auto exited = store.Add(keys::kAgentsExited, 1);
+  if (server && started.ok() && exited.ok()) {
+    // The store goes when this process does: first let the other agents see how the job ended.
+    const auto deadline = Clock::now() + spec->timeouts.stop_grace + std::chrono::seconds(5);
+    while (Clock::now() < deadline) {
+      auto all = store.Add(keys::kAgentsStarted, 0);
+      auto done = store.Add(keys::kAgentsExited, 0);
+      if (!all.ok() || !done.ok() || *done >= *all) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  return code;
+}
+
+}  // namespace trainctl

@@ -1,0 +1,22 @@
+// The whole life of an agent process (`trainctl agent`): find the job's store from the
+// environment (job/agent_command.h), serve it on node 0 when no launcher does, read the spec, run
+// the Agent, and on node 0 keep the store up until the other agents have seen how the job ended.
+#pragma once
+
+#include <string>
+
+namespace trainctl {
+
+struct AgentProcessOptions {
+  int node_rank = -1;              // -1: by arrival
+  std::string run_id;
+  std::string host = "127.0.0.1";  // this node's address for peers; "auto": its host name
+  std::string spec_file;           // "" : the spec from the store
+  bool serve_store = false;        // node 0 serves the store (needs spec_file)
+  bool color = false;
+};
+
+// Returns the process's exit code. Expects BlockSupervisorSignals() and the log level set.
+int RunAgentProcess(const AgentProcessOptions& options);
+
+}  // namespace trainctl

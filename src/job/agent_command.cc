@@ -1,0 +1,17 @@
+#include "job/agent_command.h"
+
+namespace trainctl {
+
+std::vector<std::string> AgentCommand::Argv() const {
+  std::vector<std::string> argv = {trainctl};
+  if (!log_level.empty()) argv.insert(argv.end(), {"--log-level", log_level});
+  argv.push_back("agent");
+  if (!spec_file.empty()) argv.insert(argv.end(), {"--spec", spec_file});
+  argv.insert(argv.end(), {"--run-id", run_id, "--node-rank", node_rank.empty() ? "-1" : node_rank});
+  if (!host.empty()) argv.insert(argv.end(), {"--host", host});
+  if (serve_store) argv.push_back("--serve-store");
+  if (color) argv.push_back("--color");
+  return argv;
+}
+
+}  // namespace trainctl

@@ -1,0 +1,16 @@
+#include "job/paths.h"
+
+namespace trainctl::paths {
+
+std::string LogsDir(const std::string& output_dir) { return output_dir + "/logs"; }
+std::string TaskLog(const std::string& output_dir, const std::string& role, int index) {
+  return LogsDir(output_dir) + "/" + role + "-" + std::to_string(index) + ".log";
+}
+std::string JobJson(const std::string& output_dir) { return output_dir + "/job.json"; }
+std::string StatusJson(const std::string& output_dir) { return output_dir + "/status.json"; }
+std::string MetricsJsonl(const std::string& output_dir) { return output_dir + "/metrics.jsonl"; }
+std::string TensorBoardDir(const std::string& output_dir) { return output_dir + "/tensorboard"; }
+std::string Model(const std::string& output_dir) { return output_dir + "/model.safetensors"; }
+std::string SnapshotDir(const std::string& run_id) { return "/dev/shm/trainctl-" + run_id; }
+
+}  // namespace trainctl::paths

@@ -1,0 +1,21 @@
+// Where a run's files live: under the spec's output_dir, plus the in-memory snapshot on tmpfs.
+// docs/job-spec.md describes the layout for users.
+#pragma once
+
+#include <string>
+
+namespace trainctl::paths {
+
+std::string LogsDir(const std::string& output_dir);      // <out>/logs
+// <out>/logs/<role>-<index>.log: worker-0.log ... for a job without roles.
+std::string TaskLog(const std::string& output_dir, const std::string& role, int index);
+std::string JobJson(const std::string& output_dir);      // the resolved spec the run used
+std::string StatusJson(const std::string& output_dir);   // how the run ended
+std::string MetricsJsonl(const std::string& output_dir);
+std::string TensorBoardDir(const std::string& output_dir);
+std::string Model(const std::string& output_dir);        // the exported model.safetensors
+// Where the built-in trainer keeps the in-memory snapshot of run `run_id` (on tmpfs). The agents
+// and the launcher remove it when the job ends.
+std::string SnapshotDir(const std::string& run_id);
+
+}  // namespace trainctl::paths

@@ -1,0 +1,103 @@
+#include "job/records.h"
+
+#include <nlohmann/json.hpp>
+
+namespace trainctl {
+
+using nlohmann::json;
+
+namespace {
+constexpr std::pair<FailureKind, const char*> kKinds[] = {{FailureKind::kTask, "task"},
+                                                          {FailureKind::kStart, "start"},
+                                                          {FailureKind::kNodeLost, "node_lost"},
+                                                          {FailureKind::kMembership, "membership"},
+                                                          {FailureKind::kSucceeded, "succeeded"}};
+}  // namespace
+
+const char* FailureKindName(FailureKind kind) {
+  for (const auto& [k, name] : kKinds) {
+    if (k == kind) return name;
+  }
+  return "task";
+}
+
+std::string FailureRecord::ToJson() const {
+  return json{{"kind", FailureKindName(kind)}, {"round", round},        {"restarts", restarts},
+              {"final", final},               {"node_rank", node_rank},       {"host", host},          {"rank", rank},
+              {"local_rank", local_rank},     {"role", role},          {"task_index", task_index},
+              {"pid", pid},                   {"exit", exit},          {"log_path", log_path},
+              {"last_lines", last_lines}}
+      .dump();
+}
+
+Result<FailureRecord> FailureRecord::FromJson(const std::string& text) {
+  try {
+    json j = json::parse(text);
+    FailureRecord r;
+    const std::string kind = j.at("kind").get<std::string>();
+    bool known = false;
+    for (const auto& [k, name] : kKinds) {
+      if (kind == name) r.kind = k, known = true;
+    }
+    if (!known) return Internal("malformed failure record: unknown kind " + kind);
+    r.round = j.at("round").get<int>();
+    r.restarts = j.at("restarts").get<int>();
+    r.final = j.at("final").get<bool>();
+    r.node_rank = j.at("node_rank").get<int>();
+    r.host = j.at("host").get<std::string>();
+    r.rank = j.at("rank").get<int>();
+    r.local_rank = j.at("local_rank").get<int>();
+    r.role = j.at("role").get<std::string>();
+    r.task_index = j.at("task_index").get<int>();
+    r.pid = j.at("pid").get<int>();
+    r.exit = j.at("exit").get<std::string>();
+    r.log_path = j.at("log_path").get<std::string>();
+    r.last_lines = j.at("last_lines").get<std::vector<std::string>>();
+    return r;
+  } catch (const json::exception& e) {
+    return Internal(std::string("malformed failure record: ") + e.what());
+  }
+}
+
+std::string FailureRecord::Summary() const {
+  const std::string task = role + " " + std::to_string(task_index);
+  const std::string where = "rank " + std::to_string(rank) + ", node " + std::to_string(node_rank) +
+                            " on " + host + ", local rank " + std::to_string(local_rank);
+  switch (kind) {
+    case FailureKind::kNodeLost:
+      return "node " + std::to_string(node_rank) + " (" + host + ") was lost: " + exit;
+    case FailureKind::kMembership:
+    case FailureKind::kSucceeded:
+      return exit;
+    case FailureKind::kStart:
+      return task + " (" + where + ") could not start: " + exit;
+    case FailureKind::kTask:
+      break;
+  }
+  return task + " (" + where + ", pid " + std::to_string(pid) + ") failed: " + exit;
+}
+
+std::string FailureRecord::Report() const {
+  std::string out = Summary() + "\n";
+  if (!log_path.empty()) out += "  log: " + log_path + "\n";
+  if (!last_lines.empty()) {
+    out += "  last " + std::to_string(last_lines.size()) + " lines of its output:\n";
+    for (const auto& line : last_lines) out += "    | " + line + "\n";
+  }
+  return out;
+}
+
+std::string StopRecord::ToJson() const { return json{{"reason", reason}, {"code", code}}.dump(); }
+
+bool StopRecord::FromJson(const std::string& text, StopRecord* out) {
+  try {
+    auto j = json::parse(text);
+    out->reason = j.at("reason").get<std::string>();
+    out->code = j.at("code").get<int>();
+    return true;
+  } catch (const json::exception&) {
+    return false;
+  }
+}
+
+}  // namespace trainctl
