@@ -32,7 +32,7 @@ pid_t AgentPid(const std::string& run_id, int node) {
 
 std::string RunId(const std::string& output) {
   std::smatch m;
-  static const std::regex re("run ([a-z0-9-]+); worker logs");
+  static const std::regex re("run ([a-z0-9-]+); logs in");
   return std::regex_search(output, m, re) ? m[1].str() : "";
 }
 

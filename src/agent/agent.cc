@@ -403,7 +403,9 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
     }
     // Roles with `finish` end on their own (the evaluator's last model); the rest stop now.
     std::vector<int> now, later;
-    for (const auto& t : r.mine) (r.RoleOf(t).finish ? later : now).push_back(t.local);
+    for (const auto& t : r.mine) {
+      if (!group.Exited(t.local)) (r.RoleOf(t).finish ? later : now).push_back(t.local);
+    }
     group.StopSome(now, s.timeouts.stop_grace);
     const auto deadline = Clock::now() + s.timeouts.finish;
     bool said = false;

@@ -1,7 +1,6 @@
 #include <unistd.h>
 
 #include "cli/verbs.h"
-#include "data/dataset.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
 #include "common/subprocess.h"
@@ -63,27 +62,10 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
     spec->checkpoint_dir = AbsolutePath(spec->checkpoint_dir);
     spec->working_dir = AbsolutePath(spec->working_dir);
     // A program that cannot start is a spec error, found now rather than as N worker crashes.
-    std::vector<std::string> env = CurrentEnvironment();
-    for (const auto& [k, v] : spec->env) SetEnv(&env, k, v);
-    const std::string spec_file = spec_flags->Sources().files[0];
-    if (spec->trainer.enabled) {
-      const DataSpec& d = spec->trainer.data;
-      std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
-      if (Status st = data::CheckDataDir(d.dataset, dir); !st.ok()) {
-        std::fprintf(stderr, "%s: trainer.data: %s\n", spec_file.c_str(), st.message().c_str());
-        *code = kExitInvalidSpec;
-        return;
-      }
-    } else {
-      std::string program = spec->command[0];
-      if (program.find('/') != std::string::npos && program[0] != '/' && !spec->working_dir.empty()) {
-        program = spec->working_dir + "/" + program;
-      }
-      if (auto found = FindExecutable(program, env); !found.ok()) {
-        std::fprintf(stderr, "%s: command: %s\n", spec_file.c_str(), found.status().message().c_str());
-        *code = kExitInvalidSpec;
-        return;
-      }
+    if (Status st = Preflight(*spec, spec_flags->Sources().files[0]); !st.ok()) {
+      std::fprintf(stderr, "%s\n", st.message().c_str());
+      *code = kExitInvalidSpec;
+      return;
     }
     BlockSupervisorSignals();
     LaunchOptions options = *lo;

@@ -58,13 +58,16 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = kExitInvalidSpec;
       return;
     }
+    if (Status st = Preflight(*spec, spec_flags->Sources().files[0]); !st.ok()) {
+      std::fprintf(stderr, "%s\n", st.message().c_str());
+      *code = kExitInvalidSpec;
+      return;
+    }
     if (*print) {
       std::printf("%s\n", JobSpecToJson(*spec, 2).c_str());
     } else {
-      std::string argv = Join(spec->command, " ");
-      std::printf("%s: valid: job %s, %d node(s) x %d worker(s), command: %s\n",
-                  Join(spec_flags->Sources().files, " + ").c_str(), spec->name.c_str(),
-                  spec->nodes.max, spec->procs_per_node, argv.c_str());
+      std::printf("%s: valid: job %s, %s\n", Join(spec_flags->Sources().files, " + ").c_str(),
+                  spec->name.c_str(), DescribeTasks(*spec).c_str());
     }
     *code = kExitOk;
   });

@@ -36,6 +36,10 @@ struct SpecFlags {
 // `path` made absolute against the current directory and normalized; "" stays "".
 std::string AbsolutePath(const std::string& path);
 
+// What can never succeed, found before anything starts: a program that cannot be run, a missing
+// dataset. Every problem, one per line, each starting with `spec_file`.
+Status Preflight(const JobSpec& spec, const std::string& spec_file);
+
 // Loads the spec; on error prints every problem to stderr and returns nullopt.
 std::optional<JobSpec> LoadOrReport(const SpecFlags& flags);
 

@@ -30,6 +30,27 @@ int TrainingWorkers(const JobSpec& spec) {
   return n;
 }
 
+std::string DescribeTasks(const JobSpec& spec, bool programs) {
+  auto program = [&](const std::vector<std::string>& command) {
+    if (command.empty()) return std::string("built-in trainer");
+    std::string out;
+    for (const auto& w : command) out += (out.empty() ? "" : " ") + w;
+    return out;
+  };
+  const std::string nodes = std::to_string(spec.nodes.max) + " node(s)";
+  if (spec.roles.empty()) {
+    const std::string workers = nodes + " x " + std::to_string(spec.procs_per_node) + " worker(s)";
+    if (!programs) return workers;
+    return workers + ", " + (spec.trainer.enabled ? "built-in trainer" : "command: " + program(spec.command));
+  }
+  std::string roles;
+  for (const auto& r : spec.roles) {
+    roles += (roles.empty() ? "" : ", ") + r.name + " x" + std::to_string(r.replicas) +
+             (programs ? " (" + program(r.command) + ")" : "");
+  }
+  return nodes + ", roles: " + roles;
+}
+
 const RoleSpec* FindRole(const std::vector<RoleSpec>& roles, const std::string& name) {
   for (const auto& r : roles) {
     if (r.name == name) return &r;

@@ -190,6 +190,10 @@ std::vector<RoleSpec> JobRoles(const JobSpec& spec, int nodes);
 // How many tasks train with the built-in trainer: every task of a job without roles, else the
 // tasks of its chief and worker roles that run the trainer.
 int TrainingWorkers(const JobSpec& spec);
+// "2 node(s) x 4 worker(s), command: python3 train.py"; with roles "1 node(s), roles: ps x2,
+// worker x3 (built-in trainer)".
+// Without `programs`, only the counts: "2 node(s) x 4 worker(s)", "1 node(s), roles: ps x2, ...".
+std::string DescribeTasks(const JobSpec& spec, bool programs = true);
 // The role named `name`, or nullptr.
 const RoleSpec* FindRole(const std::vector<RoleSpec>& roles, const std::string& name);
 

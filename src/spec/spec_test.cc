@@ -351,5 +351,150 @@ timeouts: {rendezvous: 1m, stop_grace: 3s, job: 1h}
   EXPECT_FALSE(JobSpecFromJson("{}").ok());
 }
 
+// The seed's TensorFlow layout: parameter servers, workers, a chief and an evaluator.
+const char* kRoles = R"(name: tf
+command: [python3, task.py]
+env: {SHARED: "1", MODE: job}
+resources: {cpus: 1}
+roles:
+  - name: ps
+    replicas: 2
+    resources: {cpus: 2, memory: 1Gi}
+  - name: worker
+    replicas: 3
+    env: {MODE: worker}
+  - name: chief
+  - name: evaluator
+    command: [python3, eval.py]
+    args: [--watch]
+)";
+
+TEST(Roles, ParseAndInheritFromTheJob) {
+  auto spec = ParseJobSpec(kRoles, "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  ASSERT_EQ(spec->roles.size(), 4u);
+  EXPECT_EQ(spec->world_size(), 7);
+  const RoleSpec& ps = spec->roles[0];
+  EXPECT_EQ(ps.replicas, 2);
+  EXPECT_EQ(ps.command, (std::vector<std::string>{"python3", "task.py"}));
+  EXPECT_DOUBLE_EQ(ps.resources.cpus, 2);
+  EXPECT_EQ(ps.resources.memory_bytes, 1LL << 30);
+  const RoleSpec& worker = spec->roles[1];
+  EXPECT_DOUBLE_EQ(worker.resources.cpus, 1);  // the job's
+  // The job's env, then the role's, which wins.
+  EXPECT_EQ(worker.env, (std::vector<std::pair<std::string, std::string>>{{"SHARED", "1"}, {"MODE", "worker"}}));
+  EXPECT_EQ(spec->roles[3].command, (std::vector<std::string>{"python3", "eval.py"}));
+  EXPECT_EQ(spec->roles[3].args, std::vector<std::string>{"--watch"});
+  // TFJob's success policy: with a chief, the chief decides; ps are services; the evaluator's
+  // failure is ignored and it may finish after the job succeeds.
+  EXPECT_FALSE(ps.success);
+  EXPECT_FALSE(worker.success);
+  EXPECT_TRUE(spec->roles[2].success);
+  EXPECT_FALSE(spec->roles[3].success);
+  EXPECT_EQ(ps.on_failure, "restart_job");
+  EXPECT_EQ(spec->roles[3].on_failure, "ignore");
+  EXPECT_TRUE(spec->roles[3].finish);
+  EXPECT_FALSE(worker.finish);
+  // Without a chief every worker decides.
+  auto no_chief = ParseJobSpec("name: x\ncommand: [a]\nroles: [{name: ps}, {name: worker, replicas: 2}]\n", "j");
+  ASSERT_TRUE(no_chief.ok()) << no_chief.status().message();
+  EXPECT_FALSE(no_chief->roles[0].success);
+  EXPECT_TRUE(no_chief->roles[1].success);
+  auto back = JobSpecFromJson(JobSpecToJson(*spec));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(JobSpecToJson(*back), JobSpecToJson(*spec));
+}
+
+TEST(Roles, ErrorsAreLocated) {
+  EXPECT_EQ(Errors("name: x\ncommand: [a]\nroles:\n  - {name: ps}\n  - {name: ps}\n"),
+            "job.yaml:5: roles[1].name: duplicate role name \"ps\"; role names must differ");
+  EXPECT_EQ(Errors("name: x\ncommand: [a]\nroles:\n  - {name: worker, replicas: 0}\n"),
+            "job.yaml:4: roles[0].replicas: expected a positive integer from 1 to 10000, got \"0\"");
+  EXPECT_EQ(Errors("name: x\ncommand: [a]\nroles:\n  - {name: Work_er}\n"),
+            "job.yaml:4: roles[0].name: expected a role name of lowercase letters, digits and '-' "
+            "(ps, worker, chief, evaluator, ...), got \"Work_er\"");
+  EXPECT_NE(Errors("name: x\ncommand: [a]\nroles:\n  - {name: worker, replica: 2}\n")
+                .find("job.yaml:4: roles[0].replica: unknown field; did you mean 'replicas'?"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: x\ncommand: [a]\nprocs_per_node: 2\nroles: [{name: worker}]\n")
+                .find("job.yaml:3: procs_per_node: goes with a job without roles"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: x\ncommand: [a]\nnodes: 1:3\nroles: [{name: worker, replicas: 3}]\n")
+                .find("job.yaml:3: nodes: a job with roles runs on a fixed number of nodes"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: x\nroles:\n  - {name: worker}\n").find("job.yaml:3: roles[0].command: required"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: x\ncommand: [a]\nroles: [{name: ps}, {name: evaluator}]\n")
+                .find("job.yaml:3: roles: no role decides the job's success"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: x\ncommand: [a]\nnodes: 3\nroles: [{name: worker, replicas: 2}]\n")
+                .find("fewer than the 3 nodes"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: x\ncommand: [a]\nroles: []\n").find("job.yaml:3: roles: expected a list of roles"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: x\ncommand: [a]\nroles: [{name: w, on_failure: retry}]\n")
+                .find("roles[0].on_failure: expected one of restart_job, restart_task, ignore"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: x\ncommand: [a]\nroles: [{name: w, env: {RANK: 1}}]\n")
+                .find("roles[0].env.RANK: reserved"),
+            std::string::npos);
+}
+
+TEST(Roles, TheBuiltInTrainerHasPartsForPsWorkerChiefAndEvaluator) {
+  const std::string trainer = "name: x\ntrainer: {epochs: 1, strategy: parameter_server}\n";
+  auto ok = ParseJobSpec(trainer + "roles: [{name: ps, replicas: 2}, {name: worker, replicas: 3}, "
+                                   "{name: evaluator}, {name: importer, command: [sh, import.sh]}]\n",
+                         "job.yaml");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(TrainingWorkers(*ok), 3);
+  EXPECT_TRUE(ok->roles[0].command.empty());
+  EXPECT_EQ(ok->roles[3].command[0], "sh");
+  EXPECT_NE(Errors(trainer + "roles: [{name: ps}, {name: worker}, {name: importer}]\n")
+                .find("job.yaml:3: roles[2].name: the built-in trainer has parts for the roles ps, "
+                      "worker, chief and evaluator; role \"importer\" needs its own command"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: x\ntrainer: {epochs: 1}\nroles: [{name: ps}, {name: worker}]\n")
+                .find("a ps role of the built-in trainer needs trainer.strategy: parameter_server"),
+            std::string::npos);
+  EXPECT_NE(Errors(trainer + "roles: [{name: worker, replicas: 2}]\n")
+                .find("trainer.strategy: parameter_server needs a ps role and a worker"),
+            std::string::npos);
+  EXPECT_NE(Errors(trainer).find("trainer.strategy: parameter_server needs roles"), std::string::npos);
+  // Async workers restart alone by default: a lost worker does not stop the job.
+  auto async = ParseJobSpec("name: x\ntrainer: {strategy: parameter_server, parameter_server: "
+                            "{mode: async}}\nroles: [{name: ps}, {name: worker, replicas: 2}]\n", "j");
+  ASSERT_TRUE(async.ok()) << async.status().message();
+  EXPECT_EQ(async->roles[1].on_failure, "restart_task");
+  EXPECT_EQ(async->roles[0].on_failure, "restart_job");
+}
+
+TEST(Roles, LayersAndSetReachIntoRoles) {
+  testing::Scratch s;
+  std::string base = s.Write("job.yaml", kRoles);
+  auto spec = LoadJobSpec({{base}, {"roles[1].replicas=16", "roles[0].env.EXTRA=2"}});
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->roles[1].replicas, 16);
+  EXPECT_EQ(spec->world_size(), 20);
+  EXPECT_EQ(spec->roles[0].env.back(), (std::pair<std::string, std::string>{"EXTRA", "2"}));
+  auto bad = LoadJobSpec({{base}, {"roles[1].replicas=none"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            "--set roles[1].replicas=none: roles[1].replicas: expected a positive integer, got \"none\"");
+}
+
+TEST(Roles, AJobWithoutRolesIsOneWorkerRole) {
+  auto spec = ParseJobSpec("name: x\ncommand: [a, b]\nargs: [c]\nprocs_per_node: 3\nnodes: 1:4\n", "j");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_TRUE(spec->roles.empty());
+  auto roles = JobRoles(*spec, 2);
+  ASSERT_EQ(roles.size(), 1u);
+  EXPECT_EQ(roles[0].name, "worker");
+  EXPECT_EQ(roles[0].replicas, 6);
+  EXPECT_EQ(roles[0].command, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(roles[0].args, std::vector<std::string>{"c"});
+  EXPECT_TRUE(roles[0].success);
+  EXPECT_EQ(roles[0].on_failure, "restart_job");
+}
+
 }  // namespace
 }  // namespace trainctl

@@ -149,8 +149,8 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     }
     agents.push_back({name, *pid, false});
   }
-  LOG_INFO("started {} node(s) x {} worker(s){}, run {}; worker logs in {}/logs", spec.nodes.max,
-           spec.procs_per_node, one ? " under " + agents.front().name : "", run_id, spec.output_dir);
+  LOG_INFO("started {}{}, run {}; logs in {}", DescribeTasks(spec, /*programs=*/false),
+           one ? " under " + agents.front().name : "", run_id, paths::LogsDir(spec.output_dir));
 
   const bool has_deadline = spec.timeouts.job.count() > 0;
   const auto job_deadline = start + spec.timeouts.job;
