@@ -60,10 +60,19 @@ void AddEval(CLI::App& app, const GlobalFlags& flags, int* code) {
   CLI::App* cmd = app.add_subcommand(
       "eval", "Evaluate a trained model on its test set: overall and per-class accuracy and the "
               "confusion matrix");
-  cmd->add_option("--checkpoint", o->checkpoint,
-                  "a model or checkpoint (.safetensors: <output_dir>/model.safetensors, or a "
-                  "checkpoint file), or a checkpoint directory (its newest valid checkpoint)")
-      ->required();
+  auto* checkpoint = cmd->add_option(
+      "--checkpoint", o->checkpoint,
+      "a model or checkpoint (.safetensors: <output_dir>/model.safetensors, or a "
+      "checkpoint file), or a checkpoint directory (its newest valid checkpoint)");
+  auto* watch = cmd->add_option(
+      "--watch", o->watch,
+      "a checkpoint directory: evaluate each checkpoint as it appears (a sidecar evaluator), "
+      "appending test accuracy to metrics.jsonl and tensorboard/eval/ in --metrics-dir; ends "
+      "once the run's final model.safetensors appears there, or on Ctrl-C");
+  checkpoint->excludes(watch);
+  cmd->add_option("--metrics-dir", o->metrics_dir,
+                  "--watch: the run's output directory (default: the checkpoint directory's parent)")
+      ->needs(watch);
   cmd->add_option("--data", o->data_dir,
                   "directory with the test set (default: the one the model was trained on)");
   cmd->add_option("--limit", o->limit, "evaluate only the first N test images")
@@ -76,7 +85,20 @@ void AddEval(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_option("--batch", o->batch, "images per forward pass")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->callback([o, code] { *code = CallPlugin("eval", o.get()); });
+  cmd->callback([o, code] {
+    if (o->checkpoint.empty() == o->watch.empty()) {
+      std::fprintf(stderr, "trainctl eval: give a model with --checkpoint, or a checkpoint directory to "
+                           "follow with --watch\n");
+      *code = kExitInvalidSpec;
+      return;
+    }
+    if (!o->watch.empty() && !IsDirectory(o->watch)) {
+      std::fprintf(stderr, "trainctl eval: --watch %s: not a directory\n", o->watch.c_str());
+      *code = kExitInvalidSpec;
+      return;
+    }
+    *code = CallPlugin("eval", o.get());
+  });
 }
 
 }  // namespace trainctl::cli

@@ -95,6 +95,9 @@ Status CheckGroup(const char* backend, int rank, int size);
 Status AnnounceRank(Store& store, int rank, const std::string& address);
 Status NameStalledRanks(Store& store, int rank, int size, Duration grace, const Status& error);
 
+// A group of one: for a trainer whose gradients go elsewhere (parameter servers).
+std::unique_ptr<Communicator> ConnectLocal();
+
 struct GlooOptions {
   int rank = 0;
   int size = 1;

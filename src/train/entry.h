@@ -17,6 +17,10 @@ int RunTrainer(const TrainOptions& options);
 // `trainctl eval`: evaluates a checkpoint or exported model on a test set and prints the report.
 struct EvalOptions {
   std::string checkpoint;  // a .safetensors file, or a directory: its newest valid checkpoint
+  // Instead: a checkpoint directory to watch, evaluating each new checkpoint as it appears, until
+  // the run's final model exists in `metrics_dir` and has been evaluated (or SIGINT/SIGTERM).
+  std::string watch;
+  std::string metrics_dir;  // watch: test accuracy goes to its metrics.jsonl and tensorboard/eval
   std::string data_dir;    // "": the directory recorded in the checkpoint
   int64_t limit = 0;       // evaluate the first N test images (0: all)
   std::string format = "text";  // text | json

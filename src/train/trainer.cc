@@ -13,6 +13,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
+#include <set>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -28,9 +30,13 @@
 #include "job/keys.h"
 #include "job/paths.h"
 #include "job/task_env.h"
+#include <nlohmann/json.hpp>
+
+#include "comm/ps/ps.h"
 #include "train/entry.h"
 #include "train/evaluate.h"
 #include "train/optimizer.h"
+#include "train/ps_server.h"
 #include "train/reducer.h"
 #include "train/schedule.h"
 
@@ -120,16 +126,23 @@ double PeakRssMb() {
 // Everything one training process holds.
 class Trainer {
  public:
+  // `ps`: the parameter servers, for the parameter_server strategy (then `comm` is a group of
+  // one); null for allreduce.
   Trainer(JobSpec spec, const TaskEnv& env, int rank, int world, comm::Communicator* comm,
-          torch::Device device)
+          torch::Device device, comm::ps::Client* ps = nullptr)
       : spec_(std::move(spec)), t_(spec_.trainer), env_(env), rank_(rank), world_(world), comm_(comm),
-        device_(device) {}
+        device_(device), ps_(ps) {}
 
   Status Run();
 
  private:
   Status Setup();
   Status Resume();
+  Status LoadNewest(int64_t position[4], int64_t* opt_steps);
+  Status ResumeFromShards();
+  Status PsStep();
+  Status FetchFromShards();
+  Status FinishWithShards();
   Status TrainEpoch(int64_t epoch, int64_t first_batch);
   Status EvalEpoch(int64_t epoch);
   Status SyncBuffers();
@@ -146,6 +159,10 @@ class Trainer {
   int rank_, world_;  // among the training tasks
   comm::Communicator* comm_;
   torch::Device device_;
+  comm::ps::Client* ps_;      // parameter_server strategy: the shards; else null
+  int64_t ps_version_ = 0;    // the shards' version of this worker's parameters
+  double ps_wait_seconds_ = 0;  // in PushPull since the last epoch's report
+  torch::Tensor ps_host_params_, ps_host_grads_;  // a GPU's parameters and gradients, staged
 
   data::ImageSet train_set_, test_set_;
   Normalizer norm_;
@@ -201,7 +218,12 @@ Status Trainer::Setup() {
   reducer_ = std::make_unique<GradientReducer>(params, comm_, size_t(t_.bucket_mb * (1 << 20)));
   optimizer_ = std::make_unique<Optimizer>(t_.optimizer, reducer_->flat_params(), reducer_->flat_grads());
   checkpoints_ = std::make_unique<checkpoint::CheckpointDir>(spec_.checkpoint_dir, t_.keep_last);
-  if (t_.snapshot_every > 0 && !env_.run_id.empty()) {
+  if (ps_ && device_.is_cuda()) {
+    ps_host_params_ = torch::empty_like(reducer_->flat_params(), torch::TensorOptions().device(torch::kCPU));
+    ps_host_grads_ = torch::empty_like(ps_host_params_);
+  }
+  // In-memory snapshots hold what every rank has; with parameter servers the shards hold it.
+  if (t_.snapshot_every > 0 && !env_.run_id.empty() && !ps_) {
     snapshots_ = std::make_unique<checkpoint::CheckpointDir>(paths::SnapshotDir(env_.run_id), 1);
   }
   if (rank_ == 0) {
@@ -249,6 +271,7 @@ Status Trainer::SaveCheckpoint() {
   RETURN_IF_ERROR(SyncBuffers());
   last_saved_ = true;
   if (rank_ != 0) return Status::Ok();
+  if (ps_) RETURN_IF_ERROR(FetchFromShards());
   Status st = checkpoints_->Save(Snapshot(/*with_optimizer=*/true));
   if (st.ok()) LOG_DEBUG("checkpoint at step {}", step_);
   return st;
@@ -279,10 +302,36 @@ Status Trainer::Export() {
 // Rank 0 reads the newest valid checkpoint and broadcasts it, so ranks on hosts without the
 // shared checkpoint directory resume too.
 Status Trainer::Resume() {
+  if (ps_) return ResumeFromShards();
   int64_t header[4] = {0, 0, 0, 0};  // found, step, samples done in the epoch, epoch
   std::vector<std::pair<std::string, torch::Tensor>> opt_state = optimizer_->State();
   int64_t opt_steps = 0;
-  if (rank_ == 0) {
+  if (rank_ == 0) RETURN_IF_ERROR(LoadNewest(header, &opt_steps));
+  RETURN_IF_ERROR(comm_->Broadcast(header, sizeof header, 0));
+  RETURN_IF_ERROR(reducer_->BroadcastParameters());
+  RETURN_IF_ERROR(SyncBuffers());
+  if (!header[0]) return Status::Ok();
+  RETURN_IF_ERROR(comm_->Broadcast(&opt_steps, sizeof opt_steps, 0));
+  for (auto& [name, t] : opt_state) {
+    RETURN_IF_ERROR(comm_->Broadcast(t.data_ptr(), t.numel() * t.element_size(), 0));
+  }
+  optimizer_->set_steps(opt_steps);
+  step_ = header[1];
+  epoch_ = header[3];
+  // The same position in the epoch's sample order, even if the world size changed.
+  batch_in_epoch_ = header[2] / (batch_ * world_);
+  if (batch_in_epoch_ >= steps_per_epoch_) {
+    ++epoch_;
+    batch_in_epoch_ = 0;
+  }
+  return Status::Ok();
+}
+
+// Rank 0: the newest valid checkpoint or in-memory snapshot, loaded into the model and the
+// optimizer; position = {found, step, samples done in the epoch, epoch}.
+Status Trainer::LoadNewest(int64_t header[4], int64_t* opt_steps) {
+  std::vector<std::pair<std::string, torch::Tensor>> opt_state = optimizer_->State();
+  {
     std::vector<std::string> skipped;
     auto ckpt = checkpoints_->LoadLatest(&skipped);
     const checkpoint::CheckpointDir* from = checkpoints_.get();
@@ -320,7 +369,7 @@ Status Trainer::Resume() {
                                        " lacks optimizer state " + name);
         RETURN_IF_ERROR(CopyBlob(*b, t));
       }
-      opt_steps = position[0];
+      *opt_steps = position[0];
       header[0] = 1;
       header[1] = ckpt->step;
       header[2] = position[1] * position[2];
@@ -331,23 +380,97 @@ Status Trainer::Resume() {
       return ckpt.status();
     }
   }
-  RETURN_IF_ERROR(comm_->Broadcast(header, sizeof header, 0));
-  RETURN_IF_ERROR(reducer_->BroadcastParameters());
-  RETURN_IF_ERROR(SyncBuffers());
-  if (!header[0]) return Status::Ok();
-  RETURN_IF_ERROR(comm_->Broadcast(&opt_steps, sizeof opt_steps, 0));
-  for (auto& [name, t] : opt_state) {
-    RETURN_IF_ERROR(comm_->Broadcast(t.data_ptr(), t.numel() * t.element_size(), 0));
+  return Status::Ok();
+}
+
+namespace {
+float* HostFloats(const torch::Tensor& device_or_host, const torch::Tensor& staging) {
+  return (staging.defined() ? staging : device_or_host).data_ptr<float>();
+}
+}  // namespace
+
+// Parameter servers: rank 0 gives the shards their parameters and optimizer state (the seeded
+// model's, or the newest checkpoint's) unless they already hold them (rank 0 alone was replaced);
+// every worker then pulls them and goes on from its own step (a replaced async worker) or the
+// shards' starting step.
+Status Trainer::ResumeFromShards() {
+  torch::Tensor params = reducer_->flat_params();
+  const int64_t count = params.numel();
+  if (rank_ == 0 && !ps_->initialized()) {
+    int64_t header[4] = {0, 0, 0, 0};
+    int64_t opt_steps = 0;
+    RETURN_IF_ERROR(LoadNewest(header, &opt_steps));
+    if (ps_host_params_.defined()) ps_host_params_.copy_(params);
+    std::vector<std::pair<std::string, torch::Tensor>> opt = optimizer_->State();
+    std::vector<torch::Tensor> host;
+    std::vector<std::pair<std::string, const float*>> state;
+    for (auto& [name, t] : opt) {
+      host.push_back(t.cpu().contiguous());
+      state.emplace_back(name, host.back().data_ptr<float>());
+    }
+    RETURN_IF_ERROR(ps_->Init(HostFloats(params, ps_host_params_), count, state, opt_steps,
+                              header[0] ? header[1] : 0, total_steps_));
+  } else {
+    RETURN_IF_ERROR(ps_->WaitInitialized());
   }
-  optimizer_->set_steps(opt_steps);
-  step_ = header[1];
-  epoch_ = header[3];
-  // The same position in the epoch's sample order, even if the world size changed.
-  batch_in_epoch_ = header[2] / (batch_ * world_);
-  if (batch_in_epoch_ >= steps_per_epoch_) {
-    ++epoch_;
-    batch_in_epoch_ = 0;
+  ASSIGN_OR_RETURN(ps_version_, ps_->Pull(HostFloats(params, ps_host_params_), count));
+  if (ps_host_params_.defined()) params.copy_(ps_host_params_);
+  step_ = ps_->steps_done() > 0 ? ps_->steps_done() : ps_->init_step();
+  epoch_ = step_ / steps_per_epoch_;
+  batch_in_epoch_ = step_ % steps_per_epoch_;
+  if (step_ > 0) {
+    LOG_INFO("going on from step {} (epoch {}) with the parameter servers' state", step_, epoch_ + 1);
   }
+  return Status::Ok();
+}
+
+// One step with parameter servers: push this worker's gradients, take the parameters back.
+Status Trainer::PsStep() {
+  torch::Tensor params = reducer_->flat_params(), grads = reducer_->flat_grads();
+  if (ps_host_grads_.defined()) ps_host_grads_.copy_(grads);
+  const auto start = Clock::now();
+  struct Timed {
+    double* total;
+    Clock::time_point start;
+    ~Timed() { *total += SecondsSince(start); }
+  } timed{&ps_wait_seconds_, start};
+  ASSIGN_OR_RETURN(ps_version_, ps_->PushPull(HostFloats(grads, ps_host_grads_),
+                                              HostFloats(params, ps_host_params_), params.numel(),
+                                              ps_version_, step_ + 1));
+  if (ps_host_params_.defined()) params.copy_(ps_host_params_);
+  return Status::Ok();
+}
+
+// Rank 0, for a checkpoint: the shards' parameters and optimizer state, into this worker's.
+Status Trainer::FetchFromShards() {
+  torch::Tensor params = reducer_->flat_params();
+  ASSIGN_OR_RETURN(comm::ps::ShardState st, ps_->FetchState(params.numel()));
+  torch::NoGradGuard no_grad;
+  params.copy_(torch::from_blob(st.params.data(), {params.numel()}));
+  for (auto& [name, t] : optimizer_->State()) {
+    auto it = std::find_if(st.state.begin(), st.state.end(), [&](const auto& e) { return e.first == name; });
+    if (it == st.state.end()) return Internal("the parameter servers hold no optimizer state " + name);
+    t.copy_(torch::from_blob(it->second.data(), {t.numel()}));
+  }
+  optimizer_->set_steps(st.optimizer_steps);
+  return Status::Ok();
+}
+
+// The end of training with parameter servers: every worker says so; rank 0 waits for all of them
+// (async workers end at their own pace) before it saves the final state.
+Status Trainer::FinishWithShards() {
+  ASSIGN_OR_RETURN(int64_t done, ps_->Done());
+  if (rank_ != 0) return Status::Ok();
+  auto said = Clock::now();
+  while (done < world_) {
+    if (Clock::now() - said > std::chrono::seconds(30)) {
+      LOG_INFO("waiting for {} of {} workers to finish their steps", world_ - done, world_);
+      said = Clock::now();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSIGN_OR_RETURN(done, ps_->DoneCount());
+  }
+  last_saved_ = false;  // the final state is the shards' now
   return Status::Ok();
 }
 
@@ -402,7 +525,11 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     loss.backward();
     RETURN_IF_ERROR(reducer_->Finish());
     lr = LearningRate(t_.optimizer, t_.schedule, step_, total_steps_, world_);
-    optimizer_->Step(lr);
+    if (ps_) {
+      RETURN_IF_ERROR(PsStep());  // the shards apply the optimizer
+    } else {
+      optimizer_->Step(lr);
+    }
     ++step_;
     ++batch_in_epoch_;
     last_saved_ = false;
@@ -434,14 +561,15 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
   }
   double seconds = SecondsSince(epoch_start);
   double waited = reducer_->TakeWaitSeconds();
-  LOG_INFO("epoch {}: {:.2f} s training, {:.2f} s of it waiting for the gradient allreduce",
-           epoch + 1, seconds, waited);
+  if (ps_) std::swap(waited, ps_wait_seconds_), ps_wait_seconds_ = 0;
+  LOG_INFO("epoch {}: {:.2f} s training, {:.2f} s of it waiting for the {}", epoch + 1, seconds,
+           waited, ps_ ? "parameter servers" : "gradient allreduce");
   if (rank_ == 0 && count > 0) {
     RETURN_IF_ERROR(jsonl_->Write({{"epoch", double(epoch + 1)},
                                    {"step", double(step_)},
                                    {"epoch_seconds", seconds},
                                    {"epoch_samples_per_s", count * batch_ * world_ / seconds},
-                                   {"allreduce_wait_seconds", waited},
+                                   {ps_ ? "ps_wait_seconds" : "allreduce_wait_seconds", waited},
                                    {"peak_rss_mb", PeakRssMb()}}));
   }
   return Status::Ok();
@@ -449,8 +577,12 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
 
 Status Trainer::EvalEpoch(int64_t epoch) {
   RETURN_IF_ERROR(SyncBuffers());
+  // With parameter servers the workers share no collective (async ones are not even in step):
+  // rank 0 evaluates alone.
+  if (ps_ && rank_ != 0) return Status::Ok();
+  const int eval_rank = ps_ ? 0 : rank_, eval_world = ps_ ? 1 : world_;
   int64_t n = test_set_.count;
-  Confusion c = Evaluate(*model_, test_set_, n * rank_ / world_, n * (rank_ + 1) / world_, norm_);
+  Confusion c = Evaluate(*model_, test_set_, n * eval_rank / eval_world, n * (eval_rank + 1) / eval_world, norm_);
   std::vector<float> counts(c.counts.begin(), c.counts.end());
   RETURN_IF_ERROR(comm_->AllReduceSum(counts.data(), counts.size()));
   c.counts.assign(counts.begin(), counts.end());
@@ -482,6 +614,7 @@ Status Trainer::Run() {
     batch_in_epoch_ = 0;
     if (t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
   }
+  if (ps_) RETURN_IF_ERROR(FinishWithShards());
   if (!last_saved_) RETURN_IF_ERROR(SaveCheckpoint());
   // Every rank logs a digest of its final parameters: data parallelism keeps them bit-identical,
   // and a rank that drifted is easy to spot.
@@ -512,8 +645,32 @@ int RunTrainer(const TrainOptions& options) {
   if (!spec_json.ok()) return fail(spec_json.status());
   auto spec = JobSpecFromJson(*spec_json);
   if (!spec.ok()) return fail(spec.status());
-  const int rank = env->rank, world = env->world_size, restart = env->restart_count;
-  log::SetContext(spec->name, "rank=" + std::to_string(rank), restart);
+  // The task's part: a job without roles is all workers; with roles, each role has its part.
+  const std::string part = spec->roles.empty() ? "worker" : env->role_name;
+  const int restart = env->restart_count;
+  log::SetContext(spec->name, spec->roles.empty() ? "rank=" + std::to_string(env->rank)
+                                                  : part + "=" + std::to_string(env->role_rank),
+                  restart);
+  if (part == "ps") return RunParameterServer(*spec, *env);
+  if (part == "evaluator") {
+    EvalOptions watch;
+    watch.watch = spec->checkpoint_dir;
+    watch.metrics_dir = spec->output_dir;
+    watch.threads = spec->trainer.threads;
+    watch.limit = spec->trainer.data.test_limit;
+    return RunEval(watch);
+  }
+  if (part != "worker" && part != "chief") {
+    return fail(InvalidArgument("the built-in trainer has no part for the role " + part));
+  }
+  // Training rank: a chief first, then the workers by index.
+  const bool has_chief = FindRole(spec->roles, "chief") != nullptr;
+  const int rank = spec->roles.empty() ? env->rank
+                   : part == "chief"   ? 0
+                                       : (has_chief ? 1 : 0) + env->role_rank;
+  // Without roles the round's size (an elastic job shrinks and grows); roles are fixed.
+  const int world = spec->roles.empty() ? env->world_size : TrainingWorkers(*spec);
+  const bool ps_strategy = spec->trainer.strategy == "parameter_server";
 
   const TrainerSpec& t = spec->trainer;
   torch::Device device(torch::kCPU);
@@ -550,7 +707,7 @@ int RunTrainer(const TrainOptions& options) {
   // Collectives: shared memory when every rank is on this host, else Gloo over TCP.
   // A fresh key space per rendezvous round (a membership change starts a round, not a restart).
   PrefixStore comm_store(client->get(), env->store_prefix + keys::CommPrefix(env->round));
-  const bool one_node = env->group_world_size == 1 || env->local_world_size == world;
+  const bool one_node = env->group_world_size == 1 || (spec->roles.empty() && env->local_world_size == world);
   const bool nccl = device.is_cuda();  // the spec allows only nccl (or auto) with cuda
   const bool shm = !nccl && (t.backend == "shm" || (t.backend == "auto" && one_node));
   // A hang is reported within timeouts.collective: the collective gives up a little earlier and
@@ -559,7 +716,22 @@ int RunTrainer(const TrainOptions& options) {
   const Duration comm_timeout = spec->timeouts.collective - stall_grace;
   const std::string host = env->host.empty() ? "127.0.0.1" : env->host;
   Result<std::unique_ptr<comm::Communicator>> comm = Unavailable("");
-  if (nccl) {
+  std::unique_ptr<comm::ps::Client> ps;
+  if (ps_strategy) {  // gradients go to the parameter servers: no collective among the workers
+    comm::ps::ClientOptions po;
+    try {
+      po.shards = nlohmann::json::parse(env->tf_config).at("cluster").at("ps").get<std::vector<std::string>>();
+    } catch (const nlohmann::json::exception& e) {
+      return fail(Internal(std::string("TF_CONFIG names no parameter servers: ") + e.what()));
+    }
+    po.token = env->store_token;
+    po.worker = rank;
+    po.timeout = spec->timeouts.collective;
+    auto connected = comm::ps::Client::Connect(po);
+    if (!connected.ok()) return fail(connected.status());
+    ps = std::move(*connected);
+    comm = comm::ConnectLocal();
+  } else if (nccl) {
     comm::NcclOptions no;
     no.rank = rank;
     no.size = world;
@@ -584,9 +756,9 @@ int RunTrainer(const TrainOptions& options) {
   if (Status st = comm::AnnounceRank(comm_store, rank, host); !st.ok()) return fail(st);
 
   try {
-    Trainer trainer(*spec, *env, rank, world, comm->get(), device);
+    Trainer trainer(*spec, *env, rank, world, comm->get(), device, ps.get());
     Status st = trainer.Run();
-    if (st.code() == Code::kTimeout) {
+    if (st.code() == Code::kTimeout && !ps) {
       st = comm::NameStalledRanks(comm_store, rank, world, stall_grace, st);
     }
     if (!st.ok()) return fail(st);
@@ -596,56 +768,137 @@ int RunTrainer(const TrainOptions& options) {
   return kExitOk;
 }
 
+namespace {
+
+// Evaluates checkpoints on the test set they name, loading that set once.
+class CheckpointEvaluator {
+ public:
+  explicit CheckpointEvaluator(const EvalOptions& o) : o_(o) {}
+
+  Result<std::string> Report(const checkpoint::Checkpoint& ckpt, const std::string& path, double* accuracy) {
+    if (ckpt.Meta("model").empty() || ckpt.Meta("norm_mean").empty()) {
+      return InvalidArgument(path + ": not a trainctl model (its metadata lacks model and norm_mean)");
+    }
+    DataSpec ds;
+    ds.dataset = ckpt.Meta("dataset");
+    ds.dir = o_.data_dir.empty() ? ckpt.Meta("data_dir") : o_.data_dir;
+    ds.test_limit = o_.limit;
+    std::vector<float> shape = SplitFloats(ckpt.Meta("shape"));
+    if (shape.size() == 3) ds.shape = {int64_t(shape[0]), int64_t(shape[1]), int64_t(shape[2])};
+    ds.classes = std::atoi(ckpt.Meta("classes").c_str());
+    const std::string key = ds.dataset + "\n" + ds.dir + "\n" + ckpt.Meta("shape") + "\n" + ckpt.Meta("classes");
+    if (key != test_key_) {
+      ASSIGN_OR_RETURN(test_, LoadSplit(ds, /*train=*/false));
+      test_key_ = key;
+    }
+    test_.num_classes = ds.classes;
+    models::InputShape in{test_.channels, test_.rows, test_.cols, ds.classes};
+    if (shape.size() != 3 || in.channels != int(shape[0]) || in.rows != int(shape[1]) ||
+        in.cols != int(shape[2])) {
+      return InvalidArgument("the test images are " + std::to_string(in.channels) + "x" +
+                             std::to_string(in.rows) + "x" + std::to_string(in.cols) +
+                             ", the model was trained on " + ckpt.Meta("shape"));
+    }
+    try {
+      ASSIGN_OR_RETURN(auto model, models::MakeModel(ckpt.Meta("model"), in));
+      if (Status st = LoadModuleState(*model, ckpt); !st.ok()) return InvalidArgument(path + ": " + st.message());
+      Normalizer norm{SplitFloats(ckpt.Meta("norm_mean")), SplitFloats(ckpt.Meta("norm_std"))};
+      Confusion c = Evaluate(*model, test_, 0, test_.count, norm, o_.batch);
+      if (accuracy) *accuracy = c.accuracy();
+      auto names = ClassNames(ds.dataset, ds.classes);
+      return o_.format == "json" ? FormatReportJson(c, names) : FormatReport(c, names);
+    } catch (const std::exception& e) {
+      return Internal(std::string("LibTorch: ") + e.what());
+    }
+  }
+
+ private:
+  const EvalOptions& o_;
+  std::string test_key_;
+  data::ImageSet test_;
+};
+
+Result<checkpoint::Checkpoint> ReadCheckpoint(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path, int64_t{8} << 30));
+  return checkpoint::Decode(bytes, path);
+}
+
+// The evaluator: each new checkpoint in o.watch, as it appears, until the run's final model is
+// there (written after its last checkpoint) or a stop signal.
+int RunWatch(const EvalOptions& o) {
+  BlockSupervisorSignals();  // a stop ends the watch between two evaluations
+  const auto started = std::filesystem::file_time_type::clock::now();
+  const std::string out = o.metrics_dir.empty()
+                              ? std::filesystem::path(o.watch).lexically_normal().parent_path().string()
+                              : o.metrics_dir;
+  auto jsonl = metrics::JsonLines::Open(paths::MetricsJsonl(out));
+  auto events = metrics::EventWriter::Open(paths::TensorBoardDir(out) + "/eval");
+  if (!jsonl.ok() || !events.ok()) {
+    LOG_ERROR("{}", (!jsonl.ok() ? jsonl.status() : events.status()).message());
+    return kExitError;
+  }
+  std::unique_ptr<metrics::JsonLines> jsonl_owner(*jsonl);
+  std::unique_ptr<metrics::EventWriter> events_owner(*events);
+  LOG_INFO("evaluating each new checkpoint in {} until {} appears", o.watch, paths::Model(out));
+  CheckpointEvaluator evaluator(o);
+  std::set<std::string> done;
+  while (true) {
+    // The final model is written after the last checkpoint: look for it first, so that the
+    // listing below has every checkpoint it follows. One left from an earlier run does not count.
+    std::error_code ec;
+    const bool final_model = Exists(paths::Model(out)) &&
+                             std::filesystem::last_write_time(paths::Model(out), ec) >= started && !ec;
+    for (const auto& path : checkpoint::CheckpointDir(o.watch, 1).List()) {
+      if (done.count(path)) continue;
+      auto ckpt = ReadCheckpoint(path);
+      if (!ckpt.ok()) {  // pruned (keep_last) since the listing, or not a checkpoint
+        LOG_DEBUG("skipping {}: {}", path, ckpt.status().message());
+        done.insert(path);
+        continue;
+      }
+      double accuracy = 0;
+      auto report = evaluator.Report(*ckpt, path, &accuracy);
+      done.insert(path);
+      if (!report.ok()) {
+        LOG_ERROR("{}", report.status().message());
+        return kExitError;
+      }
+      Status st = jsonl_owner->Write({{"step", double(ckpt->step)}, {"test_accuracy", accuracy}},
+                                     {{"source", "evaluator"}});
+      if (st.ok()) st = events_owner->AddScalar("test/accuracy", accuracy, ckpt->step, WallSeconds());
+      if (!st.ok()) LOG_WARN("{}", st.message());
+      std::printf("step %lld: test accuracy %.4f (%s)\n", static_cast<long long>(ckpt->step), accuracy,
+                  path.c_str());
+      std::fflush(stdout);
+    }
+    if (final_model || StopSignal()) return kExitOk;
+    WaitSignal(std::chrono::seconds(1));
+  }
+}
+
+}  // namespace
+
 int RunEval(const EvalOptions& o) {
   if (o.threads > 0) at::set_num_threads(o.threads);
+  if (!o.watch.empty()) return RunWatch(o);
   auto fail = [](const std::string& message) {
     std::fprintf(stderr, "trainctl eval: %s\n", message.c_str());
     return kExitError;
   };
   Result<checkpoint::Checkpoint> ckpt = NotFound("");
-  std::string path = o.checkpoint;
+  const std::string& path = o.checkpoint;
   if (IsDirectory(path)) {
     checkpoint::CheckpointDir dir(path, 1);
     ckpt = dir.LoadLatest();
     if (!ckpt.ok()) return fail(path + ": no valid checkpoint: " + ckpt.status().message());
   } else {
-    auto bytes = ReadFile(path, int64_t{8} << 30);
-    if (!bytes.ok()) return fail(bytes.status().message());
-    ckpt = checkpoint::Decode(*bytes, path);
+    ckpt = ReadCheckpoint(path);
     if (!ckpt.ok()) return fail(ckpt.status().message());
   }
-  if (ckpt->Meta("model").empty() || ckpt->Meta("norm_mean").empty()) {
-    return fail(path + ": not a trainctl model (its metadata lacks model and norm_mean)");
-  }
-  DataSpec ds;
-  ds.dataset = ckpt->Meta("dataset");
-  ds.dir = o.data_dir.empty() ? ckpt->Meta("data_dir") : o.data_dir;
-  ds.test_limit = o.limit;
-  std::vector<float> shape = SplitFloats(ckpt->Meta("shape"));
-  if (shape.size() == 3) ds.shape = {int64_t(shape[0]), int64_t(shape[1]), int64_t(shape[2])};
-  ds.classes = std::atoi(ckpt->Meta("classes").c_str());
-  auto test = LoadSplit(ds, /*train=*/false);
-  if (!test.ok()) return fail(test.status().message());
-  if (ds.dataset == "synthetic") test->num_classes = ds.classes;
-  models::InputShape in{test->channels, test->rows, test->cols, ds.classes};
-  if (shape.size() != 3 || in.channels != int(shape[0]) || in.rows != int(shape[1]) ||
-      in.cols != int(shape[2])) {
-    return fail("the test images are " + std::to_string(in.channels) + "x" + std::to_string(in.rows) +
-                "x" + std::to_string(in.cols) + ", the model was trained on " + ckpt->Meta("shape"));
-  }
-  try {
-    auto model = models::MakeModel(ckpt->Meta("model"), in);
-    if (!model.ok()) return fail(model.status().message());
-    if (Status st = LoadModuleState(**model, *ckpt); !st.ok()) return fail(path + ": " + st.message());
-    Normalizer norm{SplitFloats(ckpt->Meta("norm_mean")), SplitFloats(ckpt->Meta("norm_std"))};
-    test->num_classes = ds.classes;
-    Confusion c = Evaluate(**model, *test, 0, test->count, norm, o.batch);
-    auto names = ClassNames(ds.dataset, ds.classes);
-    std::string report = o.format == "json" ? FormatReportJson(c, names) : FormatReport(c, names);
-    std::fwrite(report.data(), 1, report.size(), stdout);
-  } catch (const std::exception& e) {
-    return fail(std::string("LibTorch: ") + e.what());
-  }
+  CheckpointEvaluator evaluator(o);
+  auto report = evaluator.Report(*ckpt, path, nullptr);
+  if (!report.ok()) return fail(report.status().message());
+  std::fwrite(report->data(), 1, report->size(), stdout);
   return kExitOk;
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/socket.h"
 #include "store/memory/memory_store.h"
 #include "store/tcp/tcp_store.h"
 #include "store/tcp/wire.h"
@@ -19,82 +20,6 @@ namespace {
 
 using wire::Op;
 using wire::Reply;
-
-// One non-blocking connect attempt, bounded by `deadline`. Returns the fd or -errno.
-int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadline) {
-  struct addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  struct addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return -EHOSTUNREACH;
-  int result = -ECONNREFUSED;
-  for (auto* ai = res; ai; ai = ai->ai_next) {
-    int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
-      struct pollfd p{fd, POLLOUT, 0};
-      rc = ::poll(&p, 1, static_cast<int>(Remaining(deadline).count()));
-      int err = 0;
-      socklen_t len = sizeof err;
-      if (rc == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
-        rc = 0;
-      } else {
-        errno = rc == 0 ? ETIMEDOUT : (err ? err : errno);
-        rc = -1;
-      }
-    }
-    if (rc == 0) {
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      result = fd;
-      break;
-    }
-    result = -errno;
-    ::close(fd);
-  }
-  ::freeaddrinfo(res);
-  return result;
-}
-
-bool SendAll(int fd, const std::string& data, Clock::time_point deadline) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      struct pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, static_cast<int>(Remaining(deadline).count())) <= 0) return false;
-      continue;
-    }
-    return false;
-  }
-  return true;
-}
-
-// 1: read, 0: peer closed, -1: timed out, -2: error.
-int RecvAll(int fd, char* out, size_t size, Clock::time_point deadline) {
-  size_t off = 0;
-  while (off < size) {
-    struct pollfd p{fd, POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(Remaining(deadline).count()));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc == 0) return -1;
-    ssize_t n = ::recv(fd, out + off, size - off, 0);
-    if (n == 0) return 0;
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return -2;
-    }
-    off += static_cast<size_t>(n);
-  }
-  return 1;
-}
 
 }  // namespace
 

@@ -1,0 +1,657 @@
+#include "comm/ps/ps.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+
+#include "common/address.h"
+#include "common/socket.h"
+
+namespace trainctl::comm::ps {
+namespace {
+
+enum Op : uint8_t {
+  kHello = 1,     // token, worker                      -> info
+  kInit,          // total steps, optimizer steps, step, count, names, params, state
+  kPull,          //                                    -> version, params
+  kPushPull,      // base version, worker step, grads   -> version, params
+  kState,         //                                    -> version, optimizer steps, names, params, state
+  kDone,          // worker                             -> done count
+  kInfo,          // worker                             -> info
+  kDoneCount,     //                                    -> done count
+};
+enum Reply : uint8_t { kOk = 0, kError, kUnauthorized };
+
+constexpr uint64_t kMaxHelloBytes = 4096;
+constexpr uint64_t kMaxPayloadBytes = uint64_t{16} << 30;
+
+// Payloads: i64 and u64 little endian (the hosts this runs on), strings as i64 length + bytes,
+// float arrays as raw bytes whose count the reader knows.
+class Out {
+ public:
+  Out& I64(int64_t v) { return Raw(&v, sizeof v); }
+  Out& Str(const std::string& s) { return I64(static_cast<int64_t>(s.size())).Raw(s.data(), s.size()); }
+  Out& Floats(const float* p, int64_t n) { return Raw(p, n * sizeof(float)); }
+  Out& Raw(const void* p, size_t n) {
+    buf_.append(static_cast<const char*>(p), n);
+    return *this;
+  }
+  std::string Message(uint8_t op) const {
+    std::string m(1, static_cast<char>(op));
+    uint64_t n = buf_.size();
+    m.append(reinterpret_cast<const char*>(&n), sizeof n);
+    return m + buf_;
+  }
+  const std::string& payload() const { return buf_; }
+
+ private:
+  std::string buf_;
+};
+
+class In {
+ public:
+  explicit In(const std::string& s) : p_(s.data()), left_(s.size()) {}
+  bool I64(int64_t* v) { return Raw(v, sizeof *v); }
+  bool Str(std::string* s) {
+    int64_t n;
+    if (!I64(&n) || n < 0 || static_cast<uint64_t>(n) > left_) return false;
+    s->assign(p_, n);
+    p_ += n;
+    left_ -= n;
+    return true;
+  }
+  bool Floats(float* out, int64_t n) { return n >= 0 && Raw(out, n * sizeof(float)); }
+  // A view of the next n floats, without copying.
+  const float* FloatView(int64_t n) {
+    if (n < 0 || static_cast<uint64_t>(n) * sizeof(float) > left_) return nullptr;
+    const float* v = reinterpret_cast<const float*>(p_);
+    p_ += n * sizeof(float);
+    left_ -= n * sizeof(float);
+    return v;
+  }
+  bool done() const { return left_ == 0; }
+
+ private:
+  bool Raw(void* out, size_t n) {
+    if (n > left_) return false;
+    std::memcpy(out, p_, n);
+    p_ += n;
+    left_ -= n;
+    return true;
+  }
+  const char* p_;
+  size_t left_;
+};
+
+// Blocking reads and writes of whole messages on a server connection. false: closed or broken.
+bool ReadMessage(int fd, uint64_t max, uint8_t* op, std::string* payload) {
+  char head[9];
+  size_t got = 0;
+  while (got < sizeof head) {
+    ssize_t n = ::recv(fd, head + got, sizeof head - got, 0);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      return false;
+    }
+    got += n;
+  }
+  uint64_t len;
+  std::memcpy(&len, head + 1, sizeof len);
+  if (len > max) return false;
+  *op = static_cast<uint8_t>(head[0]);
+  payload->resize(len);
+  got = 0;
+  while (got < len) {
+    ssize_t n = ::recv(fd, payload->data() + got, len - got, 0);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      return false;
+    }
+    got += n;
+  }
+  return true;
+}
+
+bool WriteAll(int fd, const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += n;
+  }
+  return true;
+}
+
+void SetTimeout(int fd, int option, Duration d) {
+  struct timeval tv{};
+  tv.tv_sec = d.count() / 1000;
+  tv.tv_usec = (d.count() % 1000) * 1000;
+  ::setsockopt(fd, SOL_SOCKET, option, &tv, sizeof tv);
+}
+
+std::string ErrorReply(const std::string& message) { return Out().Str(message).Message(kError); }
+
+}  // namespace
+
+std::pair<int64_t, int64_t> ShardRange(int64_t count, int shards, int index) {
+  return {count * index / shards, count * (index + 1) / shards};
+}
+
+// What one shard holds; guarded by `mu`.
+struct Server::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool initialized = false;
+  int64_t version = 0;
+  int64_t init_step = 0;
+  int64_t total_count = 0;
+  int64_t count = 0;
+  std::unique_ptr<ShardOptimizer> opt;
+  std::vector<std::vector<float>> pending;  // sync: each worker's gradients for `version`
+  std::vector<bool> arrived;
+  int arrived_count = 0;
+  std::vector<float> scratch;
+  std::vector<int64_t> steps_done;          // by worker
+  std::vector<bool> done;
+  int64_t done_count = 0;
+  int64_t dropped = 0;
+
+  std::string Info(int worker) const {
+    Out o;
+    o.I64(initialized).I64(version).I64(worker >= 0 && worker < static_cast<int>(steps_done.size()) ? steps_done[worker] : 0);
+    return o.I64(init_step).Message(kOk);
+  }
+  std::string Params() const {
+    Out o;
+    o.I64(version);
+    if (opt) o.Floats(opt->params(), count);
+    return o.Message(kOk);
+  }
+};
+
+Server::Server(ServerOptions options, int listen_fd, int port)
+    : o_(std::move(options)), listen_fd_(listen_fd), port_(port), state_(std::make_unique<State>()) {
+  state_->steps_done.assign(o_.workers, 0);
+  state_->done.assign(o_.workers, false);
+  state_->pending.resize(o_.workers);
+  state_->arrived.assign(o_.workers, false);
+  acceptor_ = std::thread([this] { Accept(); });
+}
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
+  if (o.token.empty()) return InvalidArgument("a parameter server needs the job's token");
+  if (o.workers < 1) return InvalidArgument("a parameter server needs at least one worker");
+  struct addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  struct addrinfo* res = nullptr;
+  if (::getaddrinfo(o.host.c_str(), std::to_string(o.port).c_str(), &hints, &res) != 0) {
+    return InvalidArgument("cannot resolve the parameter server's address " + o.host);
+  }
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int rc = fd < 0 ? -1 : ::bind(fd, res->ai_addr, res->ai_addrlen);
+  ::freeaddrinfo(res);
+  if (rc != 0 || ::listen(fd, 128) != 0) {
+    int err = errno;
+    if (fd >= 0) ::close(fd);
+    return ErrnoStatus("cannot listen on " + o.host + ":" + std::to_string(o.port), err);
+  }
+  struct sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                              : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  return std::unique_ptr<Server>(new Server(o, fd, port));
+}
+
+Server::~Server() { Stop(); }
+
+void Server::Stop() {
+  if (stopping_.exchange(true)) return;
+  ::shutdown(listen_fd_, SHUT_RDWR);
+  acceptor_.join();
+  ::close(listen_fd_);
+  std::unique_lock<std::mutex> lock(conns_mu_);
+  for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+  {
+    std::lock_guard<std::mutex> state_lock(state_->mu);  // a waiting push sees stopping_
+  }
+  state_->cv.notify_all();
+  conns_cv_.wait(lock, [&] { return fds_.empty(); });
+}
+
+int64_t Server::dropped() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->dropped;
+}
+
+void Server::Accept() {
+  // Every worker holds one connection (and may reconnect once replaced); more is someone else.
+  const size_t max_connections = 4 * static_cast<size_t>(o_.workers) + 16;
+  while (!stopping_) {
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (stopping_) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // EMFILE: let others finish
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    if (stopping_ || fds_.size() >= max_connections) {
+      ::close(fd);
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    fds_.push_back(fd);
+    std::thread([this, fd] {
+      Serve(fd);
+      std::lock_guard<std::mutex> lock(conns_mu_);
+      ::close(fd);
+      fds_.erase(std::find(fds_.begin(), fds_.end(), fd));
+      conns_cv_.notify_all();
+    }).detach();
+  }
+}
+
+void Server::Serve(int fd) {
+  State& s = *state_;
+  // Nothing but a small hello, within 10 s, before the token is checked.
+  SetTimeout(fd, SO_RCVTIMEO, std::chrono::seconds(10));
+  SetTimeout(fd, SO_SNDTIMEO, o_.timeout);
+  uint8_t op = 0;
+  std::string payload;
+  int worker = -1;
+  {
+    std::string token;
+    int64_t w = -1;
+    if (!ReadMessage(fd, kMaxHelloBytes, &op, &payload) || op != kHello) return;
+    In hello(payload);
+    if (!hello.Str(&token) || !hello.I64(&w) || token != o_.token) {
+      WriteAll(fd, Out().Str("wrong token").Message(kUnauthorized));
+      return;
+    }
+    if (w < -1 || w >= o_.workers) {
+      WriteAll(fd, ErrorReply("worker " + std::to_string(w) + " is not one of the " +
+                              std::to_string(o_.workers) + " workers"));
+      return;
+    }
+    worker = static_cast<int>(w);
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!WriteAll(fd, s.Info(worker))) return;
+  }
+  SetTimeout(fd, SO_RCVTIMEO, Duration(0));  // an idle worker (evaluating, checkpointing) is fine
+  while (!stopping_ && ReadMessage(fd, kMaxPayloadBytes, &op, &payload)) {
+    In in(payload);
+    std::string reply;
+    std::unique_lock<std::mutex> lock(s.mu);
+    switch (op) {
+      case kInfo:
+        reply = s.Info(worker);
+        break;
+      case kInit: {
+        int64_t total_steps, opt_steps, step, count, nstate;
+        if (!in.I64(&total_steps) || !in.I64(&opt_steps) || !in.I64(&step) || !in.I64(&count) ||
+            !in.I64(&nstate) || count < 0 || nstate < 0 || nstate > 8) {
+          reply = ErrorReply("malformed init");
+          break;
+        }
+        std::vector<std::string> names(nstate);
+        bool ok = true;
+        for (auto& n : names) ok = ok && in.Str(&n);
+        auto opt = ok ? o_.make_optimizer(count, total_steps) : nullptr;
+        if (!opt) {
+          reply = ErrorReply("malformed init");
+          break;
+        }
+        auto state = opt->state();
+        ok = in.Floats(opt->params(), count) && state.size() == names.size();
+        for (size_t i = 0; ok && i < state.size(); ++i) ok = state[i].first == names[i] && in.Floats(state[i].second, count);
+        if (!ok || !in.done()) {
+          reply = ErrorReply("malformed init: the optimizer's state does not match the shard's");
+          break;
+        }
+        opt->set_steps(opt_steps);
+        s.opt = std::move(opt);
+        s.count = count;
+        // A sync version is a step; async, every worker's push is one.
+        s.version = o_.async ? step * o_.workers : step;
+        s.init_step = step;
+        s.initialized = true;
+        s.scratch.assign(count, 0);
+        for (auto& p : s.pending) p.assign(count, 0);
+        s.arrived.assign(o_.workers, false);
+        s.arrived_count = 0;
+        s.steps_done.assign(o_.workers, 0);
+        s.cv.notify_all();
+        reply = Out().Message(kOk);
+        break;
+      }
+      case kPull:
+        reply = s.initialized ? s.Params() : ErrorReply("the shard is not initialized yet");
+        break;
+      case kPushPull: {
+        int64_t base, worker_step;
+        const float* grads = nullptr;
+        if (!in.I64(&base) || !in.I64(&worker_step) || !(grads = in.FloatView(s.count)) || !in.done() ||
+            worker < 0) {
+          reply = ErrorReply("malformed push");
+          break;
+        }
+        if (!s.initialized) {
+          reply = ErrorReply("the shard is not initialized yet");
+          break;
+        }
+        s.steps_done[worker] = worker_step;
+        const float inv = 1.0f / static_cast<float>(o_.workers);
+        if (o_.async) {
+          if (s.version - base > o_.max_staleness) {
+            ++s.dropped;  // computed on parameters too old to help
+          } else {
+            for (int64_t i = 0; i < s.count; ++i) s.scratch[i] = grads[i] * inv;
+            s.opt->Apply(s.scratch.data(), s.version / o_.workers);
+            ++s.version;
+          }
+          reply = s.Params();
+          break;
+        }
+        if (base != s.version || s.arrived[worker]) {
+          reply = ErrorReply("worker " + std::to_string(worker) + " pushed for version " +
+                             std::to_string(base) + ", the shard is at version " + std::to_string(s.version));
+          break;
+        }
+        std::memcpy(s.pending[worker].data(), grads, s.count * sizeof(float));
+        s.arrived[worker] = true;
+        if (++s.arrived_count == o_.workers) {
+          // Added in worker order and divided, as the shared-memory allreduce averages.
+          const float n = static_cast<float>(o_.workers);
+          float* avg = s.scratch.data();
+          std::memcpy(avg, s.pending[0].data(), s.count * sizeof(float));
+          for (int w = 1; w < o_.workers; ++w) {
+            const float* g = s.pending[w].data();
+            for (int64_t i = 0; i < s.count; ++i) avg[i] += g[i];
+          }
+          for (int64_t i = 0; i < s.count; ++i) avg[i] /= n;
+          s.opt->Apply(avg, s.version);
+          ++s.version;
+          s.arrived.assign(o_.workers, false);
+          s.arrived_count = 0;
+          s.cv.notify_all();
+        } else if (!s.cv.wait_for(lock, o_.timeout, [&] { return s.version > base || stopping_; }) ||
+                   stopping_) {
+          std::string missing;
+          for (int w = 0; w < o_.workers; ++w) {
+            if (!s.arrived[w]) missing += (missing.empty() ? "" : ", ") + std::to_string(w);
+          }
+          reply = ErrorReply(stopping_ ? "the parameter server is stopping"
+                                       : "timed out after " + FormatDuration(o_.timeout) +
+                                             " waiting for the gradients of worker(s) " + missing +
+                                             " for version " + std::to_string(base));
+          break;
+        }
+        reply = s.Params();
+        break;
+      }
+      case kState: {
+        if (!s.initialized) {
+          reply = ErrorReply("the shard is not initialized yet");
+          break;
+        }
+        auto state = s.opt->state();
+        Out o;
+        o.I64(s.version).I64(s.opt->steps()).I64(static_cast<int64_t>(state.size()));
+        for (const auto& [name, buf] : state) o.Str(name);
+        o.Floats(s.opt->params(), s.count);
+        for (const auto& [name, buf] : state) o.Floats(buf, s.count);
+        reply = o.Message(kOk);
+        break;
+      }
+      case kDone:
+        if (worker >= 0 && !s.done[worker]) {
+          s.done[worker] = true;
+          ++s.done_count;
+        }
+        reply = Out().I64(s.done_count).Message(kOk);
+        break;
+      case kDoneCount:
+        reply = Out().I64(s.done_count).Message(kOk);
+        break;
+      default:
+        reply = ErrorReply("unknown request " + std::to_string(op));
+    }
+    lock.unlock();
+    if (!WriteAll(fd, reply)) break;
+  }
+}
+
+// --- Client ---
+
+Client::~Client() {
+  for (int fd : fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+Status Client::Call(size_t shard, uint8_t op, const std::string& payload) {
+  std::string head(1, static_cast<char>(op));
+  uint64_t n = payload.size();
+  head.append(reinterpret_cast<const char*>(&n), sizeof n);
+  const auto deadline = Clock::now() + o_.timeout;
+  if (!SendAll(fds_[shard], head, deadline) || !SendAll(fds_[shard], payload, deadline)) {
+    return Unavailable("parameter server " + std::to_string(shard) + " (" + o_.shards[shard] +
+                       ") is gone");
+  }
+  return Status::Ok();
+}
+
+Result<std::string> Client::Reply(size_t shard, Duration wait) {
+  const std::string where = "parameter server " + std::to_string(shard) + " (" + o_.shards[shard] + ")";
+  const auto deadline = Clock::now() + wait;
+  char head[9];
+  int rc = RecvAll(fds_[shard], head, sizeof head, deadline);
+  uint64_t len = 0;
+  if (rc == 1) std::memcpy(&len, head + 1, sizeof len);
+  std::string payload;
+  if (rc == 1 && len <= kMaxPayloadBytes) {
+    payload.resize(len);
+    rc = RecvAll(fds_[shard], payload.data(), len, deadline);
+  }
+  if (rc == -1) return Timeout(where + " did not answer within " + FormatDuration(wait));
+  if (rc != 1 || len > kMaxPayloadBytes) return Unavailable(where + " closed the connection");
+  if (head[0] == kUnauthorized) return PermissionDenied(where + " refused the job's token");
+  if (head[0] != kOk) {
+    std::string message;
+    In in(payload);
+    in.Str(&message);
+    return Internal(where + ": " + message);
+  }
+  return payload;
+}
+
+Status Client::Hello(size_t shard) {
+  RETURN_IF_ERROR(Call(shard, kHello, Out().Str(o_.token).I64(o_.worker).payload()));
+  ASSIGN_OR_RETURN(std::string info, Reply(shard, o_.timeout));
+  In in(info);
+  int64_t initialized = 0, version = 0, steps_done = 0, init_step = 0;
+  if (!in.I64(&initialized) || !in.I64(&version) || !in.I64(&steps_done) || !in.I64(&init_step)) {
+    return Internal("parameter server " + std::to_string(shard) + " sent a malformed hello");
+  }
+  if (shard == 0) {
+    initialized_ = initialized;
+    steps_done_ = steps_done;
+    init_step_ = init_step;
+  } else {
+    initialized_ = initialized_ && initialized;
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& o) {
+  std::unique_ptr<Client> c(new Client(o));
+  const auto deadline = Clock::now() + o.timeout;
+  for (size_t i = 0; i < o.shards.size(); ++i) {
+    std::string host;
+    uint16_t port = 0;
+    RETURN_IF_ERROR(ParseHostPort(o.shards[i], &host, &port));
+    int fd = -ECONNREFUSED;
+    while (true) {  // the shard may still be starting
+      fd = ConnectOnce(host, port, deadline);
+      if (fd >= 0 || Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (fd < 0) {
+      return Unavailable("cannot reach parameter server " + std::to_string(i) + " at " + o.shards[i] +
+                         " within " + FormatDuration(o.timeout) + ": " + std::strerror(-fd));
+    }
+    c->fds_.push_back(fd);
+    RETURN_IF_ERROR(c->Hello(i));
+  }
+  return c;
+}
+
+Status Client::WaitInitialized() {
+  const auto deadline = Clock::now() + o_.timeout;
+  while (true) {
+    bool all = true;
+    for (size_t i = 0; i < fds_.size(); ++i) {
+      RETURN_IF_ERROR(Call(i, kInfo, Out().I64(o_.worker).payload()));
+      ASSIGN_OR_RETURN(std::string info, Reply(i, o_.timeout));
+      In in(info);
+      int64_t initialized = 0, version = 0, steps_done = 0, init_step = 0;
+      in.I64(&initialized) && in.I64(&version) && in.I64(&steps_done) && in.I64(&init_step);
+      all = all && initialized;
+      if (i == 0) {
+        steps_done_ = steps_done;
+        init_step_ = init_step;
+      }
+    }
+    if (all) {
+      initialized_ = true;
+      return Status::Ok();
+    }
+    if (Clock::now() >= deadline) {
+      return Timeout("the parameter servers were not initialized by worker 0 within " +
+                     FormatDuration(o_.timeout));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+Status Client::Init(const float* params, int64_t count,
+                    const std::vector<std::pair<std::string, const float*>>& state,
+                    int64_t optimizer_steps, int64_t step, int64_t total_steps) {
+  const int shards = static_cast<int>(fds_.size());
+  for (int i = 0; i < shards; ++i) {
+    auto [begin, end] = ShardRange(count, shards, i);
+    Out o;
+    o.I64(total_steps).I64(optimizer_steps).I64(step).I64(end - begin).I64(static_cast<int64_t>(state.size()));
+    for (const auto& [name, buf] : state) o.Str(name);
+    o.Floats(params + begin, end - begin);
+    for (const auto& [name, buf] : state) o.Floats(buf + begin, end - begin);
+    RETURN_IF_ERROR(Call(i, kInit, o.payload()));
+  }
+  for (int i = 0; i < shards; ++i) RETURN_IF_ERROR(Reply(i, o_.timeout).status());
+  initialized_ = true;
+  init_step_ = step;
+  return Status::Ok();
+}
+
+namespace {
+
+// Reads "version, floats" replies from every shard into `params`; returns the lowest version.
+template <typename ReplyFn>
+Result<int64_t> GatherParams(int shards, int64_t count, float* params, ReplyFn reply) {
+  int64_t lowest = -1;
+  for (int i = 0; i < shards; ++i) {
+    auto [begin, end] = ShardRange(count, shards, i);
+    ASSIGN_OR_RETURN(std::string payload, reply(i));
+    In in(payload);
+    int64_t version = 0;
+    if (!in.I64(&version) || !in.Floats(params + begin, end - begin) || !in.done()) {
+      return Internal("parameter server " + std::to_string(i) + " sent " + std::to_string(payload.size()) +
+                      " bytes, not its " + std::to_string(end - begin) + " parameters");
+    }
+    lowest = lowest < 0 ? version : std::min(lowest, version);
+  }
+  return lowest;
+}
+
+}  // namespace
+
+Result<int64_t> Client::Pull(float* params, int64_t count) {
+  for (size_t i = 0; i < fds_.size(); ++i) RETURN_IF_ERROR(Call(i, kPull, ""));
+  return GatherParams(static_cast<int>(fds_.size()), count, params,
+                      [&](int i) { return Reply(i, o_.timeout); });
+}
+
+Result<int64_t> Client::PushPull(const float* grads, float* params, int64_t count, int64_t base,
+                                 int64_t worker_step) {
+  const int shards = static_cast<int>(fds_.size());
+  for (int i = 0; i < shards; ++i) {
+    auto [begin, end] = ShardRange(count, shards, i);
+    Out o;
+    o.I64(base).I64(worker_step).Floats(grads + begin, end - begin);
+    RETURN_IF_ERROR(Call(i, kPushPull, o.payload()));
+  }
+  // A sync shard answers once every worker's gradients are in: up to the timeout, plus a margin
+  // so that the shard's own timeout (which names the missing workers) comes first.
+  return GatherParams(shards, count, params,
+                      [&](int i) { return Reply(i, o_.timeout + std::chrono::seconds(5)); });
+}
+
+Result<ShardState> Client::FetchState(int64_t count) {
+  const int shards = static_cast<int>(fds_.size());
+  for (int i = 0; i < shards; ++i) RETURN_IF_ERROR(Call(i, kState, ""));
+  ShardState out;
+  out.params.resize(count);
+  for (int i = 0; i < shards; ++i) {
+    auto [begin, end] = ShardRange(count, shards, i);
+    ASSIGN_OR_RETURN(std::string payload, Reply(i, o_.timeout));
+    In in(payload);
+    int64_t version = 0, steps = 0, nstate = 0;
+    bool ok = in.I64(&version) && in.I64(&steps) && in.I64(&nstate) && nstate >= 0 && nstate <= 8;
+    std::vector<std::string> names(ok ? nstate : 0);
+    for (auto& n : names) ok = ok && in.Str(&n);
+    if (ok && i == 0) {
+      out.version = version;
+      out.optimizer_steps = steps;
+      for (const auto& n : names) out.state.emplace_back(n, std::vector<float>(count));
+    }
+    ok = ok && names.size() == out.state.size() && in.Floats(out.params.data() + begin, end - begin);
+    for (size_t k = 0; ok && k < names.size(); ++k) {
+      ok = names[k] == out.state[k].first && in.Floats(out.state[k].second.data() + begin, end - begin);
+    }
+    if (!ok || !in.done()) return Internal("parameter server " + std::to_string(i) + " sent a malformed state");
+    out.version = std::min(out.version, version);
+  }
+  return out;
+}
+
+Result<int64_t> Client::Done() {
+  RETURN_IF_ERROR(Call(0, kDone, ""));
+  ASSIGN_OR_RETURN(std::string payload, Reply(0, o_.timeout));
+  int64_t n = 0;
+  In(payload).I64(&n);
+  return n;
+}
+
+Result<int64_t> Client::DoneCount() {
+  RETURN_IF_ERROR(Call(0, kDoneCount, ""));
+  ASSIGN_OR_RETURN(std::string payload, Reply(0, o_.timeout));
+  int64_t n = 0;
+  In(payload).I64(&n);
+  return n;
+}
+
+}  // namespace trainctl::comm::ps

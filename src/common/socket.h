@@ -1,0 +1,21 @@
+// Blocking-with-deadline socket helpers shared by the TCP clients (the store, parameter servers).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/duration.h"
+
+namespace trainctl {
+
+// One non-blocking connect attempt, bounded by `deadline`, with TCP_NODELAY. Returns the fd
+// (non-blocking, close-on-exec) or -errno.
+int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadline);
+// Sends all of `data`; false on an error or when `deadline` passes.
+bool SendAll(int fd, std::string_view data, Clock::time_point deadline);
+// Reads exactly `size` bytes. 1: read, 0: peer closed, -1: timed out, -2: error.
+int RecvAll(int fd, char* out, size_t size, Clock::time_point deadline);
+
+}  // namespace trainctl
