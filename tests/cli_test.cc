@@ -56,6 +56,11 @@ TEST(Cli, ValidateReportsFileLineAndField) {
   EXPECT_NE(ok.output.find("3 node(s) x 2 worker(s)"), std::string::npos) << ok.output;
   auto printed = Trainctl({"validate", "ok.yaml", "--print"}, s.path(""));
   EXPECT_EQ(nlohmann::json::parse(printed.output)["name"], "demo");
+  // What --print shows is a spec: validated again, it is the same job.
+  s.Write("printed.json", printed.output);
+  auto again = Trainctl({"validate", "printed.json", "--print"}, s.path(""));
+  EXPECT_EQ(again.exit.code, 0) << again.output;
+  EXPECT_EQ(again.output, printed.output);
 }
 
 TEST(Cli, WorkersGetTheTorchrunEnvironment) {

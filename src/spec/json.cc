@@ -1,89 +1,142 @@
+// The resolved spec as JSON: a job spec in the spec's own field names (defaults filled in,
+// nothing left to inherit), so it is both what agents and workers read and a valid spec a user
+// can run again (`validate --print`, <output_dir>/job.json). Reading it back is parsing a spec.
 #include <nlohmann/json.hpp>
 
 #include "spec/job_spec.h"
 
 namespace trainctl {
 
-using nlohmann::json;
-
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(DataSpec, dataset, dir, limit, test_limit, samples,
-                                                shape, classes)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(OptimizerSpec, name, lr, momentum, weight_decay,
-                                                nesterov, beta1, beta2, eps)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ScheduleSpec, name, warmup_steps, step_size, gamma,
-                                                min_lr, scale_by_world_size)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ParameterServerSpec, mode, max_staleness)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainerSpec, enabled, strategy, parameter_server, model, data, epochs,
-                                                max_steps, batch_size, global_batch_size,
-                                                optimizer, schedule, seed, deterministic, threads,
-                                                device, backend, bucket_mb, checkpoint_every, keep_last,
-                                                snapshot_every, log_every, eval)
-
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(StorageSpec, claim, storage_class, size, mount)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(StageSpec, url, sha256)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Toleration, key, op, value, effect)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ClusterSpec, image, image_pull_secret, namespace_,
-                                                token_secret, storage, stage, tensorboard,
-                                                tensorboard_image, node_selector, tolerations)
+using nlohmann::ordered_json;
 
 namespace {
 
-json EnvToJson(const std::vector<std::pair<std::string, std::string>>& env) {
-  json out = json::array();
-  for (const auto& [k, v] : env) out.push_back({k, v});
+ordered_json Env(const std::vector<std::pair<std::string, std::string>>& env) {
+  ordered_json out = ordered_json::object();
+  for (const auto& [k, v] : env) out[k] = v;
   return out;
 }
-std::vector<std::pair<std::string, std::string>> EnvFromJson(const json& j) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& kv : j) out.emplace_back(kv.at(0).get<std::string>(), kv.at(1).get<std::string>());
+
+ordered_json Resources(const ResourcesSpec& r) {
+  ordered_json out = ordered_json::object();
+  if (r.cpus > 0) out["cpus"] = r.cpus;
+  if (r.memory_bytes > 0) out["memory"] = std::to_string(r.memory_bytes);
+  if (r.gpus > 0) out["gpus"] = r.gpus;
   return out;
 }
-json ResourcesToJson(const ResourcesSpec& r) {
-  return {{"cpus", r.cpus}, {"memory_bytes", r.memory_bytes}, {"gpus", r.gpus}};
+
+// Sets key to value unless it is empty: the spec's fields that refuse "" mean "unset" by absence.
+void SetIf(ordered_json& j, const char* key, const std::string& value) {
+  if (!value.empty()) j[key] = value;
 }
-ResourcesSpec ResourcesFromJson(const json& j) {
-  ResourcesSpec r;
-  r.cpus = j.at("cpus").get<double>();
-  r.memory_bytes = j.at("memory_bytes").get<int64_t>();
-  r.gpus = j.at("gpus").get<int>();
-  return r;
+
+ordered_json Trainer(const TrainerSpec& t) {
+  ordered_json data = {{"dataset", t.data.dataset}, {"limit", t.data.limit},
+                       {"test_limit", t.data.test_limit}, {"samples", t.data.samples},
+                       {"shape", t.data.shape}, {"classes", t.data.classes}};
+  SetIf(data, "dir", t.data.dir);
+  const OptimizerSpec& o = t.optimizer;
+  ordered_json optimizer = {{"name", o.name},   {"lr", o.lr},       {"momentum", o.momentum},
+                            {"weight_decay", o.weight_decay},       {"nesterov", o.nesterov},
+                            {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}};
+  const ScheduleSpec& s = t.schedule;
+  ordered_json schedule = {{"name", s.name}, {"warmup_steps", s.warmup_steps}, {"gamma", s.gamma},
+                           {"min_lr", s.min_lr}, {"scale_by_world_size", s.scale_by_world_size}};
+  if (s.step_size > 0) schedule["step_size"] = s.step_size;
+  ordered_json j = {{"strategy", t.strategy},
+                    {"parameter_server", {{"mode", t.parameter_server.mode},
+                                          {"max_staleness", t.parameter_server.max_staleness}}},
+                    {"model", t.model},
+                    {"data", data},
+                    {"epochs", t.epochs},
+                    {"max_steps", t.max_steps},
+                    {"batch_size", t.batch_size}};
+  if (t.global_batch_size > 0) j["global_batch_size"] = t.global_batch_size;
+  j.update(ordered_json{{"optimizer", optimizer},
+                        {"schedule", schedule},
+                        {"seed", t.seed},
+                        {"deterministic", t.deterministic},
+                        {"threads", t.threads},
+                        {"device", t.device},
+                        {"backend", t.backend},
+                        {"bucket_mb", t.bucket_mb},
+                        {"checkpoint_every", t.checkpoint_every},
+                        {"keep_last", t.keep_last},
+                        {"snapshot_every", t.snapshot_every},
+                        {"log_every", t.log_every},
+                        {"eval", t.eval}});
+  return j;
+}
+
+ordered_json Cluster(const ClusterSpec& c) {
+  ordered_json j = {{"image", c.image}};
+  SetIf(j, "image_pull_secret", c.image_pull_secret);
+  j["namespace"] = c.namespace_;
+  SetIf(j, "token_secret", c.token_secret);
+  ordered_json storage = {{"size", c.storage.size}, {"mount", c.storage.mount}};
+  SetIf(storage, "claim", c.storage.claim);
+  SetIf(storage, "class", c.storage.storage_class);
+  j["storage"] = storage;
+  if (!c.stage.url.empty()) {
+    ordered_json stage = {{"url", c.stage.url}};
+    SetIf(stage, "sha256", c.stage.sha256);
+    j["stage"] = stage;
+  }
+  j["tensorboard"] = c.tensorboard;
+  j["tensorboard_image"] = c.tensorboard_image;
+  if (!c.node_selector.empty()) j["node_selector"] = Env(c.node_selector);
+  if (!c.tolerations.empty()) {
+    ordered_json tolerations = ordered_json::array();
+    for (const auto& t : c.tolerations) {
+      ordered_json one = {{"operator", t.op}};
+      SetIf(one, "key", t.key);
+      SetIf(one, "value", t.value);
+      SetIf(one, "effect", t.effect);
+      tolerations.push_back(one);
+    }
+    j["tolerations"] = tolerations;
+  }
+  return j;
 }
 
 }  // namespace
 
 std::string JobSpecToJson(const JobSpec& s, int indent) {
-  json env = EnvToJson(s.env);
-  json j = {
-      {"name", s.name},
-      {"nodes", {{"min", s.nodes.min}, {"max", s.nodes.max}}},
-      {"procs_per_node", s.procs_per_node},
-      {"command", s.command},
-      {"args", s.args},
-      {"env", env},
-      {"working_dir", s.working_dir},
-      {"resources", ResourcesToJson(s.resources)},
-      {"restart", {{"max_restarts", s.restart.max_restarts}}},
-      {"timeouts_ms",
-       {{"rendezvous", s.timeouts.rendezvous.count()},
-        {"stop_grace", s.timeouts.stop_grace.count()},
-        {"job", s.timeouts.job.count()},
-        {"last_call", s.timeouts.last_call.count()},
-        {"heartbeat", s.timeouts.heartbeat.count()},
-        {"collective", s.timeouts.collective.count()},
-        {"finish", s.timeouts.finish.count()}}},
-      {"rendezvous", s.rendezvous},
-      {"output_dir", s.output_dir},
-      {"checkpoint_dir", s.checkpoint_dir},
-  };
-  if (s.trainer.enabled) j["trainer"] = s.trainer;
-  j["cluster"] = s.cluster;
+  ordered_json j = {{"name", s.name}};
+  if (s.nodes.min == s.nodes.max) {
+    j["nodes"] = s.nodes.max;
+  } else {
+    j["nodes"] = {{"min", s.nodes.min}, {"max", s.nodes.max}};
+  }
+  if (s.roles.empty()) j["procs_per_node"] = s.procs_per_node;
+  if (!s.command.empty()) j["command"] = s.command;
+  if (!s.args.empty()) j["args"] = s.args;
+  if (!s.env.empty()) j["env"] = Env(s.env);
+  SetIf(j, "working_dir", s.working_dir);
+  j["resources"] = Resources(s.resources);
+  j["restart"] = {{"max_restarts", s.restart.max_restarts}};
+  const TimeoutsSpec& t = s.timeouts;
+  j["timeouts"] = {{"rendezvous", FormatDuration(t.rendezvous)}, {"stop_grace", FormatDuration(t.stop_grace)},
+                   {"job", FormatDuration(t.job)},               {"last_call", FormatDuration(t.last_call)},
+                   {"heartbeat", FormatDuration(t.heartbeat)},   {"collective", FormatDuration(t.collective)},
+                   {"finish", FormatDuration(t.finish)}};
+  SetIf(j, "rendezvous", s.rendezvous);
+  j["output_dir"] = s.output_dir;
+  j["checkpoint_dir"] = s.checkpoint_dir;
+  if (s.trainer.enabled) j["trainer"] = Trainer(s.trainer);
+  j["cluster"] = Cluster(s.cluster);
   if (!s.roles.empty()) {
-    json roles = json::array();
+    ordered_json roles = ordered_json::array();
     for (const auto& r : s.roles) {
-      roles.push_back({{"name", r.name}, {"replicas", r.replicas}, {"command", r.command},
-                       {"args", r.args}, {"env", EnvToJson(r.env)},
-                       {"resources", ResourcesToJson(r.resources)}, {"success", r.success},
-                       {"on_failure", r.on_failure}, {"finish", r.finish}});
+      ordered_json role = {{"name", r.name}, {"replicas", r.replicas}};
+      if (!r.command.empty()) role["command"] = r.command;
+      if (!r.args.empty()) role["args"] = r.args;
+      if (!r.env.empty()) role["env"] = Env(r.env);
+      role["resources"] = Resources(r.resources);
+      role["success"] = r.success;
+      role["on_failure"] = r.on_failure;
+      role["finish"] = r.finish;
+      roles.push_back(role);
     }
     j["roles"] = roles;
   }
@@ -91,56 +144,9 @@ std::string JobSpecToJson(const JobSpec& s, int indent) {
 }
 
 Result<JobSpec> JobSpecFromJson(const std::string& text) {
-  try {
-    json j = json::parse(text);
-    JobSpec s;
-    s.name = j.at("name").get<std::string>();
-    s.nodes.min = j.at("nodes").at("min").get<int>();
-    s.nodes.max = j.at("nodes").at("max").get<int>();
-    s.procs_per_node = j.at("procs_per_node").get<int>();
-    s.command = j.at("command").get<std::vector<std::string>>();
-    s.args = j.at("args").get<std::vector<std::string>>();
-    s.env = EnvFromJson(j.at("env"));
-    s.working_dir = j.at("working_dir").get<std::string>();
-    s.resources = ResourcesFromJson(j.at("resources"));
-    s.restart.max_restarts = j.at("restart").at("max_restarts").get<int>();
-    const json& t = j.at("timeouts_ms");
-    s.timeouts.rendezvous = Duration(t.at("rendezvous").get<int64_t>());
-    s.timeouts.stop_grace = Duration(t.at("stop_grace").get<int64_t>());
-    s.timeouts.job = Duration(t.at("job").get<int64_t>());
-    s.timeouts.last_call = Duration(t.at("last_call").get<int64_t>());
-    s.timeouts.heartbeat = Duration(t.at("heartbeat").get<int64_t>());
-    s.timeouts.collective = Duration(t.at("collective").get<int64_t>());
-    if (t.contains("finish")) s.timeouts.finish = Duration(t.at("finish").get<int64_t>());
-    s.rendezvous = j.at("rendezvous").get<std::string>();
-    s.output_dir = j.at("output_dir").get<std::string>();
-    s.checkpoint_dir = j.at("checkpoint_dir").get<std::string>();
-    if (j.contains("trainer")) s.trainer = j.at("trainer").get<TrainerSpec>();
-    if (j.contains("cluster")) s.cluster = j.at("cluster").get<ClusterSpec>();
-    if (j.contains("roles")) {
-      for (const auto& r : j.at("roles")) {
-        RoleSpec role;
-        role.name = r.at("name").get<std::string>();
-        role.replicas = r.at("replicas").get<int>();
-        role.command = r.at("command").get<std::vector<std::string>>();
-        role.args = r.at("args").get<std::vector<std::string>>();
-        role.env = EnvFromJson(r.at("env"));
-        role.resources = ResourcesFromJson(r.at("resources"));
-        role.success = r.at("success").get<bool>();
-        role.on_failure = r.at("on_failure").get<std::string>();
-        role.finish = r.at("finish").get<bool>();
-        if (role.replicas < 1 || role.name.empty()) return InvalidArgument("resolved job spec has a bad role");
-        s.roles.push_back(std::move(role));
-      }
-    }
-    if ((s.command.empty() && !s.trainer.enabled && s.roles.empty()) || s.procs_per_node < 1 ||
-        s.nodes.min < 1 || s.nodes.max < s.nodes.min) {
-      return InvalidArgument("resolved job spec is inconsistent");
-    }
-    return s;
-  } catch (const json::exception& e) {
-    return InvalidArgument(std::string("resolved job spec is not valid: ") + e.what());
-  }
+  auto spec = ParseJobSpec(text, "resolved job spec");
+  if (!spec.ok()) return InvalidArgument("the resolved job spec is not valid: " + spec.status().message());
+  return spec;
 }
 
 }  // namespace trainctl

@@ -351,6 +351,8 @@ timeouts: {rendezvous: 1m, stop_grace: 3s, job: 1h}
   EXPECT_FALSE(JobSpecFromJson("{}").ok());
 }
 
+}
+
 // The seed's TensorFlow layout: parameter servers, workers, a chief and an evaluator.
 const char* kRoles = R"(name: tf
 command: [python3, task.py]
@@ -495,6 +497,29 @@ TEST(Roles, AJobWithoutRolesIsOneWorkerRole) {
   EXPECT_TRUE(roles[0].success);
   EXPECT_EQ(roles[0].on_failure, "restart_job");
 }
+
+// The resolved JSON is itself a spec (`validate --print`, job.json): read back, it resolves to
+// the same spec, for jobs with a trainer, roles and a cluster section.
+TEST(JobSpecJson, TheResolvedSpecIsAValidSpecOfTheSameJob) {
+  const std::vector<std::string> specs = {
+      kRoles,
+      "name: t\nprocs_per_node: 2\ntrainer: {model: resnet18, global_batch_size: 64, "
+      "schedule: {name: step, step_size: 10}, data: {dataset: synthetic, shape: [3, 8, 8]}}\n"
+      "cluster: {image: r/t:1, image_pull_secret: pull, token_secret: tok, "
+      "storage: {claim: data, class: fast, size: 5Gi}, stage: {url: 'https://x/d.tgz'}, "
+      "node_selector: {zone: a}, tolerations: [{key: k, operator: Exists, effect: NoSchedule}]}\n"
+      "resources: {cpus: 500m, memory: 3Gi}\nenv: {B: '2', A: '1'}\n",
+      "name: ps\ntrainer: {strategy: parameter_server, parameter_server: {mode: async, max_staleness: 3}}\n"
+      "roles: [{name: ps, replicas: 2, resources: {cpus: 1}}, {name: worker, replicas: 3}, {name: evaluator}]\n"
+      "timeouts: {job: 1h30m, stop_grace: 2.5s}\n"};
+  for (const auto& text : specs) {
+    auto spec = ParseJobSpec(text, "job.yaml");
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    const std::string json = JobSpecToJson(*spec, 2);
+    auto back = ParseJobSpec(json, "job.json");
+    ASSERT_TRUE(back.ok()) << back.status().message() << "\n" << json;
+    EXPECT_EQ(JobSpecToJson(*back, 2), json);
+  }
 
 }  // namespace
 }  // namespace trainctl
