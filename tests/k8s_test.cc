@@ -66,6 +66,67 @@ TEST(K8s, EveryRenderedManifestPassesTheKubernetesSchema) {
             std::string::npos) << rejected.output;
 }
 
+// Every workload format, for a job without roles and for jobs with roles: the custom resources
+// against the upstream Kubeflow CRDs (tests/k8s/crds), everything else against Kubernetes'.
+TEST(K8s, EveryFormatPassesTheUpstreamCrdsAndTheKubernetesSchema) {
+  RequireNodeModules();
+  Scratch s;
+  const std::string base = kSrc + "/examples/k8s/base.yaml";
+  const std::string ps = kSrc + "/examples/parameter-server.yaml";
+  const std::string tf = kSrc + "/examples/tensorflow.yaml";
+  std::vector<std::string> files = {
+      Render(s, "tfjob.yaml", {base, "--format", "tfjob"}),
+      Render(s, "mpijob.yaml", {base, "--format", "mpijob"}),
+      Render(s, "trainjob.yaml", {base, "--format", "trainjob", "--set", "cluster.node_selector.pool=cpu"}),
+      Render(s, "ps-tfjob.yaml", {ps, "--format", "tfjob"}),
+      Render(s, "ps-job.yaml", {ps}),
+      Render(s, "tf-tfjob.yaml", {tf, "--format", "tfjob"}),
+      Render(s, "tf-job.yaml", {tf, "--format", "job"}),
+  };
+  std::vector<std::string> argv = {"node", kSrc + "/tests/k8s/validate.mjs"};
+  argv.insert(argv.end(), files.begin(), files.end());
+  auto r = Exec(argv);
+  EXPECT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_EQ(CountLines(r.output, "INVALID"), 0) << r.output;
+  for (const char* kind : {"TFJob/fashion-mnist", "MPIJob/fashion-mnist", "TrainJob/fashion-mnist",
+                           "TFJob/parameter-server", "Job/tensorflow-ps", "Job/tensorflow-evaluator"}) {
+    EXPECT_NE(r.output.find(std::string(kind) + ": valid"), std::string::npos) << kind << "\n" << r.output;
+  }
+  // Each role's pods get that role's resources: a ps pod 2 CPUs, a worker pod 4.
+  const std::string tfjob = s.Read("tf-tfjob.yaml");
+  EXPECT_NE(tfjob.find("PS:"), std::string::npos);
+  EXPECT_NE(tfjob.find("Evaluator:"), std::string::npos);
+  EXPECT_EQ(CountLines(tfjob, "cpu: \"4\""), 4) << tfjob;  // worker and chief, requests and limits
+  // A custom resource with a field its CRD lacks is refused, as a strict API server would.
+  std::string bad = std::regex_replace(s.Read("mpijob.yaml"), std::regex("slotsPerWorker"), "slotsPerWorkers");
+  auto rejected = Exec({"node", kSrc + "/tests/k8s/validate.mjs", s.Write("bad.yaml", bad)});
+  EXPECT_EQ(rejected.exit.code, 1) << rejected.output;
+  EXPECT_NE(rejected.output.find("MPIJob/fashion-mnist: INVALID: against the MPIJob CRD: /spec must NOT "
+                                 "have additional properties (slotsPerWorkers)"),
+            std::string::npos) << rejected.output;
+}
+
+TEST(K8s, AFormatThatCannotExpressTheJobSaysWhy) {
+  Scratch s;
+  const std::string ps = kSrc + "/examples/parameter-server.yaml";
+  struct Case { std::vector<std::string> args; std::string message; };
+  for (const Case& c : std::vector<Case>{
+           {{ps, "--format", "pytorchjob"}, "roles: --format pytorchjob runs one role of identical workers"},
+           {{ps, "--format", "mpijob"}, "roles: --format mpijob runs one role"},
+           {{kSrc + "/examples/tensorflow.yaml", "--format", "tfjob", "--set", "roles[3].name=importer"},
+            "roles[3].name: --format tfjob has the replica types chief, master, ps, worker and evaluator"},
+           {{kSrc + "/examples/k8s/base.yaml", "--format", "mpijob", "--set", "nodes=1:3"},
+            "nodes: --format mpijob runs a fixed number of nodes"},
+           {{kSrc + "/examples/k8s/base.yaml", "--format", "trainjob", "--set", "cluster.stage.url=https://x/d.tgz"},
+            "cluster.stage: --format trainjob cannot wait for the data-staging Job"}}) {
+    std::vector<std::string> args = {"render"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    auto r = Trainctl(args, s.path(""));
+    EXPECT_EQ(r.exit.code, 2) << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << r.output;
+  }
+}
+
 TEST(K8s, KustomizeOverlaysBuildTheSameObjectsAsTheLayeredSpec) {
   RequireNodeModules();
   Scratch s;
@@ -147,26 +208,40 @@ TEST(K8s, ClusterVerbsNameAnUnreachableClusterAndAMissingKubectl) {
   EXPECT_NE(r.output.find("trainctl status: kubectl is not on the PATH"), std::string::npos) << r.output;
 }
 
-// What a pod of the rendered Indexed Job runs, with the values Kubernetes would substitute.
+// What a pod of a rendered Indexed Job runs, with the values Kubernetes would substitute.
 struct PodCommand {
+  std::string job;  // the Indexed Job's name
+  int completions = 0;
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;
   std::string spec_json;
 };
 
-PodCommand FromManifests(const std::string& yaml) {
-  PodCommand pc;
+// Every Indexed Job's pod command (one for a job without roles, one per role otherwise).
+std::vector<PodCommand> PodsFromManifests(const std::string& yaml) {
+  std::vector<PodCommand> pods;
+  std::string spec_json;
   for (const auto& doc : YAML::LoadAll(yaml)) {
     const std::string kind = doc["kind"].as<std::string>();
-    if (kind == "ConfigMap") pc.spec_json = doc["data"]["job.json"].as<std::string>();
-    if (kind != "Job" || !doc["spec"]["completionMode"]) continue;  // the workers' Indexed Job
+    if (kind == "ConfigMap") spec_json = doc["data"]["job.json"].as<std::string>();
+    if (kind != "Job" || !doc["spec"]["completionMode"]) continue;  // the workers' Indexed Jobs
+    PodCommand pc;
+    pc.job = doc["metadata"]["name"].as<std::string>();
+    pc.completions = doc["spec"]["completions"].as<int>();
     const YAML::Node c = doc["spec"]["template"]["spec"]["containers"][0];
     for (const auto& a : c["command"]) pc.argv.push_back(a.as<std::string>());
     for (const auto& e : c["env"]) {
       if (e["value"]) pc.env.emplace_back(e["name"].as<std::string>(), e["value"].as<std::string>());
     }
+    pods.push_back(pc);
   }
-  return pc;
+  for (auto& p : pods) p.spec_json = spec_json;
+  return pods;
+}
+
+PodCommand FromManifests(const std::string& yaml) {
+  auto pods = PodsFromManifests(yaml);
+  return pods.empty() ? PodCommand{} : pods[0];
 }
 
 TEST(K8s, TheRenderedPodCommandRunsTheJobWithNodeZeroServingTheStore) {
@@ -216,6 +291,61 @@ TEST(K8s, TheRenderedPodCommandRunsTheJobWithNodeZeroServingTheStore) {
   EXPECT_TRUE(fs::exists(s.path("volume/runs/podjob/model.safetensors")));
   EXPECT_NE(s.Read("node0.log").find("2 workers x batch 16"), std::string::npos)
       << s.Read("node0.log");
+}
+
+// A job with roles rendered as one Indexed Job per role: every pod's agent runs its one task
+// (--task ROLE:$(JOB_COMPLETION_INDEX)), the first task's pod serves the store, and the tasks
+// get their roles, indexes and TF_CONFIG.
+TEST(K8s, ThePodPerTaskCommandsOfAJobWithRolesRunIt) {
+  Scratch s;
+  std::string spec = s.Write("job.yaml", "name: roles\n"
+      "command: [sh, -c, 'echo \"$ROLE_NAME $ROLE_RANK $WORLD_SIZE\" > " + s.path("volume") +
+      "/task-$RANK; echo \"$TF_CONFIG\" > " + s.path("volume") + "/tf-$RANK']\n"
+      "roles: [{name: ps, success: true}, {name: worker, replicas: 2}]\n"
+      "cluster:\n  storage: {mount: " + s.path("volume") + "}\n");
+  auto r = Trainctl({"render", spec}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  auto pods = PodsFromManifests(r.output);
+  ASSERT_EQ(pods.size(), 2u) << r.output;
+  EXPECT_EQ(pods[0].job, "roles-ps");
+  EXPECT_EQ(pods[1].job, "roles-worker");
+  EXPECT_EQ(pods[1].completions, 2);
+  fs::create_directories(s.path("volume"));
+  const std::string spec_file = s.Write("job.json", pods[0].spec_json);
+  const std::string port = std::to_string(FreePort());
+  std::vector<std::unique_ptr<Background>> agents;
+  for (int p = 1; p >= 0; --p) {  // the workers first: they wait for the ps pod's store
+    for (int index = 0; index < pods[p].completions; ++index) {
+      auto substitute = [&](std::string v) {
+        v = std::regex_replace(v, std::regex("roles-ps-0\\.roles:29400"), "127.0.0.1:" + port);
+        v = std::regex_replace(v, std::regex("\\$\\(JOB_COMPLETION_INDEX\\)"), std::to_string(index));
+        v = std::regex_replace(v, std::regex("\\$\\(POD_IP\\)"), "127.0.0.1");
+        return std::regex_replace(v, std::regex("/etc/trainctl/job.json"), spec_file);
+      };
+      std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_AGENT_TOKEN", "t0ken"}};
+      std::string run_id;
+      for (const auto& [k, v] : pods[p].env) {
+        if (k != "TRAINCTL_RUN_ID") env.emplace_back(k, substitute(v));
+        else run_id = v;
+      }
+      std::vector<std::string> args;
+      for (size_t i = 1; i < pods[p].argv.size(); ++i) {
+        args.push_back(pods[p].argv[i] == "$(TRAINCTL_RUN_ID)" ? run_id : substitute(pods[p].argv[i]));
+      }
+      EXPECT_NE(std::find(args.begin(), args.end(), "--task"), args.end());
+      agents.push_back(std::make_unique<Background>(
+          args, s.path("volume"), s.path(pods[p].job + std::to_string(index) + ".log"), env));
+    }
+  }
+  for (auto& a : agents) {
+    ExitInfo exit = a->Wait(std::chrono::seconds(60));
+    EXPECT_EQ(exit.code, 0) << a->Output();
+  }
+  EXPECT_EQ(s.Read("volume/task-0"), "ps 0 3\n");
+  EXPECT_EQ(s.Read("volume/task-1"), "worker 0 3\n");
+  EXPECT_EQ(s.Read("volume/task-2"), "worker 1 3\n");
+  EXPECT_NE(s.Read("volume/tf-2").find("\"task\":{\"index\":1,\"type\":\"worker\"}"), std::string::npos)
+      << s.Read("volume/tf-2");
 }
 
 }  // namespace

@@ -124,6 +124,34 @@ TEST(Slurm, ABatchJobRunsOneAgentPerNodeUnderSrun) {
   EXPECT_EQ(CountLines(out, " slurm_node=1"), 2) << out;
 }
 
+// Roles in one allocation: trainctl spreads the tasks of every role over the nodes (the ps and
+// a worker on the first, two workers on the second) and asks Slurm for what the busiest needs.
+TEST(Slurm, AJobWithRolesSpreadsItsTasksOverTheAllocation) {
+  SlurmCluster slurm(2);
+  Scratch s;
+  std::string spec = s.Write("job.yaml",
+      "name: slurm-roles\nnodes: 2\noutput_dir: " + s.path("out") + "\n"
+      "command: [sh, -c, 'echo task $ROLE_NAME-$ROLE_RANK rank=$RANK slurm_node=$SLURM_NODEID']\n"
+      "roles: [{name: ps, success: true, resources: {cpus: 1.5}}, {name: worker, replicas: 3, resources: {cpus: 0.5}}]\n");
+  auto r = Trainctl({"render", spec, "--target", "slurm", "--trainctl", TRAINCTL_BIN, "-o", s.path("")},
+                    s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  const std::string script = s.Read("slurm-roles.sbatch");
+  EXPECT_NE(script.find("#SBATCH --cpus-per-task=2\n"), std::string::npos) << script;  // ps + worker
+  auto job = slurm.Client({"sbatch", "--wait", s.path("slurm-roles.sbatch")}, s.path(""),
+                          std::chrono::seconds(120));
+  std::string out;
+  for (const auto& e : fs::directory_iterator(s.path(""))) {
+    if (e.path().filename().string().rfind("slurm-roles-", 0) == 0) out = *ReadFile(e.path().string());
+  }
+  ASSERT_EQ(job.exit.code, 0) << job.output << out;
+  for (const std::string task : {"ps-0 rank=0", "worker-0 rank=1", "worker-1 rank=2", "worker-2 rank=3"}) {
+    EXPECT_EQ(CountLines(out, "task " + task + " "), 1) << task << "\n" << out;
+  }
+  EXPECT_EQ(CountLines(out, " slurm_node=0"), 2) << out;
+  EXPECT_EQ(CountLines(out, " slurm_node=1"), 2) << out;
+}
+
 TEST(Slurm, AFailedJobIsAFailedBatchJobWithTheReport) {
   SlurmCluster slurm(2);
   Scratch s;

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "job/agent_command.h"
 #include "job/keys.h"
+#include "job/tasks.h"
 #include "store/open_store.h"
 #include "store/tcp/tcp_store.h"
 
@@ -23,6 +24,29 @@ Result<JobSpec> ReadSpecFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   if (!text.empty() && text[0] == '{') return JobSpecFromJson(text);
   return ParseJobSpec(text, path);
+}
+
+// The node that runs task ROLE:INDEX when every node runs one task (a pod per task).
+Result<int> TaskNodeRank(const JobSpec& spec, const std::string& task) {
+  const size_t colon = task.rfind(':');
+  const std::string role = task.substr(0, colon);
+  const RoleSpec* r = FindRole(spec.roles, role);
+  int index = -1;
+  if (colon != std::string::npos) index = std::atoi(task.c_str() + colon + 1);
+  if (colon == std::string::npos || !r || task.find_first_not_of("0123456789", colon + 1) != std::string::npos ||
+      index < 0 || index >= r->replicas) {
+    return InvalidArgument("expected ROLE:INDEX naming one of the spec's tasks, such as worker:0");
+  }
+  if (spec.nodes.max != spec.world_size()) {
+    return InvalidArgument("needs one task per node, but the spec has " + std::to_string(spec.world_size()) +
+                           " tasks on " + std::to_string(spec.nodes.max) + " nodes");
+  }
+  std::vector<RoleSize> sizes;
+  for (const auto& x : spec.roles) sizes.push_back({x.name, x.replicas});
+  for (const auto& t : PlaceTasks(sizes, spec.nodes.max)) {
+    if (t.role == role && t.index == index) return t.node;
+  }
+  return InvalidArgument("no such task");
 }
 
 int CodeFor(const Status& st) { return st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError; }
@@ -49,9 +73,18 @@ int RunAgentProcess(const AgentProcessOptions& f) {
     }
     file_spec = *loaded;
   }
+  int node_rank = f.node_rank;
+  if (!f.task.empty()) {  // a pod per task: its node is the task's
+    auto rank = file_spec ? TaskNodeRank(*file_spec, f.task) : Result<int>(InvalidArgument("needs --spec"));
+    if (!rank.ok()) {
+      LOG_ERROR("--task {}: {}", f.task, rank.status().message());
+      return kExitInvalidSpec;
+    }
+    node_rank = *rank;
+  }
   // Node 0 hosts the store when no launcher does (a cluster engine started every agent).
   std::unique_ptr<TcpStoreServer> server;
-  if (f.serve_store && f.node_rank == 0) {
+  if (f.serve_store && node_rank == 0) {
     std::string host;
     uint16_t port = 0;
     Status st = !file_spec ? InvalidArgument("--serve-store needs --spec")
@@ -96,7 +129,7 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   LOG_DEBUG("job spec of {} read{}", spec->name, file_spec ? " from " + f.spec_file : " from the store");
   AgentOptions o;
   o.spec = *spec;
-  o.node_rank = f.node_rank;
+  o.node_rank = node_rank;
   o.run_id = f.run_id;
   o.host = f.host;
   if (o.host == "auto") {

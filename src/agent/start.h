@@ -9,6 +9,7 @@ namespace trainctl {
 
 struct AgentProcessOptions {
   int node_rank = -1;              // -1: by arrival
+  std::string task;                // "ROLE:INDEX": the node that runs that one task (pod per task)
   std::string run_id;
   std::string host = "127.0.0.1";  // this node's address for peers; "auto": its host name
   std::string spec_file;           // "" : the spec from the store

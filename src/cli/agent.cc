@@ -13,7 +13,12 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
                kEnvStoreToken + ")");
   static AgentProcessOptions storage;
   AgentProcessOptions* f = &storage;
-  cmd->add_option("--node-rank", f->node_rank, "this node's rank; -1: by arrival")->capture_default_str();
+  auto* rank = cmd->add_option("--node-rank", f->node_rank, "this node's rank; -1: by arrival")
+                   ->capture_default_str();
+  cmd->add_option("--task", f->task,
+                  "ROLE:INDEX: this node runs that one task of the spec's roles (a pod per task, "
+                  "as the rendered TFJob and per-role Jobs run)")
+      ->excludes(rank);
   cmd->add_option("--run-id", f->run_id, "the job run's id")->required();
   cmd->add_option("--host", f->host, "this node's address for its peers; auto: its host name")
       ->capture_default_str();

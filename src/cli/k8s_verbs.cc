@@ -63,7 +63,8 @@ struct Common {
 
 void AddCommon(CLI::App* cmd, Common* c) {
   c->spec.Add(cmd);
-  cmd->add_option("--format", c->format, "what was submitted: job (an Indexed Job) or pytorchjob")
+  cmd->add_option("--format", c->format,
+                  "what was submitted: job (Indexed Jobs), pytorchjob, tfjob, mpijob or trainjob")
       ->capture_default_str()
       ->check(CLI::IsMember(k8s::kFormats));
 }
@@ -73,7 +74,11 @@ std::string Selector(const JobSpec& s, const std::string& component = "") {
 }
 
 std::string WorkloadKind(const std::string& format) {
-  return format == "pytorchjob" ? "pytorchjobs.kubeflow.org" : "jobs.batch";
+  if (format == "pytorchjob") return "pytorchjobs.kubeflow.org";
+  if (format == "tfjob") return "tfjobs.kubeflow.org";
+  if (format == "mpijob") return "mpijobs.kubeflow.org";
+  if (format == "trainjob") return "trainjobs.trainer.kubeflow.org";
+  return "jobs.batch";
 }
 
 int Fail(const std::string& verb, const Status& st) {
@@ -82,6 +87,10 @@ int Fail(const std::string& verb, const Status& st) {
 }
 
 int Submit(const JobSpec& s, const std::string& format) {
+  if (Status st = k8s::CheckFormat(s, format); !st.ok()) {
+    std::fprintf(stderr, "trainctl submit: %s\n", st.message().c_str());
+    return kExitInvalidSpec;
+  }
   const std::string& ns = s.cluster.namespace_;
   const std::string secret = s.cluster.token_secret.empty() ? s.name + "-token" : s.cluster.token_secret;
   // The store token: a Secret made once, from a random value that only the cluster keeps.
@@ -109,7 +118,10 @@ int Submit(const JobSpec& s, const std::string& format) {
 
 int ShowStatus(const JobSpec& s, const std::string& format, bool as_json) {
   const std::string& ns = s.cluster.namespace_;
-  auto job = Kubectl({"get", WorkloadKind(format), s.name, "-n", ns, "-o", "json"});
+  // A job with roles rendered as Jobs has one Job per role: their states are merged below.
+  const bool per_role = format == "job" && !s.roles.empty();
+  auto job = per_role ? Kubectl({"get", "jobs.batch", "-n", ns, "-l", Selector(s, "worker"), "-o", "json"})
+                      : Kubectl({"get", WorkloadKind(format), s.name, "-n", ns, "-o", "json"});
   if (!job.ok()) return Fail("status", job.status());
   if (job->exit.code != 0) return Fail("status", Unavailable(Why(*job)));
   auto pods = Kubectl({"get", "pods", "-n", ns, "-l", Selector(s), "-o", "json"});
@@ -117,14 +129,21 @@ int ShowStatus(const JobSpec& s, const std::string& format, bool as_json) {
   if (pods->exit.code != 0) return Fail("status", Unavailable(Why(*pods)));
   try {
     json j = json::parse(job->output), p = json::parse(pods->output);
-    json st = j.value("status", json::object());
+    json objects = per_role ? j.value("items", json::array()) : json::array({j});
+    json st = {{"active", 0}, {"succeeded", 0}, {"failed", 0}};
     std::string state = "running";
-    for (const auto& c : st.value("conditions", json::array())) {
-      if (c.value("status", "") != "True") continue;
-      const std::string type = c.value("type", "");
-      if (type == "Complete" || type == "Succeeded") state = "succeeded";
-      if (type == "Failed") state = "failed: " + c.value("reason", "") + " " + c.value("message", "");
+    int done = 0;
+    for (const auto& o : objects) {
+      const json ost = o.value("status", json::object());
+      for (const char* k : {"active", "succeeded", "failed"}) st[k] = st[k].get<int>() + ost.value(k, 0);
+      for (const auto& c : ost.value("conditions", json::array())) {
+        if (c.value("status", "") != "True") continue;
+        const std::string type = c.value("type", "");
+        if (type == "Complete" || type == "Succeeded") ++done;
+        if (type == "Failed") state = "failed: " + c.value("reason", "") + " " + c.value("message", "");
+      }
     }
+    if (state == "running" && done > 0 && done == static_cast<int>(objects.size())) state = "succeeded";
     json out = {{"job", s.name}, {"namespace", ns}, {"state", state},
                 {"active", st.value("active", 0)}, {"succeeded", st.value("succeeded", 0)},
                 {"failed", st.value("failed", 0)}, {"pods", json::array()}};

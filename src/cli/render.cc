@@ -46,8 +46,9 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
   std::vector<std::string> formats = k8s::kFormats;
   formats.push_back("kustomize");
   cmd->add_option("--format", f->format,
-                  "k8s: job (an Indexed Job, no operator), pytorchjob (Kubeflow Training "
-                  "Operator), kustomize (a base plus overlays, see --env; needs -o)")
+                  "k8s: job (Indexed Jobs, no operator; one per role for jobs with roles), "
+                  "pytorchjob or tfjob (Kubeflow Training Operator), mpijob (MPI Operator v2beta1), "
+                  "trainjob (Kubeflow Trainer v2), kustomize (a base plus overlays, see --env; needs -o)")
       ->capture_default_str()
       ->check(CLI::IsMember(formats));
   cmd->add_option("--env", f->envs,
@@ -84,6 +85,11 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
         return;
       }
       std::printf("wrote %s; submit it with sbatch %s\n", path.c_str(), path.c_str());
+      return;
+    }
+    if (Status st = k8s::CheckFormat(*spec, f->format == "kustomize" ? "job" : f->format); !st.ok()) {
+      std::fprintf(stderr, "%s: %s\n", f->spec.Sources().files[0].c_str(), st.message().c_str());
+      *code = kExitInvalidSpec;
       return;
     }
     if (f->format != "kustomize") {

@@ -7,7 +7,12 @@ std::vector<std::string> AgentCommand::Argv() const {
   if (!log_level.empty()) argv.insert(argv.end(), {"--log-level", log_level});
   argv.push_back("agent");
   if (!spec_file.empty()) argv.insert(argv.end(), {"--spec", spec_file});
-  argv.insert(argv.end(), {"--run-id", run_id, "--node-rank", node_rank.empty() ? "-1" : node_rank});
+  argv.insert(argv.end(), {"--run-id", run_id});
+  if (!task.empty()) {
+    argv.insert(argv.end(), {"--task", task});
+  } else {
+    argv.insert(argv.end(), {"--node-rank", node_rank.empty() ? "-1" : node_rank});
+  }
   if (!host.empty()) argv.insert(argv.end(), {"--host", host});
   if (serve_store) argv.push_back("--serve-store");
   if (color) argv.push_back("--color");

@@ -16,6 +16,7 @@ struct AgentCommand {
   std::string trainctl = "trainctl";  // the binary, as the node sees it
   std::string log_level;              // "" leaves the default
   std::string node_rank;              // a number, "-1" (by arrival), or "$(VAR)" in a manifest
+  std::string task;                   // instead: "ROLE:INDEX", the one task this node runs
   std::string run_id;                 // the run's id, or "$(VAR)"
   std::string host;                   // "" leaves the default (127.0.0.1); "auto"; "$(POD_IP)"
   std::string spec_file;              // --spec: agents a cluster engine starts read it there

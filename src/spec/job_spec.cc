@@ -1,5 +1,9 @@
 #include "spec/job_spec.h"
 
+#include <algorithm>
+
+#include "job/tasks.h"
+
 namespace trainctl {
 
 int JobSpec::world_size() const {
@@ -49,6 +53,26 @@ std::string DescribeTasks(const JobSpec& spec, bool programs) {
              (programs ? " (" + program(r.command) + ")" : "");
   }
   return nodes + ", roles: " + roles;
+}
+
+ResourcesSpec NodeResources(const JobSpec& spec) {
+  const auto roles = JobRoles(spec, spec.nodes.max);
+  std::vector<RoleSize> sizes;
+  for (const auto& r : roles) sizes.push_back({r.name, r.replicas});
+  std::vector<ResourcesSpec> nodes(spec.nodes.max);
+  for (const auto& t : PlaceTasks(sizes, spec.nodes.max)) {
+    const ResourcesSpec& r = FindRole(roles, t.role)->resources;
+    nodes[t.node].cpus += r.cpus;
+    nodes[t.node].memory_bytes += r.memory_bytes;
+    nodes[t.node].gpus += r.gpus;
+  }
+  ResourcesSpec most;
+  for (const auto& n : nodes) {
+    most.cpus = std::max(most.cpus, n.cpus);
+    most.memory_bytes = std::max(most.memory_bytes, n.memory_bytes);
+    most.gpus = std::max(most.gpus, n.gpus);
+  }
+  return most;
 }
 
 const RoleSpec* FindRole(const std::vector<RoleSpec>& roles, const std::string& name) {

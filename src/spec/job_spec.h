@@ -194,6 +194,9 @@ int TrainingWorkers(const JobSpec& spec);
 // worker x3 (built-in trainer)".
 // Without `programs`, only the counts: "2 node(s) x 4 worker(s)", "1 node(s), roles: ps x2, ...".
 std::string DescribeTasks(const JobSpec& spec, bool programs = true);
+// What the busiest node needs, field by field: the sum of the resources of the tasks it runs
+// (procs_per_node workers' for a job without roles) on nodes.max nodes.
+ResourcesSpec NodeResources(const JobSpec& spec);
 // The role named `name`, or nullptr.
 const RoleSpec* FindRole(const std::vector<RoleSpec>& roles, const std::string& name);
 

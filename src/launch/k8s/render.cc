@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <set>
 
 #include "common/duration.h"
@@ -71,7 +72,19 @@ class Renderer {
       out.push_back(Service(n_.etcd, "etcd", 2379, "client"));
     }
     if (!c_.stage.url.empty()) out.push_back(StageJob());
-    out.push_back(format_ == "pytorchjob" ? PyTorchJob() : IndexedJob());
+    if (format_ == "pytorchjob") {
+      out.push_back(PyTorchJob());
+    } else if (format_ == "tfjob") {
+      out.push_back(TFJob());
+    } else if (format_ == "mpijob") {
+      out.push_back(MPIJob());
+    } else if (format_ == "trainjob") {
+      out.push_back(TrainJob());
+    } else if (s_.roles.empty()) {
+      out.push_back(IndexedJob());
+    } else {
+      for (const auto& role : s_.roles) out.push_back(RoleJob(role));
+    }
     if (s_.trainer.enabled) out.push_back(EvalJob());
     if (c_.tensorboard) {
       out.push_back(TensorBoard());
@@ -188,24 +201,26 @@ class Renderer {
 
   std::string StagedMarker() const { return pod_.trainer.data.dir + "/.trainctl-staged"; }
 
-  json Resources() const {
-    const ResourcesSpec& r = s_.resources;
+  // A pod's requests and limits: `tasks` tasks of `r` each (a node's workers, or one task).
+  static json PodResources(const ResourcesSpec& r, int tasks) {
     json amounts = json::object();
-    if (r.cpus > 0) amounts["cpu"] = Cpus(r.cpus * s_.procs_per_node);
-    if (r.memory_bytes > 0) amounts["memory"] = Bytes(r.memory_bytes * s_.procs_per_node);
+    if (r.cpus > 0) amounts["cpu"] = Cpus(r.cpus * tasks);
+    if (r.memory_bytes > 0) amounts["memory"] = Bytes(r.memory_bytes * tasks);
     json res = json::object();
     if (!amounts.empty()) res = {{"requests", amounts}, {"limits", amounts}};
-    if (r.gpus > 0) res["limits"]["nvidia.com/gpu"] = r.gpus * s_.procs_per_node;
+    if (r.gpus > 0) res["limits"]["nvidia.com/gpu"] = r.gpus * tasks;
     return res;
   }
+  json Resources() const { return PodResources(s_.resources, s_.procs_per_node); }
 
-  // The agent, one per pod. `rank` and `store` are what this format's pods know of themselves.
+  // The agent, one per pod. `rank` ("ROLE:INDEX" for a pod per task) and `store` are what this
+  // format's pods know of themselves; `resources` the pod's.
   json AgentContainer(const std::string& name, const std::string& rank, const std::string& store,
-                      const std::string& uid_label) const {
+                      const std::string& uid_label, json resources = nullptr) const {
     AgentCommand agent;
     agent.spec_file = std::string(kSpecDir) + "/job.json";
     agent.run_id = "$(TRAINCTL_RUN_ID)";
-    agent.node_rank = rank;
+    (rank.find(':') != std::string::npos ? agent.task : agent.node_rank) = rank;
     agent.host = "$(POD_IP)";
     agent.serve_store = store.rfind("tcp://", 0) == 0;
     json command = agent.Argv();
@@ -224,10 +239,20 @@ class Renderer {
     }
     json c = Container(name, c_.image, command, env);
     c["ports"] = {{{"name", "store"}, {"containerPort", kStorePort}}};
-    json res = Resources();
+    json res = resources.is_null() ? Resources() : resources;
     if (!res.empty()) c["resources"] = res;
     return c;
   }
+
+  // Adds an environment variable read from the pod's own labels (a replica index).
+  static void EnvFromLabel(json& container, const std::string& name, const std::string& label) {
+    json var = {{"name", name},
+                {"valueFrom", {{"fieldRef", {{"fieldPath", "metadata.labels['" + label + "']"}}}}}};
+    container["env"].insert(container["env"].begin(), var);
+  }
+
+  // A pod per task: the store lives with the first task (rank 0).
+  std::string FirstTaskStore(const std::string& host) const { return StoreUrl(host); }
 
   json Init() const {
     json init = json::array();
@@ -288,6 +313,126 @@ class Renderer {
       spec["runPolicy"]["activeDeadlineSeconds"] = std::max<int64_t>(1, s_.timeouts.job.count() / 1000);
     }
     return Object("kubeflow.org/v1", "PyTorchJob", n_.job, "worker", {{"spec", spec}});
+  }
+
+  json RunPolicy(int backoff) const {
+    json p = {{"cleanPodPolicy", "None"}, {"backoffLimit", backoff}};
+    if (s_.timeouts.job.count() > 0) p["activeDeadlineSeconds"] = std::max<int64_t>(1, s_.timeouts.job.count() / 1000);
+    return p;
+  }
+
+  // One Indexed Job per role of a job with roles: a pod per task, each with its role's
+  // resources; the pods of every role share the headless Service, so the first task's pod
+  // (<job>-<first role>-0.<job>) serves the store.
+  json RoleJob(const RoleSpec& role) const {
+    const std::string name = n_.job + "-" + role.name;
+    json c = AgentContainer("trainctl", role.name + ":$(JOB_COMPLETION_INDEX)",
+                            StoreUrl(n_.job + "-" + s_.roles[0].name + "-0." + n_.svc), "",
+                            PodResources(role.resources, 1));
+    json tmpl = PodTemplate("worker", {c}, Init());
+    tmpl["metadata"]["labels"]["trainctl.dev/role"] = role.name;
+    tmpl["spec"]["subdomain"] = n_.svc;
+    tmpl["spec"]["restartPolicy"] = "Never";
+    json spec = {
+        {"completionMode", "Indexed"},
+        {"completions", role.replicas},
+        {"parallelism", role.replicas},
+        {"backoffLimit", s_.restart.max_restarts},
+        {"podFailurePolicy",
+         {{"rules",
+           {{{"action", "FailJob"},
+             {"onExitCodes", {{"containerName", "trainctl"}, {"operator", "In"}, {"values", {2, 3, 4, 5}}}}},
+            {{"action", "Ignore"}, {"onPodConditions", {{{"type", "DisruptionTarget"}}}}}}}}},
+        {"template", tmpl}};
+    if (s_.timeouts.job.count() > 0) {
+      spec["activeDeadlineSeconds"] = std::max<int64_t>(1, s_.timeouts.job.count() / 1000);
+    }
+    json o = Object("batch/v1", "Job", name, "worker", {{"spec", spec}});
+    o["metadata"]["labels"]["trainctl.dev/role"] = role.name;
+    return o;
+  }
+
+  // Kubeflow's TFJob: a replica type per role (a pod per task) or, without roles, Worker pods of
+  // procs_per_node workers each. The operator's per-replica Services give the first task's pod
+  // the name <job>-<type>-0; each pod learns its index from the operator's replica-index label.
+  // trainctl's agents run the tasks and set TF_CONFIG themselves (on addresses they reserve).
+  json TFJob() const {
+    static const std::map<std::string, std::string> types = {
+        {"chief", "Chief"}, {"master", "Master"}, {"ps", "PS"}, {"worker", "Worker"}, {"evaluator", "Evaluator"}};
+    const std::string first = s_.roles.empty() ? "worker" : s_.roles[0].name;
+    const std::string store = StoreUrl(n_.job + "-" + first + "-0");
+    auto replica = [&](int replicas, const std::string& rank, json resources, const std::string& role) {
+      json c = AgentContainer("tensorflow", rank, store, "", std::move(resources));
+      EnvFromLabel(c, "REPLICA_INDEX", "training.kubeflow.org/replica-index");
+      json tmpl = PodTemplate("worker", {c}, Init());
+      if (!role.empty()) tmpl["metadata"]["labels"]["trainctl.dev/role"] = role;
+      // Exit codes 1-127 (trainctl's verdicts) fail the job; 128+ (a signal: a lost node, OOM) restart the pod.
+      return json{{"replicas", replicas}, {"restartPolicy", "ExitCode"}, {"template", tmpl}};
+    };
+    json replicas = json::object();
+    bool decider = false;
+    if (s_.roles.empty()) {
+      replicas["Worker"] = replica(s_.nodes.max, "$(REPLICA_INDEX)", Resources(), "");
+    } else {
+      for (const auto& r : s_.roles) {
+        replicas[types.at(r.name)] = replica(r.replicas, r.name + ":$(REPLICA_INDEX)", PodResources(r.resources, 1), r.name);
+        decider = decider || r.name == "chief" || r.name == "master";
+      }
+    }
+    json spec = {{"runPolicy", RunPolicy(s_.restart.max_restarts)}, {"tfReplicaSpecs", replicas}};
+    // Without a chief, every worker decides the job's success, as trainctl's agents do.
+    if (!decider) spec["successPolicy"] = "AllWorkers";
+    return Object("kubeflow.org/v1", "TFJob", n_.job, "worker", {{"spec", spec}});
+  }
+
+  // The MPI Operator's MPIJob (v2beta1): the launcher runs `trainctl run --target mpi` on the
+  // operator's hostfile, so mpirun starts one agent per worker pod over ssh; the workers run
+  // sshd as the image's non-root user on port 2222 (deploy/Dockerfile's mpi stage), with the
+  // operator's keys at sshAuthMountPath. The launcher serves the job's store on its pod IP.
+  json MPIJob() const {
+    json launch = {"trainctl", "run", std::string(kSpecDir) + "/job.json", "--target", "mpi",
+                   "--hostfile", "/etc/mpi/hostfile", "--store-host", "$(POD_IP)"};
+    json env = {{{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}}};
+    json launcher = Container("launcher", c_.image, launch, env);
+    json worker = Container("worker", c_.image, {"/usr/sbin/sshd", "-De"}, json::array());
+    worker["ports"] = {{{"name", "ssh"}, {"containerPort", 2222}}, {{"name", "store"}, {"containerPort", kStorePort}}};
+    json res = Resources();
+    if (!res.empty()) worker["resources"] = res;
+    json launcher_tmpl = PodTemplate("launcher", {launcher}, Init());
+    json worker_tmpl = PodTemplate("worker", {worker});
+    json spec = {{"slotsPerWorker", 1},
+                 {"runPolicy", RunPolicy(0)},  // trainctl restarts the workers itself
+                 {"sshAuthMountPath", "/home/trainctl/.ssh"},
+                 {"mpiImplementation", "OpenMPI"},
+                 {"mpiReplicaSpecs",
+                  {{"Launcher", {{"replicas", 1}, {"restartPolicy", "Never"}, {"template", launcher_tmpl}}},
+                   {"Worker", {{"replicas", s_.nodes.max}, {"restartPolicy", "Never"}, {"template", worker_tmpl}}}}}};
+    return Object("kubeflow.org/v2beta1", "MPIJob", n_.job, "worker", {{"spec", spec}});
+  }
+
+  // Kubeflow Trainer v2: a TrainJob on the torch-distributed runtime, whose JobSet gives node i
+  // the name <job>-node-0-i.<job> and JOB_COMPLETION_INDEX = i. The pods' security context is
+  // the runtime's; the volumes and mounts come through podSpecOverrides.
+  json TrainJob() const {
+    json c = AgentContainer("node", "$(JOB_COMPLETION_INDEX)", StoreUrl(n_.job + "-node-0-0." + n_.job), "");
+    json trainer = {{"image", c_.image},
+                    {"command", c["command"]},
+                    {"env", c["env"]},
+                    {"numNodes", s_.nodes.max},
+                    {"numProcPerNode", s_.procs_per_node}};
+    if (c.contains("resources")) trainer["resourcesPerNode"] = c["resources"];
+    json overrides = {{"targetJobs", {{{"name", "node"}}}},
+                      {"serviceAccountName", n_.job},
+                      {"volumes", Volumes(false)},
+                      {"containers", {{{"name", "node"}, {"volumeMounts", Mounts(false)}}}}};
+    json pod = PodTemplate("worker", json::array())["spec"];
+    if (pod.contains("nodeSelector")) overrides["nodeSelector"] = pod["nodeSelector"];
+    if (pod.contains("tolerations")) overrides["tolerations"] = pod["tolerations"];
+    json spec = {{"runtimeRef", {{"name", "torch-distributed"}, {"kind", "ClusterTrainingRuntime"},
+                                 {"apiGroup", "trainer.kubeflow.org"}}},
+                 {"trainer", trainer},
+                 {"podSpecOverrides", {overrides}}};
+    return Object("trainer.kubeflow.org/v1alpha1", "TrainJob", n_.job, "worker", {{"spec", spec}});
   }
 
   json Claim() const {
@@ -411,8 +556,11 @@ echo "staged $URL into $DEST"
         {{"apiGroups", {"batch"}}, {"resources", {"jobs"}}, {"verbs", {"get", "list", "watch", "create", "patch", "delete"}}},
         {{"apiGroups", {"apps"}}, {"resources", {"deployments", "statefulsets"}}, {"verbs", manage}},
         {{"apiGroups", {"networking.k8s.io"}}, {"resources", {"networkpolicies"}}, {"verbs", manage}}};
-    if (format_ == "pytorchjob") {
-      rules.push_back({{"apiGroups", {"kubeflow.org"}}, {"resources", {"pytorchjobs"}},
+    static const std::map<std::string, std::pair<std::string, std::string>> kinds = {
+        {"pytorchjob", {"kubeflow.org", "pytorchjobs"}}, {"tfjob", {"kubeflow.org", "tfjobs"}},
+        {"mpijob", {"kubeflow.org", "mpijobs"}}, {"trainjob", {"trainer.kubeflow.org", "trainjobs"}}};
+    if (auto it = kinds.find(format_); it != kinds.end()) {
+      rules.push_back({{"apiGroups", {it->second.first}}, {"resources", {it->second.second}},
                        {"verbs", {"get", "list", "watch", "create", "patch", "delete"}}});
     }
     return Object("rbac.authorization.k8s.io/v1", "Role", n_.submitter, "rbac", {{"rules", rules}});
@@ -488,6 +636,8 @@ std::string FileName(const json& o) {
 
 JobSpec PodSpec(const JobSpec& spec) {
   JobSpec p = spec;
+  // A job with roles runs one task per pod: as many nodes as tasks.
+  if (!p.roles.empty()) p.nodes.min = p.nodes.max = p.world_size();
   const std::string& mount = spec.cluster.storage.mount;
   p.output_dir = Under(mount, spec.output_dir);
   p.checkpoint_dir = Under(mount, spec.checkpoint_dir);
@@ -498,6 +648,40 @@ JobSpec PodSpec(const JobSpec& spec) {
     else if (!d.dir.empty()) d.dir = Under(mount, d.dir);
   }
   return p;
+}
+
+Status CheckFormat(const JobSpec& spec, const std::string& format) {
+  const bool elastic = spec.nodes.min < spec.nodes.max;
+  if (format == "pytorchjob" || format == "mpijob" || format == "trainjob") {
+    if (!spec.roles.empty()) {
+      return InvalidArgument("roles: --format " + format + " runs one role of identical workers; "
+                             "render jobs with roles with --format job or --format tfjob");
+    }
+  }
+  if ((format == "mpijob" || format == "trainjob" || format == "tfjob") && elastic) {
+    return InvalidArgument("nodes: --format " + format + " runs a fixed number of nodes, got the range " +
+                           std::to_string(spec.nodes.min) + ":" + std::to_string(spec.nodes.max) +
+                           "; use --format job or pytorchjob for elastic jobs");
+  }
+  if (format == "trainjob" && !spec.cluster.stage.url.empty()) {
+    return InvalidArgument("cluster.stage: --format trainjob cannot wait for the data-staging Job "
+                           "(a TrainJob adds no init containers); stage the dataset first or use "
+                           "--format job");
+  }
+  if (format == "tfjob") {
+    static const std::vector<std::string> types = {"chief", "master", "ps", "worker", "evaluator"};
+    for (size_t i = 0; i < spec.roles.size(); ++i) {
+      if (std::find(types.begin(), types.end(), spec.roles[i].name) == types.end()) {
+        return InvalidArgument("roles[" + std::to_string(i) + "].name: --format tfjob has the replica "
+                               "types chief, master, ps, worker and evaluator; role \"" +
+                               spec.roles[i].name + "\" is none of them (use --format job)");
+      }
+    }
+  }
+  if (std::find(kFormats.begin(), kFormats.end(), format) == kFormats.end()) {
+    return InvalidArgument("unknown format " + format);
+  }
+  return Status::Ok();
 }
 
 std::vector<json> Render(const JobSpec& spec, const std::string& format) {

@@ -4,7 +4,8 @@
 // Objects, in apply order: ServiceAccount, ConfigMap (the resolved spec), PVC (unless the spec
 // names a claim), NetworkPolicy, headless Service, an etcd (elastic jobs without their own
 // rendezvous URL), the data-staging Job, the training workload, the eval Job, TensorBoard, and a
-// Role for the people who submit it. Every pod meets the "restricted" Pod Security Standard; the
+// Role for the people who submit it. A job with roles runs one task per pod (each pod's agent
+// is told its task with --task ROLE:INDEX), so each role's pods get that role's resources. Every pod meets the "restricted" Pod Security Standard; the
 // store token comes from a Secret that no manifest contains.
 #pragma once
 
@@ -17,8 +18,11 @@
 
 namespace trainctl::k8s {
 
-// job: an Indexed Job (no operator). pytorchjob, mpijob: the Kubeflow Training Operator's kinds.
-inline const std::vector<std::string> kFormats = {"job", "pytorchjob", "mpijob"};
+// job: Indexed Jobs (no operator): one for a job without roles (a pod per node), one per role
+// otherwise (a pod per task). pytorchjob, tfjob: the Kubeflow Training Operator's kinds (v1);
+// mpijob: the MPI Operator's MPIJob (v2beta1), a launcher running mpirun over ssh into its
+// workers; trainjob: Kubeflow Trainer v2's TrainJob on its torch-distributed runtime.
+inline const std::vector<std::string> kFormats = {"job", "pytorchjob", "tfjob", "mpijob", "trainjob"};
 
 constexpr int kStorePort = 29400;
 
@@ -26,7 +30,10 @@ constexpr int kStorePort = 29400;
 // under the shared volume's mount, the rendezvous pointed at the in-cluster store.
 JobSpec PodSpec(const JobSpec& spec);
 
-// The manifests, in apply order. `format` is one of kFormats.
+// Whether `format` can express the job; kInvalidArgument naming the field and what to use instead.
+Status CheckFormat(const JobSpec& spec, const std::string& format);
+
+// The manifests, in apply order. `format` is one of kFormats and passed CheckFormat.
 std::vector<nlohmann::json> Render(const JobSpec& spec, const std::string& format);
 
 // Multi-document YAML ("---" between documents), keys sorted.

@@ -16,21 +16,16 @@ std::string ShellQuote(const std::string& word) {
 
 std::string SbatchScript(const JobSpec& spec, const std::vector<std::string>& run_args,
                          const std::string& trainctl) {
-  const ResourcesSpec& r = spec.resources;
+  const ResourcesSpec r = NodeResources(spec);  // one agent per node runs all its tasks
   std::string s = "#!/bin/bash\n";
   s += "# trainctl job " + spec.name + ": submit with `sbatch " + spec.name + ".sbatch` (sbatch's own\n"
        "# flags, such as -p PARTITION or -A ACCOUNT, add to or override these lines).\n";
   s += "#SBATCH --job-name=" + spec.name + "\n";
   s += "#SBATCH --nodes=" + std::to_string(spec.nodes.max) + "\n";
   s += "#SBATCH --ntasks-per-node=1\n";
-  if (r.cpus > 0) {
-    s += "#SBATCH --cpus-per-task=" + std::to_string(int(std::ceil(r.cpus * spec.procs_per_node))) + "\n";
-  }
-  if (r.memory_bytes > 0) {
-    const int64_t mib = (r.memory_bytes * spec.procs_per_node + (1 << 20) - 1) >> 20;
-    s += "#SBATCH --mem=" + std::to_string(mib) + "M\n";
-  }
-  if (r.gpus > 0) s += "#SBATCH --gpus-per-node=" + std::to_string(r.gpus * spec.procs_per_node) + "\n";
+  if (r.cpus > 0) s += "#SBATCH --cpus-per-task=" + std::to_string(int(std::ceil(r.cpus - 1e-9))) + "\n";
+  if (r.memory_bytes > 0) s += "#SBATCH --mem=" + std::to_string((r.memory_bytes + (1 << 20) - 1) >> 20) + "M\n";
+  if (r.gpus > 0) s += "#SBATCH --gpus-per-node=" + std::to_string(r.gpus) + "\n";
   if (spec.timeouts.job.count() > 0) {
     // Slurm's limit leaves trainctl's own deadline room to stop the job and write its report.
     const auto seconds = (spec.timeouts.job + spec.timeouts.stop_grace).count() / 1000 + 60;

@@ -1,5 +1,6 @@
 // The Slurm batch script for a job spec: `trainctl render --target slurm`. The script asks for
-// nodes.max nodes, one task each, with procs_per_node times the per-worker resources, and runs
+// nodes.max nodes, one task each, with what its busiest node needs (procs_per_node times the
+// per-worker resources; with roles, the tasks of every role that trainctl places there), and runs
 // `trainctl run --target slurm` on the first node: that serves the job's store there and starts
 // one agent per node with srun.
 #pragma once
