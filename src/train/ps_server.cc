@@ -6,6 +6,7 @@
 
 #include "comm/ps/ps.h"
 #include "common/address.h"
+#include "common/cpus.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
 #include "common/subprocess.h"
@@ -14,6 +15,30 @@
 
 namespace trainctl::train {
 namespace {
+
+constexpr int64_t kBlock = 4096;
+
+// out[i] = (g[0][i] + ... + g[n-1][i]) / d for i in [begin, end): added in worker order and
+// divided, the shared-memory allreduce's arithmetic, so sync is its update bit for bit. Whole
+// blocks have a constant length and no pointer aliases another, so the compiler vectorizes them.
+void AverageBlock(const float* const* g, int n, float d, int64_t begin, int64_t end, float* __restrict out) {
+  if (end - begin != kBlock) {
+    for (int64_t i = begin; i < end; ++i) {
+      float sum = g[0][i];
+      for (int k = 1; k < n; ++k) sum += g[k][i];
+      out[i] = sum / d;
+    }
+    return;
+  }
+  float* __restrict o = out + begin;
+  const float* __restrict first = g[0] + begin;
+  for (int64_t i = 0; i < kBlock; ++i) o[i] = first[i];
+  for (int k = 1; k < n; ++k) {
+    const float* __restrict next = g[k] + begin;
+    for (int64_t i = 0; i < kBlock; ++i) o[i] += next[i];
+  }
+  for (int64_t i = 0; i < kBlock; ++i) o[i] /= d;
+}
 
 // The trainer's own optimizer (the allreduce strategy's update rules) over one shard.
 class TorchShardOptimizer : public comm::ps::ShardOptimizer {
@@ -29,8 +54,13 @@ class TorchShardOptimizer : public comm::ps::ShardOptimizer {
   }
   int64_t steps() const override { return opt_.steps(); }
   void set_steps(int64_t steps) override { opt_.set_steps(steps); }
-  void Apply(const float* grad, int64_t step) override {
-    std::memcpy(grads_.data_ptr<float>(), grad, grads_.numel() * sizeof(float));
+  void Apply(const float* const* grads, int n, int divisor, int64_t step) override {
+    float* out = grads_.data_ptr<float>();
+    const float d = static_cast<float>(divisor);
+    // The workers wait for this (sync): the shard's threads share it.
+    at::parallel_for(0, grads_.numel(), kBlock, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; b += kBlock) AverageBlock(grads, n, d, b, std::min(end, b + kBlock), out);
+    });
     opt_.Step(LearningRate(t_.optimizer, t_.schedule, step, total_steps_, workers_));
   }
 
@@ -52,7 +82,10 @@ int RunParameterServer(const JobSpec& spec, const TaskEnv& env) {
     LOG_ERROR("a parameter server needs its own address (TRAINCTL_TASK_ADDR): {}", st.message());
     return kExitError;
   }
-  at::set_num_threads(t.threads > 0 ? t.threads : 1);
+  // In a sync step the workers wait while a shard averages and applies: its threads take the
+  // cores the workers leave, shared among the node's parameter servers.
+  const int shards_here = std::max(1, env.role_world_size / std::max(1, env.group_world_size));
+  at::set_num_threads(t.threads > 0 ? t.threads : std::max(1, UsableCpus() / shards_here));
   BlockSupervisorSignals();  // before the server's threads: they inherit it, this one waits
   comm::ps::ServerOptions o;
   o.host = host;

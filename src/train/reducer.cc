@@ -86,6 +86,10 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
     bucket_of[k] = buckets_.size() - 1;
     offset += n;
   }
+  // A rank alone on the CPU (the parameter_server strategy's workers) has nothing to reduce: no
+  // hooks, no thread; backward's gradients are the result.
+  alone_ = comm_->size() == 1 && device_.is_cpu();
+  if (alone_) return;
   for (size_t k = 0; k < params_.size(); ++k) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
     size_t bucket = bucket_of[k];
@@ -219,6 +223,7 @@ double GradientReducer::TakeWaitSeconds() {
 }
 
 Status GradientReducer::Finish() {
+  if (alone_) return Status::Ok();
   auto start = Clock::now();
   if (shared_) {
     {

@@ -84,6 +84,7 @@ class GradientReducer {
   void CommLoop();
 
   comm::Communicator* comm_;
+  bool alone_ = false;  // one CPU rank: nothing to reduce
   std::vector<torch::Tensor> params_;
   torch::Device device_;
   std::unique_ptr<comm::SharedAverage> shared_;  // null: buckets and a thread

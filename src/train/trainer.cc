@@ -726,6 +726,7 @@ int RunTrainer(const TrainOptions& options) {
     }
     po.token = env->store_token;
     po.worker = rank;
+    po.local_host = env->host.empty() ? "127.0.0.1" : env->host;
     po.timeout = spec->timeouts.collective;
     auto connected = comm::ps::Client::Connect(po);
     if (!connected.ok()) return fail(connected.status());

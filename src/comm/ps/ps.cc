@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,9 @@
 #include <condition_variable>
 #include <cstring>
 
+#include <sys/mman.h>
+
+#include "comm/shm/segment.h"
 #include "common/address.h"
 #include "common/socket.h"
 
@@ -26,6 +30,8 @@ enum Op : uint8_t {
   kDone,          // worker                             -> done count
   kInfo,          // worker                             -> info
   kDoneCount,     //                                    -> done count
+  kShmAttach,     // segment name, count: gradients and parameters through shared memory
+  kPushPullShm,   // base version, worker step (gradients in the segment) -> version (parameters there)
 };
 enum Reply : uint8_t { kOk = 0, kError, kUnauthorized };
 
@@ -90,26 +96,11 @@ class In {
   size_t left_;
 };
 
-// Blocking reads and writes of whole messages on a server connection. false: closed or broken.
-bool ReadMessage(int fd, uint64_t max, uint8_t* op, std::string* payload) {
-  char head[9];
-  size_t got = 0;
-  while (got < sizeof head) {
-    ssize_t n = ::recv(fd, head + got, sizeof head - got, 0);
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      return false;
-    }
-    got += n;
-  }
-  uint64_t len;
-  std::memcpy(&len, head + 1, sizeof len);
-  if (len > max) return false;
-  *op = static_cast<uint8_t>(head[0]);
-  payload->resize(len);
-  got = 0;
-  while (got < len) {
-    ssize_t n = ::recv(fd, payload->data() + got, len - got, 0);
+// Blocking reads and writes on a server connection. false: closed or broken.
+bool RecvExact(int fd, void* out, size_t size) {
+  char* p = static_cast<char*>(out);
+  for (size_t got = 0; got < size;) {
+    ssize_t n = ::recv(fd, p + got, size - got, 0);
     if (n <= 0) {
       if (n < 0 && errno == EINTR) continue;
       return false;
@@ -119,15 +110,56 @@ bool ReadMessage(int fd, uint64_t max, uint8_t* op, std::string* payload) {
   return true;
 }
 
-bool WriteAll(int fd, const std::string& data) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+// A message's op and payload length.
+bool ReadHead(int fd, uint8_t* op, uint64_t* len) {
+  char head[9];
+  if (!RecvExact(fd, head, sizeof head)) return false;
+  *op = static_cast<uint8_t>(head[0]);
+  std::memcpy(len, head + 1, sizeof *len);
+  return true;
+}
+
+bool ReadMessage(int fd, uint64_t max, uint8_t* op, std::string* payload) {
+  uint64_t len = 0;
+  if (!ReadHead(fd, op, &len) || len > max) return false;
+  payload->resize(len);
+  return RecvExact(fd, payload->data(), len);
+}
+
+// Sends the pieces back to back with gathered writes: no copy into one buffer.
+bool SendParts(int fd, std::vector<struct iovec> parts) {
+  size_t i = 0;
+  while (i < parts.size()) {
+    struct msghdr m{};
+    m.msg_iov = parts.data() + i;
+    m.msg_iovlen = std::min<size_t>(parts.size() - i, 64);
+    ssize_t n = ::sendmsg(fd, &m, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
-    off += n;
+    for (size_t left = n; left > 0 && i < parts.size();) {
+      size_t take = std::min(left, parts[i].iov_len);
+      parts[i].iov_base = static_cast<char*>(parts[i].iov_base) + take;
+      parts[i].iov_len -= take;
+      left -= take;
+      if (parts[i].iov_len == 0) ++i;
+    }
+    while (i < parts.size() && parts[i].iov_len == 0) ++i;
   }
   return true;
+}
+
+bool WriteAll(int fd, const std::string& data) {
+  return SendParts(fd, {{const_cast<char*>(data.data()), data.size()}});
+}
+
+// The reply to a pull or push: kOk, the version, the parameters, straight from `params`.
+bool SendParams(int fd, int64_t version, const float* params, int64_t count) {
+  char head[17];
+  head[0] = static_cast<char>(kOk);
+  uint64_t len = sizeof version + count * sizeof(float);
+  std::memcpy(head + 1, &len, sizeof len);
+  std::memcpy(head + 9, &version, sizeof version);
+  return SendParts(fd, {{head, sizeof head}, {const_cast<float*>(params), count * sizeof(float)}});
 }
 
 void SetTimeout(int fd, int option, Duration d) {
@@ -155,10 +187,10 @@ struct Server::State {
   int64_t total_count = 0;
   int64_t count = 0;
   std::unique_ptr<ShardOptimizer> opt;
-  std::vector<std::vector<float>> pending;  // sync: each worker's gradients for `version`
+  std::vector<std::vector<float>> pending;  // sync: each worker's gradients for `version`,
+  std::vector<const float*> pending_at;     // here or in its shared-memory segment
   std::vector<bool> arrived;
   int arrived_count = 0;
-  std::vector<float> scratch;
   std::vector<int64_t> steps_done;          // by worker
   std::vector<bool> done;
   int64_t done_count = 0;
@@ -182,6 +214,7 @@ Server::Server(ServerOptions options, int listen_fd, int port)
   state_->steps_done.assign(o_.workers, 0);
   state_->done.assign(o_.workers, false);
   state_->pending.resize(o_.workers);
+  state_->pending_at.assign(o_.workers, nullptr);
   state_->arrived.assign(o_.workers, false);
   acceptor_ = std::thread([this] { Accept(); });
 }
@@ -292,7 +325,16 @@ void Server::Serve(int fd) {
     if (!WriteAll(fd, s.Info(worker))) return;
   }
   SetTimeout(fd, SO_RCVTIMEO, Duration(0));  // an idle worker (evaluating, checkpointing) is fine
-  while (!stopping_ && ReadMessage(fd, kMaxPayloadBytes, &op, &payload)) {
+  Conn conn;
+  uint64_t len = 0;
+  while (!stopping_ && ReadHead(fd, &op, &len)) {
+    if (op == kPushPull || op == kPushPullShm) {
+      if (!ServePush(fd, worker, op, len, &conn)) break;
+      continue;
+    }
+    if (len > kMaxPayloadBytes) break;
+    payload.resize(len);
+    if (!RecvExact(fd, payload.data(), len)) break;
     In in(payload);
     std::string reply;
     std::unique_lock<std::mutex> lock(s.mu);
@@ -329,7 +371,6 @@ void Server::Serve(int fd) {
         s.version = o_.async ? step * o_.workers : step;
         s.init_step = step;
         s.initialized = true;
-        s.scratch.assign(count, 0);
         for (auto& p : s.pending) p.assign(count, 0);
         s.arrived.assign(o_.workers, false);
         s.arrived_count = 0;
@@ -341,68 +382,6 @@ void Server::Serve(int fd) {
       case kPull:
         reply = s.initialized ? s.Params() : ErrorReply("the shard is not initialized yet");
         break;
-      case kPushPull: {
-        int64_t base, worker_step;
-        const float* grads = nullptr;
-        if (!in.I64(&base) || !in.I64(&worker_step) || !(grads = in.FloatView(s.count)) || !in.done() ||
-            worker < 0) {
-          reply = ErrorReply("malformed push");
-          break;
-        }
-        if (!s.initialized) {
-          reply = ErrorReply("the shard is not initialized yet");
-          break;
-        }
-        s.steps_done[worker] = worker_step;
-        const float inv = 1.0f / static_cast<float>(o_.workers);
-        if (o_.async) {
-          if (s.version - base > o_.max_staleness) {
-            ++s.dropped;  // computed on parameters too old to help
-          } else {
-            for (int64_t i = 0; i < s.count; ++i) s.scratch[i] = grads[i] * inv;
-            s.opt->Apply(s.scratch.data(), s.version / o_.workers);
-            ++s.version;
-          }
-          reply = s.Params();
-          break;
-        }
-        if (base != s.version || s.arrived[worker]) {
-          reply = ErrorReply("worker " + std::to_string(worker) + " pushed for version " +
-                             std::to_string(base) + ", the shard is at version " + std::to_string(s.version));
-          break;
-        }
-        std::memcpy(s.pending[worker].data(), grads, s.count * sizeof(float));
-        s.arrived[worker] = true;
-        if (++s.arrived_count == o_.workers) {
-          // Added in worker order and divided, as the shared-memory allreduce averages.
-          const float n = static_cast<float>(o_.workers);
-          float* avg = s.scratch.data();
-          std::memcpy(avg, s.pending[0].data(), s.count * sizeof(float));
-          for (int w = 1; w < o_.workers; ++w) {
-            const float* g = s.pending[w].data();
-            for (int64_t i = 0; i < s.count; ++i) avg[i] += g[i];
-          }
-          for (int64_t i = 0; i < s.count; ++i) avg[i] /= n;
-          s.opt->Apply(avg, s.version);
-          ++s.version;
-          s.arrived.assign(o_.workers, false);
-          s.arrived_count = 0;
-          s.cv.notify_all();
-        } else if (!s.cv.wait_for(lock, o_.timeout, [&] { return s.version > base || stopping_; }) ||
-                   stopping_) {
-          std::string missing;
-          for (int w = 0; w < o_.workers; ++w) {
-            if (!s.arrived[w]) missing += (missing.empty() ? "" : ", ") + std::to_string(w);
-          }
-          reply = ErrorReply(stopping_ ? "the parameter server is stopping"
-                                       : "timed out after " + FormatDuration(o_.timeout) +
-                                             " waiting for the gradients of worker(s) " + missing +
-                                             " for version " + std::to_string(base));
-          break;
-        }
-        reply = s.Params();
-        break;
-      }
       case kState: {
         if (!s.initialized) {
           reply = ErrorReply("the shard is not initialized yet");
@@ -427,6 +406,28 @@ void Server::Serve(int fd) {
       case kDoneCount:
         reply = Out().I64(s.done_count).Message(kOk);
         break;
+      case kShmAttach: {
+        // The worker's segment for this shard: its gradients, then the parameters it gets back.
+        std::string name;
+        int64_t count = -1;
+        if (!in.Str(&name) || !in.I64(&count) || !s.initialized || count != s.count || count <= 0) {
+          reply = ErrorReply("cannot attach a segment for " + std::to_string(count) + " floats");
+          break;
+        }
+        const size_t bytes = 2 * count * sizeof(float);
+        auto opened = OpenSegment(name, bytes);
+        void* base = opened.ok() ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *opened, 0) : MAP_FAILED;
+        if (opened.ok()) ::close(*opened);
+        if (base == MAP_FAILED) {
+          reply = ErrorReply(opened.ok() ? "cannot map " + name : opened.status().message());
+          break;
+        }
+        conn.Unmap();
+        conn.base = base;
+        conn.bytes = bytes;
+        reply = Out().Message(kOk);
+        break;
+      }
       default:
         reply = ErrorReply("unknown request " + std::to_string(op));
     }
@@ -435,12 +436,150 @@ void Server::Serve(int fd) {
   }
 }
 
+// A push. Over TCP the gradients go straight from the socket into this connection's buffer (no
+// lock held), which then changes places with the worker's pending slot; through shared memory
+// they are already in the worker's segment. The parameters go back straight from the shard
+// (sync: they cannot change until this worker pushes again) or from a copy made under the lock
+// (async: other pushes change them any time), over TCP or into the segment. false: the
+// connection is done.
+bool Server::ServePush(int fd, int worker, uint8_t op, uint64_t len, Conn* c) {
+  State& s = *state_;
+  int64_t count = 0;
+  bool initialized = false;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    count = s.count;
+    initialized = s.initialized;
+  }
+  const bool shm = op == kPushPullShm;
+  int64_t head[2];  // base version, worker step
+  const uint64_t want = sizeof head + (shm ? 0 : count * sizeof(float));
+  if (worker < 0 || !initialized || len != want || (shm && !c->base)) {
+    std::string skip;  // refuse it whole, so the connection stays in step
+    if (len > kMaxPayloadBytes) return false;
+    skip.resize(len);
+    return RecvExact(fd, skip.data(), len) &&
+           WriteAll(fd, ErrorReply(initialized ? "malformed push" : "the shard is not initialized yet"));
+  }
+  if (!RecvExact(fd, head, sizeof head)) return false;
+  float* grads = shm ? c->grads() : nullptr;
+  if (!shm) {
+    c->buf.resize(count);
+    if (!RecvExact(fd, c->buf.data(), count * sizeof(float))) return false;
+    grads = c->buf.data();
+  }
+  const int64_t base = head[0];
+  auto reply = [&](int64_t version, const float* params) {
+    if (!shm) return SendParams(fd, version, params, count);
+    if (params != c->params()) std::memcpy(c->params(), params, count * sizeof(float));
+    return WriteAll(fd, Out().I64(version).Message(kOk));
+  };
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.steps_done[worker] = head[1];
+  if (o_.async) {
+    if (s.version - base > o_.max_staleness) {
+      ++s.dropped;  // computed on parameters too old to help
+    } else {
+      const float* one[] = {grads};
+      s.opt->Apply(one, 1, o_.workers, s.version / o_.workers);
+      ++s.version;
+    }
+    float* copy = shm ? c->params() : (c->out.resize(count), c->out.data());
+    std::memcpy(copy, s.opt->params(), count * sizeof(float));
+    const int64_t version = s.version;
+    lock.unlock();
+    return reply(version, copy);
+  }
+  if (base != s.version || s.arrived[worker]) {
+    const std::string why = "worker " + std::to_string(worker) + " pushed for version " + std::to_string(base) +
+                            ", the shard is at version " + std::to_string(s.version);
+    lock.unlock();
+    return WriteAll(fd, ErrorReply(why));
+  }
+  if (shm) {
+    s.pending_at[worker] = grads;
+  } else {
+    std::swap(s.pending[worker], c->buf);
+    s.pending_at[worker] = s.pending[worker].data();
+  }
+  s.arrived[worker] = true;
+  if (++s.arrived_count == o_.workers) {
+    s.opt->Apply(s.pending_at.data(), o_.workers, o_.workers, s.version);
+    ++s.version;
+    s.arrived.assign(o_.workers, false);
+    s.arrived_count = 0;
+    s.cv.notify_all();
+  } else if (!s.cv.wait_for(lock, o_.timeout, [&] { return s.version > base || stopping_; }) || stopping_) {
+    std::string missing;
+    for (int w = 0; w < o_.workers; ++w) {
+      if (!s.arrived[w]) missing += (missing.empty() ? "" : ", ") + std::to_string(w);
+    }
+    const std::string why = stopping_ ? "the parameter server is stopping"
+                                      : "timed out after " + FormatDuration(o_.timeout) +
+                                            " waiting for the gradients of worker(s) " + missing +
+                                            " for version " + std::to_string(base);
+    lock.unlock();
+    return WriteAll(fd, ErrorReply(why));
+  }
+  const int64_t version = s.version;
+  const float* shard = s.opt->params();
+  lock.unlock();
+  return reply(version, shard);
+}
+
+void Server::Conn::Unmap() {
+  if (base) ::munmap(base, bytes);
+  base = nullptr;
+}
+
 // --- Client ---
 
 Client::~Client() {
   for (int fd : fds_) {
     if (fd >= 0) ::close(fd);
   }
+  for (auto& l : links_) {
+    if (l.base) ::munmap(l.base, l.bytes);
+  }
+}
+
+// Shards on this worker's own host get a segment each: the gradients are written there and the
+// parameters read from there, with only a small message on the socket. The worker creates the
+// segment (private to the user), the shard maps it, and the name is removed at once.
+void Client::AttachShm(int64_t count) {
+  const int shards = static_cast<int>(fds_.size());
+  links_.resize(shards);
+  for (int i = 0; i < shards; ++i) {
+    Link& l = links_[i];
+    if (l.tried) continue;
+    l.tried = true;
+    std::string host;
+    uint16_t port = 0;
+    if (o_.local_host.empty() || !ParseHostPort(o_.shards[i], &host, &port).ok() || host != o_.local_host) continue;
+    auto [begin, end] = ShardRange(count, shards, i);
+    const size_t bytes = 2 * (end - begin) * sizeof(float);
+    if (bytes == 0) continue;
+    const std::string name = NewSegmentName();
+    auto fd = CreateSegment(name, bytes);
+    if (!fd.ok()) continue;
+    void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+    ::close(*fd);
+    Status st = base == MAP_FAILED ? Internal("mmap") : Call(i, kShmAttach, Out().Str(name).I64(end - begin).payload());
+    if (st.ok()) st = Reply(i, o_.timeout).status();
+    ::unlink(name.c_str());  // both sides have it mapped (or it failed): nothing stays in /dev/shm
+    if (!st.ok()) {
+      if (base != MAP_FAILED) ::munmap(base, bytes);
+      continue;  // that shard stays on TCP
+    }
+    l.base = base;
+    l.bytes = bytes;
+  }
+}
+
+int Client::shm_shards() const {
+  int n = 0;
+  for (const auto& l : links_) n += l.base != nullptr;
+  return n;
 }
 
 Status Client::Call(size_t shard, uint8_t op, const std::string& payload) {
@@ -598,16 +737,60 @@ Result<int64_t> Client::Pull(float* params, int64_t count) {
 Result<int64_t> Client::PushPull(const float* grads, float* params, int64_t count, int64_t base,
                                  int64_t worker_step) {
   const int shards = static_cast<int>(fds_.size());
+  if (links_.empty()) AttachShm(count);
+  const auto send_deadline = Clock::now() + o_.timeout;
   for (int i = 0; i < shards; ++i) {
     auto [begin, end] = ShardRange(count, shards, i);
-    Out o;
-    o.I64(base).I64(worker_step).Floats(grads + begin, end - begin);
-    RETURN_IF_ERROR(Call(i, kPushPull, o.payload()));
+    const bool shm = links_[i].base != nullptr;
+    const size_t bytes = (end - begin) * sizeof(float);
+    if (shm) std::memcpy(links_[i].base, grads + begin, bytes);
+    char head[25];
+    head[0] = static_cast<char>(shm ? kPushPullShm : kPushPull);
+    const uint64_t len = 16 + (shm ? 0 : bytes);
+    std::memcpy(head + 1, &len, 8);
+    std::memcpy(head + 9, &base, 8);
+    std::memcpy(head + 17, &worker_step, 8);
+    if (!SendAll(fds_[i], std::string_view(head, sizeof head), send_deadline) ||
+        (!shm && !SendAll(fds_[i], std::string_view(reinterpret_cast<const char*>(grads + begin), bytes),
+                          send_deadline))) {
+      return Unavailable("parameter server " + std::to_string(i) + " (" + o_.shards[i] + ") is gone");
+    }
   }
   // A sync shard answers once every worker's gradients are in: up to the timeout, plus a margin
-  // so that the shard's own timeout (which names the missing workers) comes first.
-  return GatherParams(shards, count, params,
-                      [&](int i) { return Reply(i, o_.timeout + std::chrono::seconds(5)); });
+  // so that the shard's own timeout (which names the missing workers) comes first. The
+  // parameters go straight into `params`.
+  const auto deadline = Clock::now() + o_.timeout + std::chrono::seconds(5);
+  int64_t lowest = -1;
+  for (int i = 0; i < shards; ++i) {
+    auto [begin, end] = ShardRange(count, shards, i);
+    const std::string where = "parameter server " + std::to_string(i) + " (" + o_.shards[i] + ")";
+    char head[9];
+    int rc = RecvAll(fds_[i], head, sizeof head, deadline);
+    uint64_t len = 0;
+    if (rc == 1) std::memcpy(&len, head + 1, sizeof len);
+    if (rc == 1 && head[0] != kOk) {  // an error: its message
+      std::string payload(std::min<uint64_t>(len, 1 << 20), '\0');
+      if (RecvAll(fds_[i], payload.data(), payload.size(), deadline) != 1) return Unavailable(where + " closed the connection");
+      std::string message;
+      In(payload).Str(&message);
+      if (head[0] == kUnauthorized) return PermissionDenied(where + " refused the job's token");
+      return Internal(where + ": " + message);
+    }
+    int64_t version = 0;
+    const bool shm = links_[i].base != nullptr;
+    const size_t bytes = (end - begin) * sizeof(float);
+    if (rc == 1 && len != sizeof version + (shm ? 0 : bytes)) {
+      return Internal(where + " sent " + std::to_string(len) + " bytes, not its version and " +
+                      std::to_string(end - begin) + " parameters");
+    }
+    if (rc == 1) rc = RecvAll(fds_[i], reinterpret_cast<char*>(&version), sizeof version, deadline);
+    if (rc == 1 && shm) std::memcpy(params + begin, static_cast<char*>(links_[i].base) + bytes, bytes);
+    if (rc == 1 && !shm) rc = RecvAll(fds_[i], reinterpret_cast<char*>(params + begin), bytes, deadline);
+    if (rc == -1) return Timeout(where + " did not answer within " + FormatDuration(o_.timeout));
+    if (rc != 1) return Unavailable(where + " closed the connection");
+    lowest = lowest < 0 ? version : std::min(lowest, version);
+  }
+  return lowest;
 }
 
 Result<ShardState> Client::FetchState(int64_t count) {

@@ -3,9 +3,9 @@
 // ps task (so they balance by bytes); every worker pushes its gradients to every shard and pulls
 // the shard's parameters back.
 //
-// - sync: a shard waits for the gradients of version v from every worker, adds them in worker
-//   order, divides by the number of workers (the same bits as the shared-memory allreduce's
-//   average), applies the optimizer and moves to version v+1; a worker's push returns the
+// - sync: a shard waits for the gradients of version v from every worker, has the optimizer add
+//   them in worker order and divide by the number of workers (the shared-memory allreduce's
+//   arithmetic) and apply the result, and moves to version v+1; a worker's push returns the
 //   parameters of v+1. The update is the allreduce strategy's, step for step.
 // - async: a shard applies each push at once (the gradient divided by the number of workers),
 //   unless it was computed on parameters more than `max_staleness` versions old: then it is
@@ -15,6 +15,11 @@
 // Rank 0 of the workers initializes the shards (from its seeded model or its newest checkpoint)
 // and fetches their state for checkpoints. No torch here: the optimizer is the caller's
 // (ShardOptimizer), the buffers are plain floats.
+//
+// Transport: TCP to shards on other hosts; to a shard on the worker's own host, each push's
+// gradients and the parameters that come back go through a shared-memory segment the worker
+// makes for that shard (comm/shm/segment.h: private to the user), with only the small request
+// and reply on the socket.
 //
 // Wire: every message is op (u8), payload length (u64 little endian), payload. The first message
 // on a connection must be kHello with the job's token, and is at most 4 KiB: nothing larger is
@@ -45,8 +50,10 @@ class ShardOptimizer {
   virtual std::vector<std::pair<std::string, float*>> state() = 0;
   virtual int64_t steps() const = 0;
   virtual void set_steps(int64_t steps) = 0;
-  // Applies the averaged gradient `grad` (count floats); `step` is the job-wide step it makes.
-  virtual void Apply(const float* grad, int64_t step) = 0;
+  // Applies the gradient (grads[0][i] + ... + grads[n-1][i]) / divisor, added in that order
+  // (count floats each); `step` is the job-wide step it makes. sync: every worker's gradients,
+  // divided by their number; async: one push, divided by the number of workers.
+  virtual void Apply(const float* const* grads, int n, int divisor, int64_t step) = 0;
 };
 // Makes a shard's optimizer for `count` floats of a training that takes `total_steps` steps.
 using ShardOptimizerFactory = std::function<std::unique_ptr<ShardOptimizer>(int64_t count, int64_t total_steps)>;
@@ -76,7 +83,18 @@ class Server {
   struct State;
   Server(ServerOptions options, int listen_fd, int port);
   void Accept();
+  // One connection's own: buffers, and the worker's shared-memory segment when it gave one.
+  struct Conn {
+    std::vector<float> buf, out;
+    void* base = nullptr;
+    size_t bytes = 0;
+    float* grads() { return static_cast<float*>(base); }
+    float* params() { return grads() + bytes / sizeof(float) / 2; }
+    void Unmap();
+    ~Conn() { Unmap(); }
+  };
   void Serve(int fd);
+  bool ServePush(int fd, int worker, uint8_t op, uint64_t len, Conn* c);
 
   ServerOptions o_;
   int listen_fd_;
@@ -102,6 +120,7 @@ struct ClientOptions {
   std::vector<std::string> shards;  // host:port of every ps task, by index
   std::string token;
   int worker = 0;                   // this worker's index among the workers (its training rank)
+  std::string local_host;           // this worker's host: shards there go through shared memory
   Duration timeout = std::chrono::seconds(60);
 };
 
@@ -136,6 +155,8 @@ class Client {
                            int64_t worker_step);
   // The whole state, assembled from the shards (count floats per buffer).
   Result<ShardState> FetchState(int64_t count);
+  // Shards reached through shared memory (after the first PushPull).
+  int shm_shards() const;
   // Says this worker has done its last step; returns how many workers have.
   Result<int64_t> Done();
   // How many workers have said Done.
@@ -146,9 +167,16 @@ class Client {
   Status Call(size_t shard, uint8_t op, const std::string& payload);
   Result<std::string> Reply(size_t shard, Duration wait);
   Status Hello(size_t shard);
+  void AttachShm(int64_t count);
 
+  struct Link {  // a shard's segment: this worker's gradients, then the parameters it gets back
+    void* base = nullptr;
+    size_t bytes = 0;
+    bool tried = false;
+  };
   ClientOptions o_;
   std::vector<int> fds_;
+  std::vector<Link> links_;
   bool initialized_ = false;
   int64_t steps_done_ = 0;
   int64_t init_step_ = 0;

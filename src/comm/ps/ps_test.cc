@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <thread>
 
 #include "common/socket.h"
@@ -24,9 +25,11 @@ class TestOptimizer : public ShardOptimizer {
   std::vector<std::pair<std::string, float*>> state() override { return {{"calls", calls_.data()}}; }
   int64_t steps() const override { return steps_; }
   void set_steps(int64_t s) override { steps_ = s; }
-  void Apply(const float* grad, int64_t step) override {
+  void Apply(const float* const* grads, int n, int divisor, int64_t step) override {
     for (size_t i = 0; i < params_.size(); ++i) {
-      params_[i] -= 0.5f * grad[i];
+      float sum = grads[0][i];
+      for (int k = 1; k < n; ++k) sum += grads[k][i];
+      params_[i] -= 0.5f * (sum / divisor);
       calls_[i] += 1;
     }
     last_step = step;
@@ -55,12 +58,14 @@ struct Cluster {
       addrs.push_back("127.0.0.1:" + std::to_string(servers.back()->port()));
     }
   }
+  std::string local_host;  // "127.0.0.1": the shards are on the workers' host (shared memory)
   std::unique_ptr<Client> Connect(int worker, const std::string& token = "tok", Duration timeout = seconds(10)) {
     ClientOptions o;
     o.shards = addrs;
     o.token = token;
     o.worker = worker;
     o.timeout = timeout;
+    o.local_host = local_host;
     auto c = Client::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(*c) : nullptr;
@@ -79,8 +84,26 @@ TEST(ParameterServer, ShardsAreContiguousAndBalancedByBytes) {
   EXPECT_EQ(covered, 10);
 }
 
-TEST(ParameterServer, SyncAveragesEveryWorkersGradientsInWorkerOrder) {
+// The segments of /dev/shm that trainctl made.
+int Segments() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    n += e.path().filename().string().rfind("trainctl-", 0) == 0;
+  }
+  return n;
+}
+
+// Over TCP, and through shared memory for shards on the worker's own host.
+class Transport : public ::testing::TestWithParam<std::string> {
+ protected:
+  bool shm() const { return GetParam() == "shm"; }
+};
+INSTANTIATE_TEST_SUITE_P(ParameterServer, Transport, ::testing::Values("tcp", "shm"));
+
+TEST_P(Transport, SyncAveragesEveryWorkersGradientsInWorkerOrder) {
+  const int segments_before = Segments();
   Cluster c(2, 2, /*async=*/false);
+  c.local_host = shm() ? "127.0.0.1" : "";
   auto w0 = c.Connect(0), w1 = c.Connect(1);
   EXPECT_FALSE(w0->initialized());
   std::vector<float> init = {1, 2, 3, 4, 5}, calls(5, 0);
@@ -102,6 +125,8 @@ TEST(ParameterServer, SyncAveragesEveryWorkersGradientsInWorkerOrder) {
   std::vector<float> want = {1 - 1.5f, 2 - 0.5f, 3 - 1.5f, 4 - 0.5f, 5 - 1.5f};  // p - 0.5 * mean
   EXPECT_EQ(p0, want);
   EXPECT_EQ(p1, want);
+  EXPECT_EQ(w0->shm_shards(), shm() ? 2 : 0);
+  EXPECT_EQ(Segments(), segments_before) << "a segment's name was left in /dev/shm";
   auto state = w0->FetchState(5);
   ASSERT_TRUE(state.ok()) << state.status().ToString();
   EXPECT_EQ(state->version, 1);
@@ -127,8 +152,9 @@ TEST(ParameterServer, ASyncVersionThatAWorkerNeverPushesTimesOutNamingIt) {
             std::string::npos) << r.status().ToString();
 }
 
-TEST(ParameterServer, AsyncAppliesEachPushAndDropsStaleOnesAndAReplacementGoesOn) {
+TEST_P(Transport, AsyncAppliesEachPushAndDropsStaleOnesAndAReplacementGoesOn) {
   Cluster c(1, 2, /*async=*/true, seconds(10), /*staleness=*/1);
+  c.local_host = shm() ? "127.0.0.1" : "";
   auto w0 = c.Connect(0), w1 = c.Connect(1);
   std::vector<float> p = {10}, calls = {0}, g = {2};
   ASSERT_TRUE(w0->Init(p.data(), 1, {{"calls", calls.data()}}, 0, 0, 10).ok());
@@ -140,6 +166,7 @@ TEST(ParameterServer, AsyncAppliesEachPushAndDropsStaleOnesAndAReplacementGoesOn
   // Worker 1 computed on version 0: 3 versions old, over the bound of 1: dropped.
   EXPECT_EQ(*w1->PushPull(g.data(), p.data(), 1, 0, 5), 3);
   EXPECT_EQ(c.servers[0]->dropped(), 1);
+  EXPECT_EQ(w1->shm_shards(), shm() ? 1 : 0);
   // Worker 1 is replaced: its successor learns the steps it had done.
   w1.reset();
   auto again = c.Connect(1);

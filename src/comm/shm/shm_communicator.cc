@@ -34,6 +34,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/shm/segment.h"
 #include "common/cpus.h"
 #include "common/random.h"
 
@@ -96,21 +97,6 @@ inline void CpuRelax() {
   asm volatile("yield");
 #endif
 }
-
-// Creates the file of a segment that is not mapped yet, with its memory reserved: a full
-// /dev/shm is an error here rather than a SIGBUS on first touch. On error nothing is left behind.
-Result<int> CreateSegment(const std::string& name, size_t bytes) {
-  int fd = ::open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus("shm: cannot create " + name, errno);
-  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
-    ::close(fd);
-    ::unlink(name.c_str());
-    return ErrnoStatus("shm: cannot reserve " + std::to_string(bytes >> 20) + " MiB for " + name, err);
-  }
-  return fd;
-}
-
-std::string NewSegmentName() { return "/dev/shm/trainctl-" + RandomHex(16); }
 
 long Futex(std::atomic<uint32_t>* addr, int op, uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, value, timeout, nullptr, 0);
@@ -385,7 +371,10 @@ Result<std::unique_ptr<SharedAverage>> ShmCommunicator::MakeSharedAverage(size_t
   if (!name[0]) {
     return rank_ == 0 ? made : Unavailable("shm: rank 0 could not make the gradient segment");
   }
-  if (rank_ != 0) fd = ::open(name, O_RDWR | O_CLOEXEC);
+  if (rank_ != 0) {
+    auto opened = OpenSegment(name, bytes);
+    fd = opened.ok() ? *opened : -1;
+  }
   void* base = fd < 0 ? MAP_FAILED : ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
   float failed = base == MAP_FAILED ? 1 : 0;
@@ -417,8 +406,7 @@ Result<std::unique_ptr<Communicator>> ConnectShm(Store& store, const ShmOptions&
     auto got = store.Get("shm", o.timeout);
     if (!got.ok()) return Unavailable("shm: rank 0 did not publish its segment: " + got.status().ToString());
     name = *got;
-    fd = ::open(name.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus("shm: cannot open " + name, errno);
+    ASSIGN_OR_RETURN(fd, OpenSegment(name, bytes));
   }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
