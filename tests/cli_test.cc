@@ -14,16 +14,7 @@ namespace {
 
 using std::chrono::seconds;
 
-// A spec whose worker is a shell script; {out} is replaced by the scratch directory.
-std::string Spec(const Scratch& s, const std::string& body) {
-  std::string text = body;
-  for (size_t pos; (pos = text.find("{out}")) != std::string::npos;) text.replace(pos, 5, s.path(""));
-  return s.Write("job.yaml", text);
-}
 
-nlohmann::json Status(const Scratch& s) {
-  return nlohmann::json::parse(s.Read("out/status.json"));
-}
 
 TEST(Cli, HelpListsVerbsAndExitCodes) {
   Scratch s;
@@ -65,7 +56,7 @@ TEST(Cli, ValidateReportsFileLineAndField) {
 
 TEST(Cli, WorkersGetTheTorchrunEnvironment) {
   Scratch s;
-  Spec(s, R"(name: envjob
+  WriteSpec(s, R"(name: envjob
 nodes: 2
 procs_per_node: 2
 command: [sh, -c, 'env > {out}/env-$RANK.txt']
@@ -102,12 +93,12 @@ output_dir: {out}/out
     ports.insert(env.substr(p + 13, env.find('\n', p + 1) - p - 13));
   }
   EXPECT_EQ(ports.size(), 1u) << "every rank must see the same MASTER_PORT";
-  EXPECT_EQ(Status(s)["state"], "succeeded");
+  EXPECT_EQ(ReadStatus(s)["state"], "succeeded");
 }
 
 TEST(Cli, OutputIsPrefixedPerRankAndSavedPerRank) {
   Scratch s;
-  Spec(s, R"(name: logs
+  WriteSpec(s, R"(name: logs
 procs_per_node: 3
 command: [sh, -c, 'echo "line one from $RANK"; echo "to stderr from $RANK" >&2; printf "no newline $RANK"']
 output_dir: {out}/out
@@ -130,7 +121,7 @@ TEST(Cli, AFailedWorkerRestartsTheWholeGroupOnEveryNode) {
   Scratch s;
   // Rank 3 fails on the first attempt once all four workers have started (else a worker could be
   // stopped before it printed anything), and every worker succeeds on the second.
-  Spec(s, R"(name: flaky
+  WriteSpec(s, R"(name: flaky
 nodes: 2
 procs_per_node: 2
 command: [sh, -c, 'echo "start $RANK attempt $TORCHELASTIC_RESTART_COUNT"; echo $RANK >> {out}/started-$TORCHELASTIC_RESTART_COUNT; if [ "$RANK" = 3 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then i=0; while [ $(wc -l < {out}/started-0) -lt 4 ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit 9; fi; [ "$TORCHELASTIC_RESTART_COUNT" = 1 ] || sleep 20']
@@ -147,13 +138,13 @@ output_dir: {out}/out
   }
   EXPECT_NE(r.output.find("worker 3 (rank 3"), std::string::npos);
   EXPECT_NE(r.output.find("restarting the worker group (restart 1 of 2)"), std::string::npos);
-  EXPECT_EQ(Status(s)["restarts"], 1);
-  EXPECT_EQ(Status(s)["state"], "succeeded");
+  EXPECT_EQ(ReadStatus(s)["restarts"], 1);
+  EXPECT_EQ(ReadStatus(s)["state"], "succeeded");
 }
 
 TEST(Cli, SpentRestartBudgetReportsTheRootCause) {
   Scratch s;
-  Spec(s, R"(name: broken
+  WriteSpec(s, R"(name: broken
 procs_per_node: 2
 command: [sh, -c, 'if [ "$RANK" = 1 ]; then echo "loading data"; echo "ValueError: bad shard 7" >&2; exit 7; fi; sleep 20']
 restart: {max_restarts: 1}
@@ -167,7 +158,7 @@ output_dir: {out}/out
   EXPECT_NE(r.output.find("failed: exit code 7"), std::string::npos);
   EXPECT_NE(r.output.find("| ValueError: bad shard 7"), std::string::npos);
   EXPECT_NE(r.output.find("log: " + s.path("out/logs/worker-1.log")), std::string::npos);
-  auto st = Status(s);
+  auto st = ReadStatus(s);
   EXPECT_EQ(st["state"], "failed");
   EXPECT_EQ(st["exit_code"], kExitWorkerFailed);
   EXPECT_EQ(st["failure"]["rank"], 1);
@@ -175,7 +166,7 @@ output_dir: {out}/out
 
 TEST(Cli, DeathBySignalIsNamed) {
   Scratch s;
-  Spec(s, R"(name: segv
+  WriteSpec(s, R"(name: segv
 command: [sh, -c, 'kill -SEGV $$']
 restart: {max_restarts: 0}
 output_dir: {out}/out
@@ -187,7 +178,7 @@ output_dir: {out}/out
 
 TEST(Cli, AProgramThatCannotStartIsASpecError) {
   Scratch s;
-  Spec(s, "name: typo\ncommand: [pythn3, train.py]\noutput_dir: {out}/out\n");
+  WriteSpec(s, "name: typo\ncommand: [pythn3, train.py]\noutput_dir: {out}/out\n");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""));
   EXPECT_EQ(r.exit.code, kExitInvalidSpec);
   EXPECT_NE(r.output.find("job.yaml: command: 'pythn3' was not found in PATH"), std::string::npos)
@@ -196,7 +187,7 @@ TEST(Cli, AProgramThatCannotStartIsASpecError) {
 
 TEST(Cli, JobTimeoutStopsTheJob) {
   Scratch s;
-  Spec(s, R"(name: slow
+  WriteSpec(s, R"(name: slow
 command: [sleep, "60"]
 timeouts: {job: 500ms, stop_grace: 1s}
 output_dir: {out}/out
@@ -204,13 +195,13 @@ output_dir: {out}/out
   auto r = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30));
   EXPECT_EQ(r.exit.code, kExitJobTimeout) << r.output;
   EXPECT_NE(r.output.find("ran longer than timeouts.job (500ms)"), std::string::npos) << r.output;
-  EXPECT_EQ(Status(s)["state"], "timed-out");
+  EXPECT_EQ(ReadStatus(s)["state"], "timed-out");
 }
 
 // Starts a 2 x 2 job whose workers each start a background child, and returns once every worker
 // has written "<its pid> <child pid>" to pids and its agent's pid to agents.
 std::unique_ptr<Background> StartJobWithGrandchildren(const Scratch& s) {
-  Spec(s, R"(name: grandchildren
+  WriteSpec(s, R"(name: grandchildren
 nodes: 2
 procs_per_node: 2
 command: [sh, -c, 'sleep 300 & echo "$$ $!" >> {out}/pids; echo "$PPID" >> {out}/agents; wait']
@@ -236,7 +227,7 @@ TEST_P(InterruptTest, StopsEverythingAndLeavesNoOrphans) {
   for (pid_t p : pids) {
     EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(5))) << "pid " << p << " outlived trainctl";
   }
-  EXPECT_EQ(Status(s)["state"], "interrupted");
+  EXPECT_EQ(ReadStatus(s)["state"], "interrupted");
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, InterruptTest, ::testing::Values(SIGINT, SIGTERM),
@@ -244,7 +235,7 @@ INSTANTIATE_TEST_SUITE_P(Signals, InterruptTest, ::testing::Values(SIGINT, SIGTE
 
 TEST(Cli, WorkersThatIgnoreSigtermAreKilledAfterTheGracePeriod) {
   Scratch s;
-  Spec(s, R"(name: stubborn
+  WriteSpec(s, R"(name: stubborn
 procs_per_node: 2
 command: [sh, -c, 'trap "" TERM; echo $$ >> {out}/pids; while true; do sleep 1; done']
 timeouts: {stop_grace: 500ms}
@@ -276,7 +267,7 @@ TEST(Cli, AJobCanRendezvousOnEtcd) {
   const std::string endpoint = SharedEtcd().endpoints()[0];
   Scratch s;
   std::string url = "etcd://" + endpoint;
-  Spec(s, "name: on-etcd\nnodes: 2\nprocs_per_node: 2\nrendezvous: " + url +
+  WriteSpec(s, "name: on-etcd\nnodes: 2\nprocs_per_node: 2\nrendezvous: " + url +
               "\ncommand: [sh, -c, 'echo \"$RANK $TRAINCTL_STORE_ADDR\" >> {out}/ranks']\n"
               "output_dir: {out}/out\n");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""));
@@ -286,7 +277,7 @@ TEST(Cli, AJobCanRendezvousOnEtcd) {
     EXPECT_EQ(CountLines(ranks, std::to_string(rank) + " " + url), 1) << ranks;
   }
   // The rounds were held on etcd, under this run's own prefix.
-  std::string run_id = Status(s)["run_id"];
+  std::string run_id = ReadStatus(s)["run_id"];
   EtcdStoreOptions o;
   o.endpoints = {endpoint};
   auto store = std::move(EtcdStore::Connect(o).value());
@@ -301,7 +292,7 @@ TEST(Cli, AJobCanRendezvousOnEtcd) {
 
 TEST(Cli, AnUnreachableEtcdIsReportedNotWaitedOnForever) {
   Scratch s;
-  Spec(s, "name: no-etcd\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"
+  WriteSpec(s, "name: no-etcd\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"
           "command: [\"true\"]\noutput_dir: {out}/out\n");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30));
   EXPECT_EQ(r.exit.code, kExitError) << r.output;

@@ -26,9 +26,6 @@ std::string Trainer(const std::string& extra) {
          "  threads: 1\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n" + extra;
 }
 
-nlohmann::json Status(const Scratch& s, const std::string& out) {
-  return nlohmann::json::parse(s.Read(out + "/status.json"));
-}
 
 pid_t TaskPid(const std::string& role, int index, const std::string& job) {
   auto pids = ProcessesWithEnv({"ROLE_NAME=" + role, "ROLE_RANK=" + std::to_string(index),
@@ -82,7 +79,7 @@ TEST(ParameterServer, PsWorkersChiefAndAnEvaluatorWatchingCheckpoints) {
   EXPECT_GT(evaluated[12], 0.3);  // 12 steps of a CNN on Fashion-MNIST: far above chance
   EXPECT_LE(evaluated[12], 1.0);
   EXPECT_TRUE(fs::exists(s.path("out/tensorboard/eval")));
-  EXPECT_EQ(Status(s, "out")["state"], "succeeded");
+  EXPECT_EQ(ReadStatus(s, "out")["state"], "succeeded");
   EXPECT_TRUE(ProcessesWithEnv({"TRAINCTL_JOB_NAME=tf-layout"}).empty());
 }
 
@@ -107,7 +104,7 @@ TEST(ParameterServer, AnAsyncWorkerKilledMidRunIsReplacedWithoutAGroupRestart) {
   ASSERT_EQ(::kill(worker1, SIGKILL), 0);
   ExitInfo exit = job.Wait(seconds(120));
   ASSERT_EQ(exit.code, 0) << job.Output();
-  auto st = Status(s, "out");
+  auto st = ReadStatus(s, "out");
   EXPECT_EQ(st["restarts"], 0) << st;
   EXPECT_EQ(st["task_restarts"], 1) << st;
   EXPECT_NE(job.Output().find("restarting it alone (task restart 1 of 2)"), std::string::npos) << job.Output();
@@ -141,7 +138,7 @@ TEST(ParameterServer, ALostPsIsRestoredFromTheNewestCheckpoint) {
   ASSERT_EQ(::kill(ps1, SIGKILL), 0);
   ExitInfo exit = job.Wait(seconds(120));
   ASSERT_EQ(exit.code, 0) << job.Output();
-  EXPECT_EQ(Status(s, "b")["restarts"], 1);
+  EXPECT_EQ(ReadStatus(s, "b")["restarts"], 1);
   EXPECT_NE(s.Read("b/logs/worker-0.log").find("resuming from " + s.path("b/checkpoints/ckpt-")),
             std::string::npos) << s.Read("b/logs/worker-0.log");
   const std::string d = Digest(s.Read("a/logs/worker-0.log"));

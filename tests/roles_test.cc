@@ -10,17 +10,9 @@ namespace {
 
 using std::chrono::seconds;
 
-std::string Spec(const Scratch& s, const std::string& body) {
-  std::string text = body;
-  for (size_t pos; (pos = text.find("{out}")) != std::string::npos;) text.replace(pos, 5, s.path(""));
-  return s.Write("job.yaml", text);
-}
-
-nlohmann::json Status(const Scratch& s) { return nlohmann::json::parse(s.Read("out/status.json")); }
-
 // No process of the run is left: every task carries TORCHELASTIC_RUN_ID in its environment.
 void ExpectNoTaskLeft(const Scratch& s) {
-  const std::string run_id = Status(s)["run_id"];
+  const std::string run_id = ReadStatus(s)["run_id"];
   EXPECT_TRUE(ProcessesWithEnv({"TORCHELASTIC_RUN_ID=" + run_id}).empty()) << "a task outlived run " << run_id;
 }
 
@@ -31,7 +23,7 @@ class TfConfig : public ::testing::TestWithParam<int> {};
 // by themselves) are stopped, and the evaluator finishes.
 TEST_P(TfConfig, AClientThatReadsOnlyTfConfigFindsItsPeers) {
   Scratch s;
-  Spec(s, "name: tf\nnodes: " + std::to_string(GetParam()) + R"(
+  WriteSpec(s, "name: tf\nnodes: " + std::to_string(GetParam()) + R"(
 command: [)" TRAINCTL_TEST_PYTHON R"(, )" TRAINCTL_SOURCE_DIR R"(/tests/python/tf_config_client.py]
 env: {OUT: {out}}
 roles:
@@ -47,7 +39,7 @@ output_dir: {out}/out
   EXPECT_EQ(s.Read("chief.txt"),
             "worker 0 saw ps 0,ps 1\nworker 1 saw ps 0,ps 1\nworker 2 saw ps 0,ps 1\n");
   EXPECT_EQ(s.Read("evaluator.txt"), "evaluator 0 saw chief,ps,worker\n");
-  auto st = Status(s);
+  auto st = ReadStatus(s);
   EXPECT_EQ(st["state"], "succeeded") << st;
   EXPECT_EQ(st["restarts"], 0);
   for (const char* log : {"ps-0", "ps-1", "worker-0", "worker-2", "chief-0", "evaluator-0"}) {
@@ -60,7 +52,7 @@ INSTANTIATE_TEST_SUITE_P(Nodes, TfConfig, ::testing::Values(1, 2));
 
 TEST(Roles, EveryTaskGetsItsRoleRankAndSize) {
   Scratch s;
-  Spec(s, R"(name: ranks
+  WriteSpec(s, R"(name: ranks
 command: [sh, -c, 'echo "$RANK $ROLE_NAME $ROLE_RANK $ROLE_WORLD_SIZE $LOCAL_RANK $WORLD_SIZE" > {out}/task-$RANK']
 roles:
   - {name: ps, replicas: 2, success: true}
@@ -80,7 +72,7 @@ output_dir: {out}/out
 // A failed ps restarts the whole group from the job's budget; status.json names the role.
 TEST(Roles, AFailedPsRestartsTheGroupAndIsNamed) {
   Scratch s;
-  Spec(s, R"(name: psfail
+  WriteSpec(s, R"(name: psfail
 roles:
   - name: ps
     command: [sh, -c, 'echo start >> {out}/ps-starts; if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then echo shard lost; exit 3; fi; exec sleep 60']
@@ -98,13 +90,13 @@ output_dir: {out}/out
             std::string::npos) << r.output;
   EXPECT_EQ(CountLines(s.Read("worker-0-starts"), "start"), 2);  // the group restarted
   EXPECT_EQ(CountLines(s.Read("ps-starts"), "start"), 2);
-  auto st = Status(s);
+  auto st = ReadStatus(s);
   EXPECT_EQ(st["restarts"], 1) << st;
   ExpectNoTaskLeft(s);
 
   // Past the budget, the report names the role and task index.
   Scratch s2;
-  Spec(s2, R"(name: psfail2
+  WriteSpec(s2, R"(name: psfail2
 roles:
   - {name: ps, replicas: 2, command: [sh, -c, 'if [ "$ROLE_RANK" = 1 ]; then echo shard 1 lost; exit 4; fi; exec sleep 60']}
   - {name: worker, command: [sleep, "60"]}
@@ -117,7 +109,7 @@ output_dir: {out}/out
   EXPECT_NE(failed.output.find("failed after 0 restart(s) (max_restarts: 0): ps 1 (rank 1"), std::string::npos)
       << failed.output;
   EXPECT_NE(failed.output.find("| shard 1 lost"), std::string::npos);
-  auto st2 = Status(s2);
+  auto st2 = ReadStatus(s2);
   EXPECT_EQ(st2["failure"]["role"], "ps") << st2;
   EXPECT_EQ(st2["failure"]["task_index"], 1);
   EXPECT_EQ(st2["failure"]["kind"], "task");
@@ -128,7 +120,7 @@ output_dir: {out}/out
 // reported; with on_failure: restart_job it would.
 TEST(Roles, AnEvaluatorFailureIsReportedNotFatal) {
   Scratch s;
-  Spec(s, R"(name: evalfail
+  WriteSpec(s, R"(name: evalfail
 roles:
   - {name: worker, replicas: 2, command: [sh, -c, 'sleep 0.3']}
   - {name: evaluator, command: [sh, -c, 'echo no checkpoint yet; exit 5']}
@@ -138,14 +130,14 @@ output_dir: {out}/out
   ASSERT_EQ(r.exit.code, 0) << r.output;
   EXPECT_NE(r.output.find("evaluator 0 (rank 2"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the job goes on without it (evaluator.on_failure: ignore)"), std::string::npos);
-  auto st = Status(s);
+  auto st = ReadStatus(s);
   EXPECT_EQ(st["state"], "succeeded");
   EXPECT_EQ(st["ignored_failures"], 1) << st;
   EXPECT_EQ(st["last_ignored_failure"]["role"], "evaluator");
   EXPECT_EQ(st["restarts"], 0);
 
   Scratch s2;
-  Spec(s2, R"(name: evalfatal
+  WriteSpec(s2, R"(name: evalfatal
 roles:
   - {name: worker, command: [sleep, "30"]}
   - {name: evaluator, command: [sh, -c, 'exit 5'], on_failure: restart_job}
@@ -160,7 +152,7 @@ output_dir: {out}/out
 // on_failure: restart_task restarts the failed task alone: its peers keep running.
 TEST(Roles, ATaskRestartLeavesItsPeersRunning) {
   Scratch s;
-  Spec(s, R"(name: taskrestart
+  WriteSpec(s, R"(name: taskrestart
 roles:
   - name: worker
     replicas: 3
@@ -175,13 +167,13 @@ output_dir: {out}/out
   EXPECT_EQ(s.Read("starts-2"), "0\n");
   EXPECT_EQ(s.Read("starts-1"), "0\n1\n");
   EXPECT_NE(r.output.find("restarting it alone (task restart 1 of 1)"), std::string::npos) << r.output;
-  auto st = Status(s);
+  auto st = ReadStatus(s);
   EXPECT_EQ(st["restarts"], 0) << st;
   EXPECT_EQ(st["task_restarts"], 1);
 
   // The same budget: a second failure past it fails the job, without a group restart.
   Scratch s2;
-  Spec(s2, R"(name: taskbudget
+  WriteSpec(s2, R"(name: taskbudget
 roles:
   - {name: worker, replicas: 2, on_failure: restart_task, command: [sh, -c, 'if [ "$ROLE_RANK" = 1 ]; then exit 9; fi; sleep 20']}
 restart: {max_restarts: 1}
@@ -191,7 +183,7 @@ output_dir: {out}/out
   auto spent = Trainctl({"run", "job.yaml"}, s2.path(""));
   EXPECT_EQ(spent.exit.code, kExitWorkerFailed) << spent.output;
   EXPECT_NE(spent.output.find("task restarts spent"), std::string::npos) << spent.output;
-  EXPECT_EQ(Status(s2)["restarts"], 0);
+  EXPECT_EQ(ReadStatus(s2)["restarts"], 0);
   ExpectNoTaskLeft(s2);
 }
 
@@ -199,17 +191,7 @@ output_dir: {out}/out
 // never ends by itself is stopped then, not before.
 TEST(Roles, WithoutAChiefEveryWorkerDecidesAndServicesAreStopped) {
   Scratch s;
-  Spec(s, R"(name: noChief
-roles:
-  - {name: ps, command: [sh, -c, 'trap "echo ps stopped > {out}/ps.txt; exit 0" TERM; while true; do sleep 0.05; done']}
-  - {name: worker, replicas: 2, command: [sh, -c, 'sleep 0.$((ROLE_RANK * 5 + 2)); echo done >> {out}/workers.txt']}
-timeouts: {stop_grace: 5s}
-output_dir: {out}/out
-)");
-  // The name must be a DNS label: the spec is refused before anything runs.
-  auto bad = Trainctl({"run", "job.yaml"}, s.path(""));
-  EXPECT_EQ(bad.exit.code, kExitInvalidSpec);
-  Spec(s, R"(name: no-chief
+  WriteSpec(s, R"(name: no-chief
 roles:
   - {name: ps, command: [sh, -c, 'trap "echo ps stopped > {out}/ps.txt; exit 0" TERM; while true; do sleep 0.05; done']}
   - {name: worker, replicas: 2, command: [sh, -c, 'sleep 0.$((ROLE_RANK * 5 + 2)); echo done >> {out}/workers.txt']}

@@ -94,6 +94,14 @@ class SlurmCluster {
   std::vector<pid_t> pids_;
 };
 
+// What the batch job printed: <name>-<jobid>.out in the submit directory.
+std::string BatchOutput(const Scratch& s, const std::string& name) {
+  for (const auto& e : fs::directory_iterator(s.path(""))) {
+    if (e.path().filename().string().rfind(name + "-", 0) == 0) return *ReadFile(e.path().string());
+  }
+  return "";
+}
+
 TEST(Slurm, ABatchJobRunsOneAgentPerNodeUnderSrun) {
   SlurmCluster slurm(2);
   Scratch s;
@@ -109,10 +117,7 @@ TEST(Slurm, ABatchJobRunsOneAgentPerNodeUnderSrun) {
             std::string::npos) << script;
   auto job = slurm.Client({"sbatch", "--wait", s.path("slurm-ranks.sbatch")}, s.path(""),
                           std::chrono::seconds(120));
-  std::string out;
-  for (const auto& e : fs::directory_iterator(s.path(""))) {
-    if (e.path().filename().string().rfind("slurm-ranks-", 0) == 0) out = *ReadFile(e.path().string());
-  }
+  const std::string out = BatchOutput(s, "slurm-ranks");
   ASSERT_EQ(job.exit.code, 0) << job.output << out;
   EXPECT_NE(out.find("started 2 node(s) x 2 worker(s) under srun"), std::string::npos) << out;
   // Node ranks by arrival need not follow Slurm's node ids; every rank ran once, two per node.
@@ -140,10 +145,7 @@ TEST(Slurm, AJobWithRolesSpreadsItsTasksOverTheAllocation) {
   EXPECT_NE(script.find("#SBATCH --cpus-per-task=2\n"), std::string::npos) << script;  // ps + worker
   auto job = slurm.Client({"sbatch", "--wait", s.path("slurm-roles.sbatch")}, s.path(""),
                           std::chrono::seconds(120));
-  std::string out;
-  for (const auto& e : fs::directory_iterator(s.path(""))) {
-    if (e.path().filename().string().rfind("slurm-roles-", 0) == 0) out = *ReadFile(e.path().string());
-  }
+  const std::string out = BatchOutput(s, "slurm-roles");
   ASSERT_EQ(job.exit.code, 0) << job.output << out;
   for (const std::string task : {"ps-0 rank=0", "worker-0 rank=1", "worker-1 rank=2", "worker-2 rank=3"}) {
     EXPECT_EQ(CountLines(out, "task " + task + " "), 1) << task << "\n" << out;
@@ -164,10 +166,7 @@ TEST(Slurm, AFailedJobIsAFailedBatchJobWithTheReport) {
   auto job = slurm.Client({"sbatch", "--wait", s.path("slurm-fail.sbatch")}, s.path(""),
                           std::chrono::seconds(120));
   EXPECT_EQ(job.exit.code, 3) << job.output;  // trainctl's exit code: the restart budget is spent
-  std::string out;
-  for (const auto& e : fs::directory_iterator(s.path(""))) {
-    if (e.path().filename().string().rfind("slurm-fail-", 0) == 0) out = *ReadFile(e.path().string());
-  }
+  const std::string out = BatchOutput(s, "slurm-fail");
   EXPECT_NE(out.find("failed after 1 restart(s) (max_restarts: 1)"), std::string::npos) << out;
   EXPECT_NE(out.find("disk full"), std::string::npos) << out;
 }

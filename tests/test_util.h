@@ -17,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "common/fs.h"
 #include "common/subprocess.h"
 
@@ -47,6 +49,18 @@ class Scratch {
   static inline int counter_ = 0;
   fs::path dir_;
 };
+
+// Writes a spec (job.yaml) whose {out} is replaced by the scratch directory; returns its path.
+inline std::string WriteSpec(const Scratch& s, const std::string& body, const std::string& name = "job.yaml") {
+  std::string text = body;
+  for (size_t pos; (pos = text.find("{out}")) != std::string::npos;) text.replace(pos, 5, s.path(""));
+  return s.Write(name, text);
+}
+
+// The status.json a run left in the scratch directory's `out`.
+inline nlohmann::json ReadStatus(const Scratch& s, const std::string& out = "out") {
+  return nlohmann::json::parse(s.Read(out + "/status.json"));
+}
 
 // A loopback TCP port that was free a moment ago.
 inline int FreePort() {

@@ -821,20 +821,15 @@ Result<ShardState> Client::FetchState(int64_t count) {
   return out;
 }
 
-Result<int64_t> Client::Done() {
-  RETURN_IF_ERROR(Call(0, kDone, ""));
+Result<int64_t> Client::Count(uint8_t op) {
+  RETURN_IF_ERROR(Call(0, op, ""));
   ASSIGN_OR_RETURN(std::string payload, Reply(0, o_.timeout));
   int64_t n = 0;
   In(payload).I64(&n);
   return n;
 }
 
-Result<int64_t> Client::DoneCount() {
-  RETURN_IF_ERROR(Call(0, kDoneCount, ""));
-  ASSIGN_OR_RETURN(std::string payload, Reply(0, o_.timeout));
-  int64_t n = 0;
-  In(payload).I64(&n);
-  return n;
-}
+Result<int64_t> Client::Done() { return Count(kDone); }
+Result<int64_t> Client::DoneCount() { return Count(kDoneCount); }
 
 }  // namespace trainctl::comm::ps

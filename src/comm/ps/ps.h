@@ -168,6 +168,7 @@ class Client {
   Result<std::string> Reply(size_t shard, Duration wait);
   Status Hello(size_t shard);
   void AttachShm(int64_t count);
+  Result<int64_t> Count(uint8_t op);  // shard 0's count of the workers that are done
 
   struct Link {  // a shard's segment: this worker's gradients, then the parameters it gets back
     void* base = nullptr;

@@ -251,8 +251,6 @@ class Renderer {
     container["env"].insert(container["env"].begin(), var);
   }
 
-  // A pod per task: the store lives with the first task (rank 0).
-  std::string FirstTaskStore(const std::string& host) const { return StoreUrl(host); }
 
   json Init() const {
     json init = json::array();
@@ -275,12 +273,17 @@ class Renderer {
                                   StoreUrl(n_.job + "-0." + n_.svc),
                                   "batch.kubernetes.io/controller-uid")},
         Init());
+    return AgentJob(n_.job, s_.nodes.max, tmpl);
+  }
+
+  // An Indexed Job of `pods` agents (pod i: completion index i) of the pod template `tmpl`.
+  json AgentJob(const std::string& name, int pods, json tmpl) const {
     tmpl["spec"]["subdomain"] = n_.svc;
     tmpl["spec"]["restartPolicy"] = "Never";
     json spec = {
         {"completionMode", "Indexed"},
-        {"completions", s_.nodes.max},
-        {"parallelism", s_.nodes.max},
+        {"completions", pods},
+        {"parallelism", pods},
         // A pod lost with its node is replaced and rejoins; trainctl's own restart budget
         // (restart.max_restarts) governs worker failures, so an agent that exits with a verdict
         // (invalid spec 2, budget spent 3, rendezvous timeout 4, job timeout 5) ends the Job.
@@ -294,7 +297,7 @@ class Renderer {
     if (s_.timeouts.job.count() > 0) {
       spec["activeDeadlineSeconds"] = std::max<int64_t>(1, s_.timeouts.job.count() / 1000);
     }
-    return Object("batch/v1", "Job", n_.job, "worker", {{"spec", spec}});
+    return Object("batch/v1", "Job", name, "worker", {{"spec", spec}});
   }
 
   json PyTorchJob() const {
@@ -331,23 +334,7 @@ class Renderer {
                             PodResources(role.resources, 1));
     json tmpl = PodTemplate("worker", {c}, Init());
     tmpl["metadata"]["labels"]["trainctl.dev/role"] = role.name;
-    tmpl["spec"]["subdomain"] = n_.svc;
-    tmpl["spec"]["restartPolicy"] = "Never";
-    json spec = {
-        {"completionMode", "Indexed"},
-        {"completions", role.replicas},
-        {"parallelism", role.replicas},
-        {"backoffLimit", s_.restart.max_restarts},
-        {"podFailurePolicy",
-         {{"rules",
-           {{{"action", "FailJob"},
-             {"onExitCodes", {{"containerName", "trainctl"}, {"operator", "In"}, {"values", {2, 3, 4, 5}}}}},
-            {{"action", "Ignore"}, {"onPodConditions", {{{"type", "DisruptionTarget"}}}}}}}}},
-        {"template", tmpl}};
-    if (s_.timeouts.job.count() > 0) {
-      spec["activeDeadlineSeconds"] = std::max<int64_t>(1, s_.timeouts.job.count() / 1000);
-    }
-    json o = Object("batch/v1", "Job", name, "worker", {{"spec", spec}});
+    json o = AgentJob(name, role.replicas, tmpl);
     o["metadata"]["labels"]["trainctl.dev/role"] = role.name;
     return o;
   }
