@@ -101,15 +101,17 @@ bool Eventually(F cond, Duration timeout = std::chrono::seconds(30)) {
   return true;
 }
 
-// trainctl in the background, its output going to a file.
+// trainctl in the background, its output going to a file; `wrapper` runs it (setpriv ...).
 class Background {
  public:
   Background(const std::vector<std::string>& args, const std::string& cwd, const std::string& log,
-             const std::vector<std::pair<std::string, std::string>>& env = {})
+             const std::vector<std::pair<std::string, std::string>>& env = {},
+             const std::vector<std::string>& wrapper = {})
       : log_(log) {
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     SpawnOptions o;
-    o.argv = {TRAINCTL_BIN};
+    o.argv = wrapper;
+    o.argv.push_back(TRAINCTL_BIN);
     o.argv.insert(o.argv.end(), args.begin(), args.end());
     o.env = CurrentEnvironment();
     for (const auto& [k, v] : env) SetEnv(&o.env, k, v);

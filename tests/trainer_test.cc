@@ -181,7 +181,7 @@ TEST(Trainer, AKilledWorkerResumesFromTheInMemorySnapshotExactly) {
   ASSERT_EQ(exit.code, 0) << out;
 
   std::smatch m;
-  static const std::regex re("resuming from (/dev/shm/trainctl-[^/ ]+)/ckpt-\\d+\\.safetensors \\(step (\\d+),");
+  static const std::regex re("resuming from (/dev/shm/trainctl-snapshots-\\d+/[^/ ]+)/ckpt-\\d+\\.safetensors \\(step (\\d+),");
   ASSERT_TRUE(std::regex_search(out, m, re)) << out;
   EXPECT_GE(std::stoll(m[2].str()), seen - 3) << "more than snapshot_every steps lost";
   EXPECT_FALSE(Exists(m[1].str())) << "the snapshot outlived the job";

@@ -15,6 +15,7 @@
 #include "common/subprocess.h"
 #include "job/keys.h"
 #include "job/paths.h"
+#include "job/snapshots.h"
 #include "rendezvous/rendezvous.h"
 
 namespace trainctl {
@@ -551,11 +552,16 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
 
 int Agent::Run() {
   const JobSpec& s = o_.spec;
-  // The trainer's in-memory snapshot lives as long as this agent's part in the job.
-  struct RemoveSnapshot {
-    std::string dir;
-    ~RemoveSnapshot() { RemoveAll(dir); }
-  } remove_snapshot{paths::SnapshotDir(o_.run_id)};
+  // The trainer's in-memory snapshots live as long as the run's agents on this host.
+  std::unique_ptr<SnapshotHold> snapshots;
+  if (s.trainer.enabled && s.trainer.snapshot_every > 0 && s.trainer.strategy == "allreduce") {
+    auto held = SnapshotHold::Acquire(o_.run_id);
+    if (held.ok()) {
+      snapshots = std::move(*held);
+    } else {
+      LOG_WARN("in-memory snapshots are off on this node: {}", held.status().message());
+    }
+  }
   // Orphans of our tasks come back to us instead of init, so none outlives the job unreaped.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   log::SetContext(s.name, o_.node_rank >= 0 ? "node=" + std::to_string(o_.node_rank) : "agent", 0);

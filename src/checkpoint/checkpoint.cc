@@ -189,7 +189,7 @@ std::vector<std::string> CheckpointDir::List() const {
 Status CheckpointDir::Save(const Checkpoint& c) {
   RETURN_IF_ERROR(MakeDirs(dir_));
   ASSIGN_OR_RETURN(std::string bytes, Encode(c));
-  RETURN_IF_ERROR(AtomicWriteFile(PathFor(c.step), bytes));
+  RETURN_IF_ERROR(AtomicWriteFile(PathFor(c.step), bytes, file_mode_));
   std::vector<std::string> all = List();
   for (size_t i = 0; keep_last_ > 0 && i + keep_last_ < all.size(); ++i) {
     std::error_code ec;

@@ -45,7 +45,9 @@ Result<Checkpoint> Decode(const std::string& bytes, const std::string& source);
 
 class CheckpointDir {
  public:
-  CheckpointDir(std::string dir, int keep_last) : dir_(std::move(dir)), keep_last_(keep_last) {}
+  // Files are written with `file_mode` (0600 for what only this user may read).
+  CheckpointDir(std::string dir, int keep_last, int file_mode = 0644)
+      : dir_(std::move(dir)), keep_last_(keep_last), file_mode_(file_mode) {}
 
   // Writes ckpt-<step>.safetensors atomically, then removes all but the newest keep_last.
   Status Save(const Checkpoint& checkpoint);
@@ -59,6 +61,7 @@ class CheckpointDir {
  private:
   std::string dir_;
   int keep_last_;
+  int file_mode_;
 };
 
 }  // namespace trainctl::checkpoint

@@ -109,5 +109,23 @@ void RemoveAll(const std::string& path) {
   std::filesystem::remove_all(path, ec);
 }
 
+Status PrivateDir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoStatus("cannot create " + path, errno);
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0) return ErrnoStatus("cannot inspect " + path, errno);
+  if (S_ISLNK(st.st_mode)) return PermissionDenied(path + " is a symbolic link; refusing to follow it");
+  if (!S_ISDIR(st.st_mode)) return PermissionDenied(path + " is not a directory");
+  if (st.st_uid != ::geteuid()) {
+    return PermissionDenied(path + " belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
+                            std::to_string(::geteuid()) + "); refusing to use it");
+  }
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%03o", st.st_mode & 0777);
+    return PermissionDenied(path + " has mode " + mode + "; it must be private (700)");
+  }
+  return Status::Ok();
+}
+
 
 }  // namespace trainctl

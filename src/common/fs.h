@@ -21,5 +21,10 @@ Result<std::string> ReadFile(const std::string& path, int64_t max_bytes = 64 << 
 Status MakeDirs(const std::string& path);
 // rm -rf, best effort (for cleanup: errors are ignored).
 void RemoveAll(const std::string& path);
+// Makes `path` a directory private to this user (mode 0700), or checks that the one there is:
+// a directory, not a link, owned by this user, closed to everyone else. kPermissionDenied names
+// what is wrong (someone else's directory, a symlink, a mode others can enter). Only the last
+// component is created.
+Status PrivateDir(const std::string& path);
 
 }  // namespace trainctl

@@ -1,5 +1,7 @@
 #include "job/paths.h"
 
+#include <unistd.h>
+
 namespace trainctl::paths {
 
 std::string LogsDir(const std::string& output_dir) { return output_dir + "/logs"; }
@@ -11,6 +13,7 @@ std::string StatusJson(const std::string& output_dir) { return output_dir + "/st
 std::string MetricsJsonl(const std::string& output_dir) { return output_dir + "/metrics.jsonl"; }
 std::string TensorBoardDir(const std::string& output_dir) { return output_dir + "/tensorboard"; }
 std::string Model(const std::string& output_dir) { return output_dir + "/model.safetensors"; }
-std::string SnapshotDir(const std::string& run_id) { return "/dev/shm/trainctl-" + run_id; }
+std::string SnapshotRoot() { return "/dev/shm/trainctl-snapshots-" + std::to_string(::geteuid()); }
+std::string SnapshotDir(const std::string& run_id) { return SnapshotRoot() + "/" + run_id; }
 
 }  // namespace trainctl::paths

@@ -14,8 +14,9 @@ std::string StatusJson(const std::string& output_dir);   // how the run ended
 std::string MetricsJsonl(const std::string& output_dir);
 std::string TensorBoardDir(const std::string& output_dir);
 std::string Model(const std::string& output_dir);        // the exported model.safetensors
-// Where the built-in trainer keeps the in-memory snapshot of run `run_id` (on tmpfs). The agents
-// and the launcher remove it when the job ends.
+// Where the built-in trainer keeps the in-memory snapshots of this user's runs on this host (on
+// tmpfs): a directory private to the user (job/snapshots.h), one directory per run in it.
+std::string SnapshotRoot();
 std::string SnapshotDir(const std::string& run_id);
 
 }  // namespace trainctl::paths

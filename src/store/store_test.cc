@@ -1,6 +1,11 @@
 // One suite, run against every Store backend; then what only the TCP store has (auth, a server
 // that dies or stalls, concurrent connections).
 #include <atomic>
+#include <cstring>
+#include <sstream>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <fstream>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -253,6 +258,119 @@ TEST(TcpStore, OversizedFramesAndSilentClientsAreCutOff) {
   ASSERT_GT(::recv(silent, buf, sizeof buf, 0), 4);  // refused after auth_timeout
   EXPECT_EQ(static_cast<wire::Reply>(buf[4]), wire::Reply::kUnauthorized);
   ::close(silent);
+}
+
+// This process's resident memory, KiB.
+long RssKib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return 0;
+}
+
+// A client without the token that announces a frame far over a hello's size is cut off at once:
+// the server never buffers what it sends after (it used to hold up to 64 MiB per connection).
+TEST(TcpStore, ClientsWithoutTheTokenCannotMakeTheServerBuffer) {
+  auto server = StartTcpServer("t");
+  const long before = RssKib();
+  std::vector<int> fds;
+  const std::string chunk(1 << 20, 'x');
+  for (int i = 0; i < 40; ++i) {
+    int fd = RawConnect(server->port());
+    const uint32_t len = 60u << 20;  // a 60 MiB "hello"
+    ASSERT_EQ(::send(fd, &len, 4, MSG_NOSIGNAL), 4);
+    ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);  // as much as fits
+    fds.push_back(fd);
+  }
+  for (int fd : fds) {  // each is answered "token required" and closed
+    struct timeval tv = {5, 0};  // a server that buffers instead fails here rather than hangs
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[256];
+    ssize_t n;
+    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) {}
+    EXPECT_TRUE(n == 0 || errno == ECONNRESET) << std::strerror(errno);  // closed (unread data: a reset)
+    ::close(fd);
+  }
+  EXPECT_LT(RssKib() - before, 16 * 1024) << "the server buffered what clients without the token sent";
+  auto client = TcpStore::Connect(ClientOptions(server->port(), "t"));
+  ASSERT_TRUE(client.ok());
+  EXPECT_TRUE((*client)->Set("k", "v").ok());
+}
+
+// The job's clients get in while strangers hold every connection slot: the oldest stranger makes
+// way. (They used to wait for a stranger's auth_timeout, long enough for a restarted worker to
+// time out and spend the restart budget.)
+TEST(TcpStore, AFloodOfStrangersDoesNotKeepTheJobsClientsOut) {
+  TcpStoreServerOptions o;
+  o.token = "t";
+  o.max_connections = 32;
+  auto server = std::move(TcpStoreServer::Start(o).value());
+  std::vector<int> strangers;
+  for (int i = 0; i < 200; ++i) strangers.push_back(RawConnect(server->port()));
+  auto co = ClientOptions(server->port(), "t");
+  co.connect_timeout = seconds(2);
+  co.io_timeout = seconds(2);
+  for (int i = 0; i < 8; ++i) {
+    auto start = Clock::now();
+    auto client = TcpStore::Connect(co);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    EXPECT_TRUE((*client)->Set("k" + std::to_string(i), "v").ok());
+    EXPECT_LT(Clock::now() - start, seconds(1));
+  }
+  for (int fd : strangers) ::close(fd);
+}
+
+// Out of file descriptors, the server waits instead of polling a listener that stays readable
+// (it used to spin at 100 % of a core), and the job's clients still get in.
+TEST(TcpStore, AtTheOpenFileLimitTheServerWaitsAndStillServesTheJob) {
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {  // the server, with few descriptors left
+    struct rlimit rl = {200, 200};
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+    std::vector<int> hog;
+    for (int i = 0; i < 175; ++i) hog.push_back(::open("/dev/null", O_RDONLY));
+    TcpStoreServerOptions o;
+    o.token = "t";
+    auto server = TcpStoreServer::Start(o);
+    uint16_t port = server.ok() ? (*server)->port() : 0;
+    ssize_t ignored = ::write(ready[1], &port, sizeof port);
+    (void)ignored;
+    ::pause();
+    ::_exit(0);
+  }
+  uint16_t port = 0;
+  ASSERT_EQ(::read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  ASSERT_NE(port, 0);
+  std::vector<int> strangers;
+  for (int i = 0; i < 100; ++i) strangers.push_back(RawConnect(port));
+  auto cpu = [pid] {  // the server process's CPU time, in clock ticks
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    std::string field;
+    long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+      if (i == 14) utime = std::stol(field);
+      if (i == 15) stime = std::stol(field);
+    }
+    return utime + stime;
+  };
+  const long before = cpu();
+  std::this_thread::sleep_for(seconds(2));  // measuring an idle period, not synchronizing
+  const long used = cpu() - before;
+  EXPECT_LT(used, ::sysconf(_SC_CLK_TCK) / 2) << "the server spun at the file limit";
+  auto co = ClientOptions(port, "t");
+  co.connect_timeout = seconds(3);
+  auto client = TcpStore::Connect(co);
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  if (client.ok()) EXPECT_TRUE((*client)->Set("k", "v").ok());
+  for (int fd : strangers) ::close(fd);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
 }
 
 TEST(TcpStore, BindsLoopbackByDefault) {

@@ -29,6 +29,7 @@
 #include "store/open_store.h"
 #include "job/keys.h"
 #include "job/paths.h"
+#include "job/snapshots.h"
 #include "job/task_env.h"
 #include <nlohmann/json.hpp>
 
@@ -223,8 +224,14 @@ Status Trainer::Setup() {
     ps_host_grads_ = torch::empty_like(ps_host_params_);
   }
   // In-memory snapshots hold what every rank has; with parameter servers the shards hold it.
+  // Only in this run's own private directory (its agent made it), readable by this user alone.
   if (t_.snapshot_every > 0 && !env_.run_id.empty() && !ps_) {
-    snapshots_ = std::make_unique<checkpoint::CheckpointDir>(paths::SnapshotDir(env_.run_id), 1);
+    auto dir = SnapshotDirOf(env_.run_id);
+    if (dir.ok()) {
+      snapshots_ = std::make_unique<checkpoint::CheckpointDir>(*dir, 1, 0600);
+    } else if (env_.local_rank == 0) {
+      LOG_WARN("in-memory snapshots are off: {}", dir.status().message());
+    }
   }
   if (rank_ == 0) {
     ASSIGN_OR_RETURN(auto* j, metrics::JsonLines::Open(paths::MetricsJsonl(spec_.output_dir)));
@@ -247,6 +254,7 @@ checkpoint::Checkpoint Trainer::Snapshot(bool with_optimizer) {
                 {"norm_mean", JoinFloats(norm_.mean)},
                 {"norm_std", JoinFloats(norm_.std)}};
   c.metadata["classes"] = std::to_string(classes_);
+  c.metadata["run_id"] = env_.run_id;  // a snapshot is read only by the run that wrote it
   if (with_optimizer) {
     for (auto& [name, t] : optimizer_->State()) c.tensors.push_back(ToBlob("optimizer." + name, t));
     c.metadata["optimizer.steps"] = std::to_string(optimizer_->steps());
@@ -335,8 +343,15 @@ Status Trainer::LoadNewest(int64_t header[4], int64_t* opt_steps) {
     std::vector<std::string> skipped;
     auto ckpt = checkpoints_->LoadLatest(&skipped);
     const checkpoint::CheckpointDir* from = checkpoints_.get();
-    if (snapshots_) {
+    // A snapshot is this run's own: none exists before its first restart, and one that names
+    // another run is not resumed from.
+    if (snapshots_ && (env_.restart_count > 0 || env_.round > 0)) {
       auto snap = snapshots_->LoadLatest(&skipped);
+      if (snap.ok() && snap->Meta("run_id") != env_.run_id) {
+        skipped.push_back(snapshots_->PathFor(snap->step) + ": written by run '" + snap->Meta("run_id") +
+                          "', not this one");
+        snap = NotFound("");
+      }
       if (snap.ok() && (!ckpt.ok() || snap->step > ckpt->step)) {
         ckpt = std::move(snap);
         from = snapshots_.get();

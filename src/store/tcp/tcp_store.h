@@ -18,7 +18,12 @@ struct TcpStoreServerOptions {
   std::string host = "127.0.0.1";  // "0.0.0.0" to serve other hosts
   uint16_t port = 0;               // 0: any free port (see port())
   std::string token;               // required; clients must present it
+  // Connections at once (also kept under the open-file limit, with room for the process's own).
   int max_connections = 1024;
+  // Connections that have not presented the token yet, at once: when one more arrives, the
+  // oldest of them is closed, so a flood of them never crowds out the job's own clients (which
+  // say hello at once). Each may send one hello of at most 4 KiB, within auth_timeout.
+  int max_unauthenticated = 64;
   Duration auth_timeout = std::chrono::seconds(10);  // close connections that never say hello
 };
 

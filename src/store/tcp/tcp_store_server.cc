@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -210,11 +211,13 @@ struct TcpStoreServer::State {
   void ProcessBuffered(Conn* c, const std::string& token) {
     std::string body;
     while (!c->waiting && !c->closing && !c->dead) {
-      int got = wire::TakeFrame(&c->in, &body);
+      int got = wire::TakeFrame(&c->in, &body, c->authed ? wire::kMaxFrameBytes : wire::kMaxHelloBytes);
       if (got == 0) break;
       if (got < 0) {
-        SendError(c, Reply::kError, "request larger than the 64 MiB limit");
+        SendError(c, c->authed ? Reply::kError : Reply::kUnauthorized,
+                  c->authed ? "request larger than the 64 MiB limit" : "the job's store token is required");
         c->closing = true;
+        c->in.clear();
         break;
       }
       if (Handle(c, body, token)) WakeWaiters();
@@ -288,16 +291,47 @@ void TcpStoreServer::Stop() {
   ::close(wake_write_);
 }
 
+namespace {
+
+// How many connections the open-file limit leaves room for, keeping some for the process itself
+// (the launcher writes status.json, agents and workers start, logs open).
+int FdRoom(int wanted) {
+  struct rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return wanted;
+  const long room = static_cast<long>(rl.rlim_cur) - 64;
+  return static_cast<int>(std::max(8L, std::min<long>(wanted, room)));
+}
+
+}  // namespace
+
 void TcpStoreServer::Serve() {
   State& s = *state_;
   std::vector<struct pollfd> fds;
   char buf[65536];
+  const int max_connections = FdRoom(options_.max_connections);
+  // The oldest connection that has not said hello: the one to close for a newcomer.
+  auto close_oldest_unauthenticated = [&] {
+    Conn* oldest = nullptr;
+    for (auto& [fd, c] : s.conns) {
+      if (!c.authed && !c.dead && (!oldest || c.accepted < oldest->accepted)) oldest = &c;
+    }
+    if (oldest) oldest->dead = true;  // closed below, without a reply: it never said who it is
+    return oldest != nullptr;
+  };
+  Clock::time_point accept_again{};  // at the open-file limit: accept nothing until then
   while (true) {
     auto now = Clock::now();
     Duration wait = std::chrono::seconds(1);
     fds.clear();
     fds.push_back({wake_read_, POLLIN, 0});
-    bool accepting = static_cast<int>(s.conns.size()) < options_.max_connections;
+    int live = 0, strangers = 0;
+    for (const auto& [fd, c] : s.conns) {
+      live += !c.dead;
+      strangers += !c.dead && !c.authed;
+    }
+    // Full: accept only to replace a stranger (a connection without the token) with a newcomer.
+    bool accepting = (live < max_connections || strangers > 0) && now >= accept_again;
+    if (now < accept_again) wait = std::min(wait, Remaining(accept_again));
     fds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
     for (auto& [fd, c] : s.conns) {
       short ev = 0;
@@ -316,13 +350,31 @@ void TcpStoreServer::Serve() {
     if (fds[1].revents & POLLIN) {
       while (true) {
         int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (cfd < 0) break;
+        if (cfd < 0) {
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            // Out of descriptors: make room by dropping the oldest stranger, and wait a little
+            // rather than poll a listener that stays readable (a spin at 100 % of a core).
+            if (!close_oldest_unauthenticated()) accept_again = Clock::now() + std::chrono::milliseconds(100);
+          }
+          break;
+        }
         int one = 1;
         ::setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if ((strangers >= options_.max_unauthenticated || live >= max_connections) &&
+            close_oldest_unauthenticated()) {
+          --strangers;
+          --live;
+        }
+        if (live >= max_connections) {  // full of the job's own clients: no room
+          ::close(cfd);
+          break;
+        }
         Conn& c = s.conns[cfd];
         c.fd = cfd;
         c.accepted = Clock::now();
-        if (static_cast<int>(s.conns.size()) >= options_.max_connections) break;
+        ++live;
+        ++strangers;
+        if (live >= max_connections && strangers == 0) break;
       }
     }
     for (size_t i = 2; i < fds.size(); ++i) {
@@ -330,8 +382,15 @@ void TcpStoreServer::Serve() {
       auto it = s.conns.find(fds[i].fd);
       if (it == s.conns.end()) continue;
       Conn& c = it->second;
+      if (c.dead) continue;
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
-        ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+        // Before the token, no more than a hello's worth is ever buffered.
+        const size_t room = c.authed ? sizeof buf : std::min(sizeof buf, wire::kMaxHelloBytes + 4 - std::min<size_t>(c.in.size(), wire::kMaxHelloBytes + 4));
+        if (room == 0) {
+          c.dead = true;
+          continue;
+        }
+        ssize_t n = ::recv(c.fd, buf, room, 0);
         if (n > 0) {
           c.in.append(buf, static_cast<size_t>(n));
           s.ProcessBuffered(&c, options_.token);

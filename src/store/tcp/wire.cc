@@ -58,10 +58,10 @@ bool Reader::Str(std::string* s) {
   return true;
 }
 
-int TakeFrame(std::string* buf, std::string* body) {
+int TakeFrame(std::string* buf, std::string* body, uint32_t max) {
   if (buf->size() < 4) return 0;
   uint64_t n = LoadLe(buf->data(), 4);
-  if (n > kMaxFrameBytes) return -1;
+  if (n > max) return -1;
   if (buf->size() - 4 < n) return 0;
   body->assign(buf->data() + 4, n);
   buf->erase(0, 4 + n);

@@ -11,6 +11,8 @@
 namespace trainctl::wire {
 
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
+// Before a connection has presented the token, nothing larger than a hello is buffered.
+inline constexpr uint32_t kMaxHelloBytes = 4096;
 inline constexpr uint32_t kProtocolVersion = 1;
 
 enum class Op : uint8_t {
@@ -51,7 +53,7 @@ class Reader {
 };
 
 // Cuts one frame off the front of `buf`. Returns 1 and fills `body` when a whole frame is there,
-// 0 when more bytes are needed, -1 when the announced length is over kMaxFrameBytes.
-int TakeFrame(std::string* buf, std::string* body);
+// 0 when more bytes are needed, -1 when the announced length is over `max`.
+int TakeFrame(std::string* buf, std::string* body, uint32_t max = kMaxFrameBytes);
 
 }  // namespace trainctl::wire
