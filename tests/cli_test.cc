@@ -263,6 +263,61 @@ TEST(Cli, KillingTrainctlWithSigkillStillStopsEveryWorker) {
   }
 }
 
+// An agent SIGKILLed: its workers get SIGTERM from the kernel (they die with their parent), and
+// what they started in the background comes to trainctl, a subreaper, which stops it. (It used to
+// be reparented to init and outlive the job.)
+TEST(Cli, ASigkilledAgentsWorkersLeaveNothingBehind) {
+  Scratch s;
+  auto job = StartJobWithGrandchildren(s);
+  const std::vector<pid_t> agents = ReadPids(s.path("agents"));
+  ASSERT_FALSE(agents.empty());
+  ASSERT_EQ(::kill(agents[0], SIGKILL), 0);
+  ExitInfo exit = job->Wait(seconds(30));
+  EXPECT_NE(exit.code, 0) << job->Output();
+  for (pid_t p : ReadPids(s.path("pids"))) {
+    EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(5))) << "pid " << p << " outlived the job";
+  }
+}
+
+// SIGTERM while hundreds of agents are still starting stops the job at once, and everything it
+// started is gone soon after.
+TEST(Cli, ASignalDuringALargeStartUpIsHonoured) {
+  Scratch s;
+  WriteSpec(s, "name: big\nnodes: 400\ncommand: [sleep, '60']\ntimeouts: {rendezvous: 60s, stop_grace: 2s}\n"
+               "output_dir: {out}/out\n");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
+  ASSERT_TRUE(Eventually([&] {
+    return !ProcessesWithEnv({"TRAINCTL_AGENT_STORE=" + std::string()}).empty() ||
+           !LiveProcesses([&](pid_t p) {
+              auto argv = ProcStrings(p, "cmdline");
+              return argv.size() > 3 && std::find(argv.begin(), argv.end(), "agent") != argv.end() &&
+                     std::find(argv.begin(), argv.end(), "--run-id") != argv.end() &&
+                     argv[std::find(argv.begin(), argv.end(), "--run-id") - argv.begin() + 1].rfind("big-", 0) == 0;
+            }).empty();
+  }, seconds(30)));
+  const auto start = Clock::now();
+  ::kill(job.pid(), SIGTERM);
+  ExitInfo exit = job.Wait(seconds(60));
+  EXPECT_EQ(exit.code, kExitInterrupted) << job.Output();
+  EXPECT_LT(Clock::now() - start, seconds(15)) << job.Output();
+  EXPECT_TRUE(Eventually([] {
+    return LiveProcesses([](pid_t p) {
+             auto argv = ProcStrings(p, "cmdline");
+             auto it = std::find(argv.begin(), argv.end(), "--run-id");
+             return it != argv.end() && it + 1 != argv.end() && (it + 1)->rfind("big-", 0) == 0;
+           }).empty();
+  }, seconds(15))) << "agents outlived the job";
+}
+
+TEST(Cli, AJobTooLargeForThisMachineIsRefused) {
+  Scratch s;
+  WriteSpec(s, "name: huge\nnodes: 10000\nprocs_per_node: 1024\ncommand: [sleep, '1']\noutput_dir: {out}/out\n");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""));
+  EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
+  EXPECT_NE(r.output.find("10000 node(s) x 1024 worker(s) is 10240000 tasks on this machine, more than trainctl starts on one"),
+            std::string::npos) << r.output;
+}
+
 TEST(Cli, AJobCanRendezvousOnEtcd) {
   const std::string endpoint = SharedEtcd().endpoints()[0];
   Scratch s;

@@ -8,6 +8,16 @@
 
 namespace trainctl::cli {
 
+namespace {
+
+// The most tasks (agents' workers) trainctl starts on this one machine.
+int LocalTaskLimit() {
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return static_cast<int>(std::max<long>(1024, 64 * std::max(1L, cpus)));
+}
+
+}  // namespace
+
 void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
       "run", "Run a job from this machine: one agent per node, each starting its workers, here "
@@ -50,6 +60,11 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
       bad_flags = "agents on other hosts cannot reach a store on " + lo->store_host +
                   "; give --store-host with this machine's address on their network (or a "
                   "rendezvous: etcd://... in the spec)";
+    } else if (!remote && spec->world_size() > LocalTaskLimit()) {
+      bad_flags = DescribeTasks(*spec, false) + " is " + std::to_string(spec->world_size()) +
+                  " tasks on this machine, more than trainctl starts on one (" +
+                  std::to_string(LocalTaskLimit()) + ": 64 per CPU, at least 1024); spread the job over "
+                  "hosts (--target mpi --hosts, or slurm) or make it smaller";
     } else if (lo->placement == "mpi" && !FindExecutable("mpirun", CurrentEnvironment()).ok()) {
       bad_flags = "--target mpi needs mpirun on the PATH (Open MPI; on Debian: apt-get install openmpi-bin)";
     }

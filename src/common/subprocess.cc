@@ -1,4 +1,6 @@
 #include "common/subprocess.h"
+#include <fstream>
+#include <filesystem>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -260,6 +262,36 @@ int WaitSignal(Duration timeout) {
     g_stop_signal.compare_exchange_strong(none, sig);
   }
   return sig;
+}
+
+}  // namespace trainctl
+
+namespace trainctl {
+
+void KillChildren(Duration wait) {
+  std::vector<pid_t> children;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    for (pid_t pid; in >> pid;) children.push_back(pid);
+  }
+  const pid_t own_group = ::getpgrp();
+  for (pid_t pid : children) {
+    pid_t group = ::getpgid(pid);
+    if (group > 0 && group != own_group) ::kill(-group, SIGKILL);
+    ::kill(pid, SIGKILL);
+  }
+  const auto deadline = Clock::now() + wait;
+  for (size_t reaped = 0; reaped < children.size() && Clock::now() < deadline;) {
+    int status;
+    pid_t r = ::waitpid(-1, &status, WNOHANG);
+    if (r < 0) break;  // ECHILD: none left
+    if (r == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } else {
+      ++reaped;
+    }
+  }
 }
 
 }  // namespace trainctl

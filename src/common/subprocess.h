@@ -44,6 +44,10 @@ struct ExitInfo {
   static ExitInfo FromWaitStatus(int status);
 };
 
+// Kills every child this process still has, with its process group, and reaps them (waiting up
+// to `wait`): for a subreaper (PR_SET_CHILD_SUBREAPER), also the orphans it adopted.
+void KillChildren(Duration wait);
+
 // The environment of this process, as "KEY=VALUE" strings.
 std::vector<std::string> CurrentEnvironment();
 // The value of KEY in an environment list, if it is there.

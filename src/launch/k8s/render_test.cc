@@ -33,9 +33,12 @@ cluster:
 // Every pod template in an object: a Job's, a Deployment's, each Kubeflow replica's.
 std::vector<json> PodTemplates(const json& o) {
   std::vector<json> out;
-  if (o["spec"].contains("template")) out.push_back(o["spec"]["template"]);
-  if (o["spec"].contains("pytorchReplicaSpecs")) {
-    for (const auto& [type, r] : o["spec"]["pytorchReplicaSpecs"].items()) out.push_back(r["template"]);
+  if (!o.contains("spec")) return out;  // (const operator[] on a missing key is undefined)
+  const json& spec = o.at("spec");
+  if (spec.contains("template")) out.push_back(spec.at("template"));
+  for (const char* replicas : {"pytorchReplicaSpecs", "tfReplicaSpecs", "mpiReplicaSpecs"}) {
+    if (!spec.contains(replicas)) continue;
+    for (const auto& [type, r] : spec.at(replicas).items()) out.push_back(r.at("template"));
   }
   return out;
 }

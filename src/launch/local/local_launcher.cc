@@ -1,8 +1,11 @@
 #include "launch/local/local_launcher.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <nlohmann/json.hpp>
 
@@ -69,6 +72,8 @@ std::string Elapsed(Clock::time_point start) {
 
 int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   const auto start = Clock::now();
+  // Orphans of the job's processes (a SIGKILLed agent's workers' children) come here, not to init.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   const std::string run_id = spec.name + "-" + RandomHex(4);
   const std::string token = RandomHex(32);
   const std::string prefix = keys::RunPrefix(run_id);
@@ -130,6 +135,12 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
 
   const bool one = options.placement != "local";  // one srun or mpirun starts every agent
   for (int node = 0; node < (one ? 1 : spec.nodes.max); ++node) {
+    // Ctrl-C or SIGTERM while hundreds of agents start: stop now, not once all have started.
+    if (int sig = WaitSignal(Duration(0)); sig && sig != SIGCHLD) {
+      begin_stop(std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " while starting the agents",
+                 kExitInterrupted);
+      break;
+    }
     AgentCommand agent;
     agent.trainctl = options.self_exe;
     agent.log_level = options.log_level;
@@ -149,8 +160,10 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     }
     agents.push_back({name, *pid, false});
   }
-  LOG_INFO("started {}{}, run {}; logs in {}", DescribeTasks(spec, /*programs=*/false),
-           one ? " under " + agents.front().name : "", run_id, paths::LogsDir(spec.output_dir));
+  if (!stopping) {
+    LOG_INFO("started {}{}, run {}; logs in {}", DescribeTasks(spec, /*programs=*/false),
+             one ? " under " + agents.front().name : "", run_id, paths::LogsDir(spec.output_dir));
+  }
 
   const bool has_deadline = spec.timeouts.job.count() > 0;
   const auto job_deadline = start + spec.timeouts.job;
@@ -171,11 +184,13 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       begin_stop("the job ran longer than timeouts.job (" + FormatDuration(spec.timeouts.job) + ")",
                  kExitJobTimeout);
     }
-    bool all_done = true;
-    for (auto& a : agents) {
-      if (a.done) continue;
-      int status = 0;
-      if (::waitpid(a.pid, &status, WNOHANG) == a.pid) {
+    int status = 0;
+    for (pid_t p; (p = ::waitpid(-1, &status, WNOHANG)) > 0;) {
+      // Not an agent: an orphan that a dead agent's worker left, adopted by this subreaper.
+      auto it = std::find_if(agents.begin(), agents.end(), [p](const AgentProc& a) { return a.pid == p; });
+      if (it == agents.end()) continue;
+      {
+        AgentProc& a = *it;
         a.done = true;
         ExitInfo exit = ExitInfo::FromWaitStatus(status);
         if (exit.success()) {
@@ -194,10 +209,10 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
           if (final_code == kExitOk) final_code = code;
           begin_stop(a.name + " ended with " + exit.Describe(), code);
         }
-      } else {
-        all_done = false;
       }
     }
+    const bool all_done =
+        std::all_of(agents.begin(), agents.end(), [](const AgentProc& a) { return a.done; });
     if (all_done) {
       if (!any_succeeded && final_code == kExitOk) final_code = lost_code;
       break;
@@ -265,6 +280,8 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     LOG_WARN("{}", st.message());
   }
   RemoveAll(paths::SnapshotDir(run_id));  // agents remove it too, unless they were killed
+  // What a killed agent's workers left behind came to this subreaper: nothing outlives the job.
+  KillChildren(std::chrono::seconds(1));
   client->reset();
   if (server) server->Stop();
   return final_code;
