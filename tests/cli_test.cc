@@ -318,6 +318,36 @@ TEST(Cli, AJobTooLargeForThisMachineIsRefused) {
             std::string::npos) << r.output;
 }
 
+// Failures in a row come back ever slower (restart.backoff), so a large budget is not spent in a
+// burst: the first restart at once, then 300 ms, then 600 ms.
+TEST(Cli, RestartsAfterFailuresInARowBackOff) {
+  Scratch s;
+  WriteSpec(s, "name: backoff\ncommand: [sh, -c, 'exit 4']\nrestart: {max_restarts: 3, backoff: 300ms}\n"
+               "output_dir: {out}/out\n");
+  const auto start = Clock::now();
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""));
+  EXPECT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(900));
+  EXPECT_NE(r.output.find("restarting the worker group (restart 1 of 3)\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(restart 2 of 3) in 300ms (restart.backoff: failures in a row)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("(restart 3 of 3) in 600ms"), std::string::npos) << r.output;
+  EXPECT_EQ(ReadStatus(s)["restarts"], 3);
+}
+
+// What can never work is found before anything starts, by run and validate alike.
+TEST(Cli, DirectoriesInTheWayAreFoundBeforeTheJobStarts) {
+  Scratch s;
+  s.Write("file", "not a directory");
+  WriteSpec(s, "name: dirs\ncommand: [\"true\"]\noutput_dir: {out}out\ncheckpoint_dir: {out}file\n");
+  for (const char* verb : {"run", "validate"}) {
+    auto r = Trainctl({verb, "job.yaml"}, s.path(""));
+    EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
+    EXPECT_NE(r.output.find("job.yaml: checkpoint_dir: " + s.path("file") + " is a file, expected a directory"),
+              std::string::npos) << r.output;
+  }
+}
+
 TEST(Cli, AJobCanRendezvousOnEtcd) {
   const std::string endpoint = SharedEtcd().endpoints()[0];
   Scratch s;
@@ -390,6 +420,18 @@ TEST_F(AgentTest, RendezvousTimeoutNamesTheMissingNodesAndExits4) {
   EXPECT_EQ(r.exit.code, kExitRendezvousTimeout) << r.output;
   EXPECT_NE(r.output.find("1 of 2 nodes joined within 500ms (joined: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("; missing node rank(s) 1"), std::string::npos) << r.output;
+}
+
+// A task that cannot start fails the job at once, and no restart is counted (status.json used to
+// count one that never happened).
+TEST_F(AgentTest, ATaskThatCannotStartSpendsNoRestart) {
+  Publish("name: nostart\ncommand: [/nonexistent/program]\nrestart: {max_restarts: 5}\noutput_dir: " +
+          scratch_.path("out") + "\n");
+  auto r = RunAgent("agent-test-token");
+  EXPECT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
+  EXPECT_NE(r.output.find("could not start: /nonexistent/program is not an executable file; not restarting"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(store_->TryGet("restarts")->value_or(""), "0");
 }
 
 TEST_F(AgentTest, AWrongTokenIsRefused) {

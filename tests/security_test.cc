@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "common/exit_codes.h"
 #include "test_util.h"
@@ -123,6 +124,29 @@ TEST(Security, SnapshotsArePrivateToTheirUserAndGoWithTheJob) {
   std::error_code ec;
   EXPECT_TRUE(fs::is_empty(root, ec)) << "the run's snapshots outlived it";
   RemoveAll(root);
+}
+
+// A checkpoint whose data is intact (its CRC passes) but whose metadata is crafted: `trainctl eval`
+// names the file and field and exits 1. (It used to die by SIGFPE on classes 0, SIGABRT on a
+// shape that is not numbers.)
+TEST(Security, EvalOnCraftedCheckpointMetadataIsALocatedError) {
+  Scratch s;
+  auto seed = ReadFile(std::string(TRAINCTL_SOURCE_DIR) + "/fuzz/seeds/checkpoint/small.safetensors");
+  ASSERT_TRUE(seed.ok());
+  for (const auto& [from, to, message] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"\"classes\": \"10\"", "\"classes\": \"00\"", "metadata field 'classes' is '00'"},
+           {"\"shape\": \"1,28,28\"", "\"shape\": \"a,28,28\"", "metadata field 'shape' is 'a,28,28'"},
+           {"\"norm_std\": \"0.353\"", "\"norm_std\": \"0.000\"", "metadata field 'norm_std' is '0.000'"}}) {
+    std::string bytes = *seed;
+    ASSERT_NE(bytes.find(from), std::string::npos) << from;
+    bytes.replace(bytes.find(from), from.size(), to);  // the same length: the header length holds
+    ASSERT_EQ(to.size(), from.size());
+    const std::string path = s.Write("crafted.safetensors", bytes);
+    auto r = Trainctl({"eval", "--checkpoint", path}, s.path(""));
+    EXPECT_FALSE(r.exit.signaled) << r.output;
+    EXPECT_EQ(r.exit.code, kExitError) << r.output;
+    EXPECT_NE(r.output.find(path + ": " + message), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace

@@ -100,12 +100,19 @@ TEST(Trainer, DeviceCudaTrainsOnTheGpuOrSaysWhyItCannot) {
                              "restart: {max_restarts: 0}\n");
   };
   auto whole = Trainctl({"run", spec("a.yaml", "whole", "a", 14)}, s.path(""), std::chrono::seconds(120));
-  if (!TRAINCTL_HAVE_NCCL || !Exists("/dev/nvidiactl")) {
-    EXPECT_EQ(whole.exit.code, 3) << whole.output;
+  // Either way a configuration error (exit code 2), not a failure that spends the restart budget.
+  if (!TRAINCTL_HAVE_NCCL) {  // found before anything starts
+    EXPECT_EQ(whole.exit.code, 2) << whole.output;
+    EXPECT_NE(whole.output.find("trainer.device: cuda needs a trainctl built with CUDA and NCCL"),
+              std::string::npos) << whole.output;
+    return;
+  }
+  if (!Exists("/dev/nvidiactl")) {  // the worker finds out, and says it no restart can help
+    EXPECT_EQ(whole.exit.code, 2) << whole.output;
     EXPECT_NE(s.Read("a/logs/worker-0.log").find("trainer.device: cuda, but this worker cannot use a GPU"),
               std::string::npos) << s.Read("a/logs/worker-0.log");
-    if (TRAINCTL_HAVE_NCCL) GTEST_SKIP() << "built with NCCL, but there is no GPU here";
-    return;
+    EXPECT_NE(whole.output.find("failed with an error no restart can fix"), std::string::npos) << whole.output;
+    GTEST_SKIP() << "built with NCCL, but there is no GPU here";
   }
   ASSERT_EQ(whole.exit.code, 0) << whole.output;
   EXPECT_NE(s.Read("a/logs/worker-0.log").find("images) on cuda:0"), std::string::npos)
@@ -148,9 +155,12 @@ TEST(Trainer, ACorruptNewestCheckpointFallsBackToTheOneBefore) {
                              std::filesystem::copy_options::overwrite_existing);
   auto third = Trainctl({"run", s.Write("c.yaml", Spec("fallback", s.path("out"), trainer(11)))},
                         s.path(""), std::chrono::seconds(120));
-  EXPECT_NE(third.exit.code, 0) << third.output;
-  EXPECT_NE(third.output.find("checkpoint " + last + ": its metadata field optimizer.steps is "
-                              "missing, expected a count (is it an exported model"),
+  // A configuration error: reported at once, without spending the restart budget on it.
+  EXPECT_EQ(third.exit.code, 2) << third.output;
+  EXPECT_NE(third.output.find("failed with an error no restart can fix"), std::string::npos) << third.output;
+  EXPECT_EQ(CountLines(third.output, "restarting the worker group"), 0) << third.output;
+  EXPECT_NE(third.output.find(last + ": metadata field 'optimizer.steps' is missing, expected a whole "
+                              "number from 0 to 1099511627776 (is it an exported model, not a checkpoint?)"),
             std::string::npos) << third.output;
 }
 

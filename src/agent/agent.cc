@@ -380,7 +380,8 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
             info.group_world_size, r.master, launches.size());
   if (Status st = group.Start(launches); !st.ok()) {
     FailureRecord rec = NewFailure(FailureKind::kStart, round, info.group_rank);
-    rec.restarts = restart + 1;
+    rec.restarts = restart;  // no restart follows: the job ends here
+    rec.final = true;
     rec.rank = r.mine[0].rank;
     rec.local_rank = 0;
     rec.role = r.mine[0].role;
@@ -481,6 +482,15 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       rec.exit = e.exit.Describe();
       rec.log_path = launches[e.local_rank].log_path;
       rec.last_lines = group.Tail(e.local_rank, std::chrono::milliseconds(500));
+      if (role.command.empty() && !e.exit.signaled && e.exit.code == kExitInvalidSpec) {
+        // The built-in trainer's verdict: its configuration can never work. No restart.
+        rec.kind = FailureKind::kConfig;
+        rec.restarts = restart;
+        rec.final = true;
+        Outcome o = ended(rec);
+        group.Stop(s.timeouts.stop_grace);
+        return o;
+      }
       if (role.on_failure == "ignore") {
         LOG_WARN("{}; the job goes on without it ({}.on_failure: ignore)", rec.Summary(), t.role);
         // For status.json; the job goes on even if the store missed it.
@@ -580,7 +590,9 @@ int Agent::Run() {
     auto peek = PeekRound(*store_, *current);
     if (peek.ok() && peek->has_value()) restarts = (*peek)->restarts;
   }
+  int quick_failures = 0;  // failed rounds in a row that lasted less than restart.backoff_max
   for (int round = *current;; ++round) {
+    const auto round_started = Clock::now();
     Outcome out = RunRound(round, restarts);
     switch (out.kind) {
       case Outcome::kSucceeded:
@@ -597,9 +609,9 @@ int Agent::Run() {
     const FailureRecord& f = out.end;
     if (f.kind == FailureKind::kSucceeded) return kExitOk;
     restarts = f.restarts;
-    if (f.kind == FailureKind::kStart) {
-      if (out.reported) LOG_ERROR("{}", f.Summary());
-      return kExitWorkerFailed;
+    if (f.kind == FailureKind::kStart || f.kind == FailureKind::kConfig) {
+      if (out.reported) LOG_ERROR("{}; not restarting: it would fail again", f.Summary());
+      return f.kind == FailureKind::kConfig ? kExitInvalidSpec : kExitWorkerFailed;
     }
     if (!f.failure()) {
       if (out.reported) LOG_INFO("{}", f.Summary());
@@ -611,10 +623,29 @@ int Agent::Run() {
       }
       return kExitWorkerFailed;
     }
+    // Back-off: failures in a row come back ever slower, so a large budget is not spent in a
+    // burst; a round that ran for a while starts the count again.
+    if (Clock::now() - round_started >= s.restart.backoff_max) quick_failures = 0;
+    Duration delay(0);
+    if (quick_failures > 0) {
+      delay = s.restart.backoff;
+      for (int i = 1; i < quick_failures && delay < s.restart.backoff_max; ++i) delay *= 2;
+      delay = std::min(delay, s.restart.backoff_max);
+    }
+    ++quick_failures;
     if (out.reported) {
-      LOG_WARN("{}; restarting the worker group (restart {} of {})", f.Summary(), f.restarts,
-               s.restart.max_restarts);
+      LOG_WARN("{}; restarting the worker group (restart {} of {}){}", f.Summary(), f.restarts,
+               s.restart.max_restarts,
+               delay.count() > 0 ? " in " + FormatDuration(delay) + " (restart.backoff: failures in a row)" : "");
       if (!f.last_lines.empty()) LOG_WARN("its last output: {}", f.last_lines.back());
+    }
+    for (const auto until = Clock::now() + delay; Clock::now() < until;) {
+      WaitSignal(std::min<Duration>(Remaining(until), std::chrono::milliseconds(100)));
+      if (Status st = CheckStop(); !st.ok()) {
+        Outcome stopped = Stopped(st);
+        LOG_INFO("stopped: {}", stopped.message);
+        return stopped.code;
+      }
     }
   }
 }

@@ -1,5 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
+#include <charconv>
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -140,8 +142,9 @@ Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
       int size = DtypeSize(t.dtype);
       int64_t elements = Elements(t.shape);
       if (size == 0) return bad("tensor " + name + ": unknown dtype " + t.dtype);
-      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size ||
-          elements < 0 || offsets[1] - offsets[0] != static_cast<uint64_t>(elements) * size) {
+      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size || elements < 0 ||
+          static_cast<uint64_t>(elements) > data_size / size ||
+          offsets[1] - offsets[0] != static_cast<uint64_t>(elements) * size) {
         return bad("tensor " + name + ": byte range does not fit the file (truncated?)");
       }
       covered += offsets[1] - offsets[0];
@@ -161,7 +164,14 @@ Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
     return bad("checksum mismatch: the tensor data is corrupt");
   }
   auto step = c.metadata.find(kStepKey);
-  c.step = step == c.metadata.end() ? 0 : std::atoll(step->second.c_str());
+  if (step != c.metadata.end()) {
+    const std::string& text = step->second;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), c.step);
+    if (text.empty() || ec != std::errc() || end != text.data() + text.size() || c.step < 0 ||
+        c.step > (int64_t{1} << 53)) {
+      return bad("metadata field 'trainctl.step' is '" + text.substr(0, 64) + "', expected a step count");
+    }
+  }
   c.metadata.erase(kCrcKey);
   c.metadata.erase(kStepKey);
   return c;

@@ -1,4 +1,5 @@
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/meta.h"
 
 #include <gtest/gtest.h>
 
@@ -85,6 +86,83 @@ TEST(Safetensors, FuzzedFilesNeverCrashTheDecoder) {
     if (!r.ok()) {
       EXPECT_FALSE(r.status().message().empty());
     }
+  }
+}
+
+// What the trainer writes, with one field changed: every value read back is checked.
+Checkpoint ModelSample() {
+  Checkpoint c = Sample(5);
+  c.metadata = {{"model", "cnn"},       {"dataset", "fashion-mnist"}, {"data_dir", ""},
+                {"shape", "1,28,28"},   {"classes", "10"},            {"norm_mean", "0.286"},
+                {"norm_std", "0.353"},  {"optimizer.steps", "5"},     {"batch_in_epoch", "5"},
+                {"global_batch", "128"}, {"epoch", "0"}};
+  return c;
+}
+
+TEST(Metadata, WhatTheTrainerWritesReadsBack) {
+  auto meta = ReadModelMeta(ModelSample(), "m.safetensors");
+  ASSERT_TRUE(meta.ok()) << meta.status().message();
+  EXPECT_EQ(meta->classes, 10);
+  EXPECT_EQ(meta->rows, 28);
+  EXPECT_EQ(meta->std, std::vector<float>{0.353f});
+  auto pos = ReadPosition(ModelSample(), "m.safetensors");
+  ASSERT_TRUE(pos.ok()) << pos.status().message();
+  EXPECT_EQ(pos->samples_in_epoch(), 640);
+}
+
+// Crafted metadata (the CRC covers only the tensors): a located error, never a crash, a division
+// by zero or an allocation sized from the file.
+TEST(Metadata, CraftedValuesAreLocatedErrors) {
+  struct Case { std::string field, value, message; };
+  for (const Case& c : std::vector<Case>{
+           {"classes", "0", "metadata field 'classes' is '0', expected a whole number from 2 to 256"},
+           {"classes", "4294967297", "'classes' is '4294967297'"},
+           {"classes", "ten", "'classes' is 'ten'"},
+           {"shape", "1,28", "'shape' is '1,28', expected channels,rows,cols, each from 1 to 4096"},
+           {"shape", "1,0,28", "'shape' is '1,0,28'"},
+           {"shape", "1,99999999999999999999,28", "'shape'"},
+           {"norm_std", "0", "'norm_std' is '0', expected 1 finite number(s), one per channel, each above 0"},
+           {"norm_mean", "nan", "'norm_mean' is 'nan'"},
+           {"norm_mean", "0.1,0.2", "'norm_mean' is '0.1,0.2'"},
+           {"model", "resnet1000", "'model' is 'resnet1000', expected cnn, resnet18 or resnet50"},
+           {"dataset", "imagenet", "'dataset' is 'imagenet'"}}) {
+    Checkpoint ck = ModelSample();
+    ck.metadata[c.field] = c.value;
+    auto meta = ReadModelMeta(ck, "m.safetensors");
+    ASSERT_FALSE(meta.ok()) << c.field << "=" << c.value;
+    EXPECT_EQ(meta.status().message().rfind("m.safetensors: ", 0), 0u);
+    EXPECT_NE(meta.status().message().find(c.message), std::string::npos) << meta.status().message();
+  }
+  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
+           {"batch_in_epoch", "-1"}, {"global_batch", "0"}, {"global_batch", "9223372036854775807"},
+           {"epoch", "1e9"}, {"optimizer.steps", ""}}) {
+    Checkpoint ck = ModelSample();
+    ck.metadata[field] = value;
+    auto pos = ReadPosition(ck, "c.safetensors");
+    ASSERT_FALSE(pos.ok()) << field << "=" << value;
+    EXPECT_NE(pos.status().message().find("metadata field '" + field + "'"), std::string::npos);
+  }
+}
+
+TEST(Metadata, ANegativeOrGarbageStepIsRefused) {
+  for (const std::string step : {"-5", "12abc", "99999999999999999999"}) {
+    Checkpoint c = Sample(1);
+    auto bytes = Encode(c);
+    ASSERT_TRUE(bytes.ok());
+    // Re-encode with the step field replaced (and the header length adjusted).
+    uint64_t n = 0;
+    std::memcpy(&n, bytes->data(), 8);
+    std::string header = bytes->substr(8, n);
+    const std::string key = "\"trainctl.step\":\"1\"";
+    ASSERT_NE(header.find(key), std::string::npos) << header;
+    header.replace(header.find(key), key.size(), "\"trainctl.step\":\"" + step + "\"");
+    uint64_t m = header.size();
+    std::string crafted(reinterpret_cast<const char*>(&m), 8);
+    crafted += header + bytes->substr(8 + n);
+    auto back = Decode(crafted, "c.safetensors");
+    ASSERT_FALSE(back.ok()) << step;
+    EXPECT_NE(back.status().message().find("'trainctl.step' is '" + step.substr(0, 64) + "'"), std::string::npos)
+        << back.status().message();
   }
 }
 

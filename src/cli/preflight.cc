@@ -1,3 +1,9 @@
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
 #include "cli/verbs.h"
 #include "common/fs.h"
 #include "common/subprocess.h"
@@ -32,6 +38,28 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file) {
       problems.push_back(spec_file + ": " + field + ": " + found.status().message());
     }
   }
+  // Directories the job writes: a file in the way, or a place it cannot write, would fail only
+  // once a worker saves its first checkpoint, an epoch in.
+  for (const auto& [field, dir] : {std::pair<std::string, std::string>{"output_dir", spec.output_dir},
+                                   {"checkpoint_dir", spec.checkpoint_dir}}) {
+    if (dir.empty()) continue;
+    std::string at = dir;
+    while (!at.empty() && !Exists(at)) at = std::filesystem::path(at).parent_path().string();
+    if (at.empty()) at = ".";
+    if (at == dir && !IsDirectory(dir)) {
+      problems.push_back(spec_file + ": " + field + ": " + dir + " is a file, expected a directory");
+    } else if (IsDirectory(at) && ::access(at.c_str(), W_OK | X_OK) != 0) {
+      problems.push_back(spec_file + ": " + field + ": cannot write in " + at + " (" + std::strerror(errno) + ")");
+    } else if (!IsDirectory(at)) {
+      problems.push_back(spec_file + ": " + field + ": " + at + " is a file, expected a directory");
+    }
+  }
+#if !TRAINCTL_BUILT_WITH_NCCL
+  if (spec.trainer.enabled && spec.trainer.device == "cuda") {
+    problems.push_back(spec_file + ": trainer.device: cuda needs a trainctl built with CUDA and NCCL "
+                                   "(scripts/dev gpu-build, see docs/trainer.md); this one is CPU-only");
+  }
+#endif
   if (problems.empty()) return Status::Ok();
   std::string all;
   for (const auto& p : problems) all += (all.empty() ? "" : "\n") + p;

@@ -18,5 +18,7 @@ std::string Quote(std::string_view value);
 std::vector<std::string> Split(std::string_view text, char sep);
 // Splits on '\n', dropping a final empty piece.
 std::vector<std::string> SplitLines(std::string_view text);
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool IsValidUtf8(std::string_view text);
 
 }  // namespace trainctl

@@ -9,6 +9,7 @@ using nlohmann::json;
 namespace {
 constexpr std::pair<FailureKind, const char*> kKinds[] = {{FailureKind::kTask, "task"},
                                                           {FailureKind::kStart, "start"},
+                                                          {FailureKind::kConfig, "config"},
                                                           {FailureKind::kNodeLost, "node_lost"},
                                                           {FailureKind::kMembership, "membership"},
                                                           {FailureKind::kSucceeded, "succeeded"}};
@@ -71,6 +72,8 @@ std::string FailureRecord::Summary() const {
       return exit;
     case FailureKind::kStart:
       return task + " (" + where + ") could not start: " + exit;
+    case FailureKind::kConfig:
+      return task + " (" + where + ", pid " + std::to_string(pid) + ") failed with an error no restart can fix: " + exit;
     case FailureKind::kTask:
       break;
   }

@@ -15,6 +15,7 @@ namespace trainctl {
 enum class FailureKind {
   kTask,        // a task exited non-zero (or was killed)
   kStart,       // a task could not be started (a configuration error: no restart)
+  kConfig,      // a built-in task said its configuration can never work (exit code 2): no restart
   kNodeLost,    // an agent stopped heartbeating
   kMembership,  // nodes are waiting to join: not a failure, spends no restart
   kSucceeded,   // every task that decides the job's success exited 0: the job is done

@@ -635,9 +635,9 @@ class Decoder {
         if (!f.own_args) r.args = spec->args;
       }
       std::vector<std::pair<std::string, std::string>> env = spec->env;
-      for (const auto& [k, v] : r.env) {
-        auto it = std::find_if(env.begin(), env.end(), [&](const auto& e) { return e.first == k; });
-        if (it != env.end()) it->second = v; else env.emplace_back(k, v);
+      for (const auto& kv : r.env) {
+        auto it = std::find_if(env.begin(), env.end(), [&](const auto& e) { return e.first == kv.first; });
+        if (it != env.end()) it->second = kv.second; else env.push_back(kv);
       }
       r.env = std::move(env);
       if (!f.own_resources) r.resources = spec->resources;
@@ -769,13 +769,19 @@ Result<JobSpec> Decode(const Node& root) {
 
   if (const Node* n = Decoder::Child(root, "restart")) {
     if (n->kind != Kind::kMap) {
-      d.Error(*n, "restart", std::string("expected a mapping {max_restarts: N}, got ") + n->KindName());
+      d.Error(*n, "restart", std::string("expected a mapping {max_restarts, backoff, backoff_max}, got ") + n->KindName());
     } else {
-      d.CheckKeys(*n, "restart", {"max_restarts"});
+      d.CheckKeys(*n, "restart", {"max_restarts", "backoff", "backoff_max"});
       if (const Node* m = Decoder::Child(*n, "max_restarts")) {
         if (auto v = d.Int(*m, "restart.max_restarts", 0, kMaxRestarts)) {
           spec.restart.max_restarts = static_cast<int>(*v);
         }
+      }
+      if (const Node* m = Decoder::Child(*n, "backoff")) {
+        if (auto v = d.DurationField(*m, "restart.backoff")) spec.restart.backoff = *v;
+      }
+      if (const Node* m = Decoder::Child(*n, "backoff_max")) {
+        if (auto v = d.DurationField(*m, "restart.backoff_max")) spec.restart.backoff_max = *v;
       }
     }
   }

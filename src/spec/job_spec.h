@@ -25,6 +25,10 @@ struct ResourcesSpec {  // per worker process; used by the cluster targets
 
 struct RestartSpec {
   int max_restarts = 3;  // worker-group restarts allowed for the whole job, not per node
+  // Failures in a row come back ever slower: the first restart is at once, each next one after a
+  // round that failed within backoff_max waits backoff, then twice that, ... up to backoff_max.
+  Duration backoff = std::chrono::seconds(1);
+  Duration backoff_max = std::chrono::seconds(30);
 };
 
 struct TimeoutsSpec {

@@ -114,7 +114,8 @@ std::string JobSpecToJson(const JobSpec& s, int indent) {
   if (!s.env.empty()) j["env"] = Env(s.env);
   SetIf(j, "working_dir", s.working_dir);
   j["resources"] = Resources(s.resources);
-  j["restart"] = {{"max_restarts", s.restart.max_restarts}};
+  j["restart"] = {{"max_restarts", s.restart.max_restarts}, {"backoff", FormatDuration(s.restart.backoff)},
+                  {"backoff_max", FormatDuration(s.restart.backoff_max)}};
   const TimeoutsSpec& t = s.timeouts;
   j["timeouts"] = {{"rendezvous", FormatDuration(t.rendezvous)}, {"stop_grace", FormatDuration(t.stop_grace)},
                    {"job", FormatDuration(t.job)},               {"last_call", FormatDuration(t.last_call)},

@@ -209,6 +209,20 @@ TEST(JobSpec, ReservedEnvironmentIsRejected) {
             std::string::npos);
 }
 
+// What would change a value behind the user's back is refused where it is written: an escaped
+// NUL (arguments and environment values reach programs as C strings) and bytes that are not
+// UTF-8 (the resolved spec is JSON; a fuzzer found the launcher crashing on them).
+TEST(JobSpec, NulsAndInvalidUtf8AreLocatedErrors) {
+  EXPECT_EQ(Errors("name: x\ncommand: [sh]\nargs: [\"--data=/a\\0/b\"]\n"),
+            "job.yaml:3: a NUL character (\\0) in \"--data=/a\"...; programs get arguments and environment "
+            "values as C strings, which end at one");
+  EXPECT_EQ(Errors("name: x\ncommand: [sh]\nenv: {A: \"caf\xe9\"}\n"),
+            "job.yaml:3: a value that is not valid UTF-8 text");
+  auto ok = ParseJobSpec("name: x\ncommand: [sh]\nenv: {A: \"caf\xc3\xa9 \\xff\"}\n", "job.yaml");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();  // real UTF-8, and an escape that is a character
+  EXPECT_EQ(JobSpecFromJson(JobSpecToJson(*ok))->env[0].second, "caf\xc3\xa9 \xc3\xbf");
+}
+
 TEST(JobSpec, HostileInputNeverCrashes) {
   EXPECT_NE(Errors("").find("job.yaml: empty job spec"), std::string::npos);
   EXPECT_NE(Errors("# only a comment\n").find("empty job spec"), std::string::npos);
@@ -310,6 +324,12 @@ TEST(LayeredSpec, SetErrorsNameTheFlag) {
   auto typo = LoadJobSpec({{base}, {"restart.max_restart=2"}});
   ASSERT_FALSE(typo.ok());
   EXPECT_NE(typo.status().message().find("did you mean 'max_restarts'"), std::string::npos);
+  // A path deeper than any field: refused at once (its memory grew with the square of its length).
+  std::string deep = "a";
+  for (int i = 0; i < 5000; ++i) deep += ".a";
+  auto too_deep = LoadJobSpec({{base}, {deep + "=1"}});
+  ASSERT_FALSE(too_deep.ok());
+  EXPECT_NE(too_deep.status().message().find("deeper than 32 levels"), std::string::npos);
   for (const char* bad : {"noequals", "=3", "a..b=1", "args[x]=1", "args[9]=1", "args[0=1"}) {
     EXPECT_FALSE(LoadJobSpec({{base}, {bad}}).ok()) << bad;
   }

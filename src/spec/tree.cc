@@ -1,5 +1,7 @@
 #include "spec/tree.h"
 
+#include "common/strings.h"
+
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/exceptions.h>
 #include <yaml-cpp/parser.h>
@@ -43,6 +45,13 @@ class TreeBuilder : public YAML::EventHandler {
   }
   void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
                 const std::string& value) override {
+    // An escaped "\0" would cut an argument or a variable short where programs read C strings;
+    // bytes that are not UTF-8 cannot go into the resolved (JSON) spec.
+    if (value.find('\0') != std::string::npos) {
+      Fail(At(mark) + ": a NUL character (\\0) in " + Quote(value.substr(0, value.find('\0'))) +
+           "...; programs get arguments and environment values as C strings, which end at one");
+    }
+    if (!IsValidUtf8(value)) Fail(At(mark) + ": a value that is not valid UTF-8 text");
     Node n = Make(mark, Node::Kind::kScalar);
     n.scalar = value;
     Emit(std::move(n), anchor);
@@ -186,6 +195,7 @@ Result<std::vector<PathStep>> ParsePath(const std::string& path, const std::stri
       steps.push_back({"", std::stol(num)});
       i = close + 1;
     }
+    if (static_cast<int>(steps.size()) > kMaxDepth) return bad("deeper than " + std::to_string(kMaxDepth) + " levels");
     if (i < path.size()) {
       if (path[i] != '.') return bad("unexpected '" + std::string(1, path[i]) + "'");
       ++i;
@@ -202,6 +212,13 @@ std::string Origin::ToString() const {
   if (line > 0) return source + ":" + std::to_string(line);
   return source;
 }
+
+Node::Node() = default;
+Node::Node(const Node&) = default;
+Node::Node(Node&&) noexcept = default;
+Node& Node::operator=(const Node&) = default;
+Node& Node::operator=(Node&&) noexcept = default;
+Node::~Node() = default;
 
 const Node* Node::Find(const std::string& key) const {
   for (const auto& kv : map) {
@@ -240,7 +257,8 @@ void Merge(Node* base, const Node& overlay) {
   for (const auto& [key, value] : overlay.map) {
     Node* existing = base->Find(key);
     if (value.kind == Node::Kind::kNull) {
-      std::erase_if(base->map, [&key](const auto& kv) { return kv.first == key; });
+      const std::string& gone = key;  // (a structured binding; clang 14 cannot capture one)
+      std::erase_if(base->map, [&gone](const auto& kv) { return kv.first == gone; });
     } else if (existing) {
       Merge(existing, value);
     } else {

@@ -25,6 +25,14 @@ struct Node {
   std::vector<std::pair<std::string, Node>> map;  // kMap, in document order
   Origin origin;
 
+  // Out of line: a pair of a string and a Node is complete only once Node is (clang needs this).
+  Node();
+  Node(const Node&);
+  Node(Node&&) noexcept;
+  Node& operator=(const Node&);
+  Node& operator=(Node&&) noexcept;
+  ~Node();
+
   const Node* Find(const std::string& key) const;
   Node* Find(const std::string& key);
   const char* KindName() const;  // "a mapping", "a list", "a value", "null"

@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "common/subprocess.h"
 #include "data/sampler.h"
+#include "checkpoint/meta.h"
 #include "metrics/metrics.h"
 #include "store/open_store.h"
 #include "job/keys.h"
@@ -109,13 +110,6 @@ std::string JoinFloats(const std::vector<float>& v) {
   return s.str();
 }
 
-std::vector<float> SplitFloats(const std::string& text) {
-  std::vector<float> out;
-  std::stringstream s(text);
-  std::string item;
-  while (std::getline(s, item, ',')) out.push_back(std::stof(item));
-  return out;
-}
 
 double PeakRssMb() {
   struct rusage ru;
@@ -365,18 +359,7 @@ Status Trainer::LoadNewest(int64_t header[4], int64_t* opt_steps) {
                                "'; use another checkpoint_dir or remove it");
       }
       // The training position; an exported model (weights only) in checkpoint_dir lacks it.
-      int64_t position[4];
-      const char* fields[4] = {"optimizer.steps", "batch_in_epoch", "global_batch", "epoch"};
-      for (int i = 0; i < 4; ++i) {
-        const std::string text = ckpt->Meta(fields[i]);
-        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), position[i]);
-        if (text.empty() || ec != std::errc() || end != text.data() + text.size() || position[i] < 0) {
-          return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) +
-                                 ": its metadata field " + fields[i] + " is " +
-                                 (text.empty() ? "missing" : "'" + text + "'") +
-                                 ", expected a count (is it an exported model, not a checkpoint?)");
-        }
-      }
+      ASSIGN_OR_RETURN(checkpoint::Position position, checkpoint::ReadPosition(*ckpt, from->PathFor(ckpt->step)));
       RETURN_IF_ERROR(LoadModuleState(*model_, *ckpt));
       for (auto& [name, t] : opt_state) {
         const checkpoint::Blob* b = ckpt->Find("optimizer." + name);
@@ -384,11 +367,11 @@ Status Trainer::LoadNewest(int64_t header[4], int64_t* opt_steps) {
                                        " lacks optimizer state " + name);
         RETURN_IF_ERROR(CopyBlob(*b, t));
       }
-      *opt_steps = position[0];
+      *opt_steps = position.optimizer_steps;
       header[0] = 1;
       header[1] = ckpt->step;
-      header[2] = position[1] * position[2];
-      header[3] = position[3];
+      header[2] = position.samples_in_epoch();
+      header[3] = position.epoch;
       LOG_INFO("resuming from {} (step {}, epoch {})", from->PathFor(ckpt->step), ckpt->step,
                header[3] + 1);
     } else if (ckpt.status().code() != Code::kNotFound) {
@@ -649,9 +632,12 @@ int RunTrainer(const TrainOptions& options) {
                          "trainer section): %s\n", env.status().message().c_str());
     return kExitInvalidSpec;
   }
+  // A configuration error (kInvalidArgument: a dataset that is not there, a checkpoint of
+  // another model, a GPU this build cannot use) fails the same way every time: exit code 2 tells
+  // the agent not to spend the restart budget on it. Anything else may pass (a peer lost).
   auto fail = [](const Status& st) {
     LOG_ERROR("{}", st.message());
-    return kExitError;
+    return st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
   };
   auto client = OpenStore(env->store_addr, env->store_token);
   if (!client.ok()) return fail(client.status());
@@ -792,16 +778,13 @@ class CheckpointEvaluator {
   explicit CheckpointEvaluator(const EvalOptions& o) : o_(o) {}
 
   Result<std::string> Report(const checkpoint::Checkpoint& ckpt, const std::string& path, double* accuracy) {
-    if (ckpt.Meta("model").empty() || ckpt.Meta("norm_mean").empty()) {
-      return InvalidArgument(path + ": not a trainctl model (its metadata lacks model and norm_mean)");
-    }
+    ASSIGN_OR_RETURN(checkpoint::ModelMeta meta, checkpoint::ReadModelMeta(ckpt, path));
     DataSpec ds;
-    ds.dataset = ckpt.Meta("dataset");
-    ds.dir = o_.data_dir.empty() ? ckpt.Meta("data_dir") : o_.data_dir;
+    ds.dataset = meta.dataset;
+    ds.dir = o_.data_dir.empty() ? meta.data_dir : o_.data_dir;
     ds.test_limit = o_.limit;
-    std::vector<float> shape = SplitFloats(ckpt.Meta("shape"));
-    if (shape.size() == 3) ds.shape = {int64_t(shape[0]), int64_t(shape[1]), int64_t(shape[2])};
-    ds.classes = std::atoi(ckpt.Meta("classes").c_str());
+    ds.shape = {meta.channels, meta.rows, meta.cols};
+    ds.classes = meta.classes;
     const std::string key = ds.dataset + "\n" + ds.dir + "\n" + ckpt.Meta("shape") + "\n" + ckpt.Meta("classes");
     if (key != test_key_) {
       ASSIGN_OR_RETURN(test_, LoadSplit(ds, /*train=*/false));
@@ -809,16 +792,15 @@ class CheckpointEvaluator {
     }
     test_.num_classes = ds.classes;
     models::InputShape in{test_.channels, test_.rows, test_.cols, ds.classes};
-    if (shape.size() != 3 || in.channels != int(shape[0]) || in.rows != int(shape[1]) ||
-        in.cols != int(shape[2])) {
+    if (in.channels != meta.channels || in.rows != meta.rows || in.cols != meta.cols) {
       return InvalidArgument("the test images are " + std::to_string(in.channels) + "x" +
                              std::to_string(in.rows) + "x" + std::to_string(in.cols) +
                              ", the model was trained on " + ckpt.Meta("shape"));
     }
     try {
-      ASSIGN_OR_RETURN(auto model, models::MakeModel(ckpt.Meta("model"), in));
+      ASSIGN_OR_RETURN(auto model, models::MakeModel(meta.model, in));
       if (Status st = LoadModuleState(*model, ckpt); !st.ok()) return InvalidArgument(path + ": " + st.message());
-      Normalizer norm{SplitFloats(ckpt.Meta("norm_mean")), SplitFloats(ckpt.Meta("norm_std"))};
+      Normalizer norm{meta.mean, meta.std};
       Confusion c = Evaluate(*model, test_, 0, test_.count, norm, o_.batch);
       if (accuracy) *accuracy = c.accuracy();
       auto names = ClassNames(ds.dataset, ds.classes);

@@ -244,17 +244,21 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       state = "succeeded";
       LOG_INFO("job {} succeeded in {} ({} restarts)", spec.name, Elapsed(start), restarts);
       break;
+    case kExitInvalidSpec:
     case kExitWorkerFailed: {
       state = "failed";
       auto last = store.TryGet(keys::kLastFailure);
       if (last.ok() && last->has_value()) {
         if (auto rec = FailureRecord::FromJson(**last); rec.ok()) {
           status["failure"] = nlohmann::json::parse(**last);
-          std::string budget = rec->kind == FailureKind::kStart ? "" : " after " + restarts + " restart(s) (max_restarts: " +
+          const bool no_retry = rec->kind == FailureKind::kStart || rec->kind == FailureKind::kConfig;
+          std::string budget = no_retry ? "" : " after " + restarts + " restart(s) (max_restarts: " +
                                                  std::to_string(spec.restart.max_restarts) + ")";
           std::fprintf(stderr, "trainctl: job %s failed%s: %s", spec.name.c_str(), budget.c_str(),
                        rec->Report().c_str());
         }
+      } else if (final_code == kExitInvalidSpec) {  // an agent refused the job before any round
+        LOG_ERROR("job {} failed: {}", spec.name, stop_reason.empty() ? "see the log above" : stop_reason);
       }
       break;
     }

@@ -1,0 +1,17 @@
+// libFuzzer target: a job spec's bytes, as `trainctl run` reads them; a spec that parses must
+// round-trip through its resolved JSON (which is itself a spec).
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "spec/job_spec.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace trainctl;
+  auto spec = ParseJobSpec(std::string(reinterpret_cast<const char*>(data), size), "fuzz.yaml");
+  if (!spec.ok()) return 0;
+  const std::string json = JobSpecToJson(*spec);
+  auto back = JobSpecFromJson(json);
+  if (!back.ok() || JobSpecToJson(*back) != json) std::abort();
+  return 0;
+}

@@ -1,0 +1,116 @@
+#include "checkpoint/meta.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+namespace trainctl::checkpoint {
+namespace {
+
+constexpr int64_t kMaxCount = int64_t{1} << 40;
+
+Status Bad(const std::string& source, const std::string& field, const std::string& value,
+           const std::string& expected) {
+  return InvalidArgument(source + ": metadata field '" + field + "' is " +
+                         (value.empty() ? "missing" : "'" + value.substr(0, 64) + "'") + ", expected " + expected);
+}
+
+bool ParseInt(const std::string& text, int64_t* out) {
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return !text.empty() && ec == std::errc() && end == text.data() + text.size();
+}
+
+Result<int64_t> Count(const Checkpoint& c, const std::string& source, const std::string& field, int64_t min,
+                      int64_t max) {
+  int64_t v = 0;
+  const std::string text = c.Meta(field);
+  if (!ParseInt(text, &v) || v < min || v > max) {
+    return Bad(source, field, text, "a whole number from " + std::to_string(min) + " to " + std::to_string(max) +
+                                        (field == "optimizer.steps" ? " (is it an exported model, not a checkpoint?)" : ""));
+  }
+  return v;
+}
+
+}  // namespace
+
+bool ParseInts(const std::string& text, std::vector<int64_t>* out) {
+  out->clear();
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    int64_t v = 0;
+    if (!ParseInt(text.substr(start, comma - start), &v)) return false;
+    out->push_back(v);
+    if (out->size() > 4096) return false;
+    start = comma + 1;
+  }
+  return !out->empty();
+}
+
+bool ParseFloats(const std::string& text, std::vector<float>* out) {
+  out->clear();
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    const std::string item = text.substr(start, comma - start);
+    char* end = nullptr;
+    errno = 0;
+    const float v = std::strtof(item.c_str(), &end);
+    if (item.empty() || end != item.c_str() + item.size() || errno == ERANGE || !std::isfinite(v)) return false;
+    out->push_back(v);
+    if (out->size() > 4096) return false;
+    start = comma + 1;
+  }
+  return !out->empty();
+}
+
+Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source) {
+  ModelMeta m;
+  m.model = c.Meta("model");
+  if (m.model != "cnn" && m.model != "resnet18" && m.model != "resnet50") {
+    if (m.model.empty() && c.Meta("norm_mean").empty()) {
+      return InvalidArgument(source + ": not a trainctl model (its metadata lacks model and norm_mean)");
+    }
+    return Bad(source, "model", m.model, "cnn, resnet18 or resnet50");
+  }
+  m.dataset = c.Meta("dataset");
+  if (m.dataset != "fashion-mnist" && m.dataset != "mnist" && m.dataset != "cifar10" && m.dataset != "synthetic") {
+    return Bad(source, "dataset", m.dataset, "fashion-mnist, mnist, cifar10 or synthetic");
+  }
+  m.data_dir = c.Meta("data_dir");
+  std::vector<int64_t> shape;
+  if (!ParseInts(c.Meta("shape"), &shape) || shape.size() != 3 ||
+      std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 1 || d > 4096; })) {
+    return Bad(source, "shape", c.Meta("shape"), "channels,rows,cols, each from 1 to 4096");
+  }
+  m.channels = static_cast<int>(shape[0]);
+  m.rows = static_cast<int>(shape[1]);
+  m.cols = static_cast<int>(shape[2]);
+  ASSIGN_OR_RETURN(int64_t classes, Count(c, source, "classes", 2, 256));
+  m.classes = static_cast<int>(classes);
+  for (const char* field : {"norm_mean", "norm_std"}) {
+    std::vector<float>& v = std::string(field) == "norm_mean" ? m.mean : m.std;
+    const bool std_field = std::string(field) == "norm_std";
+    if (!ParseFloats(c.Meta(field), &v) || static_cast<int>(v.size()) != m.channels ||
+        (std_field && std::any_of(v.begin(), v.end(), [](float x) { return !(x > 0); }))) {
+      return Bad(source, field, c.Meta(field),
+                 std::to_string(m.channels) + " finite number(s), one per channel" + (std_field ? ", each above 0" : ""));
+    }
+  }
+  return m;
+}
+
+Result<Position> ReadPosition(const Checkpoint& c, const std::string& source) {
+  Position p;
+  ASSIGN_OR_RETURN(p.optimizer_steps, Count(c, source, "optimizer.steps", 0, kMaxCount));
+  ASSIGN_OR_RETURN(p.batch_in_epoch, Count(c, source, "batch_in_epoch", 0, kMaxCount));
+  ASSIGN_OR_RETURN(p.global_batch, Count(c, source, "global_batch", 1, int64_t{1} << 20));
+  ASSIGN_OR_RETURN(p.epoch, Count(c, source, "epoch", 0, kMaxCount));
+  return p;
+}
+
+}  // namespace trainctl::checkpoint
