@@ -375,6 +375,45 @@ TEST(Cli, AJobCanRendezvousOnEtcd) {
             std::string::npos);
 }
 
+// The job's rounds on an etcd that speaks only TLS and wants a user's password: the URL names
+// the CA and the user, the password comes from the environment of every process of the job.
+TEST(Cli, AJobCanRendezvousOnEtcdWithTlsAndAuth) {
+  EtcdCluster etcd(1, "127.0.0.1", {true, false, "trainctl", "pa55 word"});
+  Scratch s;
+  const std::string url = "etcds://" + etcd.endpoints()[0] + "?ca=" + etcd.cert("ca.pem") + "&user=trainctl";
+  WriteSpec(s, "name: secure-etcd\nnodes: 2\nprocs_per_node: 2\nrendezvous: \"" + url +
+                   "\"\ncommand: [sh, -c, 'echo $RANK >> {out}/ranks']\noutput_dir: {out}/out\n");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""), seconds(60), {{"TRAINCTL_ETCD_PASSWORD", "pa55 word"}});
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_EQ(CountLines(s.Read("ranks"), ""), 4);
+  auto no_password = Trainctl({"run", "job.yaml"}, s.path(""), seconds(60));
+  EXPECT_NE(no_password.exit.code, 0);
+  EXPECT_NE(no_password.output.find("etcd user trainctl: set TRAINCTL_ETCD_PASSWORD to its password"),
+            std::string::npos) << no_password.output;
+  auto wrong = Trainctl({"run", "job.yaml"}, s.path(""), seconds(60), {{"TRAINCTL_ETCD_PASSWORD", "guess"}});
+  EXPECT_NE(wrong.exit.code, 0);
+  EXPECT_NE(wrong.output.find("etcd refused user trainctl"), std::string::npos) << wrong.output;
+}
+
+// etcd lost while the job runs: the job ends, and its report names the cause.
+TEST(Cli, AnEtcdLostMidJobIsNamedInTheReport) {
+  EtcdCluster etcd(1);
+  Scratch s;
+  WriteSpec(s, "name: lost-etcd\nrendezvous: etcd://" + etcd.endpoints()[0] +
+                   "\ncommand: [sh, -c, 'echo up > {out}/up; exec sleep 60']\ntimeouts: {stop_grace: 1s}\n"
+                   "output_dir: {out}/out\n");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
+  ASSERT_TRUE(Eventually([&] { return Exists(s.path("up")); })) << job.Output();
+  const auto start = Clock::now();
+  etcd.Kill(0);
+  ExitInfo exit = job.Wait(seconds(60));
+  EXPECT_EQ(exit.code, kExitError) << job.Output();
+  EXPECT_LT(Clock::now() - start, seconds(30)) << job.Output();
+  EXPECT_NE(job.Output().find("lost the job's store"), std::string::npos) << job.Output();
+  EXPECT_NE(ReadStatus(s)["store_error"].get<std::string>().find("etcd request kv/range failed"), std::string::npos)
+      << ReadStatus(s);
+}
+
 TEST(Cli, AnUnreachableEtcdIsReportedNotWaitedOnForever) {
   Scratch s;
   WriteSpec(s, "name: no-etcd\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"

@@ -8,10 +8,22 @@
 
 namespace trainctl::testing {
 
+// TLS and etcd's own auth for an EtcdCluster: the certificates are made with openssl (a CA, the
+// server's for 127.0.0.1, a client's), and the users through etcd's JSON gateway before auth is
+// enabled: root, and `user` with read-write access to /trainctl/.
+struct EtcdSecurity {
+  bool tls = false;
+  bool client_cert_auth = false;  // etcd's --client-cert-auth: clients need a certificate
+  std::string user, password;     // "" : no auth
+};
+
 class EtcdCluster {
  public:
   // Members listen on `host` (loopback unless a test gives another address of this machine).
-  explicit EtcdCluster(int members, std::string host = "127.0.0.1") : host_(std::move(host)) {
+  explicit EtcdCluster(int members, std::string host = "127.0.0.1", EtcdSecurity security = {})
+      : host_(std::move(host)), security_(std::move(security)) {
+    if (security_.tls) MakeCertificates();
+    const std::string scheme = security_.tls ? "https://" : "http://";
     std::vector<std::string> peers;
     std::string initial;
     for (int i = 0; i < members; ++i) {
@@ -20,13 +32,20 @@ class EtcdCluster {
       initial += (i ? "," : "") + Name(i) + "=" + peers.back();
     }
     for (int i = 0; i < members; ++i) {
-      std::string client = "http://" + host_ + ":" + std::to_string(client_ports_[i]);
+      std::string client = scheme + host_ + ":" + std::to_string(client_ports_[i]);
       SpawnOptions o;
       o.argv = {"etcd", "--name", Name(i), "--data-dir", scratch_.path(Name(i)),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peers[i], "--initial-advertise-peer-urls", peers[i],
                 "--initial-cluster", initial, "--initial-cluster-state", "new",
                 "--logger", "zap", "--log-outputs", scratch_.path(Name(i) + ".log")};
+      if (security_.tls) {
+        o.argv.insert(o.argv.end(), {"--cert-file", cert("server.pem"), "--key-file", cert("server.key")});
+        // (etcd asks every client for a certificate once it has a CA to check them against.)
+        if (security_.client_cert_auth) {
+          o.argv.insert(o.argv.end(), {"--client-cert-auth", "--trusted-ca-file", cert("ca.pem")});
+        }
+      }
       o.env = CurrentEnvironment();
       int out = ::open(scratch_.path(Name(i) + ".out").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
       o.output_fd = out;  // etcd's own chatter stays out of the test output
@@ -39,7 +58,10 @@ class EtcdCluster {
       }
       pids_.push_back(*pid);
     }
+    if (!security_.user.empty()) EnableAuth();
   }
+  // A file of the test certificates: ca.pem, client.pem, client.key.
+  std::string cert(const std::string& name) const { return scratch_.path("tls/" + name); }
   ~EtcdCluster() {
     for (size_t i = 0; i < pids_.size(); ++i) Kill(static_cast<int>(i));
   }
@@ -59,7 +81,66 @@ class EtcdCluster {
 
  private:
   static std::string Name(int i) { return "member" + std::to_string(i); }
+
+  void MakeCertificates() {
+    const std::string dir = scratch_.path("tls");
+    std::filesystem::create_directories(dir);
+    const std::string script =
+        "set -e; cd " + dir + "; k='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes'\n"
+        "openssl req -x509 $k -keyout ca.key -out ca.pem -days 2 -subj /CN=trainctl-test-ca\n"
+        "for who in server client; do\n"
+        "  openssl req $k -keyout $who.key -out $who.csr -subj /CN=$who\n"
+        "  printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' > $who.ext\n"
+        "  openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $who.pem -days 2 "
+        "-extfile $who.ext\n"
+        "done\n";
+    SpawnOptions o;
+    o.argv = {"sh", "-c", script};
+    o.env = CurrentEnvironment();
+    auto r = RunCommand(o, std::chrono::seconds(60));
+    ASSERT_TRUE(r.ok() && r->exit.success()) << (r.ok() ? r->output : r.status().ToString())
+                                             << " (apt-get install openssl)";
+  }
+
+  // Users, roles and auth through etcd's gateway (Python's urllib: no etcdctl needed).
+  void EnableAuth() {
+    const std::string url = (security_.tls ? "https://" : "http://") + endpoints()[0];
+    const std::string script = R"(
+import base64, json, ssl, sys, time, urllib.request
+url, tls, ca, cert, key, user, password = sys.argv[1:8]
+ctx = None
+if tls == "1":
+    ctx = ssl.create_default_context(cafile=ca)
+def post(path, body, tries=100):
+    for i in range(tries):
+        try:
+            req = urllib.request.Request(url + "/v3/" + path, json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            return urllib.request.urlopen(req, context=ctx, timeout=5).read()
+        except Exception as e:
+            if i == tries - 1: raise
+            time.sleep(0.1)
+b64 = lambda s: base64.b64encode(s.encode()).decode()
+post("auth/user/add", {"name": "root", "password": "root-password"})
+post("auth/role/add", {"name": "root"})
+post("auth/user/grant", {"user": "root", "role": "root"})
+post("auth/user/add", {"name": user, "password": password})
+post("auth/role/add", {"name": "trainctl"})
+post("auth/role/grant", {"name": "trainctl", "perm": {"permType": "READWRITE", "key": b64("/trainctl/"),
+                                                      "range_end": b64("/trainctl0")}})
+post("auth/user/grant", {"user": user, "role": "trainctl"})
+post("auth/enable", {})
+)";
+    SpawnOptions o;
+    o.argv = {TRAINCTL_TEST_PYTHON, "-c", script, url, security_.tls ? "1" : "0", cert("ca.pem"),
+              cert("client.pem"), cert("client.key"), security_.user, security_.password};
+    o.env = CurrentEnvironment();
+    auto r = RunCommand(o, std::chrono::seconds(60));
+    ASSERT_TRUE(r.ok() && r->exit.success()) << (r.ok() ? r->output : r.status().ToString());
+  }
+
   std::string host_;
+  EtcdSecurity security_;
   Scratch scratch_;
   std::vector<int> client_ports_;
   std::vector<pid_t> pids_;

@@ -111,6 +111,7 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   LOG_DEBUG("connected to the job's store{}", server ? " (served here)" : " at " + addr);
   const std::string prefix = keys::RunPrefix(f.run_id);
   PrefixStore store(std::move(*client), prefix);
+  store.FailFastOnceLost();  // once lost, the agent says so and ends, instead of waiting again
   if (server) {
     if (Status st = store.Set(keys::kSpec, JobSpecToJson(*file_spec)); !st.ok()) {
       LOG_ERROR("{}", st.message());

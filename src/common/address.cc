@@ -21,24 +21,62 @@ Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port)
   return Status::Ok();
 }
 
-Result<std::vector<std::string>> ParseEtcdUrl(const std::string& url) {
-  const std::string scheme = "etcd://";
-  const std::string expected = "expected etcd://host:port[,host:port...], got \"" + url + "\"";
-  if (url.rfind(scheme, 0) != 0) return InvalidArgument(expected);
-  std::vector<std::string> endpoints;
-  std::string rest = url.substr(scheme.size());
+bool IsEtcdUrl(const std::string& url) { return url.rfind("etcd://", 0) == 0 || url.rfind("etcds://", 0) == 0; }
+
+Result<EtcdUrl> ParseEtcdUrl(const std::string& url) {
+  const std::string expected = "expected etcd://host:port[,host:port...] or etcds://... with "
+                               "?ca=FILE&cert=FILE&key=FILE&user=NAME, got \"" + url + "\"";
+  EtcdUrl out;
+  std::string rest;
+  if (url.rfind("etcd://", 0) == 0) {
+    rest = url.substr(7);
+  } else if (url.rfind("etcds://", 0) == 0) {
+    rest = url.substr(8);
+    out.tls = true;
+  } else {
+    return InvalidArgument(expected);
+  }
+  const size_t q = rest.find('?');
+  const std::string hosts = rest.substr(0, q);
   size_t start = 0;
-  while (start <= rest.size()) {
-    size_t comma = rest.find(',', start);
-    if (comma == std::string::npos) comma = rest.size();
-    std::string endpoint = rest.substr(start, comma - start);
+  while (start <= hosts.size()) {
+    size_t comma = hosts.find(',', start);
+    if (comma == std::string::npos) comma = hosts.size();
+    std::string endpoint = hosts.substr(start, comma - start);
     std::string host;
     uint16_t port;
     if (!ParseHostPort(endpoint, &host, &port).ok()) return InvalidArgument(expected);
-    endpoints.push_back(endpoint);
+    out.endpoints.push_back(endpoint);
     start = comma + 1;
   }
-  return endpoints;
+  if (q != std::string::npos) {
+    std::string query = rest.substr(q + 1);
+    size_t pos = 0;
+    while (pos <= query.size()) {
+      size_t amp = query.find('&', pos);
+      if (amp == std::string::npos) amp = query.size();
+      const std::string item = query.substr(pos, amp - pos);
+      const size_t eq = item.find('=');
+      const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+      std::string* field = key == "ca" ? &out.ca : key == "cert" ? &out.cert : key == "key" ? &out.key
+                         : key == "user" ? &out.user : nullptr;
+      if (!field || value.empty()) {
+        return InvalidArgument("etcd URL option \"" + item + "\": expected ca=FILE, cert=FILE, key=FILE or user=NAME");
+      }
+      if (field != &out.user && value[0] != '/') {
+        return InvalidArgument("etcd URL option " + key + "=" + value + ": expected an absolute path");
+      }
+      *field = value;
+      pos = amp + 1;
+    }
+  }
+  if (!out.tls && (!out.ca.empty() || !out.cert.empty() || !out.key.empty())) {
+    return InvalidArgument("etcd URL: ca, cert and key go with etcds:// (TLS), got \"" + url + "\"");
+  }
+  if (out.cert.empty() != out.key.empty()) {
+    return InvalidArgument("etcd URL: a client certificate needs both cert and key, got \"" + url + "\"");
+  }
+  return out;
 }
 
 }  // namespace trainctl

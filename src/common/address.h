@@ -11,7 +11,19 @@ namespace trainctl {
 
 // Parses "host:port" (or "[v6]:port").
 Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port);
-// Parses "etcd://host:port[,host:port...]" into its "host:port" endpoints.
-Result<std::vector<std::string>> ParseEtcdUrl(const std::string& url);
+// An etcd cluster as a spec's `rendezvous` names it:
+//   etcd://host:port[,host:port...]            plain HTTP
+//   etcds://host:port[,...]?ca=FILE&cert=FILE&key=FILE&user=NAME
+// etcds is TLS, checked against `ca` (the system's CAs without it); `cert` and `key` are a client
+// certificate (etcd's --client-cert-auth); `user` is etcd's own auth, whose password comes from
+// the environment (TRAINCTL_ETCD_PASSWORD), never the URL. Each option also works with etcd://
+// except the certificate files.
+struct EtcdUrl {
+  std::vector<std::string> endpoints;  // "host:port"
+  bool tls = false;
+  std::string ca, cert, key, user;
+};
+Result<EtcdUrl> ParseEtcdUrl(const std::string& url);
+bool IsEtcdUrl(const std::string& url);
 
 }  // namespace trainctl

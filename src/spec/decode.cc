@@ -816,10 +816,10 @@ Result<JobSpec> Decode(const Node& root) {
   }
   if (const Node* n = Decoder::Child(root, "rendezvous")) {
     if (auto url = d.String(*n, "rendezvous")) {
-      if (auto endpoints = ParseEtcdUrl(*url); endpoints.ok()) {
+      if (auto parsed = ParseEtcdUrl(*url); parsed.ok()) {
         spec.rendezvous = *url;
       } else {
-        d.Error(*n, "rendezvous", endpoints.status().message() +
+        d.Error(*n, "rendezvous", parsed.status().message() +
                                       " (leave the field out for the embedded store)");
       }
     }

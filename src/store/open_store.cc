@@ -1,21 +1,36 @@
 #include "store/open_store.h"
 
+#include <cstdlib>
+
 #include "store/etcd/etcd_store.h"
 #include "store/tcp/tcp_store.h"
 
 namespace trainctl {
 namespace {
 
-constexpr const char* kEtcd = "etcd://";
 constexpr const char* kTcp = "tcp://";
 
 }  // namespace
 
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::string& token,
                                          Duration connect_timeout) {
-  if (url.rfind(kEtcd, 0) == 0) {
+  if (IsEtcdUrl(url)) {
+    ASSIGN_OR_RETURN(EtcdUrl parsed, ParseEtcdUrl(url));
     EtcdStoreOptions o;
-    ASSIGN_OR_RETURN(o.endpoints, ParseEtcdUrl(url));
+    o.endpoints = parsed.endpoints;
+    o.tls = parsed.tls;
+    o.ca_file = parsed.ca;
+    o.cert_file = parsed.cert;
+    o.key_file = parsed.key;
+    o.user = parsed.user;
+    if (!o.user.empty()) {
+      const char* password = std::getenv(kEnvEtcdPassword);
+      if (!password) {
+        return InvalidArgument(std::string("etcd user ") + o.user + ": set " + kEnvEtcdPassword +
+                               " to its password (it is never taken from the URL or the spec)");
+      }
+      o.password = password;
+    }
     o.connect_timeout = connect_timeout;
     ASSIGN_OR_RETURN(auto store, EtcdStore::Connect(o));
     return std::unique_ptr<Store>(std::move(store));

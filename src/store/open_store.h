@@ -1,6 +1,7 @@
 // Opens a job's store from its URL, the one form in which launchers hand it to agents:
 //   tcp://host:port        the embedded TCP store (token required)
-//   etcd://host:port[,host:port...]   an etcd v3 cluster (the spec's `rendezvous:`)
+//   etcd://host:port[,host:port...]   an etcd v3 cluster (the spec's `rendezvous:`); etcds://
+//                          with TLS and options (common/address.h)
 // A bare "host:port" means tcp.
 #pragma once
 
@@ -10,6 +11,9 @@
 #include "store/store.h"
 
 namespace trainctl {
+
+// The password of the etcd user that an etcd URL names (?user=NAME), for every process of the job.
+inline constexpr const char* kEnvEtcdPassword = "TRAINCTL_ETCD_PASSWORD";
 
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::string& token,
                                          Duration connect_timeout = std::chrono::seconds(30));

@@ -2,28 +2,55 @@
 
 namespace trainctl {
 
+template <typename T, typename F>
+T PrefixStore::Call(F&& f) {
+  if (fail_fast_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!lost_.ok()) return T(lost_);
+  }
+  T result = f();
+  // (kTimeout is a wait that ended, not a store that is gone.)
+  if (fail_fast_ && !result.ok() && result.status().code() == Code::kUnavailable) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lost_ = result.status();
+  }
+  return result;
+}
+
+namespace {
+// Status has no status(); give it one, so Call treats both alike.
+struct StatusResult {
+  Status st;
+  StatusResult(Status s) : st(std::move(s)) {}  // NOLINT
+  bool ok() const { return st.ok(); }
+  const Status& status() const { return st; }
+};
+}  // namespace
+
 Status PrefixStore::Set(const std::string& key, const std::string& value) {
-  return base_->Set(prefix_ + key, value);
+  return Call<StatusResult>([&] { return StatusResult(base_->Set(prefix_ + key, value)); }).st;
 }
 Result<std::string> PrefixStore::Get(const std::string& key, Duration timeout) {
-  return base_->Get(prefix_ + key, timeout);
+  return Call<Result<std::string>>([&] { return base_->Get(prefix_ + key, timeout); });
 }
 Result<std::optional<std::string>> PrefixStore::TryGet(const std::string& key) {
-  return base_->TryGet(prefix_ + key);
+  return Call<Result<std::optional<std::string>>>([&] { return base_->TryGet(prefix_ + key); });
 }
 Result<int64_t> PrefixStore::Add(const std::string& key, int64_t delta) {
-  return base_->Add(prefix_ + key, delta);
+  return Call<Result<int64_t>>([&] { return base_->Add(prefix_ + key, delta); });
 }
 Result<std::string> PrefixStore::CompareSet(const std::string& key, const std::string& expected,
                                             const std::string& desired) {
-  return base_->CompareSet(prefix_ + key, expected, desired);
+  return Call<Result<std::string>>([&] { return base_->CompareSet(prefix_ + key, expected, desired); });
 }
 Status PrefixStore::Wait(const std::vector<std::string>& keys, Duration timeout) {
   std::vector<std::string> full;
   full.reserve(keys.size());
   for (const auto& k : keys) full.push_back(prefix_ + k);
-  return base_->Wait(full, timeout);
+  return Call<StatusResult>([&] { return StatusResult(base_->Wait(full, timeout)); }).st;
 }
-Result<bool> PrefixStore::Delete(const std::string& key) { return base_->Delete(prefix_ + key); }
+Result<bool> PrefixStore::Delete(const std::string& key) {
+  return Call<Result<bool>>([&] { return base_->Delete(prefix_ + key); });
+}
 
 }  // namespace trainctl

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,10 +58,20 @@ class PrefixStore : public Store {
   Status Wait(const std::vector<std::string>& keys, Duration timeout) override;
   Result<bool> Delete(const std::string& key) override;
 
+  // Once a call finds the store gone (kUnavailable), every later call fails at once with that
+  // status instead of waiting out the store's own timeouts again (a launcher writing its report).
+  void FailFastOnceLost() { fail_fast_ = true; }
+
  private:
+  template <typename T, typename F>
+  T Call(F&& f);
+
   std::unique_ptr<Store> owned_;
   Store* base_;
   std::string prefix_;
+  bool fail_fast_ = false;
+  std::mutex mu_;
+  Status lost_;
 };
 
 }  // namespace trainctl

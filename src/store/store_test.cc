@@ -90,18 +90,54 @@ class EtcdBackend {
   std::string prefix_ = "/test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++) + "/";
 };
 
+// An etcd that speaks only TLS and has auth on: the same suite. (etcd's gateway cannot take both
+// a client certificate and a password: --client-cert-auth is tested on its own below.)
+testing::EtcdCluster& SecureEtcd() {
+  static testing::EtcdCluster etcd(1, "127.0.0.1", {true, false, "trainctl", "s3cret pass"});
+  return etcd;
+}
+
+EtcdStoreOptions SecureOptions() {
+  EtcdStoreOptions o;
+  o.endpoints = SecureEtcd().endpoints();
+  o.tls = true;
+  o.ca_file = SecureEtcd().cert("ca.pem");
+  o.user = "trainctl";
+  o.password = "s3cret pass";
+  o.connect_timeout = seconds(10);
+  return o;
+}
+
+class EtcdTlsAuthBackend {
+ public:
+  EtcdTlsAuthBackend() { SecureEtcd(); }
+  std::unique_ptr<Store> NewClient() {
+    auto store = EtcdStore::Connect(SecureOptions());
+    if (!store.ok()) {
+      std::fprintf(stderr, "secure etcd test server unreachable: %s\n", store.status().ToString().c_str());
+      std::abort();
+    }
+    return std::make_unique<PrefixStore>(std::move(store).value(), prefix_);
+  }
+
+ private:
+  static inline int counter_ = 0;  // the user may touch /trainctl/ only
+  std::string prefix_ = "/trainctl/test-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++) + "/";
+};
+
 template <typename Backend>
 class StoreTest : public ::testing::Test {
  protected:
   Backend backend_;
 };
 
-using Backends = ::testing::Types<MemoryBackend, TcpBackend, EtcdBackend>;
+using Backends = ::testing::Types<MemoryBackend, TcpBackend, EtcdBackend, EtcdTlsAuthBackend>;
 class BackendNames {
  public:
   template <typename T>
   static std::string GetName(int) {
     if (std::is_same_v<T, MemoryBackend>) return "Memory";
+    if (std::is_same_v<T, EtcdTlsAuthBackend>) return "EtcdTlsAuth";
     return std::is_same_v<T, TcpBackend> ? "Tcp" : "Etcd";
   }
 };
@@ -473,6 +509,45 @@ TEST(Base64, RoundTripsEveryLength) {
   EXPECT_EQ(Base64Encode("foobar"), "Zm9vYmFy");
   EXPECT_EQ(Base64Encode("fo"), "Zm8=");
   EXPECT_FALSE(Base64Decode("a*b").ok());
+}
+
+// What etcd's TLS and auth refuse, the client reports as such, quickly, without a hang.
+TEST(EtcdStore, AWrongPasswordNoClientCertificateOrAnotherCaAreRefused) {
+  auto wrong_password = SecureOptions();
+  wrong_password.password = "guess";
+  auto r = EtcdStore::Connect(wrong_password);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kPermissionDenied) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("etcd refused user trainctl"), std::string::npos);
+
+  auto other_ca = SecureOptions();
+  other_ca.ca_file = SecureEtcd().cert("client.pem");  // not the CA that signed the server
+  other_ca.connect_timeout = seconds(2);
+  EXPECT_FALSE(EtcdStore::Connect(other_ca).ok());
+
+  auto plain = SecureOptions();  // http to a TLS-only member
+  plain.tls = false;
+  plain.connect_timeout = seconds(2);
+  EXPECT_FALSE(EtcdStore::Connect(plain).ok());
+}
+
+// etcd's --client-cert-auth: a client certificate signed by its CA gets in, none does not.
+TEST(EtcdStore, AClientCertificateIsPresentedWhenEtcdAsksForOne) {
+  testing::EtcdCluster etcd(1, "127.0.0.1", {true, true, "", ""});
+  EtcdStoreOptions o;
+  o.endpoints = etcd.endpoints();
+  o.tls = true;
+  o.ca_file = etcd.cert("ca.pem");
+  o.cert_file = etcd.cert("client.pem");
+  o.key_file = etcd.cert("client.key");
+  o.connect_timeout = seconds(10);
+  auto store = EtcdStore::Connect(o);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  ASSERT_TRUE((*store)->Set("/trainctl/k", "v").ok());
+  EXPECT_EQ((*store)->TryGet("/trainctl/k")->value_or(""), "v");
+  o.cert_file = o.key_file = "";
+  o.connect_timeout = seconds(2);
+  EXPECT_FALSE(EtcdStore::Connect(o).ok());
 }
 
 TEST(EtcdStore, AnUnreachableEndpointFailsWithinTheConnectTimeout) {

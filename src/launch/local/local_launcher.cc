@@ -111,6 +111,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     return kExitError;
   }
   PrefixStore store(client->get(), prefix);
+  store.FailFastOnceLost();  // a store lost mid-job is reported, not waited on for every record
   if (Status st = store.Set(keys::kSpec, JobSpecToJson(spec)); !st.ok()) {
     LOG_ERROR("{}", st.message());
     return kExitError;
@@ -225,15 +226,30 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   }
 
   // The report: the root cause, not "child failed".
+  // A store that is gone (an etcd lost) is the cause to report, not something to wait on
+  // again for every record.
   std::string restarts = "0";
-  if (auto r = store.TryGet(keys::kRestarts); r.ok() && r->has_value()) restarts = **r;
+  Status store_lost;
+  if (auto r = store.TryGet(keys::kRestarts); !r.ok()) {
+    store_lost = r.status();
+  } else if (r->has_value()) {
+    restarts = **r;
+  }
   nlohmann::json status = {{"job", spec.name}, {"run_id", run_id}, {"exit_code", final_code},
                            {"restarts", std::atoi(restarts.c_str())}, {"elapsed", Elapsed(start)}};
+  if (!store_lost.ok()) {
+    status["store_error"] = store_lost.message();
+    if (final_code == kExitOk) final_code = kExitError;
+    if (stop_reason.empty() || final_code == kExitError) stop_reason = "lost the job's store: " + store_lost.message();
+    status["exit_code"] = final_code;
+  }
   // Single-task restarts and failures that the job went on without (roles with on_failure).
-  if (auto n = store.TryGet(keys::kTaskRestarts); n.ok() && n->has_value()) {
+  if (!store_lost.ok()) {
+  } else if (auto n = store.TryGet(keys::kTaskRestarts); n.ok() && n->has_value()) {
     status["task_restarts"] = std::min(std::atoi((*n)->c_str()), spec.restart.max_restarts);
   }
-  if (auto n = store.TryGet(keys::kIgnoredFailures); n.ok() && n->has_value()) {
+  if (!store_lost.ok()) {
+  } else if (auto n = store.TryGet(keys::kIgnoredFailures); n.ok() && n->has_value()) {
     status["ignored_failures"] = std::atoi((*n)->c_str());
     auto last = store.TryGet(keys::kLastIgnoredFailure);
     if (last.ok() && last->has_value()) status["last_ignored_failure"] = nlohmann::json::parse(**last, nullptr, false);
@@ -247,7 +263,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     case kExitInvalidSpec:
     case kExitWorkerFailed: {
       state = "failed";
-      auto last = store.TryGet(keys::kLastFailure);
+      auto last = store_lost.ok() ? store.TryGet(keys::kLastFailure) : Result<std::optional<std::string>>(store_lost);
       if (last.ok() && last->has_value()) {
         if (auto rec = FailureRecord::FromJson(**last); rec.ok()) {
           status["failure"] = nlohmann::json::parse(**last);

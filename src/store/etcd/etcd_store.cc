@@ -1,5 +1,7 @@
 #include "store/etcd/etcd_store.h"
 
+#include <signal.h>
+
 #include <httplib.h>
 
 #include <cstring>
@@ -75,6 +77,9 @@ EtcdStore::~EtcdStore() = default;
 
 Result<std::unique_ptr<EtcdStore>> EtcdStore::Connect(const EtcdStoreOptions& options) {
   if (options.endpoints.empty()) return InvalidArgument("no etcd endpoints given");
+  // OpenSSL writes to the socket with write(): a member that drops the connection would end the
+  // process with SIGPIPE instead of giving an error to retry on.
+  if (options.tls) ::signal(SIGPIPE, SIG_IGN);
   for (const auto& e : options.endpoints) {
     std::string host;
     uint16_t port;
@@ -86,10 +91,27 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::Connect(const EtcdStoreOptions& op
   auto probe = store->PostBy("kv/range", json{{"key", Base64Encode("/trainctl/")}}.dump(),
                              Clock::now() + options.connect_timeout);
   if (!probe.ok()) {
+    if (probe.status().code() == Code::kPermissionDenied) return probe.status();
     return Unavailable("cannot reach etcd at " + Join(options.endpoints, ", ") + ": " +
                        probe.status().message());
   }
   return store;
+}
+
+Status EtcdStore::Authenticate() {
+  auto res = client_->Post("/v3/auth/authenticate",
+                           json{{"name", options_.user}, {"password", options_.password}}.dump(),
+                           "application/json");
+  if (!res) return Unavailable("etcd authentication: " + httplib::to_string(res.error()));
+  if (res->status != 200) {
+    return PermissionDenied("etcd refused user " + options_.user + ": " + res->body);
+  }
+  try {
+    auth_token_ = json::parse(res->body).at("token").get<std::string>();
+  } catch (const json::exception& e) {
+    return Internal(std::string("etcd's authentication reply: ") + e.what());
+  }
+  return Status::Ok();
 }
 
 Result<std::string> EtcdStore::Post(const std::string& path, const std::string& body) {
@@ -110,14 +132,41 @@ Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string
       std::string host;
       uint16_t port = 0;
       RETURN_IF_ERROR(ParseHostPort(endpoint, &host, &port));
-      client_ = std::make_unique<httplib::Client>(host, port);
+      if (options_.tls) {
+        client_ = options_.cert_file.empty()
+                      ? std::make_unique<httplib::Client>("https://" + endpoint)
+                      : std::make_unique<httplib::Client>("https://" + endpoint, options_.cert_file, options_.key_file);
+        client_->enable_server_certificate_verification(true);
+        if (!options_.ca_file.empty()) client_->set_ca_cert_path(options_.ca_file.c_str());
+      } else {
+        client_ = std::make_unique<httplib::Client>(host, port);
+      }
       auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(options_.request_timeout);
       client_->set_connection_timeout(std::chrono::seconds(2));
+      client_->set_keep_alive(true);  // one connection (one TLS handshake) per member, not per request
+      client_->set_tcp_nodelay(true);
       client_->set_read_timeout(timeout);
       client_->set_write_timeout(timeout);
+      if (!options_.user.empty() && path != "auth/authenticate") {
+        if (auth_token_.empty()) {
+          if (Status st = Authenticate(); st.code() == Code::kPermissionDenied) return st;
+        }
+        client_->set_default_headers({{"Authorization", auth_token_}});
+      }
     }
     auto res = client_->Post(("/v3/" + path).c_str(), body, "application/json");
     if (res && res->status == 200) return res->body;
+    if (res && !options_.user.empty() && path != "auth/authenticate" &&
+        res->body.find("invalid auth token") != std::string::npos) {
+      auth_token_.clear();  // expired (etcd's simple tokens live 5 minutes): a new one, once
+      if (Status st = Authenticate(); !st.ok()) return st;
+      client_->set_default_headers({{"Authorization", auth_token_}});
+      res = client_->Post(("/v3/" + path).c_str(), body, "application/json");
+      if (res && res->status == 200) return res->body;
+    }
+    if (res && (res->status == 401 || res->status == 403)) {
+      return PermissionDenied("etcd at " + endpoint + " refused the request: " + res->body);
+    }
     bool delivered_maybe = !res && res.error() != httplib::Error::Connection;
     last_error = endpoint + ": " +
                  (res ? "HTTP " + std::to_string(res->status) + " " + res->body

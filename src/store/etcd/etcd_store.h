@@ -5,7 +5,9 @@
 //
 // Thread-safe (one HTTP connection behind a mutex, held per request, never across a wait).
 // Several endpoints may be given; a request that cannot reach one tries the next, so a cluster
-// keeps serving while a member is down. Authentication and TLS are etcd's own configuration.
+// keeps serving while a member is down. TLS (with a client certificate when etcd asks for one) and
+// etcd's user/password auth (a token from /v3/auth/authenticate, renewed when etcd says it
+// expired) are options.
 #pragma once
 
 #include <memory>
@@ -22,7 +24,11 @@ class Client;
 namespace trainctl {
 
 struct EtcdStoreOptions {
-  std::vector<std::string> endpoints;                  // "host:port" client URLs, http
+  std::vector<std::string> endpoints;                  // "host:port" client URLs
+  bool tls = false;                                    // https, verifying the server
+  std::string ca_file;                                 // its CA ("": the system's)
+  std::string cert_file, key_file;                     // a client certificate ("": none)
+  std::string user, password;                          // etcd's auth ("": none)
   Duration connect_timeout = std::chrono::seconds(30); // Connect() retries until then
   Duration request_timeout = std::chrono::seconds(10); // one HTTP request
 };
@@ -58,7 +64,11 @@ class EtcdStore : public Store {
   // Sets key to `value` if it still has `seen` (absent, or the same mod_revision).
   Result<bool> PutIf(const std::string& key, const Value& seen, const std::string& value);
 
+  // Asks etcd for an auth token (mu_ held); kPermissionDenied for a wrong user or password.
+  Status Authenticate();
+
   EtcdStoreOptions options_;
+  std::string auth_token_;
   std::mutex mu_;
   size_t current_ = 0;
   std::unique_ptr<httplib::Client> client_;
