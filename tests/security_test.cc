@@ -17,7 +17,10 @@ namespace {
 
 using std::chrono::seconds;
 
-constexpr uid_t kVictim = 64000;    // runs the job
+// Each test that runs a job as a victim has its own uid, so its own snapshot root under /dev/shm:
+// ctest runs tests side by side, and one test's RemoveAll(root) must not hit another's job.
+constexpr uid_t kVictim = 64000;         // runs the job
+constexpr uid_t kPrivateVictim = 64001;  // runs the job in SnapshotsArePrivate…
 constexpr uid_t kAttacker = 65534;  // nobody
 
 // Runs `argv` as `uid` (and gid), to completion.
@@ -76,7 +79,9 @@ TEST(Security, AnotherUsersSnapshotLocationIsRefusedNotUsed) {
     EXPECT_EQ(CountLines(s.Read("victim/metrics.jsonl"), "\"step\": 6"), 1) << "it did not train all its steps";
     // Nothing was written into or pruned from the attacker's directories.
     EXPECT_EQ(s.Read("attacker/ckpt-0000099999.safetensors"), "poison\n");
-    if (!link) EXPECT_EQ(*ReadFile(root + "/keep"), "poison\n");
+    if (!link) {
+      EXPECT_EQ(*ReadFile(root + "/keep"), "poison\n");
+    }
     int entries = 0;
     for (const auto& e : fs::directory_iterator(planted)) entries += e.path().filename() != "" ? 1 : 0;
     EXPECT_EQ(entries, 1);
@@ -91,13 +96,13 @@ TEST(Security, SnapshotsArePrivateToTheirUserAndGoWithTheJob) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as two users";
   SharedScratch shared;
   const Scratch& s = shared.s;
-  const std::string root = SnapshotRoot(kVictim);
+  const std::string root = SnapshotRoot(kPrivateVictim);
   RemoveAll(root);
   std::string spec = s.Write("slow.yaml", "name: slow\nprocs_per_node: 2\noutput_dir: " + s.path("slow") +
                                               "\ntrainer:\n  model: cnn\n  data: {limit: 2048, test_limit: 64}\n"
                                               "  batch_size: 16\n  epochs: 50\n  threads: 1\n  snapshot_every: 1\n"
                                               "  eval: false\n");
-  const std::string id = std::to_string(kVictim);
+  const std::string id = std::to_string(kPrivateVictim);
   Background job({"run", spec}, s.path(""), s.path("run.log"), {},
                  {"setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups"});
   std::string snapshot;
@@ -113,7 +118,7 @@ TEST(Security, SnapshotsArePrivateToTheirUserAndGoWithTheJob) {
   struct stat st{};
   ASSERT_EQ(::stat(root.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
-  EXPECT_EQ(st.st_uid, kVictim);
+  EXPECT_EQ(st.st_uid, kPrivateVictim);
   ASSERT_EQ(::stat(snapshot.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0077, 0u) << "a snapshot others may read";
   auto peek = RunAs(kAttacker, {"sh", "-c", "ls " + root + "; cat " + snapshot + " > /dev/null"}, s.path(""));
