@@ -33,6 +33,28 @@ TEST(Cli, HelpListsVerbsAndExitCodes) {
   EXPECT_EQ(Trainctl({"--version"}, s.path("")).exit.code, 0);
 }
 
+// A typo in the verb gets a did-you-mean and the list of verbs; global flags go before or after it.
+TEST(Cli, AnUnknownVerbIsNamedAndGlobalFlagsGoAnywhere) {
+  Scratch s;
+  auto typo = Trainctl({"trian"}, s.path(""));
+  EXPECT_EQ(typo.exit.code, kExitInvalidSpec);
+  EXPECT_NE(typo.output.find("trainctl: unknown verb \"trian\"; did you mean 'train'?"), std::string::npos) << typo.output;
+  EXPECT_NE(typo.output.find("verbs: run, validate,"), std::string::npos) << typo.output;
+  auto far = Trainctl({"--log-level", "warn", "frobnicate", "x.yaml"}, s.path(""));
+  EXPECT_EQ(far.exit.code, kExitInvalidSpec);
+  EXPECT_NE(far.output.find("unknown verb \"frobnicate\"\n"), std::string::npos) << far.output;
+  s.Write("job.yaml", "name: g\ncommand: [sh, -c, 'exit 0']\n");
+  for (const auto& argv : std::vector<std::vector<std::string>>{{"run", "job.yaml", "--log-level", "debug"},
+                                                               {"--log-level", "debug", "run", "job.yaml"}}) {
+    auto r = Trainctl(argv, s.path(""));
+    EXPECT_EQ(r.exit.code, 0) << r.output;
+    EXPECT_NE(r.output.find(" D [job=g"), std::string::npos) << "no debug lines:\n" << r.output;
+  }
+  auto bad = Trainctl({"validate", "job.yaml", "--log-level", "loud"}, s.path(""));
+  EXPECT_EQ(bad.exit.code, kExitInvalidSpec);
+  EXPECT_NE(bad.output.find("--log-level"), std::string::npos) << bad.output;
+}
+
 TEST(Cli, ValidateReportsFileLineAndField) {
   Scratch s;
   std::string job = s.Write("job.yaml", "name: demo\ncommand: [x]\nprocs_per_node: 2\nnodes: two\n");

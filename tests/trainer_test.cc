@@ -105,6 +105,10 @@ TEST(Trainer, DeviceCudaTrainsOnTheGpuOrSaysWhyItCannot) {
     EXPECT_EQ(whole.exit.code, 2) << whole.output;
     EXPECT_NE(whole.output.find("trainer.device: cuda needs a trainctl built with CUDA and NCCL"),
               std::string::npos) << whole.output;
+    auto checked = Trainctl({"validate", s.path("a.yaml")}, s.path(""));
+    EXPECT_EQ(checked.exit.code, 2) << checked.output;
+    EXPECT_NE(checked.output.find("trainer.device: cuda needs a trainctl built with CUDA and NCCL"),
+              std::string::npos) << checked.output;
     return;
   }
   if (!Exists("/dev/nvidiactl")) {  // the worker finds out, and says it no restart can help
@@ -267,9 +271,11 @@ TEST(Trainer, BadInputGivesAClearError) {
   Scratch s;
   std::string missing = s.Write("missing.yaml", Spec("nodata", s.path("out"),
                                                      "  data: {dataset: mnist, dir: /nonexistent}\n"));
-  auto r = Trainctl({"run", missing}, s.path(""));
-  EXPECT_EQ(r.exit.code, 2) << r.output;
-  EXPECT_NE(r.output.find("/nonexistent/train-images-idx3-ubyte"), std::string::npos) << r.output;
+  for (const char* verb : {"run", "validate"}) {  // one pre-flight for both
+    auto r = Trainctl({verb, missing}, s.path(""));
+    EXPECT_EQ(r.exit.code, 2) << verb << "\n" << r.output;
+    EXPECT_NE(r.output.find("/nonexistent/train-images-idx3-ubyte"), std::string::npos) << r.output;
+  }
 
   s.Write("bad.safetensors", "not a model");
   auto e = Trainctl({"eval", "--checkpoint", s.path("bad.safetensors")}, s.path(""));

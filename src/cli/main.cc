@@ -4,6 +4,7 @@
 #include "cli/verbs.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
+#include "common/strings.h"
 
 namespace {
 
@@ -18,6 +19,29 @@ const char* kFooter = R"(Exit codes:
 
 Run 'trainctl VERB --help' for a verb's flags. Docs: docs/job-spec.md, docs/cli.md.)";
 
+// The first word that is not a global flag must be a verb: a typo gets a did-you-mean and the
+// list of verbs, not CLI11's "A subcommand is required". Returns false after printing the error.
+bool CheckVerb(const CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> verbs;
+  for (const auto* sub : app.get_subcommands({})) verbs.push_back(sub->get_name());
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--log-level") {
+      ++i;  // its value
+      continue;
+    }
+    if (arg == "--") return true;
+    if (!arg.empty() && arg[0] == '-') continue;
+    if (std::find(verbs.begin(), verbs.end(), arg) != verbs.end()) return true;
+    const std::string near = trainctl::ClosestMatch(arg, verbs);
+    std::fprintf(stderr, "trainctl: unknown verb %s%s\nverbs: %s\nRun 'trainctl --help' for what each does.\n",
+                 trainctl::Quote(arg).c_str(), near.empty() ? "" : ("; did you mean '" + near + "'?").c_str(),
+                 trainctl::Join(verbs, ", ").c_str());
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -27,6 +51,9 @@ int main(int argc, char** argv) {
                "trainctl"};
   app.footer(kFooter);
   app.require_subcommand(1);
+  // Global flags also after the verb (`trainctl run job.yaml --log-level debug`); every verb
+  // inherits this from the app.
+  app.fallthrough();
   app.set_version_flag("--version", TRAINCTL_VERSION);
   trainctl::cli::GlobalFlags flags;
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn or error")
@@ -40,6 +67,7 @@ int main(int argc, char** argv) {
   trainctl::cli::AddEval(app, flags, &code);
   trainctl::cli::AddRender(app, flags, &code);
   trainctl::cli::AddClusterVerbs(app, flags, &code);
+  if (!CheckVerb(app, argc, argv)) return trainctl::kExitInvalidSpec;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

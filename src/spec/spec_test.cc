@@ -7,6 +7,9 @@
 #include <fstream>
 #include <random>
 
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
 #include "spec/job_spec.h"
 
 namespace trainctl {
@@ -371,8 +374,6 @@ timeouts: {rendezvous: 1m, stop_grace: 3s, job: 1h}
   EXPECT_FALSE(JobSpecFromJson("{}").ok());
 }
 
-}
-
 // The seed's TensorFlow layout: parameter servers, workers, a chief and an evaluator.
 const char* kRoles = R"(name: tf
 command: [python3, task.py]
@@ -540,6 +541,147 @@ TEST(JobSpecJson, TheResolvedSpecIsAValidSpecOfTheSameJob) {
     ASSERT_TRUE(back.ok()) << back.status().message() << "\n" << json;
     EXPECT_EQ(JobSpecToJson(*back, 2), json);
   }
+}
+
+// A generated corpus: random specs over the whole schema (every top-level section, nodes as a
+// number, a range or a map, durations and quantities in several units, roles with and without
+// their own programs). Each is valid, and parse → print → parse is the identity on every one.
+std::string Pick(std::mt19937& rng, const std::vector<std::string>& from) {
+  return from[std::uniform_int_distribution<size_t>(0, from.size() - 1)(rng)];
+}
+
+std::string GeneratedSpec(std::mt19937& rng, int i) {
+  auto coin = [&] { return std::uniform_int_distribution<int>(0, 1)(rng) == 1; };
+  auto num = [&](int lo, int hi) { return std::to_string(std::uniform_int_distribution<int>(lo, hi)(rng)); };
+  const std::vector<std::string> durations = {"250ms", "3s", "2.5s", "1m", "1m30s", "2h", "90s"};
+  std::string y = "name: gen-" + std::to_string(i) + "\n";
+  const bool trainer = coin();
+  const bool roles = !trainer && coin();  // fixed nodes, and no procs_per_node, with roles
+  const int lo = std::uniform_int_distribution<int>(1, 3)(rng);
+  const int hi = std::uniform_int_distribution<int>(lo, 6)(rng);
+  const int procs = roles ? 1 : std::uniform_int_distribution<int>(1, 8)(rng);
+  y += roles ? Pick(rng, {"nodes: " + std::to_string(hi) + "\n"})
+             : Pick(rng, {"nodes: " + std::to_string(hi) + "\n", "nodes: \"" + std::to_string(lo) + ":" + std::to_string(hi) + "\"\n",
+                          "nodes: {min: " + std::to_string(lo) + ", max: " + std::to_string(hi) + "}\n"});
+  if (!roles) y += "procs_per_node: " + std::to_string(procs) + "\n";
+  if (trainer) {
+    y += "trainer:\n  model: " + Pick(rng, {"cnn", "resnet18", "resnet50"}) + "\n";
+    y += "  " + Pick(rng, {"batch_size: " + num(1, 256), "global_batch_size: " + std::to_string(hi * procs * std::uniform_int_distribution<int>(1, 64)(rng))}) + "\n";
+    if (coin()) y += "  epochs: " + num(1, 20) + "\n";
+    if (coin()) y += "  max_steps: " + num(0, 5000) + "\n";
+    if (coin()) y += "  seed: " + num(0, 99) + "\n  deterministic: " + Pick(rng, {"true", "false"}) + "\n";
+    if (coin()) y += "  threads: " + num(0, 4) + "\n  bucket_mb: " + Pick(rng, {"0.5", "1", "25"}) + "\n";
+    if (coin()) y += "  backend: " + Pick(rng, {"auto", "gloo", "shm"}) + "\n";
+    if (coin()) y += "  checkpoint_every: " + num(0, 500) + "\n  keep_last: " + num(1, 9) + "\n";
+    if (coin()) y += "  snapshot_every: " + num(0, 100) + "\n  log_every: " + num(1, 100) + "\n  eval: " +
+                     Pick(rng, {"true", "false"}) + "\n";
+    if (coin()) {
+      y += "  optimizer: " + Pick(rng, {"{name: sgd, lr: 0.1, momentum: 0.8, nesterov: true}",
+                                         "{name: adam, lr: 0.001, beta1: 0.8, beta2: 0.99, eps: 1e-07}",
+                                         "{name: sgd, weight_decay: 0.0005}"}) + "\n";
+    }
+    if (coin()) {
+      y += "  schedule: " + Pick(rng, {"{name: step, step_size: " + num(1, 100) + ", gamma: 0.5}",
+                                        "{name: cosine, warmup_steps: " + num(0, 50) + ", min_lr: 0.0001}",
+                                        "{name: constant, scale_by_world_size: true}"}) + "\n";
+    }
+    if (coin()) {
+      y += "  data: " + Pick(rng, {"{dataset: synthetic, samples: " + num(8, 4096) + ", shape: [3, " + num(4, 64) +
+                                        ", " + num(4, 64) + "], classes: " + num(2, 100) + "}",
+                                    "{limit: " + num(0, 60000) + ", test_limit: " + num(0, 10000) + "}",
+                                    "{dataset: mnist, dir: /data/mnist}"}) + "\n";
+    }
+  } else {
+    y += "command: " + Pick(rng, {"[python3, train.py]", "[sh, -c, 'echo \"$RANK: #x\"']", "[/opt/app/run]"}) + "\n";
+    if (coin()) y += "args: [--lr, '0.1', \"a b\", '']\n";
+  }
+  if (coin()) y += "env: {" + Pick(rng, {"A: '1', B: two", "PATH_EXTRA: /x:/y", "Z: '', Y: \"q'uote\""}) + "}\n";
+  if (coin()) y += "working_dir: /work/" + num(0, 9) + "\n";
+  if (coin()) {
+    y += "resources: {cpus: " + Pick(rng, {"1", "500m", "2.5"}) + ", memory: " + Pick(rng, {"1Gi", "512Mi", "3G"}) +
+         (coin() ? ", gpus: " + num(0, 8) : "") + "}\n";
+  }
+  if (coin()) y += "restart: {max_restarts: " + num(0, 100) + ", backoff: " + Pick(rng, durations) + ", backoff_max: 10m}\n";
+  if (coin()) {
+    y += "timeouts: {rendezvous: " + Pick(rng, durations) + ", stop_grace: " + Pick(rng, durations) + ", job: " +
+         Pick(rng, durations) + ", last_call: " + Pick(rng, durations) + ", heartbeat: " + Pick(rng, durations) + "}\n";
+  }
+  if (coin()) y += "rendezvous: etcd://10.0.0." + num(1, 9) + ":2379\n";
+  if (coin()) y += "output_dir: /runs/" + num(0, 9) + "\n";
+  if (coin()) y += "checkpoint_dir: /ckpt/" + num(0, 9) + "\n";
+  if (coin()) {
+    y += "cluster:\n  image: registry.example.com/t:" + num(0, 9) + "\n  namespace: ns-" + num(0, 9) + "\n";
+    y += Pick(rng, {"  storage: {claim: shared, mount: /mnt/d}\n", "  storage: {class: efs, size: 50Gi}\n", ""});
+    if (coin()) y += "  stage: {url: 'https://example.com/d.tgz', sha256: '" +
+                     std::string(64, 'a') + "'}\n";
+    if (coin()) y += "  tensorboard: false\n";
+    if (coin()) y += "  node_selector: {pool: gpu}\n  tolerations: [{key: g, operator: Exists, effect: NoSchedule}]\n";
+  }
+  if (roles) {
+    y += "roles:\n";
+    y += "  - {name: ps, replicas: " + num(1, 8) + ", resources: {cpus: 2}, env: {R: ps}}\n";
+    y += "  - {name: worker, replicas: " + num(hi, 16) + ", on_failure: " + Pick(rng, {"restart_job", "restart_task"}) + "}\n";
+    if (coin()) y += "  - {name: chief}\n";
+    if (coin()) y += "  - {name: evaluator, command: [python3, eval.py], args: [--watch]}\n";
+  }
+  return y;
+}
+
+// Every key the YAML source sets is in the printed spec: the printer drops no field (an identity
+// over print alone could not see a field that the printer forgets both times).
+void ExpectKeysKept(const YAML::Node& yaml, const nlohmann::json& printed, const std::string& at = "") {
+  if (yaml.IsMap()) {
+    if (at == "nodes" && !printed.is_object()) return;  // {min, max} is printed as N or "min:max"
+    ASSERT_TRUE(printed.is_object()) << at << " is not a map in the printed spec";
+    for (const auto& kv : yaml) {
+      const std::string key = kv.first.as<std::string>();
+      const std::string path = at.empty() ? key : at + "." + key;
+      const bool zero = kv.second.IsScalar() && (kv.second.Scalar() == "0" || kv.second.Scalar().empty());
+      if (zero) continue;  // the printer leaves out zero values (not set)
+      ASSERT_TRUE(printed.contains(key)) << path << " is missing from the printed spec";
+      ExpectKeysKept(kv.second, printed[key], path);
+    }
+  } else if (yaml.IsSequence() && printed.is_array()) {
+    ASSERT_EQ(yaml.size(), printed.size()) << at;
+    for (size_t i = 0; i < yaml.size(); ++i) ExpectKeysKept(yaml[i], printed[i], at + "[" + std::to_string(i) + "]");
+  }
+}
+
+TEST(JobSpecJson, ParsePrintParseIsTheIdentityOverAGeneratedCorpus) {
+  std::mt19937 rng(20261123);
+  for (int i = 0; i < 400; ++i) {
+    const std::string yaml = GeneratedSpec(rng, i);
+    auto spec = ParseJobSpec(yaml, "gen.yaml");
+    ASSERT_TRUE(spec.ok()) << spec.status().message() << "\n" << yaml;
+    const std::string json = JobSpecToJson(*spec, 2);
+    auto back = ParseJobSpec(json, "printed.json");
+    ASSERT_TRUE(back.ok()) << back.status().message() << "\n" << yaml << "\n" << json;
+    EXPECT_EQ(JobSpecToJson(*back, 2), json) << yaml;
+    ExpectKeysKept(YAML::Load(yaml), nlohmann::json::parse(json));
+  }
+}
+
+// The same over every example spec (and the Kubernetes example with each of its layers).
+TEST(JobSpecJson, ParsePrintParseIsTheIdentityOverTheExamples) {
+  const std::string dir = std::string(TRAINCTL_SOURCE_DIR) + "/examples/";
+  std::vector<SpecSources> sources;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".yaml") sources.push_back({{e.path().string()}, {}});
+  }
+  for (const char* layer : {"dev", "prod"}) {
+    sources.push_back({{dir + "k8s/base.yaml", dir + "k8s/" + layer + ".yaml"}, {}});
+  }
+  ASSERT_GE(sources.size(), 7u);
+  for (const auto& src : sources) {
+    auto spec = LoadJobSpec(src);
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    const std::string json = JobSpecToJson(*spec, 2);
+    auto back = ParseJobSpec(json, "printed.json");
+    ASSERT_TRUE(back.ok()) << src.files.back() << ": " << back.status().message() << "\n" << json;
+    EXPECT_EQ(JobSpecToJson(*back, 2), json) << src.files.back();
+    ExpectKeysKept(YAML::LoadFile(src.files.front()), nlohmann::json::parse(json));
+  }
+}
 
 }  // namespace
 }  // namespace trainctl
