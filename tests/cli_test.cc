@@ -503,5 +503,42 @@ TEST_F(AgentTest, AWrongTokenIsRefused) {
   EXPECT_FALSE(store_->TryGet("round/0/joined")->has_value()) << "nothing was written";
 }
 
+// Your own image (docs/own-program.md): `scripts/dev bundle` gives trainctl with the libraries it
+// needs; in a root holding only glibc, the C++ runtime, sh and the bundle (none of trainctl's
+// Debian libraries), a job of 2 nodes x 2 workers runs. Needs root (a mount namespace, chroot).
+TEST(Cli, TheBundleRunsJobsInAnImageWithOnlyGlibcAndSh) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root for chroot";
+  Scratch s;
+  const std::string root = s.path("image");
+  auto sh = [&](const std::string& script) {
+    SpawnOptions o;
+    o.argv = {"sh", "-ec", script};
+    o.env = CurrentEnvironment();
+    o.cwd = TRAINCTL_SOURCE_DIR;
+    auto r = RunCommand(o, seconds(60));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : CommandResult{};
+  };
+  auto bundled = sh("bash scripts/dev bundle " + root + "/opt/trainctl " TRAINCTL_BIN);
+  ASSERT_EQ(bundled.exit.code, 0) << bundled.output;
+  EXPECT_TRUE(Exists(root + "/opt/trainctl/lib/libyaml-cpp.so.0.7")) << bundled.output;
+  EXPECT_FALSE(Exists(root + "/opt/trainctl/lib/libc.so.6")) << "glibc is the image's";
+  auto made = sh("R=" + root + "; mkdir -p $R/lib/x86_64-linux-gnu $R/lib64 $R/bin $R/proc $R/dev $R/tmp; "
+                 "for l in libc.so.6 libm.so.6 libstdc++.so.6 libgcc_s.so.1; do "
+                 "cp -L /lib/x86_64-linux-gnu/$l $R/lib/x86_64-linux-gnu/; done; "
+                 "cp -L /lib64/ld-linux-x86-64.so.2 $R/lib64/; cp -L /bin/sh $R/bin/sh");
+  ASSERT_EQ(made.exit.code, 0) << made.output;
+  s.Write("image/job.yaml", "name: own\nnodes: 2\nprocs_per_node: 2\n"
+                            "command: [/bin/sh, -c, 'echo \"rank $RANK of $WORLD_SIZE\"']\noutput_dir: /tmp/out\n");
+  auto r = sh("unshare --mount --fork sh -ec 'mount -t proc proc " + root + "/proc; mount --rbind /dev " + root +
+              "/dev; mount --make-rslave " + root + "/dev; chroot " + root + " /opt/trainctl/bin/trainctl run /job.yaml'");
+  EXPECT_EQ(r.exit.code, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.output.find("[worker-" + std::to_string(rank) + "] rank " + std::to_string(rank) + " of 4"),
+              std::string::npos) << r.output;
+  }
+  EXPECT_NE(r.output.find("job own succeeded"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace trainctl::testing

@@ -197,11 +197,14 @@ TEST(K8s, ClusterVerbsNameAnUnreachableClusterAndAMissingKubectl) {
       "- cluster: {server: \"https://127.0.0.1:" + std::to_string(FreePort()) + "\"}\n  name: c\n"
       "contexts:\n- context: {cluster: c, user: u}\n  name: c\ncurrent-context: c\n"
       "users:\n- name: u\n  user: {token: t}\n");
-  for (const std::string verb : {"submit", "status", "delete"}) {
+  for (const std::string verb : {"submit", "status", "logs", "delete"}) {
     auto r = Trainctl({verb, spec}, s.path(""), std::chrono::seconds(60), {{"KUBECONFIG", kubeconfig}});
     EXPECT_EQ(r.exit.code, 1) << verb << ": " << r.output;
     EXPECT_NE(r.output.find("trainctl " + verb + ": "), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("refused"), std::string::npos) << verb << ": " << r.output;
+    // One line saying why, not kubectl's log of its retries ("E1123 12:00:00 memcache.go:265] ...").
+    EXPECT_FALSE(std::regex_search(r.output, std::regex("(^|\n)E\\d{4} "))) << verb << ": " << r.output;
+    EXPECT_EQ(CountLines(r.output, "refused"), 1) << verb << ": " << r.output;
   }
   auto r = Trainctl({"status", spec}, s.path(""), std::chrono::seconds(60), {{"PATH", s.path("")}});
   EXPECT_EQ(r.exit.code, 2) << r.output;

@@ -1,7 +1,12 @@
 // `trainctl run --target mpi`: the agents start under Open MPI's real mpirun (Debian's
 // openmpi-bin), here on one machine, and the job behaves as it does with local agents: ranks,
 // restarts, Ctrl-C, no process left behind.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/test_util.h"
 
@@ -83,6 +88,39 @@ TEST(Mpi, OtherHostsNeedAStoreAddressTheyCanReach) {
   r = Trainctl({"run", spec, "--hosts", "node1"}, s.path(""));
   EXPECT_EQ(r.exit.code, 2);
   EXPECT_NE(r.output.find("--hosts and --hostfile go with --target mpi"), std::string::npos) << r.output;
+}
+
+// Hosts mpirun cannot reach: ssh's own lines, one line for each of Open MPI's help texts (whose
+// whole text is in logs/mpirun.log), and exit code 1 with mpirun named, not mpirun's 255.
+TEST(Mpi, HostsMpirunCannotReachAreNamedInAFewLines) {
+  RequireMpirun();
+  std::string address;  // one of this machine's, not loopback: the store listens there
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) == 0) {
+    for (ifaddrs* a = all; a && address.empty(); a = a->ifa_next) {
+      if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || (a->ifa_flags & IFF_LOOPBACK)) continue;
+      char text[INET_ADDRSTRLEN];
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+      address = text;
+    }
+    ::freeifaddrs(all);
+  }
+  if (address.empty()) GTEST_SKIP() << "this machine has no IPv4 address but loopback";
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("unreachable", s.path("out"), "command: [true]\n"));
+  auto r = Trainctl({"run", spec, "--target", "mpi", "--hosts", "nosuchhost1.invalid,nosuchhost2.invalid",
+                     "--store-host", address}, s.path(""));
+  EXPECT_EQ(r.exit.code, 1) << r.output;
+  EXPECT_NE(r.output.find("ssh: Could not resolve hostname nosuchhost1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("job unreachable failed: mpirun ended with exit code"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("it could not run the agents"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mpirun: ORTE was unable to reliably start one or more daemons. (Open MPI's whole "
+                          "message is in " + s.path("out/logs/mpirun.log") + ")"), std::string::npos) << r.output;
+  EXPECT_LE(CountLines(r.output, ""), 10) << r.output;
+  EXPECT_EQ(r.output.find("Please check"), std::string::npos) << "Open MPI's advice is in the log, not here:\n" << r.output;
+  EXPECT_NE(s.Read("out/logs/mpirun.log").find("Please check your PATH"), std::string::npos);
+  auto status = nlohmann::json::parse(s.Read("out/status.json"));
+  EXPECT_EQ(status["exit_code"], 1);
 }
 
 }  // namespace

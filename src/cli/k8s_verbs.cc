@@ -234,8 +234,12 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = Fail("logs", r.status());
       return;
     }
+    if (r->exit.code != 0) {  // kubectl's verdict, not its retries' log lines
+      *code = Fail("logs", Unavailable(Why(*r)));
+      return;
+    }
     std::fputs(r->output.c_str(), stdout);
-    *code = r->exit.code == 0 ? kExitOk : kExitError;
+    *code = kExitOk;
   });
 
   static bool with_data = false;
@@ -260,8 +264,12 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = Fail("delete", r.status());
       return;
     }
+    if (r->exit.code != 0) {
+      *code = Fail("delete", Unavailable(Why(*r)));
+      return;
+    }
     std::fputs(r->output.c_str(), stdout);
-    *code = r->exit.code == 0 ? kExitOk : Fail("delete", Unavailable(Why(*r)));
+    *code = kExitOk;
   });
 }
 

@@ -10,7 +10,7 @@ namespace {
 
 const char* kFooter = R"(Exit codes:
   0    the job succeeded (validate: the spec is valid)
-  1    trainctl itself failed (I/O error, lost the job's store)
+  1    trainctl itself failed (I/O error, lost the job's store, mpirun or srun could not start the agents)
   2    invalid job spec or command line
   3    a worker failed and the restart budget (restart.max_restarts) is spent
   4    rendezvous timed out: not every node joined within timeouts.rendezvous

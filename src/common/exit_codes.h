@@ -11,4 +11,9 @@ inline constexpr int kExitRendezvousTimeout = 4;   // nodes did not all join in 
 inline constexpr int kExitJobTimeout = 5;          // timeouts.job passed
 inline constexpr int kExitInterrupted = 130;       // Ctrl-C / SIGTERM / SIGHUP
 
+// Whether `code` is one of the above (an agent's exit); others come from mpirun or srun.
+inline constexpr bool IsTrainctlExitCode(int code) {
+  return (code >= kExitOk && code <= kExitJobTimeout) || code == kExitInterrupted;
+}
+
 }  // namespace trainctl

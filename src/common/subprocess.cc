@@ -47,6 +47,7 @@ bool IsExecutableFile(const std::string& path) {
   if (o.output_fd >= 0) {
     if (::dup2(o.output_fd, 1) < 0 || ::dup2(o.output_fd, 2) < 0) die(errno);
   }
+  if (o.stderr_fd >= 0 && ::dup2(o.stderr_fd, 2) < 0) die(errno);
   if (!o.cwd.empty() && ::chdir(o.cwd.c_str()) != 0) die(errno);
   ::execve(path, argv, envp);
   die(errno);

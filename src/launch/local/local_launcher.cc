@@ -1,11 +1,16 @@
 #include "launch/local/local_launcher.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -59,6 +64,78 @@ std::vector<std::string> PlacementArgv(const JobSpec& spec, const LaunchOptions&
   argv.insert(argv.end(), agent.begin(), agent.end());
   return argv;
 }
+
+// mpirun's stderr, passed on line by line (the agents' own lines come through it), except Open
+// MPI's help texts: a block between two rules of dashes, dozens of lines of generic advice. Each
+// becomes one line with its first sentence; everything mpirun said is kept in `log_path`.
+class MpirunStderr {
+ public:
+  MpirunStderr(int read_fd, std::string log_path)
+      : fd_(read_fd), log_path_(std::move(log_path)), log_(std::fopen(log_path_.c_str(), "w")),
+        thread_([this] { Loop(); }) {}
+  ~MpirunStderr() { Finish(Duration(0)); }
+  // Reads until every writer has closed the pipe, or for at most `wait` more.
+  void Finish(Duration wait) {
+    if (!thread_.joinable()) return;
+    deadline_ns_ = (Clock::now() + wait).time_since_epoch().count();
+    thread_.join();
+    ::close(fd_);
+    if (log_) std::fclose(log_);
+  }
+
+ private:
+  void Loop() {
+    std::string pending;
+    char buf[65536];
+    while (true) {
+      pollfd p{fd_, POLLIN, 0};
+      int n = ::poll(&p, 1, 100);
+      if (n == 0) {
+        if (Clock::now().time_since_epoch().count() >= deadline_ns_.load()) break;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      ssize_t got = n < 0 ? -1 : ::read(fd_, buf, sizeof buf);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) break;
+      if (log_) std::fwrite(buf, 1, got, log_);
+      pending.append(buf, got);
+      for (size_t eol; (eol = pending.find('\n')) != std::string::npos; pending.erase(0, eol + 1)) {
+        Line(pending.substr(0, eol));
+      }
+    }
+    if (!pending.empty()) Line(pending);
+    if (in_block_) EndBlock();
+    if (log_) std::fflush(log_);
+  }
+  void Line(const std::string& line) {
+    const bool rule = line.size() >= 20 && line.find_first_not_of('-') == std::string::npos;
+    if (rule) {
+      if (in_block_) {
+        EndBlock();
+      } else {
+        in_block_ = true;
+        first_.clear();
+      }
+    } else if (in_block_) {
+      if (first_.empty() && line.find_first_not_of(" \t") != std::string::npos) first_ = line;
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  }
+  void EndBlock() {
+    in_block_ = false;
+    std::fprintf(stderr, "mpirun: %s (Open MPI's whole message is in %s)\n", first_.c_str(), log_path_.c_str());
+  }
+
+  int fd_;
+  std::string log_path_;
+  FILE* log_;
+  bool in_block_ = false;
+  std::string first_;
+  std::atomic<Clock::rep> deadline_ns_{Clock::time_point::max().time_since_epoch().count()};
+  std::thread thread_;
+};
 
 // How long agents get to stop their workers before the launcher kills them.
 Duration AgentGrace(const JobSpec& spec) { return spec.timeouts.stop_grace + std::chrono::seconds(5); }
@@ -135,6 +212,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   };
 
   const bool one = options.placement != "local";  // one srun or mpirun starts every agent
+  std::unique_ptr<MpirunStderr> mpirun_stderr;
   for (int node = 0; node < (one ? 1 : spec.nodes.max); ++node) {
     // Ctrl-C or SIGTERM while hundreds of agents start: stop now, not once all have started.
     if (int sig = WaitSignal(Duration(0)); sig && sig != SIGCHLD) {
@@ -153,7 +231,13 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     if (one) o.argv = PlacementArgv(spec, options, o.argv);
     o.env = env;
     const std::string name = one ? o.argv[0] : "the agent for node " + std::to_string(node);
+    int pipe_fds[2] = {-1, -1};
+    if (options.placement == "mpi" && ::pipe2(pipe_fds, O_CLOEXEC) == 0) {
+      o.stderr_fd = pipe_fds[1];
+      mpirun_stderr = std::make_unique<MpirunStderr>(pipe_fds[0], paths::LogsDir(spec.output_dir) + "/mpirun.log");
+    }
     auto pid = Spawn(o);
+    if (pipe_fds[1] >= 0) ::close(pipe_fds[1]);
     if (!pid.ok()) {
       LOG_ERROR("cannot start {}: {}", name, pid.status().message());
       begin_stop("could not start every agent", kExitError);
@@ -204,11 +288,16 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
           if (lost_code == kExitOk) lost_code = kExitError;
         } else {
           int code = exit.signaled ? kExitError : exit.code;
+          std::string why = a.name + " ended with " + exit.Describe();
           if (exit.signaled) {
             LOG_ERROR("{} died: {}", a.name, exit.Describe());
+          } else if (!IsTrainctlExitCode(code)) {  // mpirun's or srun's own failure, not an agent's
+            why += ": it could not run the agents (see its lines above" +
+                   std::string(mpirun_stderr ? ", and " + paths::LogsDir(spec.output_dir) + "/mpirun.log)" : ")");
+            code = kExitError;
           }
           if (final_code == kExitOk) final_code = code;
-          begin_stop(a.name + " ended with " + exit.Describe(), code);
+          begin_stop(why, code);
         }
       }
     }
@@ -224,6 +313,9 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       }
     }
   }
+
+  // What mpirun's processes still write (they are gone or killed by now).
+  if (mpirun_stderr) mpirun_stderr->Finish(std::chrono::seconds(1));
 
   // The report: the root cause, not "child failed".
   // A store that is gone (an etcd lost) is the cause to report, not something to wait on
