@@ -207,6 +207,22 @@ TEST(Cli, AProgramThatCannotStartIsASpecError) {
       << r.output;
 }
 
+// A program that ran once and then cannot start (it removed itself): one restart happened, and
+// status.json says 1 in both places, not a restart that never was.
+TEST(Cli, AStartFailureAfterARestartIsCountedOnce) {
+  Scratch s;
+  s.Write("prog.sh", "#!/bin/sh\nrm -f \"$0\"\nexit 1\n");
+  ASSERT_EQ(::chmod(s.path("prog.sh").c_str(), 0755), 0);
+  WriteSpec(s, "name: gone\ncommand: [./prog.sh]\nrestart: {max_restarts: 3, backoff: 10ms}\noutput_dir: {out}/out\n");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""));
+  EXPECT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
+  EXPECT_NE(r.output.find("could not start: ./prog.sh is not an executable file"), std::string::npos) << r.output;
+  auto status = nlohmann::json::parse(s.Read("out/status.json"));
+  EXPECT_EQ(status["restarts"], 1) << status.dump();
+  EXPECT_EQ(status["failure"]["restarts"], 1) << status.dump();
+  EXPECT_EQ(status["failure"]["kind"], "start") << status.dump();
+}
+
 TEST(Cli, JobTimeoutStopsTheJob) {
   Scratch s;
   WriteSpec(s, R"(name: slow

@@ -30,11 +30,16 @@ void RequireNodeModules() {
       << "run `npm ci --prefix tests/k8s` (scripts/dev deps does) to install the schema checker";
 }
 
+// The manifests alone (written with -o: warnings on stderr stay out of them).
 std::string Render(const Scratch& s, const std::string& out, std::vector<std::string> args) {
   args.insert(args.begin(), "render");
+  args.insert(args.end(), {"-o", s.path(out + ".d")});
   auto r = Trainctl(args, kSrc);
   EXPECT_EQ(r.exit.code, 0) << r.output;
-  return s.Write(out, r.output);
+  std::string yaml;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(s.path(out + ".d"), ec)) yaml = *ReadFile(e.path().string());
+  return s.Write(out, yaml);
 }
 
 TEST(K8s, EveryRenderedManifestPassesTheKubernetesSchema) {
@@ -104,6 +109,73 @@ TEST(K8s, EveryFormatPassesTheUpstreamCrdsAndTheKubernetesSchema) {
   EXPECT_NE(rejected.output.find("MPIJob/fashion-mnist: INVALID: against the MPIJob CRD: /spec must NOT "
                                  "have additional properties (slotsPerWorkers)"),
             std::string::npos) << rejected.output;
+}
+
+// A program that trainctl's own image lacks, and a script that exists only here: render and
+// submit warn, naming the field and the way out; a job the image can run gets no warning.
+TEST(K8s, AProgramTrainctlsImageLacksIsWarnedAbout) {
+  Scratch s;
+  auto ddp = Trainctl({"render", "examples/ddp.yaml", "-o", s.path("ddp")}, kSrc);
+  EXPECT_EQ(ddp.exit.code, 0) << ddp.output;
+  EXPECT_NE(ddp.output.find("warning: examples/ddp.yaml: command: runs /usr/bin/python3, which trainctl's own image "
+                            "(trainctl:latest) does not have, and examples/ddp.py is a file on this machine, which "
+                            "the pods do not see; set cluster.image"), std::string::npos) << ddp.output;
+  EXPECT_NE(ddp.output.find("(docs/own-program.md)"), std::string::npos) << ddp.output;
+  auto tf = Trainctl({"render", "examples/tensorflow.yaml", "-o", s.path("tf"), "--set",
+                      "cluster.image=registry.example.com/ml/trainctl:0.1.0"}, kSrc);
+  EXPECT_NE(tf.output.find("warning: examples/tensorflow.yaml: roles[0].command: runs python3"), std::string::npos)
+      << tf.output;
+  for (const std::vector<std::string>& quiet :
+       {std::vector<std::string>{"render", "examples/ddp.yaml", "--set", "cluster.image=me/pytorch:2", "-o", s.path("own")},
+        {"render", "examples/tensorflow.yaml", "--set", "cluster.image=trainctl:python", "-o", s.path("py")},
+        {"render", "examples/hello.yaml", "-o", s.path("hello")},
+        {"render", "examples/k8s/base.yaml", "-o", s.path("base")}}) {
+    auto r = Trainctl(quiet, kSrc);
+    EXPECT_EQ(r.exit.code, 0) << r.output;
+    EXPECT_EQ(r.output.find("warning"), std::string::npos) << quiet[1] << ": " << r.output;
+  }
+}
+
+// Re-rendered with fewer environments, the overlays no --env names are gone; an output directory
+// given with a trailing slash is not printed with two.
+TEST(K8s, KustomizeRemovesOverlaysNoLongerNamed) {
+  Scratch s;
+  const std::string base = "examples/k8s/base.yaml";
+  auto both = Trainctl({"render", base, "--format", "kustomize", "-o", s.path("deploy/"), "--env",
+                        "dev=examples/k8s/dev.yaml", "--env", "prod=examples/k8s/prod.yaml"}, kSrc);
+  ASSERT_EQ(both.exit.code, 0) << both.output;
+  EXPECT_EQ(both.output.find("//"), std::string::npos) << both.output;
+  ASSERT_TRUE(fs::exists(s.path("deploy/overlays/prod/kustomization.yaml")));
+  ASSERT_TRUE(MakeDirs(s.path("deploy/overlays/mine")).ok());
+  s.Write("deploy/overlays/mine/notes.txt", "a directory of the user's own, not an overlay\n");
+  auto one = Trainctl({"render", base, "--format", "kustomize", "-o", s.path("deploy"), "--env",
+                       "dev=examples/k8s/dev.yaml"}, kSrc);
+  ASSERT_EQ(one.exit.code, 0) << one.output;
+  EXPECT_NE(one.output.find("removed " + s.path("deploy") + "/overlays/prod, which no --env names now"),
+            std::string::npos) << one.output;
+  EXPECT_FALSE(fs::exists(s.path("deploy/overlays/prod")));
+  EXPECT_TRUE(fs::exists(s.path("deploy/overlays/dev/kustomization.yaml")));
+  EXPECT_TRUE(fs::exists(s.path("deploy/overlays/mine/notes.txt")));
+}
+
+// The batch script runs `trainctl` from the nodes' PATH: a warning when it is not even on this
+// machine's, none once it is or once --trainctl gives its path.
+TEST(Render, ASlurmScriptWarnsWhenTrainctlIsNotOnThePath) {
+  Scratch s;
+  const std::vector<std::string> render = {"render", "examples/hello.yaml", "--target", "slurm", "-o", s.path("jobs/")};
+  auto bare = Trainctl(render, kSrc, std::chrono::seconds(60), {{"PATH", "/usr/bin:/bin"}});
+  EXPECT_EQ(bare.exit.code, 0) << bare.output;
+  EXPECT_NE(bare.output.find("warning: the script runs 'trainctl' from the nodes' PATH, and it is not on this "
+                             "machine's (this one is " + std::string(TRAINCTL_BIN) + ")"), std::string::npos) << bare.output;
+  EXPECT_NE(bare.output.find("wrote " + s.path("jobs") + "/hello.sbatch;"), std::string::npos) << bare.output;
+  ASSERT_EQ(::symlink(TRAINCTL_BIN, s.path("trainctl").c_str()), 0);
+  auto on_path = Trainctl(render, kSrc, std::chrono::seconds(60), {{"PATH", s.path("") + ":/usr/bin:/bin"}});
+  EXPECT_EQ(on_path.output.find("warning"), std::string::npos) << on_path.output;
+  auto render_abs = render;
+  render_abs.insert(render_abs.end(), {"--trainctl", "/shared/bin/trainctl"});
+  auto given = Trainctl(render_abs, kSrc, std::chrono::seconds(60), {{"PATH", "/usr/bin:/bin"}});
+  EXPECT_EQ(given.output.find("warning"), std::string::npos) << given.output;
+  EXPECT_NE(s.Read("jobs/hello.sbatch").find("/shared/bin/trainctl"), std::string::npos);
 }
 
 TEST(K8s, AFormatThatCannotExpressTheJobSaysWhy) {

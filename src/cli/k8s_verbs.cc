@@ -185,6 +185,11 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   AddCommon(submit, &submit_c);
   submit->callback([code] {
     auto spec = LoadOrReport(submit_c.spec);
+    if (spec) {
+      for (const auto& w : ClusterWarnings(*spec, submit_c.spec.Sources().files[0])) {
+        std::fprintf(stderr, "warning: %s\n", w.c_str());
+      }
+    }
     *code = spec ? Submit(*spec, submit_c.format) : kExitInvalidSpec;
   });
 

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -5,6 +6,7 @@
 #include "common/exit_codes.h"
 #include "common/fs.h"
 #include "common/strings.h"
+#include "common/subprocess.h"
 #include "launch/k8s/render.h"
 #include "launch/slurm/sbatch.h"
 
@@ -22,7 +24,75 @@ Status WriteTree(const std::string& dir, const std::map<std::string, std::string
   return Status::Ok();
 }
 
+// Whether `image` is trainctl's own (deploy/Dockerfile's runtime stage): its repository is named
+// trainctl, whatever the registry, and its tag is not the python stage's.
+bool IsTrainctlImage(const std::string& image) {
+  std::string name = image.substr(0, image.find('@'));
+  std::string tag;
+  const size_t slash = name.rfind('/');
+  if (const size_t colon = name.rfind(':'); colon != std::string::npos && (slash == std::string::npos || colon > slash)) {
+    tag = name.substr(colon + 1);
+    name.resize(colon);
+  }
+  return name.substr(slash == std::string::npos ? 0 : slash + 1) == "trainctl" && tag.rfind("python", 0) != 0;
+}
+
+// What trainctl's own image has to run besides trainctl (Debian's slim base).
+bool InTrainctlImage(const std::string& program) {
+  static const std::vector<std::string> kTools = {"trainctl", "sh", "bash", "dash", "env", "true", "false",
+                                                  "echo", "sleep", "cat", "curl", "tar", "gzip", "unzip"};
+  const std::string base = program.substr(program.rfind('/') + 1);
+  return std::find(kTools.begin(), kTools.end(), base) != kTools.end();
+}
+
+// `dir` without its trailing slashes ("/" stays "/").
+std::string TrimSlashes(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return dir;
+}
+
+// Overlays a previous `render --format kustomize` wrote into `out` that no --env names now:
+// removed, so `kubectl apply -k` cannot pick up a stale environment. Only directories holding a
+// kustomization.yaml are touched.
+void RemoveStaleOverlays(const std::string& out, const std::vector<std::pair<std::string, JobSpec>>& envs) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(out + "/overlays", ec)) {
+    const std::string name = e.path().filename().string();
+    const bool wanted = std::any_of(envs.begin(), envs.end(), [&](const auto& env) { return env.first == name; });
+    if (wanted || !e.is_directory() || !Exists(e.path().string() + "/kustomization.yaml")) continue;
+    std::filesystem::remove_all(e.path(), ec);
+    std::printf("removed %s/overlays/%s, which no --env names now\n", out.c_str(), name.c_str());
+  }
+}
+
 }  // namespace
+
+std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string& spec_file) {
+  std::vector<std::string> warnings;
+  if (!IsTrainctlImage(spec.cluster.image)) return warnings;
+  const auto roles = JobRoles(spec, spec.nodes.max);
+  std::vector<std::string> seen;
+  for (size_t i = 0; i < roles.size(); ++i) {
+    const RoleSpec& role = roles[i];
+    if (role.command.empty() || InTrainctlImage(role.command[0])) continue;  // the built-in trainer, or sh
+    if (std::find(seen.begin(), seen.end(), role.command[0]) != seen.end()) continue;
+    seen.push_back(role.command[0]);
+    std::string local;  // a script named by a relative path that exists only here
+    for (size_t a = 1; a < role.command.size() + role.args.size(); ++a) {
+      const std::string& arg = a < role.command.size() ? role.command[a] : role.args[a - role.command.size()];
+      if (!arg.empty() && arg[0] != '/' && arg[0] != '-' && Exists(arg) && !IsDirectory(arg)) {
+        local = ", and " + arg + " is a file on this machine, which the pods do not see";
+        break;
+      }
+    }
+    const std::string field = spec.roles.empty() ? "command" : "roles[" + std::to_string(i) + "].command";
+    warnings.push_back(spec_file + ": " + field + ": runs " + role.command[0] + ", which trainctl's own image (" +
+                       spec.cluster.image + ") does not have" + local +
+                       "; set cluster.image to an image with your program, its code and trainctl in it "
+                       "(docs/own-program.md)");
+  }
+  return warnings;
+}
 
 void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
@@ -63,7 +133,13 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = kExitInvalidSpec;
       return;
     }
+    f->out = TrimSlashes(f->out);
     if (f->target == "slurm") {
+      if (f->trainctl == "trainctl" && !FindExecutable("trainctl", CurrentEnvironment()).ok()) {
+        std::fprintf(stderr, "trainctl render: warning: the script runs 'trainctl' from the nodes' PATH, and it is "
+                             "not on this machine's (this one is %s); if the nodes lack it too, give --trainctl "
+                             "with its path on the shared filesystem\n", SelfExe().c_str());
+      }
       // The script runs the same spec sources, from the shared filesystem.
       std::vector<std::string> args;
       for (size_t i = 0; i < f->spec.Sources().files.size(); ++i) {
@@ -91,6 +167,9 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
       std::fprintf(stderr, "%s: %s\n", f->spec.Sources().files[0].c_str(), st.message().c_str());
       *code = kExitInvalidSpec;
       return;
+    }
+    for (const auto& w : ClusterWarnings(*spec, f->spec.Sources().files[0])) {
+      std::fprintf(stderr, "warning: %s\n", w.c_str());
     }
     if (f->format != "kustomize") {
       if (!f->envs.empty()) {
@@ -136,6 +215,7 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
       }
       envs.emplace_back(name, *env_spec);
     }
+    RemoveStaleOverlays(f->out, envs);
     auto files = k8s::Kustomize(*spec, envs, "job");
     if (Status st = WriteTree(f->out, files); !st.ok()) {
       std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());

@@ -40,6 +40,11 @@ std::string AbsolutePath(const std::string& path);
 // dataset. Every problem, one per line, each starting with `spec_file`.
 Status Preflight(const JobSpec& spec, const std::string& spec_file);
 
+// What renders for Kubernetes but would not run there: a program that trainctl's own image lacks
+// (python3, torchrun...), a script that is a file on this machine only. One line each, to print
+// as warnings before render and submit.
+std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string& spec_file);
+
 // Loads the spec; on error prints every problem to stderr and returns nullopt.
 std::optional<JobSpec> LoadOrReport(const SpecFlags& flags);
 

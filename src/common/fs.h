@@ -13,9 +13,9 @@ namespace trainctl {
 // `path`, fsync of the directory. On error the old file (if any) is untouched and the temporary
 // file is removed.
 Status AtomicWriteFile(const std::string& path, std::string_view data, int mode = 0644);
-// Reads a whole file; fails with kInvalidArgument if it is larger than `max_bytes`.
 bool Exists(const std::string& path);
 bool IsDirectory(const std::string& path);
+// Reads a whole file; fails with kInvalidArgument if it is larger than `max_bytes`.
 Result<std::string> ReadFile(const std::string& path, int64_t max_bytes = 64 << 20);
 // mkdir -p.
 Status MakeDirs(const std::string& path);

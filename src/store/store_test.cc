@@ -403,7 +403,9 @@ TEST(TcpStore, AtTheOpenFileLimitTheServerWaitsAndStillServesTheJob) {
   co.connect_timeout = seconds(3);
   auto client = TcpStore::Connect(co);
   EXPECT_TRUE(client.ok()) << client.status().ToString();
-  if (client.ok()) EXPECT_TRUE((*client)->Set("k", "v").ok());
+  if (client.ok()) {
+    EXPECT_TRUE((*client)->Set("k", "v").ok());
+  }
   for (int fd : strangers) ::close(fd);
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
