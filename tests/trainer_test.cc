@@ -83,7 +83,7 @@ TEST(Trainer, AResumedRunHasTheSameLossesAsAnUninterruptedOne) {
   auto first = Trainctl({"run", s.Write("b1.yaml", Spec("part", s.path("b"), ResumableTrainer(7)))},
                         s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(first.exit.code, 0) << first.output;
-  auto second = Trainctl({"run", s.Write("b2.yaml", Spec("part", s.path("b"), ResumableTrainer(14)))},
+  auto second = Trainctl({"run", "--resume", s.Write("b2.yaml", Spec("part", s.path("b"), ResumableTrainer(14)))},
                          s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(second.exit.code, 0) << second.output;
   EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
@@ -123,7 +123,7 @@ TEST(Trainer, DeviceCudaTrainsOnTheGpuOrSaysWhyItCannot) {
       << s.Read("a/logs/worker-0.log");
   auto first = Trainctl({"run", spec("b1.yaml", "part", "b", 7)}, s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(first.exit.code, 0) << first.output;
-  auto second = Trainctl({"run", spec("b2.yaml", "part", "b", 14)}, s.path(""), std::chrono::seconds(120));
+  auto second = Trainctl({"run", "--resume", spec("b2.yaml", "part", "b", 14)}, s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(second.exit.code, 0) << second.output;
   EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
   ExpectResumedLossesEqualUninterrupted(s);
@@ -144,7 +144,7 @@ TEST(Trainer, ACorruptNewestCheckpointFallsBackToTheOneBefore) {
   std::string newest = s.path("out/checkpoints/ckpt-0000000007.safetensors");
   ASSERT_TRUE(Exists(newest));
   std::filesystem::resize_file(newest, std::filesystem::file_size(newest) / 2);  // a torn write
-  auto second = Trainctl({"run", s.Write("b.yaml", Spec("fallback", s.path("out"), trainer(9)))},
+  auto second = Trainctl({"run", "--resume", s.Write("b.yaml", Spec("fallback", s.path("out"), trainer(9)))},
                          s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(second.exit.code, 0) << second.output;
   EXPECT_NE(second.output.find("skipping checkpoint " + newest), std::string::npos) << second.output;
@@ -157,7 +157,7 @@ TEST(Trainer, ACorruptNewestCheckpointFallsBackToTheOneBefore) {
   ASSERT_TRUE(Exists(last));
   std::filesystem::copy_file(s.path("out/model.safetensors"), last,
                              std::filesystem::copy_options::overwrite_existing);
-  auto third = Trainctl({"run", s.Write("c.yaml", Spec("fallback", s.path("out"), trainer(11)))},
+  auto third = Trainctl({"run", "--resume", s.Write("c.yaml", Spec("fallback", s.path("out"), trainer(11)))},
                         s.path(""), std::chrono::seconds(120));
   // A configuration error: reported at once, without spending the restart budget on it.
   EXPECT_EQ(third.exit.code, 2) << third.output;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/worker_group.h"
+#include "common/address.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
 #include "common/log.h"
@@ -47,12 +48,6 @@ Result<int> FreePort(const std::string& host) {
   ::close(fd);
   return ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
                                           : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-}
-
-std::string HostName() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
 }
 
 // "host:port" with brackets for an IPv6 address.

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "agent/agent.h"
+#include "common/address.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
 #include "common/log.h"
@@ -133,11 +134,7 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   o.node_rank = node_rank;
   o.run_id = f.run_id;
   o.host = f.host;
-  if (o.host == "auto") {
-    char name[256] = {};
-    ::gethostname(name, sizeof name - 1);
-    o.host = name;
-  }
+  if (o.host == "auto") o.host = HostName();
   o.store_addr = addr;
   o.store_token = token;
   o.store_prefix = prefix;

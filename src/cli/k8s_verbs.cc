@@ -194,23 +194,37 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   });
 
   static bool status_json = false;
-  auto* status = app.add_subcommand("status", "The submitted job's state and its pods (exit 3 if it failed)");
+  auto* status = app.add_subcommand("status", "A job's state (exit 3 if it failed): a job on this machine by its "
+                                              "name or run id, or a submitted Kubernetes job by its spec and its pods");
   AddCommon(status, &status_c);
   status->add_flag("--json", status_json, "print JSON");
   status->callback([code] {
+    if (IsLocalJob(status_c.spec)) {
+      *code = LocalStatus(status_c.spec.file, status_json);
+      return;
+    }
     auto spec = LoadOrReport(status_c.spec);
     *code = spec ? ShowStatus(*spec, status_c.format, status_json) : kExitInvalidSpec;
   });
 
   static bool follow = false;
+  static int log_rank = -1;
+  static std::string log_role;
   static std::string component = "worker";
-  auto* logs = app.add_subcommand("logs", "The output of every pod of the job, each line prefixed with its pod");
+  auto* logs = app.add_subcommand("logs", "A job's output, each line prefixed with its task (a job on this "
+                                          "machine by its name or run id) or its pod (a Kubernetes job by its spec)");
   AddCommon(logs, &logs_c);
-  logs->add_flag("--follow", follow, "keep streaming (-f is a spec layer, as in every verb)");
+  logs->add_flag("--follow", follow, "keep streaming until the job ends (a -f without a file is --follow)");
+  logs->add_option("--rank", log_rank, "a job on this machine: only this rank's output");
+  logs->add_option("--role", log_role, "a job on this machine: only this role's tasks");
   logs->add_option("--component", component, "worker, stage, eval, tensorboard or etcd")
       ->capture_default_str()
       ->check(CLI::IsMember({"worker", "stage", "eval", "tensorboard", "etcd"}));
   logs->callback([code] {
+    if (IsLocalJob(logs_c.spec)) {
+      *code = LocalLogs(logs_c.spec.file, follow, log_rank, log_role);
+      return;
+    }
     auto spec = LoadOrReport(logs_c.spec);
     if (!spec) {
       *code = kExitInvalidSpec;

@@ -42,6 +42,15 @@ bool CheckVerb(const CLI::App& app, int argc, char** argv) {
   return true;
 }
 
+// `trainctl logs JOB -f`, as kubectl and tail spell it: a -f that names no file is --follow.
+void FollowFlag(std::vector<std::string>& args) {
+  auto verb = std::find(args.begin() + 1, args.end(), "logs");
+  if (verb == args.end()) return;
+  for (auto it = verb + 1; it != args.end(); ++it) {
+    if (*it == "-f" && (it + 1 == args.end() || (*(it + 1)).rfind("-", 0) == 0)) *it = "--follow";
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -67,9 +76,13 @@ int main(int argc, char** argv) {
   trainctl::cli::AddEval(app, flags, &code);
   trainctl::cli::AddRender(app, flags, &code);
   trainctl::cli::AddClusterVerbs(app, flags, &code);
+  trainctl::cli::AddLocalJobVerbs(app, flags, &code);
   if (!CheckVerb(app, argc, argv)) return trainctl::kExitInvalidSpec;
+  std::vector<std::string> args(argv, argv + argc);
+  FollowFlag(args);
+  std::vector<std::string> reversed(args.rbegin(), args.rend() - 1);  // CLI11 takes them reversed
   try {
-    app.parse(argc, argv);
+    app.parse(reversed);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? trainctl::kExitOk : trainctl::kExitInvalidSpec;

@@ -41,6 +41,10 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
                   "the address of this machine that agents reach the job's store at (it listens "
                   "there, with the job's token)")
       ->capture_default_str();
+  cmd->add_flag("--resume", lo->resume,
+                "continue the previous run in output_dir from its newest checkpoint (trainer.resume); "
+                "without it, that run's files move to output_dir/previous/<run id>/ and this run "
+                "starts from scratch");
   cmd->callback([spec_flags, lo, &flags, code] {
     log::SetLevel(flags.log_level);
     auto spec = LoadOrReport(*spec_flags);
@@ -84,6 +88,8 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
     }
     BlockSupervisorSignals();
     LaunchOptions options = *lo;
+    options.resume = lo->resume || spec->trainer.resume;
+    if (spec->trainer.enabled) spec->trainer.resume = options.resume;  // job.json says so
     options.self_exe = SelfExe();
     options.color_output = ::isatty(STDOUT_FILENO) != 0;
     options.log_level = flags.log_level;

@@ -21,8 +21,11 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddTrain(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddEval(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddRender(CLI::App& app, const GlobalFlags& flags, int* code);
-// submit, status, logs, delete: a job on Kubernetes, through kubectl.
+// submit, status, logs, delete: a job on Kubernetes, through kubectl (status and logs also take
+// a local job's name, below).
 void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code);
+// ps, stop: jobs run on this machine (cli/local_jobs.cc).
+void AddLocalJobVerbs(CLI::App& app, const GlobalFlags& flags, int* code);
 
 // The spec-source flags shared by run and validate: FILE, -f FILE (repeatable), --set K=V.
 struct SpecFlags {
@@ -32,6 +35,12 @@ struct SpecFlags {
   void Add(CLI::App* cmd);
   SpecSources Sources() const;
 };
+
+// Whether status/logs were given a local job (a name or run id that is not a spec file).
+bool IsLocalJob(const SpecFlags& flags);
+// status and logs of a job run on this machine; trainctl exit codes.
+int LocalStatus(const std::string& job, bool as_json);
+int LocalLogs(const std::string& job, bool follow, int rank, const std::string& role);
 
 // `path` made absolute against the current directory and normalized; "" stays "".
 std::string AbsolutePath(const std::string& path);

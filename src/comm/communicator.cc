@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "common/address.h"
 #include "common/strings.h"
 
 namespace trainctl::comm {
@@ -44,9 +45,7 @@ std::string StalledKey(int rank) { return "rank/" + std::to_string(rank) + "/tim
 }  // namespace
 
 Status AnnounceRank(Store& store, int rank, const std::string& address) {
-  char name[256] = {0};
-  if (::gethostname(name, sizeof name - 1) != 0) name[0] = 0;
-  return store.Set(HostKey(rank), std::string(name) + " (" + address + ", pid " +
+  return store.Set(HostKey(rank), HostName() + " (" + address + ", pid " +
                                       std::to_string(::getpid()) + ")");
 }
 

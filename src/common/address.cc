@@ -1,5 +1,7 @@
 #include "common/address.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 namespace trainctl {
@@ -77,6 +79,12 @@ Result<EtcdUrl> ParseEtcdUrl(const std::string& url) {
     return InvalidArgument("etcd URL: a client certificate needs both cert and key, got \"" + url + "\"");
   }
   return out;
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
 }
 
 }  // namespace trainctl

@@ -26,4 +26,7 @@ struct EtcdUrl {
 Result<EtcdUrl> ParseEtcdUrl(const std::string& url);
 bool IsEtcdUrl(const std::string& url);
 
+// This machine's host name ("localhost" if it has none).
+std::string HostName();
+
 }  // namespace trainctl

@@ -22,6 +22,9 @@ struct LaunchOptions {
   // The address the job's store listens on and agents reach it at: loopback unless agents run on
   // other hosts.
   std::string store_host = "127.0.0.1";
+  // Continue the previous run in output_dir (its checkpoints, its logs) instead of moving its
+  // files aside and starting from scratch.
+  bool resume = false;
 };
 
 class Launcher {

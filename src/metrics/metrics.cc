@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/address.h"
 #include "common/duration.h"
 #include "common/fs.h"
 
@@ -88,10 +89,8 @@ EventWriter::~EventWriter() {
 }
 
 Result<EventWriter*> EventWriter::Open(const std::string& dir) {
-  char host[256] = "localhost";
-  ::gethostname(host, sizeof host - 1);
   std::string path = dir + "/events.out.tfevents." + std::to_string(std::time(nullptr)) + "." +
-                     host + "." + std::to_string(::getpid());
+                     HostName() + "." + std::to_string(::getpid());
   ASSIGN_OR_RETURN(std::FILE* f, OpenAppend(path));
   auto* w = new EventWriter(f, path);
   std::string first = EventHeader(WallSeconds(), 0);

@@ -150,7 +150,7 @@ class Decoder {
     if (!Section(n, p, {"strategy", "parameter_server", "model", "data", "epochs", "max_steps", "batch_size",
                         "global_batch_size", "optimizer", "schedule", "seed", "deterministic",
                         "threads", "device", "backend", "bucket_mb", "checkpoint_every", "keep_last", "snapshot_every",
-                        "log_every", "eval"})) {
+                        "log_every", "eval", "resume"})) {
       return;
     }
     t->enabled = true;
@@ -180,6 +180,7 @@ class Decoder {
     Field(n, p, "global_batch_size", &t->global_batch_size, int_in(1, 1 << 30));
     Field(n, p, "seed", &t->seed, int_in(0, kBig));
     Field(n, p, "deterministic", &t->deterministic, boolean);
+    Field(n, p, "resume", &t->resume, boolean);
     Field(n, p, "threads", &t->threads, int_in(0, 1024));
     Field(n, p, "device", &t->device, one_of({"cpu", "cuda"}));
     Field(n, p, "backend", &t->backend, one_of({"auto", "gloo", "shm", "nccl"}));

@@ -110,6 +110,9 @@ struct TrainerSpec {
   int64_t snapshot_every = 20;
   int64_t log_every = 50;         // steps between metric lines
   bool eval = true;               // test accuracy after every epoch
+  // `trainctl run` continues the previous run in output_dir from its newest checkpoint (as
+  // `run --resume`); false: that run's files are moved aside and training starts from scratch.
+  bool resume = false;
 };
 
 // Where and how the job runs on a cluster engine (`trainctl render`); the local launcher ignores

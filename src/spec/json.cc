@@ -64,7 +64,8 @@ ordered_json Trainer(const TrainerSpec& t) {
                         {"keep_last", t.keep_last},
                         {"snapshot_every", t.snapshot_every},
                         {"log_every", t.log_every},
-                        {"eval", t.eval}});
+                        {"eval", t.eval},
+                        {"resume", t.resume}});
   return j;
 }
 

@@ -378,7 +378,8 @@ class Renderer {
   // operator's keys at sshAuthMountPath. The launcher serves the job's store on its pod IP.
   json MPIJob() const {
     json launch = {"trainctl", "run", std::string(kSpecDir) + "/job.json", "--target", "mpi",
-                   "--hostfile", "/etc/mpi/hostfile", "--store-host", "$(POD_IP)"};
+                   "--hostfile", "/etc/mpi/hostfile", "--store-host", "$(POD_IP)",
+                   "--resume"};  // a restarted launcher pod continues the run
     json env = {{{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}}};
     json launcher = Container("launcher", c_.image, launch, env);
     json worker = Container("worker", c_.image, {"/usr/sbin/sshd", "-De"}, json::array());

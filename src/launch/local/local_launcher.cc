@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <ctime>
+#include <filesystem>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +20,8 @@
 #include "job/keys.h"
 #include "job/paths.h"
 #include "job/records.h"
+#include "job/runs.h"
+#include "common/address.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
 #include "common/log.h"
@@ -137,6 +141,14 @@ class MpirunStderr {
   std::thread thread_;
 };
 
+bool HasCheckpoint(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
+    if (f.path().extension() == ".safetensors") return true;
+  }
+  return false;
+}
+
 // How long agents get to stop their workers before the launcher kills them.
 Duration AgentGrace(const JobSpec& spec) { return spec.timeouts.stop_grace + std::chrono::seconds(5); }
 
@@ -156,9 +168,51 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   const std::string prefix = keys::RunPrefix(run_id);
   log::SetContext(spec.name, "launcher", -1);
 
+  // One live run per output directory; an earlier run's files moved aside unless resumed.
+  auto lock = runs::OutputLock::Acquire(spec.output_dir, run_id);
+  if (!lock.ok()) {
+    std::fprintf(stderr, "trainctl run: %s\n", lock.status().message().c_str());
+    return lock.status().code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
+  }
+  if (!options.resume) {
+    auto moved = runs::MovePreviousRunAside(spec.output_dir, spec.checkpoint_dir);
+    if (!moved.ok()) {
+      LOG_ERROR("{}", moved.status().message());
+      return kExitError;
+    }
+    if (!moved->empty()) {
+      LOG_INFO("{} held an earlier run, moved to {}: this run starts from scratch (--resume would "
+               "continue it)", spec.output_dir, *moved);
+    }
+  } else if (spec.trainer.enabled && !HasCheckpoint(spec.checkpoint_dir)) {
+    LOG_WARN("--resume: no checkpoint in {}; this run starts from scratch", spec.checkpoint_dir);
+  }
   if (Status st = MakeDirs(paths::LogsDir(spec.output_dir)); !st.ok()) {
     LOG_ERROR("{}", st.message());
     return kExitError;
+  }
+  runs::RunEntry entry;
+  entry.name = spec.name;
+  entry.run_id = run_id;
+  entry.output_dir = spec.output_dir;
+  entry.host = HostName();
+  entry.target = options.placement;
+  entry.nodes = spec.nodes.max;
+  entry.procs_per_node = spec.roles.empty() ? spec.procs_per_node : 0;
+  entry.tasks = spec.world_size();
+  entry.pid = ::getpid();
+  entry.start_ticks = runs::StartTicks(entry.pid);
+  entry.started = static_cast<int64_t>(std::time(nullptr));
+  if (Status st = runs::Register(entry); !st.ok()) {
+    LOG_WARN("trainctl ps will not list this run: {}", st.message());
+  }
+  {
+    nlohmann::json running = {{"job", spec.name}, {"run_id", run_id}, {"state", "running"},
+                              {"pid", entry.pid}, {"started", entry.started}};
+    if (Status st = AtomicWriteFile(paths::StatusJson(spec.output_dir), running.dump(2) + "\n"); !st.ok()) {
+      LOG_ERROR("{}", st.message());
+      return kExitError;
+    }
   }
   if (Status st = AtomicWriteFile(paths::JobJson(spec.output_dir), JobSpecToJson(spec, 2) + "\n");
       !st.ok()) {

@@ -36,7 +36,8 @@ std::string SbatchScript(const JobSpec& spec, const std::vector<std::string>& ru
   s += "# The agents, one per node under srun, reach the job's store on this node by its host name.\n";
   s += "exec " + ShellQuote(trainctl) + " run";
   for (const auto& a : run_args) s += " " + ShellQuote(a);
-  s += " --target slurm --store-host \"$(hostname)\"\n";
+  // Requeued by Slurm (preemption, a node failure): continue the run rather than start over.
+  s += " --target slurm --store-host \"$(hostname)\" ${SLURM_RESTART_COUNT:+--resume}\n";
   return s;
 }
 

@@ -1,0 +1,318 @@
+// Jobs run on this machine, watched from any terminal: ps, status, logs and stop, from the run
+// index (job/runs.h) and each run's output directory.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/verbs.h"
+#include "common/duration.h"
+#include "common/exit_codes.h"
+#include "common/fs.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "job/paths.h"
+#include "job/runs.h"
+
+namespace trainctl::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json ReadJson(const std::string& path) {
+  auto text = ReadFile(path, 1 << 20);
+  return text.ok() ? json::parse(*text, nullptr, false) : json();
+}
+
+// A run's state: its status.json, corrected for a launcher that is gone without writing the end.
+// `dir` holds the run's files: its output_dir, or previous/<run id>/ there once a later run has
+// moved them aside.
+struct RunView {
+  runs::RunEntry entry;
+  json status;
+  std::string state;
+  bool alive = false;
+  std::string dir;
+};
+
+RunView View(const runs::RunEntry& e) {
+  RunView v{e, ReadJson(paths::StatusJson(e.output_dir)), "", runs::Alive(e), e.output_dir};
+  const bool ours = v.status.is_object() && v.status.value("run_id", "") == e.run_id;
+  if (!ours) {
+    const std::string moved = e.output_dir + "/previous/" + e.run_id;
+    if (v.alive || !IsDirectory(moved)) {
+      v.state = v.alive ? "starting" : "unknown";
+      return v;
+    }
+    v.dir = moved;
+    v.status = ReadJson(paths::StatusJson(moved));
+    v.state = v.status.is_object() ? v.status.value("state", "unknown") : "unknown";
+    if (v.state == "running") v.state = "lost";
+    return v;
+  }
+  v.state = v.status.value("state", "unknown");
+  if (v.state == "running" && !v.alive) v.state = "lost";  // killed before it could say how it ended
+  return v;
+}
+
+std::string Elapsed(const RunView& v) {
+  if (v.state == "running" || v.state == "starting") {
+    return FormatDuration(std::chrono::seconds(std::max<int64_t>(0, std::time(nullptr) - v.entry.started)));
+  }
+  return v.status.is_object() ? v.status.value("elapsed", "-") : "-";
+}
+
+// "epoch 3 step 1200 loss 0.412 acc 0.91" from the end of metrics.jsonl (the built-in trainer).
+std::string Progress(const std::string& output_dir) {
+  const std::string path = paths::MetricsJsonl(output_dir);
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return "-";
+  std::fseek(f, 0, SEEK_END);
+  const long size = std::ftell(f);
+  const long from = std::max(0L, size - 16384);
+  std::fseek(f, from, SEEK_SET);
+  std::string tail(size - from, '\0');
+  tail.resize(std::fread(tail.data(), 1, tail.size(), f));
+  std::fclose(f);
+  double epoch = -1, step = -1, loss = -1, acc = -1;
+  for (const auto& line : SplitLines(tail)) {
+    auto j = json::parse(line, nullptr, false);
+    if (!j.is_object()) continue;
+    if (j.contains("epoch") && j["epoch"].is_number()) epoch = j["epoch"].get<double>();
+    if (j.contains("step") && j["step"].is_number()) step = j["step"].get<double>();
+    if (j.contains("loss") && j["loss"].is_number()) loss = j["loss"].get<double>();
+    if (j.contains("test_accuracy") && j["test_accuracy"].is_number()) acc = j["test_accuracy"].get<double>();
+  }
+  if (epoch < 0) return "-";
+  char buf[128];
+  int n = std::snprintf(buf, sizeof buf, "epoch %.0f step %.0f", epoch, step);
+  if (loss >= 0) n += std::snprintf(buf + n, sizeof buf - n, " loss %.4f", loss);
+  if (acc >= 0) std::snprintf(buf + n, sizeof buf - n, " acc %.4f", acc);
+  return buf;
+}
+
+std::string Tasks(const runs::RunEntry& e) {
+  if (e.procs_per_node > 0) return std::to_string(e.nodes) + "x" + std::to_string(e.procs_per_node);
+  return std::to_string(e.tasks) + " tasks";
+}
+
+void Row(const std::vector<std::string>& cells, const std::vector<size_t>& widths) {
+  std::string line;
+  for (size_t i = 0; i < cells.size(); ++i) {
+    line += cells[i];
+    if (i + 1 < cells.size()) line += std::string(widths[i] > cells[i].size() ? widths[i] - cells[i].size() + 2 : 2, ' ');
+  }
+  std::printf("%s\n", line.c_str());
+}
+
+int Ps(bool all, bool as_json) {
+  auto entries = runs::List();
+  std::vector<std::vector<std::string>> rows;
+  json out = json::array();
+  std::map<std::string, int> shown;  // without --all: the newest run of each job, and live ones
+  for (const auto& e : entries) {
+    RunView v = View(e);
+    if (!all && !v.alive && shown[e.name]++ > 0) continue;
+    const std::string progress = Progress(v.dir);
+    out.push_back({{"name", e.name}, {"run_id", e.run_id}, {"state", v.state}, {"tasks", Tasks(e)},
+                   {"progress", progress}, {"elapsed", Elapsed(v)}, {"output_dir", v.dir},
+                   {"pid", v.alive ? e.pid : 0}});
+    rows.push_back({e.name, e.run_id, v.state, Tasks(e), progress, Elapsed(v), v.dir});
+  }
+  if (as_json) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return kExitOk;
+  }
+  const std::vector<std::string> header = {"NAME", "RUN ID", "STATE", "TASKS", "PROGRESS", "ELAPSED", "OUTPUT"};
+  std::vector<size_t> widths(header.size());
+  for (size_t i = 0; i < header.size(); ++i) widths[i] = header[i].size();
+  for (const auto& r : rows) {
+    for (size_t i = 0; i < r.size(); ++i) widths[i] = std::max(widths[i], r[i].size());
+  }
+  Row(header, widths);
+  for (const auto& r : rows) Row(r, widths);
+  return kExitOk;
+}
+
+int Fail(const std::string& verb, const Status& st) {
+  std::fprintf(stderr, "trainctl %s: %s\n", verb.c_str(), st.message().c_str());
+  return st.code() == Code::kNotFound || st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
+}
+
+// The log files of a run: <role>-<index>.log, in task order (worker-0, worker-1, ..., worker-10).
+std::vector<std::string> LogFiles(const std::string& dir, const std::string& role, int rank, const json& spec) {
+  std::vector<std::pair<std::pair<std::string, int>, std::string>> found;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(dir, ec)) {
+    const std::string stem = f.path().stem().string();
+    const size_t dash = stem.rfind('-');
+    if (f.path().extension() != ".log" || dash == std::string::npos) continue;
+    found.push_back({{stem.substr(0, dash), std::atoi(stem.c_str() + dash + 1)}, f.path().string()});
+  }
+  // Ranks number the tasks role by role (spec order), then by index.
+  std::map<std::string, int> first_rank;
+  int next = 0;
+  if (spec.is_object() && spec.contains("roles") && spec["roles"].is_array()) {
+    for (const auto& r : spec["roles"]) {
+      first_rank[r.value("name", "")] = next;
+      next += r.value("replicas", 1);
+    }
+  }
+  auto rank_of = [&](const std::pair<std::string, int>& task) {
+    auto it = first_rank.find(task.first);
+    return (it == first_rank.end() ? 0 : it->second) + task.second;
+  };
+  std::sort(found.begin(), found.end(), [&](const auto& a, const auto& b) { return rank_of(a.first) < rank_of(b.first); });
+  std::vector<std::string> out;
+  for (const auto& [task, path] : found) {
+    if (!role.empty() && task.first != role) continue;
+    if (rank >= 0 && rank_of(task) != rank) continue;
+    out.push_back(path);
+  }
+  return out;
+}
+
+int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role) {
+  const RunView v = View(e);
+  const std::string dir = paths::LogsDir(v.dir);
+  if (!IsDirectory(dir)) return Fail("logs", NotFound("run " + e.run_id + " has no logs in " + dir));
+  const json spec = ReadJson(paths::JobJson(v.dir));
+  struct Tail {
+    long offset = 0;
+    std::string partial;
+  };
+  std::map<std::string, Tail> tails;
+  // Prints what each file gained since the last pass, whole lines only, each once.
+  auto pass = [&](bool last) {
+    for (const auto& path : LogFiles(dir, role, rank, spec)) {
+      Tail& t = tails[path];
+      std::FILE* f = std::fopen(path.c_str(), "r");
+      if (!f) continue;
+      std::fseek(f, t.offset, SEEK_SET);
+      char buf[65536];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
+        t.offset += static_cast<long>(n);
+        t.partial.append(buf, n);
+      }
+      std::fclose(f);
+      const std::string prefix = "[" + fs::path(path).stem().string() + "] ";
+      size_t start = 0;
+      for (size_t eol; (eol = t.partial.find('\n', start)) != std::string::npos; start = eol + 1) {
+        std::printf("%s%s\n", prefix.c_str(), t.partial.substr(start, eol - start).c_str());
+      }
+      t.partial.erase(0, start);
+      if (last && !t.partial.empty()) {
+        std::printf("%s%s\n", prefix.c_str(), t.partial.c_str());
+        t.partial.clear();
+      }
+    }
+    std::fflush(stdout);
+  };
+  if (!follow) {
+    pass(true);
+    return kExitOk;
+  }
+  BlockSupervisorSignals();
+  while (runs::Alive(e)) {
+    pass(false);
+    if (int sig = WaitSignal(std::chrono::milliseconds(200)); sig && sig != SIGCHLD) return kExitInterrupted;
+  }
+  pass(true);  // what the last moments wrote
+  return kExitOk;
+}
+
+int Stop(const runs::RunEntry& e, Duration wait) {
+  if (!runs::Alive(e)) {
+    return Fail("stop", InvalidArgument("run " + e.run_id + " of job " + e.name + " is not running (" +
+                                        View(e).state + ")"));
+  }
+  std::printf("stopping run %s (launcher pid %lld)\n", e.run_id.c_str(), static_cast<long long>(e.pid));
+  ::kill(static_cast<pid_t>(e.pid), SIGTERM);
+  const auto deadline = Clock::now() + wait;
+  while (runs::Alive(e) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (runs::Alive(e)) {
+    ::kill(static_cast<pid_t>(e.pid), SIGKILL);  // its agents and workers die with it (PDEATHSIG)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::printf("run %s did not stop within %s: killed\n", e.run_id.c_str(), FormatDuration(wait).c_str());
+    return kExitError;
+  }
+  std::printf("run %s stopped (%s)\n", e.run_id.c_str(), View(e).state.c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+bool IsLocalJob(const SpecFlags& flags) {
+  return !flags.file.empty() && flags.files.empty() && flags.sets.empty() && !Exists(flags.file);
+}
+
+int LocalStatus(const std::string& job, bool as_json) {
+  auto e = runs::Find(job);
+  if (!e.ok()) return Fail("status", e.status());
+  RunView v = View(*e);
+  if (as_json) {
+    json out = v.status.is_object() ? v.status : json::object();
+    out["state"] = v.state;
+    out["run_id"] = e->run_id;
+    out["output_dir"] = v.dir;
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf("job %s, run %s: %s\n", e->name.c_str(), e->run_id.c_str(), v.state.c_str());
+    std::printf("  tasks     %s on %s (%s)\n", Tasks(*e).c_str(), e->host.c_str(), e->target.c_str());
+    std::printf("  elapsed   %s\n", Elapsed(v).c_str());
+    std::printf("  progress  %s\n", Progress(v.dir).c_str());
+    if (v.status.is_object() && v.status.contains("restarts")) {
+      std::printf("  restarts  %d\n", v.status.value("restarts", 0));
+    }
+    if (v.status.is_object() && v.status.contains("failure") && v.status["failure"].is_object()) {
+      const json& f = v.status["failure"];
+      std::printf("  failure   %s %d (rank %d on %s): %s\n", f.value("role", "").c_str(), f.value("task_index", 0),
+                  f.value("rank", -1), f.value("host", "").c_str(), f.value("exit", "").c_str());
+    }
+    std::printf("  output    %s\n  logs      trainctl logs %s\n", v.dir.c_str(), e->run_id.c_str());
+  }
+  if (v.state == "failed" || v.state == "lost" || v.state == "error") return kExitWorkerFailed;
+  return kExitOk;
+}
+
+int LocalLogs(const std::string& job, bool follow, int rank, const std::string& role) {
+  auto e = runs::Find(job);
+  return e.ok() ? Logs(*e, follow, rank, role) : Fail("logs", e.status());
+}
+
+void AddLocalJobVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
+  (void)flags;
+  static bool all = false, ps_json = false;
+  auto* ps = app.add_subcommand("ps", "This user's jobs on this machine, running and recent: name, run id, "
+                                      "state, tasks, progress, elapsed time, output directory");
+  ps->add_flag("-a,--all", all, "every run in the index, not only the newest of each job");
+  ps->add_flag("--json", ps_json, "print JSON");
+  ps->callback([code] { *code = Ps(all, ps_json); });
+
+  static std::string stop_job;
+  static std::string stop_wait = "60s";
+  auto* stop = app.add_subcommand("stop", "Stop a job running on this machine (as Ctrl-C in its terminal "
+                                          "would): every agent and worker, with its grace period");
+  stop->add_option("job", stop_job, "a job name (its newest run) or a run id")->required();
+  stop->add_option("--timeout", stop_wait, "how long to wait before killing the launcher")->capture_default_str();
+  stop->callback([code] {
+    auto wait = ParseDuration(stop_wait);
+    if (!wait.ok()) {
+      *code = Fail("stop", InvalidArgument("--timeout: " + wait.status().message()));
+      return;
+    }
+    auto e = runs::Find(stop_job);
+    *code = e.ok() ? Stop(*e, *wait) : Fail("stop", e.status());
+  });
+}
+
+}  // namespace trainctl::cli

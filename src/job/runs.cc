@@ -1,0 +1,195 @@
+#include "job/runs.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/fs.h"
+#include "common/subprocess.h"
+#include "job/paths.h"
+
+namespace trainctl::runs {
+
+namespace fs = std::filesystem;
+
+std::string IndexDir() {
+  const auto env = CurrentEnvironment();
+  if (auto d = GetEnv(env, "TRAINCTL_STATE_DIR"); d && !d->empty()) return *d + "/runs";
+  if (auto d = GetEnv(env, "XDG_STATE_HOME"); d && !d->empty()) return *d + "/trainctl/runs";
+  auto home = GetEnv(env, "HOME");
+  return (home && !home->empty() ? *home : std::string("/tmp")) + "/.local/state/trainctl/runs";
+}
+
+std::string RunEntry::ToJson() const {
+  return nlohmann::json{{"name", name}, {"run_id", run_id}, {"output_dir", output_dir}, {"host", host},
+                        {"target", target}, {"nodes", nodes}, {"procs_per_node", procs_per_node},
+                        {"tasks", tasks}, {"pid", pid}, {"start_ticks", start_ticks}, {"started", started}}
+      .dump();
+}
+
+Result<RunEntry> RunEntry::FromJson(const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) return InvalidArgument("not a run entry");
+  RunEntry e;
+  try {
+    e.name = j.at("name").get<std::string>();
+    e.run_id = j.at("run_id").get<std::string>();
+    e.output_dir = j.at("output_dir").get<std::string>();
+    e.host = j.value("host", "");
+    e.target = j.value("target", "local");
+    e.nodes = j.value("nodes", 0);
+    e.procs_per_node = j.value("procs_per_node", 0);
+    e.tasks = j.value("tasks", 0);
+    e.pid = j.value("pid", int64_t{0});
+    e.start_ticks = j.value("start_ticks", int64_t{0});
+    e.started = j.value("started", int64_t{0});
+  } catch (const nlohmann::json::exception& ex) {
+    return InvalidArgument(std::string("not a run entry: ") + ex.what());
+  }
+  return e;
+}
+
+std::vector<RunEntry> List() {
+  std::vector<RunEntry> out;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(IndexDir(), ec)) {
+    if (f.path().extension() != ".json") continue;
+    auto text = ReadFile(f.path().string(), 1 << 16);
+    if (!text.ok()) continue;
+    if (auto e = RunEntry::FromJson(*text); e.ok()) out.push_back(*e);
+  }
+  std::sort(out.begin(), out.end(), [](const RunEntry& a, const RunEntry& b) {
+    // Within a second, the launcher's start time since boot (clock ticks) orders them.
+    return a.started != b.started ? a.started > b.started : a.start_ticks > b.start_ticks;
+  });
+  return out;
+}
+
+Status Register(const RunEntry& entry, size_t keep) {
+  const std::string dir = IndexDir();
+  RETURN_IF_ERROR(MakeDirs(dir));
+  RETURN_IF_ERROR(AtomicWriteFile(dir + "/" + entry.run_id + ".json", entry.ToJson() + "\n", 0600));
+  auto all = List();
+  for (size_t i = keep; i < all.size(); ++i) {
+    if (!Alive(all[i])) ::unlink((dir + "/" + all[i].run_id + ".json").c_str());
+  }
+  return Status::Ok();
+}
+
+Result<RunEntry> Find(const std::string& job) {
+  auto all = List();
+  for (const auto& e : all) {
+    if (e.run_id == job) return e;
+  }
+  for (const auto& e : all) {  // newest first: a name means its latest run
+    if (e.name == job) return e;
+  }
+  std::vector<std::string> names;
+  for (const auto& e : all) {
+    if (std::find(names.begin(), names.end(), e.name) == names.end()) names.push_back(e.name);
+  }
+  std::string known;
+  for (size_t i = 0; i < names.size() && i < 10; ++i) known += (i ? ", " : "") + names[i];
+  return NotFound("no run of a job named or with run id '" + job + "' on this machine" +
+                  (known.empty() ? " (no runs yet)" : "; jobs: " + known) + "; trainctl ps lists them");
+}
+
+int64_t StartTicks(int64_t pid) {
+  if (pid <= 0) return 0;
+  auto stat = ReadFile("/proc/" + std::to_string(pid) + "/stat", 1 << 14);
+  if (!stat.ok()) return 0;
+  // Field 2 (comm) may hold spaces and parentheses: count from the last ')'.
+  const size_t close = stat->rfind(')');
+  if (close == std::string::npos) return 0;
+  const char* p = stat->c_str() + close + 1;
+  if (p[0] == ' ' && (p[1] == 'Z' || p[1] == 'X')) return 0;  // exited, not yet reaped: gone
+  for (int field = 2; field < 22 && *p; ++p) {  // the space before field N starts field N
+    if (*p == ' ') ++field;
+  }
+  return std::strtoll(p, nullptr, 10);
+}
+
+bool Alive(const RunEntry& e) { return e.pid > 0 && e.start_ticks > 0 && StartTicks(e.pid) == e.start_ticks; }
+
+Result<std::unique_ptr<OutputLock>> OutputLock::Acquire(const std::string& output_dir, const std::string& run_id) {
+  RETURN_IF_ERROR(MakeDirs(output_dir));
+  const std::string path = output_dir + "/.trainctl.lock";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return Internal("cannot open " + path + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    std::string holder(256, '\0');
+    ssize_t n = ::pread(fd, holder.data(), holder.size() - 1, 0);
+    holder.resize(n > 0 ? n : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+    ::close(fd);
+    return InvalidArgument(output_dir + " is in use by the live run " + (holder.empty() ? "?" : holder) +
+                              "; stop it (trainctl stop), wait for it, or give this run another output_dir");
+  }
+  const std::string me = run_id + " (pid " + std::to_string(::getpid()) + ")\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    // The lock holds without its note; only the message to a second run is poorer.
+  }
+  return std::unique_ptr<OutputLock>(new OutputLock(fd));
+}
+
+OutputLock::~OutputLock() { ::close(fd_); }
+
+Result<std::string> MovePreviousRunAside(const std::string& output_dir, const std::string& checkpoint_dir) {
+  std::vector<std::string> names = {"logs", "job.json", "status.json", "metrics.jsonl", "model.safetensors",
+                                    "tensorboard"};
+  const bool own_checkpoints = checkpoint_dir == output_dir + "/checkpoints";
+  if (own_checkpoints) names.push_back("checkpoints");
+  bool any = false;
+  for (const auto& n : names) any = any || Exists(output_dir + "/" + n);
+  std::error_code ec;
+  bool checkpoints = false;
+  if (!own_checkpoints) {
+    for (const auto& f : fs::directory_iterator(checkpoint_dir, ec)) {
+      checkpoints = checkpoints || f.path().extension() == ".safetensors";
+    }
+  }
+  if (!any && !checkpoints) return std::string();
+  // Its run id, from its status.json; else when it was written.
+  std::string id;
+  if (auto status = ReadFile(paths::StatusJson(output_dir), 1 << 20); status.ok()) {
+    auto j = nlohmann::json::parse(*status, nullptr, false);
+    if (j.is_object() && j.contains("run_id") && j["run_id"].is_string()) id = j["run_id"].get<std::string>();
+  }
+  if (id.empty() || id.find('/') != std::string::npos || id[0] == '.') {
+    id = "run-" + std::to_string(static_cast<int64_t>(std::time(nullptr)));
+  }
+  std::string to = output_dir + "/previous/" + id;
+  for (int n = 2; Exists(to); ++n) to = output_dir + "/previous/" + id + "." + std::to_string(n);
+  RETURN_IF_ERROR(MakeDirs(to));
+  for (const auto& n : names) {
+    const std::string from = output_dir + "/" + n;
+    if (!Exists(from) && !fs::is_symlink(from, ec)) continue;
+    if (::rename(from.c_str(), (to + "/" + n).c_str()) != 0) {
+      return Internal("cannot move " + from + " to " + to + ": " + std::strerror(errno));
+    }
+  }
+  if (checkpoints) {
+    RETURN_IF_ERROR(MakeDirs(to + "/checkpoints"));
+    for (const auto& f : fs::directory_iterator(checkpoint_dir, ec)) {
+      if (!f.is_regular_file()) continue;
+      const std::string dest = to + "/checkpoints/" + f.path().filename().string();
+      if (::rename(f.path().c_str(), dest.c_str()) != 0) {
+        return Internal("cannot move " + f.path().string() + " to " + dest + ": " + std::strerror(errno) +
+                        " (checkpoint_dir must be on the same filesystem as output_dir)");
+      }
+    }
+  }
+  return to;
+}
+
+}  // namespace trainctl::runs

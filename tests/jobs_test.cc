@@ -1,0 +1,148 @@
+// Jobs on this machine, watched from another terminal: explicit runs (a rerun starts fresh, one
+// live run per output directory), `trainctl ps`, `status`, `logs [-f]` and `stop`, with real
+// processes. Each test has its own run index (TRAINCTL_STATE_DIR).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+
+#include "common/exit_codes.h"
+#include "tests/test_util.h"
+
+namespace trainctl::testing {
+namespace {
+
+using std::chrono::seconds;
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+Env StateIn(const Scratch& s) { return {{"TRAINCTL_STATE_DIR", s.path("state")}}; }
+
+// The processes of a run (its agents name it on their command line).
+std::vector<pid_t> RunProcesses(const std::string& run_id) {
+  return LiveProcesses([&](pid_t pid) {
+    auto argv = ProcStrings(pid, "cmdline");
+    return std::find(argv.begin(), argv.end(), run_id) != argv.end();
+  });
+}
+
+// A rerun moves the previous run's files aside and trains from scratch; --resume continues from
+// the newest checkpoint and says which.
+TEST(Jobs, ARerunStartsFreshAndResumeSaysWhereItContinues) {
+  Scratch s;
+  s.Write("job.yaml", "name: fresh\nprocs_per_node: 2\noutput_dir: " + s.path("out") +
+                          "\ntrainer:\n  model: cnn\n  data: {limit: 256, test_limit: 64}\n  batch_size: 16\n"
+                          "  max_steps: 4\n  threads: 1\n  checkpoint_every: 2\n  eval: false\n");
+  auto first = Trainctl({"run", "job.yaml"}, s.path(""), seconds(120), StateIn(s));
+  ASSERT_EQ(first.exit.code, 0) << first.output;
+  const std::string first_id = nlohmann::json::parse(s.Read("out/status.json"))["run_id"];
+  auto second = Trainctl({"run", "job.yaml"}, s.path(""), seconds(120), StateIn(s));
+  ASSERT_EQ(second.exit.code, 0) << second.output;
+  EXPECT_NE(second.output.find(s.path("out") + " held an earlier run, moved to " + s.path("out/previous/" + first_id) +
+                               ": this run starts from scratch"), std::string::npos) << second.output;
+  EXPECT_EQ(second.output.find("resuming from"), std::string::npos) << second.output;
+  EXPECT_TRUE(Exists(s.path("out/previous/" + first_id + "/checkpoints")));
+  EXPECT_TRUE(Exists(s.path("out/previous/" + first_id + "/logs/worker-0.log")));
+  EXPECT_EQ(CountLines(s.Read("out/metrics.jsonl"), "\"step\": 4"), 1) << "the rerun trained its 4 steps";
+  auto resumed = Trainctl({"run", "job.yaml", "--resume", "--set", "trainer.max_steps=6"}, s.path(""), seconds(120),
+                          StateIn(s));
+  ASSERT_EQ(resumed.exit.code, 0) << resumed.output;
+  EXPECT_TRUE(std::regex_search(resumed.output, std::regex("resuming from " + s.path("out/checkpoints") +
+                                                           "/ckpt-0*4\\.safetensors \\(step 4,")))
+      << resumed.output;
+  EXPECT_EQ(nlohmann::json::parse(s.Read("out/job.json"))["trainer"]["resume"], true);
+}
+
+// A second run into the output directory of a live one is refused, naming it; the live run goes on.
+TEST(Jobs, ASecondLiveRunOfTheSameOutputDirectoryIsRefused) {
+  Scratch s;
+  WriteSpec(s, "name: busy\ncommand: [sh, -c, 'sleep 30']\noutput_dir: {out}/out\n");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
+  ASSERT_TRUE(Eventually([&] { return s.Read("out/status.json").find("running") != std::string::npos; }));
+  const std::string id = nlohmann::json::parse(s.Read("out/status.json"))["run_id"];
+  auto again = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(again.exit.code, kExitInvalidSpec) << again.output;
+  EXPECT_NE(again.output.find(s.path("out") + " is in use by the live run " + id + " (pid "), std::string::npos)
+      << again.output;
+  EXPECT_EQ(nlohmann::json::parse(s.Read("out/status.json"))["run_id"], id) << "the live run's files were touched";
+  EXPECT_FALSE(Exists(s.path("out/previous")));
+  auto stopped = Trainctl({"stop", "busy"}, s.path(""), seconds(60), StateIn(s));
+  EXPECT_EQ(stopped.exit.code, 0) << stopped.output;
+  EXPECT_EQ(job.Wait(seconds(30)).code, kExitInterrupted);
+}
+
+// From another terminal: ps lists the live run with its progress, logs -f attached mid-job sees
+// every line once and ends with the job, stop ends it with nothing left, status says how.
+TEST(Jobs, PsLogsFollowStatusAndStopFromAnotherTerminal) {
+  Scratch s;
+  WriteSpec(s, "name: watched\nnodes: 2\nprocs_per_node: 2\noutput_dir: {out}/out\n"
+               "command: [sh, -c, 'i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo \"line $i of rank $RANK\"; "
+               "sleep 0.05; done; sleep 60']\n");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
+  ASSERT_TRUE(Eventually([&] { return s.Read("out/logs/worker-3.log").find("line 10 ") != std::string::npos; }))
+      << job.Output();
+  const std::string id = nlohmann::json::parse(s.Read("out/status.json"))["run_id"];
+  Background follower({"logs", "watched", "-f"}, s.path(""), s.path("follow.log"), StateIn(s));
+
+  auto ps = Trainctl({"ps"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(ps.exit.code, 0) << ps.output;
+  EXPECT_TRUE(std::regex_search(ps.output, std::regex("watched +" + id + " +running +2x2 +- +\\d+")))
+      << ps.output;
+  auto ps_json = nlohmann::json::parse(Trainctl({"ps", "--json"}, s.path(""), seconds(30), StateIn(s)).output);
+  ASSERT_EQ(ps_json.size(), 1u);
+  EXPECT_EQ(ps_json[0]["output_dir"], s.path("out"));
+
+  // Every line written, then the job is stopped.
+  ASSERT_TRUE(Eventually([&] { return s.Read("out/logs/worker-3.log").find("line 60 ") != std::string::npos; }));
+  auto stopped = Trainctl({"stop", "watched"}, s.path(""), seconds(60), StateIn(s));
+  EXPECT_EQ(stopped.exit.code, 0) << stopped.output;
+  EXPECT_NE(stopped.output.find("run " + id + " stopped (interrupted)"), std::string::npos) << stopped.output;
+  EXPECT_EQ(job.Wait(seconds(30)).code, kExitInterrupted);
+  EXPECT_EQ(follower.Wait(seconds(30)).code, 0) << "logs -f did not end with the job";
+  EXPECT_TRUE(Eventually([&] { return RunProcesses(id).empty(); }, seconds(10))) << "processes outlived the stop";
+
+  const std::string followed = s.Read("follow.log");
+  for (int rank = 0; rank < 4; ++rank) {
+    for (int i = 1; i <= 60; ++i) {
+      const std::string line = "[worker-" + std::to_string(rank) + "] line " + std::to_string(i) + " of rank " +
+                               std::to_string(rank) + "\n";
+      ASSERT_EQ(CountLines(followed, line.substr(0, line.size() - 1)), 1) << line << followed;
+    }
+  }
+  // One rank, from the finished run's files.
+  auto one = Trainctl({"logs", id, "--rank", "2"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(one.exit.code, 0) << one.output;
+  EXPECT_EQ(CountLines(one.output, "[worker-2] line "), 60) << one.output;
+  EXPECT_EQ(CountLines(one.output, "[worker-1]"), 0) << one.output;
+
+  auto status = Trainctl({"status", "watched"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(status.exit.code, 0) << status.output;
+  EXPECT_NE(status.output.find("job watched, run " + id + ": interrupted"), std::string::npos) << status.output;
+  auto stop_again = Trainctl({"stop", "watched"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(stop_again.exit.code, kExitInvalidSpec);
+  EXPECT_NE(stop_again.output.find("is not running (interrupted)"), std::string::npos) << stop_again.output;
+  auto unknown = Trainctl({"logs", "nosuchjob"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(unknown.exit.code, kExitInvalidSpec);
+  EXPECT_NE(unknown.output.find("no run of a job named or with run id 'nosuchjob' on this machine; jobs: watched"),
+            std::string::npos) << unknown.output;
+}
+
+// A launcher killed with SIGKILL cannot write how it ended: ps says the run was lost.
+TEST(Jobs, ARunWhoseLauncherWasKilledIsShownAsLost) {
+  Scratch s;
+  WriteSpec(s, "name: killed\ncommand: [sh, -c, 'sleep 30']\noutput_dir: {out}/out\n");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
+  ASSERT_TRUE(Eventually([&] { return s.Read("out/status.json").find("running") != std::string::npos; }));
+  ::kill(job.pid(), SIGKILL);
+  job.Wait(seconds(10));
+  auto ps = Trainctl({"ps"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_TRUE(std::regex_search(ps.output, std::regex("killed +killed-[0-9a-f]+ +lost "))) << ps.output;
+  auto status = Trainctl({"status", "killed"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(status.exit.code, kExitWorkerFailed) << status.output;
+  // The next run of the job takes the directory over.
+  WriteSpec(s, "name: killed\ncommand: ['true']\noutput_dir: {out}/out\n");
+  auto next = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(next.exit.code, 0) << next.output;
+}
+
+}  // namespace
+}  // namespace trainctl::testing
