@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
   trainctl::cli::AddAgent(app, flags, &code);
   trainctl::cli::AddTrain(app, flags, &code);
   trainctl::cli::AddEval(app, flags, &code);
+  trainctl::cli::AddPredict(app, flags, &code);
   trainctl::cli::AddRender(app, flags, &code);
   trainctl::cli::AddClusterVerbs(app, flags, &code);
   trainctl::cli::AddLocalJobVerbs(app, flags, &code);

@@ -101,4 +101,25 @@ void AddEval(CLI::App& app, const GlobalFlags& flags, int* code) {
   });
 }
 
+void AddPredict(CLI::App& app, const GlobalFlags& flags, int* code) {
+  (void)flags;
+  auto o = std::make_shared<train::PredictOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "predict", "Try a trained model on images: the most likely classes of each, with their probabilities");
+  cmd->add_option("--checkpoint", o->checkpoint,
+                  "a model or checkpoint (.safetensors), or a checkpoint directory (its newest valid checkpoint)")
+      ->required();
+  cmd->add_option("images", o->images,
+                  "PNG, PGM or PPM files of the model's size (grey and colour converted as the model needs), "
+                  "or idx3 image files (every image in them)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("-k,--top", o->top, "how many classes to show per image")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("-o,--output", o->format, "text or json")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"text", "json"}));
+  cmd->add_option("--threads", o->threads, "compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->callback([o, code] { *code = CallPlugin("predict", o.get()); });
+}
+
 }  // namespace trainctl::cli

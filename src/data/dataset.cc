@@ -102,21 +102,27 @@ int NumClasses(const std::vector<uint8_t>& labels) {
 
 }  // namespace
 
-Result<ImageSet> LoadIdx(const std::string& images_path, const std::string& labels_path) {
+Result<ImageSet> LoadIdxImages(const std::string& images_path) {
   ASSIGN_OR_RETURN(std::string images, ReadMaybeGzip(images_path));
-  ASSIGN_OR_RETURN(std::string labels, ReadMaybeGzip(labels_path));
   ASSIGN_OR_RETURN(auto image_dims, IdxHeader(images, images_path, 3, "image"));
-  ASSIGN_OR_RETURN(auto label_dims, IdxHeader(labels, labels_path, 1, "label"));
-  if (image_dims[0] != label_dims[0]) {
-    return InvalidArgument(images_path + " has " + std::to_string(image_dims[0]) + " images but " +
-                           labels_path + " has " + std::to_string(label_dims[0]) + " labels");
-  }
   ImageSet set;
   set.count = image_dims[0];
   set.channels = 1;
   set.rows = static_cast<int>(image_dims[1]);
   set.cols = static_cast<int>(image_dims[2]);
   set.pixels.assign(images.begin() + 16, images.end());
+  set.labels.assign(set.count, 0);
+  return set;
+}
+
+Result<ImageSet> LoadIdx(const std::string& images_path, const std::string& labels_path) {
+  ASSIGN_OR_RETURN(ImageSet set, LoadIdxImages(images_path));
+  ASSIGN_OR_RETURN(std::string labels, ReadMaybeGzip(labels_path));
+  ASSIGN_OR_RETURN(auto label_dims, IdxHeader(labels, labels_path, 1, "label"));
+  if (set.count != static_cast<int64_t>(label_dims[0])) {
+    return InvalidArgument(images_path + " has " + std::to_string(set.count) + " images but " +
+                           labels_path + " has " + std::to_string(label_dims[0]) + " labels");
+  }
   set.labels.assign(labels.begin() + 8, labels.end());
   RETURN_IF_ERROR(CheckLabels(set, labels_path, 256));
   set.num_classes = NumClasses(set.labels);

@@ -25,6 +25,14 @@ struct ImageSet {
   const uint8_t* image(int64_t i) const { return pixels.data() + i * image_bytes(); }
 };
 
+// Reads an idx3 image file alone (labels all 0).
+Result<ImageSet> LoadIdxImages(const std::string& images_path);
+// Reads one image file: PNG (8-bit grey, grey+alpha, RGB, RGBA or palette; alpha dropped), or
+// binary or plain PGM/PPM (P5, P2, P6, P3, maxval up to 255). One image, label 0, 1 or 3
+// channels. Errors name the file and what is wrong with it; nothing is trusted.
+Result<ImageSet> ReadImageFile(const std::string& path);
+// The same from the file's bytes; `path` names it in errors.
+Result<ImageSet> DecodeImage(const std::string& bytes, const std::string& path);
 // Reads an idx3 image file and its idx1 label file (gzip detected by content, not by name).
 Result<ImageSet> LoadIdx(const std::string& images_path, const std::string& labels_path);
 // The standard Fashion-MNIST/MNIST file names in `dir`: train-images-idx3-ubyte[.gz] and

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace trainctl::train {
 
@@ -28,6 +29,16 @@ struct EvalOptions {
   int64_t batch = 500;
 };
 int RunEval(const EvalOptions& options);
+
+// `trainctl predict`: the model's top classes for each image.
+struct PredictOptions {
+  std::string checkpoint;           // a .safetensors file, or a directory: its newest valid checkpoint
+  std::vector<std::string> images;  // PNG, PGM, PPM files, or idx3 image files (every image in them)
+  int top = 3;
+  std::string format = "text";      // text | json
+  int threads = 0;
+};
+int RunPredict(const PredictOptions& options);
 
 // The plugin's one exported symbol: verb is "train" (options: TrainOptions) or "eval"
 // (EvalOptions). Built from the same sources as the binary, so C++ types cross safely.

@@ -12,8 +12,10 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <mutex>
 #include <sstream>
@@ -145,7 +147,9 @@ class Trainer {
   Status SaveSnapshot();
   Status Export();
   checkpoint::Checkpoint Snapshot(bool with_optimizer);
-  Status LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples);
+  // One metrics line: the window's loss, rate, and where its time went (rank 0's).
+  Status LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples,
+                 double data_seconds, double comm_seconds);
   bool Done() const { return t_.max_steps > 0 && step_ >= t_.max_steps; }
 
   JobSpec spec_;
@@ -472,7 +476,8 @@ Status Trainer::FinishWithShards() {
   return Status::Ok();
 }
 
-Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples) {
+Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples,
+                        double data_seconds, double comm_seconds) {
   float buf[2] = {float(loss_sum), float(count)};
   RETURN_IF_ERROR(comm_->AllReduceSum(buf, 2));
   if (rank_ != 0) return Status::Ok();
@@ -485,6 +490,10 @@ Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds
                                  {"lr", lr},
                                  {"samples_per_s", rate},
                                  {"restart", double(env_.restart_count)},
+                                 {"window_steps", count},
+                                 {"window_seconds", seconds},
+                                 {"data_seconds", data_seconds},
+                                 {"comm_seconds", comm_seconds},
                                  {"time", WallSeconds()}}));
   double now = WallSeconds();
   RETURN_IF_ERROR(events_->AddScalar("train/loss", loss, step_, now));
@@ -512,8 +521,13 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
   double loss_count = 0;
   double lr = 0;
   auto last_status = epoch_start;
+  // Where each log window's time went (`trainctl top`): waiting for the next batch, waiting for
+  // the other ranks' gradients (or the parameter servers), and the rest: compute.
+  double window_data = 0, epoch_comm = 0, ps_mark = ps_wait_seconds_;
   for (int64_t i = 0; i < count; ++i) {
+    const auto fetch = Clock::now();
     Batch b = prefetch.Next();
+    window_data += SecondsSince(fetch);
     if (device_.is_cuda()) {
       b.x = b.x.to(device_, /*non_blocking=*/true);
       b.y = b.y.to(device_, /*non_blocking=*/true);
@@ -535,8 +549,12 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     loss_count += 1;
     window_samples += batch_ * world_;
     if (step_ % t_.log_every == 0) {
+      double comm = ps_ ? ps_wait_seconds_ - ps_mark : reducer_->TakeWaitSeconds();
+      if (ps_) ps_mark = ps_wait_seconds_;
+      else epoch_comm += comm;
       RETURN_IF_ERROR(LogStep(loss_sum.item<double>(), loss_count, lr, SecondsSince(window_start),
-                              window_samples));
+                              window_samples, window_data, comm));
+      window_data = 0;
       loss_sum.zero_();
       loss_count = 0;
       window_samples = 0;
@@ -558,7 +576,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     }
   }
   double seconds = SecondsSince(epoch_start);
-  double waited = reducer_->TakeWaitSeconds();
+  double waited = epoch_comm + reducer_->TakeWaitSeconds();
   if (ps_) std::swap(waited, ps_wait_seconds_), ps_wait_seconds_ = 0;
   LOG_INFO("epoch {}: {:.2f} s training, {:.2f} s of it waiting for the {}", epoch + 1, seconds,
            waited, ps_ ? "parameter servers" : "gradient allreduce");
@@ -876,6 +894,15 @@ int RunWatch(const EvalOptions& o) {
 
 }  // namespace
 
+// A model file, or a directory's newest valid checkpoint.
+Result<checkpoint::Checkpoint> LoadModelFile(const std::string& path) {
+  if (!IsDirectory(path)) return ReadCheckpoint(path);
+  checkpoint::CheckpointDir dir(path, 1);
+  auto ckpt = dir.LoadLatest();
+  if (!ckpt.ok()) return InvalidArgument(path + ": no valid checkpoint: " + ckpt.status().message());
+  return ckpt;
+}
+
 int RunEval(const EvalOptions& o) {
   if (o.threads > 0) at::set_num_threads(o.threads);
   if (!o.watch.empty()) return RunWatch(o);
@@ -883,20 +910,103 @@ int RunEval(const EvalOptions& o) {
     std::fprintf(stderr, "trainctl eval: %s\n", message.c_str());
     return kExitError;
   };
-  Result<checkpoint::Checkpoint> ckpt = NotFound("");
   const std::string& path = o.checkpoint;
-  if (IsDirectory(path)) {
-    checkpoint::CheckpointDir dir(path, 1);
-    ckpt = dir.LoadLatest();
-    if (!ckpt.ok()) return fail(path + ": no valid checkpoint: " + ckpt.status().message());
-  } else {
-    ckpt = ReadCheckpoint(path);
-    if (!ckpt.ok()) return fail(ckpt.status().message());
-  }
+  auto ckpt = LoadModelFile(path);
+  if (!ckpt.ok()) return fail(ckpt.status().message());
   CheckpointEvaluator evaluator(o);
   auto report = evaluator.Report(*ckpt, path, nullptr);
   if (!report.ok()) return fail(report.status().message());
   std::fwrite(report->data(), 1, report->size(), stdout);
+  return kExitOk;
+}
+
+// Images as the model takes them: `channels` (grey <-> RGB converted), the model's size.
+Result<data::ImageSet> LoadImagesFor(const std::string& path, const checkpoint::ModelMeta& meta) {
+  char magic[4] = {};
+  std::ifstream(path, std::ios::binary).read(magic, sizeof magic);
+  // An idx3 image file, or a gzipped one (the Debian packages ship them so).
+  const bool idx = std::memcmp(magic, "\0\0\x08\x03", 4) == 0 || std::memcmp(magic, "\x1f\x8b", 2) == 0;
+  ASSIGN_OR_RETURN(data::ImageSet set, idx ? data::LoadIdxImages(path) : data::ReadImageFile(path));
+  if (set.rows != meta.rows || set.cols != meta.cols) {
+    return InvalidArgument(path + ": the image is " + std::to_string(set.cols) + "x" + std::to_string(set.rows) +
+                           " pixels; the model takes " + std::to_string(meta.cols) + "x" +
+                           std::to_string(meta.rows));
+  }
+  if (set.channels == meta.channels) return set;
+  const int64_t plane = int64_t{set.rows} * set.cols;
+  data::ImageSet out = set;
+  out.channels = meta.channels;
+  out.pixels.resize(set.count * meta.channels * plane);
+  for (int64_t i = 0; i < set.count; ++i) {
+    const uint8_t* src = set.image(i);
+    uint8_t* dst = out.pixels.data() + i * meta.channels * plane;
+    for (int64_t k = 0; k < plane; ++k) {
+      if (meta.channels == 1) {  // RGB to luma (ITU-R BT.601)
+        dst[k] = static_cast<uint8_t>((299 * src[k] + 587 * src[plane + k] + 114 * src[2 * plane + k] + 500) / 1000);
+      } else {
+        for (int c = 0; c < meta.channels; ++c) dst[c * plane + k] = src[k];
+      }
+    }
+  }
+  return out;
+}
+
+int RunPredict(const PredictOptions& o) {
+  if (o.threads > 0) at::set_num_threads(o.threads);
+  auto fail = [](const std::string& message) {
+    std::fprintf(stderr, "trainctl predict: %s\n", message.c_str());
+    return kExitError;
+  };
+  auto ckpt = LoadModelFile(o.checkpoint);
+  if (!ckpt.ok()) return fail(ckpt.status().message());
+  auto meta = checkpoint::ReadModelMeta(*ckpt, o.checkpoint);
+  if (!meta.ok()) return fail(meta.status().message());
+  const auto names = ClassNames(meta->dataset, meta->classes);
+  const int top = std::min(std::max(1, o.top), meta->classes);
+  nlohmann::json all = nlohmann::json::array();
+  try {
+    auto model = models::MakeModel(meta->model, {meta->channels, meta->rows, meta->cols, meta->classes});
+    if (!model.ok()) return fail(model.status().message());
+    if (Status st = LoadModuleState(**model, *ckpt); !st.ok()) return fail(o.checkpoint + ": " + st.message());
+    (*model)->eval();
+    torch::NoGradGuard no_grad;
+    const Normalizer norm{meta->mean, meta->std};
+    for (const auto& path : o.images) {
+      auto set = LoadImagesFor(path, *meta);
+      if (!set.ok()) return fail(set.status().message());
+      for (int64_t first = 0; first < set->count; first += 500) {
+        const int64_t n = std::min<int64_t>(500, set->count - first);
+        std::vector<int64_t> idx(n);
+        for (int64_t i = 0; i < n; ++i) idx[i] = first + i;
+        torch::Tensor x, y;
+        FillBatch(*set, idx.data(), n, norm, &x, &y);
+        torch::Tensor probs = torch::softmax((*model)->forward(x), 1);
+        auto [p, c] = probs.topk(top, 1);
+        for (int64_t i = 0; i < n; ++i) {
+          const std::string label = set->count > 1 ? path + "[" + std::to_string(first + i) + "]" : path;
+          nlohmann::json classes = nlohmann::json::array();
+          std::string line = label + ":";
+          for (int k = 0; k < top; ++k) {
+            const int cls = static_cast<int>(c[i][k].item<int64_t>());
+            const double prob = p[i][k].item<float>();
+            const std::string name = cls < static_cast<int>(names.size()) ? names[cls] : std::to_string(cls);
+            classes.push_back({{"class", cls}, {"name", name}, {"probability", prob}});
+            char buf[64];
+            std::snprintf(buf, sizeof buf, " %.1f %%", prob * 100);
+            line += std::string(k ? "," : "") + " " + name + buf;
+          }
+          if (o.format == "json") {
+            all.push_back({{"image", label}, {"top", classes}});
+          } else {
+            std::printf("%s\n", line.c_str());
+          }
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    return fail(std::string("LibTorch: ") + e.what());
+  }
+  if (o.format == "json") std::printf("%s\n", all.dump(2).c_str());
   return kExitOk;
 }
 

@@ -1,0 +1,136 @@
+// One image from a file, for `trainctl predict`: PNG through libpng, PGM/PPM parsed here. The
+// bytes come from users: every size is checked before it is used.
+#include <png.h>
+
+#include <cctype>
+#include <cstring>
+
+#include "common/fs.h"
+#include "data/dataset.h"
+
+namespace trainctl::data {
+
+namespace {
+
+constexpr int64_t kMaxFileBytes = int64_t{256} << 20;
+constexpr int64_t kMaxSide = 65536;
+constexpr int64_t kMaxPixels = int64_t{1} << 26;  // 8192 x 8192
+
+// Width and height each checked before their product is taken.
+bool SizeOk(int64_t cols, int64_t rows) {
+  return cols >= 1 && rows >= 1 && cols <= kMaxSide && rows <= kMaxSide && cols * rows <= kMaxPixels;
+}
+
+Status Bad(const std::string& path, const std::string& what) { return InvalidArgument(path + ": " + what); }
+
+// PGM (P2, P5) and PPM (P3, P6): whitespace-separated header fields, '#' comments.
+Result<ImageSet> ReadNetpbm(const std::string& path, const std::string& bytes) {
+  const char kind = bytes[1];
+  const bool plain = kind == '2' || kind == '3';
+  const int channels = kind == '2' || kind == '5' ? 1 : 3;
+  size_t at = 2;
+  auto field = [&](int64_t* out) -> bool {
+    while (at < bytes.size()) {
+      if (bytes[at] == '#') {
+        while (at < bytes.size() && bytes[at] != '\n') ++at;
+      } else if (std::isspace(static_cast<unsigned char>(bytes[at]))) {
+        ++at;
+      } else {
+        break;
+      }
+    }
+    int64_t v = 0;
+    size_t digits = 0;
+    while (at < bytes.size() && std::isdigit(static_cast<unsigned char>(bytes[at])) && digits < 10) {
+      v = v * 10 + (bytes[at++] - '0');
+      ++digits;
+    }
+    *out = v;
+    return digits > 0;
+  };
+  int64_t cols = 0, rows = 0, maxval = 0;
+  if (!field(&cols) || !field(&rows) || !field(&maxval)) return Bad(path, "a PGM/PPM header needs width, height and maxval");
+  if (!SizeOk(cols, rows)) {
+    return Bad(path, "an image of " + std::to_string(cols) + "x" + std::to_string(rows) + " pixels is not supported");
+  }
+  if (maxval < 1 || maxval > 255) return Bad(path, "maxval " + std::to_string(maxval) + ": only 8-bit images (1 to 255)");
+  ImageSet set;
+  set.count = 1;
+  set.channels = channels;
+  set.rows = static_cast<int>(rows);
+  set.cols = static_cast<int>(cols);
+  set.labels = {0};
+  const int64_t n = rows * cols * channels;
+  std::vector<uint8_t> hwc(n);
+  if (plain) {
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t v = 0;
+      if (!field(&v)) return Bad(path, "truncated: " + std::to_string(i) + " of " + std::to_string(n) + " samples");
+      if (v > maxval) return Bad(path, "sample " + std::to_string(v) + " is larger than maxval");
+      hwc[i] = static_cast<uint8_t>(v * 255 / maxval);
+    }
+  } else {
+    ++at;  // the single whitespace after maxval
+    if (at > bytes.size() || bytes.size() - at < static_cast<size_t>(n)) {
+      return Bad(path, "truncated: the header promises " + std::to_string(n) + " bytes of pixels");
+    }
+    for (int64_t i = 0; i < n; ++i) hwc[i] = static_cast<uint8_t>(static_cast<uint8_t>(bytes[at + i]) * 255 / maxval);
+  }
+  // Interleaved (H, W, C) to planar (C, H, W).
+  set.pixels.resize(n);
+  for (int64_t p = 0; p < rows * cols; ++p) {
+    for (int c = 0; c < channels; ++c) set.pixels[c * rows * cols + p] = hwc[p * channels + c];
+  }
+  return set;
+}
+
+Result<ImageSet> ReadPng(const std::string& path, const std::string& bytes) {
+  png_image image;
+  std::memset(&image, 0, sizeof image);
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
+    return Bad(path, std::string("not a PNG libpng can read: ") + image.message);
+  }
+  const bool grey = (image.format & PNG_FORMAT_FLAG_COLOR) == 0;
+  image.format = grey ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;  // alpha dropped (composited on black)
+  const int64_t cols = image.width, rows = image.height;
+  if (!SizeOk(cols, rows)) {
+    png_image_free(&image);
+    return Bad(path, "an image of " + std::to_string(cols) + "x" + std::to_string(rows) + " pixels is not supported");
+  }
+  const int channels = grey ? 1 : 3;
+  std::vector<uint8_t> hwc(PNG_IMAGE_SIZE(image));
+  if (!png_image_finish_read(&image, nullptr, hwc.data(), 0, nullptr)) {
+    std::string message = image.message;
+    png_image_free(&image);
+    return Bad(path, "cannot decode the PNG: " + message);
+  }
+  ImageSet set;
+  set.count = 1;
+  set.channels = channels;
+  set.rows = static_cast<int>(rows);
+  set.cols = static_cast<int>(cols);
+  set.labels = {0};
+  set.pixels.resize(rows * cols * channels);
+  for (int64_t p = 0; p < rows * cols; ++p) {
+    for (int c = 0; c < channels; ++c) set.pixels[c * rows * cols + p] = hwc[p * channels + c];
+  }
+  return set;
+}
+
+}  // namespace
+
+Result<ImageSet> ReadImageFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path, kMaxFileBytes));
+  return DecodeImage(bytes, path);
+}
+
+Result<ImageSet> DecodeImage(const std::string& bytes, const std::string& path) {
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), "\x89PNG\r\n\x1a\n", 8) == 0) return ReadPng(path, bytes);
+  if (bytes.size() >= 2 && bytes[0] == 'P' && std::strchr("2356", bytes[1]) && bytes[1] != '\0') {
+    return ReadNetpbm(path, bytes);
+  }
+  return Bad(path, "not a PNG, PGM or PPM image (for idx files, give the images file itself)");
+}
+
+}  // namespace trainctl::data

@@ -1,0 +1,128 @@
+// `trainctl predict`: a model trained here tried on images made from the Fashion-MNIST test set,
+// as PGM, PNG and PPM files and as the idx file itself; its answers agree with `trainctl eval`.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/exit_codes.h"
+#include "data/dataset.h"
+#include "tests/test_util.h"
+
+namespace trainctl::testing {
+namespace {
+
+using std::chrono::seconds;
+
+std::string Chunk(const std::string& type, const std::string& data) {
+  auto be32 = [](uint32_t v) {
+    return std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+  };
+  std::string body = type + data;
+  const uint32_t crc = crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size());
+  return be32(data.size()) + body + be32(crc);
+}
+
+// A minimal 8-bit PNG (grey, or RGB with `rgb`), written here with zlib so the test does not
+// trust the reader it checks.
+std::string Png(const uint8_t* pixels, int rows, int cols, bool rgb) {
+  std::string raw;
+  for (int r = 0; r < rows; ++r) {
+    raw.push_back(0);  // filter: none
+    for (int c = 0; c < cols; ++c) {
+      for (int k = 0; k < (rgb ? 3 : 1); ++k) raw.push_back(static_cast<char>(pixels[r * cols + c]));
+    }
+  }
+  uLongf size = compressBound(raw.size());
+  std::string z(size, '\0');
+  compress(reinterpret_cast<Bytef*>(z.data()), &size, reinterpret_cast<const Bytef*>(raw.data()), raw.size());
+  z.resize(size);
+  std::string ihdr = {0, 0, 0, char(cols), 0, 0, 0, char(rows), 8, char(rgb ? 2 : 0), 0, 0, 0};
+  return std::string("\x89PNG\r\n\x1a\n", 8) + Chunk("IHDR", ihdr) + Chunk("IDAT", z) + Chunk("IEND", "");
+}
+
+std::string Pgm(const uint8_t* pixels, int rows, int cols) {
+  return "P5\n# from the test set\n" + std::to_string(cols) + " " + std::to_string(rows) + "\n255\n" +
+         std::string(reinterpret_cast<const char*>(pixels), rows * cols);
+}
+
+TEST(Predict, AnswersForImageFilesAgreeWithEvalOnTheTestSet) {
+  Scratch s;
+  s.Write("job.yaml", "name: predict\nprocs_per_node: 1\noutput_dir: " + s.path("out") +
+                          "\ntrainer:\n  model: cnn\n  data: {limit: 2048, test_limit: 100}\n  batch_size: 64\n"
+                          "  max_steps: 30\n  threads: 2\n  eval: false\n  optimizer: {name: sgd, lr: 0.05}\n");
+  auto trained = Trainctl({"run", "job.yaml"}, s.path(""), seconds(120), {{"TRAINCTL_STATE_DIR", s.path("state")}});
+  ASSERT_EQ(trained.exit.code, 0) << trained.output;
+  const std::string model = s.path("out/model.safetensors");
+
+  auto test = data::LoadMnistDir(data::kFashionMnistDir, /*train=*/false);
+  ASSERT_TRUE(test.ok()) << test.status().ToString();
+  constexpr int kImages = 100;
+  std::vector<std::string> pgms, pngs;
+  for (int i = 0; i < kImages; ++i) {
+    pgms.push_back(s.Write("img" + std::to_string(i) + ".pgm", Pgm(test->image(i), 28, 28)));
+    pngs.push_back(s.Write("img" + std::to_string(i) + ".png", Png(test->image(i), 28, 28, false)));
+  }
+  auto predict = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"predict", "--checkpoint", model, "-o", "json", "--threads", "2"});
+    auto r = Trainctl(args, s.path(""), seconds(120));
+    EXPECT_EQ(r.exit.code, 0) << r.output;
+    return nlohmann::json::parse(r.output, nullptr, false);
+  };
+  auto from_pgm = predict(pgms);
+  auto from_png = predict(pngs);
+  ASSERT_EQ(from_pgm.size(), static_cast<size_t>(kImages));
+  ASSERT_EQ(from_png.size(), static_cast<size_t>(kImages));
+  int correct = 0;
+  for (int i = 0; i < kImages; ++i) {
+    EXPECT_EQ(from_pgm[i]["image"], pgms[i]);
+    ASSERT_EQ(from_pgm[i]["top"].size(), 3u);
+    EXPECT_EQ(from_pgm[i]["top"], from_png[i]["top"]) << "the same pixels as PGM and as PNG";
+    double previous = 1;
+    for (const auto& t : from_pgm[i]["top"]) {
+      EXPECT_LE(t["probability"].get<double>(), previous);
+      previous = t["probability"].get<double>();
+    }
+    correct += from_pgm[i]["top"][0]["class"].get<int>() == test->labels[i] ? 1 : 0;
+  }
+  // The same answers as eval gives on the same 100 test images.
+  auto eval = Trainctl({"eval", "--checkpoint", model, "--limit", std::to_string(kImages), "-o", "json"}, s.path(""));
+  ASSERT_EQ(eval.exit.code, 0) << eval.output;
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(eval.output)["accuracy"].get<double>(), correct / double(kImages));
+  EXPECT_GT(correct, 40) << "better than chance (10 of 100)";
+
+  // Every class's probability, summing to 1; a colour image of the same pixels (the model is
+  // grey) and the idx file itself give the same answer.
+  s.Write("rgb.png", Png(test->image(0), 28, 28, true));
+  auto all = predict({"-k", "10", pgms[0], s.path("rgb.png")});
+  double sum = 0;
+  for (const auto& t : all[0]["top"]) sum += t["probability"].get<double>();
+  EXPECT_NEAR(sum, 1.0, 1e-4);
+  EXPECT_EQ(all[1]["top"][0], all[0]["top"][0]);
+  auto idx = predict({std::string(data::kFashionMnistDir) + "/t10k-images-idx3-ubyte.gz"});
+  ASSERT_EQ(idx.size(), 10000u);
+  for (int k = 0; k < 3; ++k) {  // computed in another batch: the same to float rounding
+    EXPECT_EQ(idx[7]["top"][k]["class"], from_pgm[7]["top"][k]["class"]);
+    EXPECT_NEAR(idx[7]["top"][k]["probability"].get<double>(), from_pgm[7]["top"][k]["probability"].get<double>(), 1e-5);
+  }
+  auto text = Trainctl({"predict", "--checkpoint", model, pgms[0]}, s.path(""));
+  EXPECT_TRUE(text.output.rfind(pgms[0] + ": ", 0) == 0 && text.output.find(" %, ") != std::string::npos) << text.output;
+
+  // Bad images: each named, nothing predicted.
+  std::vector<uint8_t> big(32 * 32, 128);
+  s.Write("big.pgm", Pgm(big.data(), 32, 32));
+  s.Write("notes.txt", "not an image\n");
+  std::string torn = Png(test->image(0), 28, 28, false);
+  s.Write("torn.png", torn.substr(0, torn.size() / 2));
+  for (const auto& [file, message] : std::vector<std::pair<std::string, std::string>>{
+           {"big.pgm", "big.pgm: the image is 32x32 pixels; the model takes 28x28"},
+           {"notes.txt", "notes.txt: not a PNG, PGM or PPM image"},
+           {"torn.png", "torn.png: "}}) {
+    auto r = Trainctl({"predict", "--checkpoint", model, s.path(file)}, s.path(""));
+    EXPECT_EQ(r.exit.code, kExitError) << r.output;
+    EXPECT_NE(r.output.find("trainctl predict: " + s.path(message)), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace trainctl::testing
