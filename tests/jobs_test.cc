@@ -126,6 +126,36 @@ TEST(Jobs, PsLogsFollowStatusAndStopFromAnotherTerminal) {
             std::string::npos) << unknown.output;
 }
 
+// top: each worker's CPU, memory and threads, and where the trainer's steps go; then refused
+// for a run that has ended.
+TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
+  Scratch s;
+  s.Write("job.yaml", "name: busy-trainer\nprocs_per_node: 2\noutput_dir: " + s.path("out") +
+                          "\ntrainer:\n  model: cnn\n  data: {limit: 2048, test_limit: 64}\n  batch_size: 32\n"
+                          "  epochs: 200\n  threads: 1\n  log_every: 5\n  eval: false\n");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
+  ASSERT_TRUE(Eventually([&] { return s.Read("out/metrics.jsonl").find("window_seconds") != std::string::npos; },
+                         seconds(60))) << job.Output();
+  auto top = Trainctl({"top", "busy-trainer", "--once", "--interval", "1s"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(top.exit.code, 0) << top.output;
+  EXPECT_TRUE(std::regex_search(top.output, std::regex("steps/s, \\d+ samples/s; a step: \\d+ % data, \\d+ % compute, "
+                                                       "\\d+ % communication"))) << top.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(top.output, m, std::regex("\n" + std::to_string(rank) + " +worker-" +
+                                                            std::to_string(rank) + " +\\d+ +([0-9.]+) +([0-9.]+) +(\\d+)\n")))
+        << top.output;
+    EXPECT_GT(std::stod(m[1]), 20) << "a training worker uses CPU:\n" << top.output;
+    EXPECT_GT(std::stod(m[2]), 50) << "LibTorch and the data take memory:\n" << top.output;
+    EXPECT_GE(std::stoi(m[3]), 1);
+  }
+  EXPECT_EQ(Trainctl({"stop", "busy-trainer"}, s.path(""), seconds(60), StateIn(s)).exit.code, 0);
+  EXPECT_EQ(job.Wait(seconds(30)).code, kExitInterrupted);
+  auto ended = Trainctl({"top", "busy-trainer", "--once"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(ended.exit.code, kExitInvalidSpec);
+  EXPECT_NE(ended.output.find("is not running (interrupted)"), std::string::npos) << ended.output;
+}
+
 // A launcher killed with SIGKILL cannot write how it ended: ps says the run was lost.
 TEST(Jobs, ARunWhoseLauncherWasKilledIsShownAsLost) {
   Scratch s;

@@ -230,6 +230,162 @@ int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role
   return kExitOk;
 }
 
+// One process's counters from /proc.
+struct ProcSample {
+  int64_t pid = 0, ppid = 0;
+  double cpu_seconds = 0;  // utime + stime
+  int64_t rss_kb = 0;
+  int threads = 0;
+};
+
+bool SampleProc(int64_t pid, ProcSample* out) {
+  auto stat = ReadFile("/proc/" + std::to_string(pid) + "/stat", 1 << 14);
+  if (!stat.ok()) return false;
+  const size_t close = stat->rfind(')');
+  if (close == std::string::npos) return false;
+  std::vector<std::string> f = Split(std::string_view(*stat).substr(close + 2), ' ');  // f[0]: field 3
+  if (f.size() < 22) return false;
+  static const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  out->pid = pid;
+  out->ppid = std::atoll(f[1].c_str());
+  out->cpu_seconds = (std::atof(f[11].c_str()) + std::atof(f[12].c_str())) / ticks;
+  out->threads = std::atoi(f[17].c_str());
+  out->rss_kb = std::atoll(f[21].c_str()) * (::sysconf(_SC_PAGESIZE) / 1024);
+  return true;
+}
+
+// Every process on the machine, by pid (this user's are readable; enough for our own job).
+std::map<int64_t, ProcSample> SampleAll() {
+  std::map<int64_t, ProcSample> all;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    ProcSample p;
+    if (SampleProc(std::atoll(name.c_str()), &p)) all[p.pid] = p;
+  }
+  return all;
+}
+
+// The job's tasks: the launcher's descendants whose environment says which task they are
+// (RANK, ROLE_NAME, ROLE_RANK), each with its own descendants (a DataLoader's workers).
+struct TaskProc {
+  int rank = -1;
+  std::string label;  // worker-0, ps-1
+  int64_t pid = 0;
+  std::vector<int64_t> tree;
+};
+
+std::vector<TaskProc> FindTasks(int64_t launcher, const std::map<int64_t, ProcSample>& all) {
+  std::map<int64_t, std::vector<int64_t>> children;
+  for (const auto& [pid, p] : all) children[p.ppid].push_back(pid);
+  std::vector<TaskProc> tasks;
+  std::vector<int64_t> stack = {launcher};
+  while (!stack.empty()) {
+    const int64_t pid = stack.back();
+    stack.pop_back();
+    auto env = ReadFile("/proc/" + std::to_string(pid) + "/environ", 1 << 20);
+    std::map<std::string, std::string> vars;
+    if (env.ok()) {
+      for (const auto& kv : Split(*env, '\0')) {
+        const size_t eq = kv.find('=');
+        if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+    }
+    if (pid != launcher && vars.count("RANK") && vars.count("ROLE_NAME") && vars.count("TORCHELASTIC_RUN_ID")) {
+      TaskProc t;
+      t.rank = std::atoi(vars["RANK"].c_str());
+      t.label = vars["ROLE_NAME"] + "-" + vars["ROLE_RANK"];
+      t.pid = pid;
+      std::vector<int64_t> sub = {pid};
+      while (!sub.empty()) {
+        const int64_t p = sub.back();
+        sub.pop_back();
+        t.tree.push_back(p);
+        for (int64_t c : children[p]) sub.push_back(c);
+      }
+      tasks.push_back(t);
+      continue;
+    }
+    for (int64_t c : children[pid]) stack.push_back(c);
+  }
+  std::sort(tasks.begin(), tasks.end(), [](const TaskProc& a, const TaskProc& b) { return a.rank < b.rank; });
+  return tasks;
+}
+
+// The newest window of the trainer's metrics: steps/s and where a step's time goes.
+std::string StepSplit(const std::string& output_dir) {
+  auto text = ReadFile(paths::MetricsJsonl(output_dir), int64_t{1} << 30);
+  if (!text.ok()) return "";
+  const auto lines = SplitLines(text->size() > 65536 ? text->substr(text->size() - 65536) : *text);
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    auto j = json::parse(*it, nullptr, false);
+    if (!j.is_object() || !j.contains("window_seconds")) continue;
+    const double secs = j.value("window_seconds", 0.0), steps = j.value("window_steps", 0.0);
+    if (secs <= 0 || steps <= 0) continue;
+    const double data = 100 * j.value("data_seconds", 0.0) / secs, comm = 100 * j.value("comm_seconds", 0.0) / secs;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "step %.0f: %.1f steps/s, %.0f samples/s; a step: %.0f %% data, %.0f %% compute, "
+                  "%.0f %% communication (rank 0, last %.0f steps)",
+                  j.value("step", 0.0), steps / secs, j.value("samples_per_s", 0.0), data,
+                  std::max(0.0, 100 - data - comm), comm, steps);
+    return buf;
+  }
+  return "";
+}
+
+// One screen of `top`: every task's CPU, memory and threads over `interval`.
+std::string TopScreen(const runs::RunEntry& e, const RunView& v, Duration interval) {
+  auto before = SampleAll();
+  const auto t0 = Clock::now();
+  const auto tasks = FindTasks(e.pid, before);
+  std::this_thread::sleep_for(interval);
+  const double secs = SecondsSince(t0);
+  auto after = SampleAll();
+  std::string out = "job " + e.name + ", run " + e.run_id + ": " + v.state + ", " + Tasks(e) + ", elapsed " + Elapsed(v) + "\n";
+  const std::string split = StepSplit(v.dir);
+  if (!split.empty()) out += split + "\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "\n%-6s %-14s %8s %7s %10s %8s\n", "RANK", "TASK", "PID", "CPU%", "RSS MiB", "THREADS");
+  out += line;
+  for (const auto& t : tasks) {
+    double cpu = 0;
+    int64_t rss = 0;
+    int threads = 0;
+    for (int64_t pid : t.tree) {
+      auto a = after.find(pid);
+      if (a == after.end()) continue;
+      auto b = before.find(pid);
+      cpu += a->second.cpu_seconds - (b == before.end() ? 0 : b->second.cpu_seconds);
+      rss += a->second.rss_kb;
+      threads += a->second.threads;
+    }
+    std::snprintf(line, sizeof line, "%-6d %-14s %8lld %7.1f %10.1f %8d\n", t.rank, t.label.c_str(),
+                  static_cast<long long>(t.pid), 100 * cpu / std::max(1e-3, secs), rss / 1024.0, threads);
+    out += line;
+  }
+  if (tasks.empty()) out += "(no task is running)\n";
+  return out;
+}
+
+int Top(const runs::RunEntry& e, bool once, Duration interval) {
+  if (!runs::Alive(e)) {
+    return Fail("top", InvalidArgument("run " + e.run_id + " of job " + e.name + " is not running (" + View(e).state +
+                                       "); trainctl status " + e.run_id + " says how it ended"));
+  }
+  BlockSupervisorSignals();
+  const bool tty = ::isatty(STDOUT_FILENO) != 0;
+  while (true) {
+    const std::string screen = TopScreen(e, View(e), interval);
+    if (tty && !once) std::fputs("\x1b[H\x1b[2J", stdout);  // home, clear
+    std::fputs(screen.c_str(), stdout);
+    std::fflush(stdout);
+    if (once || !runs::Alive(e)) return kExitOk;
+    if (int sig = WaitSignal(Duration(0)); sig && sig != SIGCHLD) return kExitOk;
+    if (!tty) std::fputs("\n", stdout);
+  }
+}
+
 int Stop(const runs::RunEntry& e, Duration wait) {
   if (!runs::Alive(e)) {
     return Fail("stop", InvalidArgument("run " + e.run_id + " of job " + e.name + " is not running (" +
@@ -297,6 +453,23 @@ void AddLocalJobVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   ps->add_flag("-a,--all", all, "every run in the index, not only the newest of each job");
   ps->add_flag("--json", ps_json, "print JSON");
   ps->callback([code] { *code = Ps(all, ps_json); });
+
+  static std::string top_job, top_every = "1s";
+  static bool top_once = false;
+  auto* top = app.add_subcommand("top", "A running job's tasks: CPU %, memory and threads of each, steps/s and "
+                                        "where a step's time goes (data, compute, communication); live");
+  top->add_option("job", top_job, "a job name (its newest run) or a run id")->required();
+  top->add_option("--interval", top_every, "time between screens (and the CPU sampling window)")->capture_default_str();
+  top->add_flag("--once", top_once, "print one screen and exit");
+  top->callback([code] {
+    auto every = ParseDuration(top_every);
+    if (!every.ok() || every->count() <= 0) {
+      *code = Fail("top", InvalidArgument("--interval: expected a duration such as 1s or 500ms"));
+      return;
+    }
+    auto e = runs::Find(top_job);
+    *code = e.ok() ? Top(*e, top_once, *every) : Fail("top", e.status());
+  });
 
   static std::string stop_job;
   static std::string stop_wait = "60s";
