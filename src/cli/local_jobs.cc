@@ -19,90 +19,15 @@
 #include "common/subprocess.h"
 #include "job/paths.h"
 #include "job/runs.h"
+#include "monitor/view.h"
 
 namespace trainctl::cli {
 
 namespace {
 
 namespace fs = std::filesystem;
+using namespace monitor;
 using nlohmann::json;
-
-json ReadJson(const std::string& path) {
-  auto text = ReadFile(path, 1 << 20);
-  return text.ok() ? json::parse(*text, nullptr, false) : json();
-}
-
-// A run's state: its status.json, corrected for a launcher that is gone without writing the end.
-// `dir` holds the run's files: its output_dir, or previous/<run id>/ there once a later run has
-// moved them aside.
-struct RunView {
-  runs::RunEntry entry;
-  json status;
-  std::string state;
-  bool alive = false;
-  std::string dir;
-};
-
-RunView View(const runs::RunEntry& e) {
-  RunView v{e, ReadJson(paths::StatusJson(e.output_dir)), "", runs::Alive(e), e.output_dir};
-  const bool ours = v.status.is_object() && v.status.value("run_id", "") == e.run_id;
-  if (!ours) {
-    const std::string moved = e.output_dir + "/previous/" + e.run_id;
-    if (v.alive || !IsDirectory(moved)) {
-      v.state = v.alive ? "starting" : "unknown";
-      return v;
-    }
-    v.dir = moved;
-    v.status = ReadJson(paths::StatusJson(moved));
-    v.state = v.status.is_object() ? v.status.value("state", "unknown") : "unknown";
-    if (v.state == "running") v.state = "lost";
-    return v;
-  }
-  v.state = v.status.value("state", "unknown");
-  if (v.state == "running" && !v.alive) v.state = "lost";  // killed before it could say how it ended
-  return v;
-}
-
-std::string Elapsed(const RunView& v) {
-  if (v.state == "running" || v.state == "starting") {
-    return FormatDuration(std::chrono::seconds(std::max<int64_t>(0, std::time(nullptr) - v.entry.started)));
-  }
-  return v.status.is_object() ? v.status.value("elapsed", "-") : "-";
-}
-
-// "epoch 3 step 1200 loss 0.412 acc 0.91" from the end of metrics.jsonl (the built-in trainer).
-std::string Progress(const std::string& output_dir) {
-  const std::string path = paths::MetricsJsonl(output_dir);
-  std::FILE* f = std::fopen(path.c_str(), "r");
-  if (!f) return "-";
-  std::fseek(f, 0, SEEK_END);
-  const long size = std::ftell(f);
-  const long from = std::max(0L, size - 16384);
-  std::fseek(f, from, SEEK_SET);
-  std::string tail(size - from, '\0');
-  tail.resize(std::fread(tail.data(), 1, tail.size(), f));
-  std::fclose(f);
-  double epoch = -1, step = -1, loss = -1, acc = -1;
-  for (const auto& line : SplitLines(tail)) {
-    auto j = json::parse(line, nullptr, false);
-    if (!j.is_object()) continue;
-    if (j.contains("epoch") && j["epoch"].is_number()) epoch = j["epoch"].get<double>();
-    if (j.contains("step") && j["step"].is_number()) step = j["step"].get<double>();
-    if (j.contains("loss") && j["loss"].is_number()) loss = j["loss"].get<double>();
-    if (j.contains("test_accuracy") && j["test_accuracy"].is_number()) acc = j["test_accuracy"].get<double>();
-  }
-  if (epoch < 0) return "-";
-  char buf[128];
-  int n = std::snprintf(buf, sizeof buf, "epoch %.0f step %.0f", epoch, step);
-  if (loss >= 0) n += std::snprintf(buf + n, sizeof buf - n, " loss %.4f", loss);
-  if (acc >= 0) std::snprintf(buf + n, sizeof buf - n, " acc %.4f", acc);
-  return buf;
-}
-
-std::string Tasks(const runs::RunEntry& e) {
-  if (e.procs_per_node > 0) return std::to_string(e.nodes) + "x" + std::to_string(e.procs_per_node);
-  return std::to_string(e.tasks) + " tasks";
-}
 
 void Row(const std::vector<std::string>& cells, const std::vector<size_t>& widths) {
   std::string line;
@@ -145,39 +70,6 @@ int Ps(bool all, bool as_json) {
 int Fail(const std::string& verb, const Status& st) {
   std::fprintf(stderr, "trainctl %s: %s\n", verb.c_str(), st.message().c_str());
   return st.code() == Code::kNotFound || st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
-}
-
-// The log files of a run: <role>-<index>.log, in task order (worker-0, worker-1, ..., worker-10).
-std::vector<std::string> LogFiles(const std::string& dir, const std::string& role, int rank, const json& spec) {
-  std::vector<std::pair<std::pair<std::string, int>, std::string>> found;
-  std::error_code ec;
-  for (const auto& f : fs::directory_iterator(dir, ec)) {
-    const std::string stem = f.path().stem().string();
-    const size_t dash = stem.rfind('-');
-    if (f.path().extension() != ".log" || dash == std::string::npos) continue;
-    found.push_back({{stem.substr(0, dash), std::atoi(stem.c_str() + dash + 1)}, f.path().string()});
-  }
-  // Ranks number the tasks role by role (spec order), then by index.
-  std::map<std::string, int> first_rank;
-  int next = 0;
-  if (spec.is_object() && spec.contains("roles") && spec["roles"].is_array()) {
-    for (const auto& r : spec["roles"]) {
-      first_rank[r.value("name", "")] = next;
-      next += r.value("replicas", 1);
-    }
-  }
-  auto rank_of = [&](const std::pair<std::string, int>& task) {
-    auto it = first_rank.find(task.first);
-    return (it == first_rank.end() ? 0 : it->second) + task.second;
-  };
-  std::sort(found.begin(), found.end(), [&](const auto& a, const auto& b) { return rank_of(a.first) < rank_of(b.first); });
-  std::vector<std::string> out;
-  for (const auto& [task, path] : found) {
-    if (!role.empty() && task.first != role) continue;
-    if (rank >= 0 && rank_of(task) != rank) continue;
-    out.push_back(path);
-  }
-  return out;
 }
 
 int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role) {
@@ -230,118 +122,9 @@ int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role
   return kExitOk;
 }
 
-// One process's counters from /proc.
-struct ProcSample {
-  int64_t pid = 0, ppid = 0;
-  double cpu_seconds = 0;  // utime + stime
-  int64_t rss_kb = 0;
-  int threads = 0;
-};
-
-bool SampleProc(int64_t pid, ProcSample* out) {
-  auto stat = ReadFile("/proc/" + std::to_string(pid) + "/stat", 1 << 14);
-  if (!stat.ok()) return false;
-  const size_t close = stat->rfind(')');
-  if (close == std::string::npos) return false;
-  std::vector<std::string> f = Split(std::string_view(*stat).substr(close + 2), ' ');  // f[0]: field 3
-  if (f.size() < 22) return false;
-  static const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
-  out->pid = pid;
-  out->ppid = std::atoll(f[1].c_str());
-  out->cpu_seconds = (std::atof(f[11].c_str()) + std::atof(f[12].c_str())) / ticks;
-  out->threads = std::atoi(f[17].c_str());
-  out->rss_kb = std::atoll(f[21].c_str()) * (::sysconf(_SC_PAGESIZE) / 1024);
-  return true;
-}
-
-// Every process on the machine, by pid (this user's are readable; enough for our own job).
-std::map<int64_t, ProcSample> SampleAll() {
-  std::map<int64_t, ProcSample> all;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    ProcSample p;
-    if (SampleProc(std::atoll(name.c_str()), &p)) all[p.pid] = p;
-  }
-  return all;
-}
-
-// The job's tasks: the launcher's descendants whose environment says which task they are
-// (RANK, ROLE_NAME, ROLE_RANK), each with its own descendants (a DataLoader's workers).
-struct TaskProc {
-  int rank = -1;
-  std::string label;  // worker-0, ps-1
-  int64_t pid = 0;
-  std::vector<int64_t> tree;
-};
-
-std::vector<TaskProc> FindTasks(int64_t launcher, const std::map<int64_t, ProcSample>& all) {
-  std::map<int64_t, std::vector<int64_t>> children;
-  for (const auto& [pid, p] : all) children[p.ppid].push_back(pid);
-  std::vector<TaskProc> tasks;
-  std::vector<int64_t> stack = {launcher};
-  while (!stack.empty()) {
-    const int64_t pid = stack.back();
-    stack.pop_back();
-    auto env = ReadFile("/proc/" + std::to_string(pid) + "/environ", 1 << 20);
-    std::map<std::string, std::string> vars;
-    if (env.ok()) {
-      for (const auto& kv : Split(*env, '\0')) {
-        const size_t eq = kv.find('=');
-        if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
-      }
-    }
-    if (pid != launcher && vars.count("RANK") && vars.count("ROLE_NAME") && vars.count("TORCHELASTIC_RUN_ID")) {
-      TaskProc t;
-      t.rank = std::atoi(vars["RANK"].c_str());
-      t.label = vars["ROLE_NAME"] + "-" + vars["ROLE_RANK"];
-      t.pid = pid;
-      std::vector<int64_t> sub = {pid};
-      while (!sub.empty()) {
-        const int64_t p = sub.back();
-        sub.pop_back();
-        t.tree.push_back(p);
-        for (int64_t c : children[p]) sub.push_back(c);
-      }
-      tasks.push_back(t);
-      continue;
-    }
-    for (int64_t c : children[pid]) stack.push_back(c);
-  }
-  std::sort(tasks.begin(), tasks.end(), [](const TaskProc& a, const TaskProc& b) { return a.rank < b.rank; });
-  return tasks;
-}
-
-// The newest window of the trainer's metrics: steps/s and where a step's time goes.
-std::string StepSplit(const std::string& output_dir) {
-  auto text = ReadFile(paths::MetricsJsonl(output_dir), int64_t{1} << 30);
-  if (!text.ok()) return "";
-  const auto lines = SplitLines(text->size() > 65536 ? text->substr(text->size() - 65536) : *text);
-  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
-    auto j = json::parse(*it, nullptr, false);
-    if (!j.is_object() || !j.contains("window_seconds")) continue;
-    const double secs = j.value("window_seconds", 0.0), steps = j.value("window_steps", 0.0);
-    if (secs <= 0 || steps <= 0) continue;
-    const double data = 100 * j.value("data_seconds", 0.0) / secs, comm = 100 * j.value("comm_seconds", 0.0) / secs;
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "step %.0f: %.1f steps/s, %.0f samples/s; a step: %.0f %% data, %.0f %% compute, "
-                  "%.0f %% communication (rank 0, last %.0f steps)",
-                  j.value("step", 0.0), steps / secs, j.value("samples_per_s", 0.0), data,
-                  std::max(0.0, 100 - data - comm), comm, steps);
-    return buf;
-  }
-  return "";
-}
-
 // One screen of `top`: every task's CPU, memory and threads over `interval`.
 std::string TopScreen(const runs::RunEntry& e, const RunView& v, Duration interval) {
-  auto before = SampleAll();
-  const auto t0 = Clock::now();
-  const auto tasks = FindTasks(e.pid, before);
-  std::this_thread::sleep_for(interval);
-  const double secs = SecondsSince(t0);
-  auto after = SampleAll();
+  const auto tasks = SampleTasks(e.pid, interval);
   std::string out = "job " + e.name + ", run " + e.run_id + ": " + v.state + ", " + Tasks(e) + ", elapsed " + Elapsed(v) + "\n";
   const std::string split = StepSplit(v.dir);
   if (!split.empty()) out += split + "\n";
@@ -349,19 +132,8 @@ std::string TopScreen(const runs::RunEntry& e, const RunView& v, Duration interv
   std::snprintf(line, sizeof line, "\n%-6s %-14s %8s %7s %10s %8s\n", "RANK", "TASK", "PID", "CPU%", "RSS MiB", "THREADS");
   out += line;
   for (const auto& t : tasks) {
-    double cpu = 0;
-    int64_t rss = 0;
-    int threads = 0;
-    for (int64_t pid : t.tree) {
-      auto a = after.find(pid);
-      if (a == after.end()) continue;
-      auto b = before.find(pid);
-      cpu += a->second.cpu_seconds - (b == before.end() ? 0 : b->second.cpu_seconds);
-      rss += a->second.rss_kb;
-      threads += a->second.threads;
-    }
     std::snprintf(line, sizeof line, "%-6d %-14s %8lld %7.1f %10.1f %8d\n", t.rank, t.label.c_str(),
-                  static_cast<long long>(t.pid), 100 * cpu / std::max(1e-3, secs), rss / 1024.0, threads);
+                  static_cast<long long>(t.pid), t.cpu_percent, t.rss_mib, t.threads);
     out += line;
   }
   if (tasks.empty()) out += "(no task is running)\n";
