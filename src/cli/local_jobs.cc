@@ -19,7 +19,9 @@
 #include "common/subprocess.h"
 #include "job/paths.h"
 #include "job/runs.h"
+#include "monitor/dashboard.h"
 #include "monitor/view.h"
+#include "common/random.h"
 
 namespace trainctl::cli {
 
@@ -241,6 +243,31 @@ void AddLocalJobVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
     }
     auto e = runs::Find(top_job);
     *code = e.ok() ? Top(*e, top_once, *every) : Fail("top", e.status());
+  });
+
+  static monitor::DashboardOptions dash;
+  auto* dashboard = app.add_subcommand(
+      "dashboard", "A web page of this user's jobs on this machine (live curves, workers, failures, logs, eval "
+                   "results) and their Prometheus metrics at /metrics, on 127.0.0.1 with a token in the URL");
+  dashboard->add_option("--host", dash.host, "the address to listen on (another than loopback exposes it, "
+                                             "still behind the token)")->capture_default_str();
+  dashboard->add_option("--port", dash.port, "the port (0: any free one)")->capture_default_str();
+  dashboard->callback([code] {
+    dash.token = RandomHex(24);
+    dash.self_exe = SelfExe();
+    BlockSupervisorSignals();  // before the server's threads start: they inherit the mask
+    auto server = monitor::Dashboard::Start(dash);
+    if (!server.ok()) {
+      *code = Fail("dashboard", server.status());
+      return;
+    }
+    std::printf("trainctl dashboard: %s\n(Prometheus: scrape /metrics with the bearer token %s; Ctrl-C stops it)\n",
+                (*server)->Url().c_str(), dash.token.c_str());
+    std::fflush(stdout);
+    while (true) {
+      if (int sig = WaitSignal(std::chrono::seconds(1)); sig && sig != SIGCHLD) break;
+    }
+    *code = kExitOk;
   });
 
   static std::string stop_job;

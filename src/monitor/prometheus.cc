@@ -1,0 +1,136 @@
+#include "monitor/prometheus.h"
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "job/paths.h"
+#include "monitor/view.h"
+
+namespace trainctl::monitor {
+
+namespace {
+
+// Upper bounds of the step-duration histogram, in seconds.
+const std::vector<double> kBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+
+std::string Number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string EscapeLabel(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+void MetricsExporter::Update(Totals* t, const std::string& path) {
+  if (t->path != path) *t = Totals{path};  // the run's files moved (previous/): start over
+  if (t->buckets.empty()) t->buckets.assign(kBounds.size(), 0);
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return;
+  std::fseek(f, t->offset, SEEK_SET);
+  std::string text;
+  char buf[65536];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  std::fclose(f);
+  const size_t end = text.rfind('\n');  // whole lines only; the rest is read next time
+  if (end == std::string::npos) return;
+  t->offset += static_cast<long>(end + 1);
+  size_t start = 0;
+  for (size_t eol; start <= end && (eol = text.find('\n', start)) != std::string::npos; start = eol + 1) {
+    auto j = nlohmann::json::parse(text.begin() + start, text.begin() + eol, nullptr, false);
+    if (!j.is_object()) continue;
+    auto num = [&](const char* key, double* out) {
+      if (j.contains(key) && j[key].is_number()) {
+        *out = j[key].get<double>();
+        return true;
+      }
+      return false;
+    };
+    double v = 0;
+    if (num("step", &v)) t->steps = std::max(t->steps, v);
+    if (num("loss", &v)) t->loss = v;
+    if (num("restart", &v)) t->restart = v;
+    if (num("test_accuracy", &v)) t->accuracy = v;
+    double secs = 0, steps = 0, rate = 0;
+    if (num("window_seconds", &secs) && num("window_steps", &steps) && steps > 0) {
+      if (num("samples_per_s", &rate)) t->samples += rate * secs;
+      if (num("comm_seconds", &v)) t->comm += v;
+      if (num("data_seconds", &v)) t->data += v;
+      // The window's mean step duration, once per step in it.
+      const double each = secs / steps;
+      for (size_t b = 0; b < kBounds.size(); ++b) {
+        if (each <= kBounds[b]) t->buckets[b] += steps;
+      }
+      t->count += steps;
+      t->sum += secs;
+    }
+  }
+}
+
+std::string MetricsExporter::Render(const std::vector<runs::RunEntry>& entries) {
+  std::lock_guard<std::mutex> lock(mu_);
+  struct Family {
+    std::string name, type, help, lines;
+  };
+  std::vector<Family> families = {
+      {"trainctl_job_running", "gauge", "Whether the run is running (1) or has ended (0).", ""},
+      {"trainctl_job_tasks", "gauge", "Tasks (worker processes) of the run at full size.", ""},
+      {"trainctl_job_restarts_total", "counter", "Worker-group restarts of the run so far.", ""},
+      {"trainctl_job_failed", "gauge", "Whether the run ended failed, lost or timed out (1).", ""},
+      {"trainctl_train_steps_total", "counter", "Optimizer steps of the built-in trainer.", ""},
+      {"trainctl_train_samples_total", "counter", "Training samples processed (all workers).", ""},
+      {"trainctl_train_loss", "gauge", "Training loss of the newest metrics window.", ""},
+      {"trainctl_train_data_wait_seconds_total", "counter", "Time rank 0 waited for input batches.", ""},
+      {"trainctl_train_communication_wait_seconds_total", "counter",
+       "Time rank 0 waited for the other ranks' gradients or the parameter servers.", ""},
+      {"trainctl_train_step_duration_seconds", "histogram",
+       "Duration of a training step (each metrics window's mean, once per step).", ""},
+      {"trainctl_test_accuracy", "gauge", "Newest test-set accuracy (0 to 1).", ""},
+  };
+  auto add = [&](size_t family, const std::string& labels, double value, const std::string& suffix = "") {
+    families[family].lines += families[family].name + suffix + "{" + labels + "} " + Number(value) + "\n";
+  };
+  for (const auto& e : entries) {
+    const RunView v = View(e);
+    const std::string labels = "job=\"" + EscapeLabel(e.name) + "\",run_id=\"" + EscapeLabel(e.run_id) + "\"";
+    Totals& t = totals_[e.run_id];
+    Update(&t, paths::MetricsJsonl(v.dir));
+    double restarts = t.restart;
+    if (v.status.is_object() && v.status.contains("restarts") && v.status["restarts"].is_number()) {
+      restarts = v.status["restarts"].get<double>();
+    }
+    add(0, labels, v.alive ? 1 : 0);
+    add(1, labels, e.tasks);
+    add(2, labels, restarts);
+    add(3, labels, v.state == "failed" || v.state == "lost" || v.state == "timed-out" || v.state == "error" ? 1 : 0);
+    if (t.offset == 0) continue;  // not the built-in trainer, or nothing logged yet
+    add(4, labels, t.steps);
+    add(5, labels, t.samples);
+    if (t.loss >= 0) add(6, labels, t.loss);
+    add(7, labels, t.data);
+    add(8, labels, t.comm);
+    for (size_t b = 0; b < kBounds.size(); ++b) add(9, labels + ",le=\"" + Number(kBounds[b]) + "\"", t.buckets[b], "_bucket");
+    add(9, labels + ",le=\"+Inf\"", t.count, "_bucket");
+    add(9, labels, t.sum, "_sum");
+    add(9, labels, t.count, "_count");
+    if (t.accuracy >= 0) add(10, labels, t.accuracy);
+  }
+  std::string out;
+  for (const auto& f : families) {
+    out += "# HELP " + f.name + " " + f.help + "\n# TYPE " + f.name + " " + f.type + "\n" + f.lines;
+  }
+  return out;
+}
+
+}  // namespace trainctl::monitor

@@ -1,0 +1,188 @@
+// `trainctl dashboard`: the page in a real headless Chromium (DOM checks and a screenshot), its
+// token, its escaping of what runs print, and /metrics checked by promtool and scraped by a real
+// Prometheus started here on loopback.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "common/exit_codes.h"
+#include "common/strings.h"
+#include "tests/test_util.h"
+
+namespace trainctl::testing {
+namespace {
+
+using std::chrono::seconds;
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+CommandResult Exec(const std::vector<std::string>& argv, const std::string& cwd, Duration timeout = seconds(120)) {
+  SpawnOptions o;
+  o.argv = argv;
+  o.env = CurrentEnvironment();
+  o.cwd = cwd;
+  auto r = RunCommand(o, timeout);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : CommandResult{};
+}
+
+struct Url {
+  std::string host;
+  int port = 0;
+  std::string token;
+};
+
+// The dashboard's address, from the line it prints.
+Url WaitForUrl(const Scratch& s, const std::string& log) {
+  Url u;
+  std::smatch m;
+  EXPECT_TRUE(Eventually([&] {
+    const std::string text = s.Read(log);
+    if (!std::regex_search(text, m, std::regex("http://([0-9.]+):(\\d+)/\\?token=([0-9a-f]+)"))) return false;
+    u = {m[1], std::stoi(m[2]), m[3]};
+    return true;
+  }, seconds(20))) << s.Read(log);
+  return u;
+}
+
+class DashboardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    env_ = {{"TRAINCTL_STATE_DIR", s_.path("state")}};
+    // A finished training run (curves, test accuracy, a model to evaluate)...
+    s_.Write("train.yaml", "name: trained\nprocs_per_node: 2\noutput_dir: " + s_.path("trained") +
+                               "\ntrainer:\n  model: cnn\n  data: {limit: 1024, test_limit: 200}\n  batch_size: 32\n"
+                               "  epochs: 2\n  threads: 1\n  log_every: 4\n");
+    auto trained = Trainctl({"run", "train.yaml"}, s_.path(""), seconds(120), env_);
+    ASSERT_EQ(trained.exit.code, 0) << trained.output;
+    trained_id_ = nlohmann::json::parse(s_.Read("trained/status.json"))["run_id"];
+    // ...and a running one whose output tries to inject markup into the page.
+    s_.Write("hostile.yaml", "name: hostile\nprocs_per_node: 2\noutput_dir: " + s_.path("hostile") +
+                                 "\ncommand: [sh, -c, 'echo \"<script>document.title=1</script><img src=x "
+                                 "onerror=document.title=2>\"; sleep 120']\n");
+    hostile_ = std::make_unique<Background>(std::vector<std::string>{"run", "hostile.yaml"}, s_.path(""),
+                                            s_.path("hostile.log"), env_);
+    ASSERT_TRUE(Eventually([&] { return s_.Read("hostile/logs/worker-0.log").find("<script>") != std::string::npos; }));
+    hostile_id_ = nlohmann::json::parse(s_.Read("hostile/status.json"))["run_id"];
+    dashboard_ = std::make_unique<Background>(std::vector<std::string>{"dashboard"}, s_.path(""), s_.path("dash.log"), env_);
+    url_ = WaitForUrl(s_, "dash.log");
+  }
+  void TearDown() override {
+    if (hostile_) {
+      ::kill(hostile_->pid(), SIGTERM);
+      hostile_->Wait(seconds(30));
+    }
+    if (dashboard_) {
+      ::kill(dashboard_->pid(), SIGTERM);
+      EXPECT_EQ(dashboard_->Wait(seconds(30)).code, 0);
+    }
+  }
+  std::string Base() const { return "http://" + url_.host + ":" + std::to_string(url_.port); }
+
+  Scratch s_;
+  Env env_;
+  std::string trained_id_, hostile_id_;
+  std::unique_ptr<Background> hostile_, dashboard_;
+  Url url_;
+};
+
+TEST_F(DashboardTest, ThePageShowsJobsCurvesLogsAndEvalInChromiumAndEscapesWhatRunsPrint) {
+  ASSERT_EQ(url_.host, "127.0.0.1") << "loopback unless told otherwise";
+  // The token guards everything but the static assets.
+  httplib::Client client(url_.host, url_.port);
+  client.set_read_timeout(120, 0);
+  EXPECT_EQ(client.Get("/")->status, 401);
+  EXPECT_EQ(client.Get("/api/runs?token=" + std::string(url_.token.size(), '0'))->status, 401);
+  EXPECT_EQ(client.Get("/app.js")->status, 200);
+  auto runs = client.Get("/api/runs?token=" + url_.token);
+  ASSERT_EQ(runs->status, 200);
+  EXPECT_EQ(nlohmann::json::parse(runs->body).size(), 2u);
+  EXPECT_NE(client.Get("/")->get_header_value("Content-Security-Policy").find("default-src 'none'"), std::string::npos);
+
+  const std::string page = Base() + "/?token=" + url_.token;
+  auto dom = [&](const std::string& run, const std::string& shot) {
+    auto r = Exec({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu", "--window-size=1280,2400",
+                   "--virtual-time-budget=20000", "--screenshot=" + shot, "--dump-dom", page + "#" + run},
+                  s_.path(""));
+    EXPECT_EQ(r.exit.code, 0) << r.output;
+    return r.output;
+  };
+  // The trained run: both jobs listed, its curves drawn, its eval (10 classes, a 10x10 heat map,
+  // misclassified test images drawn on canvases).
+  const std::string trained = dom(trained_id_, s_.path("trained.png"));
+  EXPECT_NE(trained.find(trained_id_), std::string::npos);
+  EXPECT_NE(trained.find(hostile_id_), std::string::npos);
+  EXPECT_EQ(CountLines(std::regex_replace(trained, std::regex("<path class=\"curve\""), "\n@curve@\n"), "@curve@"), 3)
+      << "loss, throughput and test accuracy";
+  EXPECT_NE(trained.find("Accuracy of the model on 10000 test images: "), std::string::npos) << trained;
+  EXPECT_EQ(CountLines(std::regex_replace(trained, std::regex("class=\"cm-cell\""), "\n@cell@\n"), "@cell@"), 100);
+  const int canvases = CountLines(std::regex_replace(trained, std::regex("<canvas"), "\n@canvas@\n"), "@canvas@");
+  EXPECT_EQ(canvases, 24) << "misclassified images";
+  EXPECT_GT(fs::file_size(s_.path("trained.png")), 20000u);
+
+  // The running one: its workers with their CPU and memory, its log with the markup as text.
+  const std::string hostile = dom(hostile_id_, s_.path("hostile.png"));
+  EXPECT_NE(hostile.find("<title>trainctl</title>"), std::string::npos) << "a log line ran as script";
+  EXPECT_NE(hostile.find("&lt;script&gt;document.title=1&lt;/script&gt;&lt;img src=x onerror=document.title=2&gt;"),
+            std::string::npos) << hostile;
+  EXPECT_EQ(hostile.find("<img src=\"x\""), std::string::npos);
+  EXPECT_TRUE(std::regex_search(hostile, std::regex("<td>worker-1</td><td>\\d+</td>"))) << hostile;
+}
+
+TEST_F(DashboardTest, MetricsPassPromtoolAndARealPrometheusScrapesThem) {
+  httplib::Client client(url_.host, url_.port);
+  httplib::Headers bearer = {{"Authorization", "Bearer " + url_.token}};
+  EXPECT_EQ(client.Get("/metrics")->status, 401);
+  auto metrics = client.Get("/metrics", bearer);
+  ASSERT_EQ(metrics->status, 200);
+  EXPECT_NE(metrics->get_header_value("Content-Type").find("version=0.0.4"), std::string::npos);
+  s_.Write("metrics.txt", metrics->body);
+  auto checked = Exec({"sh", "-c", "promtool check metrics < metrics.txt"}, s_.path(""));
+  EXPECT_EQ(checked.exit.code, 0) << checked.output << metrics->body;
+  // What the run's own records say it did.
+  int steps = 0;
+  for (const auto& line : SplitLines(s_.Read("trained/metrics.jsonl"))) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("step")) steps = std::max(steps, j["step"].get<int>());
+  }
+  ASSERT_GT(steps, 0);
+  EXPECT_NE(metrics->body.find("trainctl_train_steps_total{job=\"trained\",run_id=\"" + trained_id_ + "\"} " +
+                               std::to_string(steps) + "\n"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("trainctl_job_running{job=\"hostile\",run_id=\"" + hostile_id_ + "\"} 1\n"),
+            std::string::npos) << metrics->body;
+
+  // A real Prometheus on loopback, scraping every second with the token.
+  const int port = FreePort();
+  s_.Write("prometheus.yml", "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: trainctl\n    honor_labels: true\n"
+                             "    authorization: {type: Bearer, credentials: " + url_.token + "}\n"
+                             "    static_configs: [{targets: ['" + url_.host + ":" + std::to_string(url_.port) + "']}]\n");
+  int log = ::open(s_.path("prometheus.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  SpawnOptions po;
+  po.argv = {"prometheus", "--config.file=" + s_.path("prometheus.yml"), "--storage.tsdb.path=" + s_.path("tsdb"),
+             "--web.listen-address=127.0.0.1:" + std::to_string(port)};
+  po.env = CurrentEnvironment();
+  po.output_fd = log;
+  auto prometheus = Spawn(po);
+  ::close(log);
+  ASSERT_TRUE(prometheus.ok()) << prometheus.status().ToString();
+  httplib::Client prom("127.0.0.1", port);
+  std::string answer;
+  const bool scraped = Eventually([&] {
+    auto r = prom.Get("/api/v1/query?query=trainctl_train_steps_total%7Brun_id%3D%22" + trained_id_ + "%22%7D");
+    if (!r || r->status != 200) return false;
+    answer = r->body;
+    auto j = nlohmann::json::parse(answer, nullptr, false);
+    return j.is_object() && j["data"]["result"].size() == 1;
+  }, seconds(60));
+  ASSERT_TRUE(scraped) << answer << s_.Read("prometheus.log");
+  auto j = nlohmann::json::parse(answer);
+  EXPECT_EQ(j["data"]["result"][0]["value"][1], std::to_string(steps));
+  EXPECT_EQ(j["data"]["result"][0]["metric"]["job"], "trained") << "the run's job label (honor_labels)\n" << answer;
+  ::kill(*prometheus, SIGTERM);
+  ::waitpid(*prometheus, nullptr, 0);
+}
+
+}  // namespace
+}  // namespace trainctl::testing
