@@ -1,6 +1,7 @@
 // The environment contract with a real client: Debian's python3-torch initialises a gloo
 // process group from env:// under trainctl and runs an allreduce whose result it checks.
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "test_util.h"
 
@@ -28,6 +29,54 @@ TEST(TorchClient, UnmodifiedDdpScriptAllreducesAcrossNodesAndWorkers) {
     EXPECT_EQ(result["sum"], (std::vector<double>{10.0, 4.0}));  // 1+2+3+4, and 4 ones
     EXPECT_EQ(result["local_rank"], rank % 2);
     EXPECT_EQ(result["group_rank"], rank / 2);
+  }
+}
+
+// torch's @record writes each rank's exception to its TORCHELASTIC_ERROR_FILE. The report shows
+// the exception and traceback, and names as root cause the rank that failed first (rank 1, by
+// the files' timestamps) although rank 0 exited first and rank 1 was stopped by trainctl.
+TEST(TorchClient, RecordErrorFilesNameTheRootCauseBeforeTheFirstExit) {
+  Scratch s;
+  s.Write("job.yaml", std::string("name: record\nprocs_per_node: 2\nrestart: {max_restarts: 0}\ncommand: [") +
+                          TRAINCTL_TEST_PYTHON + ", " + TRAINCTL_SOURCE_DIR +
+                          "/tests/python/record_failure.py]\noutput_dir: " + s.path("out") + "\n");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""), std::chrono::seconds(120));
+  EXPECT_EQ(r.exit.code, 3) << r.output;
+  const size_t root = r.output.find("root cause (first observed failure, by the tasks' error files): worker 1 (rank 1");
+  const size_t then = r.output.find("then: worker 0 (rank 0");
+  ASSERT_NE(root, std::string::npos) << r.output;
+  ASSERT_NE(then, std::string::npos) << r.output;
+  EXPECT_LT(root, then);
+  EXPECT_NE(r.output.find("error: ValueError: rank 1 failed first"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("error: RuntimeError: rank 0 failed second"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("raise ValueError(\"rank 1 failed first\")"), std::string::npos) << "its traceback\n" << r.output;
+  auto status = nlohmann::json::parse(s.Read("out/status.json"));
+  EXPECT_EQ(status["root_cause"]["rank"], 1);
+  EXPECT_EQ(status["failure"]["rank"], 0);
+  EXPECT_LT(status["root_cause"]["error_time"].get<int64_t>(), status["failure"]["error_time"].get<int64_t>());
+  // One error file per rank and attempt, as torch wrote it.
+  auto file = nlohmann::json::parse(s.Read("out/logs/errors/worker-1.r0.t0.json"));
+  EXPECT_EQ(file["message"]["message"], "ValueError: rank 1 failed first");
+}
+
+// Error files that are not torch's JSON, or too large, are ignored with a warning naming them;
+// the report falls back to the output's last lines; nothing crashes or waits.
+TEST(TorchClient, BadErrorFilesAreNamedAndIgnored) {
+  Scratch s;
+  for (const auto& [name, write, warning] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"garbage", "printf '{not json' > \"$TORCHELASTIC_ERROR_FILE\"", "not a JSON object"},
+           {"huge", "head -c 2000000 /dev/zero | tr '\\0' x > \"$TORCHELASTIC_ERROR_FILE\"", "is larger than"},
+           {"stamp", "printf '{\"message\": {\"message\": \"E\", \"extraInfo\": {\"timestamp\": \"soon\"}}}' > "
+                     "\"$TORCHELASTIC_ERROR_FILE\"", "timestamp \"soon\" is not a number of seconds"}}) {
+    s.Write(name + ".sh", write + "\necho the last words\nexit 5\n");
+    s.Write(name + ".yaml", "name: " + name + "\nrestart: {max_restarts: 0}\noutput_dir: " + s.path(name) +
+                                "\ncommand: [sh, " + s.path(name + ".sh") + "]\n");
+    auto r = Trainctl({"run", name + ".yaml"}, s.path(""), std::chrono::seconds(60));
+    EXPECT_EQ(r.exit.code, 3) << r.output;
+    EXPECT_NE(r.output.find("ignoring the error file of worker 0: " + s.path(name) + "/logs/errors/worker-0.r0.t0.json"),
+              std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(warning), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("| the last words"), std::string::npos) << r.output;
   }
 }
 

@@ -166,6 +166,9 @@ TEST(Trainer, ACorruptNewestCheckpointFallsBackToTheOneBefore) {
   EXPECT_NE(third.output.find(last + ": metadata field 'optimizer.steps' is missing, expected a whole "
                               "number from 0 to 1099511627776 (is it an exported model, not a checkpoint?)"),
             std::string::npos) << third.output;
+  // The trainer wrote its error file as torch's @record would; the report quotes it.
+  EXPECT_NE(third.output.find("  error: invalid argument: " + last + ": metadata field"), std::string::npos) << third.output;
+  EXPECT_NE(s.Read("out/logs/errors/worker-0.r0.t0.json").find("\"message\":\"invalid argument: "), std::string::npos);
 }
 
 TEST(Trainer, AKilledWorkerResumesFromTheInMemorySnapshotExactly) {

@@ -14,6 +14,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/subprocess.h"
+#include "job/error_file.h"
 #include "job/keys.h"
 #include "job/paths.h"
 #include "job/snapshots.h"
@@ -151,15 +152,60 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
   e.host = o_.host;
   e.round = r.round;
   e.task_restarts = task_restarts;
+  e.error_file = paths::ErrorFile(s.output_dir, t.role, t.index, r.round, task_restarts);
   e.tty = o_.color_output;  // output reaches a terminal: tasks may redraw a status line
   e.ApplyTo(&w.env);
 
   w.cwd = s.working_dir;
   w.log_path = paths::TaskLog(s.output_dir, t.role, t.index);
+  w.error_file = e.error_file;
   w.log_header = "=== trainctl: run " + o_.run_id + ", round " + std::to_string(r.round) +
                  ", restart " + std::to_string(r.info.restarts) +
                  (task_restarts ? ", task restart " + std::to_string(task_restarts) : "") + " ===\n";
   return w;
+}
+
+void Agent::AddTaskError(const Round& r, const Task& t, int task_restarts, FailureRecord* rec) const {
+  const std::string path = paths::ErrorFile(o_.spec.output_dir, t.role, t.index, r.round, task_restarts);
+  auto read = ReadErrorFile(path);
+  if (!read.ok()) {
+    LOG_WARN("ignoring the error file of {} {}: {}", t.role, t.index, read.status().message());
+    return;
+  }
+  if (!read->has_value()) return;
+  rec->error = (*read)->message;
+  rec->traceback = (*read)->traceback;
+  rec->error_time = (*read)->timestamp;
+}
+
+void Agent::PostRootCause(const Round& r, const std::vector<int>& task_restarts) {
+  std::optional<FailureRecord> first;
+  for (const auto& t : r.mine) {
+    FailureRecord rec = NewFailure(FailureKind::kTask, r.round, r.info.group_rank);
+    rec.rank = t.rank;
+    rec.local_rank = t.local;
+    rec.role = t.role;
+    rec.task_index = t.index;
+    rec.log_path = paths::TaskLog(o_.spec.output_dir, t.role, t.index);
+    AddTaskError(r, t, task_restarts[t.local], &rec);
+    if (rec.error.empty() || rec.error_time <= 0) continue;
+    rec.exit = "raised " + rec.error;
+    if (!first || rec.error_time < first->error_time) first = rec;
+  }
+  if (!first) return;
+  // Earlier time first; between tasks of the same second, the lower rank.
+  auto earlier = [](const FailureRecord& a, const FailureRecord& b) {
+    return a.error_time != b.error_time ? a.error_time < b.error_time : a.rank < b.rank;
+  };
+  const std::string mine = first->ToJson();
+  std::string expected;
+  for (int tries = 0; tries < 16; ++tries) {
+    auto now = store_->CompareSet(keys::RoundRootCause(r.round), expected, mine);
+    if (!now.ok() || *now == mine) return;
+    auto theirs = FailureRecord::FromJson(*now);
+    if (!theirs.ok() || !earlier(*first, *theirs)) return;
+    expected = *now;
+  }
 }
 
 FailureRecord Agent::NewFailure(FailureKind kind, int round, int group_rank) const {
@@ -399,6 +445,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   auto finish_round = [&](const FailureRecord& rec) -> Outcome {
     if (rec.kind != FailureKind::kSucceeded) {
       group.Stop(s.timeouts.stop_grace);
+      PostRootCause(r, task_restarts);
       out.kind = Outcome::kEnded;
       out.end = rec;
       return out;
@@ -477,6 +524,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       rec.exit = e.exit.Describe();
       rec.log_path = launches[e.local_rank].log_path;
       rec.last_lines = group.Tail(e.local_rank, std::chrono::milliseconds(500));
+      AddTaskError(r, t, task_restarts[e.local_rank], &rec);
       if (role.command.empty() && !e.exit.signaled && e.exit.code == kExitInvalidSpec) {
         // The built-in trainer's verdict: its configuration can never work. No restart.
         rec.kind = FailureKind::kConfig;
@@ -484,6 +532,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
         rec.final = true;
         Outcome o = ended(rec);
         group.Stop(s.timeouts.stop_grace);
+        PostRootCause(r, task_restarts);
         return o;
       }
       if (role.on_failure == "ignore") {
@@ -509,6 +558,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       }
       Outcome o = ended(rec);  // first, so peers stop their tasks meanwhile
       group.Stop(s.timeouts.stop_grace);
+      PostRootCause(r, task_restarts);
       return o;
     }
     auto end = round_end();

@@ -73,6 +73,12 @@ class Agent {
   WorkerLaunch Launch(const Round& r, const Task& task, int task_restarts) const;
   Status CheckStop();
   FailureRecord NewFailure(FailureKind kind, int round, int group_rank) const;
+  // The task's error file (its exception, traceback, time) into `rec`; a bad file is named in a
+  // warning and left out.
+  void AddTaskError(const Round& r, const Task& t, int task_restarts, FailureRecord* rec) const;
+  // Once this node's tasks of a failed round have stopped: the earliest error among their error
+  // files, compare-and-set into the round's root cause unless a peer's is earlier.
+  void PostRootCause(const Round& r, const std::vector<int>& task_restarts);
 
   AgentOptions o_;
   Store* store_;

@@ -34,6 +34,16 @@ Result<pid_t> WorkerGroup::SpawnOne(const WorkerLaunch& launch) {
       (void)ignored;
     }
   }
+  if (!launch.error_file.empty()) {  // a fresh one: what an earlier attempt wrote is not this one's
+    const std::string dir = launch.error_file.substr(0, launch.error_file.rfind('/'));
+    if (Status st = MakeDirs(dir); !st.ok()) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      if (log_fd >= 0) ::close(log_fd);
+      return st;
+    }
+    ::unlink(launch.error_file.c_str());
+  }
   SpawnOptions o;
   o.argv = launch.argv;
   o.env = launch.env;

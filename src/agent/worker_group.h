@@ -26,6 +26,7 @@ struct WorkerLaunch {
   std::string cwd;
   std::string log_path;  // appended to
   std::string log_header;  // written to the log before the worker starts
+  std::string error_file;  // its TORCHELASTIC_ERROR_FILE (removed before it starts)
 };
 
 struct WorkerExit {

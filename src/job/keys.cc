@@ -9,6 +9,7 @@ std::string RunPrefix(const std::string& run_id) { return "/trainctl/" + run_id 
 std::string RoundState(int round) { return Round(round, "state"); }
 std::string RoundClosed(int round) { return Round(round, "closed"); }
 std::string RoundEnd(int round) { return Round(round, "end"); }
+std::string RoundRootCause(int round) { return Round(round, "root_cause"); }
 std::string RoundSucceeded(int round) { return Round(round, "succeeded"); }
 std::string RoundMaster(int round) { return Round(round, "master"); }
 std::string RoundWaiting(int round) { return Round(round, "waiting"); }

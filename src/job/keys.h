@@ -25,6 +25,9 @@ inline constexpr const char* kCurrentRound = "round/current";    // newest close
 std::string RoundState(int round);      // the rendezvous state (rendezvous/)
 std::string RoundClosed(int round);     // set once the round is closed
 std::string RoundEnd(int round);        // the FailureRecord that ended it (compare-and-set)
+// The failure with the earliest error-file timestamp of the round's tasks, those stopped after
+// the first exit included (each agent compare-and-sets the earlier one in).
+std::string RoundRootCause(int round);
 std::string RoundSucceeded(int round);  // counter: tasks that decide success and exited 0
 std::string RoundMaster(int round);     // MASTER_ADDR:MASTER_PORT
 std::string RoundWaiting(int round);    // counter: nodes waiting to join (scale-up)

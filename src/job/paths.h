@@ -9,6 +9,10 @@ namespace trainctl::paths {
 std::string LogsDir(const std::string& output_dir);      // <out>/logs
 // <out>/logs/<role>-<index>.log: worker-0.log ... for a job without roles.
 std::string TaskLog(const std::string& output_dir, const std::string& role, int index);
+// <out>/logs/errors/<role>-<index>.r<round>.t<task restarts>.json: a task's TORCHELASTIC_ERROR_FILE,
+// fresh for every attempt.
+std::string ErrorFile(const std::string& output_dir, const std::string& role, int index, int round,
+                      int task_restarts);
 std::string JobJson(const std::string& output_dir);      // the resolved spec the run used
 std::string StatusJson(const std::string& output_dir);   // how the run ended
 std::string MetricsJsonl(const std::string& output_dir);

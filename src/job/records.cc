@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/strings.h"
+
 namespace trainctl {
 
 using nlohmann::json;
@@ -27,7 +29,8 @@ std::string FailureRecord::ToJson() const {
               {"final", final},               {"node_rank", node_rank},       {"host", host},          {"rank", rank},
               {"local_rank", local_rank},     {"role", role},          {"task_index", task_index},
               {"pid", pid},                   {"exit", exit},          {"log_path", log_path},
-              {"last_lines", last_lines}}
+              {"last_lines", last_lines}, {"error", error},    {"traceback", traceback},
+              {"error_time", error_time}}
       .dump();
 }
 
@@ -54,6 +57,9 @@ Result<FailureRecord> FailureRecord::FromJson(const std::string& text) {
     r.exit = j.at("exit").get<std::string>();
     r.log_path = j.at("log_path").get<std::string>();
     r.last_lines = j.at("last_lines").get<std::vector<std::string>>();
+    r.error = j.value("error", "");
+    r.traceback = j.value("traceback", "");
+    r.error_time = j.value("error_time", int64_t{0});
     return r;
   } catch (const json::exception& e) {
     return Internal(std::string("malformed failure record: ") + e.what());
@@ -77,13 +83,17 @@ std::string FailureRecord::Summary() const {
     case FailureKind::kTask:
       break;
   }
-  return task + " (" + where + ", pid " + std::to_string(pid) + ") failed: " + exit;
+  return task + " (" + where + (pid > 0 ? ", pid " + std::to_string(pid) : "") + ") failed: " + exit;
 }
 
 std::string FailureRecord::Report() const {
   std::string out = Summary() + "\n";
+  if (!error.empty()) out += "  error: " + error + "\n";
   if (!log_path.empty()) out += "  log: " + log_path + "\n";
-  if (!last_lines.empty()) {
+  if (!traceback.empty()) {  // the program's own account: its traceback, not the output's tail
+    out += "  traceback (from its error file):\n";
+    for (const auto& line : SplitLines(traceback)) out += "    | " + line + "\n";
+  } else if (!last_lines.empty()) {
     out += "  last " + std::to_string(last_lines.size()) + " lines of its output:\n";
     for (const auto& line : last_lines) out += "    | " + line + "\n";
   }

@@ -39,6 +39,10 @@ struct FailureRecord {
   std::string exit;        // "exit code 1", "signal 9 (SIGKILL)"; or the start error
   std::string log_path;
   std::vector<std::string> last_lines;
+  // From the task's error file (TORCHELASTIC_ERROR_FILE), when it wrote one.
+  std::string error;       // "ValueError: bad input"
+  std::string traceback;
+  int64_t error_time = 0;  // unix seconds; 0: unknown
 
   std::string ToJson() const;
   // kInternal for text that is not a record (the store is the job's own, so that is a bug).

@@ -41,6 +41,7 @@ constexpr StringVar kStrings[] = {
     {"ROLE_NAME", &TaskEnv::role_name, false},
     {"MASTER_ADDR", &TaskEnv::master_addr, false},
     {"TORCHELASTIC_RUN_ID", &TaskEnv::run_id, false},
+    {"TORCHELASTIC_ERROR_FILE", &TaskEnv::error_file, false},
     {"TF_CONFIG", &TaskEnv::tf_config, false},
     {"TRAINCTL_JOB_NAME", &TaskEnv::job_name, false},
     {"TRAINCTL_OUTPUT_DIR", &TaskEnv::output_dir, false},
@@ -64,7 +65,10 @@ void TaskEnv::ApplyTo(std::vector<std::string>* env) const {
   for (const auto& v : kStrings) {
     const std::string& value = this->*v.field;
     // An empty TF_CONFIG or task address means "none": leave it unset, as Kubeflow does.
-    if (value.empty() && (v.field == &TaskEnv::tf_config || v.field == &TaskEnv::task_addr)) continue;
+    if (value.empty() && (v.field == &TaskEnv::tf_config || v.field == &TaskEnv::task_addr ||
+                          v.field == &TaskEnv::error_file)) {
+      continue;
+    }
     SetEnv(env, v.name, value);
   }
   SetEnv(env, kRunIdAlias, run_id);

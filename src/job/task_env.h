@@ -28,6 +28,9 @@ struct TaskEnv {
   int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT: the job's worker-group restarts so far
   int max_restarts = 0;      // TORCHELASTIC_MAX_RESTARTS
   std::string run_id;        // TORCHELASTIC_RUN_ID (and TRAINCTL_RUN_ID)
+  // TORCHELASTIC_ERROR_FILE: where the task writes its exception if it fails (torch's @record
+  // does); a fresh path for every attempt, read by the agent (job/error_file.h).
+  std::string error_file;
 
   // TF_CONFIG, JSON, exactly as Kubeflow's TFJob sets it; "" (unset) for jobs without roles.
   std::string tf_config;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <ctime>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -30,6 +31,7 @@
 #include "checkpoint/meta.h"
 #include "metrics/metrics.h"
 #include "store/open_store.h"
+#include "job/error_file.h"
 #include "job/keys.h"
 #include "job/paths.h"
 #include "job/snapshots.h"
@@ -653,8 +655,15 @@ int RunTrainer(const TrainOptions& options) {
   // A configuration error (kInvalidArgument: a dataset that is not there, a checkpoint of
   // another model, a GPU this build cannot use) fails the same way every time: exit code 2 tells
   // the agent not to spend the restart budget on it. Anything else may pass (a peer lost).
-  auto fail = [](const Status& st) {
+  // The error file torchrun's contract asks for, as torch's @record writes it: the agent reads it
+  // for the report and to find the first failure across ranks.
+  const std::string error_file = env->error_file;
+  auto fail = [error_file](const Status& st) {
     LOG_ERROR("{}", st.message());
+    if (!error_file.empty()) {
+      TaskError e{std::string(CodeName(st.code())) + ": " + st.message(), "", static_cast<int64_t>(std::time(nullptr))};
+      if (Status w = AtomicWriteFile(error_file, ErrorFileJson(e)); !w.ok()) LOG_WARN("{}", w.message());
+    }
     return st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
   };
   auto client = OpenStore(env->store_addr, env->store_token);

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdio>
 #include <ctime>
+#include <optional>
 #include <filesystem>
 #include <thread>
 
@@ -416,8 +417,25 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
           const bool no_retry = rec->kind == FailureKind::kStart || rec->kind == FailureKind::kConfig;
           std::string budget = no_retry ? "" : " after " + restarts + " restart(s) (max_restarts: " +
                                                  std::to_string(spec.restart.max_restarts) + ")";
-          std::fprintf(stderr, "trainctl: job %s failed%s: %s", spec.name.c_str(), budget.c_str(),
-                       rec->Report().c_str());
+          // The first failure across the job, by the tasks' error files, when it is not the one
+          // seen first (a rank that raised earlier but exited later, or was stopped).
+          auto root = store.TryGet(keys::RoundRootCause(rec->round));
+          std::optional<FailureRecord> cause;
+          if (root.ok() && root->has_value()) {
+            if (auto c = FailureRecord::FromJson(**root); c.ok() && c->rank != rec->rank &&
+                                                           (rec->error_time == 0 || c->error_time <= rec->error_time)) {
+              cause = *c;
+              status["root_cause"] = nlohmann::json::parse(**root);
+            }
+          }
+          if (cause) {
+            std::fprintf(stderr, "trainctl: job %s failed%s.\nroot cause (first observed failure, by the tasks' "
+                                 "error files): %s\nthen: %s", spec.name.c_str(), budget.c_str(),
+                         cause->Report().c_str(), rec->Report().c_str());
+          } else {
+            std::fprintf(stderr, "trainctl: job %s failed%s: %s", spec.name.c_str(), budget.c_str(),
+                         rec->Report().c_str());
+          }
         }
       } else if (final_code == kExitInvalidSpec) {  // an agent refused the job before any round
         LOG_ERROR("job {} failed: {}", spec.name, stop_reason.empty() ? "see the log above" : stop_reason);
