@@ -66,6 +66,7 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   ::unsetenv(kEnvStoreToken);
   ::unsetenv(kEnvStoreAddr);
   std::optional<JobSpec> file_spec;
+  if (f.spec) file_spec = *f.spec;
   if (!f.spec_file.empty()) {
     auto loaded = ReadSpecFile(f.spec_file);
     if (!loaded.ok()) {

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "spec/job_spec.h"
+
 namespace trainctl {
 
 struct AgentProcessOptions {
@@ -13,6 +15,7 @@ struct AgentProcessOptions {
   std::string run_id;
   std::string host = "127.0.0.1";  // this node's address for peers; "auto": its host name
   std::string spec_file;           // "" : the spec from the store
+  const JobSpec* spec = nullptr;   // instead of spec_file (trainctl torchrun builds it in memory)
   bool serve_store = false;        // node 0 serves the store (needs spec_file)
   bool color = false;
 };

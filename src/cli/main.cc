@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
   trainctl::cli::AddTrain(app, flags, &code);
   trainctl::cli::AddEval(app, flags, &code);
   trainctl::cli::AddPredict(app, flags, &code);
+  trainctl::cli::AddTorchrun(app, flags, &code);
   trainctl::cli::AddRender(app, flags, &code);
   trainctl::cli::AddClusterVerbs(app, flags, &code);
   trainctl::cli::AddLocalJobVerbs(app, flags, &code);

@@ -21,6 +21,7 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddTrain(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddEval(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddPredict(CLI::App& app, const GlobalFlags& flags, int* code);
+void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddRender(CLI::App& app, const GlobalFlags& flags, int* code);
 // submit, status, logs, delete: a job on Kubernetes, through kubectl (status and logs also take
 // a local job's name, below).

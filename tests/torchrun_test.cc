@@ -1,0 +1,149 @@
+// `trainctl torchrun`: torchrun's flags in both spellings mapped onto a job spec (--print-spec),
+// the flags trainctl cannot honour named, one host as `run` does, and two torchrun commands on
+// this machine forming one 2-host job with Debian's real PyTorch (gloo allreduce).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/exit_codes.h"
+#include "tests/test_util.h"
+
+namespace trainctl::testing {
+namespace {
+
+using std::chrono::seconds;
+
+TEST(Torchrun, EveryFlagMeansTheSameInBothSpellingsAndMapsOntoTheSpec) {
+  Scratch s;
+  // Each flag written as torchrun's documentation (dashes) and as older scripts do (underscores).
+  const std::vector<std::vector<std::string>> flags = {
+      {"--nnodes", "1:3"},
+      {"--nproc-per-node", "3"},
+      {"--max-restarts", "4"},
+      {"--rdzv-backend", "c10d"},
+      {"--rdzv-endpoint", "10.0.0.1:29400"},
+      {"--rdzv-id", "exp7"},
+      {"--rdzv-conf", "join_timeout=90,last_call_timeout=2,read_timeout=20"},
+      {"--log-dir", "/tmp/exp7"},
+      {"--monitor-interval", "5"},
+      {"--redirects", "3"},
+      {"--tee", "3"},
+      {"--start-method", "spawn"},
+      {"--local-addr", "10.0.0.2"},
+      {"--master-addr", "10.0.0.1"},
+      {"--master-port", "29500"},
+      {"--node-rank", "0"},
+      {"--no-python"},
+  };
+  std::vector<std::string> dashes = {"torchrun", "--print-spec"}, unders = dashes;
+  for (const auto& f : flags) {
+    dashes.insert(dashes.end(), f.begin(), f.end());
+    std::string u = f[0];
+    std::replace(u.begin() + 2, u.end(), '-', '_');
+    unders.push_back(u);
+    unders.insert(unders.end(), f.begin() + 1, f.end());
+  }
+  for (auto* argv : {&dashes, &unders}) argv->insert(argv->end(), {"/bin/sh", "-c", "echo $RANK"});
+  auto a = Trainctl(dashes, s.path(""));
+  auto b = Trainctl(unders, s.path(""));
+  ASSERT_EQ(a.exit.code, 0) << a.output;
+  ASSERT_EQ(b.exit.code, 0) << b.output;
+  EXPECT_EQ(a.output, b.output);
+  // The spec it prints is one trainctl run accepts, and says what the flags said.
+  s.Write("spec.yaml", a.output);
+  auto printed = Trainctl({"validate", "spec.yaml", "--print"}, s.path(""));
+  ASSERT_EQ(printed.exit.code, 0) << printed.output << a.output;
+  auto j = nlohmann::json::parse(printed.output);
+  EXPECT_EQ(j["name"], "exp7");
+  EXPECT_EQ(j["nodes"]["min"], 1);
+  EXPECT_EQ(j["nodes"]["max"], 3);
+  EXPECT_EQ(j["procs_per_node"], 3);
+  EXPECT_EQ(j["restart"]["max_restarts"], 4);
+  EXPECT_EQ(j["timeouts"]["rendezvous"], "1m30s");
+  EXPECT_EQ(j["timeouts"]["last_call"], "2s");
+  EXPECT_EQ(j["output_dir"], "/tmp/exp7");
+  EXPECT_EQ(j["command"], (std::vector<std::string>{"/bin/sh", "-c", "echo $RANK"})) << "--no-python";
+
+  // A script through python3, and a module; the script's own flags stay its own.
+  auto script = Trainctl({"torchrun", "--print-spec", "--standalone", "--nproc_per_node=2", "train.py", "--lr",
+                          "0.1", "--nnodes", "9"}, s.path(""));
+  EXPECT_NE(script.output.find("  - python3\n  - \"-u\"\n  - train.py\n  - \"--lr\"\n  - \"0.1\"\n  - \"--nnodes\"\n  - \"9\"\n"),
+            std::string::npos) << script.output;
+  EXPECT_NE(script.output.find("nodes: 1\n"), std::string::npos) << script.output;
+  auto module = Trainctl({"torchrun", "--print-spec", "-m", "pkg.train"}, s.path(""));
+  EXPECT_NE(module.output.find("  - \"-m\"\n  - pkg.train\n"), std::string::npos) << module.output;
+  EXPECT_NE(module.output.find("name: train\n"), std::string::npos) << module.output;
+}
+
+TEST(Torchrun, WhatTrainctlCannotHonourIsNamed) {
+  Scratch s;
+  for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--role", "trainer", "t.py"}, "--role trainer: trainctl's tasks of a one-role job are named 'worker'"},
+           {{"--rdzv-conf", "keep_alive=3", "t.py"}, "--rdzv-conf: trainctl knows join_timeout"},
+           {{"--rdzv-conf", "join_timeout=soon", "t.py"}, "--rdzv-conf join_timeout: expected a number of seconds"},
+           {{"--rdzv-backend", "zmq", "t.py"}, "--rdzv-backend: expected c10d, static, etcd or etcd-v2"},
+           {{"--nproc-per-node", "many", "t.py"}, "--nproc-per-node: expected a positive number, cpu, gpu or auto"},
+           {{"--start-method", "thread", "t.py"}, "--start-method: expected spawn, fork or forkserver"},
+           {{"-m", "--no-python", "t"}, "-m, --no-python and --run-path exclude each other"},
+           {{"--nproc-per-node", "2"}, "give the training script (or -m MODULE) and its arguments"},
+           {{"--no-python", "/nonexistent/prog"}, "/nonexistent/prog"},
+       }) {
+    std::vector<std::string> argv = {"torchrun"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = Trainctl(argv, s.path(""));
+    EXPECT_EQ(r.exit.code, kExitInvalidSpec) << args[0] << "\n" << r.output;
+    EXPECT_NE(r.output.find("trainctl torchrun: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  }
+  // Several hosts need the job's token, the same on each.
+  auto r = Trainctl({"torchrun", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
+                     "--rdzv-id", "x", "--no-python", "/bin/true"}, s.path(""), seconds(30), {{"TRAINCTL_TOKEN", ""}});
+  EXPECT_EQ(r.exit.code, kExitInvalidSpec);
+  EXPECT_NE(r.output.find("needs its token in TRAINCTL_TOKEN"), std::string::npos) << r.output;
+}
+
+// One host: the workers get torchrun's environment (and the error file), output as with run.
+TEST(Torchrun, OneHostRunsAsRunDoes) {
+  Scratch s;
+  auto r = Trainctl({"torchrun", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir",
+                     s.path("out"), "--no-python", "/bin/sh", "-c",
+                     "echo \"rank $RANK of $WORLD_SIZE local $LOCAL_RANK restarts $TORCHELASTIC_MAX_RESTARTS "
+                     "errors ${TORCHELASTIC_ERROR_FILE##*/}\""},
+                    s.path(""), seconds(60), {{"TRAINCTL_STATE_DIR", s.path("state")}});
+  EXPECT_EQ(r.exit.code, 0) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string want = "rank " + std::to_string(rank) + " of 2 local " + std::to_string(rank) +
+                             " restarts 1 errors worker-" + std::to_string(rank) + ".r0.t0.json";
+    EXPECT_NE(r.output.find(want), std::string::npos) << r.output;
+  }
+  EXPECT_TRUE(Exists(s.path("out/logs/worker-1.log")));
+}
+
+// Two `trainctl torchrun` commands, as two hosts would run them: one job of 2 nodes x 2 workers,
+// its store served by the host of the endpoint, with a real gloo allreduce across all four.
+TEST(Torchrun, TwoCommandsFormOneJobWithARealAllreduce) {
+  Scratch s;
+  const std::string endpoint = "127.0.0.1:" + std::to_string(FreePort());
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"PATH", "/usr/bin:/bin"},
+      {"TRAINCTL_STATE_DIR", s.path("state")}};
+  const std::vector<std::string> argv = {"torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+                                         "--rdzv_endpoint", endpoint, "--rdzv_id", "pair", "--log_dir", s.path("out"),
+                                         std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/allreduce.py"};
+  std::vector<std::string> first_argv = argv;
+  Background first(first_argv, s.path(""), s.path("first.log"), env);
+  ASSERT_TRUE(Eventually([&] { return s.Read("first.log").find("serving the job's store at " + endpoint) != std::string::npos; }))
+      << s.Read("first.log");
+  auto second = Trainctl(argv, s.path(""), seconds(120), env);
+  EXPECT_EQ(second.exit.code, 0) << second.output;
+  EXPECT_NE(second.output.find("joining the job's store at " + endpoint), std::string::npos) << second.output;
+  EXPECT_EQ(first.Wait(seconds(60)).code, 0) << s.Read("first.log");
+  for (int rank = 0; rank < 4; ++rank) {
+    auto result = nlohmann::json::parse(s.Read("out/result-" + std::to_string(rank) + ".json"));
+    EXPECT_EQ(result["world"], 4);
+    EXPECT_EQ(result["sum"], (std::vector<double>{10.0, 4.0}));
+  }
+}
+
+}  // namespace
+}  // namespace trainctl::testing
