@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/exit_codes.h"
+#include "tests/etcd_server.h"
 #include "tests/test_util.h"
 
 namespace trainctl::testing {
@@ -119,6 +121,48 @@ TEST(Torchrun, OneHostRunsAsRunDoes) {
   EXPECT_TRUE(Exists(s.path("out/logs/worker-1.log")));
 }
 
+// The same Python program under Debian's real torchrun and under trainctl torchrun: every variable
+// torchrun sets, trainctl sets, with the same value except where docs/torchrun.md says why not.
+TEST(Torchrun, WorkersGetEveryVariableTorchrunSets) {
+  Scratch s;
+  ASSERT_TRUE(MakeDirs(s.path("torchrun")).ok() && MakeDirs(s.path("trainctl")).ok());
+  const std::string dump = std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/env_dump.py";
+  const std::vector<std::pair<std::string, std::string>> env = {{"PATH", "/usr/bin:/bin"},
+                                                                {"TRAINCTL_STATE_DIR", s.path("state")}};
+  // Debian's torch 1.13 takes only the underscore spellings; Python 3.11 needs --redirects/--tee.
+  SpawnOptions o;
+  o.argv = {"/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "--redirects", "1", "--tee", "1", dump, s.path("torchrun")};
+  o.env = CurrentEnvironment();
+  for (const auto& [k, v] : env) SetEnv(&o.env, k, v);
+  // Only what the launcher sets: none of these from this process.
+  std::erase_if(o.env, [](const std::string& kv) {
+    for (const char* name : {"OMP_NUM_THREADS=", "PYTHONUNBUFFERED=", "NCCL_ASYNC_ERROR_HANDLING=",
+                             "TORCH_NCCL_ASYNC_ERROR_HANDLING="}) {
+      if (kv.rfind(name, 0) == 0) return true;
+    }
+    return false;
+  });
+  auto torchrun = RunCommand(o, seconds(120));
+  ASSERT_TRUE(torchrun.ok() && torchrun->exit.code == 0) << (torchrun.ok() ? torchrun->output : torchrun.status().ToString());
+  auto ours = Trainctl({"torchrun", "--standalone", "--nproc_per_node", "2", "--redirects", "1", "--tee", "1", dump,
+                        s.path("trainctl")}, s.path(""), seconds(120), env);
+  ASSERT_EQ(ours.exit.code, 0) << ours.output;
+  const std::set<std::string> differ = {"MASTER_ADDR", "MASTER_PORT", "ROLE_NAME", "TORCHELASTIC_RUN_ID",
+                                        "TORCHELASTIC_ERROR_FILE"};
+  for (int rank = 0; rank < 2; ++rank) {
+    auto theirs = nlohmann::json::parse(s.Read("torchrun/env-" + std::to_string(rank) + ".json"));
+    auto mine = nlohmann::json::parse(s.Read("trainctl/env-" + std::to_string(rank) + ".json"));
+    EXPECT_GE(theirs.size(), 15u) << theirs.dump(1);
+    for (const auto& [name, value] : theirs.items()) {
+      ASSERT_TRUE(mine.contains(name)) << name << " is not set by trainctl; torchrun sets it to " << value;
+      if (!differ.count(name)) EXPECT_EQ(mine[name], value) << name;
+    }
+    EXPECT_EQ(theirs["ROLE_NAME"], "default");
+    EXPECT_EQ(mine["ROLE_NAME"], "worker");
+  }
+}
+
 // Two `trainctl torchrun` commands, as two hosts would run them: one job of 2 nodes x 2 workers,
 // its store served by the host of the endpoint, with a real gloo allreduce across all four.
 TEST(Torchrun, TwoCommandsFormOneJobWithARealAllreduce) {
@@ -143,6 +187,22 @@ TEST(Torchrun, TwoCommandsFormOneJobWithARealAllreduce) {
     EXPECT_EQ(result["world"], 4);
     EXPECT_EQ(result["sum"], (std::vector<double>{10.0, 4.0}));
   }
+}
+
+// --rdzv-backend etcd: two commands meet on a real etcd (no store of trainctl's, no token).
+TEST(Torchrun, TwoCommandsMeetOnEtcd) {
+  const std::string endpoint = SharedEtcd().endpoints()[0];
+  Scratch s;
+  const std::vector<std::string> argv = {"torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
+                                         "--rdzv-endpoint", endpoint, "--rdzv-id", "on-etcd-" + std::to_string(FreePort()),
+                                         "--log-dir", s.path("out"), "--no-python", "/bin/sh", "-c",
+                                         "echo \"$RANK of $WORLD_SIZE\" >> " + s.path("ranks")};
+  Background first(argv, s.path(""), s.path("first.log"), {{"TRAINCTL_STATE_DIR", s.path("state")}});
+  auto second = Trainctl(argv, s.path(""), seconds(60), {{"TRAINCTL_STATE_DIR", s.path("state")}});
+  EXPECT_EQ(second.exit.code, 0) << second.output;
+  EXPECT_EQ(first.Wait(seconds(60)).code, 0) << s.Read("first.log");
+  EXPECT_EQ(CountLines(s.Read("ranks"), "0 of 2"), 1) << s.Read("ranks");
+  EXPECT_EQ(CountLines(s.Read("ranks"), "1 of 2"), 1) << s.Read("ranks");
 }
 
 }  // namespace

@@ -117,6 +117,11 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
     SetEnv(&w.env, "OMP_NUM_THREADS", std::to_string(threads));
   }
   if (!GetEnv(w.env, "PYTHONUNBUFFERED")) SetEnv(&w.env, "PYTHONUNBUFFERED", "1");
+  // As torchrun sets them (the older name, and the newer torch's): a NCCL collective that fails
+  // or hangs raises in the program instead of blocking it.
+  for (const char* nccl : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
+    if (!GetEnv(w.env, nccl)) SetEnv(&w.env, nccl, "1");
+  }
   // The built-in trainer's parameter servers compute in bursts while the workers wait; their
   // OpenMP threads must sleep between bursts, not spin on the cores the workers need.
   if (role.command.empty() && t.role == "ps" && !GetEnv(w.env, "OMP_WAIT_POLICY")) {

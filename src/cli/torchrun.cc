@@ -109,7 +109,8 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
   nlohmann::json nodes_value = nodes;
   if (nodes.find(':') == std::string::npos) nodes_value = std::atoi(nodes.c_str());  // a plain count
   nlohmann::json spec = {{"name", JobName(f)}, {"nodes", nodes_value}, {"procs_per_node", procs}, {"command", command},
-                         {"restart", {{"max_restarts", f.max_restarts}}}};
+                         // torchrun restarts at once; a spec's restarts back off (restart.backoff)
+                         {"restart", {{"max_restarts", f.max_restarts}, {"backoff", "0s"}}}};
   if (!f.log_dir.empty()) spec["output_dir"] = f.log_dir;
   // --rdzv-conf: torchrun's timeouts (seconds).
   nlohmann::json timeouts = nlohmann::json::object();
@@ -207,8 +208,17 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
     LocalLauncher launcher;
     return launcher.Run(*spec, o);
   }
-  if (!spec->rendezvous.empty()) return bad("--rdzv-backend etcd with several hosts: use trainctl run with "
-                                            "the spec (--print-spec gives it) and rendezvous: etcd://...");
+  if (f.rdzv_id == "none") return bad("a job of several hosts needs --rdzv-id, the same on every host");
+  AgentProcessOptions a;
+  a.run_id = spec->name + "-" + f.rdzv_id;
+  a.spec = &*spec;
+  a.color = ::isatty(STDOUT_FILENO) != 0;
+  if (!spec->rendezvous.empty()) {  // etcd: every host's agent meets there, ranks by arrival
+    a.host = !f.local_addr.empty() ? f.local_addr : "auto";
+    ::setenv(kEnvStoreAddr, spec->rendezvous.c_str(), 1);
+    LOG_INFO("joining job {} on {}", spec->name, spec->rendezvous);
+    return RunAgentProcess(a);
+  }
   // Several hosts, each running this same command line: the endpoint's host serves the job's store.
   std::string endpoint = f.rdzv_endpoint;
   if (f.rdzv_backend == "static" && endpoint.empty()) endpoint = f.master_addr + ":" + std::to_string(f.master_port);
@@ -217,17 +227,12 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
   if (endpoint.find(':') == std::string::npos) endpoint += ":29400";  // torchrun's default c10d port
   if (Status st = ParseHostPort(endpoint, &host, &port); !st.ok()) return bad("--rdzv-endpoint: " + st.message());
   if (f.rdzv_backend == "static" && f.node_rank < 0) return bad("--rdzv-backend static needs --node-rank on every host");
-  if (f.rdzv_backend == "c10d" && f.rdzv_id == "none") return bad("--rdzv-backend c10d needs --rdzv-id (the same on every host)");
   const char* token = std::getenv("TRAINCTL_TOKEN");
   if (!token || std::string(token).size() < 16) {
     return bad("a job of several hosts needs its token in TRAINCTL_TOKEN, the same on every host and at least "
                "16 characters (for example: export TRAINCTL_TOKEN=$(openssl rand -hex 32)); the store at " +
                endpoint + " refuses clients without it");
   }
-  AgentProcessOptions a;
-  a.run_id = spec->name + "-" + (f.rdzv_id == "none" ? "static" : f.rdzv_id);
-  a.spec = &*spec;
-  a.color = ::isatty(STDOUT_FILENO) != 0;
   a.host = !f.local_addr.empty() ? f.local_addr : (host.rfind("127.", 0) == 0 || host == "localhost" ? "127.0.0.1" : "auto");
   const bool serve = f.rdzv_backend == "static" ? f.node_rank == 0 : (HostsEndpoint(f.rdzv_conf) || PortFree(port));
   a.serve_store = serve;
