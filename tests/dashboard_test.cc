@@ -18,16 +18,6 @@ namespace {
 using std::chrono::seconds;
 using Env = std::vector<std::pair<std::string, std::string>>;
 
-CommandResult Exec(const std::vector<std::string>& argv, const std::string& cwd, Duration timeout = seconds(120)) {
-  SpawnOptions o;
-  o.argv = argv;
-  o.env = CurrentEnvironment();
-  o.cwd = cwd;
-  auto r = RunCommand(o, timeout);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? *r : CommandResult{};
-}
-
 struct Url {
   std::string host;
   int port = 0;
@@ -103,7 +93,7 @@ TEST_F(DashboardTest, ThePageShowsJobsCurvesLogsAndEvalInChromiumAndEscapesWhatR
 
   const std::string page = Base() + "/?token=" + url_.token;
   auto dom = [&](const std::string& run, const std::string& shot) {
-    auto r = Exec({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu", "--window-size=1280,2400",
+    auto r = RunProgram({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu", "--window-size=1280,2400",
                    "--virtual-time-budget=20000", "--screenshot=" + shot, "--dump-dom", page + "#" + run},
                   s_.path(""));
     EXPECT_EQ(r.exit.code, 0) << r.output;
@@ -139,7 +129,7 @@ TEST_F(DashboardTest, MetricsPassPromtoolAndARealPrometheusScrapesThem) {
   ASSERT_EQ(metrics->status, 200);
   EXPECT_NE(metrics->get_header_value("Content-Type").find("version=0.0.4"), std::string::npos);
   s_.Write("metrics.txt", metrics->body);
-  auto checked = Exec({"sh", "-c", "promtool check metrics < metrics.txt"}, s_.path(""));
+  auto checked = RunProgram({"sh", "-c", "promtool check metrics < metrics.txt"}, s_.path(""));
   EXPECT_EQ(checked.exit.code, 0) << checked.output << metrics->body;
   // What the run's own records say it did.
   int steps = 0;

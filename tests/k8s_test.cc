@@ -15,13 +15,7 @@ namespace {
 const std::string kSrc = TRAINCTL_SOURCE_DIR;
 
 CommandResult Exec(std::vector<std::string> argv, const std::string& cwd = kSrc) {
-  SpawnOptions o;
-  o.argv = std::move(argv);
-  o.env = CurrentEnvironment();
-  o.cwd = cwd;
-  auto r = RunCommand(o, std::chrono::seconds(120));
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? *r : CommandResult{};
+  return RunProgram(argv, cwd);
 }
 
 // The schema checker needs its npm packages (scripts/dev installs them).

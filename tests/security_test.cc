@@ -28,13 +28,7 @@ CommandResult RunAs(uid_t uid, std::vector<std::string> argv, const std::string&
                     Duration timeout = seconds(120)) {
   const std::string id = std::to_string(uid);
   argv.insert(argv.begin(), {"setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups"});
-  SpawnOptions o;
-  o.argv = argv;
-  o.env = CurrentEnvironment();
-  o.cwd = cwd;
-  auto r = RunCommand(o, timeout);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? *r : CommandResult{};
+  return RunProgram(argv, cwd, timeout);
 }
 
 // A scratch directory both users may write in.

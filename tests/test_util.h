@@ -75,6 +75,18 @@ inline int FreePort() {
   return ntohs(a.sin_port);
 }
 
+// Runs any program to completion (its output, stdout and stderr, merged).
+inline CommandResult RunProgram(const std::vector<std::string>& argv, const std::string& cwd,
+                                Duration timeout = std::chrono::seconds(120)) {
+  SpawnOptions o;
+  o.argv = argv;
+  o.env = CurrentEnvironment();
+  o.cwd = cwd;
+  auto r = RunCommand(o, timeout);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : CommandResult{};
+}
+
 inline CommandResult Trainctl(const std::vector<std::string>& args, const std::string& cwd,
                               Duration timeout = std::chrono::seconds(60),
                               const std::vector<std::pair<std::string, std::string>>& env = {}) {

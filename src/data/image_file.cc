@@ -23,6 +23,21 @@ bool SizeOk(int64_t cols, int64_t rows) {
 
 Status Bad(const std::string& path, const std::string& what) { return InvalidArgument(path + ": " + what); }
 
+// One image from interleaved (H, W, C) pixels, stored planar (C, H, W).
+ImageSet OneImage(int channels, int64_t rows, int64_t cols, const std::vector<uint8_t>& hwc) {
+  ImageSet set;
+  set.count = 1;
+  set.channels = channels;
+  set.rows = static_cast<int>(rows);
+  set.cols = static_cast<int>(cols);
+  set.labels = {0};
+  set.pixels.resize(rows * cols * channels);
+  for (int64_t p = 0; p < rows * cols; ++p) {
+    for (int c = 0; c < channels; ++c) set.pixels[c * rows * cols + p] = hwc[p * channels + c];
+  }
+  return set;
+}
+
 // PGM (P2, P5) and PPM (P3, P6): whitespace-separated header fields, '#' comments.
 Result<ImageSet> ReadNetpbm(const std::string& path, const std::string& bytes) {
   const char kind = bytes[1];
@@ -54,12 +69,6 @@ Result<ImageSet> ReadNetpbm(const std::string& path, const std::string& bytes) {
     return Bad(path, "an image of " + std::to_string(cols) + "x" + std::to_string(rows) + " pixels is not supported");
   }
   if (maxval < 1 || maxval > 255) return Bad(path, "maxval " + std::to_string(maxval) + ": only 8-bit images (1 to 255)");
-  ImageSet set;
-  set.count = 1;
-  set.channels = channels;
-  set.rows = static_cast<int>(rows);
-  set.cols = static_cast<int>(cols);
-  set.labels = {0};
   const int64_t n = rows * cols * channels;
   std::vector<uint8_t> hwc(n);
   if (plain) {
@@ -76,12 +85,7 @@ Result<ImageSet> ReadNetpbm(const std::string& path, const std::string& bytes) {
     }
     for (int64_t i = 0; i < n; ++i) hwc[i] = static_cast<uint8_t>(static_cast<uint8_t>(bytes[at + i]) * 255 / maxval);
   }
-  // Interleaved (H, W, C) to planar (C, H, W).
-  set.pixels.resize(n);
-  for (int64_t p = 0; p < rows * cols; ++p) {
-    for (int c = 0; c < channels; ++c) set.pixels[c * rows * cols + p] = hwc[p * channels + c];
-  }
-  return set;
+  return OneImage(channels, rows, cols, hwc);
 }
 
 Result<ImageSet> ReadPng(const std::string& path, const std::string& bytes) {
@@ -105,17 +109,8 @@ Result<ImageSet> ReadPng(const std::string& path, const std::string& bytes) {
     png_image_free(&image);
     return Bad(path, "cannot decode the PNG: " + message);
   }
-  ImageSet set;
-  set.count = 1;
-  set.channels = channels;
-  set.rows = static_cast<int>(rows);
-  set.cols = static_cast<int>(cols);
-  set.labels = {0};
-  set.pixels.resize(rows * cols * channels);
-  for (int64_t p = 0; p < rows * cols; ++p) {
-    for (int c = 0; c < channels; ++c) set.pixels[c * rows * cols + p] = hwc[p * channels + c];
-  }
-  return set;
+  png_image_free(&image);
+  return OneImage(channels, rows, cols, hwc);
 }
 
 }  // namespace
