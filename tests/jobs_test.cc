@@ -156,6 +156,25 @@ TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
   EXPECT_NE(ended.output.find("is not running (interrupted)"), std::string::npos) << ended.output;
 }
 
+// logs --since: only what the tasks wrote in that last while (to the second).
+TEST(Jobs, LogsSinceShowsOnlyTheRecentLines) {
+  Scratch s;
+  WriteSpec(s, "name: since\nprocs_per_node: 2\noutput_dir: {out}/out\n"
+               "command: [sh, -c, 'echo \"early $RANK\"; sleep 3; echo \"late $RANK\"']\n");
+  auto run = Trainctl({"run", "job.yaml"}, s.path(""), seconds(60), StateIn(s));
+  ASSERT_EQ(run.exit.code, 0) << run.output;
+  auto recent = Trainctl({"logs", "since", "--since", "2s"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(recent.exit.code, 0) << recent.output;
+  EXPECT_EQ(CountLines(recent.output, "] late "), 2) << recent.output;
+  EXPECT_EQ(CountLines(recent.output, "] early "), 0) << recent.output;
+  auto all = Trainctl({"logs", "since", "--since", "1h"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(CountLines(all.output, "] early "), 2) << all.output;
+  auto bad = Trainctl({"logs", "since", "--since", "lately"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(bad.exit.code, kExitInvalidSpec);
+  EXPECT_NE(bad.output.find("--since: expected a duration such as 10m or 30s, got \"lately\""), std::string::npos)
+      << bad.output;
+}
+
 // A launcher killed with SIGKILL cannot write how it ended: ps says the run was lost.
 TEST(Jobs, ARunWhoseLauncherWasKilledIsShownAsLost) {
   Scratch s;

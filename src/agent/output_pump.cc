@@ -1,5 +1,7 @@
 #include "agent/output_pump.h"
 
+#include <ctime>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
@@ -36,12 +38,13 @@ OutputPump::~OutputPump() {
   if (wake_[1] >= 0) ::close(wake_[1]);
 }
 
-void OutputPump::Add(int id, const std::string& label, int read_fd, int log_fd) {
+void OutputPump::Add(int id, const std::string& label, int read_fd, int log_fd, int times_fd) {
   static const char* kColors[] = {"\033[36m", "\033[32m", "\033[33m", "\033[35m",
                                   "\033[34m", "\033[96m", "\033[92m", "\033[93m"};
   Stream s;
   s.fd = read_fd;
   s.log_fd = log_fd;
+  s.times_fd = times_fd;
   std::string tag = "[" + label + "] ";
   s.prefix = color_ ? std::string(kColors[id % 8]) + tag + "\033[0m" : tag;
   {
@@ -85,6 +88,16 @@ std::string OutputPump::Consume(Stream& s, const char* data, size_t n, bool flus
     std::string line = s.partial.substr(start, end - start);
     if (!line.empty() && line.back() == '\r') line.pop_back();  // a "\r\n" line end
     start = nl != std::string::npos ? nl + 1 : end;
+    if (s.log_fd >= 0 && s.times_fd >= 0) {
+      // A time mark at most once a second: what follows the offset was written at or after it.
+      const int64_t now = static_cast<int64_t>(std::time(nullptr));
+      if (now != s.last_mark) {
+        const off_t at = ::lseek(s.log_fd, 0, SEEK_END);
+        const std::string mark = std::to_string(at) + " " + std::to_string(now) + "\n";
+        if (at >= 0) WriteFully(s.times_fd, mark.data(), mark.size());
+        s.last_mark = now;
+      }
+    }
     if (s.log_fd >= 0) {
       std::string raw = line + "\n";
       WriteFully(s.log_fd, raw.data(), raw.size());
@@ -188,7 +201,8 @@ void OutputPump::Stop() {
     }
     if (s.fd >= 0) ::close(s.fd);
     if (s.log_fd >= 0) ::close(s.log_fd);
-    s.fd = s.log_fd = -1;
+    if (s.times_fd >= 0) ::close(s.times_fd);
+    s.fd = s.log_fd = s.times_fd = -1;
   }
 }
 

@@ -31,7 +31,7 @@ class OutputPump {
   // Takes ownership of `read_fd` (a pipe read end) and `log_fd` (may be -1); `label` is the
   // prefix ("worker-3"). Before or after Start(); adding `id` again (a restarted task) makes the
   // new stream the one WaitDrained and Tail look at, while the old one drains.
-  void Add(int id, const std::string& label, int read_fd, int log_fd);
+  void Add(int id, const std::string& label, int read_fd, int log_fd, int times_fd = -1);
   void Start();
   // Waits until `id`'s pipe reached end of file (every writer is gone) or `timeout` passed.
   void WaitDrained(int id, Duration timeout);
@@ -43,6 +43,8 @@ class OutputPump {
   struct Stream {
     int fd = -1;
     int log_fd = -1;
+    int times_fd = -1;          // <log>.times: "OFFSET UNIX_SECONDS" lines, for `logs --since`
+    int64_t last_mark = -1;     // unix seconds of the last line written there
     std::string prefix;
     std::string partial;
     std::deque<std::string> tail;

@@ -210,6 +210,7 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   static bool follow = false;
   static int log_rank = -1;
   static std::string log_role;
+  static std::string log_since;
   static std::string component = "worker";
   auto* logs = app.add_subcommand("logs", "A job's output, each line prefixed with its task (a job on this "
                                           "machine by its name or run id) or its pod (a Kubernetes job by its spec)");
@@ -217,12 +218,13 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   logs->add_flag("--follow", follow, "keep streaming until the job ends (a -f without a file is --follow)");
   logs->add_option("--rank", log_rank, "a job on this machine: only this rank's output");
   logs->add_option("--role", log_role, "a job on this machine: only this role's tasks");
+  logs->add_option("--since", log_since, "only what was written in this last while (10m, 30s; to the second)");
   logs->add_option("--component", component, "worker, stage, eval, tensorboard or etcd")
       ->capture_default_str()
       ->check(CLI::IsMember({"worker", "stage", "eval", "tensorboard", "etcd"}));
   logs->callback([code] {
     if (IsLocalJob(logs_c.spec)) {
-      *code = LocalLogs(logs_c.spec.file, follow, log_rank, log_role);
+      *code = LocalLogs(logs_c.spec.file, follow, log_rank, log_role, log_since);
       return;
     }
     auto spec = LoadOrReport(logs_c.spec);
@@ -233,6 +235,7 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
     std::vector<std::string> args = {"logs", "-n", spec->cluster.namespace_, "-l", Selector(*spec, component),
                                      "--prefix", "--all-containers=true", "--tail=-1",
                                      "--max-log-requests=" + std::to_string(std::max(5, spec->nodes.max + 1))};
+    if (!log_since.empty()) args.push_back("--since=" + log_since);  // kubectl's own --since
     if (follow) {
       // Streams until the user stops it: kubectl replaces this process.
       auto exe = FindExecutable("kubectl", CurrentEnvironment());

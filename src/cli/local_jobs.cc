@@ -1,6 +1,7 @@
 // Jobs run on this machine, watched from any terminal: ps, status, logs and stop, from the run
 // index (job/runs.h) and each run's output directory.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -74,7 +75,22 @@ int Fail(const std::string& verb, const Status& st) {
   return st.code() == Code::kNotFound || st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
 }
 
-int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role) {
+// Where `log` holds what was written since `cutoff` (unix seconds), from its .times marks; 0 when
+// there are none (all of it).
+long SinceOffset(const std::string& log, int64_t cutoff) {
+  auto marks = ReadFile(log + ".times", int64_t{64} << 20);
+  if (!marks.ok()) return 0;
+  for (const auto& line : SplitLines(*marks)) {
+    const size_t space = line.find(' ');
+    if (space == std::string::npos) continue;
+    if (std::atoll(line.c_str() + space + 1) >= cutoff) return std::atol(line.c_str());
+  }
+  // Everything was written before the cutoff: start at the end.
+  struct stat st{};
+  return ::stat(log.c_str(), &st) == 0 ? static_cast<long>(st.st_size) : 0;
+}
+
+int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role, int64_t since) {
   const RunView v = View(e);
   const std::string dir = paths::LogsDir(v.dir);
   if (!IsDirectory(dir)) return Fail("logs", NotFound("run " + e.run_id + " has no logs in " + dir));
@@ -87,7 +103,9 @@ int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role
   // Prints what each file gained since the last pass, whole lines only, each once.
   auto pass = [&](bool last) {
     for (const auto& path : LogFiles(dir, role, rank, spec)) {
-      Tail& t = tails[path];
+      auto [it, fresh] = tails.try_emplace(path);
+      Tail& t = it->second;
+      if (fresh && since > 0) t.offset = SinceOffset(path, since);
       std::FILE* f = std::fopen(path.c_str(), "r");
       if (!f) continue;
       std::fseek(f, t.offset, SEEK_SET);
@@ -214,9 +232,15 @@ int LocalStatus(const std::string& job, bool as_json) {
   return kExitOk;
 }
 
-int LocalLogs(const std::string& job, bool follow, int rank, const std::string& role) {
+int LocalLogs(const std::string& job, bool follow, int rank, const std::string& role, const std::string& since) {
+  int64_t cutoff = 0;
+  if (!since.empty()) {
+    auto d = ParseDuration(since);
+    if (!d.ok() || d->count() <= 0) return Fail("logs", InvalidArgument("--since: expected a duration such as 10m or 30s, got " + Quote(since)));
+    cutoff = static_cast<int64_t>(std::time(nullptr)) - std::chrono::duration_cast<std::chrono::seconds>(*d).count();
+  }
   auto e = runs::Find(job);
-  return e.ok() ? Logs(*e, follow, rank, role) : Fail("logs", e.status());
+  return e.ok() ? Logs(*e, follow, rank, role, cutoff) : Fail("logs", e.status());
 }
 
 void AddLocalJobVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {

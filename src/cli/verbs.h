@@ -42,7 +42,7 @@ struct SpecFlags {
 bool IsLocalJob(const SpecFlags& flags);
 // status and logs of a job run on this machine; trainctl exit codes.
 int LocalStatus(const std::string& job, bool as_json);
-int LocalLogs(const std::string& job, bool follow, int rank, const std::string& role);
+int LocalLogs(const std::string& job, bool follow, int rank, const std::string& role, const std::string& since);
 
 // `path` made absolute against the current directory and normalized; "" stays "".
 std::string AbsolutePath(const std::string& path);
