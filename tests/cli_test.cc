@@ -526,15 +526,7 @@ TEST(Cli, TheBundleRunsJobsInAnImageWithOnlyGlibcAndSh) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root for chroot";
   Scratch s;
   const std::string root = s.path("image");
-  auto sh = [&](const std::string& script) {
-    SpawnOptions o;
-    o.argv = {"sh", "-ec", script};
-    o.env = CurrentEnvironment();
-    o.cwd = TRAINCTL_SOURCE_DIR;
-    auto r = RunCommand(o, seconds(60));
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? *r : CommandResult{};
-  };
+  auto sh = [](const std::string& script) { return RunProgram({"sh", "-ec", script}, TRAINCTL_SOURCE_DIR, seconds(60)); };
   auto bundled = sh("bash scripts/dev bundle " + root + "/opt/trainctl " TRAINCTL_BIN);
   ASSERT_EQ(bundled.exit.code, 0) << bundled.output;
   EXPECT_TRUE(Exists(root + "/opt/trainctl/lib/libyaml-cpp.so.0.7")) << bundled.output;

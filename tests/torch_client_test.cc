@@ -8,6 +8,12 @@
 namespace trainctl::testing {
 namespace {
 
+// A job running tests/python/SCRIPT with Debian's Python; `layout` is the spec's other fields.
+std::string PythonJob(const Scratch& s, const std::string& name, const std::string& layout, const std::string& script) {
+  return s.Write("job.yaml", "name: " + name + "\n" + layout + "command: [" + TRAINCTL_TEST_PYTHON + ", " +
+                                 TRAINCTL_SOURCE_DIR + "/tests/python/" + script + "]\noutput_dir: " + s.path("out") + "\n");
+}
+
 TEST(TorchClient, UnmodifiedDdpScriptAllreducesAcrossNodesAndWorkers) {
   SpawnOptions probe;
   probe.argv = {TRAINCTL_TEST_PYTHON, "-c", "import torch.distributed"};
@@ -17,9 +23,7 @@ TEST(TorchClient, UnmodifiedDdpScriptAllreducesAcrossNodesAndWorkers) {
     GTEST_FAIL() << TRAINCTL_TEST_PYTHON << " with torch is required (apt-get install python3-torch)";
   }
   Scratch s;
-  s.Write("job.yaml", std::string("name: ddp\nnodes: 2\nprocs_per_node: 2\ncommand: [") +
-                          TRAINCTL_TEST_PYTHON + ", " + TRAINCTL_SOURCE_DIR +
-                          "/tests/python/allreduce.py]\noutput_dir: " + s.path("out") + "\n");
+  PythonJob(s, "ddp", "nodes: 2\nprocs_per_node: 2\n", "allreduce.py");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   for (int rank = 0; rank < 4; ++rank) {
@@ -37,9 +41,7 @@ TEST(TorchClient, UnmodifiedDdpScriptAllreducesAcrossNodesAndWorkers) {
 // the files' timestamps) although rank 0 exited first and rank 1 was stopped by trainctl.
 TEST(TorchClient, RecordErrorFilesNameTheRootCauseBeforeTheFirstExit) {
   Scratch s;
-  s.Write("job.yaml", std::string("name: record\nprocs_per_node: 2\nrestart: {max_restarts: 0}\ncommand: [") +
-                          TRAINCTL_TEST_PYTHON + ", " + TRAINCTL_SOURCE_DIR +
-                          "/tests/python/record_failure.py]\noutput_dir: " + s.path("out") + "\n");
+  PythonJob(s, "record", "procs_per_node: 2\nrestart: {max_restarts: 0}\n", "record_failure.py");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""), std::chrono::seconds(120));
   EXPECT_EQ(r.exit.code, 3) << r.output;
   const size_t root = r.output.find("root cause (first observed failure, by the tasks' error files): worker 1 (rank 1");

@@ -156,7 +156,9 @@ TEST(Torchrun, WorkersGetEveryVariableTorchrunSets) {
     EXPECT_GE(theirs.size(), 15u) << theirs.dump(1);
     for (const auto& [name, value] : theirs.items()) {
       ASSERT_TRUE(mine.contains(name)) << name << " is not set by trainctl; torchrun sets it to " << value;
-      if (!differ.count(name)) EXPECT_EQ(mine[name], value) << name;
+      if (!differ.count(name)) {
+        EXPECT_EQ(mine[name], value) << name;
+      }
     }
     EXPECT_EQ(theirs["ROLE_NAME"], "default");
     EXPECT_EQ(mine["ROLE_NAME"], "worker");

@@ -81,11 +81,6 @@ std::string WorkloadKind(const std::string& format) {
   return "jobs.batch";
 }
 
-int Fail(const std::string& verb, const Status& st) {
-  std::fprintf(stderr, "trainctl %s: %s\n", verb.c_str(), st.message().c_str());
-  return st.code() == Code::kNotFound ? kExitInvalidSpec : kExitError;
-}
-
 int Submit(const JobSpec& s, const std::string& format) {
   if (Status st = k8s::CheckFormat(s, format); !st.ok()) {
     std::fprintf(stderr, "trainctl submit: %s\n", st.message().c_str());

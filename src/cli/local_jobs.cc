@@ -70,11 +70,6 @@ int Ps(bool all, bool as_json) {
   return kExitOk;
 }
 
-int Fail(const std::string& verb, const Status& st) {
-  std::fprintf(stderr, "trainctl %s: %s\n", verb.c_str(), st.message().c_str());
-  return st.code() == Code::kNotFound || st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
-}
-
 // Where `log` holds what was written since `cutoff` (unix seconds), from its .times marks; 0 when
 // there are none (all of it).
 long SinceOffset(const std::string& log, int64_t cutoff) {
@@ -106,16 +101,9 @@ int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role
       auto [it, fresh] = tails.try_emplace(path);
       Tail& t = it->second;
       if (fresh && since > 0) t.offset = SinceOffset(path, since);
-      std::FILE* f = std::fopen(path.c_str(), "r");
-      if (!f) continue;
-      std::fseek(f, t.offset, SEEK_SET);
-      char buf[65536];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
-        t.offset += static_cast<long>(n);
-        t.partial.append(buf, n);
-      }
-      std::fclose(f);
+      const std::string more = ReadFrom(path, t.offset);
+      t.offset += static_cast<long>(more.size());
+      t.partial += more;
       const std::string prefix = "[" + fs::path(path).stem().string() + "] ";
       size_t start = 0;
       for (size_t eol; (eol = t.partial.find('\n', start)) != std::string::npos; start = eol + 1) {

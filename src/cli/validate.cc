@@ -8,6 +8,11 @@
 
 namespace trainctl::cli {
 
+int Fail(const std::string& verb, const Status& st) {
+  std::fprintf(stderr, "trainctl %s: %s\n", verb.c_str(), st.message().c_str());
+  return st.code() == Code::kNotFound || st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
+}
+
 void SpecFlags::Add(CLI::App* cmd) {
   cmd->add_option("spec", file, "the job spec (YAML)");
   cmd->add_option("-f,--file", files,

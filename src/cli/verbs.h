@@ -56,6 +56,10 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file);
 // as warnings before render and submit.
 std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string& spec_file);
 
+// Prints "trainctl VERB: message" to stderr; returns the exit code: 2 for what the user asked
+// wrongly (kNotFound, kInvalidArgument: a missing program, an unknown job), else 1.
+int Fail(const std::string& verb, const Status& st);
+
 // Loads the spec; on error prints every problem to stderr and returns nullopt.
 std::optional<JobSpec> LoadOrReport(const SpecFlags& flags);
 

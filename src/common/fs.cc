@@ -1,5 +1,7 @@
 #include "common/fs.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -64,6 +66,28 @@ bool Exists(const std::string& path) {
 bool IsDirectory(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string ReadFrom(const std::string& path, int64_t offset) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string out;
+  char buf[65536];
+  for (ssize_t n; (n = ::pread(fd, buf, sizeof buf, offset + static_cast<int64_t>(out.size()))) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+std::string ReadTail(const std::string& path, int64_t bytes) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return "";
+  return ReadFrom(path, std::max<int64_t>(0, st.st_size - bytes));
 }
 
 Result<std::string> ReadFile(const std::string& path, int64_t max_bytes) {

@@ -17,6 +17,11 @@ bool Exists(const std::string& path);
 bool IsDirectory(const std::string& path);
 // Reads a whole file; fails with kInvalidArgument if it is larger than `max_bytes`.
 Result<std::string> ReadFile(const std::string& path, int64_t max_bytes = 64 << 20);
+// What `path` holds from byte `offset` on (what was appended since an earlier read), or "" when
+// it cannot be opened; for files that grow while they are read (logs, metrics).
+std::string ReadFrom(const std::string& path, int64_t offset);
+// The last `bytes` bytes of `path` (the first line may be cut), or "" when it cannot be opened.
+std::string ReadTail(const std::string& path, int64_t bytes);
 // mkdir -p.
 Status MakeDirs(const std::string& path);
 // rm -rf, best effort (for cleanup: errors are ignored).

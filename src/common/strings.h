@@ -18,6 +18,8 @@ std::string Quote(std::string_view value);
 std::vector<std::string> Split(std::string_view text, char sep);
 // Splits on '\n', dropping a final empty piece.
 std::vector<std::string> SplitLines(std::string_view text);
+// a == b, in a time that depends only on the lengths (for comparing secrets such as tokens).
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
 // Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
 bool IsValidUtf8(std::string_view text);
 

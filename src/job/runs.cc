@@ -144,6 +144,14 @@ Result<std::unique_ptr<OutputLock>> OutputLock::Acquire(const std::string& outpu
 
 OutputLock::~OutputLock() { ::close(fd_); }
 
+bool HasCheckpoint(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(dir, ec)) {
+    if (f.path().extension() == ".safetensors") return true;
+  }
+  return false;
+}
+
 Result<std::string> MovePreviousRunAside(const std::string& output_dir, const std::string& checkpoint_dir) {
   std::vector<std::string> names = {"logs", "job.json", "status.json", "metrics.jsonl", "model.safetensors",
                                     "tensorboard"};
@@ -152,12 +160,7 @@ Result<std::string> MovePreviousRunAside(const std::string& output_dir, const st
   bool any = false;
   for (const auto& n : names) any = any || Exists(output_dir + "/" + n);
   std::error_code ec;
-  bool checkpoints = false;
-  if (!own_checkpoints) {
-    for (const auto& f : fs::directory_iterator(checkpoint_dir, ec)) {
-      checkpoints = checkpoints || f.path().extension() == ".safetensors";
-    }
-  }
+  const bool checkpoints = !own_checkpoints && HasCheckpoint(checkpoint_dir);
   if (!any && !checkpoints) return std::string();
   // Its run id, from its status.json; else when it was written.
   std::string id;

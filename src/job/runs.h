@@ -52,6 +52,9 @@ class OutputLock {
   int fd_;
 };
 
+// Whether `dir` holds a checkpoint (a .safetensors file).
+bool HasCheckpoint(const std::string& dir);
+
 // A previous run's files in `output_dir` (logs, job.json, status.json, metrics, the model, the
 // TensorBoard files) and its checkpoints, moved into <output_dir>/previous/<its run id>/ so that a
 // new run starts fresh and nothing is lost. Returns that directory, or "" when there was no

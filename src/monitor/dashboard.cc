@@ -24,13 +24,6 @@ namespace {
 
 using nlohmann::json;
 
-bool SameToken(const std::string& a, const std::string& b) {  // constant time in the length
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 json RunSummary(const RunView& v) {
   const runs::RunEntry& e = v.entry;
   return {{"name", e.name}, {"run_id", e.run_id}, {"state", v.state}, {"tasks", Tasks(e)},
@@ -83,9 +76,9 @@ struct Dashboard::Impl {
   std::map<std::string, std::pair<int64_t, json>> evals;  // run id -> (model mtime, result)
 
   bool Authorized(const httplib::Request& req) const {
-    if (req.has_param("token") && SameToken(req.get_param_value("token"), o.token)) return true;
+    if (req.has_param("token") && ConstantTimeEquals(req.get_param_value("token"), o.token)) return true;
     const std::string auth = req.get_header_value("Authorization");
-    return auth.rfind("Bearer ", 0) == 0 && SameToken(auth.substr(7), o.token);
+    return auth.rfind("Bearer ", 0) == 0 && ConstantTimeEquals(auth.substr(7), o.token);
   }
 
   // Test-set results of a run's model: `trainctl eval` (per class, confusion matrix) and
@@ -179,11 +172,7 @@ struct Dashboard::Impl {
       if (req.matches[2] == "/logs") {
         const int rank = req.has_param("rank") ? std::atoi(req.get_param_value("rank").c_str()) : 0;
         const auto files = LogFiles(paths::LogsDir(v.dir), "", rank, ReadJson(paths::JobJson(v.dir)));
-        std::string text;
-        if (!files.empty()) {
-          auto all = ReadFile(files[0], int64_t{1} << 30);
-          if (all.ok()) text = all->size() > 262144 ? all->substr(all->size() - 262144) : *all;
-        }
+        const std::string text = files.empty() ? "" : ReadTail(files[0], 262144);
         out = {{"rank", rank}, {"file", files.empty() ? "" : files[0]}, {"text", text}};
       } else if (req.matches[2] == "/eval") {
         out = Eval(v);

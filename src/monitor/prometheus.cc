@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/fs.h"
 #include "job/paths.h"
 #include "monitor/view.h"
 
@@ -34,15 +35,12 @@ std::string EscapeLabel(const std::string& value) {
 }
 
 void MetricsExporter::Update(Totals* t, const std::string& path) {
-  if (t->path != path) *t = Totals{path};  // the run's files moved (previous/): start over
+  if (t->path != path) {  // the run's files moved (previous/): start over
+    *t = Totals{};
+    t->path = path;
+  }
   if (t->buckets.empty()) t->buckets.assign(kBounds.size(), 0);
-  std::FILE* f = std::fopen(path.c_str(), "r");
-  if (!f) return;
-  std::fseek(f, t->offset, SEEK_SET);
-  std::string text;
-  char buf[65536];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
-  std::fclose(f);
+  const std::string text = ReadFrom(path, t->offset);
   const size_t end = text.rfind('\n');  // whole lines only; the rest is read next time
   if (end == std::string::npos) return;
   t->offset += static_cast<long>(end + 1);

@@ -141,16 +141,7 @@ std::string Elapsed(const RunView& v) {
 
 // "epoch 3 step 1200 loss 0.412 acc 0.91" from the end of metrics.jsonl (the built-in trainer).
 std::string Progress(const std::string& output_dir) {
-  const std::string path = paths::MetricsJsonl(output_dir);
-  std::FILE* f = std::fopen(path.c_str(), "r");
-  if (!f) return "-";
-  std::fseek(f, 0, SEEK_END);
-  const long size = std::ftell(f);
-  const long from = std::max(0L, size - 16384);
-  std::fseek(f, from, SEEK_SET);
-  std::string tail(size - from, '\0');
-  tail.resize(std::fread(tail.data(), 1, tail.size(), f));
-  std::fclose(f);
+  const std::string tail = ReadTail(paths::MetricsJsonl(output_dir), 16384);
   double epoch = -1, step = -1, loss = -1, acc = -1;
   for (const auto& line : SplitLines(tail)) {
     auto j = json::parse(line, nullptr, false);
@@ -208,9 +199,7 @@ std::vector<std::string> LogFiles(const std::string& dir, const std::string& rol
 
 // The newest window of the trainer's metrics: steps/s and where a step's time goes.
 std::string StepSplit(const std::string& output_dir) {
-  auto text = ReadFile(paths::MetricsJsonl(output_dir), int64_t{1} << 30);
-  if (!text.ok()) return "";
-  const auto lines = SplitLines(text->size() > 65536 ? text->substr(text->size() - 65536) : *text);
+  const auto lines = SplitLines(ReadTail(paths::MetricsJsonl(output_dir), 65536));
   for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
     auto j = json::parse(*it, nullptr, false);
     if (!j.is_object() || !j.contains("window_seconds")) continue;

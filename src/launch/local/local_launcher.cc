@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <ctime>
 #include <optional>
-#include <filesystem>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -142,14 +141,6 @@ class MpirunStderr {
   std::thread thread_;
 };
 
-bool HasCheckpoint(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
-    if (f.path().extension() == ".safetensors") return true;
-  }
-  return false;
-}
-
 // How long agents get to stop their workers before the launcher kills them.
 Duration AgentGrace(const JobSpec& spec) { return spec.timeouts.stop_grace + std::chrono::seconds(5); }
 
@@ -185,7 +176,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       LOG_INFO("{} held an earlier run, moved to {}: this run starts from scratch (--resume would "
                "continue it)", spec.output_dir, *moved);
     }
-  } else if (spec.trainer.enabled && !HasCheckpoint(spec.checkpoint_dir)) {
+  } else if (spec.trainer.enabled && !runs::HasCheckpoint(spec.checkpoint_dir)) {
     LOG_WARN("--resume: no checkpoint in {}; this run starts from scratch", spec.checkpoint_dir);
   }
   if (Status st = MakeDirs(paths::LogsDir(spec.output_dir)); !st.ok()) {

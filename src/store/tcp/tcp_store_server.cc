@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 
+#include "common/strings.h"
 #include "common/log.h"
 #include "store/memory/memory_store.h"
 #include "store/tcp/tcp_store.h"
@@ -39,13 +40,6 @@ struct Conn {
   std::vector<std::string> wait_keys;
   Clock::time_point deadline;
 };
-
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 wire::Writer ReplyOf(Reply reply) {
   wire::Writer w;
