@@ -4,7 +4,10 @@
 1. Training with the dashboard open and Prometheus scraping: the Fashion-MNIST example job
    (2 workers, one epoch) run alternately alone (A) and while `trainctl dashboard` serves a
    client that polls as the page does (runs list, the run, its log every 2 s) and a scraper that
-   reads /metrics every second (B). Figure: the epoch time from the run's metrics.jsonl.
+   reads /metrics every second (B). Figures: the epoch time from the run's metrics.jsonl, and the
+   CPU time the dashboard process used during B against the CPU time of the training it watched
+   (on a machine whose cores the training fills, that share is what watching can take from it;
+   the epoch-time A/B alone drowns in a shared VM's noise).
 2. `trainctl ps` with 100 finished runs in the index: wall time of `ps` and `ps --all`.
 
 Usage: bench/watching.py [--rounds 5] [--trainctl build/src/trainctl]
@@ -13,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -27,6 +31,18 @@ def epoch_seconds(out_dir):
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [r["epoch_seconds"] for r in rows if "epoch_seconds" in r][0]
+
+
+def cpu_seconds(pid):
+    """utime + stime of a live process, from /proc/PID/stat."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def train(trainctl, state, out_dir):
@@ -87,19 +103,24 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         state = os.path.join(tmp, "state")
-        alone, watched, requests = [], [], 0
+        alone, watched, requests, shares = [], [], 0, []
         for i in range(args.rounds):
             alone.append(train(args.trainctl, state, os.path.join(tmp, "a%d" % i)))
             w = Watchers(args.trainctl, state)
             try:
+                dash0, train0 = cpu_seconds(w.proc.pid), children_cpu()
                 watched.append(train(args.trainctl, state, os.path.join(tmp, "b%d" % i)))
+                dash, trained = cpu_seconds(w.proc.pid) - dash0, children_cpu() - train0
             finally:
                 w.close()
             requests += w.requests
-            print("round %d: alone %.3f s, watched %.3f s (%d requests)" % (i + 1, alone[-1], watched[-1], w.requests))
+            shares.append(dash / trained)
+            print("round %d: alone %.3f s, watched %.3f s (%d requests); dashboard CPU %.3f s of the training's %.1f s (%.3f %%)"
+                  % (i + 1, alone[-1], watched[-1], w.requests, dash, trained, 100 * shares[-1]))
         a, b = statistics.median(alone), statistics.median(watched)
         print("epoch time, median of %d: alone %.3f s, dashboard + 1 Hz scrape %.3f s: ratio %.4f (%+.2f %%)"
               % (args.rounds, a, b, b / a, 100 * (b / a - 1)))
+        print("dashboard CPU / training CPU: median %.3f %%, max %.3f %%" % (100 * statistics.median(shares), 100 * max(shares)))
 
         # trainctl ps with 100 finished runs.
         ps_state = os.path.join(tmp, "ps-state")

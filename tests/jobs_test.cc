@@ -149,6 +149,18 @@ TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
     EXPECT_GT(std::stod(m[2]), 50) << "LibTorch and the data take memory:\n" << top.output;
     EXPECT_GE(std::stoi(m[3]), 1);
   }
+  EXPECT_EQ(top.output.find("GPU%"), std::string::npos) << "no NVML here, no GPU columns:\n" << top.output;
+  // Where NVML is (a stand-in library here): the device, its utilization and the task's memory.
+  std::smatch pid;
+  ASSERT_TRUE(std::regex_search(top.output, pid, std::regex("\n1 +worker-1 +(\\d+)")));
+  Env nvml = StateIn(s);
+  nvml.emplace_back("LD_LIBRARY_PATH", NVML_STANDIN_DIR);
+  nvml.emplace_back("NVML_STANDIN_PID", pid[1]);
+  auto gpu = Trainctl({"top", "busy-trainer", "--once", "--interval", "100ms"}, s.path(""), seconds(30), nvml);
+  EXPECT_NE(gpu.output.find("  GPU  GPU%  GPU MiB\n"), std::string::npos) << gpu.output;
+  EXPECT_TRUE(std::regex_search(gpu.output, std::regex("\n1 +worker-1 +" + std::string(pid[1]) + " .*    0    87     1234\n")))
+      << gpu.output;
+  EXPECT_TRUE(std::regex_search(gpu.output, std::regex("\n0 +worker-0 .*    -     -        -\n"))) << gpu.output;
   EXPECT_EQ(Trainctl({"stop", "busy-trainer"}, s.path(""), seconds(60), StateIn(s)).exit.code, 0);
   EXPECT_EQ(job.Wait(seconds(30)).code, kExitInterrupted);
   auto ended = Trainctl({"top", "busy-trainer", "--once"}, s.path(""), seconds(30), StateIn(s));

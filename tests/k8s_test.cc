@@ -5,7 +5,13 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+
+#include <csignal>
 #include <regex>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/test_util.h"
 
@@ -44,7 +50,8 @@ TEST(K8s, EveryRenderedManifestPassesTheKubernetesSchema) {
       Render(s, "job.yaml", {base}),
       Render(s, "prod.yaml", {base, "-f", kSrc + "/examples/k8s/prod.yaml"}),  // elastic, etcd, staging
       Render(s, "dev.yaml", {base, "-f", kSrc + "/examples/k8s/dev.yaml"}),
-      Render(s, "pytorchjob.yaml", {base, "--format", "pytorchjob", "--set", "resources.gpus=1"}),
+      Render(s, "pytorchjob.yaml", {base, "--format", "pytorchjob", "--set", "resources.gpus=1",
+                                    "--set", "cluster.pod_monitor=true"}),
       Render(s, "ddp.yaml", {kSrc + "/examples/ddp.yaml"}),  // a user program, no trainer
   };
   std::vector<std::string> argv = {"node", kSrc + "/tests/k8s/validate.mjs"};
@@ -55,6 +62,7 @@ TEST(K8s, EveryRenderedManifestPassesTheKubernetesSchema) {
   for (const auto& f : files) objects += CountLines(*ReadFile(f), "---") + 1;
   EXPECT_EQ(CountLines(r.output, ": valid"), objects) << r.output;
   EXPECT_EQ(CountLines(r.output, "INVALID"), 0) << r.output;
+  EXPECT_NE(r.output.find("PodMonitor/fashion-mnist: valid"), std::string::npos) << r.output;
 
   // The checker itself rejects what the API server would.
   std::string bad = s.Read("job.yaml");
@@ -63,6 +71,10 @@ TEST(K8s, EveryRenderedManifestPassesTheKubernetesSchema) {
   EXPECT_EQ(rejected.exit.code, 1) << rejected.output;
   EXPECT_NE(rejected.output.find("Job/fashion-mnist: INVALID: data/spec/completions must be integer"),
             std::string::npos) << rejected.output;
+  bad = std::regex_replace(s.Read("pytorchjob.yaml"), std::regex("honorLabels: true"), "honorLabels: sometimes");
+  rejected = Exec({"node", kSrc + "/tests/k8s/validate.mjs", s.Write("bad-monitor.yaml", bad)});
+  EXPECT_EQ(rejected.exit.code, 1) << rejected.output;
+  EXPECT_NE(rejected.output.find("PodMonitor/fashion-mnist: INVALID"), std::string::npos) << rejected.output;
 }
 
 // Every workload format, for a job without roles and for jobs with roles: the custom resources
@@ -313,6 +325,52 @@ PodCommand FromManifests(const std::string& yaml) {
   return pods.empty() ? PodCommand{} : pods[0];
 }
 
+// The pods of `pods` (pod i of each: completion index i) as processes here, the last Job's
+// first: the first pod serves the store (at `node0`, a regex of its in-cluster address), the
+// others wait for it. The shared volume is the directory `volume`; each agent's metrics port is
+// a free one of this machine, in `metrics_ports` by start order.
+struct Pods {
+  std::vector<std::unique_ptr<Background>> agents;
+  std::vector<int> metrics_ports;
+  std::string run_id;
+};
+Pods StartPods(const Scratch& s, const std::vector<PodCommand>& pods, const std::string& node0,
+               const std::string& volume) {
+  Pods out;
+  fs::create_directories(volume);
+  const std::string spec_file = s.Write("job.json", pods.at(0).spec_json);
+  const std::string port = std::to_string(FreePort());
+  for (int p = static_cast<int>(pods.size()) - 1; p >= 0; --p) {
+    for (int index = pods[p].completions - 1; index >= 0; --index) {
+      auto substitute = [&](std::string v) {
+        v = std::regex_replace(v, std::regex(node0 + ":29400"), "127.0.0.1:" + port);
+        v = std::regex_replace(v, std::regex("\\$\\(JOB_COMPLETION_INDEX\\)"), std::to_string(index));
+        v = std::regex_replace(v, std::regex("\\$\\(POD_IP\\)"), "127.0.0.1");
+        v = std::regex_replace(v, std::regex("\\$\\(JOB_UID\\)"), "0f0e");
+        return std::regex_replace(v, std::regex("/etc/trainctl/job.json"), spec_file);
+      };
+      std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_AGENT_TOKEN", "t0ken-of-the-job"}};
+      for (const auto& [k, v] : pods[p].env) {
+        if (k != "TRAINCTL_RUN_ID") env.emplace_back(k, substitute(v));
+        else out.run_id = substitute(v);
+      }
+      std::vector<std::string> args;
+      EXPECT_EQ(pods[p].argv.at(0), "trainctl");
+      for (size_t i = 1; i < pods[p].argv.size(); ++i) {
+        if (pods[p].argv[i - 1] == "--metrics-port") {  // every pod has its own IP; here they share one
+          out.metrics_ports.push_back(FreePort());
+          args.push_back(std::to_string(out.metrics_ports.back()));
+        } else {
+          args.push_back(pods[p].argv[i] == "$(TRAINCTL_RUN_ID)" ? out.run_id : substitute(pods[p].argv[i]));
+        }
+      }
+      out.agents.push_back(std::make_unique<Background>(
+          args, volume, s.path(pods[p].job + std::to_string(index) + ".log"), env));
+    }
+  }
+  return out;
+}
+
 TEST(K8s, TheRenderedPodCommandRunsTheJobWithNodeZeroServingTheStore) {
   Scratch s;
   // The shared volume is a directory here; pods would mount the claim at the same path.
@@ -325,41 +383,81 @@ TEST(K8s, TheRenderedPodCommandRunsTheJobWithNodeZeroServingTheStore) {
   PodCommand pod = FromManifests(r.output);
   ASSERT_FALSE(pod.argv.empty()) << r.output;
   ASSERT_FALSE(pod.spec_json.empty());
-  fs::create_directories(s.path("volume"));
-  const std::string spec_file = s.Write("job.json", pod.spec_json);
-  const std::string port = std::to_string(FreePort());
-
-  auto substitute = [&](std::string v, int index) {
-    v = std::regex_replace(v, std::regex("podjob-0\\.podjob:29400"), "127.0.0.1:" + port);
-    v = std::regex_replace(v, std::regex("\\$\\(JOB_COMPLETION_INDEX\\)"), std::to_string(index));
-    v = std::regex_replace(v, std::regex("\\$\\(POD_IP\\)"), "127.0.0.1");
-    v = std::regex_replace(v, std::regex("\\$\\(JOB_UID\\)"), "0f0e");
-    return std::regex_replace(v, std::regex("/etc/trainctl/job.json"), spec_file);
-  };
-  std::vector<std::unique_ptr<Background>> nodes;
-  for (int index : {1, 0}) {  // the joining node first: it waits for node 0's store
-    std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_AGENT_TOKEN", "t0ken"}};
-    std::string run_id;
-    for (const auto& [k, v] : pod.env) {
-      if (k != "TRAINCTL_RUN_ID") env.emplace_back(k, substitute(v, index));
-      else run_id = substitute(v, index);
-    }
-    std::vector<std::string> args;
-    ASSERT_EQ(pod.argv[0], "trainctl");
-    for (size_t i = 1; i < pod.argv.size(); ++i) {
-      args.push_back(pod.argv[i] == "$(TRAINCTL_RUN_ID)" ? run_id : substitute(pod.argv[i], index));
-    }
-    EXPECT_EQ(run_id, "podjob-0f0e");
-    nodes.push_back(std::make_unique<Background>(args, s.path("volume"),
-                                                 s.path("node" + std::to_string(index) + ".log"), env));
-  }
-  for (auto& n : nodes) {
+  Pods pods = StartPods(s, {pod}, "podjob-0\\.podjob", s.path("volume"));
+  EXPECT_EQ(pods.run_id, "podjob-0f0e");
+  for (auto& n : pods.agents) {
     ExitInfo exit = n->Wait(std::chrono::seconds(120));
     EXPECT_EQ(exit.code, 0) << n->Output();
   }
   EXPECT_TRUE(fs::exists(s.path("volume/runs/podjob/model.safetensors")));
-  EXPECT_NE(s.Read("node0.log").find("2 workers x batch 16"), std::string::npos)
-      << s.Read("node0.log");
+  EXPECT_NE(s.Read("podjob0.log").find("2 workers x batch 16"), std::string::npos)
+      << s.Read("podjob0.log");
+}
+
+// The pods' agents serve /metrics with the job's token: a real Prometheus, configured as the
+// rendered PodMonitor says (bearer token from the job's Secret), scrapes both pods; the pod of
+// group rank 0 speaks for the run, the other has no series; a request without the token is refused.
+TEST(K8s, ThePodsServeMetricsThatARealPrometheusScrapesWithTheJobsToken) {
+  Scratch s;
+  std::string spec = s.Write("job.yaml", "name: watched\nnodes: 2\nprocs_per_node: 1\n"
+                                         "trainer:\n  model: cnn\n  data: {limit: 512, test_limit: 64}\n"
+                                         "  batch_size: 8\n  epochs: 1000\n  threads: 1\n  eval: false\n"
+                                         "cluster:\n  storage: {mount: " + s.path("volume") + "}\n"
+                                         "  pod_monitor: true\n");
+  auto r = Trainctl({"render", spec}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  auto monitor = YAML::Load("{}");
+  for (const auto& doc : YAML::LoadAll(r.output)) {
+    if (doc["kind"].as<std::string>() == "PodMonitor") monitor = doc;
+  }
+  ASSERT_TRUE(monitor["spec"]) << r.output;
+  const YAML::Node ep = monitor["spec"]["podMetricsEndpoints"][0];
+  EXPECT_EQ(ep["authorization"]["credentials"]["name"].as<std::string>(), "watched-token");
+  Pods pods = StartPods(s, {FromManifests(r.output)}, "watched-0\\.watched", s.path("volume"));
+  ASSERT_EQ(pods.metrics_ports.size(), 2u);
+
+  const int port = FreePort();
+  std::string targets;
+  for (int p : pods.metrics_ports) targets += (targets.empty() ? "'127.0.0.1:" : ", '127.0.0.1:") + std::to_string(p) + "'";
+  s.Write("prometheus.yml", "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: pods\n"
+                            "    metrics_path: " + ep["path"].as<std::string>() + "\n"
+                            "    honor_labels: " + ep["honorLabels"].as<std::string>() + "\n"
+                            "    authorization: {type: " + ep["authorization"]["type"].as<std::string>() +
+                            ", credentials: t0ken-of-the-job}\n"
+                            "    static_configs: [{targets: [" + targets + "]}]\n");
+  SpawnOptions po;
+  po.argv = {"prometheus", "--config.file=" + s.path("prometheus.yml"), "--storage.tsdb.path=" + s.path("tsdb"),
+             "--web.listen-address=127.0.0.1:" + std::to_string(port)};
+  po.env = CurrentEnvironment();
+  po.output_fd = ::open(s.path("prometheus.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  auto prometheus = Spawn(po);
+  ::close(po.output_fd);
+  ASSERT_TRUE(prometheus.ok()) << prometheus.status().ToString();
+  auto query = [&](const std::string& q) {
+    auto got = RunProgram({"python3", "-c", "import sys,urllib.request,urllib.parse;print(urllib.request.urlopen("
+                           "'http://127.0.0.1:" + std::to_string(port) + "/api/v1/query?query='+urllib.parse.quote(sys.argv[1])).read().decode())",
+                           q}, s.path(""));
+    return nlohmann::json::parse(got.output, nullptr, false);
+  };
+  nlohmann::json steps, up;
+  const bool scraped = Eventually([&] {
+    steps = query("trainctl_train_steps_total{job=\"watched\"}");
+    up = query("up");
+    return steps.is_object() && steps["data"]["result"].size() == 1 &&
+           std::stod(steps["data"]["result"][0]["value"][1].get<std::string>()) > 0 &&
+           up.is_object() && up["data"]["result"].size() == 2 && up["data"]["result"][0]["value"][1] == "1" &&
+           up["data"]["result"][1]["value"][1] == "1";
+  }, std::chrono::seconds(90));
+  EXPECT_TRUE(scraped) << steps << "\n" << up << "\n" << s.Read("prometheus.log") << s.Read("watched0.log");
+  // Without the token: 401.
+  auto plain = RunProgram({"python3", "-c", "import urllib.request,urllib.error\ntry:\n urllib.request.urlopen("
+                           "'http://127.0.0.1:" + std::to_string(pods.metrics_ports[1]) + "/metrics')\n"
+                           "except urllib.error.HTTPError as e:\n print(e.code)"}, s.path(""));
+  EXPECT_EQ(plain.output, "401\n");
+  for (auto& a : pods.agents) ::kill(a->pid(), SIGTERM);
+  for (auto& a : pods.agents) a->Wait(std::chrono::seconds(60));
+  ::kill(*prometheus, SIGTERM);
+  ::waitpid(*prometheus, nullptr, 0);
 }
 
 // A job with roles rendered as one Indexed Job per role: every pod's agent runs its one task
@@ -379,34 +477,9 @@ TEST(K8s, ThePodPerTaskCommandsOfAJobWithRolesRunIt) {
   EXPECT_EQ(pods[0].job, "roles-ps");
   EXPECT_EQ(pods[1].job, "roles-worker");
   EXPECT_EQ(pods[1].completions, 2);
-  fs::create_directories(s.path("volume"));
-  const std::string spec_file = s.Write("job.json", pods[0].spec_json);
-  const std::string port = std::to_string(FreePort());
-  std::vector<std::unique_ptr<Background>> agents;
-  for (int p = 1; p >= 0; --p) {  // the workers first: they wait for the ps pod's store
-    for (int index = 0; index < pods[p].completions; ++index) {
-      auto substitute = [&](std::string v) {
-        v = std::regex_replace(v, std::regex("roles-ps-0\\.roles:29400"), "127.0.0.1:" + port);
-        v = std::regex_replace(v, std::regex("\\$\\(JOB_COMPLETION_INDEX\\)"), std::to_string(index));
-        v = std::regex_replace(v, std::regex("\\$\\(POD_IP\\)"), "127.0.0.1");
-        return std::regex_replace(v, std::regex("/etc/trainctl/job.json"), spec_file);
-      };
-      std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_AGENT_TOKEN", "t0ken"}};
-      std::string run_id;
-      for (const auto& [k, v] : pods[p].env) {
-        if (k != "TRAINCTL_RUN_ID") env.emplace_back(k, substitute(v));
-        else run_id = v;
-      }
-      std::vector<std::string> args;
-      for (size_t i = 1; i < pods[p].argv.size(); ++i) {
-        args.push_back(pods[p].argv[i] == "$(TRAINCTL_RUN_ID)" ? run_id : substitute(pods[p].argv[i]));
-      }
-      EXPECT_NE(std::find(args.begin(), args.end(), "--task"), args.end());
-      agents.push_back(std::make_unique<Background>(
-          args, s.path("volume"), s.path(pods[p].job + std::to_string(index) + ".log"), env));
-    }
-  }
-  for (auto& a : agents) {
+  for (const auto& p : pods) EXPECT_NE(std::find(p.argv.begin(), p.argv.end(), "--task"), p.argv.end());
+  Pods started = StartPods(s, pods, "roles-ps-0\\.roles", s.path("volume"));
+  for (auto& a : started.agents) {
     ExitInfo exit = a->Wait(std::chrono::seconds(60));
     EXPECT_EQ(exit.code, 0) << a->Output();
   }

@@ -373,6 +373,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   const RoundInfo& info = r.info;
   const int restart = info.restarts;
   log::SetContext(s.name, "node=" + std::to_string(info.group_rank), restart);
+  if (o_.group_rank) o_.group_rank->store(info.group_rank);
   r.roles = JobRoles(s, info.group_world_size);
   std::vector<RoleSize> sizes;
   for (const auto& role : r.roles) sizes.push_back({role.name, role.replicas});

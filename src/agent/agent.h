@@ -27,6 +27,7 @@
 // reset it.
 #pragma once
 
+#include <atomic>
 #include <string>
 
 #include "job/records.h"
@@ -49,6 +50,7 @@ struct AgentOptions {
   std::string store_token;      // handed to tasks
   std::string store_prefix;     // handed to tasks
   bool color_output = false;
+  std::atomic<int>* group_rank = nullptr;  // if set: this node's group rank in the current round
   Duration poll_interval = std::chrono::milliseconds(50);
 };
 

@@ -130,8 +130,20 @@ int RunAgentProcess(const AgentProcessOptions& f) {
     return kExitError;
   }
   LOG_DEBUG("job spec of {} read{}", spec->name, file_spec ? " from " + f.spec_file : " from the store");
+  // Declared before the server that reads it, so it outlives the server.
+  std::atomic<int> group_rank{-1};
+  std::shared_ptr<void> metrics;
+  if (f.metrics_port > 0 && f.serve_metrics) {
+    auto served = f.serve_metrics(*spec, f.run_id, f.metrics_port, token, &group_rank);
+    if (!served.ok()) {
+      LOG_ERROR("cannot serve metrics on port {}: {}", f.metrics_port, served.status().message());
+      return CodeFor(served.status());
+    }
+    metrics = std::move(*served);
+  }
   AgentOptions o;
   o.spec = *spec;
+  o.group_rank = &group_rank;
   o.node_rank = node_rank;
   o.run_id = f.run_id;
   o.host = f.host;

@@ -3,6 +3,9 @@
 // the Agent, and on node 0 keep the store up until the other agents have seen how the job ended.
 #pragma once
 
+#include <atomic>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "spec/job_spec.h"
@@ -18,6 +21,13 @@ struct AgentProcessOptions {
   const JobSpec* spec = nullptr;   // instead of spec_file (trainctl torchrun builds it in memory)
   bool serve_store = false;        // node 0 serves the store (needs spec_file)
   bool color = false;
+  // Serves the node's Prometheus metrics on metrics_port while the agent runs (0: not). The
+  // server lives in the monitor module, which the agent does not link: the CLI passes it in.
+  int metrics_port = 0;
+  using MetricsServer = std::function<Result<std::shared_ptr<void>>(
+      const JobSpec& spec, const std::string& run_id, int port, const std::string& token,
+      const std::atomic<int>* group_rank)>;
+  MetricsServer serve_metrics;
 };
 
 // Returns the process's exit code. Expects BlockSupervisorSignals() and the log level set.

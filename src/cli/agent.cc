@@ -1,10 +1,44 @@
+#include <unistd.h>
+
+#include <ctime>
+
 #include "agent/start.h"
 #include "cli/verbs.h"
 #include "common/log.h"
 #include "common/subprocess.h"
 #include "job/agent_command.h"
+#include "job/runs.h"
+#include "monitor/prometheus.h"
 
 namespace trainctl::cli {
+
+namespace {
+
+// The agent's /metrics on every interface (a pod's IP), guarded by the job's token. The node of
+// group rank 0 exports the run's series (its files are on the volume every pod shares, so one
+// node speaks for the run); the others answer with no series, and Prometheus' `up` says they live.
+Result<std::shared_ptr<void>> ServeMetrics(const JobSpec& spec, const std::string& run_id, int port,
+                                           const std::string& token, const std::atomic<int>* group_rank) {
+  runs::RunEntry e;
+  e.name = spec.name;
+  e.run_id = run_id;
+  e.output_dir = spec.output_dir;
+  e.nodes = spec.nodes.max;
+  e.procs_per_node = spec.procs_per_node;
+  e.tasks = spec.world_size();
+  e.pid = ::getpid();
+  e.start_ticks = runs::StartTicks(e.pid);
+  e.started = std::time(nullptr);
+  auto exporter = std::make_shared<monitor::MetricsExporter>();
+  auto render = [e, exporter, group_rank] {
+    return exporter->Render(group_rank->load() == 0 ? std::vector<runs::RunEntry>{e} : std::vector<runs::RunEntry>{});
+  };
+  ASSIGN_OR_RETURN(auto server, monitor::MetricsServer::Start("0.0.0.0", port, token, render));
+  LOG_DEBUG("serving /metrics on port {}", server->port());
+  return std::shared_ptr<void>(std::move(server));
+}
+
+}  // namespace
 
 void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
@@ -23,6 +57,11 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_option("--host", f->host, "this node's address for its peers; auto: its host name")
       ->capture_default_str();
   cmd->add_flag("--color", f->color, "colour the [worker-N] prefixes");
+  cmd->add_option("--metrics-port", f->metrics_port,
+                  "serve Prometheus metrics at /metrics on this port, on every interface, with the "
+                  "job's token as a bearer token (0: not)")
+      ->check(CLI::Range(0, 65535));
+  f->serve_metrics = ServeMetrics;
   cmd->add_option("--spec", f->spec_file,
                   "the job spec (YAML, or the JSON that render writes) instead of the store's copy: "
                   "for agents that a cluster engine starts")

@@ -21,6 +21,7 @@
 #include "job/paths.h"
 #include "job/runs.h"
 #include "monitor/dashboard.h"
+#include "monitor/gpu.h"
 #include "monitor/view.h"
 #include "common/random.h"
 
@@ -136,13 +137,27 @@ std::string TopScreen(const runs::RunEntry& e, const RunView& v, Duration interv
   std::string out = "job " + e.name + ", run " + e.run_id + ": " + v.state + ", " + Tasks(e) + ", elapsed " + Elapsed(v) + "\n";
   const std::string split = StepSplit(v.dir);
   if (!split.empty()) out += split + "\n";
+  // GPU columns where NVML is: the device a task uses, that device's utilization, the task's memory on it.
+  const bool gpus = GpusPresent();
+  const auto gpu = gpus ? GpuProcesses() : std::vector<GpuUse>{};
   char line[256];
-  std::snprintf(line, sizeof line, "\n%-6s %-14s %8s %7s %10s %8s\n", "RANK", "TASK", "PID", "CPU%", "RSS MiB", "THREADS");
+  std::snprintf(line, sizeof line, "\n%-6s %-14s %8s %7s %10s %8s", "RANK", "TASK", "PID", "CPU%", "RSS MiB", "THREADS");
   out += line;
+  out += gpus ? "  GPU  GPU%  GPU MiB\n" : "\n";
   for (const auto& t : tasks) {
-    std::snprintf(line, sizeof line, "%-6d %-14s %8lld %7.1f %10.1f %8d\n", t.rank, t.label.c_str(),
+    std::snprintf(line, sizeof line, "%-6d %-14s %8lld %7.1f %10.1f %8d", t.rank, t.label.c_str(),
                   static_cast<long long>(t.pid), t.cpu_percent, t.rss_mib, t.threads);
     out += line;
+    if (gpus) {
+      std::string cells;
+      for (const auto& g : gpu) {
+        if (g.pid != t.pid) continue;
+        std::snprintf(line, sizeof line, "  %3d  %4d  %7.0f", g.device, g.device_utilization, g.memory_mib);
+        cells += line;
+      }
+      out += cells.empty() ? "    -     -        -" : cells;
+    }
+    out += "\n";
   }
   if (tasks.empty()) out += "(no task is running)\n";
   return out;

@@ -16,6 +16,7 @@ std::vector<std::string> AgentCommand::Argv() const {
   if (!host.empty()) argv.insert(argv.end(), {"--host", host});
   if (serve_store) argv.push_back("--serve-store");
   if (color) argv.push_back("--color");
+  if (metrics_port > 0) argv.insert(argv.end(), {"--metrics-port", std::to_string(metrics_port)});
   return argv;
 }
 

@@ -22,6 +22,7 @@ struct AgentCommand {
   std::string spec_file;              // --spec: agents a cluster engine starts read it there
   bool serve_store = false;           // --serve-store (needs spec_file)
   bool color = false;                 // --color
+  int metrics_port = 0;               // --metrics-port: serve /metrics there (0: not)
 
   std::vector<std::string> Argv() const;
 };

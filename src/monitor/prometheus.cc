@@ -1,10 +1,13 @@
 #include "monitor/prometheus.h"
 
 #include <cstdio>
+#include <thread>
 
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
+#include "common/strings.h"
 #include "job/paths.h"
 #include "monitor/view.h"
 
@@ -130,5 +133,43 @@ std::string MetricsExporter::Render(const std::vector<runs::RunEntry>& entries) 
   }
   return out;
 }
+
+struct MetricsServer::Impl {
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+};
+
+MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host, int port,
+                                                            const std::string& token,
+                                                            std::function<std::string()> render) {
+  if (token.empty()) return InvalidArgument("serving metrics needs the job's token");
+  auto impl = std::make_unique<Impl>();
+  impl->server.Get("/metrics", [token, render](const httplib::Request& req, httplib::Response& res) {
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth.rfind("Bearer ", 0) != 0 || !ConstantTimeEquals(auth.substr(7), token)) {
+      res.status = 401;
+      res.set_header("WWW-Authenticate", "Bearer");
+      res.set_content("trainctl metrics: this needs the job's token as a bearer token\n", "text/plain");
+      return;
+    }
+    res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  impl->port = port == 0 ? impl->server.bind_to_any_port(host)
+                         : (impl->server.bind_to_port(host, port) ? port : -1);
+  if (impl->port <= 0) return Unavailable("cannot listen on " + host + ":" + std::to_string(port) + " for /metrics");
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->server.listen_after_bind(); });
+  return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));
+}
+
+MetricsServer::~MetricsServer() {
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int MetricsServer::port() const { return impl_->port; }
 
 }  // namespace trainctl::monitor

@@ -3,11 +3,14 @@
 // (seconds), _total for counters; every series carries the job and run_id labels.
 #pragma once
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "job/runs.h"
 
 namespace trainctl::monitor {
@@ -16,7 +19,7 @@ namespace trainctl::monitor {
 // Thread-safe.
 class MetricsExporter {
  public:
-  // The exposition text for `runs`.
+  // The exposition text for `runs`: every family's HELP and TYPE, and each run's series.
   std::string Render(const std::vector<runs::RunEntry>& runs);
 
  private:
@@ -31,6 +34,25 @@ class MetricsExporter {
 
   std::mutex mu_;
   std::map<std::string, Totals> totals_;  // by run id
+};
+
+// An HTTP server of /metrics alone, for the agents in pods (`trainctl agent --metrics-port`):
+// every request needs `Authorization: Bearer TOKEN` (the job's token; Prometheus reads it from
+// the job's Secret). `render` gives the body of each scrape; it runs on the server's threads.
+class MetricsServer {
+ public:
+  // Binds host:port (port 0: any free one) and serves until destroyed; kUnavailable when it cannot.
+  static Result<std::unique_ptr<MetricsServer>> Start(const std::string& host, int port, const std::string& token,
+                                                      std::function<std::string()> render);
+  ~MetricsServer();
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+  int port() const;
+
+ private:
+  struct Impl;
+  explicit MetricsServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // Prometheus label value escaping: backslash, double quote and newline.

@@ -426,7 +426,8 @@ class Decoder {
   void DecodeCluster(const Node& n, ClusterSpec* c) {
     const std::string p = "cluster";
     if (!Section(n, p, {"image", "image_pull_secret", "namespace", "token_secret", "storage", "stage",
-                        "tensorboard", "tensorboard_image", "node_selector", "tolerations"})) {
+                        "tensorboard", "tensorboard_image", "metrics_port", "pod_monitor", "node_selector",
+                        "tolerations"})) {
       return;
     }
     auto image = [&](const Node& v, const std::string& path) -> std::optional<std::string> {
@@ -453,6 +454,10 @@ class Decoder {
     Field(n, p, "namespace", &c->namespace_, name);
     Field(n, p, "token_secret", &c->token_secret, name);
     Field(n, p, "tensorboard", &c->tensorboard, [&](const Node& v, const std::string& path) { return Bool(v, path); });
+    Field(n, p, "pod_monitor", &c->pod_monitor, [&](const Node& v, const std::string& path) { return Bool(v, path); });
+    if (const Node* port = Child(n, "metrics_port")) {
+      if (auto v = Int(*port, p + ".metrics_port", 0, 65535)) c->metrics_port = static_cast<int>(*v);
+    }
     if (const Node* st = Child(n, "storage")) {
       const std::string sp = p + ".storage";
       if (Section(*st, sp, {"claim", "class", "size", "mount"})) {

@@ -142,6 +142,8 @@ struct ClusterSpec {
   StageSpec stage;
   bool tensorboard = true;
   std::string tensorboard_image = "tensorflow/tensorflow:2.15.0";
+  int metrics_port = 9400;           // each pod's agent serves /metrics here (the job's token); 0: not
+  bool pod_monitor = false;          // render a PodMonitor (Prometheus Operator) that scrapes it
   std::vector<std::pair<std::string, std::string>> node_selector;
   std::vector<Toleration> tolerations;
 };

@@ -85,6 +85,8 @@ ordered_json Cluster(const ClusterSpec& c) {
   }
   j["tensorboard"] = c.tensorboard;
   j["tensorboard_image"] = c.tensorboard_image;
+  j["metrics_port"] = c.metrics_port;
+  j["pod_monitor"] = c.pod_monitor;
   if (!c.node_selector.empty()) j["node_selector"] = Env(c.node_selector);
   if (!c.tolerations.empty()) {
     ordered_json tolerations = ordered_json::array();

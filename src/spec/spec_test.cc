@@ -615,6 +615,7 @@ std::string GeneratedSpec(std::mt19937& rng, int i) {
     if (coin()) y += "  stage: {url: 'https://example.com/d.tgz', sha256: '" +
                      std::string(64, 'a') + "'}\n";
     if (coin()) y += "  tensorboard: false\n";
+    if (coin()) y += "  metrics_port: " + num(0, 9999) + "\n  pod_monitor: true\n";
     if (coin()) y += "  node_selector: {pool: gpu}\n  tolerations: [{key: g, operator: Exists, effect: NoSchedule}]\n";
   }
   if (roles) {

@@ -1,5 +1,5 @@
 // Validates Kubernetes manifests against the OpenAPI schema that the kubernetes-models package
-// ships, and custom resources (PyTorchJob, TFJob, MPIJob, TrainJob) against the upstream
+// ships (and @kubernetes-models/prometheus-operator for the PodMonitor), and custom resources (PyTorchJob, TFJob, MPIJob, TrainJob) against the upstream
 // Kubeflow CRDs in crds/. Usage: node validate.mjs FILE.yaml... (multi-document YAML). Prints one
 // line per object; exits 1 if any object is invalid or of a kind it cannot check.
 //
@@ -71,8 +71,10 @@ function replicaTemplates(obj) {
 
 async function modelClass(apiVersion, kind) {
   const path = apiVersion.includes("/") ? apiVersion : `v1`;
+  // The Prometheus Operator's kinds (PodMonitor) come with their own package.
+  const pkg = path.startsWith("monitoring.coreos.com/") ? "@kubernetes-models/prometheus-operator" : "kubernetes-models";
   try {
-    const mod = await import(`kubernetes-models/${path}/${kind}`);
+    const mod = await import(`${pkg}/${path}/${kind}`);
     return mod[kind] ?? mod.default;
   } catch {
     return undefined;

@@ -85,6 +85,7 @@ class Renderer {
     } else {
       for (const auto& role : s_.roles) out.push_back(RoleJob(role));
     }
+    if (c_.pod_monitor) out.push_back(PodMonitor());
     if (s_.trainer.enabled) out.push_back(EvalJob());
     if (c_.tensorboard) {
       out.push_back(TensorBoard());
@@ -223,6 +224,7 @@ class Renderer {
     (rank.find(':') != std::string::npos ? agent.task : agent.node_rank) = rank;
     agent.host = "$(POD_IP)";
     agent.serve_store = store.rfind("tcp://", 0) == 0;
+    agent.metrics_port = c_.metrics_port;
     json command = agent.Argv();
     json env = {
         {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
@@ -239,6 +241,7 @@ class Renderer {
     }
     json c = Container(name, c_.image, command, env);
     c["ports"] = {{{"name", "store"}, {"containerPort", kStorePort}}};
+    if (c_.metrics_port > 0) c["ports"].push_back({{"name", "metrics"}, {"containerPort", c_.metrics_port}});
     json res = resources.is_null() ? Resources() : resources;
     if (!res.empty()) c["resources"] = res;
     return c;
@@ -431,12 +434,30 @@ class Renderer {
   }
 
   // Only the job's own pods reach the job's pods, on any port (the store, Gloo, NCCL, etcd).
+  // Only the job's own pods reach its pods; the agents' metrics port (token-guarded) is open to
+  // the cluster's Prometheus, wherever it runs.
   json Policy() const {
     json job_pods = {{"matchLabels", {{"trainctl.dev/job", n_.job}}}};
+    json ingress = {{{"from", {{{"podSelector", job_pods}}}}}};
+    if (c_.metrics_port > 0) {
+      ingress.push_back({{"from", {{{"namespaceSelector", json::object()}}}},
+                         {"ports", {{{"protocol", "TCP"}, {"port", c_.metrics_port}}}}});
+    }
     return Object("networking.k8s.io/v1", "NetworkPolicy", n_.job, "network",
-                  {{"spec", {{"podSelector", job_pods},
-                             {"policyTypes", {"Ingress"}},
-                             {"ingress", {{{"from", {{{"podSelector", job_pods}}}}}}}}}});
+                  {{"spec", {{"podSelector", job_pods}, {"policyTypes", {"Ingress"}}, {"ingress", ingress}}}});
+  }
+
+  // The Prometheus Operator's PodMonitor: every pod of the job with a `metrics` port, scraped with
+  // the job's token from its Secret. The series' own `job` label (the trainctl job) is kept.
+  json PodMonitor() const {
+    json endpoint = {{"port", "metrics"},
+                     {"path", "/metrics"},
+                     {"honorLabels", true},
+                     {"interval", "15s"},
+                     {"authorization", {{"type", "Bearer"}, {"credentials", {{"name", n_.token}, {"key", "token"}}}}}};
+    return Object("monitoring.coreos.com/v1", "PodMonitor", n_.job, "monitoring",
+                  {{"spec", {{"selector", {{"matchLabels", {{"trainctl.dev/job", n_.job}}}}},
+                             {"podMetricsEndpoints", {endpoint}}}}});
   }
 
   // Stable DNS names <job>-<index>.<job> for the Indexed Job's pods.
@@ -655,6 +676,14 @@ Status CheckFormat(const JobSpec& spec, const std::string& format) {
     return InvalidArgument("cluster.stage: --format trainjob cannot wait for the data-staging Job "
                            "(a TrainJob adds no init containers); stage the dataset first or use "
                            "--format job");
+  }
+  if (spec.cluster.pod_monitor && (format == "mpijob" || format == "trainjob")) {
+    return InvalidArgument("cluster.pod_monitor: --format " + format + " gives its pods no metrics port (" +
+                           (format == "mpijob" ? "mpirun starts the agents" : "a TrainJob's pods have no named ports") +
+                           "); use --format job, pytorchjob or tfjob");
+  }
+  if (spec.cluster.pod_monitor && spec.cluster.metrics_port == 0) {
+    return InvalidArgument("cluster.pod_monitor: needs cluster.metrics_port, which is 0 (no metrics served)");
   }
   if (format == "tfjob") {
     static const std::vector<std::string> types = {"chief", "master", "ps", "worker", "evaluator"};

@@ -118,10 +118,48 @@ TEST(Render, OnlyTheJobsOwnPodsReachItsPods) {
     const json job_pods = {{"matchLabels", {{"trainctl.dev/job", "fm"}}}};
     EXPECT_EQ(o["spec"]["podSelector"], job_pods);
     EXPECT_EQ(o["spec"]["policyTypes"], json::array({"Ingress"}));
-    EXPECT_EQ(o["spec"]["ingress"], json::parse(R"([{"from": [{"podSelector": {"matchLabels": {"trainctl.dev/job": "fm"}}}]}])"));
+    // The job's pods from each other; the agents' metrics port (token-guarded) from any namespace.
+    EXPECT_EQ(o["spec"]["ingress"], json::parse(R"([{"from": [{"podSelector": {"matchLabels": {"trainctl.dev/job": "fm"}}}]},
+        {"from": [{"namespaceSelector": {}}], "ports": [{"protocol": "TCP", "port": 9400}]}])"));
+    for (const auto& p : Render(Parse(kSpec + "  metrics_port: 0\n"), "job")) {
+      if (p["kind"] == "NetworkPolicy") EXPECT_EQ(p["spec"]["ingress"].size(), 1u) << p.dump();
+    }
     return;
   }
   FAIL() << "no NetworkPolicy rendered";
+}
+
+// Prometheus Operator users get a PodMonitor that scrapes every agent's metrics port with the
+// job's token; the agents are told to serve it.
+TEST(Render, APodMonitorScrapesTheAgentsWithTheJobsToken) {
+  for (const std::string format : {"job", "pytorchjob"}) {
+    const auto objects = Render(Parse(kSpec + "  pod_monitor: true\n  metrics_port: 9500\n"), format);
+    const json* monitor = nullptr;
+    for (const auto& o : objects) {
+      if (o["kind"] == "PodMonitor") monitor = &o;
+      if (o["kind"] != "Job" && o["kind"] != "PyTorchJob") continue;
+      if (o["metadata"]["name"] != "fm") continue;
+      const json& c = format == "job" ? o["spec"]["template"]["spec"]["containers"][0]
+                                      : o["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0];
+      const std::string argv = c["command"].dump();
+      EXPECT_NE(argv.find(R"("--metrics-port","9500")"), std::string::npos) << argv;
+      EXPECT_NE(c["ports"].dump().find(R"({"containerPort":9500,"name":"metrics"})"), std::string::npos) << c["ports"];
+    }
+    ASSERT_NE(monitor, nullptr) << format;
+    EXPECT_EQ((*monitor)["apiVersion"], "monitoring.coreos.com/v1");
+    EXPECT_EQ((*monitor)["spec"]["selector"]["matchLabels"]["trainctl.dev/job"], "fm");
+    const json& ep = (*monitor)["spec"]["podMetricsEndpoints"][0];
+    EXPECT_EQ(ep["port"], "metrics");
+    EXPECT_EQ(ep["authorization"]["credentials"]["name"], "fm-token");
+  }
+  // Without it, none.
+  for (const auto& o : Render(Parse(kSpec), "job")) EXPECT_NE(o["kind"], "PodMonitor");
+  // Formats whose pods have no metrics port say so.
+  auto spec = Parse(kSpec + "  pod_monitor: true\n");
+  Status st = CheckFormat(spec, "mpijob");
+  EXPECT_NE(st.message().find("cluster.pod_monitor"), std::string::npos) << st.message();
+  st = CheckFormat(Parse(kSpec + "  pod_monitor: true\n  metrics_port: 0\n"), "job");
+  EXPECT_NE(st.message().find("metrics_port"), std::string::npos) << st.message();
 }
 
 TEST(Render, WorkersGetOneNodeEachWithGpusSelectorsAndTheStagedData) {
