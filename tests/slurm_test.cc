@@ -65,11 +65,13 @@ class SlurmCluster {
 
   // A Slurm client command (sbatch, sinfo...) pointed at this cluster.
   CommandResult Client(std::vector<std::string> argv, const std::string& cwd = "/",
-                       Duration timeout = std::chrono::seconds(30)) const {
+                       Duration timeout = std::chrono::seconds(30),
+                       const std::vector<std::pair<std::string, std::string>>& env = {}) const {
     SpawnOptions o;
     o.argv = std::move(argv);
     o.env = CurrentEnvironment();
     SetEnv(&o.env, "SLURM_CONF", conf_);
+    for (const auto& [k, v] : env) SetEnv(&o.env, k, v);
     o.cwd = cwd;
     auto r = RunCommand(o, timeout);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -90,7 +92,11 @@ class SlurmCluster {
   }
 
   Scratch dir_;
+
+ public:
   std::string conf_;
+
+ private:
   std::vector<pid_t> pids_;
 };
 
@@ -169,6 +175,40 @@ TEST(Slurm, AFailedJobIsAFailedBatchJobWithTheReport) {
   const std::string out = BatchOutput(s, "slurm-fail");
   EXPECT_NE(out.find("failed after 1 restart(s) (max_restarts: 1)"), std::string::npos) << out;
   EXPECT_NE(out.find("disk full"), std::string::npos) << out;
+}
+
+// The verbs for jobs on this machine work for a Slurm batch job too: ps lists it, logs shows its
+// tasks' lines, stop cancels it through Slurm (scancel) and status says it was interrupted.
+TEST(Slurm, PsLogsAndStopWorkForABatchJob) {
+  SlurmCluster slurm(1);
+  Scratch s;
+  const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_STATE_DIR", s.path("state")},
+                                                                {"SLURM_CONF", slurm.conf_}};
+  std::string spec = s.Write("job.yaml",
+      "name: slurm-watch\nprocs_per_node: 2\noutput_dir: " + s.path("out") + "\n"
+      "command: [sh, -c, 'echo hello from $RANK; exec sleep 300']\n");
+  auto r = Trainctl({"render", spec, "--target", "slurm", "--trainctl", TRAINCTL_BIN, "-o", s.path("")},
+                    s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  auto submitted = slurm.Client({"sbatch", "--parsable", s.path("slurm-watch.sbatch")}, s.path(""),
+                                std::chrono::seconds(30), env);
+  ASSERT_EQ(submitted.exit.code, 0) << submitted.output;
+  const std::string job_id = submitted.output.substr(0, submitted.output.find_first_of(";\n"));
+  CommandResult ps, logs;
+  EXPECT_TRUE(Eventually([&] {
+    ps = Trainctl({"ps"}, s.path(""), std::chrono::seconds(30), env);
+    logs = Trainctl({"logs", "slurm-watch"}, s.path(""), std::chrono::seconds(30), env);
+    return ps.output.find("running") != std::string::npos && CountLines(logs.output, "hello from") == 2;
+  }, std::chrono::seconds(60))) << ps.output << logs.output << BatchOutput(s, "slurm-watch");
+  EXPECT_NE(ps.output.find("slurm-watch"), std::string::npos) << ps.output;
+  EXPECT_NE(logs.output.find("hello from 1"), std::string::npos) << logs.output;
+  auto stopped = Trainctl({"stop", "slurm-watch"}, s.path(""), std::chrono::seconds(90), env);
+  EXPECT_EQ(stopped.exit.code, 0) << stopped.output;
+  EXPECT_NE(stopped.output.find("scancel " + job_id), std::string::npos) << stopped.output;
+  EXPECT_TRUE(Eventually([&] { return slurm.Client({"squeue", "-h"}).output.empty(); }, std::chrono::seconds(60)))
+      << slurm.Client({"squeue"}).output;
+  auto status = Trainctl({"status", "slurm-watch"}, s.path(""), std::chrono::seconds(30), env);
+  EXPECT_NE(status.output.find("interrupted"), std::string::npos) << status.output << BatchOutput(s, "slurm-watch");
 }
 
 TEST(Slurm, RunningOutsideAnAllocationIsNamed) {

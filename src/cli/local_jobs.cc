@@ -186,9 +186,29 @@ int Stop(const runs::RunEntry& e, Duration wait) {
     return Fail("stop", InvalidArgument("run " + e.run_id + " of job " + e.name + " is not running (" +
                                         View(e).state + ")"));
   }
+  const auto deadline = Clock::now() + wait;
+  if (!e.slurm_job_id.empty()) {
+    // Slurm's way: SIGTERM to the batch script (`exec trainctl run`) and its steps, the
+    // allocation released; from whichever host of the cluster this runs on.
+    std::printf("stopping run %s: scancel %s (a Slurm batch job)\n", e.run_id.c_str(), e.slurm_job_id.c_str());
+    SpawnOptions so;
+    so.argv = {"scancel", e.slurm_job_id};
+    so.env = CurrentEnvironment();
+    auto r = RunCommand(so, std::chrono::seconds(30));
+    if (!r.ok() || r->exit.code != 0) {
+      return Fail("stop", Unavailable("scancel " + e.slurm_job_id + " failed: " +
+                                      (r.ok() ? r->output : r.status().message())));
+    }
+    while (runs::Alive(e) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (runs::Alive(e)) {
+      std::printf("run %s still running %s after scancel\n", e.run_id.c_str(), FormatDuration(wait).c_str());
+      return kExitError;
+    }
+    std::printf("run %s stopped (%s)\n", e.run_id.c_str(), View(e).state.c_str());
+    return kExitOk;
+  }
   std::printf("stopping run %s (launcher pid %lld)\n", e.run_id.c_str(), static_cast<long long>(e.pid));
   ::kill(static_cast<pid_t>(e.pid), SIGTERM);
-  const auto deadline = Clock::now() + wait;
   while (runs::Alive(e) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (runs::Alive(e)) {
     ::kill(static_cast<pid_t>(e.pid), SIGKILL);  // its agents and workers die with it (PDEATHSIG)

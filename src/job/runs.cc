@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/address.h"
 #include "common/fs.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
@@ -33,7 +34,8 @@ std::string IndexDir() {
 std::string RunEntry::ToJson() const {
   return nlohmann::json{{"name", name}, {"run_id", run_id}, {"output_dir", output_dir}, {"host", host},
                         {"target", target}, {"nodes", nodes}, {"procs_per_node", procs_per_node},
-                        {"tasks", tasks}, {"pid", pid}, {"start_ticks", start_ticks}, {"started", started}}
+                        {"tasks", tasks}, {"pid", pid}, {"start_ticks", start_ticks}, {"started", started},
+                        {"slurm_job_id", slurm_job_id}}
       .dump();
 }
 
@@ -53,6 +55,7 @@ Result<RunEntry> RunEntry::FromJson(const std::string& text) {
     e.pid = j.value("pid", int64_t{0});
     e.start_ticks = j.value("start_ticks", int64_t{0});
     e.started = j.value("started", int64_t{0});
+    e.slurm_job_id = j.value("slurm_job_id", "");
   } catch (const nlohmann::json::exception& ex) {
     return InvalidArgument(std::string("not a run entry: ") + ex.what());
   }
@@ -119,7 +122,14 @@ int64_t StartTicks(int64_t pid) {
   return std::strtoll(p, nullptr, 10);
 }
 
-bool Alive(const RunEntry& e) { return e.pid > 0 && e.start_ticks > 0 && StartTicks(e.pid) == e.start_ticks; }
+bool Alive(const RunEntry& e) {
+  if (!e.host.empty() && e.host != HostName()) {
+    auto text = ReadFile(paths::StatusJson(e.output_dir), 1 << 20);
+    auto j = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+    return j.is_object() && j.value("run_id", "") == e.run_id && j.value("state", "") == "running";
+  }
+  return e.pid > 0 && e.start_ticks > 0 && StartTicks(e.pid) == e.start_ticks;
+}
 
 Result<std::unique_ptr<OutputLock>> OutputLock::Acquire(const std::string& output_dir, const std::string& run_id) {
   RETURN_IF_ERROR(MakeDirs(output_dir));

@@ -18,6 +18,7 @@ std::string IndexDir();
 
 struct RunEntry {
   std::string name, run_id, output_dir, host, target;
+  std::string slurm_job_id;  // a run that a Slurm batch job launched: its job id (scancel stops it)
   int nodes = 0, procs_per_node = 0, tasks = 0;
   int64_t pid = 0;          // the launcher
   int64_t start_ticks = 0;  // its start time (/proc/PID/stat field 22): a reused pid is not it
@@ -35,7 +36,8 @@ Result<RunEntry> Find(const std::string& job);
 
 // /proc/PID/stat's start time of `pid`; 0 when there is no such process (or only its zombie).
 int64_t StartTicks(int64_t pid);
-// Whether the entry's launcher is still running (same pid, same start time).
+// Whether the entry's launcher is still running (same pid, same start time). A launcher on
+// another host (a Slurm batch host sharing this home directory) is taken at its status.json's word.
 bool Alive(const RunEntry& entry);
 
 // An exclusive lock on <output_dir>/.trainctl.lock for the run's lifetime. kInvalidArgument

@@ -189,6 +189,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   entry.output_dir = spec.output_dir;
   entry.host = HostName();
   entry.target = options.placement;
+  if (options.placement == "slurm") entry.slurm_job_id = GetEnv(CurrentEnvironment(), "SLURM_JOB_ID").value_or("");
   entry.nodes = spec.nodes.max;
   entry.procs_per_node = spec.roles.empty() ? spec.procs_per_node : 0;
   entry.tasks = spec.world_size();
