@@ -93,7 +93,8 @@ def main():
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if rank == 0:
             print(json.dumps({"epoch": epoch + 1, "epoch_seconds": seconds,
-                              "test_accuracy": correct / len(ty), "peak_rss_mb": rss}), flush=True)
+                              "epoch_samples_per_s": len(x) / seconds, "test_accuracy": correct / len(ty),
+                              "peak_rss_mb": rss, "time": time.time()}), flush=True)
     dist.destroy_process_group()
 
 

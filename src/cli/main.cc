@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   trainctl::cli::AddEval(app, flags, &code);
   trainctl::cli::AddPredict(app, flags, &code);
   trainctl::cli::AddTorchrun(app, flags, &code);
+  trainctl::cli::AddBench(app, flags, &code);
   trainctl::cli::AddRender(app, flags, &code);
   trainctl::cli::AddClusterVerbs(app, flags, &code);
   trainctl::cli::AddLocalJobVerbs(app, flags, &code);

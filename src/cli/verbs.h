@@ -23,6 +23,8 @@ void AddEval(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddPredict(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddRender(CLI::App& app, const GlobalFlags& flags, int* code);
+// bench: an experiment matrix run and reported; bench compare (cli/bench.cc).
+void AddBench(CLI::App& app, const GlobalFlags& flags, int* code);
 // submit, status, logs, delete: a job on Kubernetes, through kubectl (status and logs also take
 // a local job's name, below).
 void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code);

@@ -588,7 +588,8 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
                                    {"epoch_seconds", seconds},
                                    {"epoch_samples_per_s", count * batch_ * world_ / seconds},
                                    {ps_ ? "ps_wait_seconds" : "allreduce_wait_seconds", waited},
-                                   {"peak_rss_mb", PeakRssMb()}}));
+                                   {"peak_rss_mb", PeakRssMb()},
+                                   {"time", WallSeconds()}}));
   }
   return Status::Ok();
 }
@@ -607,7 +608,8 @@ Status Trainer::EvalEpoch(int64_t epoch) {
   if (rank_ == 0) {
     RETURN_IF_ERROR(jsonl_->Write({{"epoch", double(epoch + 1)},
                                    {"step", double(step_)},
-                                   {"test_accuracy", c.accuracy()}}));
+                                   {"test_accuracy", c.accuracy()},
+                                   {"time", WallSeconds()}}));
     RETURN_IF_ERROR(events_->AddScalar("test/accuracy", c.accuracy(), step_, WallSeconds()));
     std::printf("epoch %lld/%d: test accuracy %.4f (%.0f images)\n", (long long)epoch + 1, t_.epochs,
                 c.accuracy(), c.total());

@@ -1,0 +1,90 @@
+// The matrix's expansion, its located errors, and the MLPerf-style aggregation.
+#include <gtest/gtest.h>
+
+#include "bench/matrix.h"
+#include "bench/results.h"
+
+namespace trainctl::bench {
+namespace {
+
+Matrix Parse(const std::string& text) {
+  auto m = ParseMatrix(text, "m.yaml");
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? *m : Matrix{};
+}
+
+TEST(BenchMatrix, TheCrossProductWithoutExcludedPointsThenTheIncludedOnes) {
+  Matrix m = Parse("name: b\nspec: {name: j, command: ['true']}\n"
+                   "axes: {procs_per_node: [1, 2], trainer.batch_size: [32, 64], trainer.optimizer.name: [sgd, 'adam']}\n"
+                   "exclude: [{procs_per_node: 1, trainer.batch_size: 64}]\n"
+                   "include: [{procs_per_node: 4, trainer.batch_size: 32, trainer.optimizer.name: sgd}]\n"
+                   "repeats: 2\npeers: [{name: ddp, command: [torchrun, --nproc_per_node, '{procs_per_node}', x.py]}]\n");
+  const auto points = Points(m);
+  ASSERT_EQ(points.size(), 2u * 2 * 2 - 2 + 1);
+  EXPECT_EQ(points[0], (Point{{"procs_per_node", "1"}, {"trainer.batch_size", "32"}, {"trainer.optimizer.name", "sgd"}}));
+  EXPECT_EQ(points[1][2].second, "\"adam\"") << "a quoted string stays a string when --set parses it";
+  EXPECT_EQ(points.back()[0], (std::pair<std::string, std::string>{"procs_per_node", "4"}));
+  const auto exps = Experiments(m);
+  ASSERT_EQ(exps.size(), points.size() * 2 * 2);  // x (trainctl + ddp) x repeats
+  EXPECT_EQ(exps[0].id, "trainctl-procs_per_node_1-trainer.batch_size_32-trainer.optimizer.name_sgd-r1");
+  EXPECT_EQ(exps[1].system, "ddp");
+  EXPECT_EQ(exps[1].command, (std::vector<std::string>{"torchrun", "--nproc_per_node", "1", "x.py"}));
+  EXPECT_EQ(exps.back().repeat, 1);
+}
+
+TEST(BenchMatrix, ErrorsNameTheLineAndTheField) {
+  auto m = ParseMatrix("name: b\nspec: {name: j}\naxes:\n  procs_per_node: 3\nrepeats: zero\nparalel: 2\n"
+                       "peers: [{name: trainctl, command: [x]}]\n", "m.yaml");
+  ASSERT_FALSE(m.ok());
+  const std::string e = m.status().message();
+  EXPECT_NE(e.find("m.yaml:4: axes.procs_per_node: expected a non-empty list of values"), std::string::npos) << e;
+  EXPECT_NE(e.find("m.yaml:5: repeats: expected a whole number from 1 to 1000, got \"zero\""), std::string::npos) << e;
+  EXPECT_NE(e.find("m.yaml:6: paralel: unknown field"), std::string::npos) << e;
+  EXPECT_NE(e.find("m.yaml:7: peers[0].name: expected a name of its own"), std::string::npos) << e;
+  EXPECT_NE(ParseMatrix("name: b\nspec: nosuch.yaml\n", "d/m.yaml").status().message().find("no such file: d/nosuch.yaml"),
+            std::string::npos);
+}
+
+Figures Made(const std::string& system, int workers, double epoch, double rate, const std::string& state = "succeeded") {
+  Figures f;
+  f.system = system;
+  f.point = {{"procs_per_node", std::to_string(workers)}};
+  f.workers = workers;
+  f.state = state;
+  f.epoch_seconds = epoch;
+  f.samples_per_s = rate;
+  return f;
+}
+
+TEST(BenchResults, FiveOrMoreRunsDropTheFastestAndTheSlowestAndScalingIsPerWorker) {
+  std::vector<Figures> runs;
+  for (double e : {10.0, 1.0, 2.0, 3.0, 4.0}) runs.push_back(Made("trainctl", 1, e, 100));
+  for (double r : {150.0, 170.0}) runs.push_back(Made("trainctl", 2, 1, r));
+  runs.push_back(Made("trainctl", 2, 99, 1, "failed"));  // not counted
+  const auto a = Aggregates(runs);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_TRUE(a[0].mlperf);
+  EXPECT_DOUBLE_EQ(a[0].epoch_mean, 3.0);  // 2, 3, 4
+  EXPECT_DOUBLE_EQ(a[0].epoch_std, 1.0);
+  EXPECT_FALSE(a[1].mlperf);
+  EXPECT_EQ(a[1].runs, 3);
+  EXPECT_EQ(a[1].succeeded, 2);
+  EXPECT_DOUBLE_EQ(a[1].rate_mean, 160);
+  EXPECT_DOUBLE_EQ(a[1].efficiency, 0.8);  // 80 per worker against 100
+  EXPECT_DOUBLE_EQ(a[0].efficiency, 1.0);
+}
+
+TEST(BenchResults, CompareFlagsThroughputDownAndEpochTimeUpPastTheThreshold) {
+  std::vector<Figures> a = {Made("trainctl", 1, 10, 100), Made("trainctl", 2, 6, 180)};
+  std::vector<Figures> b = {Made("trainctl", 1, 10.2, 98), Made("trainctl", 2, 8, 140)};
+  int regressions = -1;
+  const std::string table = Compare(a, b, 0.05, &regressions);
+  EXPECT_EQ(regressions, 1) << table;
+  EXPECT_NE(table.find("procs_per_node=2"), std::string::npos);
+  EXPECT_NE(table.find("REGRESSION"), std::string::npos);
+  Compare(a, a, 0.05, &regressions);
+  EXPECT_EQ(regressions, 0);
+}
+
+}  // namespace
+}  // namespace trainctl::bench

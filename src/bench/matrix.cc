@@ -1,0 +1,251 @@
+#include "bench/matrix.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <set>
+
+#include "common/fs.h"
+
+namespace trainctl::bench {
+namespace {
+
+std::string Where(const std::string& path, const YAML::Node& n, const std::string& field) {
+  return path + ":" + std::to_string(n.Mark().line + 1) + ": " + field + ": ";
+}
+
+// A value as YAML text that --set parses back to the same value.
+std::string Text(const YAML::Node& n) {
+  if (n.IsScalar()) {
+    if (n.Tag() != "!") return n.Scalar();  // plain: its own text (numbers stay numbers)
+    YAML::Emitter e;
+    e << YAML::DoubleQuoted << n.Scalar();
+    return e.c_str();
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << n;
+  return e.c_str();
+}
+
+std::string Dir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+std::string Resolve(const std::string& dir, const std::string& file) {
+  return file.empty() || file[0] == '/' ? file : dir + "/" + file;
+}
+
+bool Matches(const Point& p, const Point& pattern) {
+  for (const auto& [k, v] : pattern) {
+    auto it = std::find_if(p.begin(), p.end(), [&](const auto& kv) { return kv.first == k; });
+    if (it == p.end() || it->second != v) return false;
+  }
+  return true;
+}
+
+std::string Sanitize(const std::string& s) {
+  std::string out;
+  for (char c : s) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-') ? c : '_';
+  return out;
+}
+
+}  // namespace
+
+Result<Matrix> ParseMatrix(const std::string& text, const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(path + ":" + std::to_string(e.mark.line + 1) + ": not YAML: " + e.msg);
+  }
+  if (!root.IsMap()) return InvalidArgument(path + ": expected a mapping (name, spec, axes, ...)");
+  Matrix m;
+  m.path = path;
+  const std::string dir = Dir(path);
+  std::vector<std::string> errors;
+  auto error = [&](const YAML::Node& n, const std::string& field, const std::string& what) {
+    errors.push_back(Where(path, n, field) + what);
+  };
+  static const std::set<std::string> known = {"name", "spec", "layers", "set", "axes", "include", "exclude",
+                                              "repeats", "parallel", "target_accuracy", "peers"};
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    if (!known.count(key)) {
+      error(kv.first, key, "unknown field; expected one of name, spec, layers, set, axes, include, exclude, "
+                           "repeats, parallel, target_accuracy, peers");
+    }
+  }
+  auto int_field = [&](const char* key, int lo, int hi, int* out) {
+    const YAML::Node n = root[key];
+    if (!n) return;
+    int v = 0;
+    if (!n.IsScalar() || !YAML::convert<int>::decode(n, v) || v < lo || v > hi) {
+      error(n, key, "expected a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                        ", got " + (n.IsScalar() ? "\"" + n.Scalar() + "\"" : std::string("a collection")));
+      return;
+    }
+    *out = v;
+  };
+  if (const YAML::Node n = root["name"]; n && n.IsScalar() && !n.Scalar().empty() &&
+                                          n.Scalar().find_first_of("/ \t\n") == std::string::npos) {
+    m.name = n.Scalar();
+  } else {
+    error(n ? n : root, "name", "expected the bench's name (no '/' or spaces), the folder its results go in");
+  }
+  if (const YAML::Node n = root["spec"]; n && n.IsScalar() && !n.Scalar().empty()) {
+    m.spec_file = Resolve(dir, n.Scalar());
+    if (!Exists(m.spec_file)) error(n, "spec", "no such file: " + m.spec_file);
+  } else if (n && n.IsMap()) {
+    m.inline_spec = YAML::Dump(n) + "\n";
+  } else {
+    error(n ? n : root, "spec", "expected a job spec: a file (relative to this one) or a mapping");
+  }
+  if (const YAML::Node n = root["layers"]) {
+    if (!n.IsSequence()) error(n, "layers", "expected a list of spec files");
+    for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
+      const std::string f = n[i].IsScalar() ? Resolve(dir, n[i].Scalar()) : "";
+      if (f.empty() || !Exists(f)) error(n[i], "layers[" + std::to_string(i) + "]", "no such file: " + f);
+      m.layers.push_back(f);
+    }
+  }
+  if (const YAML::Node n = root["set"]) {
+    if (!n.IsMap()) error(n, "set", "expected a mapping of field: value, as --set takes them");
+    for (const auto& kv : n) m.sets.push_back(kv.first.as<std::string>() + "=" + Text(kv.second));
+  }
+  if (const YAML::Node n = root["axes"]) {
+    if (!n.IsMap()) error(n, "axes", "expected a mapping of field: [values...]");
+    for (const auto& kv : n) {
+      const std::string key = kv.first.as<std::string>();
+      if (!kv.second.IsSequence() || kv.second.size() == 0) {
+        error(kv.second, "axes." + key, "expected a non-empty list of values");
+        continue;
+      }
+      std::vector<std::string> values;
+      for (const auto& v : kv.second) values.push_back(Text(v));
+      m.axes.emplace_back(key, values);
+    }
+  }
+  for (const char* which : {"include", "exclude"}) {
+    const YAML::Node n = root[which];
+    if (!n) continue;
+    if (!n.IsSequence()) error(n, which, "expected a list of {field: value, ...} points");
+    for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
+      if (!n[i].IsMap() || n[i].size() == 0) {
+        error(n[i], std::string(which) + "[" + std::to_string(i) + "]", "expected a mapping of field: value");
+        continue;
+      }
+      Point p;
+      for (const auto& kv : n[i]) p.emplace_back(kv.first.as<std::string>(), Text(kv.second));
+      (std::string(which) == "include" ? m.include : m.exclude).push_back(p);
+    }
+  }
+  int_field("repeats", 1, 1000, &m.repeats);
+  int_field("parallel", 1, 256, &m.parallel);
+  if (const YAML::Node n = root["target_accuracy"]) {
+    double v = -1;
+    if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || v <= 0 || v > 1) {
+      error(n, "target_accuracy", "expected a test accuracy between 0 and 1, such as 0.9");
+    }
+    m.target_accuracy = v;
+  }
+  if (const YAML::Node n = root["peers"]) {
+    if (!n.IsSequence()) error(n, "peers", "expected a list of {name, command}");
+    std::set<std::string> names = {"trainctl"};
+    for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
+      const std::string field = "peers[" + std::to_string(i) + "]";
+      Peer p;
+      if (n[i]["name"] && n[i]["name"].IsScalar()) p.name = n[i]["name"].Scalar();
+      if (p.name.empty() || p.name != Sanitize(p.name) || !names.insert(p.name).second) {
+        error(n[i], field + ".name", "expected a name of its own (letters, digits, '.', '-'), not \"trainctl\"");
+      }
+      const YAML::Node c = n[i]["command"];
+      if (!c || !c.IsSequence() || c.size() == 0) {
+        error(n[i], field + ".command", "expected the program and its arguments as a list");
+      } else {
+        for (const auto& a : c) p.command.push_back(a.IsScalar() ? a.Scalar() : Text(a));
+      }
+      m.peers.push_back(p);
+    }
+  }
+  if (m.axes.empty() && m.include.empty()) {
+    // One point: the spec as it is.
+  }
+  if (!errors.empty()) {
+    std::string all;
+    for (const auto& e : errors) all += (all.empty() ? "" : "\n") + e;
+    return InvalidArgument(all);
+  }
+  return m;
+}
+
+Result<Matrix> LoadMatrix(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path, 1 << 20));
+  return ParseMatrix(text, path);
+}
+
+std::vector<Point> Points(const Matrix& m) {
+  std::vector<Point> points = {{}};
+  for (const auto& [key, values] : m.axes) {
+    std::vector<Point> next;
+    for (const auto& p : points) {
+      for (const auto& v : values) {
+        Point q = p;
+        q.emplace_back(key, v);
+        next.push_back(q);
+      }
+    }
+    points = next;
+  }
+  std::vector<Point> out;
+  for (const auto& p : points) {
+    if (std::none_of(m.exclude.begin(), m.exclude.end(), [&](const Point& x) { return Matches(p, x); })) {
+      out.push_back(p);
+    }
+  }
+  if (m.axes.empty() && !m.include.empty()) out.clear();  // only the included points
+  for (const auto& p : m.include) {
+    if (std::none_of(out.begin(), out.end(), [&](const Point& x) { return x == p; })) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<Experiment> Experiments(const Matrix& m) {
+  std::vector<Experiment> out;
+  const auto points = Points(m);
+  for (int r = 0; r < m.repeats; ++r) {
+    for (const auto& p : points) {
+      std::string values;
+      for (const auto& [k, v] : p) values += "-" + Sanitize(k + "=" + v);
+      const std::string rep = m.repeats > 1 ? "-r" + std::to_string(r + 1) : "";
+      out.push_back({"trainctl" + values + rep, "trainctl", p, r, {}});
+      for (const auto& peer : m.peers) {
+        Experiment e{peer.name + values + rep, peer.name, p, r, {}};
+        for (std::string a : peer.command) {
+          for (const auto& [k, v] : p) {
+            const std::string hole = "{" + k + "}";
+            for (size_t at; (at = a.find(hole)) != std::string::npos;) a.replace(at, hole.size(), v);
+          }
+          e.command.push_back(a);
+        }
+        out.push_back(e);
+      }
+    }
+  }
+  return out;
+}
+
+Result<JobSpec> ExperimentSpec(const Matrix& m, const std::string& base_file, const Point& point,
+                               const std::string& output_dir) {
+  SpecSources src;
+  src.files = {base_file};
+  src.files.insert(src.files.end(), m.layers.begin(), m.layers.end());
+  src.sets = m.sets;
+  for (const auto& [k, v] : point) src.sets.push_back(k + "=" + v);
+  YAML::Emitter quoted;
+  quoted << YAML::DoubleQuoted << output_dir;
+  src.sets.push_back(std::string("output_dir=") + quoted.c_str());
+  return LoadJobSpec(src);
+}
+
+}  // namespace trainctl::bench

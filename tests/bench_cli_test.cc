@@ -1,0 +1,145 @@
+// `trainctl bench` as users run it: a real matrix of trainctl jobs and a peer command, its result
+// set and its report opened in headless Chromium; Ctrl-C in the middle (every process stopped,
+// partial results and the report written), --resume finishing only what was not done; compare;
+// a bad point refused before anything runs.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <regex>
+
+#include "tests/test_util.h"
+
+namespace trainctl::testing {
+namespace {
+
+using std::chrono::seconds;
+using nlohmann::json;
+
+const std::string kSrc = TRAINCTL_SOURCE_DIR;
+
+// The one result set under `results`.
+std::string ResultSet(const Scratch& s, const std::string& name) {
+  for (const auto& e : fs::directory_iterator(s.path("results/" + name))) return e.path().string();
+  return "";
+}
+
+std::map<std::string, std::string> States(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  auto doc = json::parse(*ReadFile(dir + "/results.json"));
+  for (const auto& e : doc["experiments"]) out[e["id"]] = e["state"];
+  return out;
+}
+
+size_t Occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Every process whose command line mentions `text`.
+std::vector<pid_t> ProcessesWith(const std::string& text) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    auto cmd = ReadFile(e.path().string() + "/cmdline");
+    if (cmd.ok() && cmd->find(text) != std::string::npos && std::stoi(name) != ::getpid()) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+TEST(Bench, AMatrixRunsItsExperimentsAndTheReportDrawsThemInChromium) {
+  Scratch s;
+  s.Write("m.yaml", "name: tiny\nspec: " + kSrc + "/examples/fashion-mnist.yaml\n"
+                    "set: {trainer.epochs: 2, trainer.data.limit: 512, trainer.data.test_limit: 128, trainer.log_every: 4}\n"
+                    "axes: {procs_per_node: [1, 2]}\ntarget_accuracy: 0.2\n"
+                    "peers:\n  - name: broken\n    command: [sh, -c, 'echo disk full on {procs_per_node} >&2; exit 3']\n");
+  auto r = Trainctl({"bench", "m.yaml", "--results", "results"}, s.path(""), seconds(240));
+  EXPECT_EQ(r.exit.code, 1) << "a failed experiment fails the bench\n" << r.output;
+  const std::string dir = ResultSet(s, "tiny");
+  ASSERT_FALSE(dir.empty()) << r.output;
+  auto states = States(dir);
+  EXPECT_EQ(states["trainctl-procs_per_node_1"], "succeeded") << r.output;
+  EXPECT_EQ(states["trainctl-procs_per_node_2"], "succeeded") << r.output;
+  EXPECT_EQ(states["broken-procs_per_node_2"], "failed");
+  const std::string csv = *ReadFile(dir + "/results.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5) << csv;  // header + 4
+  EXPECT_NE(csv.find("exit code 3: disk full on 2"), std::string::npos) << csv;
+  // The job's own records: its resolved spec and its metrics, and figures read from them.
+  EXPECT_TRUE(fs::exists(dir + "/experiments/trainctl-procs_per_node_2/config/job.json"));
+  EXPECT_TRUE(fs::exists(dir + "/experiments/trainctl-procs_per_node_2/output/metrics.jsonl"));
+  auto doc = json::parse(*ReadFile(dir + "/results.json"));
+  for (const auto& e : doc["experiments"]) {
+    if (e["system"] != "trainctl") continue;
+    EXPECT_GT(e["samples_per_s"].get<double>(), 0) << e;
+    EXPECT_GT(e["test_accuracy"].get<double>(), 0.2) << e;
+    EXPECT_GT(e["time_to_accuracy"].get<double>(), 0) << e;
+    EXPECT_LT(e["time_to_accuracy"].get<double>(), e["wall_seconds"].get<double>()) << e;
+    EXPECT_EQ(e["workers"], e["id"] == "trainctl-procs_per_node_2" ? 2 : 1);
+  }
+  EXPECT_NE(ReadFile(dir + "/summary.md")->find("| trainctl | procs_per_node=2 | 2 | 1/1 |"), std::string::npos)
+      << *ReadFile(dir + "/summary.md");
+  // The report, as a browser shows it (no network: everything is in the file).
+  auto page = RunProgram({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu", "--window-size=1280,1800",
+                          "--screenshot=" + s.path("report.png"), "--dump-dom", "file://" + dir + "/report.html"},
+                         s.path(""));
+  ASSERT_EQ(page.exit.code, 0) << page.output;
+  for (const char* chart : {"<svg id=\"throughput\"", "<svg id=\"efficiency\"", "<svg id=\"loss\"", "<svg id=\"tta\""}) {
+    EXPECT_NE(page.output.find(chart), std::string::npos) << chart;
+  }
+  const std::string loss = page.output.substr(page.output.find("<svg id=\"loss\""));
+  EXPECT_EQ(Occurrences(loss.substr(0, loss.find("</svg>")), "<polyline"), 2) << "a loss curve per trainctl experiment";
+  EXPECT_GT(fs::file_size(s.path("report.png")), 10000u);
+  // A result set compared with itself: no regression.
+  auto same = Trainctl({"bench", "compare", dir, dir}, s.path(""));
+  EXPECT_EQ(same.exit.code, 0) << same.output;
+  EXPECT_NE(same.output.find("0 regression(s)"), std::string::npos) << same.output;
+}
+
+TEST(Bench, CtrlCStopsEveryProcessKeepsPartialResultsAndResumeFinishesTheRest) {
+  Scratch s;
+  // The peer waits until the test lets it finish (the file `go`), so Ctrl-C finds it running.
+  s.Write("m.yaml", "name: stopped\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
+                    "axes: {procs_per_node: [1]}\n"
+                    "peers:\n  - name: waiter\n    command: [sh, -c, 'while [ ! -e " + s.path("go") +
+                    " ]; do sleep 0.1; done; echo finished']\n");
+  Background bench({"bench", "m.yaml", "--results", "results"}, s.path(""), s.path("bench.log"));
+  std::string dir;
+  ASSERT_TRUE(Eventually([&] {
+    dir = fs::exists(s.path("results/stopped")) ? ResultSet(s, "stopped") : "";
+    return !dir.empty() && fs::exists(dir + "/results.json") && States(dir)["waiter-procs_per_node_1"] == "running";
+  }, seconds(60))) << bench.Output();
+  ASSERT_FALSE(ProcessesWith(s.path("go")).empty());
+  ::kill(bench.pid(), SIGINT);
+  EXPECT_EQ(bench.Wait(seconds(60)).code, 130) << bench.Output();
+  EXPECT_TRUE(ProcessesWith(s.path("go")).empty()) << "the experiment outlived the bench";
+  auto states = States(dir);
+  EXPECT_EQ(states["trainctl-procs_per_node_1"], "succeeded");
+  EXPECT_EQ(states["waiter-procs_per_node_1"], "interrupted");
+  EXPECT_TRUE(fs::exists(dir + "/report.html"));
+  const auto first_run = fs::last_write_time(dir + "/experiments/trainctl-procs_per_node_1/output/bench.log");
+
+  s.Write("go", "");
+  auto resumed = Trainctl({"bench", "--resume", dir}, s.path(""), seconds(120));
+  EXPECT_EQ(resumed.exit.code, 0) << resumed.output;
+  states = States(dir);
+  EXPECT_EQ(states["waiter-procs_per_node_1"], "succeeded") << resumed.output;
+  EXPECT_EQ(resumed.output.find("[1/2] trainctl"), std::string::npos) << "what succeeded is not run again\n" << resumed.output;
+  EXPECT_EQ(fs::last_write_time(dir + "/experiments/trainctl-procs_per_node_1/output/bench.log"), first_run);
+}
+
+TEST(Bench, ABadPointIsRefusedBeforeAnythingRuns) {
+  Scratch s;
+  s.Write("m.yaml", "name: bad\nspec: " + kSrc + "/examples/fashion-mnist.yaml\naxes: {procs_per_node: [2, 0]}\n");
+  auto r = Trainctl({"bench", "m.yaml", "--results", "results"}, s.path(""));
+  EXPECT_EQ(r.exit.code, 2) << r.output;
+  EXPECT_NE(r.output.find("point {procs_per_node: 0}"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("procs_per_node"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(s.path("results/bad")) && !fs::is_empty(s.path("results/bad"))) << "nothing ran, nothing kept";
+}
+
+}  // namespace
+}  // namespace trainctl::testing
