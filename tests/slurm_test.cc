@@ -211,6 +211,36 @@ TEST(Slurm, PsLogsAndStopWorkForABatchJob) {
   EXPECT_NE(status.output.find("interrupted"), std::string::npos) << status.output << BatchOutput(s, "slurm-watch");
 }
 
+// trainctl bench with target slurm: each experiment is a batch job (the trainctl job's own
+// script, a peer wrapped), waited on, its figures gathered from the shared results folder.
+TEST(Slurm, BenchRunsEachExperimentAsABatchJob) {
+  SlurmCluster slurm(2);
+  Scratch s;
+  s.Write("m.yaml", "name: onslurm\ntarget: slurm\n"
+                    "spec: {name: sj, nodes: 2, command: [sh, -c, 'echo rank $RANK on slurm node $SLURM_NODEID']}\n"
+                    "axes: {procs_per_node: [1, 2]}\n"
+                    "peers:\n  - name: peer\n    command: [sh, -c, 'echo \"{\\\"epoch_seconds\\\": 0.5, "
+                    "\\\"epoch_samples_per_s\\\": 12{procs_per_node}}\"; exit $(({procs_per_node} - 1))']\n");
+  auto r = Trainctl({"bench", "m.yaml", "--results", s.path("results")}, s.path(""), std::chrono::seconds(240),
+                    {{"SLURM_CONF", slurm.conf_}});
+  EXPECT_EQ(r.exit.code, 1) << "the peer at 2 fails\n" << r.output;
+  std::string dir;
+  for (const auto& e : fs::directory_iterator(s.path("results/onslurm"))) dir = e.path().string();
+  const std::string csv = s.Read(dir.substr(s.path("").size()) + "/results.csv");
+  EXPECT_NE(csv.find("trainctl-procs_per_node_1,trainctl,1,1,2,succeeded,0,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("trainctl-procs_per_node_2,trainctl,1,2,4,succeeded,0,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("peer-procs_per_node_1,peer,1,1,2,succeeded,0,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",121.0,"), std::string::npos) << "the peer's figures, from its batch job's output\n" << csv;
+  EXPECT_NE(csv.find("peer-procs_per_node_2,peer,1,2,4,failed,1,"), std::string::npos) << csv;
+  // The trainctl job ran under srun on both nodes: its batch output is in its output folder.
+  std::string batch;
+  for (const auto& e : fs::directory_iterator(dir + "/experiments/trainctl-procs_per_node_2/output")) {
+    if (e.path().filename().string().rfind("sj-", 0) == 0) batch = *ReadFile(e.path().string());
+  }
+  EXPECT_NE(batch.find("under srun"), std::string::npos) << batch;
+  EXPECT_EQ(CountLines(batch, "on slurm node 1"), 2) << batch;
+}
+
 TEST(Slurm, RunningOutsideAnAllocationIsNamed) {
   Scratch s;
   std::string spec = s.Write("job.yaml", "name: x\ncommand: [true]\n");

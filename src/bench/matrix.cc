@@ -68,12 +68,12 @@ Result<Matrix> ParseMatrix(const std::string& text, const std::string& path) {
     errors.push_back(Where(path, n, field) + what);
   };
   static const std::set<std::string> known = {"name", "spec", "layers", "set", "axes", "include", "exclude",
-                                              "repeats", "parallel", "target_accuracy", "peers"};
+                                              "repeats", "parallel", "target_accuracy", "peers", "target", "upload"};
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     if (!known.count(key)) {
       error(kv.first, key, "unknown field; expected one of name, spec, layers, set, axes, include, exclude, "
-                           "repeats, parallel, target_accuracy, peers");
+                           "repeats, parallel, target_accuracy, peers, target, upload");
     }
   }
   auto int_field = [&](const char* key, int lo, int hi, int* out) {
@@ -148,6 +148,31 @@ Result<Matrix> ParseMatrix(const std::string& text, const std::string& path) {
       error(n, "target_accuracy", "expected a test accuracy between 0 and 1, such as 0.9");
     }
     m.target_accuracy = v;
+  }
+  if (const YAML::Node n = root["upload"]) {
+    if (!n.IsMap() || !n["url"] || !n["url"].IsScalar()) {
+      error(n, "upload", "expected {url: s3://BUCKET/PREFIX, endpoint: URL, region: NAME}");
+    } else {
+      for (const auto& kv : n) {
+        const std::string k = kv.first.as<std::string>();
+        if (k != "url" && k != "endpoint" && k != "region") {
+          error(kv.first, "upload." + k, "unknown field; expected url, endpoint or region");
+        } else if (!kv.second.IsScalar()) {
+          error(kv.second, "upload." + k, "expected a string");
+        }
+      }
+      m.upload.url = n["url"].Scalar();
+      if (n["endpoint"] && n["endpoint"].IsScalar()) m.upload.endpoint = n["endpoint"].Scalar();
+      if (n["region"] && n["region"].IsScalar()) m.upload.region = n["region"].Scalar();
+      if (m.upload.url.rfind("s3://", 0) != 0) error(n["url"], "upload.url", "expected s3://BUCKET[/PREFIX]");
+    }
+  }
+  if (const YAML::Node n = root["target"]) {
+    if (!n.IsScalar() || (n.Scalar() != "local" && n.Scalar() != "slurm")) {
+      error(n, "target", "expected local (this machine) or slurm (an sbatch per experiment)");
+    } else {
+      m.target = n.Scalar();
+    }
   }
   if (const YAML::Node n = root["peers"]) {
     if (!n.IsSequence()) error(n, "peers", "expected a list of {name, command}");

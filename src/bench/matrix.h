@@ -11,6 +11,8 @@
 //   repeats: 1                             # >= 5: aggregated as MLPerf does
 //   parallel: 1                            # experiments at once (timing runs must not share cores)
 //   target_accuracy: 0.9                   # for the time to accuracy
+//   target: local                          # local | slurm (an sbatch per experiment)
+//   upload: {url: s3://bucket/prefix, endpoint: https://minio.example.com, region: us-east-1}
 //   peers:
 //     - name: pytorch-ddp
 //       command: [python3, -m, torch.distributed.run, --nproc_per_node, "{procs_per_node}", ddp.py]
@@ -22,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/upload.h"
 #include "common/status.h"
 #include "spec/job_spec.h"
 
@@ -47,6 +50,8 @@ struct Matrix {
   int repeats = 1;
   int parallel = 1;
   double target_accuracy = 0;           // 0: none
+  std::string target = "local";         // local | slurm
+  UploadTarget upload;                  // url "": none
   std::vector<Peer> peers;
 };
 

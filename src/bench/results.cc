@@ -79,6 +79,18 @@ std::string GroupOf(const std::string& system, const Point& p) {
   return g;
 }
 
+// A short name for charts: the system and the point's values by their fields' last names
+// ("trainctl batch_size=64"), without the fields that set the workers when `workers` is false.
+std::string ShortLabel(const std::string& system, const Point& p, bool workers = true) {
+  std::string s = system;
+  for (const auto& [k, v] : p) {
+    const bool sets_workers = k == "nodes" || k == "procs_per_node" || k == "nodes.max" || k == "nodes.min";
+    if (sets_workers && !workers) continue;
+    s += " " + k.substr(k.rfind('.') + 1) + "=" + v;
+  }
+  return s;
+}
+
 const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
 
 struct Series {
@@ -89,7 +101,7 @@ struct Series {
 // An SVG line chart with its axes, ticks and legend.
 std::string LineChart(const std::string& id, const std::string& title, const std::string& xlabel,
                       const std::string& ylabel, const std::vector<Series>& series) {
-  const double W = 640, H = 320, L = 60, R = 170, T = 30, B = 45;
+  const double W = 640, H = 320, L = 60, R = 200, T = 30, B = 45;
   double x0 = 1e300, x1 = -1e300, y0 = 0, y1 = -1e300;
   for (const auto& s : series) {
     for (auto [x, y] : s.xy) {
@@ -136,7 +148,7 @@ std::string LineChart(const std::string& id, const std::string& title, const std
     const double ly = T + 14 * i + 8;
     svg += "<rect x=\"" + Fmt(W - R + 10, "%.0f") + "\" y=\"" + Fmt(ly - 8, "%.0f") + "\" width=\"10\" height=\"10\" fill=\"" +
            color + "\"/><text x=\"" + Fmt(W - R + 24, "%.0f") + "\" y=\"" + Fmt(ly + 1, "%.0f") +
-           "\" class=\"legend\">" + Html(series[i].name.substr(0, 28)) + "</text>";
+           "\" class=\"legend\">" + Html(series[i].name.substr(0, 34)) + "</text>";
   }
   return svg + "</svg>";
 }
@@ -409,11 +421,11 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
   for (const auto& a : aggs) {
     if (a.rate_mean > 0) {
       Series& s = lines[GroupOf(a.system, a.point)];
-      s.name = GroupOf(a.system, a.point);
+      s.name = ShortLabel(a.system, a.point, false);
       s.xy.emplace_back(a.workers, a.rate_mean);
     }
-    if (a.efficiency >= 0) eff.emplace_back(a.system + " " + PointText(a.point), a.efficiency);
-    if (a.tta_mean > 0) tta.emplace_back(a.system + " " + PointText(a.point), a.tta_mean);
+    if (a.efficiency >= 0) eff.emplace_back(ShortLabel(a.system, a.point), a.efficiency);
+    if (a.tta_mean > 0) tta.emplace_back(ShortLabel(a.system, a.point), a.tta_mean);
   }
   std::vector<Series> tput;
   for (auto& [g, s] : lines) {
@@ -424,7 +436,7 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
   h += BarChart("efficiency", "Scaling efficiency (per-worker throughput vs. the fewest workers)", "efficiency", eff);
   std::vector<Series> loss;
   for (const auto& f : experiments) {
-    if (f.repeat == 0 && !f.loss.empty()) loss.push_back({f.id, f.loss});
+    if (f.repeat == 0 && !f.loss.empty()) loss.push_back({ShortLabel(f.system, f.point), f.loss});
   }
   h += LineChart("loss", "Training loss", "step", "loss", loss);
   if (m.target_accuracy > 0) {

@@ -15,6 +15,7 @@
 
 #include "bench/matrix.h"
 #include "bench/results.h"
+#include "bench/upload.h"
 #include "cli/verbs.h"
 #include "common/duration.h"
 #include "common/exit_codes.h"
@@ -23,6 +24,7 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
+#include "launch/slurm/sbatch.h"
 
 namespace trainctl::cli {
 namespace {
@@ -50,7 +52,9 @@ void PeerMetrics(const std::string& out) {
   if (!text.ok()) return;
   std::string jsonl;
   for (const auto& line : SplitLines(*text)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
+    const size_t brace = line.find('{');  // after a launcher's prefix, such as torchrun's "[default0]:"
+    if (brace == std::string::npos) continue;
+    auto j = nlohmann::json::parse(line.substr(brace), nullptr, false);
     if (j.is_object()) jsonl += j.dump() + "\n";
   }
   (void)AtomicWriteFile(paths::MetricsJsonl(out), jsonl);
@@ -87,6 +91,7 @@ class BenchRun {
         }
         if (Status st = Preflight(*spec, base_); !st.ok()) errors += where + ":\n" + st.message() + "\n";
         workers[key] = spec->world_size();
+        nodes_[key] = spec->nodes.max;
         specs_[key] = JobSpecToJson(*spec, 2) + "\n";
       }
       f.workers = workers[key];
@@ -103,10 +108,13 @@ class BenchRun {
       RETURN_IF_ERROR(AtomicWriteFile(config + "/point.yaml", point));
       if (e.system == "trainctl") {
         // The spec as trainctl resolved it: what runs (with this experiment's output directory).
-        std::string spec = specs_[Key(e.point)];
         auto resolved = bench::ExperimentSpec(m_, base_, e.point, Out(e));
-        if (resolved.ok()) spec = JobSpecToJson(*resolved, 2) + "\n";
-        RETURN_IF_ERROR(AtomicWriteFile(config + "/job.json", spec));
+        if (!resolved.ok()) return resolved.status();
+        RETURN_IF_ERROR(AtomicWriteFile(config + "/job.json", JobSpecToJson(*resolved, 2) + "\n"));
+        if (m_.target == "slurm") {
+          RETURN_IF_ERROR(AtomicWriteFile(config + "/job.sbatch",
+                                          slurm::SbatchScript(*resolved, {config + "/job.json"}, SelfExe()), 0755));
+        }
       } else {
         RETURN_IF_ERROR(AtomicWriteFile(config + "/command.json", nlohmann::json(e.command).dump() + "\n"));
       }
@@ -136,7 +144,7 @@ class BenchRun {
           stopping = true;
           std::fprintf(stderr, "trainctl bench: stopping %zu running experiment(s); partial results are kept\n",
                        running.size());
-          for (const auto& r : running) ::kill(-r.pid, SIGTERM);
+          for (const auto& r : running) Stop(r);
           stop_deadline_ = Clock::now() + std::chrono::seconds(60);
         }
       }
@@ -168,8 +176,23 @@ class BenchRun {
                   100 * (total - inside) / inside);
     }
     std::printf("results: %s (report.html, summary.md, results.csv, results.json)\n", dir_.c_str());
+    // The last step, whatever happened before: the result set (partial or not) to S3.
+    bool uploaded = true;
+    if (!m_.upload.url.empty()) {
+      const std::string name = m_.name + "/" + dir_.substr(dir_.rfind('/') + 1);
+      auto n = bench::UploadTree(m_.upload, dir_, name);
+      if (n.ok()) {
+        std::string url = m_.upload.url;
+        while (url.back() == '/') url.pop_back();
+        std::printf("uploaded %d files to %s/%s/\n", *n, url.c_str(), name.c_str());
+      } else {
+        uploaded = false;
+        std::fprintf(stderr, "trainctl bench: upload failed (the results are still in %s): %s\n", dir_.c_str(),
+                     n.status().message().c_str());
+      }
+    }
     if (stopping || StopSignal()) return kExitInterrupted;
-    return failed ? kExitError : kExitOk;
+    return failed || !uploaded ? kExitError : kExitOk;
   }
 
  private:
@@ -192,13 +215,28 @@ class BenchRun {
     }
     SpawnOptions so;
     so.env = CurrentEnvironment();
-    if (e.system == "trainctl") {
-      so.argv = {self, "run", dir_ + "/experiments/" + e.id + "/config/job.json"};
+    const std::string config = dir_ + "/experiments/" + e.id + "/config";
+    std::string log = out + (e.system == "trainctl" ? "/bench.log" : "/stdout.log");
+    if (m_.target == "slurm") {
+      // A batch job per experiment; sbatch --wait exits as the job does, with its exit code.
+      log = out + "/sbatch.log";
+      so.argv = {"sbatch", "--wait", "--parsable"};
+      if (e.system == "trainctl") {
+        so.argv.push_back(config + "/job.sbatch");
+        so.cwd = out;  // the batch job's own output (<name>-<jobid>.out) goes with the run's
+      } else {
+        std::string wrapped;
+        for (const auto& a : e.command) wrapped += (wrapped.empty() ? "" : " ") + slurm::ShellQuote(a);
+        so.argv.insert(so.argv.end(), {"--job-name=" + e.id, "--nodes=" + std::to_string(nodes_[Key(e.point)]),
+                                       "--output=" + out + "/stdout.log",
+                                       "--export=ALL,TRAINCTL_BENCH_OUTPUT=" + out, "--wrap=" + wrapped});
+      }
+    } else if (e.system == "trainctl") {
+      so.argv = {self, "run", config + "/job.json"};
     } else {
       so.argv = e.command;
       SetEnv(&so.env, "TRAINCTL_BENCH_OUTPUT", out);
     }
-    const std::string log = out + (e.system == "trainctl" ? "/bench.log" : "/stdout.log");
     so.output_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     so.new_process_group = true;
     f.started = WallSeconds();
@@ -216,6 +254,21 @@ class BenchRun {
     (void)bench::WriteResults(dir_, m_, figures_);
   }
 
+  // SIGTERM to the experiment's process group; under Slurm, its batch job cancelled first.
+  void Stop(const Running& r) {
+    if (m_.target == "slurm") {
+      auto lines = SplitLines(ReadTail(Out(exps_[r.index]) + "/sbatch.log", 4096));
+      const std::string id = lines.empty() ? "" : lines.front().substr(0, lines.front().find(';'));
+      if (!id.empty() && id.find_first_not_of("0123456789_") == std::string::npos) {
+        SpawnOptions so;
+        so.argv = {"scancel", id};
+        so.env = CurrentEnvironment();
+        (void)RunCommand(so, std::chrono::seconds(30));
+      }
+    }
+    ::kill(-r.pid, SIGTERM);
+  }
+
   void Finish(const Running& r, const ExitInfo& exit, bool stopping) {
     const Experiment& e = exps_[r.index];
     Figures& f = figures_[r.index];
@@ -227,7 +280,9 @@ class BenchRun {
     bench::ReadFigures(out, m_.target_accuracy, &f);
     f.state = exit.success() ? "succeeded" : stopping ? "interrupted" : "failed";
     if (f.state == "failed" && f.failure.empty()) {  // no failure record (a peer): its last line
-      auto lines = SplitLines(ReadTail(out + (e.system == "trainctl" ? "/bench.log" : "/stdout.log"), 2000));
+      std::string log = out + (e.system == "trainctl" ? "/bench.log" : "/stdout.log");
+      if (m_.target == "slurm" && e.system == "trainctl") log = out + "/sbatch.log";
+      auto lines = SplitLines(ReadTail(log, 2000));
       f.failure = exit.Describe() + (lines.empty() ? "" : ": " + lines.back());
     }
     std::fprintf(stderr, "trainctl bench: %s %s in %.1f s\n", e.id.c_str(), f.state.c_str(), f.wall_seconds);
@@ -239,11 +294,13 @@ class BenchRun {
   std::vector<Experiment> exps_;
   std::vector<Figures> figures_;
   std::map<std::string, std::string> specs_;
+  std::map<std::string, int> nodes_;  // by point
   Clock::time_point stop_deadline_;
   double inside_ = 0;  // seconds of the experiments this invocation ran
 };
 
-int RunBench(const std::string& matrix_path, const std::string& results, const std::string& resume, bool dry_run) {
+int RunBench(const std::string& matrix_path, const std::string& results, const std::string& resume,
+             const std::string& target, bool dry_run) {
   std::vector<Figures> done;
   std::string path = matrix_path, dir;
   if (!resume.empty()) {
@@ -258,6 +315,13 @@ int RunBench(const std::string& matrix_path, const std::string& results, const s
   auto m = bench::LoadMatrix(path);
   if (!m.ok()) return Fail("bench", m.status());
   m->path = AbsolutePath(path);
+  if (!target.empty()) m->target = target;
+  if (!m->upload.url.empty()) {
+    if (Status st = bench::CheckUpload(m->upload); !st.ok()) return Fail("bench", st);
+  }
+  if (m->target == "slurm" && !FindExecutable("sbatch", CurrentEnvironment()).ok()) {
+    return Fail("bench", InvalidArgument("target slurm submits each experiment with sbatch, which is not on the PATH"));
+  }
   if (dir.empty()) {
     dir = AbsolutePath(results) + "/" + m->name + "/" + Timestamp();
     for (int n = 2; Exists(dir); ++n) dir = AbsolutePath(results) + "/" + m->name + "/" + Timestamp() + "-" + std::to_string(n);
@@ -294,6 +358,11 @@ void AddBench(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_option("--results", results, "where result sets go: RESULTS/<name>/<timestamp>/")->capture_default_str();
   cmd->add_option("--resume", resume, "a result set to finish: what succeeded or failed there is kept");
   cmd->add_flag("--dry-run", dry_run, "resolve and list the experiments, run nothing");
+  static std::string target;
+  cmd->add_option("--target", target, "where experiments run, instead of the matrix's target: local, or slurm "
+                                      "(an sbatch per experiment, waited on; the results directory must be on "
+                                      "a filesystem the nodes share)")
+      ->check(CLI::IsMember({"local", "slurm"}));
   auto* compare = cmd->add_subcommand("compare", "B against A, point by point; exit 1 on a regression");
   static std::string a, b;
   static double threshold = 5;
@@ -317,7 +386,7 @@ void AddBench(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->callback([cmd, compare, &flags, code] {
     if (compare->parsed()) return;
     log::SetLevel(flags.log_level);
-    *code = RunBench(matrix, results, resume, dry_run);
+    *code = RunBench(matrix, results, resume, target, dry_run);
   });
 }
 
