@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 #include <algorithm>
 #include <regex>
 
@@ -188,6 +189,97 @@ TEST(Bench, TheResultSetIsUploadedToS3WithSignedRequests) {
   EXPECT_FALSE(fs::exists(s.path("none")));
   ::kill(*server, SIGTERM);
   ::waitpid(*server, nullptr, 0);
+}
+
+// --format argo: a Workflow that Argo's schema takes (npm's @kubernetes-models/argo-workflows),
+// whose pods' commands, run here in DAG order with the shared volume a folder, train and then
+// write the result set from the exit handler; a failed peer is recorded, the others succeed.
+TEST(Bench, TheArgoWorkflowValidatesAndItsPodsWriteTheResultSet) {
+  Scratch s;
+  s.Write("m.yaml", "name: in-cluster\nspec:\n  name: wf\n  command: [sh, -c, 'echo trained on $WORLD_SIZE']\n"
+                    "  cluster: {storage: {mount: " + s.path("volume") + ", claim: shared}, namespace: ml}\n"
+                    "axes: {procs_per_node: [1, 2]}\nparallel: 2\n"
+                    "peers: [{name: peer, command: [sh, -c, 'echo \"{\\\"epoch_seconds\\\": 0.{procs_per_node}}\"; "
+                    "exit $(({procs_per_node} - 1))']}]\n");
+  auto r = Trainctl({"bench", "m.yaml", "--format", "argo", "-o", "wf.yaml"}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(s.path("bench-results"))) << "rendering runs nothing";
+  auto valid = RunProgram({"node", kSrc + "/tests/k8s/validate.mjs", s.path("wf.yaml")}, kSrc);
+  EXPECT_EQ(valid.exit.code, 0) << valid.output;
+  EXPECT_NE(valid.output.find("Workflow/in-cluster-"), std::string::npos) << valid.output;
+  const YAML::Node wf = YAML::LoadFile(s.path("wf.yaml"));
+  EXPECT_EQ(wf["metadata"]["namespace"].as<std::string>(), "ml");
+  EXPECT_EQ(wf["spec"]["parallelism"].as<int>(), 2);
+  EXPECT_EQ(wf["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"].as<std::string>(), "shared");
+  // Each pod: its raw artifacts where Argo puts them (a folder here), its command, its volume.
+  fs::create_directories(s.path("volume"));
+  auto run_pod = [&](const YAML::Node& t) {
+    const std::string art = s.path("artifacts/" + t["name"].as<std::string>());
+    fs::create_directories(art);
+    if (t["inputs"]) {
+      for (const auto& a : t["inputs"]["artifacts"]) {
+        const std::string path = a["path"].as<std::string>();
+        s.Write("artifacts/" + t["name"].as<std::string>() + "/" + path.substr(path.rfind('/') + 1),
+                a["raw"]["data"].as<std::string>());
+      }
+    }
+    std::vector<std::string> argv;
+    for (const auto& a : t["container"]["command"]) {
+      std::string v = std::regex_replace(a.as<std::string>(), std::regex("^/tmp/trainctl/"), art + "/");
+      argv.push_back(v == "trainctl" ? std::string(TRAINCTL_BIN) : v);
+    }
+    SpawnOptions o;
+    o.argv = argv;
+    o.env = CurrentEnvironment();
+    for (const auto& e : t["container"]["env"]) SetEnv(&o.env, e["name"].as<std::string>(), e["value"].as<std::string>());
+    o.cwd = t["container"]["workingDir"].as<std::string>();
+    auto done = RunCommand(o, seconds(120));
+    EXPECT_TRUE(done.ok());
+    return done.ok() ? *done : CommandResult{};
+  };
+  YAML::Node report;
+  int pods = 0;
+  for (const auto& t : wf["spec"]["templates"]) {
+    if (t["name"].as<std::string>() == "report") report.reset(t);
+    if (!t["container"] || t["name"].as<std::string>() == "report") continue;
+    ++pods;
+    auto done = run_pod(t);
+    EXPECT_EQ(done.exit.code, t["name"].as<std::string>().find("peer-procs-per-node-2") != std::string::npos ? 1 : 0)
+        << t["name"] << done.output;
+  }
+  EXPECT_EQ(pods, 4);
+  ASSERT_TRUE(report["container"]);
+  auto collected = run_pod(report);
+  EXPECT_EQ(collected.exit.code, 0) << collected.output;
+  std::string dir;
+  for (const auto& e : fs::directory_iterator(s.path("volume/bench/in-cluster"))) dir = e.path().string();
+  ASSERT_TRUE(fs::exists(dir + "/results.json")) << dir << "\n" << collected.output;
+  auto states = States(dir);
+  EXPECT_EQ(states["trainctl-procs_per_node_1"], "succeeded");
+  EXPECT_EQ(states["trainctl-procs_per_node_2"], "succeeded");
+  EXPECT_EQ(states["peer-procs_per_node_1"], "succeeded");
+  EXPECT_EQ(states["peer-procs_per_node_2"], "failed");
+  EXPECT_NE(ReadFile(dir + "/results.csv")->find("peer-procs_per_node_1,peer,1,1,1,succeeded,0,,0.100,"), std::string::npos)
+      << *ReadFile(dir + "/results.csv");
+  EXPECT_TRUE(fs::exists(dir + "/report.html"));
+}
+
+// target k8s without a cluster (there is no API server here): kubectl's one-line verdict, and
+// the workflow kept to submit by hand.
+TEST(Bench, TheKubernetesTargetNamesAnUnreachableCluster) {
+  Scratch s;
+  s.Write("m.yaml", "name: far\nspec: {name: wf, command: [sh, -c, 'echo hi']}\ntarget: k8s\n");
+  const std::string kubeconfig = s.Write("kubeconfig", "apiVersion: v1\nkind: Config\nclusters:\n"
+      "- cluster: {server: \"https://127.0.0.1:" + std::to_string(FreePort()) + "\"}\n  name: c\n"
+      "contexts:\n- context: {cluster: c, user: u}\n  name: c\ncurrent-context: c\n"
+      "users:\n- name: u\n  user: {token: t}\n");
+  auto r = Trainctl({"bench", "m.yaml", "--results", "results"}, s.path(""), seconds(120), {{"KUBECONFIG", kubeconfig}});
+  EXPECT_EQ(r.exit.code, 1) << r.output;
+  EXPECT_NE(r.output.find("trainctl bench: cannot create the workflow ("), std::string::npos) << r.output;
+  EXPECT_EQ(CountLines(r.output, "refused"), 1) << r.output;
+  const std::string dir = ResultSet(s, "far");
+  ASSERT_TRUE(fs::exists(dir + "/workflow.yaml")) << r.output;
+  EXPECT_NE(ReadFile(dir + "/workflow.yaml")->find("kind: Workflow"), std::string::npos);
 }
 
 TEST(Bench, ABadPointIsRefusedBeforeAnythingRuns) {

@@ -168,8 +168,9 @@ Result<Matrix> ParseMatrix(const std::string& text, const std::string& path) {
     }
   }
   if (const YAML::Node n = root["target"]) {
-    if (!n.IsScalar() || (n.Scalar() != "local" && n.Scalar() != "slurm")) {
-      error(n, "target", "expected local (this machine) or slurm (an sbatch per experiment)");
+    if (!n.IsScalar() || (n.Scalar() != "local" && n.Scalar() != "slurm" && n.Scalar() != "k8s")) {
+      error(n, "target", "expected local (this machine), slurm (an sbatch per experiment) or k8s (an Argo "
+                         "Workflow, submitted with kubectl)");
     } else {
       m.target = n.Scalar();
     }

@@ -11,7 +11,7 @@
 //   repeats: 1                             # >= 5: aggregated as MLPerf does
 //   parallel: 1                            # experiments at once (timing runs must not share cores)
 //   target_accuracy: 0.9                   # for the time to accuracy
-//   target: local                          # local | slurm (an sbatch per experiment)
+//   target: local                          # local | slurm (an sbatch per experiment) | k8s (Argo)
 //   upload: {url: s3://bucket/prefix, endpoint: https://minio.example.com, region: us-east-1}
 //   peers:
 //     - name: pytorch-ddp
@@ -50,7 +50,7 @@ struct Matrix {
   int repeats = 1;
   int parallel = 1;
   double target_accuracy = 0;           // 0: none
-  std::string target = "local";         // local | slurm
+  std::string target = "local";         // local | slurm | k8s
   UploadTarget upload;                  // url "": none
   std::vector<Peer> peers;
 };

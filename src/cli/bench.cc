@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/argo.h"
 #include "bench/matrix.h"
 #include "bench/results.h"
 #include "bench/upload.h"
@@ -24,6 +25,7 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
+#include "launch/k8s/render.h"
 #include "launch/slurm/sbatch.h"
 
 namespace trainctl::cli {
@@ -176,24 +178,60 @@ class BenchRun {
                   100 * (total - inside) / inside);
     }
     std::printf("results: %s (report.html, summary.md, results.csv, results.json)\n", dir_.c_str());
-    // The last step, whatever happened before: the result set (partial or not) to S3.
-    bool uploaded = true;
-    if (!m_.upload.url.empty()) {
-      const std::string name = m_.name + "/" + dir_.substr(dir_.rfind('/') + 1);
-      auto n = bench::UploadTree(m_.upload, dir_, name);
-      if (n.ok()) {
-        std::string url = m_.upload.url;
-        while (url.back() == '/') url.pop_back();
-        std::printf("uploaded %d files to %s/%s/\n", *n, url.c_str(), name.c_str());
-      } else {
-        uploaded = false;
-        std::fprintf(stderr, "trainctl bench: upload failed (the results are still in %s): %s\n", dir_.c_str(),
-                     n.status().message().c_str());
-      }
-    }
+    const bool uploaded = Upload();
     if (stopping || StopSignal()) return kExitInterrupted;
     return failed || !uploaded ? kExitError : kExitOk;
   }
+
+  // The result set of experiments that ran elsewhere (the Argo workflow's pods): each one's state
+  // from its own records (a trainctl job's status.json, a peer's exit_code), its figures as a run
+  // here would give them. Returns 0 once the results are written, however the experiments ended.
+  int Collect() {
+    for (size_t i = 0; i < exps_.size(); ++i) {
+      const Experiment& e = exps_[i];
+      Figures& f = figures_[i];
+      const std::string out = Out(e);
+      if (e.system == "trainctl") {
+        auto status = ReadFile(paths::StatusJson(out), 1 << 20);
+        auto j = status.ok() ? nlohmann::json::parse(*status, nullptr, false) : nlohmann::json();
+        const std::string state = j.is_object() ? j.value("state", "") : "";
+        f.state = state.empty() ? "pending" : state == "succeeded" ? "succeeded" : state == "running" ? "interrupted" : "failed";
+        f.exit_code = f.state == "succeeded" ? 0 : -1;
+      } else {
+        auto code = ReadFile(out + "/exit_code");
+        f.state = !code.ok() ? "pending" : std::atoi(code->c_str()) == 0 ? "succeeded" : "failed";
+        f.exit_code = code.ok() ? std::atoi(code->c_str()) : -1;
+        PeerMetrics(out);
+        if (f.state == "failed") {
+          auto lines = SplitLines(ReadTail(out + "/stdout.log", 2000));
+          f.failure = "exit code " + std::to_string(f.exit_code) + (lines.empty() ? "" : ": " + lines.back());
+        }
+      }
+      bench::ReadFigures(out, m_.target_accuracy, &f);
+    }
+    if (Status st = bench::WriteResults(dir_, m_, figures_); !st.ok()) return Fail("bench", st);
+    std::printf("results: %s (report.html, summary.md, results.csv, results.json)\n", dir_.c_str());
+    return Upload() ? kExitOk : kExitError;
+  }
+
+ private:
+  // The last step, whatever happened before: the result set (partial or not) to S3.
+  bool Upload() {
+    if (m_.upload.url.empty()) return true;
+    const std::string name = m_.name + "/" + dir_.substr(dir_.rfind('/') + 1);
+    auto n = bench::UploadTree(m_.upload, dir_, name);
+    if (!n.ok()) {
+      std::fprintf(stderr, "trainctl bench: upload failed (the results are still in %s): %s\n", dir_.c_str(),
+                   n.status().message().c_str());
+      return false;
+    }
+    std::string url = m_.upload.url;
+    while (url.back() == '/') url.pop_back();
+    std::printf("uploaded %d files to %s/%s/\n", *n, url.c_str(), name.c_str());
+    return true;
+  }
+
+ public:
 
  private:
   static std::string Key(const bench::Point& p) {
@@ -299,32 +337,89 @@ class BenchRun {
   double inside_ = 0;  // seconds of the experiments this invocation ran
 };
 
-int RunBench(const std::string& matrix_path, const std::string& results, const std::string& resume,
-             const std::string& target, bool dry_run) {
+// target k8s: the workflow created with kubectl and waited on (its phase polled every 5 s, a
+// minute of failed polls ends the wait); Ctrl-C deletes it. The result set is written on the cluster's volume by its exit handler.
+int SubmitWorkflow(const nlohmann::json& wf, const std::string& yaml, const std::string& local) {
+  const std::string name = wf["metadata"]["name"], ns = wf["metadata"]["namespace"];
+  if (Status st = MakeDirs(local); !st.ok()) return Fail("bench", st);
+  const std::string file = local + "/workflow.yaml";
+  if (Status st = AtomicWriteFile(file, yaml); !st.ok()) return Fail("bench", st);
+  auto made = Kubectl({"create", "-f", "-"}, yaml);
+  if (!made.ok()) return Fail("bench", made.status());
+  if (made->exit.code != 0) {
+    return Fail("bench", Unavailable("cannot create the workflow (" + file + "; the cluster needs Argo Workflows): " +
+                                     KubectlWhy(*made)));
+  }
+  std::string dir;
+  for (const auto& t : wf["spec"]["templates"]) {
+    if (t["name"] == "report") dir = t["container"]["command"].back();
+  }
+  std::printf("submitted workflow %s in namespace %s; its results go to %s on the job's volume\n", name.c_str(),
+              ns.c_str(), dir.c_str());
+  BlockSupervisorSignals();
+  std::string phase;
+  int failures = 0;  // kubectl get in a row that failed: 12 (a minute) end the wait
+  while (true) {
+    auto got = Kubectl({"get", "workflow", name, "-n", ns, "-o", "jsonpath={.status.phase}"});
+    failures = got.ok() && got->exit.code == 0 ? 0 : failures + 1;
+    if (failures >= 12) {
+      return Fail("bench", Unavailable("lost the cluster while waiting for workflow " + name + ": " +
+                                       (got.ok() ? KubectlWhy(*got) : got.status().message())));
+    }
+    if (got.ok() && got->exit.code == 0 && got->output != phase) {
+      phase = got->output;
+      std::printf("workflow %s: %s\n", name.c_str(), phase.empty() ? "Pending" : phase.c_str());
+      std::fflush(stdout);
+    }
+    if (phase == "Succeeded") return kExitOk;
+    if (phase == "Failed" || phase == "Error") return kExitError;
+    if (int sig = WaitSignal(std::chrono::seconds(5)); (sig && sig != SIGCHLD) || StopSignal()) {
+      auto deleted = Kubectl({"delete", "workflow", name, "-n", ns, "--wait=false"});
+      std::fprintf(stderr, "trainctl bench: %s workflow %s\n",
+                   deleted.ok() && deleted->exit.code == 0 ? "deleted" : "could not delete", name.c_str());
+      return kExitInterrupted;
+    }
+  }
+}
+
+struct BenchFlags {
+  std::string matrix, results = "bench-results", resume, target, format, output, collect;
+  bool dry_run = false;
+};
+
+int RunBench(const BenchFlags& f) {
   std::vector<Figures> done;
-  std::string path = matrix_path, dir;
-  if (!resume.empty()) {
-    auto prior = bench::ReadResults(resume);
+  std::string path = f.matrix, dir;
+  if (!f.resume.empty()) {
+    auto prior = bench::ReadResults(f.resume);
     if (!prior.ok()) return Fail("bench", prior.status());
     done = *prior;
-    auto doc = nlohmann::json::parse(*ReadFile(resume + "/results.json"), nullptr, false);
+    auto doc = nlohmann::json::parse(*ReadFile(f.resume + "/results.json"), nullptr, false);
     if (path.empty()) path = doc.value("matrix", "");
-    dir = AbsolutePath(resume);
+    dir = AbsolutePath(f.resume);
   }
   if (path.empty()) return Fail("bench", InvalidArgument("expected a matrix file (or --resume DIR)"));
   auto m = bench::LoadMatrix(path);
   if (!m.ok()) return Fail("bench", m.status());
   m->path = AbsolutePath(path);
-  if (!target.empty()) m->target = target;
-  if (!m->upload.url.empty()) {
+  if (!f.target.empty()) m->target = f.target;
+  const bool argo = f.format == "argo" || (m->target == "k8s" && f.collect.empty());
+  if (!m->upload.url.empty() && !argo) {
     if (Status st = bench::CheckUpload(m->upload); !st.ok()) return Fail("bench", st);
   }
-  if (m->target == "slurm" && !FindExecutable("sbatch", CurrentEnvironment()).ok()) {
+  if (m->target == "slurm" && !argo && f.collect.empty() && !FindExecutable("sbatch", CurrentEnvironment()).ok()) {
     return Fail("bench", InvalidArgument("target slurm submits each experiment with sbatch, which is not on the PATH"));
   }
+  const std::string stamp = Timestamp();
+  if (!f.collect.empty()) dir = AbsolutePath(f.collect);
+  if (argo) {  // a folder only to resolve the specs in; removed below
+    std::string tmpl = GetEnv(CurrentEnvironment(), "TMPDIR").value_or("/tmp") + "/trainctl-bench-XXXXXX";
+    if (!::mkdtemp(tmpl.data())) return Fail("bench", Internal("cannot make a temporary folder: " + tmpl));
+    dir = tmpl;
+  }
   if (dir.empty()) {
-    dir = AbsolutePath(results) + "/" + m->name + "/" + Timestamp();
-    for (int n = 2; Exists(dir); ++n) dir = AbsolutePath(results) + "/" + m->name + "/" + Timestamp() + "-" + std::to_string(n);
+    dir = AbsolutePath(f.results) + "/" + m->name + "/" + stamp;
+    for (int n = 2; Exists(dir); ++n) dir = AbsolutePath(f.results) + "/" + m->name + "/" + stamp + "-" + std::to_string(n);
   }
   if (Status st = MakeDirs(dir); !st.ok()) return Fail("bench", st);
   std::string base = m->spec_file;
@@ -332,17 +427,34 @@ int RunBench(const std::string& matrix_path, const std::string& results, const s
     base = dir + "/spec.yaml";
     if (Status st = AtomicWriteFile(base, m->inline_spec); !st.ok()) return Fail("bench", st);
   }
+  if (argo) {
+    auto wf = bench::ArgoWorkflow(*m, base, stamp);
+    RemoveAll(dir);
+    if (!wf.ok()) {
+      std::fprintf(stderr, "trainctl bench: %s: %s\n", path.c_str(), wf.status().message().c_str());
+      return kExitInvalidSpec;
+    }
+    const std::string yaml = k8s::ToYaml({*wf});
+    if (f.format != "argo") return SubmitWorkflow(*wf, yaml, AbsolutePath(f.results) + "/" + m->name + "/" + stamp);
+    if (f.output.empty()) {
+      std::fputs(yaml.c_str(), stdout);
+    } else if (Status st = AtomicWriteFile(f.output, yaml); !st.ok()) {
+      return Fail("bench", st);
+    }
+    return kExitOk;
+  }
   BenchRun run(*m, dir, base);
   if (Status st = run.Prepare(done); !st.ok()) {
     std::fprintf(stderr, "trainctl bench: %s: %s", path.c_str(), st.message().c_str());
-    if (resume.empty() && !dry_run) RemoveAll(dir);
+    if (f.resume.empty() && f.collect.empty() && !f.dry_run) RemoveAll(dir);
     return kExitInvalidSpec;
   }
-  if (dry_run) {
+  if (f.dry_run) {
     for (const auto& e : bench::Experiments(*m)) std::printf("%s\n", e.id.c_str());
     RemoveAll(dir);
     return kExitOk;
   }
+  if (!f.collect.empty()) return run.Collect();
   return run.Run(SelfExe());
 }
 
@@ -352,17 +464,25 @@ void AddBench(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
       "bench", "Run an experiment matrix (configurations x repeats, and peer commands) and report it: "
                "results.csv/json, summary.md and report.html under --results");
-  static std::string matrix, results = "bench-results", resume;
-  static bool dry_run = false;
-  cmd->add_option("MATRIX", matrix, "the matrix file (see docs/bench.md)");
-  cmd->add_option("--results", results, "where result sets go: RESULTS/<name>/<timestamp>/")->capture_default_str();
-  cmd->add_option("--resume", resume, "a result set to finish: what succeeded or failed there is kept");
-  cmd->add_flag("--dry-run", dry_run, "resolve and list the experiments, run nothing");
-  static std::string target;
-  cmd->add_option("--target", target, "where experiments run, instead of the matrix's target: local, or slurm "
-                                      "(an sbatch per experiment, waited on; the results directory must be on "
-                                      "a filesystem the nodes share)")
-      ->check(CLI::IsMember({"local", "slurm"}));
+  static BenchFlags f;
+  cmd->add_option("MATRIX", f.matrix, "the matrix file (see docs/bench.md)");
+  cmd->add_option("--results", f.results, "where result sets go: RESULTS/<name>/<timestamp>/")->capture_default_str();
+  auto* resume = cmd->add_option("--resume", f.resume, "a result set to finish: what succeeded or failed there is kept");
+  cmd->add_flag("--dry-run", f.dry_run, "resolve and list the experiments, run nothing");
+  cmd->add_option("--target", f.target, "where experiments run, instead of the matrix's target: local, or slurm "
+                                        "(an sbatch per experiment, waited on; the results directory must be on "
+                                        "a filesystem the nodes share), or k8s (the matrix as an Argo Workflow, "
+                                        "submitted and waited on through kubectl)")
+      ->check(CLI::IsMember({"local", "slurm", "k8s"}));
+  auto* format = cmd->add_option("--format", f.format, "argo: print the matrix as an Argo Workflow instead of running it")
+                     ->check(CLI::IsMember({"argo"}))
+                     ->excludes(resume);
+  cmd->add_option("-o,--output", f.output, "with --format: write the workflow to this file")->needs(format);
+  cmd->add_option("--collect", f.collect,
+                  "write the result set of experiments that ran elsewhere into this folder (the Argo "
+                  "workflow's exit handler does), running nothing")
+      ->excludes(resume)
+      ->excludes(format);
   auto* compare = cmd->add_subcommand("compare", "B against A, point by point; exit 1 on a regression");
   static std::string a, b;
   static double threshold = 5;
@@ -383,10 +503,10 @@ void AddBench(CLI::App& app, const GlobalFlags& flags, int* code) {
     std::printf("%d regression(s) past %.1f %%\n", regressions, threshold);
     *code = regressions ? kExitError : kExitOk;
   });
-  cmd->callback([cmd, compare, &flags, code] {
+  cmd->callback([compare, &flags, code] {
     if (compare->parsed()) return;
     log::SetLevel(flags.log_level);
-    *code = RunBench(matrix, results, resume, target, dry_run);
+    *code = RunBench(f);
   });
 }
 

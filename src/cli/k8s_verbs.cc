@@ -14,14 +14,13 @@
 #include "launch/k8s/render.h"
 
 namespace trainctl::cli {
+
 namespace {
-
-using nlohmann::json;
-
 constexpr auto kKubectlTimeout = std::chrono::seconds(120);
+}  // namespace
 
 // kubectl with `args`, fed `input` on stdin from memory (manifests, the token: never a file).
-Result<CommandResult> Kubectl(const std::vector<std::string>& args, const std::string& input = "") {
+Result<CommandResult> Kubectl(const std::vector<std::string>& args, const std::string& input) {
   SpawnOptions o;
   o.env = CurrentEnvironment();
   auto exe = FindExecutable("kubectl", o.env);
@@ -50,11 +49,15 @@ Result<CommandResult> Kubectl(const std::vector<std::string>& args, const std::s
 }
 
 // kubectl's own verdict when it fails: its last line (the ones before are its retries' logs).
-std::string Why(const CommandResult& r) {
+std::string KubectlWhy(const CommandResult& r) {
   auto lines = SplitLines(r.output);
   while (!lines.empty() && lines.back().find_first_not_of(" \t\r") == std::string::npos) lines.pop_back();
   return lines.empty() ? "kubectl ended with " + r.exit.Describe() : lines.back();
 }
+
+namespace {
+
+using nlohmann::json;
 
 struct Common {
   SpecFlags spec;
@@ -92,7 +95,7 @@ int Submit(const JobSpec& s, const std::string& format) {
   auto got = Kubectl({"get", "secret", secret, "-n", ns, "-o", "name", "--ignore-not-found"});
   if (!got.ok()) return Fail("submit", got.status());
   if (got->exit.code != 0) {
-    return Fail("submit", Unavailable("cannot reach the cluster: " + Why(*got)));
+    return Fail("submit", Unavailable("cannot reach the cluster: " + KubectlWhy(*got)));
   }
   if (got->output.empty()) {
     json obj = {{"apiVersion", "v1"}, {"kind", "Secret"}, {"type", "Opaque"},
@@ -100,7 +103,7 @@ int Submit(const JobSpec& s, const std::string& format) {
                 {"stringData", {{"token", RandomHex(32)}}}};
     auto made = Kubectl({"create", "-f", "-"}, obj.dump());
     if (!made.ok()) return Fail("submit", made.status());
-    if (made->exit.code != 0) return Fail("submit", Unavailable("cannot create the token Secret " + secret + ": " + Why(*made)));
+    if (made->exit.code != 0) return Fail("submit", Unavailable("cannot create the token Secret " + secret + ": " + KubectlWhy(*made)));
   }
   auto applied = Kubectl({"apply", "-f", "-"}, k8s::ToYaml(k8s::Render(s, format)));
   if (!applied.ok()) return Fail("submit", applied.status());
@@ -118,10 +121,10 @@ int ShowStatus(const JobSpec& s, const std::string& format, bool as_json) {
   auto job = per_role ? Kubectl({"get", "jobs.batch", "-n", ns, "-l", Selector(s, "worker"), "-o", "json"})
                       : Kubectl({"get", WorkloadKind(format), s.name, "-n", ns, "-o", "json"});
   if (!job.ok()) return Fail("status", job.status());
-  if (job->exit.code != 0) return Fail("status", Unavailable(Why(*job)));
+  if (job->exit.code != 0) return Fail("status", Unavailable(KubectlWhy(*job)));
   auto pods = Kubectl({"get", "pods", "-n", ns, "-l", Selector(s), "-o", "json"});
   if (!pods.ok()) return Fail("status", pods.status());
-  if (pods->exit.code != 0) return Fail("status", Unavailable(Why(*pods)));
+  if (pods->exit.code != 0) return Fail("status", Unavailable(KubectlWhy(*pods)));
   try {
     json j = json::parse(job->output), p = json::parse(pods->output);
     json objects = per_role ? j.value("items", json::array()) : json::array({j});
@@ -252,7 +255,7 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
       return;
     }
     if (r->exit.code != 0) {  // kubectl's verdict, not its retries' log lines
-      *code = Fail("logs", Unavailable(Why(*r)));
+      *code = Fail("logs", Unavailable(KubectlWhy(*r)));
       return;
     }
     std::fputs(r->output.c_str(), stdout);
@@ -282,7 +285,7 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
       return;
     }
     if (r->exit.code != 0) {
-      *code = Fail("delete", Unavailable(Why(*r)));
+      *code = Fail("delete", Unavailable(KubectlWhy(*r)));
       return;
     }
     std::fputs(r->output.c_str(), stdout);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/subprocess.h"
 #include "spec/job_spec.h"
 
 namespace trainctl::cli {
@@ -39,6 +40,11 @@ struct SpecFlags {
   void Add(CLI::App* cmd);
   SpecSources Sources() const;
 };
+
+// kubectl with `args`, fed `input` on stdin from memory; kNotFound when kubectl is not on the PATH,
+// kUnavailable past 120 s. KubectlWhy: its verdict when it failed (its last line, not its retries).
+Result<CommandResult> Kubectl(const std::vector<std::string>& args, const std::string& input = "");
+std::string KubectlWhy(const CommandResult& r);
 
 // Whether status/logs were given a local job (a name or run id that is not a spec file).
 bool IsLocalJob(const SpecFlags& flags);

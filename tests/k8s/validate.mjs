@@ -1,5 +1,6 @@
 // Validates Kubernetes manifests against the OpenAPI schema that the kubernetes-models package
-// ships (and @kubernetes-models/prometheus-operator for the PodMonitor), and custom resources (PyTorchJob, TFJob, MPIJob, TrainJob) against the upstream
+// ships (@kubernetes-models/prometheus-operator for the PodMonitor, @kubernetes-models/argo-workflows
+// for bench's Workflow), and custom resources (PyTorchJob, TFJob, MPIJob, TrainJob) against the upstream
 // Kubeflow CRDs in crds/. Usage: node validate.mjs FILE.yaml... (multi-document YAML). Prints one
 // line per object; exits 1 if any object is invalid or of a kind it cannot check.
 //
@@ -72,7 +73,8 @@ function replicaTemplates(obj) {
 async function modelClass(apiVersion, kind) {
   const path = apiVersion.includes("/") ? apiVersion : `v1`;
   // The Prometheus Operator's kinds (PodMonitor) come with their own package.
-  const pkg = path.startsWith("monitoring.coreos.com/") ? "@kubernetes-models/prometheus-operator" : "kubernetes-models";
+  const pkg = path.startsWith("monitoring.coreos.com/") ? "@kubernetes-models/prometheus-operator"
+    : path.startsWith("argoproj.io/") ? "@kubernetes-models/argo-workflows" : "kubernetes-models";
   try {
     const mod = await import(`${pkg}/${path}/${kind}`);
     return mod[kind] ?? mod.default;
