@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   int code = trainctl::kExitOk;
   trainctl::cli::AddRun(app, flags, &code);
   trainctl::cli::AddValidate(app, flags, &code);
+  trainctl::cli::AddSchema(app, flags, &code);
   trainctl::cli::AddAgent(app, flags, &code);
   trainctl::cli::AddTrain(app, flags, &code);
   trainctl::cli::AddEval(app, flags, &code);

@@ -3,6 +3,7 @@
 
 #include "cli/verbs.h"
 #include "common/exit_codes.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
 
@@ -75,6 +76,25 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
                   spec->name.c_str(), DescribeTasks(*spec).c_str());
     }
     *code = kExitOk;
+  });
+}
+
+void AddSchema(CLI::App& app, const GlobalFlags& flags, int* code) {
+  auto* cmd = app.add_subcommand(
+      "schema", "Print the job spec's JSON Schema (for editors: add the line "
+                "'# yaml-language-server: $schema=FILE' to a spec; Helm charts use it as values.schema.json)");
+  static std::string output;
+  cmd->add_option("-o,--output", output, "write it to this file instead of standard output");
+  cmd->callback([&flags, code] {
+    log::SetLevel(flags.log_level);
+    const std::string schema = JobSpecSchema(2);
+    if (output.empty()) {
+      std::fputs(schema.c_str(), stdout);
+      *code = kExitOk;
+    } else {
+      Status st = AtomicWriteFile(output, schema);
+      *code = st.ok() ? kExitOk : Fail("schema", st);
+    }
   });
 }
 

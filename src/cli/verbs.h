@@ -18,6 +18,7 @@ struct GlobalFlags {
 
 void AddRun(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code);
+void AddSchema(CLI::App& app, const GlobalFlags& flags, int* code);  // the spec's JSON Schema
 void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddTrain(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddEval(CLI::App& app, const GlobalFlags& flags, int* code);

@@ -5,6 +5,8 @@
 #include <optional>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "common/address.h"
 #include "common/strings.h"
 #include "job/task_env.h"
@@ -23,9 +25,41 @@ constexpr int kMaxNodes = 10000;
 constexpr int kMaxProcsPerNode = 1024;
 constexpr int kMaxRestarts = 100000;
 
+// What a scalar field takes: the decoder reads any YAML scalar as text.
+const nlohmann::json kScalar = {{"type", {"string", "number", "boolean"}}};
+
 class Decoder {
  public:
   std::vector<std::pair<Origin, std::string>> errors;
+  // Schema mode (JobSpecSchema): each accessor notes here, by path, what it takes.
+  nlohmann::json* schema = nullptr;
+
+  // Merges `fragment` into the schema at `path` ("trainer.data.shape[1]": [N] is the list's items);
+  // what an earlier note said wins.
+  void Note(const std::string& path, const nlohmann::json& fragment) {
+    if (!schema) return;
+    nlohmann::json* at = schema;
+    size_t start = 0;
+    while (start < path.size()) {
+      size_t end = path.find_first_of(".[", start);
+      const std::string key = path.substr(start, end == std::string::npos ? std::string::npos : end - start);
+      if (!key.empty()) {
+        if (!at->contains("type")) (*at)["type"] = "object";
+        at = &(*at)["properties"][key];
+      }
+      while (end != std::string::npos && path[end] == '[') {
+        if (!at->contains("type")) (*at)["type"] = "array";
+        at = &(*at)["items"];
+        end = path.find(']', end);
+        end = end == std::string::npos ? end : end + 1;
+      }
+      if (end == std::string::npos) break;
+      start = path[end] == '.' ? end + 1 : end;
+    }
+    for (const auto& [k, v] : fragment.items()) {
+      if (!at->contains(k)) (*at)[k] = v;
+    }
+  }
 
   void Error(const Node& at, const std::string& path, const std::string& message) {
     errors.emplace_back(at.origin, at.origin.ToString() + ": " + path + ": " + message);
@@ -43,6 +77,8 @@ class Decoder {
 
   // Rejects keys that are not in `allowed`, with a did-you-mean.
   void CheckKeys(const Node& map, const std::string& prefix, const std::vector<std::string>& allowed) {
+    Note(prefix, {{"type", "object"}, {"additionalProperties", false}});
+    for (const auto& key : allowed) Note(prefix.empty() ? key : prefix + "." + key, nlohmann::json::object());
     for (const auto& [key, value] : map.map) {
       if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
       std::string path = prefix.empty() ? key : prefix + "." + key;
@@ -60,6 +96,9 @@ class Decoder {
   }
 
   bool ExpectScalar(const Node& n, const std::string& path, const std::string& expected) {
+    nlohmann::json note = kScalar;
+    note["description"] = expected;
+    Note(path, note);
     if (n.kind == Kind::kScalar) return true;
     Error(n, path, expected + ", got " + n.KindName());
     return false;
@@ -67,6 +106,7 @@ class Decoder {
 
   std::optional<long long> Int(const Node& n, const std::string& path, long long min, long long max) {
     const std::string expected = min >= 1 ? "expected a positive integer" : "expected a whole number";
+    Note(path, {{"type", "integer"}, {"minimum", min}, {"maximum", max}});
     if (!ExpectScalar(n, path, expected)) return std::nullopt;
     const std::string& s = n.scalar;
     size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
@@ -90,6 +130,7 @@ class Decoder {
   std::optional<double> Double(const Node& n, const std::string& path, double min, double max) {
     const std::string expected = "expected a number from " + FormatNumber(min) + " to " +
                                  FormatNumber(max);
+    Note(path, {{"type", "number"}, {"minimum", min}, {"maximum", max}});
     if (!ExpectScalar(n, path, expected)) return std::nullopt;
     char* end = nullptr;
     errno = 0;
@@ -103,6 +144,7 @@ class Decoder {
   }
 
   std::optional<bool> Bool(const Node& n, const std::string& path) {
+    Note(path, {{"type", "boolean"}});
     if (!ExpectScalar(n, path, "expected true or false")) return std::nullopt;
     if (n.scalar == "true") return true;
     if (n.scalar == "false") return false;
@@ -113,6 +155,7 @@ class Decoder {
   // One of `allowed`, with a did-you-mean.
   std::optional<std::string> OneOf(const Node& n, const std::string& path,
                                    const std::vector<std::string>& allowed) {
+    Note(path, {{"type", "string"}, {"enum", allowed}});
     auto s = String(n, path);
     if (!s) return std::nullopt;
     if (std::find(allowed.begin(), allowed.end(), *s) != allowed.end()) return s;
@@ -130,6 +173,7 @@ class Decoder {
 
   // A mapping at `path`, with only `keys` allowed; nullptr (and an error) otherwise.
   const Node* Section(const Node& n, const std::string& path, const std::vector<std::string>& keys) {
+    if (schema) CheckKeys(Node(), path, keys);  // the keys, whatever this node is
     if (n.kind != Kind::kMap) {
       Error(n, path, "expected a mapping with " + Join(keys, ", ") + ", got " + n.KindName());
       return nullptr;
@@ -211,6 +255,8 @@ class Decoder {
         Field(*d, dp, "samples", &ds.samples, int_in(1, kBig));
         Field(*d, dp, "classes", &ds.classes, int_in(2, 256));
         if (const Node* sh = Child(*d, "shape")) {
+          Note(dp + ".shape", {{"type", "array"}, {"minItems", 3}, {"maxItems", 3}});
+          if (schema && sh->kind != Kind::kSeq) Int(Node(), dp + ".shape[0]", 1, 4096);
           if (sh->kind != Kind::kSeq || sh->seq.size() != 3) {
             Error(*sh, dp + ".shape", "expected [channels, rows, cols] such as [3, 32, 32]");
           } else {
@@ -267,6 +313,8 @@ class Decoder {
 
   // A program and its first arguments: a list, or one word.
   std::optional<std::vector<std::string>> Command(const Node& n, const std::string& path) {
+    Note(path, {{"type", {"string", "array"}}, {"items", kScalar}, {"minItems", 1},
+                {"description", "the program and its arguments, such as [python3, train.py]"}});
     if (n.kind == Kind::kScalar) {
       if (n.scalar.find_first_of(" \t") != std::string::npos) {
         Error(n, path, "expected a list such as [python3, train.py], got the string " +
@@ -292,6 +340,7 @@ class Decoder {
   }
 
   std::optional<std::vector<std::string>> StringList(const Node& n, const std::string& path) {
+    Note(path, {{"type", "array"}, {"items", kScalar}});
     if (n.kind != Kind::kSeq) {
       Error(n, path, std::string("expected a list of strings such as [python3, train.py], got ") +
                          n.KindName());
@@ -308,6 +357,7 @@ class Decoder {
   }
 
   std::optional<Duration> DurationField(const Node& n, const std::string& path) {
+    Note(path, {{"type", {"string", "number"}}, {"description", "a duration such as 30s, 5m or 1h30m"}});
     if (!ExpectScalar(n, path, "expected a duration such as 30s or 5m")) return std::nullopt;
     auto d = ParseDuration(n.scalar);
     if (!d.ok()) {
@@ -361,6 +411,8 @@ class Decoder {
 
   void DecodeEnv(const Node& n, const std::string& prefix,
                  std::vector<std::pair<std::string, std::string>>* out) {
+    Note(prefix, {{"type", "object"}, {"additionalProperties", kScalar},
+                  {"propertyNames", {{"pattern", "^[A-Za-z_][A-Za-z0-9_]*$"}}}});
     if (n.kind != Kind::kMap) {
       Error(n, prefix, std::string("expected a mapping of NAME: value, got ") + n.KindName());
       return;
@@ -505,6 +557,8 @@ class Decoder {
         });
       }
     }
+    Note(p + ".node_selector", {{"type", "object"}, {"additionalProperties", kScalar}});
+    Note(p + ".tolerations", {{"type", "array"}});
     if (const Node* ns = Child(n, "node_selector")) {
       if (ns->kind != Kind::kMap) {
         Error(*ns, p + ".node_selector", std::string("expected a mapping of label: value, got ") + ns->KindName());
@@ -547,6 +601,7 @@ class Decoder {
   };
 
   void DecodeRoles(const Node& n, JobSpec* spec, std::vector<RoleFields>* fields) {
+    Note("roles", {{"type", "array"}, {"minItems", 1}});
     if (n.kind != Kind::kSeq || n.seq.empty()) {
       Error(n, "roles", std::string("expected a list of roles such as [{name: ps, replicas: 2}, "
                                     "{name: worker, replicas: 4}], got ") +
@@ -717,8 +772,7 @@ const std::vector<std::string> kTopLevel = {
 
 }  // namespace
 
-Result<JobSpec> Decode(const Node& root) {
-  Decoder d;
+Result<JobSpec> DecodeWith(Decoder& d, const Node& root) {
   JobSpec spec;
   if (root.kind == Kind::kNull) {
     return InvalidArgument(root.origin.source +
@@ -757,6 +811,7 @@ Result<JobSpec> Decode(const Node& root) {
   if (trainer && command) {
     d.Error(*command, "command", "a job runs either its own program (command) or the built-in "
                                  "trainer (trainer), not both; remove one");
+    if (d.schema) (void)d.Command(*command, "command");  // schema mode reads both
   } else if (const Node* n = command) {
     if (auto c = d.Command(*n, "command")) spec.command = *c;
   } else if (!trainer && !roles) {
@@ -866,4 +921,94 @@ Result<JobSpec> Decode(const Node& root) {
   return spec;
 }
 
+Result<JobSpec> Decode(const Node& root) {
+  Decoder d;
+  return DecodeWith(d, root);
+}
+
+namespace {
+
+Node MapNode() {
+  Node n;
+  n.kind = Kind::kMap;
+  return n;
+}
+
+// A stand-in value of what `s` takes, to reach what lies under it on the next pass.
+Node Placeholder(const nlohmann::json& s) {
+  Node n;
+  const std::string type = s.contains("type") && s["type"].is_string() ? s["type"].get<std::string>() : "";
+  if (type == "array") {
+    n.kind = Kind::kSeq;
+    n.seq.push_back(Placeholder(s.value("items", nlohmann::json::object())));
+  } else if (type == "object" || s.empty()) {
+    n = MapNode();
+  } else {
+    n.kind = Kind::kScalar;
+    n.scalar = "1";
+  }
+  return n;
+}
+
+// Adds every key the schema knows and the document lacks; lists get one element. Whether it added.
+bool Fill(Node* n, const nlohmann::json& s) {
+  bool added = false;
+  const std::string type = s.contains("type") && s["type"].is_string() ? s["type"].get<std::string>() : "";
+  if (type == "array" && n->kind != Kind::kSeq) {
+    *n = Placeholder(s);
+    return true;
+  }
+  if (n->kind == Kind::kSeq && s.contains("items")) {
+    for (auto& e : n->seq) added |= Fill(&e, s["items"]);
+  }
+  if (n->kind == Kind::kMap && s.contains("properties")) {
+    for (const auto& [key, sub] : s["properties"].items()) {
+      Node* child = n->Find(key);
+      if (!child) {
+        n->map.emplace_back(key, Placeholder(sub));
+        added = true;
+        child = &n->map.back().second;
+      }
+      added |= Fill(child, sub);
+    }
+  }
+  return added;
+}
+
+}  // namespace
+
+namespace {
+nlohmann::json JobSpecSchemaJson() {
+  nlohmann::json schema = {{"type", "object"}};
+  Node doc = MapNode();
+  // The decoder notes what it reads; a document with every key it named is read again until no
+  // new key appears (each pass reaches one level deeper).
+  for (int pass = 0; pass < 16; ++pass) {
+    Decoder d;
+    d.schema = &schema;
+    (void)DecodeWith(d, doc);
+    if (!Fill(&doc, schema)) break;
+  }
+  // What one accessor cannot say: nodes is a count, a range string or {min, max}.
+  nlohmann::json range = schema["properties"]["nodes"];
+  range["required"] = {"min", "max"};
+  range.erase("description");
+  schema["properties"]["nodes"] = {
+      {"description", "a node count (2), a range (\"1:4\") or a mapping {min: 1, max: 4}"},
+      {"anyOf", {{{"type", "integer"}, {"minimum", 1}, {"maximum", kMaxNodes}},
+                 {{"type", "string"}, {"pattern", "^[0-9]+:[0-9]+$"}},
+                 range}}};
+  schema["required"] = {"name"};
+  schema["$schema"] = "http://json-schema.org/draft-07/schema#";
+  schema["$id"] = "https://trainctl.dev/schema/job-spec.json";
+  schema["title"] = "trainctl job spec";
+  schema["description"] = "A trainctl job (docs/job-spec.md); generated by the decoder that trainctl run uses.";
+  return schema;
+}
+}  // namespace
+
 }  // namespace trainctl::spec
+
+namespace trainctl {
+std::string JobSpecSchema(int indent) { return spec::JobSpecSchemaJson().dump(indent) + "\n"; }
+}  // namespace trainctl

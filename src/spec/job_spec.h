@@ -221,6 +221,11 @@ Result<JobSpec> LoadJobSpec(const SpecSources& sources);
 // The same for text already in memory (tests, stdin); `source` names it in errors.
 Result<JobSpec> ParseJobSpec(const std::string& yaml, const std::string& source);
 
+// The job spec's JSON Schema (draft-07), for editors (yaml-language-server), Helm's
+// values.schema.json and `trainctl schema`. Generated from the decoder itself: every accessor
+// notes what it takes while a document holding every field is decoded.
+std::string JobSpecSchema(int indent = 2);
+
 // Lossless round trip through JSON, used to hand the resolved spec to agents.
 std::string JobSpecToJson(const JobSpec& spec, int indent = -1);
 Result<JobSpec> JobSpecFromJson(const std::string& json);
