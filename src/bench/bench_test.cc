@@ -43,6 +43,10 @@ TEST(BenchMatrix, ErrorsNameTheLineAndTheField) {
   EXPECT_NE(e.find("m.yaml:7: peers[0].name: expected a name of its own"), std::string::npos) << e;
   EXPECT_NE(ParseMatrix("name: b\nspec: nosuch.yaml\n", "d/m.yaml").status().message().find("no such file: d/nosuch.yaml"),
             std::string::npos);
+  // Shapes the fuzzer found (bench_fuzz): an error, not an exception.
+  EXPECT_NE(ParseMatrix("name: b\nspec: {name: j}\npeers: [x]\n", "m.yaml").status().message().find(
+                "m.yaml:3: peers[0]: expected {name, command}"), std::string::npos);
+  EXPECT_FALSE(ParseMatrix("name: b\nspec: {name: j}\naxes: {[a]: [1]}\n", "m.yaml").ok());
 }
 
 Figures Made(const std::string& system, int workers, double epoch, double rate, const std::string& state = "succeeded") {

@@ -37,9 +37,9 @@ std::string Resolve(const std::string& dir, const std::string& file) {
 }
 
 bool Matches(const Point& p, const Point& pattern) {
-  for (const auto& [k, v] : pattern) {
-    auto it = std::find_if(p.begin(), p.end(), [&](const auto& kv) { return kv.first == k; });
-    if (it == p.end() || it->second != v) return false;
+  for (const auto& want : pattern) {
+    auto it = std::find_if(p.begin(), p.end(), [&](const auto& kv) { return kv.first == want.first; });
+    if (it == p.end() || it->second != want.second) return false;
   }
   return true;
 }
@@ -52,7 +52,9 @@ std::string Sanitize(const std::string& s) {
 
 }  // namespace
 
-Result<Matrix> ParseMatrix(const std::string& text, const std::string& path) {
+namespace {
+
+Result<Matrix> Parse(const std::string& text, const std::string& path) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
@@ -180,6 +182,10 @@ Result<Matrix> ParseMatrix(const std::string& text, const std::string& path) {
     std::set<std::string> names = {"trainctl"};
     for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
       const std::string field = "peers[" + std::to_string(i) + "]";
+      if (!n[i].IsMap()) {
+        error(n[i], field, "expected {name, command}");
+        continue;
+      }
       Peer p;
       if (n[i]["name"] && n[i]["name"].IsScalar()) p.name = n[i]["name"].Scalar();
       if (p.name.empty() || p.name != Sanitize(p.name) || !names.insert(p.name).second) {
@@ -203,6 +209,16 @@ Result<Matrix> ParseMatrix(const std::string& text, const std::string& path) {
     return InvalidArgument(all);
   }
   return m;
+}
+
+}  // namespace
+
+Result<Matrix> ParseMatrix(const std::string& text, const std::string& path) {
+  try {
+    return Parse(text, path);
+  } catch (const YAML::Exception& e) {  // a shape the checks above did not foresee (a key that is a list...)
+    return InvalidArgument(path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
 }
 
 Result<Matrix> LoadMatrix(const std::string& path) {
