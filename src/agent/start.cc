@@ -97,6 +97,8 @@ int RunAgentProcess(const AgentProcessOptions& f) {
     so.host = "0.0.0.0";
     so.port = port;
     so.token = token;
+    if (file_spec) so.max_connections = std::max(so.max_connections, file_spec->store_clients() + 64);
+    RaiseOpenFileLimit(so.max_connections + 256);
     auto started = st.ok() ? TcpStoreServer::Start(so) : Result<std::unique_ptr<TcpStoreServer>>(st);
     if (!started.ok()) {
       LOG_ERROR("cannot serve the job's store: {}", started.status().message());

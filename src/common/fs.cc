@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -151,5 +152,17 @@ Status PrivateDir(const std::string& path) {
   return Status::Ok();
 }
 
+
+long RaiseOpenFileLimit(long wanted) {
+  struct rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return -1;
+  if (rl.rlim_cur == RLIM_INFINITY || static_cast<long>(rl.rlim_cur) >= wanted) return static_cast<long>(rl.rlim_cur);
+  rlim_t target = static_cast<rlim_t>(wanted);
+  if (rl.rlim_max != RLIM_INFINITY && target > rl.rlim_max) target = rl.rlim_max;
+  rl.rlim_cur = target;
+  (void)::setrlimit(RLIMIT_NOFILE, &rl);
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  return static_cast<long>(rl.rlim_cur);
+}
 
 }  // namespace trainctl

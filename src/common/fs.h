@@ -26,6 +26,9 @@ std::string ReadTail(const std::string& path, int64_t bytes);
 Status MakeDirs(const std::string& path);
 // rm -rf, best effort (for cleanup: errors are ignored).
 void RemoveAll(const std::string& path);
+// Raises this process's soft limit of open files to at least `wanted` (up to the hard limit), for
+// a server with that many clients. Returns the soft limit in force afterwards.
+long RaiseOpenFileLimit(long wanted);
 // Makes `path` a directory private to this user (mode 0700), or checks that the one there is:
 // a directory, not a link, owned by this user, closed to everyone else. kPermissionDenied names
 // what is wrong (someone else's directory, a symlink, a mode others can enter). Only the last

@@ -1,6 +1,8 @@
 #include "rendezvous/rendezvous.h"
 
 #include <algorithm>
+#include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -93,12 +95,23 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
                            std::to_string(o.max_nodes) + " nodes");
   }
   std::optional<Clock::time_point> last_call_since;  // when this agent first saw min nodes
+  // A lost compare-and-set backs off for a random while that doubles with each loss (up to
+  // 64 ms): without it, hundreds of agents joining at once retry in lockstep and each join
+  // costs the store O(nodes) failed rewrites of the round's state.
+  std::minstd_rand jitter(std::random_device{}());
+  int lost = 0;
+  std::optional<std::string> seen;  // the state text last decoded, and what it decoded to
+  State seen_state;
   while (true) {
     ASSIGN_OR_RETURN(auto text, store.TryGet(keys::RoundState(round)));
     State s;
     s.restarts = restarts;
-    if (text) {
+    if (text && seen && *text == *seen) {
+      s = seen_state;  // unchanged: no need to parse it again (it holds every member)
+    } else if (text) {
       ASSIGN_OR_RETURN(s, Decode(round, *text));
+      seen = text;
+      seen_state = s;
     }
     const std::string expected = text.value_or("");
     int me = s.IndexOf(o.node_id);
@@ -126,7 +139,27 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
       const std::string desired = next.Encode();
       ASSIGN_OR_RETURN(std::string now, store.CompareSet(keys::RoundState(round), expected, desired));
       if (now == desired && next.closed) RETURN_IF_ERROR(store.Set(keys::RoundClosed(round), "1"));
+      if (now != desired) {
+        const int64_t cap_us = int64_t{1000} << std::min(lost++, 6);
+        std::this_thread::sleep_for(std::chrono::microseconds(jitter() % cap_us));
+      } else {
+        lost = 0;
+      }
       continue;  // won or lost, read the state again
+    }
+    // A member of a fixed-size round has nothing to do until the round closes, which its closed
+    // key announces: it waits on that key (running the checks every poll) and reads the state
+    // again only then, or after a second. Hundreds of members re-reading a state that holds
+    // them all, every poll, would cost the store and themselves O(nodes^2) each poll.
+    if (me >= 0 && o.min_nodes == o.max_nodes && Clock::now() < deadline) {
+      const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+      while (Clock::now() < until) {
+        if (o.check) RETURN_IF_ERROR(o.check());
+        Status waited = store.Wait({keys::RoundClosed(round)}, std::max(std::min(Remaining(until), o.poll), Duration(1)));
+        if (waited.ok()) break;
+        if (waited.code() != Code::kTimeout) return waited;
+      }
+      continue;
     }
     if (Clock::now() >= deadline) {
       std::vector<std::string> ids, missing;

@@ -191,6 +191,8 @@ struct JobSpec {
 
   // Every task of the job at full size (nodes.max).
   int world_size() const;
+  // The most clients the job's store has at once: an agent per node and a task per worker.
+  int store_clients() const { return nodes.max + world_size(); }
 };
 
 // The roles a round of `nodes` nodes runs: the spec's roles, or one role `worker` of

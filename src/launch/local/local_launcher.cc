@@ -220,6 +220,9 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     TcpStoreServerOptions so;
     so.host = options.store_host;
     so.token = token;
+    // Room for every agent and task of the job (and then some), within the open-file limit.
+    so.max_connections = std::max(so.max_connections, spec.store_clients() + 64);
+    RaiseOpenFileLimit(so.max_connections + 256);
     auto started = TcpStoreServer::Start(so);
     if (!started.ok()) {
       LOG_ERROR("cannot start the job's store: {}", started.status().message());
