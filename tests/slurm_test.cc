@@ -100,6 +100,12 @@ class SlurmCluster {
   std::vector<pid_t> pids_;
 };
 
+// `trainctl render --target slurm` of `spec`: <name>.sbatch in the scratch folder.
+void RenderScript(const Scratch& s, const std::string& spec) {
+  auto r = Trainctl({"render", spec, "--target", "slurm", "--trainctl", TRAINCTL_BIN, "-o", s.path("")}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+}
+
 // What the batch job printed: <name>-<jobid>.out in the submit directory.
 std::string BatchOutput(const Scratch& s, const std::string& name) {
   for (const auto& e : fs::directory_iterator(s.path(""))) {
@@ -115,9 +121,7 @@ TEST(Slurm, ABatchJobRunsOneAgentPerNodeUnderSrun) {
       "name: slurm-ranks\nnodes: 2\nprocs_per_node: 2\noutput_dir: " + s.path("out") + "\n"
       "command: [sh, -c, 'echo rank=$RANK of $WORLD_SIZE node=$GROUP_RANK slurm_node=$SLURM_NODEID']\n"
       "resources: {cpus: 0.5}\n");
-  auto r = Trainctl({"render", spec, "--target", "slurm", "--trainctl", TRAINCTL_BIN, "-o", s.path("")},
-                    s.path(""));
-  ASSERT_EQ(r.exit.code, 0) << r.output;
+  RenderScript(s, spec);
   const std::string script = s.Read("slurm-ranks.sbatch");
   EXPECT_NE(script.find("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=1\n"),
             std::string::npos) << script;
@@ -144,9 +148,7 @@ TEST(Slurm, AJobWithRolesSpreadsItsTasksOverTheAllocation) {
       "name: slurm-roles\nnodes: 2\noutput_dir: " + s.path("out") + "\n"
       "command: [sh, -c, 'echo task $ROLE_NAME-$ROLE_RANK rank=$RANK slurm_node=$SLURM_NODEID']\n"
       "roles: [{name: ps, success: true, resources: {cpus: 1.5}}, {name: worker, replicas: 3, resources: {cpus: 0.5}}]\n");
-  auto r = Trainctl({"render", spec, "--target", "slurm", "--trainctl", TRAINCTL_BIN, "-o", s.path("")},
-                    s.path(""));
-  ASSERT_EQ(r.exit.code, 0) << r.output;
+  RenderScript(s, spec);
   const std::string script = s.Read("slurm-roles.sbatch");
   EXPECT_NE(script.find("#SBATCH --cpus-per-task=2\n"), std::string::npos) << script;  // ps + worker
   auto job = slurm.Client({"sbatch", "--wait", s.path("slurm-roles.sbatch")}, s.path(""),
@@ -166,9 +168,7 @@ TEST(Slurm, AFailedJobIsAFailedBatchJobWithTheReport) {
   std::string spec = s.Write("job.yaml",
       "name: slurm-fail\nnodes: 2\nprocs_per_node: 1\noutput_dir: " + s.path("out") + "\n"
       "command: [sh, -c, 'echo disk full >&2; exit 9']\nrestart: {max_restarts: 1}\n");
-  auto r = Trainctl({"render", spec, "--target", "slurm", "--trainctl", TRAINCTL_BIN, "-o", s.path("")},
-                    s.path(""));
-  ASSERT_EQ(r.exit.code, 0) << r.output;
+  RenderScript(s, spec);
   auto job = slurm.Client({"sbatch", "--wait", s.path("slurm-fail.sbatch")}, s.path(""),
                           std::chrono::seconds(120));
   EXPECT_EQ(job.exit.code, 3) << job.output;  // trainctl's exit code: the restart budget is spent
@@ -187,9 +187,7 @@ TEST(Slurm, PsLogsAndStopWorkForABatchJob) {
   std::string spec = s.Write("job.yaml",
       "name: slurm-watch\nprocs_per_node: 2\noutput_dir: " + s.path("out") + "\n"
       "command: [sh, -c, 'echo hello from $RANK; exec sleep 300']\n");
-  auto r = Trainctl({"render", spec, "--target", "slurm", "--trainctl", TRAINCTL_BIN, "-o", s.path("")},
-                    s.path(""));
-  ASSERT_EQ(r.exit.code, 0) << r.output;
+  RenderScript(s, spec);
   auto submitted = slurm.Client({"sbatch", "--parsable", s.path("slurm-watch.sbatch")}, s.path(""),
                                 std::chrono::seconds(30), env);
   ASSERT_EQ(submitted.exit.code, 0) << submitted.output;

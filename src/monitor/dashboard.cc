@@ -15,6 +15,7 @@
 #include "data/dataset.h"
 #include "job/paths.h"
 #include "monitor/assets.h"
+#include "monitor/http.h"
 #include "monitor/prometheus.h"
 #include "monitor/view.h"
 
@@ -130,7 +131,6 @@ struct Dashboard::Impl {
   }
 
   void Routes() {
-    server.set_tcp_nodelay(true);
     auto asset = [this](const char* path, const char* type, const char* body) {
       server.Get(path, [type, body](const httplib::Request&, httplib::Response& res) {
         res.set_content(body, type);
@@ -203,20 +203,14 @@ Result<std::unique_ptr<Dashboard>> Dashboard::Start(const DashboardOptions& opti
   auto impl = std::make_unique<Impl>();
   impl->o = options;
   impl->Routes();
-  impl->port = options.port == 0 ? impl->server.bind_to_any_port(options.host)
-                                 : (impl->server.bind_to_port(options.host, options.port) ? options.port : -1);
+  impl->port = ListenInBackground(impl->server, options.host, options.port, &impl->thread);
   if (impl->port <= 0) {
     return Unavailable("cannot listen on " + options.host + ":" + std::to_string(options.port));
   }
-  Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->server.listen_after_bind(); });
   return std::unique_ptr<Dashboard>(new Dashboard(std::move(impl)));
 }
 
-Dashboard::~Dashboard() {
-  impl_->server.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
-}
+Dashboard::~Dashboard() { StopServing(impl_->server, &impl_->thread); }
 
 int Dashboard::port() const { return impl_->port; }
 

@@ -3,12 +3,12 @@
 #include <cstdio>
 #include <thread>
 
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
 #include "common/strings.h"
 #include "job/paths.h"
+#include "monitor/http.h"
 #include "monitor/view.h"
 
 namespace trainctl::monitor {
@@ -157,18 +157,12 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& h
     }
     res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  impl->port = port == 0 ? impl->server.bind_to_any_port(host)
-                         : (impl->server.bind_to_port(host, port) ? port : -1);
+  impl->port = ListenInBackground(impl->server, host, port, &impl->thread);
   if (impl->port <= 0) return Unavailable("cannot listen on " + host + ":" + std::to_string(port) + " for /metrics");
-  Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->server.listen_after_bind(); });
   return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));
 }
 
-MetricsServer::~MetricsServer() {
-  impl_->server.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
-}
+MetricsServer::~MetricsServer() { StopServing(impl_->server, &impl_->thread); }
 
 int MetricsServer::port() const { return impl_->port; }
 
