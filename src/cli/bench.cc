@@ -76,25 +76,29 @@ class BenchRun {
     }
     std::string errors;
     std::map<std::string, int> workers;  // by point
-    for (const auto& e : exps_) {
+    std::vector<JobSpec> resolved(exps_.size());  // each experiment's spec, with its own output directory
+    for (size_t i = 0; i < exps_.size(); ++i) {
+      const Experiment& e = exps_[i];
       Figures f;
       f.id = e.id;
       f.system = e.system;
       f.point = e.point;
       f.repeat = e.repeat;
-      const std::string out = Out(e), key = Key(e.point);
-      if (!workers.count(key)) {
-        auto spec = bench::ExperimentSpec(m_, base_, e.point, out);
-        std::string where = "point {" + key + "}";
+      const std::string key = Key(e.point);
+      const bool first = !workers.count(key);
+      if (first || (e.system == "trainctl" && workers[key] > 0)) {
+        auto spec = bench::ExperimentSpec(m_, base_, e.point, Out(e));
         if (!spec.ok()) {
-          errors += where + ":\n" + spec.status().message() + "\n";
+          errors += "point {" + key + "}:\n" + spec.status().message() + "\n";
           workers[key] = 0;
-          continue;
+        } else {
+          if (first) {
+            if (Status st = Preflight(*spec, base_); !st.ok()) errors += "point {" + key + "}:\n" + st.message() + "\n";
+            workers[key] = spec->world_size();
+            nodes_[key] = spec->nodes.max;
+          }
+          resolved[i] = std::move(*spec);
         }
-        if (Status st = Preflight(*spec, base_); !st.ok()) errors += where + ":\n" + st.message() + "\n";
-        workers[key] = spec->world_size();
-        nodes_[key] = spec->nodes.max;
-        specs_[key] = JobSpecToJson(*spec, 2) + "\n";
       }
       f.workers = workers[key];
       if (auto it = kept.find(e.id); it != kept.end()) f = it->second;
@@ -110,12 +114,10 @@ class BenchRun {
       RETURN_IF_ERROR(AtomicWriteFile(config + "/point.yaml", point));
       if (e.system == "trainctl") {
         // The spec as trainctl resolved it: what runs (with this experiment's output directory).
-        auto resolved = bench::ExperimentSpec(m_, base_, e.point, Out(e));
-        if (!resolved.ok()) return resolved.status();
-        RETURN_IF_ERROR(AtomicWriteFile(config + "/job.json", JobSpecToJson(*resolved, 2) + "\n"));
+        RETURN_IF_ERROR(AtomicWriteFile(config + "/job.json", JobSpecToJson(resolved[i], 2) + "\n"));
         if (m_.target == "slurm") {
           RETURN_IF_ERROR(AtomicWriteFile(config + "/job.sbatch",
-                                          slurm::SbatchScript(*resolved, {config + "/job.json"}, SelfExe()), 0755));
+                                          slurm::SbatchScript(resolved[i], {config + "/job.json"}, SelfExe()), 0755));
         }
       } else {
         RETURN_IF_ERROR(AtomicWriteFile(config + "/command.json", nlohmann::json(e.command).dump() + "\n"));
@@ -331,7 +333,6 @@ class BenchRun {
   std::string dir_, base_;
   std::vector<Experiment> exps_;
   std::vector<Figures> figures_;
-  std::map<std::string, std::string> specs_;
   std::map<std::string, int> nodes_;  // by point
   Clock::time_point stop_deadline_;
   double inside_ = 0;  // seconds of the experiments this invocation ran
