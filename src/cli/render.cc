@@ -103,6 +103,7 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
     SpecFlags spec;
     std::string target = "k8s";
     std::string format = "job";
+    std::string workload = "job";
     std::vector<std::string> envs;
     std::string out;
     std::string trainctl = "trainctl";
@@ -115,12 +116,18 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
       ->check(CLI::IsMember({"k8s", "slurm"}));
   std::vector<std::string> formats = k8s::kFormats;
   formats.push_back("kustomize");
+  formats.push_back("helm");
   cmd->add_option("--format", f->format,
                   "k8s: job (Indexed Jobs, no operator; one per role for jobs with roles), "
                   "pytorchjob or tfjob (Kubeflow Training Operator), mpijob (MPI Operator v2beta1), "
-                  "trainjob (Kubeflow Trainer v2), kustomize (a base plus overlays, see --env; needs -o)")
+                  "trainjob (Kubeflow Trainer v2), kustomize (a base plus overlays, see --env; needs -o), "
+                  "helm (a chart whose values are the spec, see --workload; needs -o)")
       ->capture_default_str()
       ->check(CLI::IsMember(formats));
+  cmd->add_option("--workload", f->workload,
+                  "helm: the workload format the chart makes (job, pytorchjob, tfjob, mpijob, trainjob)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(k8s::kFormats));
   cmd->add_option("--env", f->envs,
                   "kustomize: an overlay, NAME=FILE[,FILE...]: the spec layered with these files")
       ->allow_extra_args(false);
@@ -163,13 +170,39 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
       std::printf("wrote %s; submit it with sbatch %s\n", path.c_str(), path.c_str());
       return;
     }
-    if (Status st = k8s::CheckFormat(*spec, f->format == "kustomize" ? "job" : f->format); !st.ok()) {
+    const std::string workload = f->format == "helm" ? f->workload : f->format == "kustomize" ? "job" : f->format;
+    if (f->workload != "job" && f->format != "helm") {
+      std::fprintf(stderr, "trainctl render: --workload goes with --format helm\n");
+      *code = kExitInvalidSpec;
+      return;
+    }
+    if (Status st = k8s::CheckFormat(*spec, workload); !st.ok()) {
       std::fprintf(stderr, "%s: %s\n", f->spec.Sources().files[0].c_str(), st.message().c_str());
       *code = kExitInvalidSpec;
       return;
     }
     for (const auto& w : ClusterWarnings(*spec, f->spec.Sources().files[0])) {
       std::fprintf(stderr, "warning: %s\n", w.c_str());
+    }
+    if (f->format == "helm") {
+      if (f->out.empty() || !f->envs.empty()) {
+        std::fprintf(stderr, "trainctl render: --format helm writes a chart's directory; give it with -o DIR "
+                             "(environments are values files at install time: helm install -f dev.yaml)\n");
+        *code = kExitInvalidSpec;
+        return;
+      }
+      auto values = LayeredSpecJson(f->spec.Sources());
+      Status st = values.status();
+      if (st.ok()) st = WriteTree(f->out, k8s::HelmChart(*spec, *values, workload, TRAINCTL_VERSION));
+      if (!st.ok()) {
+        std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());
+        *code = kExitError;
+        return;
+      }
+      std::printf("wrote the chart %s (%s) under %s; install it with helm install %s %s --namespace %s\n",
+                  spec->name.c_str(), workload.c_str(), f->out.c_str(), spec->name.c_str(), f->out.c_str(),
+                  spec->cluster.namespace_.c_str());
+      return;
     }
     if (f->format != "kustomize") {
       if (!f->envs.empty()) {

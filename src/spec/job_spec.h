@@ -220,6 +220,9 @@ struct SpecSources {
 // Loads, layers, validates. On failure the status (kInvalidArgument) lists every problem found,
 // one per line, each as "file:line: field: what was expected, got what".
 Result<JobSpec> LoadJobSpec(const SpecSources& sources);
+// The layered spec as written (files merged, --set applied), before defaults, as JSON: plain
+// scalars typed as YAML reads them (numbers, true/false), quoted ones strings. A Helm chart's values.
+Result<std::string> LayeredSpecJson(const SpecSources& sources);
 // The same for text already in memory (tests, stdin); `source` names it in errors.
 Result<JobSpec> ParseJobSpec(const std::string& yaml, const std::string& source);
 

@@ -1,3 +1,6 @@
+#include <nlohmann/json.hpp>
+#include <regex>
+
 #include "common/fs.h"
 #include "spec/job_spec.h"
 #include "spec/tree.h"
@@ -7,7 +10,9 @@ namespace spec {
 Result<JobSpec> Decode(const Node& root);
 }  // namespace spec
 
-Result<JobSpec> LoadJobSpec(const SpecSources& sources) {
+namespace {
+
+Result<spec::Node> Layered(const SpecSources& sources) {
   if (sources.files.empty()) return InvalidArgument("no job spec given; pass a YAML file");
   spec::Node root;
   bool first = true;
@@ -27,7 +32,45 @@ Result<JobSpec> LoadJobSpec(const SpecSources& sources) {
     }
   }
   for (const auto& set : sources.sets) RETURN_IF_ERROR(spec::ApplySet(&root, set));
+  return root;
+}
+
+nlohmann::json Typed(const spec::Node& n) {
+  switch (n.kind) {
+    case spec::Node::Kind::kNull: return nullptr;
+    case spec::Node::Kind::kSeq: {
+      nlohmann::json a = nlohmann::json::array();
+      for (const auto& v : n.seq) a.push_back(Typed(v));
+      return a;
+    }
+    case spec::Node::Kind::kMap: {
+      nlohmann::json o = nlohmann::json::object();
+      for (const auto& [k, v] : n.map) o[k] = Typed(v);
+      return o;
+    }
+    case spec::Node::Kind::kScalar: break;
+  }
+  const std::string& s = n.scalar;
+  if (n.quoted) return s;
+  if (s == "true" || s == "false") return s == "true";
+  static const std::regex integer("-?(0|[1-9][0-9]{0,17})"), real("-?(0|[1-9][0-9]*)?(\\.[0-9]+)?([eE][-+]?[0-9]+)?");
+  if (std::regex_match(s, integer)) return std::stoll(s);
+  if (!s.empty() && s != "-" && std::regex_match(s, real) && s.find_first_of("0123456789") != std::string::npos) {
+    return std::stod(s);
+  }
+  return s;
+}
+
+}  // namespace
+
+Result<JobSpec> LoadJobSpec(const SpecSources& sources) {
+  ASSIGN_OR_RETURN(spec::Node root, Layered(sources));
   return spec::Decode(root);
+}
+
+Result<std::string> LayeredSpecJson(const SpecSources& sources) {
+  ASSIGN_OR_RETURN(spec::Node root, Layered(sources));
+  return Typed(root).dump();
 }
 
 Result<JobSpec> ParseJobSpec(const std::string& yaml, const std::string& source) {

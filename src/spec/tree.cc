@@ -43,7 +43,7 @@ class TreeBuilder : public YAML::EventHandler {
     if (count_ > kMaxNodes) TooLarge();
     Emit(Node(it->second), 0);
   }
-  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+  void OnScalar(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t anchor,
                 const std::string& value) override {
     // An escaped "\0" would cut an argument or a variable short where programs read C strings;
     // bytes that are not UTF-8 cannot go into the resolved (JSON) spec.
@@ -54,6 +54,7 @@ class TreeBuilder : public YAML::EventHandler {
     if (!IsValidUtf8(value)) Fail(At(mark) + ": a value that is not valid UTF-8 text");
     Node n = Make(mark, Node::Kind::kScalar);
     n.scalar = value;
+    n.quoted = tag == "!";  // yaml-cpp tags quoted scalars "!", plain ones "?"
     Emit(std::move(n), anchor);
   }
   void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,

@@ -21,6 +21,7 @@ struct Node {
   enum class Kind { kNull, kScalar, kSeq, kMap };
   Kind kind = Kind::kNull;
   std::string scalar;  // kScalar
+  bool quoted = false;  // kScalar written in quotes (a string, whatever it looks like)
   std::vector<Node> seq;  // kSeq
   std::vector<std::pair<std::string, Node>> map;  // kMap, in document order
   Origin origin;

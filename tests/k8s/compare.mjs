@@ -1,7 +1,15 @@
 // Compares two sets of Kubernetes objects (multi-document YAML files) by kind and name, field by
-// field. Usage: node compare.mjs A.yaml B.yaml. Exits 1 and names what differs if they are not
-// the same objects.
-import { readFileSync } from "node:fs";
+// field. Usage: node compare.mjs A.yaml B.yaml [--helm TRAINCTL]. Exits 1 and names what differs
+// if they are not the same objects.
+// --helm: B is `helm template` of trainctl's chart and A `trainctl render`: B's Helm labels
+// (helm.sh/chart, app.kubernetes.io/managed-by and version) and resource-policy annotation are
+// set aside, as are the objects only the chart has (the token Secret, `helm test` pods: listed);
+// the ConfigMaps' job.json (the spec the pods read) must resolve, with TRAINCTL validate --print --fields-only,
+// to the same job.
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { parseAllDocuments } from "yaml";
 import { isDeepStrictEqual } from "node:util";
 
@@ -27,6 +35,32 @@ function firstDifference(a, b, path = "") {
 }
 
 const [a, b] = [load(process.argv[2]), load(process.argv[3])];
+const trainctl = process.argv[4] === "--helm" ? process.argv[5] : null;
+if (trainctl) {
+  const work = mkdtempSync(join(tmpdir(), "compare-"));
+  const resolve = (text) => {
+    writeFileSync(join(work, "job.json"), text);
+    return execFileSync(trainctl, ["validate", join(work, "job.json"), "--print", "--fields-only"], { encoding: "utf8" });
+  };
+  for (const [key, o] of b) {
+    const labels = o.metadata?.labels ?? {};
+    for (const l of ["helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/version"]) delete labels[l];
+    const notes = o.metadata?.annotations;
+    if (notes) {
+      delete notes["helm.sh/resource-policy"];
+      if (Object.keys(notes).length === 0) delete o.metadata.annotations;
+    }
+    if (!a.has(key) && (o.kind === "Secret" || o.metadata?.annotations?.["helm.sh/hook"])) {
+      console.log(`${key}: the chart's own (${o.kind === "Secret" ? "the store token" : "helm.sh/hook " + o.metadata.annotations["helm.sh/hook"]})`);
+      b.delete(key);
+    }
+    if (o.kind === "ConfigMap" && o.data?.["job.json"] && a.get(key)?.data?.["job.json"]) {
+      o.data["job.json"] = resolve(o.data["job.json"]);
+      a.get(key).data["job.json"] = resolve(a.get(key).data["job.json"]);
+    }
+  }
+  rmSync(work, { recursive: true });
+}
 let differ = 0;
 for (const key of new Set([...a.keys(), ...b.keys()])) {
   if (!a.has(key) || !b.has(key)) {

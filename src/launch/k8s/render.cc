@@ -15,10 +15,31 @@ namespace trainctl::k8s {
 
 using nlohmann::json;
 
+// The URL travels in the environment, never through the shell's parser.
+const char* const kStageScript = R"(set -eu
+mkdir -p "$DEST"
+cd "$DEST"
+if [ -e .trainctl-staged ]; then echo "already staged in $DEST"; exit 0; fi
+curl -fsSL --retry 5 --max-time 3600 -o .download "$URL"
+if [ -n "$SHA256" ]; then echo "$SHA256  .download" | sha256sum -c -; fi
+name=$(basename "${URL%%\?*}")
+case "$name" in
+  *.tar.gz|*.tgz) tar -xzf .download ;;
+  *.tar) tar -xf .download ;;
+  *.zip) unzip -q .download ;;
+  *.gz) gunzip -c .download > "${name%.gz}" ;;
+  *) cp .download "$name" ;;
+esac
+rm -f .download
+touch .trainctl-staged
+echo "staged $URL into $DEST"
+)";
+
+const char* const kEtcdImage = "quay.io/coreos/etcd:v3.5.15";
+
 namespace {
 
 constexpr const char* kSpecDir = "/etc/trainctl";
-constexpr const char* kEtcdImage = "quay.io/coreos/etcd:v3.5.15";
 constexpr int kUid = 1000;  // the image's non-root user (deploy/Dockerfile)
 
 std::string Under(const std::string& mount, const std::string& path) {
@@ -498,29 +519,10 @@ class Renderer {
   }
 
   json StageJob() const {
-    // The URL travels in the environment, never through the shell's parser.
-    const std::string script = R"(set -eu
-mkdir -p "$DEST"
-cd "$DEST"
-if [ -e .trainctl-staged ]; then echo "already staged in $DEST"; exit 0; fi
-curl -fsSL --retry 5 --max-time 3600 -o .download "$URL"
-if [ -n "$SHA256" ]; then echo "$SHA256  .download" | sha256sum -c -; fi
-name=$(basename "${URL%%\?*}")
-case "$name" in
-  *.tar.gz|*.tgz) tar -xzf .download ;;
-  *.tar) tar -xf .download ;;
-  *.zip) unzip -q .download ;;
-  *.gz) gunzip -c .download > "${name%.gz}" ;;
-  *) cp .download "$name" ;;
-esac
-rm -f .download
-touch .trainctl-staged
-echo "staged $URL into $DEST"
-)";
     json env = {{{"name", "URL"}, {"value", c_.stage.url}},
                 {{"name", "SHA256"}, {"value", c_.stage.sha256}},
                 {{"name", "DEST"}, {"value", pod_.trainer.data.dir}}};
-    json tmpl = PodTemplate("stage", {Container("stage", c_.image, {"sh", "-c", script}, env)});
+    json tmpl = PodTemplate("stage", {Container("stage", c_.image, {"sh", "-c", kStageScript}, env)});
     tmpl["spec"]["restartPolicy"] = "Never";
     return Object("batch/v1", "Job", n_.stage, "stage",
                   {{"spec", {{"backoffLimit", 3}, {"activeDeadlineSeconds", 4 * 3600},

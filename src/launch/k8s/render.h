@@ -26,6 +26,11 @@ inline const std::vector<std::string> kFormats = {"job", "pytorchjob", "tfjob", 
 
 constexpr int kStorePort = 29400;
 
+// What the data-staging Job runs (sh -c; URL, SHA256 and DEST in its environment), and the etcd
+// of elastic jobs: shared by the manifests and the Helm chart.
+extern const char* const kStageScript;
+extern const char* const kEtcdImage;
+
 // The spec as the pods see it: relative output, checkpoint, working and data directories moved
 // under the shared volume's mount, the rendezvous pointed at the in-cluster store.
 JobSpec PodSpec(const JobSpec& spec);
@@ -47,5 +52,12 @@ std::string ToYaml(const std::vector<nlohmann::json>& docs);
 std::map<std::string, std::string> Kustomize(
     const JobSpec& base, const std::vector<std::pair<std::string, JobSpec>>& envs,
     const std::string& format);
+
+// A Helm chart for the job (`render --format helm`): Chart.yaml, values.yaml (`values`: the spec
+// as written, JSON text; see LayeredSpecJson), values.schema.json (the job spec's JSON Schema) and
+// templates/ whose objects for those values are Render(spec, format)'s, plus the token Secret, a
+// `helm test` pod and NOTES.txt. Paths are relative to the chart's directory.
+std::map<std::string, std::string> HelmChart(const JobSpec& spec, const std::string& values,
+                                             const std::string& format, const std::string& version);
 
 }  // namespace trainctl::k8s
