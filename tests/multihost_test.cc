@@ -165,8 +165,8 @@ trainer:
   // Host 0 joins first, so it is group rank 0 (ranks go by arrival) and logs the rounds.
   auto a = std::make_unique<HostAgent>(hosts, 0, run_id, store_url, s.path("a.log"));
   ASSERT_TRUE(Eventually([&] {
-    auto state = store.TryGet("round/0/state");
-    return state.ok() && state->has_value();
+    auto joined = store.TryGet("round/0/member/0");  // its rendezvous record: it took slot 0
+    return joined.ok() && joined->has_value();
   })) << a->Output();
   auto b = std::make_unique<HostAgent>(hosts, 1, run_id, store_url, s.path("b.log"));
   ASSERT_TRUE(Eventually([&] { return Steps(s, 0) >= 3; }, seconds(60))) << a->Output() << b->Output();

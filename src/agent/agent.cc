@@ -588,7 +588,8 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       } else if (watched != info.group_rank && Clock::now() - watched_seen >= s.timeouts.heartbeat) {
         FailureRecord rec = NewFailure(FailureKind::kNodeLost, round, watched);
         rec.restarts = restart + 1;
-        rec.host = info.nodes[watched];
+        auto host = RoundNodeId(*store_, round, watched);
+        rec.host = host.ok() ? *host : "node " + std::to_string(watched);
         rec.exit = "its agent sent no heartbeat for " + FormatDuration(s.timeouts.heartbeat) +
                    " (timeouts.heartbeat)";
         Outcome o = ended(rec);  // first, so peers stop their tasks meanwhile

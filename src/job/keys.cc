@@ -8,6 +8,10 @@ std::string Round(int round, const char* what) { return "round/" + std::to_strin
 std::string RunPrefix(const std::string& run_id) { return "/trainctl/" + run_id + "/"; }
 std::string RoundState(int round) { return Round(round, "state"); }
 std::string RoundClosed(int round) { return Round(round, "closed"); }
+std::string RoundJoined(int round) { return Round(round, "joined"); }
+std::string RoundMember(int round, int slot) { return Round(round, "member/") + std::to_string(slot); }
+std::string RoundHint(int round, int hint) { return Round(round, "hint/") + std::to_string(hint); }
+std::string RoundRank(int round, int slot) { return Round(round, "rank/") + std::to_string(slot); }
 std::string RoundEnd(int round) { return Round(round, "end"); }
 std::string RoundRootCause(int round) { return Round(round, "root_cause"); }
 std::string RoundSucceeded(int round) { return Round(round, "succeeded"); }

@@ -22,8 +22,12 @@ inline constexpr const char* kAgentsExited = "agents/exited";    // node 0 waits
 inline constexpr const char* kCurrentRound = "round/current";    // newest closed round
 
 // Round r's keys.
-std::string RoundState(int round);      // the rendezvous state (rendezvous/)
-std::string RoundClosed(int round);     // set once the round is closed
+std::string RoundState(int round);      // the rendezvous state once closed (rendezvous/)
+std::string RoundJoined(int round);     // counter: joins so far (a joiner's slot is its count - 1)
+std::string RoundMember(int round, int slot);  // who took the slot: {"id", "hint", "restarts"}
+std::string RoundHint(int round, int hint);    // the node id holding a rank hint
+std::string RoundRank(int round, int slot);    // the group rank of the slot's node, once closed
+std::string RoundClosed(int round);     // "<world size> <restarts>", set once the round is closed
 std::string RoundEnd(int round);        // the FailureRecord that ended it (compare-and-set)
 // The failure with the earliest error-file timestamp of the round's tasks, those stopped after
 // the first exit included (each agent compare-and-sets the earlier one in).

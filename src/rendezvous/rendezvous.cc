@@ -1,8 +1,7 @@
 #include "rendezvous/rendezvous.h"
 
 #include <algorithm>
-#include <random>
-#include <thread>
+#include <cstdio>
 
 #include <nlohmann/json.hpp>
 
@@ -14,22 +13,22 @@ namespace {
 
 using json = nlohmann::json;
 
-
 struct Member {
   std::string id;
   int hint = -1;
+  int restarts = 0;
+  int slot = -1;  // not in the state: where the closer found it
 };
 
 struct State {
-  int64_t version = 0;
   int restarts = 0;
   bool closed = false;
-  std::vector<Member> nodes;
+  std::vector<Member> nodes;  // by rank once closed; by slot while open
 
   std::string Encode() const {
     json n = json::array();
     for (const auto& m : nodes) n.push_back({{"id", m.id}, {"hint", m.hint}});
-    return json{{"v", version}, {"restarts", restarts}, {"closed", closed}, {"nodes", n}}.dump();
+    return json{{"v", 1}, {"restarts", restarts}, {"closed", closed}, {"nodes", n}}.dump();
   }
   int IndexOf(const std::string& id) const {
     for (size_t i = 0; i < nodes.size(); ++i) {
@@ -37,28 +36,35 @@ struct State {
     }
     return -1;
   }
-  // Closing fixes the ranks: hinted nodes by hint, then the others by arrival.
-  void Close() {
-    std::stable_sort(nodes.begin(), nodes.end(), [](const Member& a, const Member& b) {
-      unsigned ha = static_cast<unsigned>(a.hint), hb = static_cast<unsigned>(b.hint);  // -1 last
-      return ha < hb;
-    });
-    closed = true;
-  }
 };
 
-Result<State> Decode(int round, const std::string& text) {
+Status Corrupt(int round, const std::string& what, const std::string& why) {
+  return Internal("rendezvous round " + std::to_string(round) + " has a corrupt " + what + ": " + why);
+}
+
+Result<State> DecodeState(int round, const std::string& text) {
   try {
     auto j = json::parse(text);
     State s;
-    s.version = j.at("v").get<int64_t>();
     s.restarts = j.at("restarts").get<int>();
     s.closed = j.at("closed").get<bool>();
     for (const auto& n : j.at("nodes")) s.nodes.push_back({n.at("id"), n.at("hint")});
     return s;
   } catch (const json::exception& e) {
-    return Internal("rendezvous round " + std::to_string(round) + " has a corrupt state: " +
-                    e.what());
+    return Corrupt(round, "state", e.what());
+  }
+}
+
+std::string EncodeMember(const Member& m) {
+  return json{{"id", m.id}, {"hint", m.hint}, {"restarts", m.restarts}}.dump();
+}
+
+Result<Member> DecodeMember(int round, const std::string& text) {
+  try {
+    auto j = json::parse(text);
+    return Member{j.at("id"), j.at("hint"), j.at("restarts")};
+  } catch (const json::exception& e) {
+    return Corrupt(round, "member record", e.what());
   }
 }
 
@@ -73,13 +79,131 @@ RoundInfo Info(int round, const State& s, int rank) {
   return info;
 }
 
+// The round's closed state, or nullopt while it is open.
+Result<std::optional<State>> ClosedState(Store& store, int round) {
+  ASSIGN_OR_RETURN(auto text, store.TryGet(keys::RoundState(round)));
+  if (!text) return std::optional<State>();
+  ASSIGN_OR_RETURN(State s, DecodeState(round, *text));
+  return std::optional<State>(std::move(s));
+}
+
+// The members of the first `slots` slots that have recorded themselves (an open round's view).
+Result<std::vector<Member>> Members(Store& store, int round, int slots) {
+  std::vector<Member> members;
+  for (int i = 0; i < slots; ++i) {
+    ASSIGN_OR_RETURN(auto text, store.TryGet(keys::RoundMember(round, i)));
+    if (!text) continue;
+    ASSIGN_OR_RETURN(Member m, DecodeMember(round, *text));
+    members.push_back(std::move(m));
+  }
+  return members;
+}
+
+Result<int> Joined(Store& store, int round) {
+  ASSIGN_OR_RETURN(int64_t n, store.Add(keys::RoundJoined(round), 0));
+  return static_cast<int>(n);
+}
+
+// Everything an agent learns of a closed round: its rank, or that it is not in it.
+Result<std::optional<RoundInfo>> Finish(Store& store, int round, const State& s, const std::string& id) {
+  const int me = s.IndexOf(id);
+  if (me < 0) return std::optional<RoundInfo>();
+  RETURN_IF_ERROR(store.Set(keys::kCurrentRound, std::to_string(round)));
+  return std::optional<RoundInfo>(Info(round, s, me));
+}
+
+// What a member in `slot` learns once the round is announced closed (`closed`: "<world> <restarts>").
+Result<std::optional<RoundInfo>> FinishSlot(Store& store, int round, int slot, const std::string& closed) {
+  RoundInfo info;
+  info.round = round;
+  if (std::sscanf(closed.c_str(), "%d %d", &info.group_world_size, &info.restarts) != 2) {
+    return Corrupt(round, "closed key", "\"" + closed + "\"");
+  }
+  ASSIGN_OR_RETURN(auto rank, store.TryGet(keys::RoundRank(round, slot)));
+  if (!rank) return std::optional<RoundInfo>();  // closed without this slot (a last call before it)
+  info.group_rank = std::atoi(rank->c_str());
+  RETURN_IF_ERROR(store.Set(keys::kCurrentRound, std::to_string(round)));
+  return std::optional<RoundInfo>(info);
+}
+
+Status TimedOut(Store& store, int round, const RendezvousOptions& o, const std::string& why = "") {
+  ASSIGN_OR_RETURN(int joined, Joined(store, round));
+  ASSIGN_OR_RETURN(auto members, Members(store, round, std::min(joined, o.max_nodes)));
+  std::vector<std::string> ids, missing;
+  for (const auto& m : members) ids.push_back(m.id);
+  for (int r = 0; r < o.max_nodes && missing.size() < 16 && o.rank_hint >= 0; ++r) {
+    if (std::none_of(members.begin(), members.end(), [r](const Member& m) { return m.hint == r; })) {
+      missing.push_back(std::to_string(r));
+    }
+  }
+  if (ids.size() > 64) {
+    ids.resize(64);
+    ids.push_back("...");
+  }
+  const std::string need = o.min_nodes == o.max_nodes ? std::to_string(o.max_nodes)
+                                                      : "at least " + std::to_string(o.min_nodes) + " (max " +
+                                                            std::to_string(o.max_nodes) + ")";
+  return Timeout("rendezvous round " + std::to_string(round) + ": " + std::to_string(members.size()) + " of " +
+                 need + " nodes joined within " + FormatDuration(o.timeout) + " (joined: " + Join(ids, ", ") + ")" +
+                 (missing.empty() ? "" : "; missing node rank(s) " + Join(missing, ", ")) + why);
+}
+
+// Closes the round with the members of slots [0, slots): waits for each to have recorded itself
+// (it took its slot a moment before), ranks them and writes the state. Another closer may win;
+// either way the round is closed when this returns ok.
+Status Close(Store& store, int round, int slots, Clock::time_point deadline, const RendezvousOptions& o) {
+  State s;
+  s.closed = true;
+  for (int i = 0; i < slots; ++i) {
+    while (true) {
+      ASSIGN_OR_RETURN(auto text, store.TryGet(keys::RoundMember(round, i)));
+      if (text) {
+        ASSIGN_OR_RETURN(Member m, DecodeMember(round, *text));
+        m.slot = i;
+        s.nodes.push_back(std::move(m));
+        break;
+      }
+      if (Clock::now() >= deadline) {
+        return TimedOut(store, round, o, "; slot " + std::to_string(i) + " was taken and never filled (its agent died?)");
+      }
+      if (o.check) RETURN_IF_ERROR(o.check());
+      Status waited = store.Wait({keys::RoundMember(round, i)}, std::max(std::min(Remaining(deadline), o.poll), Duration(1)));
+      if (!waited.ok() && waited.code() != Code::kTimeout) return waited;
+    }
+  }
+  s.restarts = s.nodes.empty() ? 0 : s.nodes[0].restarts;  // the first joiner's
+  std::stable_sort(s.nodes.begin(), s.nodes.end(), [](const Member& a, const Member& b) {
+    return static_cast<unsigned>(a.hint) < static_cast<unsigned>(b.hint);  // -1 last
+  });
+  const std::string desired = s.Encode();
+  ASSIGN_OR_RETURN(std::string now, store.CompareSet(keys::RoundState(round), "", desired));
+  if (now != desired) return Status::Ok();  // another closer won; it announces the round
+  for (size_t rank = 0; rank < s.nodes.size(); ++rank) {
+    RETURN_IF_ERROR(store.Set(keys::RoundRank(round, s.nodes[rank].slot), std::to_string(rank)));
+  }
+  return store.Set(keys::RoundClosed(round), std::to_string(s.nodes.size()) + " " + std::to_string(s.restarts));
+}
+
 }  // namespace
 
 Result<std::optional<RoundInfo>> PeekRound(Store& store, int round) {
-  ASSIGN_OR_RETURN(auto text, store.TryGet(keys::RoundState(round)));
-  if (!text) return std::optional<RoundInfo>();
-  ASSIGN_OR_RETURN(State s, Decode(round, *text));
-  return std::optional<RoundInfo>(Info(round, s, -1));
+  ASSIGN_OR_RETURN(auto closed, ClosedState(store, round));
+  if (closed) return std::optional<RoundInfo>(Info(round, *closed, -1));
+  ASSIGN_OR_RETURN(int joined, Joined(store, round));
+  if (joined == 0) return std::optional<RoundInfo>();
+  ASSIGN_OR_RETURN(auto members, Members(store, round, joined));
+  State open;
+  open.nodes = members;
+  open.restarts = members.empty() ? 0 : members[0].restarts;
+  return std::optional<RoundInfo>(Info(round, open, -1));
+}
+
+Result<std::string> RoundNodeId(Store& store, int round, int rank) {
+  ASSIGN_OR_RETURN(auto closed, ClosedState(store, round));
+  if (!closed || rank < 0 || rank >= static_cast<int>(closed->nodes.size())) {
+    return NotFound("round " + std::to_string(round) + " has no node of rank " + std::to_string(rank));
+  }
+  return closed->nodes[rank].id;
 }
 
 Result<int> CurrentRound(Store& store) {
@@ -94,94 +218,55 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
     return InvalidArgument("node rank " + std::to_string(o.rank_hint) + " is out of range for " +
                            std::to_string(o.max_nodes) + " nodes");
   }
-  std::optional<Clock::time_point> last_call_since;  // when this agent first saw min nodes
-  // A lost compare-and-set backs off for a random while that doubles with each loss (up to
-  // 64 ms): without it, hundreds of agents joining at once retry in lockstep and each join
-  // costs the store O(nodes) failed rewrites of the round's state.
-  std::minstd_rand jitter(std::random_device{}());
-  int lost = 0;
-  std::optional<std::string> seen;  // the state text last decoded, and what it decoded to
-  State seen_state;
+  // A round already closed (a node joining a running job) takes no slot.
+  ASSIGN_OR_RETURN(auto closed, ClosedState(store, round));
+  if (closed) return Finish(store, round, *closed, o.node_id);
+  if (o.rank_hint >= 0) {
+    ASSIGN_OR_RETURN(std::string holder, store.CompareSet(keys::RoundHint(round, o.rank_hint), "", o.node_id));
+    if (holder != o.node_id) {
+      return InvalidArgument("node rank " + std::to_string(o.rank_hint) + " in round " + std::to_string(round) +
+                             " is already taken by " + holder);
+    }
+  }
+  ASSIGN_OR_RETURN(int64_t count, store.Add(keys::RoundJoined(round), 1));
+  const int slot = static_cast<int>(count) - 1;
+  if (slot < o.max_nodes) {
+    RETURN_IF_ERROR(store.Set(keys::RoundMember(round, slot), EncodeMember({o.node_id, o.rank_hint, restarts})));
+    if (slot == o.max_nodes - 1) RETURN_IF_ERROR(Close(store, round, o.max_nodes, deadline, o));
+  }
+  // Wait for the round to close (a slot past max: to learn that it closed without this agent).
+  // The closed key announces it; the state is read again when it is set.
+  std::optional<Clock::time_point> last_call_since;  // when this agent first saw min nodes joined
+  const bool elastic = o.min_nodes < o.max_nodes;
+  auto next_read = Clock::now();
   while (true) {
-    ASSIGN_OR_RETURN(auto text, store.TryGet(keys::RoundState(round)));
-    State s;
-    s.restarts = restarts;
-    if (text && seen && *text == *seen) {
-      s = seen_state;  // unchanged: no need to parse it again (it holds every member)
-    } else if (text) {
-      ASSIGN_OR_RETURN(s, Decode(round, *text));
-      seen = text;
-      seen_state = s;
-    }
-    const std::string expected = text.value_or("");
-    int me = s.IndexOf(o.node_id);
-    if (s.closed) {
-      if (me < 0) return std::optional<RoundInfo>();
-      RETURN_IF_ERROR(store.Set(keys::kCurrentRound, std::to_string(round)));
-      return std::optional<RoundInfo>(Info(round, s, me));
-    }
-    State next = s;
-    next.version = s.version + 1;
-    if (me < 0) {  // join
-      for (const auto& m : s.nodes) {
-        if (o.rank_hint >= 0 && m.hint == o.rank_hint) {
-          return InvalidArgument("node rank " + std::to_string(o.rank_hint) + " in round " +
-                                 std::to_string(round) + " is already taken by " + m.id);
+    if (Clock::now() >= next_read) {
+      ASSIGN_OR_RETURN(auto announced, store.TryGet(keys::RoundClosed(round)));
+      if (announced) {
+        if (slot >= o.max_nodes) return std::optional<RoundInfo>();
+        return FinishSlot(store, round, slot, *announced);
+      }
+      // Elastic rounds watch the count for their last call; a fixed-size round's members need
+      // only the closed key, and read the state again after a second in case a wake-up was lost.
+      next_read = Clock::now() + (elastic ? o.poll : std::chrono::seconds(1));
+      if (elastic && slot < o.max_nodes) {
+        ASSIGN_OR_RETURN(int joined, Joined(store, round));
+        if (joined >= o.min_nodes) {
+          if (!last_call_since) last_call_since = Clock::now();
+          if (Clock::now() - *last_call_since >= o.last_call) {
+            RETURN_IF_ERROR(Close(store, round, std::min(joined, o.max_nodes), deadline, o));
+            continue;
+          }
+          next_read = std::min(next_read, *last_call_since + o.last_call);
         }
       }
-      next.nodes.push_back({o.node_id, o.rank_hint});
-      if (static_cast<int>(next.nodes.size()) >= o.max_nodes) next.Close();
-    } else if (static_cast<int>(s.nodes.size()) >= o.min_nodes) {  // last call
-      if (!last_call_since) last_call_since = Clock::now();
-      if (Clock::now() - *last_call_since >= o.last_call) next.Close();
     }
-    if (next.nodes.size() != s.nodes.size() || next.closed) {
-      const std::string desired = next.Encode();
-      ASSIGN_OR_RETURN(std::string now, store.CompareSet(keys::RoundState(round), expected, desired));
-      if (now == desired && next.closed) RETURN_IF_ERROR(store.Set(keys::RoundClosed(round), "1"));
-      if (now != desired) {
-        const int64_t cap_us = int64_t{1000} << std::min(lost++, 6);
-        std::this_thread::sleep_for(std::chrono::microseconds(jitter() % cap_us));
-      } else {
-        lost = 0;
-      }
-      continue;  // won or lost, read the state again
-    }
-    // A member of a fixed-size round has nothing to do until the round closes, which its closed
-    // key announces: it waits on that key (running the checks every poll) and reads the state
-    // again only then, or after a second. Hundreds of members re-reading a state that holds
-    // them all, every poll, would cost the store and themselves O(nodes^2) each poll.
-    if (me >= 0 && o.min_nodes == o.max_nodes && Clock::now() < deadline) {
-      const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(1));
-      while (Clock::now() < until) {
-        if (o.check) RETURN_IF_ERROR(o.check());
-        Status waited = store.Wait({keys::RoundClosed(round)}, std::max(std::min(Remaining(until), o.poll), Duration(1)));
-        if (waited.ok()) break;
-        if (waited.code() != Code::kTimeout) return waited;
-      }
-      continue;
-    }
-    if (Clock::now() >= deadline) {
-      std::vector<std::string> ids, missing;
-      for (const auto& m : s.nodes) ids.push_back(m.id);
-      for (int r = 0; r < o.max_nodes && missing.size() < 16; ++r) {
-        bool hinted = std::any_of(s.nodes.begin(), s.nodes.end(), [r](const Member& m) { return m.hint == r; });
-        if (!hinted && o.rank_hint >= 0) missing.push_back(std::to_string(r));
-      }
-      std::string need = o.min_nodes == o.max_nodes
-                             ? std::to_string(o.max_nodes)
-                             : "at least " + std::to_string(o.min_nodes) + " (max " +
-                                   std::to_string(o.max_nodes) + ")";
-      return Timeout("rendezvous round " + std::to_string(round) + ": " +
-                     std::to_string(s.nodes.size()) + " of " + need + " nodes joined within " +
-                     FormatDuration(o.timeout) + " (joined: " + Join(ids, ", ") + ")" +
-                     (missing.empty() ? "" : "; missing node rank(s) " + Join(missing, ", ")));
-    }
+    if (Clock::now() >= deadline) return TimedOut(store, round, o);
     if (o.check) RETURN_IF_ERROR(o.check());
-    Duration wait = std::min(Remaining(deadline), o.poll);
-    if (last_call_since) wait = std::min(wait, Remaining(*last_call_since + o.last_call));
+    Duration wait = std::min({Remaining(deadline), Remaining(next_read), o.poll});
     Status waited = store.Wait({keys::RoundClosed(round)}, std::max(wait, Duration(1)));
-    if (!waited.ok() && waited.code() != Code::kTimeout) return waited;
+    if (waited.ok()) next_read = Clock::now();
+    else if (waited.code() != Code::kTimeout) return waited;
   }
 }
 

@@ -1,13 +1,21 @@
 // Rendezvous: agents meet in numbered rounds on a Store and get their node (group) ranks.
 //
-// Round r's state is one JSON value under "round/<r>/state":
-//   {"v": version, "restarts": k, "closed": bool, "nodes": [{"id": "host:pid", "hint": n}, ...]}
-// and it only ever changes by compare-and-set from the exact value read, so two agents can never
-// both believe they added the last node or closed the round. A round closes
-//   - at once when max nodes have joined (the join that makes it full closes it), or
-//   - `last_call` after an agent first saw at least min nodes in it (any agent may close it then).
-// When it closes, ranks are assigned deterministically and contiguously: nodes with a rank hint
-// (the launcher's node index) first, by hint, then the others in the order they joined.
+// Joining round r is an atomic add to "round/<r>/joined": the count it returns, less one, is the
+// joiner's slot, and the joiner records itself under "round/<r>/member/<slot>" ({"id": "host:pid",
+// "hint": n, "restarts": k}). A rank hint is claimed first, by compare-and-set of
+// "round/<r>/hint/<n>", so two nodes can never hold the same one. No join rewrites anything
+// another joiner wrote: a join costs the store three small operations whatever the round's size.
+// A round closes
+//   - at once when max nodes have joined (the joiner of the last slot closes it), or
+//   - `last_call` after an agent first saw at least min nodes joined (any agent may close it then,
+//     with the slots taken by then).
+// Closing writes the round's state once, by compare-and-set from nothing, so exactly one closer
+// wins: "round/<r>/state" = {"v": 1, "restarts": k, "closed": true, "nodes": [{"id", "hint"}...]}
+// with the nodes in rank order: nodes with a rank hint (the launcher's node index) first, by hint,
+// then the others in the order they joined; the restart count is the first joiner's. The winner
+// then gives each slot in the round its rank ("round/<r>/rank/<slot>") and sets
+// "round/<r>/closed" = "<world size> <restarts>", which the members wait on: each reads two small
+// values, not the state of all of them.
 //
 // An agent that finds a round closed without it is not in that round: it waits for the round to
 // end (see the agent) and joins the next one. That is how a node joins a running job (scale-up).
@@ -41,7 +49,9 @@ struct RoundInfo {
   int group_rank = 0;
   int group_world_size = 1;
   bool closed = true;              // false only from PeekRound of an open round
-  std::vector<std::string> nodes;  // node ids: by group rank once closed, else by arrival
+  // Node ids: by group rank once closed, else by arrival. PeekRound fills it; JoinRound leaves
+  // it empty (a thousand agents each reading every id is what made rounds slow): RoundNodeId.
+  std::vector<std::string> nodes;
 };
 
 // Joins round `round`, creating its state with `restarts` if this agent is the first.
@@ -55,6 +65,9 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
 // Reads round `round`'s state without joining: nullopt when no agent has joined it yet.
 // The info's group_rank is -1 (the reader is not in it).
 Result<std::optional<RoundInfo>> PeekRound(Store& store, int round);
+
+// The id (host:pid) of the node with group rank `rank` in closed round `round`.
+Result<std::string> RoundNodeId(Store& store, int round, int rank);
 
 // The newest round that any agent has closed ("round/current"); 0 when none has.
 Result<int> CurrentRound(Store& store);

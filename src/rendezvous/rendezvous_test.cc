@@ -7,6 +7,7 @@
 
 #include "store/etcd/etcd_store.h"
 #include "store/memory/memory_store.h"
+#include "store/tcp/tcp_store.h"
 #include "tests/etcd_server.h"
 
 namespace trainctl {
@@ -42,6 +43,9 @@ void ExpectDistinctContiguousRanks(Store& store, int nodes) {
   std::vector<RendezvousOptions> opts;
   for (int i = 0; i < nodes; ++i) opts.push_back(Opts(nodes, nodes, -1, "node" + std::to_string(i)));
   auto results = JoinAll(store, 0, opts);
+  auto state = PeekRound(store, 0);
+  ASSERT_TRUE(state.ok() && state->has_value());
+  ASSERT_EQ(static_cast<int>((*state)->nodes.size()), nodes);
   std::set<int> ranks;
   for (int i = 0; i < nodes; ++i) {
     ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
@@ -49,9 +53,9 @@ void ExpectDistinctContiguousRanks(Store& store, int nodes) {
     const RoundInfo& info = **results[i];
     EXPECT_EQ(info.group_world_size, nodes);
     ranks.insert(info.group_rank);
-    // Every node sees the same assignment, and its own id at its rank.
-    EXPECT_EQ(info.nodes, (*results[0])->nodes);
-    EXPECT_EQ(info.nodes[info.group_rank], "node" + std::to_string(i));
+    // The round's state has each node's own id at its rank.
+    EXPECT_EQ((*state)->nodes[info.group_rank], "node" + std::to_string(i));
+    EXPECT_EQ(*RoundNodeId(store, 0, info.group_rank), "node" + std::to_string(i));
   }
   EXPECT_EQ(static_cast<int>(ranks.size()), nodes);
   EXPECT_EQ(*ranks.begin(), 0);
@@ -70,6 +74,61 @@ TEST(Rendezvous, ArrivingNodesGetDistinctContiguousRanksOnEtcd) {
   ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
   PrefixStore store(etcd->get(), "/rendezvous-test/" + std::to_string(::getpid()) + "/");
   ExpectDistinctContiguousRanks(store, 4);
+}
+
+// The scale path at a size CI affords (bench/store_scale.cc runs 1024 and 4096): 256 agents, each
+// with its own connection to the real embedded store server, in one fixed-size round and then in
+// an elastic one that a last call closes.
+TEST(Rendezvous, TwoHundredFiftySixAgentsOverTheRealTcpStore) {
+  constexpr int kAgents = 256;
+  TcpStoreServerOptions so;
+  so.token = "t";
+  so.max_connections = kAgents + 8;
+  auto server = TcpStoreServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  std::vector<std::unique_ptr<TcpStore>> clients;
+  for (int i = 0; i < kAgents; ++i) {
+    TcpStoreOptions co;
+    co.port = (*server)->port();
+    co.token = "t";
+    auto c = TcpStore::Connect(co);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    clients.push_back(std::move(*c));
+  }
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Result<std::optional<RoundInfo>>> out(kAgents, Internal("not run"));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kAgents; ++i) {
+      threads.emplace_back([&, i] {
+        // Round 1: elastic, up to twice as many nodes: a last call closes it with those here.
+        auto o = round == 0 ? Opts(kAgents, kAgents, -1, "n" + std::to_string(i))
+                            : Opts(kAgents / 2, kAgents * 2, -1, "n" + std::to_string(i));
+        o.timeout = 60s;
+        o.last_call = 500ms;
+        o.poll = 100ms;  // the agents' own
+        out[i] = JoinRound(*clients[i], round, round, o);
+      });
+    }
+    for (auto& t : threads) t.join();
+    auto state = PeekRound(*clients[0], round);
+    ASSERT_TRUE(state.ok() && state->has_value());
+    const int world = static_cast<int>((*state)->nodes.size());
+    std::set<int> ranks;
+    int in = 0;
+    for (int i = 0; i < kAgents; ++i) {
+      ASSERT_TRUE(out[i].ok()) << out[i].status().ToString();
+      if (!out[i]->has_value()) continue;  // the elastic round may close before a late thread
+      ++in;
+      EXPECT_EQ((**out[i]).group_world_size, world);
+      EXPECT_EQ((**out[i]).restarts, round);
+      EXPECT_EQ((*state)->nodes[(**out[i]).group_rank], "n" + std::to_string(i));
+      ranks.insert((**out[i]).group_rank);
+    }
+    EXPECT_EQ(in, world);
+    EXPECT_EQ(static_cast<int>(ranks.size()), world);
+    EXPECT_EQ(*ranks.rbegin(), world - 1);
+    EXPECT_GE(world, round == 0 ? kAgents : kAgents / 2);
+  }
 }
 
 TEST(Rendezvous, HintsOrderTheRanksAndCannotBeTakenTwice) {
