@@ -3,7 +3,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <set>
+#include <unordered_map>
 
 #include "common/strings.h"
 #include "common/log.h"
@@ -30,6 +32,7 @@ constexpr size_t kMaxWaitKeys = 4096;
 
 struct Conn {
   int fd = -1;
+  uint32_t events = 0;  // what epoll watches for it
   std::string in, out;
   bool authed = false;
   bool closing = false;  // close once `out` is flushed
@@ -74,31 +77,77 @@ void Flush(Conn* c) {
 struct TcpStoreServer::State {
   KvTable table;
   std::map<int, Conn> conns;
+  // A waiting connection is listed under one key it still lacks; a change to that key looks at it
+  // again. So a change costs what waits on that key, not a pass over every connection.
+  std::unordered_map<std::string, std::vector<int>> waiting_on;
+  std::set<std::pair<Clock::time_point, int>> deadlines;  // of the waiting connections
+  std::set<int> touched;  // connections with replies to send or requests to run this turn
 
-  // Completes waits whose keys now all exist.
-  void WakeWaiters() {
-    for (auto& [fd, c] : conns) {
-      if (!c.waiting || !table.HasAll(c.wait_keys)) continue;
-      c.waiting = false;
-      if (c.wait_op == Op::kGet) {
-        Send(&c, ReplyOf(Reply::kOk).Str(*table.Find(c.wait_keys[0])));
+  Conn* Find(int fd) {
+    auto it = conns.find(fd);
+    return it == conns.end() ? nullptr : &it->second;
+  }
+
+  // Lists `c` under a key its wait lacks; false when it lacks none.
+  bool ListWaiter(Conn* c) {
+    for (const auto& k : c->wait_keys) {
+      if (!table.Find(k)) {
+        waiting_on[k].push_back(c->fd);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  void StartWait(Conn* c, Op op, std::vector<std::string> keys, Clock::time_point deadline) {
+    c->waiting = true;
+    c->wait_op = op;
+    c->wait_keys = std::move(keys);
+    c->deadline = deadline;
+    deadlines.insert({deadline, c->fd});
+    ListWaiter(c);
+  }
+
+  void EndWait(Conn* c) {
+    c->waiting = false;
+    deadlines.erase({c->deadline, c->fd});
+    touched.insert(c->fd);
+  }
+
+  // Completes the waits listed under `key` whose keys now all exist; lists the others again.
+  void WakeWaiters(const std::string& key) {
+    auto it = waiting_on.find(key);
+    if (it == waiting_on.end()) return;
+    std::vector<int> fds = std::move(it->second);
+    waiting_on.erase(it);
+    for (int fd : fds) {
+      Conn* c = Find(fd);
+      if (!c || !c->waiting || c->dead) continue;  // gone, or its wait ended (fds are reused)
+      if (ListWaiter(c)) continue;
+      EndWait(c);
+      if (c->wait_op == Op::kGet) {
+        Send(c, ReplyOf(Reply::kOk).Str(*table.Find(c->wait_keys[0])));
       } else {
-        Send(&c, ReplyOf(Reply::kOk));
+        Send(c, ReplyOf(Reply::kOk));
       }
     }
   }
 
-  void ExpireWaiters(Clock::time_point now) {
-    for (auto& [fd, c] : conns) {
-      if (c.waiting && now >= c.deadline) {
-        c.waiting = false;
-        Send(&c, ReplyOf(Reply::kTimeout));
-      }
+  // Ends the waits whose deadline has passed; returns the next deadline (or `later`).
+  Clock::time_point ExpireWaiters(Clock::time_point now, Clock::time_point later) {
+    while (!deadlines.empty() && deadlines.begin()->first <= now) {
+      Conn* c = Find(deadlines.begin()->second);
+      deadlines.erase(deadlines.begin());
+      if (!c || !c->waiting) continue;
+      c->waiting = false;
+      touched.insert(c->fd);
+      Send(c, ReplyOf(Reply::kTimeout));
     }
+    return deadlines.empty() ? later : std::min(later, deadlines.begin()->first);
   }
 
-  // Returns true if the table changed.
-  bool Handle(Conn* c, const std::string& body, const std::string& token) {
+  // Returns true if the table changed (at `*changed`).
+  bool Handle(Conn* c, const std::string& body, const std::string& token, std::string* changed) {
     wire::Reader r(body);
     uint8_t op_byte = 0;
     if (!r.U8(&op_byte)) {
@@ -137,6 +186,7 @@ struct TcpStoreServer::State {
         if (!r.Str(&key) || !r.Str(&value)) return malformed();
         table.Set(key, value);
         Send(c, ReplyOf(Reply::kOk));
+        *changed = std::move(key);
         return true;
       case Op::kGet:
       case Op::kTryGet: {
@@ -147,10 +197,7 @@ struct TcpStoreServer::State {
         } else if (op == Op::kTryGet || n <= 0) {
           Send(c, ReplyOf(Reply::kNotFound));
         } else {
-          c->waiting = true;
-          c->wait_op = Op::kGet;
-          c->wait_keys = {key};
-          c->deadline = Clock::now() + Duration(std::min(n, kMaxWaitMs));
+          StartWait(c, Op::kGet, {key}, Clock::now() + Duration(std::min(n, kMaxWaitMs)));
         }
         return false;
       }
@@ -162,11 +209,13 @@ struct TcpStoreServer::State {
           return false;
         }
         Send(c, ReplyOf(Reply::kOk).I64(*v));
+        *changed = std::move(key);
         return true;
       }
       case Op::kCompareSet: {
         if (!r.Str(&key) || !r.Str(&expected) || !r.Str(&value)) return malformed();
         Send(c, ReplyOf(Reply::kOk).Str(table.CompareSet(key, expected, value)));
+        *changed = std::move(key);
         return true;
       }
       case Op::kWait: {
@@ -184,17 +233,14 @@ struct TcpStoreServer::State {
         } else if (n <= 0) {
           Send(c, ReplyOf(Reply::kTimeout));
         } else {
-          c->waiting = true;
-          c->wait_op = Op::kWait;
-          c->wait_keys = std::move(keys);
-          c->deadline = Clock::now() + Duration(std::min(n, kMaxWaitMs));
+          StartWait(c, Op::kWait, std::move(keys), Clock::now() + Duration(std::min(n, kMaxWaitMs)));
         }
         return false;
       }
       case Op::kDelete: {
         if (!r.Str(&key)) return malformed();
         Send(c, ReplyOf(Reply::kOk).I64(table.Erase(key) ? 1 : 0));
-        return true;
+        return false;  // a key gone completes no wait
       }
       default:
         return malformed();
@@ -214,7 +260,8 @@ struct TcpStoreServer::State {
         c->in.clear();
         break;
       }
-      if (Handle(c, body, token)) WakeWaiters();
+      std::string changed;
+      if (Handle(c, body, token, &changed)) WakeWaiters(changed);
     }
   }
 };
@@ -300,119 +347,153 @@ int FdRoom(int wanted) {
 
 void TcpStoreServer::Serve() {
   State& s = *state_;
-  std::vector<struct pollfd> fds;
   char buf[65536];
   const int max_connections = FdRoom(options_.max_connections);
+  // epoll: a turn costs what happened in it, not a pass over every connection (thousands of
+  // agents each waiting on a key).
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) {
+    LOG_ERROR("store server: epoll_create1 failed: {}", std::strerror(errno));
+    return;
+  }
+  auto watch = [ep](int op, int fd, uint32_t events) {
+    struct epoll_event e{};
+    e.events = events;
+    e.data.fd = fd;
+    return ::epoll_ctl(ep, op, fd, &e) == 0;
+  };
+  watch(EPOLL_CTL_ADD, wake_read_, EPOLLIN);
+  watch(EPOLL_CTL_ADD, listen_fd_, EPOLLIN);
+  bool listening = true;
+  std::set<int> strangers;  // connections that have not presented the token yet
   // The oldest connection that has not said hello: the one to close for a newcomer.
   auto close_oldest_unauthenticated = [&] {
     Conn* oldest = nullptr;
-    for (auto& [fd, c] : s.conns) {
-      if (!c.authed && !c.dead && (!oldest || c.accepted < oldest->accepted)) oldest = &c;
+    for (int fd : strangers) {
+      Conn* c = s.Find(fd);
+      if (c && !c->authed && !c->dead && (!oldest || c->accepted < oldest->accepted)) oldest = c;
     }
-    if (oldest) oldest->dead = true;  // closed below, without a reply: it never said who it is
+    if (oldest) {
+      oldest->dead = true;  // closed below, without a reply: it never said who it is
+      strangers.erase(oldest->fd);
+      s.touched.insert(oldest->fd);
+    }
     return oldest != nullptr;
   };
+  // Runs what the touched connections have buffered, sends their replies, and closes the dead.
+  auto settle = [&] {
+    while (!s.touched.empty()) {
+      const int fd = *s.touched.begin();
+      s.touched.erase(s.touched.begin());
+      Conn* c = s.Find(fd);
+      if (!c) continue;
+      s.ProcessBuffered(c, options_.token);  // a completed wait may have left requests behind it
+      Flush(c);
+      if (c->authed) strangers.erase(fd);
+      if (c->dead || (c->closing && c->out.empty())) {
+        if (c->waiting) s.deadlines.erase({c->deadline, fd});
+        strangers.erase(fd);
+        ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+        ::close(fd);
+        s.conns.erase(fd);
+        continue;
+      }
+      uint32_t events = 0;
+      if (!c->waiting && !c->closing) events |= EPOLLIN;
+      if (!c->out.empty()) events |= EPOLLOUT;
+      if (events != c->events && watch(EPOLL_CTL_MOD, fd, events)) c->events = events;
+    }
+  };
   Clock::time_point accept_again{};  // at the open-file limit: accept nothing until then
+  std::vector<struct epoll_event> ready(1024);
   while (true) {
     auto now = Clock::now();
-    Duration wait = std::chrono::seconds(1);
-    fds.clear();
-    fds.push_back({wake_read_, POLLIN, 0});
-    int live = 0, strangers = 0;
-    for (const auto& [fd, c] : s.conns) {
-      live += !c.dead;
-      strangers += !c.dead && !c.authed;
-    }
-    // Full: accept only to replace a stranger (a connection without the token) with a newcomer.
-    bool accepting = (live < max_connections || strangers > 0) && now >= accept_again;
-    if (now < accept_again) wait = std::min(wait, Remaining(accept_again));
-    fds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
-    for (auto& [fd, c] : s.conns) {
-      short ev = 0;
-      if (!c.waiting && !c.closing) ev |= POLLIN;
-      if (!c.out.empty()) ev |= POLLOUT;
-      fds.push_back({fd, ev, 0});
-      if (c.waiting) wait = std::min(wait, Remaining(c.deadline));
-      if (!c.authed) wait = std::min(wait, Remaining(c.accepted + options_.auth_timeout));
-    }
-    int rc = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()) + 1);
-    if (rc < 0 && errno != EINTR) {
-      LOG_ERROR("store server: poll failed: {}", std::strerror(errno));
-      return;
-    }
-    if (fds[0].revents) return;  // Stop()
-    if (fds[1].revents & POLLIN) {
-      while (true) {
-        int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (cfd < 0) {
-          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-            // Out of descriptors: make room by dropping the oldest stranger, and wait a little
-            // rather than poll a listener that stays readable (a spin at 100 % of a core).
-            if (!close_oldest_unauthenticated()) accept_again = Clock::now() + std::chrono::milliseconds(100);
-          }
-          break;
-        }
-        int one = 1;
-        ::setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        if ((strangers >= options_.max_unauthenticated || live >= max_connections) &&
-            close_oldest_unauthenticated()) {
-          --strangers;
-          --live;
-        }
-        if (live >= max_connections) {  // full of the job's own clients: no room
-          ::close(cfd);
-          break;
-        }
-        Conn& c = s.conns[cfd];
-        c.fd = cfd;
-        c.accepted = Clock::now();
-        ++live;
-        ++strangers;
-        if (live >= max_connections && strangers == 0) break;
+    Clock::time_point until = s.ExpireWaiters(now, now + std::chrono::seconds(1));
+    for (int fd : strangers) {
+      Conn* c = s.Find(fd);
+      if (!c || c->closing) continue;
+      if (now >= c->accepted + options_.auth_timeout) {
+        SendError(c, Reply::kUnauthorized, "no token presented in time");
+        c->closing = true;
+        s.touched.insert(fd);
+      } else {
+        until = std::min(until, c->accepted + options_.auth_timeout);
       }
     }
-    for (size_t i = 2; i < fds.size(); ++i) {
-      if (!fds[i].revents) continue;
-      auto it = s.conns.find(fds[i].fd);
-      if (it == s.conns.end()) continue;
-      Conn& c = it->second;
-      if (c.dead) continue;
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+    settle();
+    const int live = static_cast<int>(s.conns.size());
+    // Full: accept only to replace a stranger (a connection without the token) with a newcomer.
+    const bool accepting = (live < max_connections || !strangers.empty()) && now >= accept_again;
+    if (now < accept_again) until = std::min(until, accept_again);
+    if (accepting != listening && watch(EPOLL_CTL_MOD, listen_fd_, accepting ? uint32_t{EPOLLIN} : 0u)) listening = accepting;
+    const int rc = ::epoll_wait(ep, ready.data(), static_cast<int>(ready.size()),
+                                static_cast<int>(Remaining(until).count()) + 1);
+    if (rc < 0 && errno != EINTR) {
+      LOG_ERROR("store server: epoll_wait failed: {}", std::strerror(errno));
+      break;
+    }
+    bool stop = false;
+    for (int i = 0; i < std::max(rc, 0); ++i) {
+      const int fd = ready[i].data.fd;
+      if (fd == wake_read_) {
+        stop = true;  // Stop()
+        break;
+      }
+      if (fd == listen_fd_) {
+        int now_live = static_cast<int>(s.conns.size());
+        while (true) {
+          int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+          if (cfd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+              // Out of descriptors: make room by dropping the oldest stranger, and wait a little
+              // rather than watch a listener that stays readable (a spin at 100 % of a core).
+              if (!close_oldest_unauthenticated()) accept_again = Clock::now() + std::chrono::milliseconds(100);
+            }
+            break;
+          }
+          int one = 1;
+          ::setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          if ((static_cast<int>(strangers.size()) >= options_.max_unauthenticated || now_live >= max_connections) &&
+              close_oldest_unauthenticated()) {
+            --now_live;
+          }
+          if (now_live >= max_connections) {  // full of the job's own clients: no room
+            ::close(cfd);
+            break;
+          }
+          Conn& c = s.conns[cfd];
+          c.fd = cfd;
+          c.accepted = Clock::now();
+          c.events = EPOLLIN;
+          watch(EPOLL_CTL_ADD, cfd, EPOLLIN);
+          strangers.insert(cfd);
+          if (++now_live >= max_connections && strangers.empty()) break;
+        }
+        continue;
+      }
+      Conn* c = s.Find(fd);
+      if (!c || c->dead) continue;
+      s.touched.insert(fd);
+      if (ready[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
         // Before the token, no more than a hello's worth is ever buffered.
-        const size_t room = c.authed ? sizeof buf : std::min(sizeof buf, wire::kMaxHelloBytes + 4 - std::min<size_t>(c.in.size(), wire::kMaxHelloBytes + 4));
+        const size_t room = c->authed ? sizeof buf : std::min(sizeof buf, wire::kMaxHelloBytes + 4 - std::min<size_t>(c->in.size(), wire::kMaxHelloBytes + 4));
         if (room == 0) {
-          c.dead = true;
+          c->dead = true;
           continue;
         }
-        ssize_t n = ::recv(c.fd, buf, room, 0);
+        ssize_t n = ::recv(c->fd, buf, room, 0);
         if (n > 0) {
-          c.in.append(buf, static_cast<size_t>(n));
-          s.ProcessBuffered(&c, options_.token);
+          c->in.append(buf, static_cast<size_t>(n));
+          s.ProcessBuffered(c, options_.token);
         } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-          c.dead = true;
+          c->dead = true;
         }
       }
     }
-    now = Clock::now();
-    s.ExpireWaiters(now);
-    for (auto& [fd, c] : s.conns) {
-      if (!c.authed && !c.closing && now >= c.accepted + options_.auth_timeout) {
-        SendError(&c, Reply::kUnauthorized, "no token presented in time");
-        c.closing = true;
-      }
-      // A completed wait may have left requests buffered behind it.
-      s.ProcessBuffered(&c, options_.token);
-      Flush(&c);
-    }
-    std::erase_if(s.conns, [](auto& kv) {
-      const Conn& c = kv.second;
-      if (c.dead || (c.closing && c.out.empty())) {
-        ::close(c.fd);
-        return true;
-      }
-      return false;
-    });
+    if (stop) break;
+    settle();
   }
+  ::close(ep);
 }
 
 }  // namespace trainctl
