@@ -1,6 +1,9 @@
 #include "bench/upload.h"
 
-#include <curl/curl.h>
+#include <curl/curl.h>  // types and constants only: libcurl itself is loaded when an upload runs
+#include <dlfcn.h>
+
+#include <type_traits>
 
 #include <cstdio>
 #include <filesystem>
@@ -27,16 +30,49 @@ Result<Bucket> ParseUrl(const std::string& url) {
 
 std::string Env(const char* key) { return GetEnv(CurrentEnvironment(), key).value_or(""); }
 
+// libcurl, opened on first use: linking it would load its ~25 libraries (TLS, Kerberos, LDAP...)
+// into every trainctl process (each agent and worker: about 7 ms of each one's start), for the
+// one verb that uploads.
+#define TRAINCTL_CURL_FUNCTIONS(X)                                                              \
+  X(global_init) X(easy_init) X(easy_reset) X(easy_setopt) X(easy_perform) X(easy_getinfo)     \
+  X(easy_strerror) X(easy_escape) X(free) X(slist_append) X(slist_free_all) X(easy_cleanup)
+struct Curl {
+#define TRAINCTL_CURL_FIELD(name) decltype(&curl_##name) name;
+  TRAINCTL_CURL_FUNCTIONS(TRAINCTL_CURL_FIELD)
+#undef TRAINCTL_CURL_FIELD
+};
+
+Result<const Curl*> LoadCurl() {
+  static Curl curl;
+  static const std::string error = [] {
+    void* lib = ::dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return std::string("cannot load libcurl.so.4 (install Debian's libcurl4): ") + ::dlerror();
+    bool all = true;
+    auto load = [&](auto* fn, const char* name) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(::dlsym(lib, name));
+      all = all && *fn;
+    };
+#define TRAINCTL_CURL_LOAD(name) load(&curl.name, "curl_" #name);
+    TRAINCTL_CURL_FUNCTIONS(TRAINCTL_CURL_LOAD)
+#undef TRAINCTL_CURL_LOAD
+    if (!all) return std::string("libcurl.so.4 lacks a function trainctl uses (too old?)");
+    if (curl.global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) return std::string("libcurl did not initialize");
+    return std::string();
+  }();
+  if (!error.empty()) return Unavailable(error);
+  return &curl;
+}
+
 // Each segment of a key percent-encoded, the slashes kept.
-std::string EncodeKey(CURL* curl, const std::string& key) {
+std::string EncodeKey(const Curl& lib, CURL* curl, const std::string& key) {
   std::string out;
   size_t start = 0;
   while (true) {
     const size_t slash = key.find('/', start);
     const std::string seg = key.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
-    char* enc = curl_easy_escape(curl, seg.c_str(), static_cast<int>(seg.size()));
+    char* enc = lib.easy_escape(curl, seg.c_str(), static_cast<int>(seg.size()));
     out += enc ? enc : "";
-    curl_free(enc);
+    lib.free(enc);
     if (slash == std::string::npos) break;
     out += "/";
     start = slash + 1;
@@ -63,15 +99,15 @@ Result<int> UploadTree(const UploadTarget& t, const std::string& dir, const std:
   ASSIGN_OR_RETURN(Bucket b, ParseUrl(t.url));
   std::string endpoint = t.endpoint.empty() ? "https://s3." + t.region + ".amazonaws.com" : t.endpoint;
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
-  static const bool init = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK;
-  if (!init) return Internal("libcurl did not initialize");
-  CURL* curl = curl_easy_init();
+  ASSIGN_OR_RETURN(const Curl* loaded, LoadCurl());
+  const Curl& lib = *loaded;
+  CURL* curl = lib.easy_init();
   if (!curl) return Internal("libcurl: no handle");
   const std::string sigv4 = "aws:amz:" + t.region + ":s3";
   const std::string user = Env("AWS_ACCESS_KEY_ID") + ":" + Env("AWS_SECRET_ACCESS_KEY");
-  struct curl_slist* headers = curl_slist_append(nullptr, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+  struct curl_slist* headers = lib.slist_append(nullptr, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
   if (const std::string token = Env("AWS_SESSION_TOKEN"); !token.empty()) {
-    headers = curl_slist_append(headers, ("x-amz-security-token: " + token).c_str());
+    headers = lib.slist_append(headers, ("x-amz-security-token: " + token).c_str());
   }
   int count = 0;
   Status result = Status::Ok();
@@ -86,40 +122,40 @@ Result<int> UploadTree(const UploadTarget& t, const std::string& dir, const std:
     if (!result.ok()) break;
     const std::string rel = std::filesystem::relative(path, dir, ec).string();
     const std::string key = (b.prefix.empty() ? "" : b.prefix + "/") + name + "/" + rel;
-    const std::string url = endpoint + "/" + EncodeKey(curl, b.bucket) + "/" + EncodeKey(curl, key);
+    const std::string url = endpoint + "/" + EncodeKey(lib, curl, b.bucket) + "/" + EncodeKey(lib, curl, key);
     FILE* in = std::fopen(path.c_str(), "rb");
     if (!in) {
       result = Internal("cannot read " + path.string());
       break;
     }
-    curl_easy_reset(curl);
+    lib.easy_reset(curl);
     char error[CURL_ERROR_SIZE] = {};
-    curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(curl, CURLOPT_READDATA, in);
-    curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(std::filesystem::file_size(path, ec)));
-    curl_easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4.c_str());
-    curl_easy_setopt(curl, CURLOPT_USERPWD, user.c_str());
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 30L);
-    curl_easy_setopt(curl, CURLOPT_TIMEOUT, 600L);
-    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, +[](char*, size_t size, size_t n, void*) { return size * n; });
-    const CURLcode rc = curl_easy_perform(curl);
+    lib.easy_setopt(curl, CURLOPT_URL, url.c_str());
+    lib.easy_setopt(curl, CURLOPT_UPLOAD, 1L);
+    lib.easy_setopt(curl, CURLOPT_READDATA, in);
+    lib.easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(std::filesystem::file_size(path, ec)));
+    lib.easy_setopt(curl, CURLOPT_AWS_SIGV4, sigv4.c_str());
+    lib.easy_setopt(curl, CURLOPT_USERPWD, user.c_str());
+    lib.easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+    lib.easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 30L);
+    lib.easy_setopt(curl, CURLOPT_TIMEOUT, 600L);
+    lib.easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    lib.easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
+    lib.easy_setopt(curl, CURLOPT_WRITEFUNCTION, +[](char*, size_t size, size_t n, void*) { return size * n; });
+    const CURLcode rc = lib.easy_perform(curl);
     std::fclose(in);
     long http = 0;
-    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http);
+    lib.easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &http);
     if (rc != CURLE_OK) {
-      result = Unavailable("PUT " + url + ": " + (error[0] ? error : curl_easy_strerror(rc)));
+      result = Unavailable("PUT " + url + ": " + (error[0] ? error : lib.easy_strerror(rc)));
     } else if (http < 200 || http >= 300) {
       result = Unavailable("PUT " + url + ": HTTP " + std::to_string(http));
     } else {
       ++count;
     }
   }
-  curl_slist_free_all(headers);
-  curl_easy_cleanup(curl);
+  lib.slist_free_all(headers);
+  lib.easy_cleanup(curl);
   RETURN_IF_ERROR(result);
   return count;
 }

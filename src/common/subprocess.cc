@@ -131,12 +131,15 @@ Result<pid_t> Spawn(const SpawnOptions& o) {
   int err_pipe[2];
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) return ErrnoStatus("pipe", errno);
   pid_t parent = ::getpid();
-  pid_t pid = ::fork();
+  // vfork: the child borrows this process's memory until it execs, instead of copying its page
+  // tables (a launcher serving a thousand agents' store is a large process to copy, once per
+  // agent). ChildExec only makes system calls, on its own stack frame, and never returns.
+  pid_t pid = ::vfork();
   if (pid < 0) {
     int err = errno;
     ::close(err_pipe[0]);
     ::close(err_pipe[1]);
-    return ErrnoStatus("fork", err);
+    return ErrnoStatus("vfork", err);
   }
   if (pid == 0) {
     ::close(err_pipe[0]);
