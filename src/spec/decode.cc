@@ -192,7 +192,7 @@ class Decoder {
   void DecodeTrainer(const Node& n, TrainerSpec* t) {
     const std::string p = "trainer";
     if (!Section(n, p, {"strategy", "parameter_server", "model", "data", "epochs", "max_steps", "batch_size",
-                        "global_batch_size", "optimizer", "schedule", "seed", "deterministic",
+                        "global_batch_size", "optimizer", "schedule", "label_smoothing", "seed", "deterministic",
                         "threads", "device", "backend", "bucket_mb", "checkpoint_every", "keep_last", "snapshot_every",
                         "log_every", "eval", "resume"})) {
       return;
@@ -222,6 +222,7 @@ class Decoder {
     Field(n, p, "max_steps", &t->max_steps, int_in(0, kBig));
     Field(n, p, "batch_size", &t->batch_size, int_in(1, 1 << 20));
     Field(n, p, "global_batch_size", &t->global_batch_size, int_in(1, 1 << 30));
+    Field(n, p, "label_smoothing", &t->label_smoothing, num_in(0, 0.999));
     Field(n, p, "seed", &t->seed, int_in(0, kBig));
     Field(n, p, "deterministic", &t->deterministic, boolean);
     Field(n, p, "resume", &t->resume, boolean);
@@ -297,7 +298,7 @@ class Decoder {
       if (Section(*sc, sp, {"name", "warmup_steps", "step_size", "gamma", "min_lr",
                             "scale_by_world_size"})) {
         ScheduleSpec& ss = t->schedule;
-        Field(*sc, sp, "name", &ss.name, one_of({"constant", "step", "cosine"}));
+        Field(*sc, sp, "name", &ss.name, one_of({"constant", "step", "cosine", "one_cycle"}));
         Field(*sc, sp, "warmup_steps", &ss.warmup_steps, int_in(0, kBig));
         Field(*sc, sp, "step_size", &ss.step_size, int_in(1, kBig));
         Field(*sc, sp, "gamma", &ss.gamma, num_in(0, 1));

@@ -68,11 +68,11 @@ struct OptimizerSpec {
 };
 
 struct ScheduleSpec {
-  std::string name = "constant";  // constant | step | cosine
-  int64_t warmup_steps = 0;       // linear warm-up from 0 to lr
+  std::string name = "constant";  // constant | step | cosine | one_cycle
+  int64_t warmup_steps = 0;       // linear warm-up from 0 to lr (one_cycle: the rise's length)
   int64_t step_size = 0;          // step: multiply by gamma every step_size steps
   double gamma = 0.1;
-  double min_lr = 0;              // cosine: the floor
+  double min_lr = 0;              // cosine, one_cycle: the floor
   bool scale_by_world_size = false;  // lr *= world size (the linear scaling rule)
 };
 
@@ -97,6 +97,7 @@ struct TrainerSpec {
   int global_batch_size = 0;      // if set: split evenly among workers (wins over batch_size)
   OptimizerSpec optimizer;
   ScheduleSpec schedule;
+  double label_smoothing = 0;     // the cross-entropy's target: 1 - e on the class, e/C spread
   int64_t seed = 0;
   bool deterministic = false;     // same seed, same world size: the same losses, bit for bit
   int threads = 0;                // compute threads per worker; 0: OMP_NUM_THREADS

@@ -54,6 +54,7 @@ ordered_json Trainer(const TrainerSpec& t) {
   if (t.global_batch_size > 0) j["global_batch_size"] = t.global_batch_size;
   j.update(ordered_json{{"optimizer", optimizer},
                         {"schedule", schedule},
+                        {"label_smoothing", t.label_smoothing},
                         {"seed", t.seed},
                         {"deterministic", t.deterministic},
                         {"threads", t.threads},

@@ -1,5 +1,7 @@
-// Learning-rate schedules: constant, step decay and cosine, each with an optional linear warm-up
-// and the linear scaling rule (lr x world size). No torch: plain arithmetic, unit tested.
+// Learning-rate schedules: constant, step decay and cosine, each with an optional linear warm-up,
+// and one-cycle (a cosine rise from lr/25 to lr, then a cosine fall to min_lr: PyTorch's
+// OneCycleLR with its defaults); the linear scaling rule (lr x world size) applies to all.
+// No torch: plain arithmetic, unit tested.
 #pragma once
 
 #include <cstdint>

@@ -333,6 +333,18 @@ TEST(Schedule, WarmupStepAndCosine) {
   EXPECT_DOUBLE_EQ(LearningRate(o, s, 10, 110, 1), 0.1);
   EXPECT_NEAR(LearningRate(o, s, 60, 110, 1), 0.05, 1e-12);
   EXPECT_NEAR(LearningRate(o, s, 110, 110, 1), 0.0, 1e-12);
+  // One cycle (OneCycleLR's defaults): from lr/25 up to lr over 30 % of the steps, then down.
+  s = ScheduleSpec();
+  s.name = "one_cycle";
+  s.min_lr = 0.001;
+  EXPECT_DOUBLE_EQ(LearningRate(o, s, 0, 100, 1), 0.004);
+  EXPECT_NEAR(LearningRate(o, s, 15, 100, 1), 0.052, 1e-12);
+  EXPECT_DOUBLE_EQ(LearningRate(o, s, 30, 100, 1), 0.1);
+  EXPECT_NEAR(LearningRate(o, s, 65, 100, 1), 0.0505, 1e-12);
+  EXPECT_NEAR(LearningRate(o, s, 100, 100, 1), 0.001, 1e-12);
+  s.warmup_steps = 10;  // the rise's own length
+  EXPECT_DOUBLE_EQ(LearningRate(o, s, 10, 100, 1), 0.1);
+  EXPECT_GT(LearningRate(o, s, 5, 100, 1), LearningRate(o, s, 4, 100, 1));
 }
 
 }  // namespace

@@ -535,7 +535,9 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       b.y = b.y.to(device_, /*non_blocking=*/true);
     }
     reducer_->ZeroGrad();
-    torch::Tensor loss = torch::nn::functional::cross_entropy(model_->forward(b.x), b.y);
+    torch::Tensor loss = torch::nn::functional::cross_entropy(
+        model_->forward(b.x), b.y,
+        torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(t_.label_smoothing));
     loss.backward();
     RETURN_IF_ERROR(reducer_->Finish());
     lr = LearningRate(t_.optimizer, t_.schedule, step_, total_steps_, world_);
