@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Time to 0.91 Fashion-MNIST test accuracy (issue 25, part 1): trainctl's fast example beside the
+best plain-PyTorch recipe found for this machine, run alternately, MLPerf-style.
+
+  peer      this file with --peer: one process, 2 threads, a small CNN with batch norm, bf16
+            autocast (this CPU has AVX-512 bf16), a one-cycle schedule, label smoothing, the
+            test set evaluated once at the end. Wall time from `python3` starting to the
+            accuracy printed (interpreter, torch import and data decode included).
+  trainctl  `trainctl run examples/fashion-mnist-fast.yaml`: wall time from start to exit
+            (launcher, agents, LibTorch load, data decode, training, eval, the model written).
+
+A run that ends under 0.91 counts as the slowest (MLPerf); with >= 5 runs the fastest and the
+slowest are dropped and the rest averaged. Usage:
+  bench/fast_fashion_mnist.py [--runs 5] [--trainctl build/src/trainctl]
+"""
+import argparse, gzip, json, os, statistics, subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = "/usr/bin/python3"  # Debian's, with python3-torch
+TARGET = 0.91
+
+
+def peer(a):
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.set_num_threads(2)
+    torch.manual_seed(a.seed)
+
+    def load(split):
+        def read(name):
+            path = os.path.join(a.data, name)
+            if os.path.exists(path):
+                return open(path, "rb").read()
+            return gzip.open(path + ".gz", "rb").read()
+        x = np.frombuffer(read(f"{split}-images-idx3-ubyte"), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+        y = np.frombuffer(read(f"{split}-labels-idx1-ubyte"), np.uint8, offset=8)
+        x = (torch.from_numpy(x.copy()).float() / 255 - 0.2860) / 0.3530
+        return x, torch.from_numpy(y.astype(np.int64))
+
+    xtr, ytr = load("train")
+    xte, yte = load("t10k")
+    model = nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 7 * 7, 10))
+    steps_per_epoch = len(xtr) // a.batch
+    total = steps_per_epoch * a.epochs
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=total)
+    model.train()
+    for epoch in range(a.epochs):
+        perm = torch.randperm(len(xtr))
+        for s in range(steps_per_epoch):
+            idx = perm[s * a.batch:(s + 1) * a.batch]
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(xtr[idx]), ytr[idx], label_smoothing=0.1)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    model.eval()
+    correct = 0
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for i in range(0, len(xte), 1000):
+            correct += (model(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum().item()
+    print(json.dumps({"accuracy": correct / len(xte)}))
+
+
+def timed(argv, env=None):
+    t0 = time.monotonic()
+    p = subprocess.run(argv, capture_output=True, text=True, env=env)
+    return time.monotonic() - t0, p
+
+
+def mlperf(times):
+    """Drop the fastest and the slowest (a missed run is the slowest), mean and std of the rest."""
+    ordered = sorted(times, key=lambda t: float("inf") if t is None else t)
+    kept = [t for t in ordered[1:-1] if t is not None] if len(ordered) >= 5 else [t for t in ordered if t is not None]
+    if not kept:
+        return None, None
+    return statistics.mean(kept), statistics.stdev(kept) if len(kept) > 1 else 0.0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--peer", action="store_true", help="run the PyTorch recipe itself (internal)")
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--trainctl", default=os.path.join(ROOT, "build/src/trainctl"))
+    p.add_argument("--spec", default=os.path.join(ROOT, "examples/fashion-mnist-fast.yaml"))
+    a = p.parse_args()
+    if a.peer:
+        return peer(a)
+    results = {"trainctl": [], "pytorch": []}
+    accuracy = {"trainctl": [], "pytorch": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in range(a.runs):
+            out = os.path.join(tmp, f"run{run}")
+            secs, proc = timed([a.trainctl, "--log-level", "warn", "run", a.spec, "--set", f"output_dir={out}",
+                                "--set", f"trainer.seed={run}"])
+            if proc.returncode != 0:
+                sys.exit(f"trainctl failed:\n{proc.stdout}{proc.stderr}")
+            acc = [json.loads(l)["test_accuracy"] for l in open(os.path.join(out, "metrics.jsonl")) if "test_accuracy" in l]
+            accuracy["trainctl"].append(acc[-1])
+            results["trainctl"].append(secs if acc[-1] >= TARGET else None)
+            secs, proc = timed([PYTHON, os.path.abspath(__file__), "--peer", "--seed", str(run), "--epochs", str(a.epochs),
+                                "--batch", str(a.batch), "--lr", str(a.lr), "--data", a.data])
+            if proc.returncode != 0:
+                sys.exit(f"the PyTorch peer failed:\n{proc.stderr}")
+            acc = json.loads(proc.stdout.strip().splitlines()[-1])["accuracy"]
+            accuracy["pytorch"].append(acc)
+            results["pytorch"].append(secs if acc >= TARGET else None)
+            print(f"run {run + 1}: trainctl {results['trainctl'][-1] or 'missed'} s "
+                  f"(acc {accuracy['trainctl'][-1]:.4f}), PyTorch {results['pytorch'][-1] or 'missed'} s "
+                  f"(acc {accuracy['pytorch'][-1]:.4f})", flush=True)
+    tm, ts = mlperf(results["trainctl"])
+    pm, ps = mlperf(results["pytorch"])
+    fmt = lambda m, s: "no run reached the target" if m is None else f"{m:.2f} ± {s:.2f} s"
+    print(f"| trainctl ({os.path.basename(a.spec)}) | {fmt(tm, ts)} | accuracy {min(accuracy['trainctl']):.4f}-{max(accuracy['trainctl']):.4f} |")
+    print(f"| PyTorch, one process (bf16, one-cycle, {a.epochs} epochs, batch {a.batch}) | {fmt(pm, ps)} | accuracy {min(accuracy['pytorch']):.4f}-{max(accuracy['pytorch']):.4f} |")
+    if tm and pm:
+        print(f"trainctl / PyTorch: {tm / pm:.2f}x (target <= 0.5x)")
+
+
+if __name__ == "__main__":
+    main()
