@@ -107,7 +107,9 @@ TEST(Render, RbacIsNamespacedMinimalAndWithoutWildcards) {
         EXPECT_NE(v, "impersonate");
       }
       // Secrets: create the token, read it back; never list every secret of the namespace.
-      if (rule["resources"].front() == "secrets") EXPECT_EQ(rule["verbs"], json::array({"get", "create"}));
+      if (rule["resources"].front() == "secrets") {
+        EXPECT_EQ(rule["verbs"], json::array({"get", "create"}));
+      }
     }
   }
 }
@@ -122,7 +124,9 @@ TEST(Render, OnlyTheJobsOwnPodsReachItsPods) {
     EXPECT_EQ(o["spec"]["ingress"], json::parse(R"([{"from": [{"podSelector": {"matchLabels": {"trainctl.dev/job": "fm"}}}]},
         {"from": [{"namespaceSelector": {}}], "ports": [{"protocol": "TCP", "port": 9400}]}])"));
     for (const auto& p : Render(Parse(kSpec + "  metrics_port: 0\n"), "job")) {
-      if (p["kind"] == "NetworkPolicy") EXPECT_EQ(p["spec"]["ingress"].size(), 1u) << p.dump();
+      if (p["kind"] == "NetworkPolicy") {
+        EXPECT_EQ(p["spec"]["ingress"].size(), 1u) << p.dump();
+      }
     }
     return;
   }
