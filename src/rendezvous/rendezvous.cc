@@ -150,8 +150,13 @@ Status TimedOut(Store& store, int round, const RendezvousOptions& o, const std::
 
 // Closes the round with the members of slots [0, slots): waits for each to have recorded itself
 // (it took its slot a moment before), ranks them and writes the state. Another closer may win;
-// either way the round is closed when this returns ok.
+// either way the round is closed when this returns ok, unless an elastic round had too few: an
+// elastic round closes without a slot whose record does not come within a second (its agent died
+// between taking the slot and filling it; a slow one that fills it later finds the round closed
+// without it and joins the next), while a fixed-size round needs every slot.
 Status Close(Store& store, int round, int slots, Clock::time_point deadline, const RendezvousOptions& o) {
+  const bool elastic = o.min_nodes < o.max_nodes;
+  const auto give_up = elastic ? std::min(deadline, Clock::now() + std::chrono::seconds(1)) : deadline;
   State s;
   s.closed = true;
   for (int i = 0; i < slots; ++i) {
@@ -163,14 +168,16 @@ Status Close(Store& store, int round, int slots, Clock::time_point deadline, con
         s.nodes.push_back(std::move(m));
         break;
       }
+      if (elastic && Clock::now() >= give_up) break;  // closed without it
       if (Clock::now() >= deadline) {
         return TimedOut(store, round, o, "; slot " + std::to_string(i) + " was taken and never filled (its agent died?)");
       }
       if (o.check) RETURN_IF_ERROR(o.check());
-      Status waited = store.Wait({keys::RoundMember(round, i)}, std::max(std::min(Remaining(deadline), o.poll), Duration(1)));
+      Status waited = store.Wait({keys::RoundMember(round, i)}, std::max(std::min(Remaining(give_up), o.poll), Duration(1)));
       if (!waited.ok() && waited.code() != Code::kTimeout) return waited;
     }
   }
+  if (static_cast<int>(s.nodes.size()) < o.min_nodes) return Status::Ok();  // too few yet: tried again later
   s.restarts = s.nodes.empty() ? 0 : s.nodes[0].restarts;  // the first joiner's
   std::stable_sort(s.nodes.begin(), s.nodes.end(), [](const Member& a, const Member& b) {
     return static_cast<unsigned>(a.hint) < static_cast<unsigned>(b.hint);  // -1 last
@@ -237,6 +244,9 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
   // Wait for the round to close (a slot past max: to learn that it closed without this agent).
   // The closed key announces it; the state is read again when it is set.
   std::optional<Clock::time_point> last_call_since;  // when this agent first saw min nodes joined
+  // The first joiner closes at the last call; the others two seconds later, should it have died:
+  // hundreds of agents each reading every record at the same moment would only slow the close.
+  const Duration last_call = o.last_call + (slot == 0 ? Duration(0) : Duration(std::chrono::seconds(2)));
   const bool elastic = o.min_nodes < o.max_nodes;
   auto next_read = Clock::now();
   while (true) {
@@ -253,11 +263,11 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
         ASSIGN_OR_RETURN(int joined, Joined(store, round));
         if (joined >= o.min_nodes) {
           if (!last_call_since) last_call_since = Clock::now();
-          if (Clock::now() - *last_call_since >= o.last_call) {
+          if (Clock::now() - *last_call_since >= last_call) {
             RETURN_IF_ERROR(Close(store, round, std::min(joined, o.max_nodes), deadline, o));
             continue;
           }
-          next_read = std::min(next_read, *last_call_since + o.last_call);
+          next_read = std::min(next_read, *last_call_since + last_call);
         }
       }
     }

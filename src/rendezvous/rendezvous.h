@@ -7,8 +7,9 @@
 // another joiner wrote: a join costs the store three small operations whatever the round's size.
 // A round closes
 //   - at once when max nodes have joined (the joiner of the last slot closes it), or
-//   - `last_call` after an agent first saw at least min nodes joined (any agent may close it then,
-//     with the slots taken by then).
+//   - `last_call` after an agent first saw at least min nodes joined (the first joiner closes it
+//     then, with the slots taken by then; any other two seconds later, should it have died; a slot
+//     taken but not filled within a second, its agent dead, is left out).
 // Closing writes the round's state once, by compare-and-set from nothing, so exactly one closer
 // wins: "round/<r>/state" = {"v": 1, "restarts": k, "closed": true, "nodes": [{"id", "hint"}...]}
 // with the nodes in rank order: nodes with a rank hint (the launcher's node index) first, by hint,

@@ -185,6 +185,30 @@ TEST(Rendezvous, LastCallClosesTheRoundWithFewerThanMaxNodes) {
   EXPECT_EQ((*peek)->nodes, std::vector<std::string>{"a"});
 }
 
+// An agent that dies between taking a slot and filling it: an elastic round closes without it
+// after a second; a fixed-size round cannot, and its timeout names the slot.
+TEST(Rendezvous, ASlotTakenAndNeverFilledDoesNotHoldUpAnElasticRound) {
+  MemoryStore store;
+  ASSERT_TRUE(store.Add("round/0/joined", 1).ok());  // slot 0, and no record: the dead agent
+  auto o = Opts(1, 3, -1, "a");
+  o.last_call = 200ms;
+  o.timeout = 60s;
+  auto start = Clock::now();
+  auto r = JoinRound(store, 0, 0, o);
+  ASSERT_TRUE(r.ok() && r->has_value()) << r.status().ToString();
+  EXPECT_EQ((*r)->group_world_size, 1);
+  EXPECT_EQ((*r)->group_rank, 0);
+  EXPECT_LT(Clock::now() - start, 15s);  // the last call, the first joiner's two seconds, one for the slot
+
+  ASSERT_TRUE(store.Add("round/1/joined", 1).ok());
+  auto fixed = Opts(2, 2, -1, "a");
+  fixed.timeout = 500ms;
+  auto f = JoinRound(store, 1, 0, fixed);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), Code::kTimeout);
+  EXPECT_NE(f.status().message().find("slot 0 was taken and never filled"), std::string::npos) << f.status().message();
+}
+
 TEST(Rendezvous, TheRoundKeepsTheRestartCountOfItsFirstJoiner) {
   MemoryStore store;
   std::thread first([&] {
