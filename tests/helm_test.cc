@@ -60,17 +60,6 @@ std::string Template(const Scratch& s, const std::string& chart, const std::stri
   return s.Write(out, r.output);
 }
 
-std::string Render(const Scratch& s, std::vector<std::string> args, const std::string& out) {
-  args.insert(args.begin(), "render");
-  args.insert(args.end(), {"-o", s.path(out + ".d")});
-  auto r = Trainctl(args, kSrc);
-  EXPECT_EQ(r.exit.code, 0) << r.output;
-  std::string yaml;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(s.path(out + ".d"), ec)) yaml = *ReadFile(e.path().string());
-  return s.Write(out, yaml);
-}
-
 TEST(Helm, TheChartMakesWhatRenderMakesForEveryExampleFormatAndEnvironment) {
   RequireTools();
   Scratch s;
@@ -115,7 +104,7 @@ TEST(Helm, TheChartMakesWhatRenderMakesForEveryExampleFormatAndEnvironment) {
 
     std::vector<std::string> render = {c.spec, "--format", c.workload};
     render.insert(render.end(), c.layers.begin(), c.layers.end());
-    const std::string plain = Render(s, render, id + "-render.yaml");
+    const std::string plain = RenderManifests(s, id + "-render.yaml", render, kSrc);
     auto name = Trainctl({"validate", c.spec, "--print", "--fields-only"}, kSrc);
     const std::string release = nlohmann::json::parse(name.output).at("name");
     const std::string helm = Template(s, chart, release, c.ns, c.layers, id + "-helm.yaml");
@@ -240,7 +229,7 @@ TEST(Helm, UserStringsWithTemplateBracesComeOutLiterally) {
   auto lint = Helm(s, {"lint", "--strict", chart});
   EXPECT_EQ(lint.exit.code, 0) << lint.output;
   const std::string helm = Template(s, chart, "braces", "default", {}, "helm.yaml");
-  const std::string plain = Render(s, {spec}, "render.yaml");
+  const std::string plain = RenderManifests(s, "render.yaml", {spec}, kSrc);
   auto same = RunProgram({"node", kSrc + "/tests/k8s/compare.mjs", plain, helm, "--helm", TRAINCTL_BIN}, kSrc);
   EXPECT_EQ(same.exit.code, 0) << same.output;
   for (const auto& doc : YAML::LoadAll(*ReadFile(helm))) {

@@ -30,16 +30,8 @@ void RequireNodeModules() {
       << "run `npm ci --prefix tests/k8s` (scripts/dev deps does) to install the schema checker";
 }
 
-// The manifests alone (written with -o: warnings on stderr stay out of them).
 std::string Render(const Scratch& s, const std::string& out, std::vector<std::string> args) {
-  args.insert(args.begin(), "render");
-  args.insert(args.end(), {"-o", s.path(out + ".d")});
-  auto r = Trainctl(args, kSrc);
-  EXPECT_EQ(r.exit.code, 0) << r.output;
-  std::string yaml;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(s.path(out + ".d"), ec)) yaml = *ReadFile(e.path().string());
-  return s.Write(out, yaml);
+  return RenderManifests(s, out, std::move(args), kSrc);
 }
 
 TEST(K8s, EveryRenderedManifestPassesTheKubernetesSchema) {

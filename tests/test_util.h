@@ -114,6 +114,20 @@ bool Eventually(F cond, Duration timeout = std::chrono::seconds(30)) {
 }
 
 // trainctl in the background, its output going to a file; `wrapper` runs it (setpriv ...).
+// `trainctl render ARGS` run in `cwd`, the manifests alone (written with -o: warnings on stderr
+// stay out of them) saved as `out` in the scratch directory; returns its path.
+inline std::string RenderManifests(const Scratch& s, const std::string& out, std::vector<std::string> args,
+                                   const std::string& cwd) {
+  args.insert(args.begin(), "render");
+  args.insert(args.end(), {"-o", s.path(out + ".d")});
+  auto r = Trainctl(args, cwd);
+  EXPECT_EQ(r.exit.code, 0) << r.output;
+  std::string yaml;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(s.path(out + ".d"), ec)) yaml = *ReadFile(e.path().string());
+  return s.Write(out, yaml);
+}
+
 class Background {
  public:
   Background(const std::vector<std::string>& args, const std::string& cwd, const std::string& log,
