@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Time to 0.91 Fashion-MNIST test accuracy (issue 25, part 1): trainctl's fast example beside the
+"""Time to 0.91 Fashion-MNIST test accuracy (issue 25, part 1): trainctl's example beside the
 best plain-PyTorch recipe found for this machine, run alternately, MLPerf-style.
 
   peer      this file with --peer: one process, 2 threads, a small CNN with batch norm, bf16
             autocast (this CPU has AVX-512 bf16), a one-cycle schedule, label smoothing, the
             test set evaluated once at the end. Wall time from `python3` starting to the
             accuracy printed (interpreter, torch import and data decode included).
-  trainctl  `trainctl run examples/fashion-mnist-fast.yaml`: wall time from start to exit
+  trainctl  `trainctl run examples/fashion-mnist.yaml`: wall time from start to exit
             (launcher, agents, LibTorch load, data decode, training, eval, the model written).
 
 A run that ends under 0.91 counts as the slowest (MLPerf); with >= 5 runs the fastest and the
@@ -94,7 +94,7 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--trainctl", default=os.path.join(ROOT, "build/src/trainctl"))
-    p.add_argument("--spec", default=os.path.join(ROOT, "examples/fashion-mnist-fast.yaml"))
+    p.add_argument("--spec", default=os.path.join(ROOT, "examples/fashion-mnist.yaml"))
     a = p.parse_args()
     if a.peer:
         return peer(a)

@@ -31,38 +31,50 @@ struct Conv {
   std::optional<dnnl::convolution_backward_data::primitive_desc> bwd_data_pd;  // blocked input only
   std::optional<dnnl::convolution_backward_data> bwd_data;
   memory::desc user_weights;  // O x I x 3 x 3, as torch holds them
+  // What the layers around hold in f32: the input, and the gradient of the output (the same as
+  // src_desc() and diff_dst_desc() unless bf16).
+  memory::desc src_f32, diff_dst_f32;
 };
 
-// batch, input channels, output channels, height, width; input channels < 16 means plain input.
-using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
+// batch, input channels, output channels, height, width (input channels < 16 means plain
+// input), bf16.
+using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
 
 std::shared_ptr<const Conv> MakeConv(const ConvKey& key) {
-  auto [n, ic, oc, h, w] = key;
+  auto [n, ic, oc, h, w, bf16] = key;
   const bool blocked_src = ic % kBlock == 0;
   const memory::dims strides{1, 1}, pad{1, 1};
-  memory::desc src({n, ic, h, w}, memory::data_type::f32, blocked_src ? Tag::nChw16c : Tag::nchw);
-  memory::desc dst({n, oc, h, w}, memory::data_type::f32, Tag::nChw16c);
-  memory::desc weights({oc, ic, 3, 3}, memory::data_type::f32, Tag::any);
-  memory::desc bias({oc}, memory::data_type::f32, Tag::x);
+  using DataType = memory::data_type;
+  // In bf16, what is multiplied (input, weights, output gradient) is bf16; what is produced
+  // (output, gradients of the input, weights and bias) stays f32, accumulated in f32.
+  const DataType in = bf16 ? DataType::bf16 : DataType::f32;
+  const Tag src_tag = blocked_src ? Tag::nChw16c : Tag::nchw;
+  memory::desc src({n, ic, h, w}, in, src_tag), diff_src({n, ic, h, w}, DataType::f32, src_tag);
+  memory::desc dst({n, oc, h, w}, DataType::f32, Tag::nChw16c), diff_dst({n, oc, h, w}, in, Tag::nChw16c);
+  memory::desc weights({oc, ic, 3, 3}, in, Tag::any), diff_weights({oc, ic, 3, 3}, DataType::f32, Tag::any);
+  memory::desc bias({oc}, DataType::f32, Tag::x);
   // Winograd needs whole blocks of channels; for a network's 1- or 3-channel input the direct
   // algorithm is several times faster (oneDNN's auto choice would still take Winograd there).
-  const auto algorithm =
-      blocked_src ? dnnl::algorithm::convolution_auto : dnnl::algorithm::convolution_direct;
+  // oneDNN has no bf16 Winograd.
+  const auto algorithm = blocked_src && !bf16 ? dnnl::algorithm::convolution_auto
+                                              : dnnl::algorithm::convolution_direct;
   const dnnl::engine& e = Engine();
   dnnl::convolution_forward::primitive_desc fwd_pd(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algorithm, src, weights,
                                       bias, dst, strides, pad, pad),
       e);
   dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd(
-      dnnl::convolution_backward_weights::desc(algorithm, src, weights, bias, dst, strides, pad, pad),
+      dnnl::convolution_backward_weights::desc(algorithm, src, diff_weights, bias, diff_dst, strides,
+                                               pad, pad),
       e, fwd_pd);
   auto conv = std::make_shared<Conv>(Conv{fwd_pd, bwd_weights_pd, dnnl::convolution_forward(fwd_pd),
                                           dnnl::convolution_backward_weights(bwd_weights_pd), {}, {},
-                                          memory::desc({oc, ic, 3, 3}, memory::data_type::f32, Tag::oihw)});
+                                          memory::desc({oc, ic, 3, 3}, DataType::f32, Tag::oihw),
+                                          diff_src, dst});
   if (blocked_src) {
     conv->bwd_data_pd.emplace(
-        dnnl::convolution_backward_data::desc(algorithm, src, weights, dst, strides, pad, pad), e,
-        fwd_pd);
+        dnnl::convolution_backward_data::desc(algorithm, diff_src, weights, diff_dst, strides, pad, pad),
+        e, fwd_pd);
     conv->bwd_data.emplace(*conv->bwd_data_pd);
   }
   return conv;
@@ -70,8 +82,8 @@ std::shared_ptr<const Conv> MakeConv(const ConvKey& key) {
 
 // x's convolution with weight (O x I x 3 x 3): the weight says the channels, which a blocked x
 // holds in blocks of 16.
-ConvKey KeyOf(const torch::Tensor& x, const torch::Tensor& weight) {
-  return {x.size(0), weight.size(1), weight.size(0), x.size(2), x.size(3)};
+ConvKey KeyOf(const torch::Tensor& x, const torch::Tensor& weight, bool bf16) {
+  return {x.size(0), weight.size(1), weight.size(0), x.size(2), x.size(3), bf16};
 }
 
 std::shared_ptr<const Conv> GetConv(const ConvKey& key) {
@@ -88,10 +100,13 @@ memory Wrap(const memory::desc& desc, const torch::Tensor& t) {
 }
 
 torch::Tensor Empty(const memory::desc& desc) {
-  return torch::empty({static_cast<int64_t>(desc.get_size() / sizeof(float))}, torch::kFloat32);
+  const bool bf16 = desc.data_type() == memory::data_type::bf16;
+  return torch::empty({static_cast<int64_t>(desc.get_size() / (bf16 ? 2 : 4))},
+                      bf16 ? torch::kBFloat16 : torch::kFloat32);
 }
 
-// `from` (in desc `from_desc`) in desc `to`: the tensor itself when the layouts agree.
+// `from` (in desc `from_desc`) in desc `to`, converting the layout and the data type: the
+// tensor itself when they agree.
 torch::Tensor Reorder(dnnl::stream& s, const torch::Tensor& from, const memory::desc& from_desc,
                       const memory::desc& to) {
   if (from_desc == to) return from;
@@ -104,21 +119,24 @@ torch::Tensor Reorder(dnnl::stream& s, const torch::Tensor& from, const memory::
 class Conv3x3Function : public torch::autograd::Function<Conv3x3Function> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight,
-                               torch::Tensor bias) {
+                               torch::Tensor bias, bool bf16) {
     x = x.contiguous();
     weight = weight.contiguous();
     bias = bias.contiguous();
     const int64_t oc = weight.size(0);
-    auto conv = GetConv(KeyOf(x, weight));
+    auto conv = GetConv(KeyOf(x, weight, bf16));
     dnnl::stream s(Engine());
+    // In bf16 the input's bf16 copy is what backward needs: half the memory kept.
+    x = Reorder(s, x, conv->src_f32, conv->fwd_pd.src_desc()).view(x.sizes());
     torch::Tensor w = Reorder(s, weight, conv->user_weights, conv->fwd_pd.weights_desc());
-    torch::Tensor out = torch::empty({x.size(0), oc / kBlock, x.size(2), x.size(3), kBlock}, x.options());
+    torch::Tensor out = torch::empty({x.size(0), oc / kBlock, x.size(2), x.size(3), kBlock}, torch::kFloat32);
     conv->fwd.execute(s, {{DNNL_ARG_SRC, Wrap(conv->fwd_pd.src_desc(), x)},
                           {DNNL_ARG_WEIGHTS, Wrap(conv->fwd_pd.weights_desc(), w)},
                           {DNNL_ARG_BIAS, Wrap(conv->fwd_pd.bias_desc(), bias)},
                           {DNNL_ARG_DST, Wrap(conv->fwd_pd.dst_desc(), out)}});
     s.wait();
     ctx->save_for_backward({x, weight});
+    ctx->saved_data["bf16"] = bf16;
     return out;
   }
 
@@ -126,16 +144,17 @@ class Conv3x3Function : public torch::autograd::Function<Conv3x3Function> {
     auto saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];
     const torch::Tensor& weight = saved[1];
-    torch::Tensor g = grads[0].contiguous();
+    const bool bf16 = ctx->saved_data["bf16"].toBool();
+    auto conv = GetConv(KeyOf(x, weight, bf16));
     const int64_t oc = weight.size(0);
-    auto conv = GetConv(KeyOf(x, weight));
     dnnl::stream s(Engine());
+    torch::Tensor g = Reorder(s, grads[0].contiguous(), conv->diff_dst_f32, conv->bwd_weights_pd.diff_dst_desc());
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       TORCH_CHECK(conv->bwd_data, "Conv3x3: the gradient of a plain (N x C x H x W) input");
       const auto& pd = *conv->bwd_data_pd;
       torch::Tensor w = Reorder(s, weight, conv->user_weights, pd.weights_desc());
-      dx = torch::empty_like(x);
+      dx = torch::empty(x.sizes(), torch::kFloat32);
       conv->bwd_data->execute(s, {{DNNL_ARG_DIFF_DST, Wrap(pd.diff_dst_desc(), g)},
                                   {DNNL_ARG_WEIGHTS, Wrap(pd.weights_desc(), w)},
                                   {DNNL_ARG_DIFF_SRC, Wrap(pd.diff_src_desc(), dx)}});
@@ -149,7 +168,7 @@ class Conv3x3Function : public torch::autograd::Function<Conv3x3Function> {
                                   {DNNL_ARG_DIFF_BIAS, Wrap(pd.diff_bias_desc(), db)}});
     dw = Reorder(s, dw, pd.diff_weights_desc(), conv->user_weights).view(weight.sizes());
     s.wait();
-    return {dx, dw, db};
+    return {dx, dw, db, torch::Tensor()};
   }
 };
 
@@ -194,7 +213,16 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
 
 }  // namespace
 
-torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+bool Bf16Convolutions() {
+  static const bool hardware = [] {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  }();
+  return hardware;
+}
+
+torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                      bool bf16) {
   if (x.dim() == 5) {
     CheckBlocked(x, "Conv3x3");
   } else {
@@ -208,7 +236,7 @@ torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const
                   weight.scalar_type() == torch::kFloat32 && bias.scalar_type() == torch::kFloat32,
               "Conv3x3 takes an O x ", ic, " x 3 x 3 weight (O a multiple of 16) and an O bias");
   try {
-    return Conv3x3Function::apply(x, weight, bias);
+    return Conv3x3Function::apply(x, weight, bias, bf16);
   } catch (const dnnl::error& e) {
     TORCH_CHECK(false, "oneDNN convolution failed: ", e.what());
   }

@@ -101,6 +101,7 @@ struct TrainerSpec {
   int64_t seed = 0;
   bool deterministic = false;     // same seed, same world size: the same losses, bit for bit
   int threads = 0;                // compute threads per worker; 0: OMP_NUM_THREADS
+  std::string precision = "fp32";  // fp32 | bf16: mixed precision (autocast's) for the forward pass
   std::string device = "cpu";     // cpu | cuda
   std::string backend = "auto";   // auto (nccl for cuda, shm on one node, else gloo) | gloo | shm | nccl
   double bucket_mb = 1;           // gradient bucket size for the overlapped allreduce

@@ -59,6 +59,7 @@ ordered_json Trainer(const TrainerSpec& t) {
                         {"deterministic", t.deterministic},
                         {"threads", t.threads},
                         {"device", t.device},
+                        {"precision", t.precision},
                         {"backend", t.backend},
                         {"bucket_mb", t.bucket_mb},
                         {"checkpoint_every", t.checkpoint_every},

@@ -115,6 +115,35 @@ TEST(OneDnn, Conv3x3MatchesAtensConvolutionForwardAndBackward) {
                c10::Error);  // not 3x3
 }
 
+// In bf16 the convolution multiplies x, the weight and the output's gradient rounded to bf16 and
+// sums in f32: equal, to f32 rounding, to ATen's f32 convolution of the rounded values (a product
+// of two bf16 is exact in f32), forward and backward; and far from the f32 result on unrounded
+// values, so the test sees that bf16 was used.
+TEST(OneDnn, Conv3x3InBf16IsTheF32ConvolutionOfBf16RoundedValues) {
+  if (!models::Bf16Convolutions()) GTEST_SKIP() << "this CPU has no bf16 instructions";
+  torch::manual_seed(12);
+  auto round = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat32); };
+  for (int64_t batch : {64, 5}) {
+    torch::Tensor x = torch::randn({batch, 32, 14, 14});
+    torch::Tensor w = (torch::randn({64, 32, 3, 3}) * 0.2).requires_grad_(true);
+    torch::Tensor bias = torch::randn({64}).requires_grad_(true);
+    torch::Tensor xa = x.clone().requires_grad_(true);
+    torch::Tensor ours = models::FromBlocked(models::Conv3x3(models::ToBlocked(xa), w, bias, /*bf16=*/true));
+    EXPECT_EQ(ours.scalar_type(), torch::kFloat32);
+    torch::Tensor w2 = round(w.detach()).requires_grad_(true), bias2 = bias.detach().clone().requires_grad_(true);
+    torch::Tensor xb = round(x).requires_grad_(true);
+    torch::Tensor theirs = torch::conv2d(xb, w2, bias2, 1, 1);
+    EXPECT_TRUE(Close(ours, theirs)) << batch;
+    EXPECT_FALSE(Close(ours, torch::conv2d(x, w.detach(), bias.detach(), 1, 1))) << "not in bf16";
+    torch::Tensor g = torch::randn(ours.sizes());
+    ours.backward(g);
+    theirs.backward(round(g));
+    EXPECT_TRUE(Close(w.grad(), w2.grad())) << batch;
+    EXPECT_TRUE(Close(bias.grad(), bias2.grad())) << batch;
+    EXPECT_TRUE(Close(xa.grad(), xb.grad())) << batch;
+  }
+}
+
 TEST(OneDnn, LinearMatchesTorchsForwardAndBackward) {
   torch::manual_seed(12);
   for (auto [batch, in, out] : {std::array<int64_t, 3>{64, 3136, 128}, {7, 128, 10}}) {

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
@@ -106,6 +107,45 @@ class Prefetcher {
   bool stop_ = false;
   std::thread thread_;
 };
+
+// trainer.precision: bf16: autocast's mixed precision, as torch.autocast(device, torch.bfloat16)
+// around the forward pass: the ops autocast lists (convolutions, matrix products) multiply in
+// bf16 on the device's own path; parameters, gradients and the optimizer stay f32. The loss is
+// computed outside, in f32.
+class Autocast {
+ public:
+  Autocast(bool bf16, const torch::Device& device) : on_(bf16), cuda_(device.is_cuda()) {
+    if (!on_) return;
+    if (cuda_) {
+      at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+      at::autocast::set_enabled(true);
+    } else {
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      at::autocast::set_cpu_enabled(true);
+    }
+    at::autocast::increment_nesting();
+  }
+  ~Autocast() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    if (cuda_) at::autocast::set_enabled(false);
+    else at::autocast::set_cpu_enabled(false);
+  }
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  bool on_, cuda_;
+};
+
+bool CpuHasBf16() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") != 0;
+#else
+  return true;  // not known here: no warning
+#endif
+}
 
 std::string JoinFloats(const std::vector<float>& v) {
   std::ostringstream s;
@@ -535,8 +575,13 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       b.y = b.y.to(device_, /*non_blocking=*/true);
     }
     reducer_->ZeroGrad();
+    torch::Tensor logits;
+    {
+      Autocast autocast(t_.precision == "bf16", device_);
+      logits = model_->forward(b.x);
+    }
     torch::Tensor loss = torch::nn::functional::cross_entropy(
-        model_->forward(b.x), b.y,
+        logits.to(torch::kFloat32), b.y,
         torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(t_.label_smoothing));
     loss.backward();
     RETURN_IF_ERROR(reducer_->Finish());
@@ -624,9 +669,14 @@ Status Trainer::Run() {
   RETURN_IF_ERROR(Setup());
   RETURN_IF_ERROR(Resume());
   if (rank_ == 0) {
-    LOG_INFO("training {} on {} ({} images) on {}, {} workers x batch {}, {} steps per epoch, {} epochs",
-             t_.model, t_.data.dataset, train_set_.count, device_.str(), world_, batch_,
-             steps_per_epoch_, t_.epochs);
+    LOG_INFO("training {} on {} ({} images) on {}{}, {} workers x batch {}, {} steps per epoch, {} epochs",
+             t_.model, t_.data.dataset, train_set_.count, device_.str(),
+             t_.precision == "bf16" ? " in bf16 mixed precision" : "", world_, batch_, steps_per_epoch_,
+             t_.epochs);
+    if (t_.precision == "bf16" && device_.is_cpu() && !CpuHasBf16()) {
+      LOG_WARN("trainer.precision: bf16, but this CPU has no bf16 instructions (AVX512-BF16 or AMX): "
+               "ATen emulates them, slower than fp32; the CNN's own kernels stay fp32");
+    }
   }
   while (epoch_ < t_.epochs && !Done()) {
     RETURN_IF_ERROR(TrainEpoch(epoch_, batch_in_epoch_));
