@@ -48,6 +48,9 @@ def main():
                    help="tensor: index a pre-normalized tensor (the fastest way to feed DDP); "
                         "dataloader: a Dataset, DistributedSampler and DataLoader, as the "
                         "PyTorch tutorials write it")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast around the forward pass (the loss in f32), as "
+                        "trainer.precision: bf16")
     a = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo")
@@ -85,7 +88,9 @@ def main():
         start = time.time()
         for bx, by in batches(epoch):
             opt.zero_grad()
-            F.cross_entropy(model(bx), by).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                logits = model(bx)
+            F.cross_entropy(logits.float(), by).backward()
             opt.step()
         seconds = time.time() - start
         with torch.no_grad():

@@ -16,12 +16,26 @@ momentum 0.9), the real Fashion-MNIST from Debian's dataset-fashion-mnist:
 (a core slowed for seconds at a time by its neighbours), configurations timed minutes apart
 differ by more than what is measured. Each ratio is taken within a round, and the median round
 is reported.
-Prints a markdown table for bench/RESULTS.md. Usage: bench/fashion_mnist.py [--trainctl PATH]
+--precision bf16 runs trainctl with trainer.precision: bf16 and the peer with bf16 autocast around
+its forward pass. Prints a markdown table for bench/RESULTS.md and each run's achieved GFLOP/s per
+core (bench/peak_flops gives the CPU's). Usage:
+  bench/fashion_mnist.py [--trainctl PATH] [--precision fp32|bf16] [--rounds 5]
 """
 import argparse, json, os, socket, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = "/usr/bin/python3"  # Debian's, with python3-torch
+
+
+PRECISION = "fp32"  # --precision
+
+# The CNN's arithmetic per training sample, counted as a direct convolution would do it (2 FLOP a
+# multiply-add; Winograd does fewer): forward, and backward's gradients of the weights and (but
+# for the first layer's input) of the inputs.
+CONV1 = 2 * 28 * 28 * 32 * 1 * 9
+CONV2 = 2 * 14 * 14 * 64 * 32 * 9
+FC = 2 * (3136 * 128 + 128 * 10)
+FLOP_PER_SAMPLE = 2 * CONV1 + 3 * CONV2 + 3 * FC
 
 
 def trainctl_start(trainctl, workers, epochs, eval_, out):
@@ -34,6 +48,7 @@ trainer:
   epochs: {epochs}
   batch_size: 64
   threads: 1
+  precision: {PRECISION}
   optimizer: {{name: sgd, lr: 0.05, momentum: 0.9}}
   log_every: 100
   eval: {str(eval_).lower()}
@@ -89,7 +104,8 @@ def run_peer_ranks(argv, workers, threads):
 
 def ddp_run(workers, epochs, loader):
     return run_peer_ranks([PYTHON, os.path.join(ROOT, "bench", "ddp_fashion_mnist.py"), "--epochs",
-                           str(epochs), "--loader", loader], workers, threads=1)
+                           str(epochs), "--loader", loader] + (["--bf16"] if PRECISION == "bf16" else []),
+                          workers, threads=1)
 
 
 def main():
@@ -98,7 +114,11 @@ def main():
     ap.add_argument("--accuracy-epochs", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5,
                     help="rounds of one epoch per configuration; medians are reported")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="trainer.precision for trainctl; bf16 autocast for the PyTorch peer")
     a = ap.parse_args()
+    global PRECISION
+    PRECISION = a.precision
     tmp = tempfile.mkdtemp(prefix="bench-fm-")
     runs = {"one": [], "two": [], "pair": [], "ddp1": [], "ddp": [], "ddp_loader": []}
     for r in range(a.rounds):
@@ -135,6 +155,12 @@ def main():
             ("trainctl / PyTorch DDP (DataLoader)", ("two", "ddp_loader"), "target <= 0.5")]:
         v = ratios(x, y)
         print(f"{name}: median {statistics.median(v):.3f}, rounds {fmt(v)}  ({target})")
+    # Per core: every worker has one compute thread and one core.
+    for name, key, workers in [("trainctl, 1 worker", "one", 1), ("trainctl, 2 workers", "two", 2),
+                               ("PyTorch DDP, 1 worker", "ddp1", 1), ("PyTorch DDP, 2 workers", "ddp", 2)]:
+        print(f"achieved arithmetic, {name} ({PRECISION}): "
+              f"{FLOP_PER_SAMPLE * 60000 / med(key) / workers / 1e9:.1f} GFLOP/s per core "
+              f"({FLOP_PER_SAMPLE / 1e6:.2f} MFLOP per sample, direct-convolution count)")
     print("allreduce wait per epoch, trainctl 2 workers (rank 0): " +
           " ".join("%.2f" % r["allreduce_wait_seconds"] for r in runs["two"]) + " s")
     print(f"test accuracy after {a.accuracy_epochs} epochs, 2 workers: "

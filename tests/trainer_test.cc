@@ -137,6 +137,22 @@ TEST(Trainer, Bf16FollowsTheFp32LossAndAccuracyCurve) {
   }
 }
 
+// trainer.eval_every: 2 over 3 epochs evaluates after epoch 2 and after the last, not after 1.
+TEST(Trainer, EvalEveryEvaluatesEveryNthEpochAndTheLast) {
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("every", s.path("out"), "  model: cnn\n"
+      "  data: {limit: 640, test_limit: 100}\n  batch_size: 64\n  threads: 1\n  epochs: 3\n"
+      "  eval_every: 2\n", 1, 1));
+  auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  std::vector<int> evaluated;
+  for (const auto& line : SplitLines(s.Read("out/metrics.jsonl"))) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("test_accuracy")) evaluated.push_back(j["epoch"].get<int>());
+  }
+  EXPECT_EQ(evaluated, (std::vector<int>{2, 3}));
+}
+
 // The trainer of the resume tests. 640 images / (2 workers x 32) = 10 steps per epoch: the runs
 // cross an epoch boundary, and a stop at step 7 falls mid-epoch, between checkpoints.
 std::string ResumableTrainer(int max_steps, const std::string& device = "cpu") {

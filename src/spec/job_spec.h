@@ -112,6 +112,7 @@ struct TrainerSpec {
   int64_t snapshot_every = 20;
   int64_t log_every = 50;         // steps between metric lines
   bool eval = true;               // test accuracy after every epoch
+  int eval_every = 1;             // epochs between evaluations; the last epoch is always evaluated
   // `trainctl run` continues the previous run in output_dir from its newest checkpoint (as
   // `run --resume`); false: that run's files are moved aside and training starts from scratch.
   bool resume = false;

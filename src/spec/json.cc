@@ -67,6 +67,7 @@ ordered_json Trainer(const TrainerSpec& t) {
                         {"snapshot_every", t.snapshot_every},
                         {"log_every", t.log_every},
                         {"eval", t.eval},
+                        {"eval_every", t.eval_every},
                         {"resume", t.resume}});
   return j;
 }

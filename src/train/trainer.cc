@@ -681,7 +681,9 @@ Status Trainer::Run() {
   while (epoch_ < t_.epochs && !Done()) {
     RETURN_IF_ERROR(TrainEpoch(epoch_, batch_in_epoch_));
     if (batch_in_epoch_ < steps_per_epoch_) break;  // max_steps ended it mid-epoch
-    if (t_.eval) RETURN_IF_ERROR(EvalEpoch(epoch_));
+    if (t_.eval && ((epoch_ + 1) % t_.eval_every == 0 || epoch_ + 1 == t_.epochs)) {
+      RETURN_IF_ERROR(EvalEpoch(epoch_));
+    }
     ++epoch_;
     batch_in_epoch_ = 0;
     if (t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
