@@ -66,6 +66,12 @@ TEST(Helm, TheChartMakesWhatRenderMakesForEveryExampleFormatAndEnvironment) {
   // A null deletes what the base spec (the chart's values) sets: its default applies.
   const std::string nulls = s.Write("nulls.yaml", "cluster: {namespace: null}\nresources: {memory: null}\n"
                                                   "trainer: {threads: null}\n");
+  // Numbers and booleans in quotes: trainctl reads them as what the field takes, and so must the
+  // chart's schema.
+  const std::string quoted = s.Write("quoted.yaml", "name: quoted\nnodes: \"2\"\nprocs_per_node: '2'\n"
+                                                    "command: [python3, train.py]\ntimeouts: {job: \"1h\"}\n"
+                                                    "restart: {max_restarts: \"5\"}\n"
+                                                    "cluster: {tensorboard: \"false\", metrics_port: \"9400\"}\n");
   struct Case {
     std::string spec, workload, ns;
     std::vector<std::string> layers;  // given to render and, at install time, to helm
@@ -91,6 +97,7 @@ TEST(Helm, TheChartMakesWhatRenderMakesForEveryExampleFormatAndEnvironment) {
       {"examples/parameter-server.yaml", "job", "default", {}},  // roles: a Job per role
       {"examples/parameter-server.yaml", "tfjob", "default", {}},
       {"examples/tensorflow.yaml", "tfjob", "default", {}},
+      {quoted, "job", "default", {}},
   };
   std::vector<std::string> made;
   for (size_t i = 0; i < cases.size(); ++i) {
