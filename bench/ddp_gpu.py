@@ -23,6 +23,7 @@ def main():
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--window", type=int, default=100)
     p.add_argument("--windows", type=int, default=5)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast around the forward pass")
     a = p.parse_args()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
@@ -52,7 +53,9 @@ def main():
     def step():
         idx = torch.randint(0, len(y), (a.batch,), device=dev, generator=g)
         opt.zero_grad(set_to_none=False)
-        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.bf16):
+            logits = model(x[idx])
+        F.cross_entropy(logits.float(), y[idx]).backward()
         opt.step()
 
     for _ in range(a.warmup):

@@ -9,7 +9,10 @@ autotuning, allocator warm-up) is dropped and the median samples/s of the others
 trainctl feeds itself from host memory (its prefetch thread and pinned copies); the peer's data is
 already on the GPU, the fastest way to feed PyTorch.
 
-Usage: bench/gpu.py --trainctl PATH [--python PYTHON] [--configs NAME,...] [--gpus N]
+With --precision bf16 trainctl runs trainer.precision: bf16 and the peer the same autocast around
+its forward pass (the loss in f32).
+
+Usage: bench/gpu.py --trainctl PATH [--python PYTHON] [--configs NAME,...] [--gpus N] [--precision bf16]
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
 
@@ -46,6 +49,7 @@ trainer:
   max_steps: {steps}
   epochs: 1000
   threads: 4
+  precision: {a.precision}
   optimizer: {{name: sgd, lr: 0.01, momentum: 0.9}}
   log_every: {a.window}
   snapshot_every: 0
@@ -64,7 +68,8 @@ def peer_run(a, model, data, batch):
     lines = run_peer_ranks(
         [a.python, os.path.join(ROOT, "bench", "ddp_gpu.py"), "--model", model, "--data",
          FMNIST if data == "fashion-mnist" else data, "--batch", str(batch),
-         "--warmup", str(a.window), "--window", str(a.window), "--windows", str(a.windows)],
+         "--warmup", str(a.window), "--window", str(a.window), "--windows", str(a.windows)] +
+        (["--bf16"] if a.precision == "bf16" else []),
         a.gpus, threads=4)
     return [l["samples_per_s"] for l in lines]
 
@@ -77,6 +82,8 @@ def main():
     ap.add_argument("--gpus", type=int, default=1, help="workers, one GPU each")
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="trainer.precision for trainctl; bf16 autocast for the peer")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-gpu-")
     print("| configuration | trainctl samples/s (median) | PyTorch DDP samples/s (median) | trainctl / DDP throughput |")
