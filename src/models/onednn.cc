@@ -5,7 +5,6 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <tuple>
 
@@ -98,10 +97,10 @@ ConvKey KeyOf(const torch::Tensor& x, const torch::Tensor& weight, bool bf16) {
   return {x.size(0), weight.size(1), weight.size(0), x.size(2), x.size(3), bf16};
 }
 
+// Each thread its own primitives: oneDNN's Winograd weight gradient is not safe to run from two
+// threads at once (it crashed where two ranks of a test are threads of one process).
 std::shared_ptr<const Conv> GetConv(const ConvKey& key) {
-  static std::mutex mu;
-  static std::map<ConvKey, std::shared_ptr<const Conv>> cache;
-  std::lock_guard<std::mutex> lock(mu);
+  static thread_local std::map<ConvKey, std::shared_ptr<const Conv>> cache;
   auto& conv = cache[key];
   if (!conv) conv = MakeConv(key);
   return conv;
