@@ -30,6 +30,16 @@ std::map<int64_t, std::string> Losses(const std::string& metrics) {
   return out;
 }
 
+// The records of metrics.jsonl that hold `key`.
+std::vector<nlohmann::json> Records(const std::string& metrics, const std::string& key) {
+  std::vector<nlohmann::json> out;
+  for (const auto& line : SplitLines(metrics)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) out.push_back(std::move(j));
+  }
+  return out;
+}
+
 std::string Digest(const std::string& log) {
   std::smatch m;
   static const std::regex re("final parameters: \\d+ values, crc32c ([0-9a-f]{8})");
@@ -69,9 +79,8 @@ TEST(Trainer, LabelSmoothingAndTheOneCycleScheduleReachTheLossAndTheOptimizer) {
     auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
     EXPECT_EQ(r.exit.code, 0) << r.output;
     std::vector<std::pair<double, double>> loss_lr;
-    for (const auto& line : SplitLines(s.Read(out + "/metrics.jsonl"))) {
-      auto j = nlohmann::json::parse(line);
-      if (j.contains("loss")) loss_lr.emplace_back(j["loss"].get<double>(), j["lr"].get<double>());
+    for (const auto& j : Records(s.Read(out + "/metrics.jsonl"), "loss")) {
+      loss_lr.emplace_back(j["loss"].get<double>(), j["lr"].get<double>());
     }
     return loss_lr;
   };
@@ -107,11 +116,9 @@ TEST(Trainer, Bf16FollowsTheFp32LossAndAccuracyCurve) {
     auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(180));
     EXPECT_EQ(r.exit.code, 0) << r.output;
     std::vector<double> losses, accuracies;
-    for (const auto& line : SplitLines(s.Read(precision + "/metrics.jsonl"))) {
-      auto j = nlohmann::json::parse(line);
-      if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
-      if (j.contains("test_accuracy")) accuracies.push_back(j["test_accuracy"].get<double>());
-    }
+    const std::string metrics = s.Read(precision + "/metrics.jsonl");
+    for (const auto& j : Records(metrics, "loss")) losses.push_back(j["loss"].get<double>());
+    for (const auto& j : Records(metrics, "test_accuracy")) accuracies.push_back(j["test_accuracy"].get<double>());
     return std::make_tuple(losses, accuracies, s.Read(precision + "/logs/worker-0.log"));
   };
   const auto [fp32_losses, fp32_accuracies, fp32_log] = run("fp32");
@@ -146,10 +153,7 @@ TEST(Trainer, EvalEveryEvaluatesEveryNthEpochAndTheLast) {
   auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   std::vector<int> evaluated;
-  for (const auto& line : SplitLines(s.Read("out/metrics.jsonl"))) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("test_accuracy")) evaluated.push_back(j["epoch"].get<int>());
-  }
+  for (const auto& j : Records(s.Read("out/metrics.jsonl"), "test_accuracy")) evaluated.push_back(j["epoch"].get<int>());
   EXPECT_EQ(evaluated, (std::vector<int>{2, 3}));
 }
 
