@@ -239,7 +239,7 @@ def main():
     a = ap.parse_args()
     # Run a copy, so that a rebuild during a long run does not change what runs.
     bin_dir = tempfile.mkdtemp(prefix="bench-faults-bin-")
-    for f in ("trainctl", "trainctl-torch.so"):
+    for f in ("trainctl", "trainctl-torch.so", "trainctl-http.so"):
         shutil.copy2(os.path.join(os.path.dirname(a.trainctl), f), bin_dir)
     a.trainctl = os.path.join(bin_dir, "trainctl")
     random.seed(1)

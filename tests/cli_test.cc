@@ -519,9 +519,27 @@ TEST_F(AgentTest, AWrongTokenIsRefused) {
   EXPECT_FALSE(store_->TryGet("round/0/joined")->has_value()) << "nothing was written";
 }
 
+// Agents and every verb start without cpp-httplib and OpenSSL (a third of a process start, paid
+// 1024 times by a 1024-node job): trainctl-http.so brings them to what speaks HTTP.
+TEST(Cli, TheHttpLibrariesAreLoadedOnlyByWhatSpeaksHttp) {
+  Scratch s;
+  auto r = Trainctl({"--version"}, s.path(""), seconds(30), {{"LD_DEBUG", "files"}});
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_NE(r.output.find("file=libyaml-cpp"), std::string::npos) << "the loader's trace:\n" << r.output;
+  for (const char* lib : {"file=libssl", "file=libcrypto", "file=libcpp-httplib", "trainctl-http.so"}) {
+    EXPECT_EQ(r.output.find(lib), std::string::npos) << lib << " loaded:\n" << r.output;
+  }
+  WriteSpec(s, "name: http\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"
+               "command: [\"true\"]\noutput_dir: {out}/out\n");
+  auto etcd = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30), {{"LD_DEBUG", "files"}});
+  EXPECT_NE(etcd.output.find("trainctl-http.so"), std::string::npos) << etcd.output;
+  EXPECT_NE(etcd.output.find("file=libssl"), std::string::npos) << etcd.output;
+}
+
 // Your own image (docs/own-program.md): `scripts/dev bundle` gives trainctl with the libraries it
 // needs; in a root holding only glibc, the C++ runtime, sh and the bundle (none of trainctl's
-// Debian libraries), a job of 2 nodes x 2 workers runs. Needs root (a mount namespace, chroot).
+// Debian libraries), a job of 2 nodes x 2 workers runs, and a job on etcd loads trainctl-http.so
+// (cpp-httplib, OpenSSL) from the bundle. Needs root (a mount namespace, chroot).
 TEST(Cli, TheBundleRunsJobsInAnImageWithOnlyGlibcAndSh) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root for chroot";
   Scratch s;
@@ -531,6 +549,7 @@ TEST(Cli, TheBundleRunsJobsInAnImageWithOnlyGlibcAndSh) {
   ASSERT_EQ(bundled.exit.code, 0) << bundled.output;
   EXPECT_TRUE(Exists(root + "/opt/trainctl/lib/libyaml-cpp.so.0.7")) << bundled.output;
   EXPECT_FALSE(Exists(root + "/opt/trainctl/lib/libc.so.6")) << "glibc is the image's";
+  EXPECT_TRUE(Exists(root + "/opt/trainctl/lib/trainctl/trainctl-http.so")) << bundled.output;
   auto made = sh("R=" + root + "; mkdir -p $R/lib/x86_64-linux-gnu $R/lib64 $R/bin $R/proc $R/dev $R/tmp; "
                  "for l in libc.so.6 libm.so.6 libstdc++.so.6 libgcc_s.so.1; do "
                  "cp -L /lib/x86_64-linux-gnu/$l $R/lib/x86_64-linux-gnu/; done; "
@@ -538,8 +557,16 @@ TEST(Cli, TheBundleRunsJobsInAnImageWithOnlyGlibcAndSh) {
   ASSERT_EQ(made.exit.code, 0) << made.output;
   s.Write("image/job.yaml", "name: own\nnodes: 2\nprocs_per_node: 2\n"
                             "command: [/bin/sh, -c, 'echo \"rank $RANK of $WORLD_SIZE\"']\noutput_dir: /tmp/out\n");
-  auto r = sh("unshare --mount --fork sh -ec 'mount -t proc proc " + root + "/proc; mount --rbind /dev " + root +
-              "/dev; mount --make-rslave " + root + "/dev; chroot " + root + " /opt/trainctl/bin/trainctl run /job.yaml'");
+  s.Write("image/etcd.yaml", "name: on-etcd\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"
+                             "command: [/bin/sh, -c, 'true']\noutput_dir: /tmp/etcd-out\n");
+  auto in_image = [&](const std::string& spec) {
+    return sh("unshare --mount --fork sh -ec 'mount -t proc proc " + root + "/proc; mount --rbind /dev " + root +
+              "/dev; mount --make-rslave " + root + "/dev; chroot " + root + " /opt/trainctl/bin/trainctl run " + spec + "'");
+  };
+  auto etcd = in_image("/etcd.yaml");
+  EXPECT_EQ(etcd.exit.code, kExitError) << etcd.output;
+  EXPECT_NE(etcd.output.find("cannot reach etcd at 127.0.0.1:1"), std::string::npos) << "the plugin loaded:\n" << etcd.output;
+  auto r = in_image("/job.yaml");
   EXPECT_EQ(r.exit.code, 0) << r.output;
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_NE(r.output.find("[worker-" + std::to_string(rank) + "] rank " + std::to_string(rank) + " of 4"),

@@ -1,45 +1,24 @@
 // `trainctl train` (a worker of the built-in trainer) and `trainctl eval`. Both run code that
 // needs LibTorch, which lives in the plugin trainctl-torch.so next to this binary (or in
 // ../lib/trainctl/), loaded only here: every other verb starts without paying for libtorch.
-#include <dlfcn.h>
-
 #include <cstdio>
 
 #include "cli/verbs.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
-#include "common/subprocess.h"
+#include "common/plugin.h"
 #include "train/entry.h"
 
 namespace trainctl::cli {
 namespace {
 
 int CallPlugin(const char* verb, const void* options) {
-  std::string exe = SelfExe();
-  std::string dir = exe.substr(0, exe.rfind('/'));
-  std::vector<std::string> candidates = {dir + "/" + train::kPluginFile,
-                                         dir + "/../lib/trainctl/" + train::kPluginFile};
-  std::string errors;
-  for (const auto& path : candidates) {
-    if (!Exists(path)) continue;
-    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      errors += std::string("\n  ") + ::dlerror();
-      continue;
-    }
-    auto entry = reinterpret_cast<train::PluginEntry>(::dlsym(handle, train::kPluginEntry));
-    if (!entry) {
-      errors += "\n  " + path + ": no entry point " + train::kPluginEntry;
-      continue;
-    }
-    return entry(verb, options);  // the plugin stays loaded until exit
+  auto entry = PluginFunction<train::PluginEntry>(kTorchPlugin, train::kPluginEntry);
+  if (!entry.ok()) {
+    std::fprintf(stderr, "trainctl %s: the LibTorch part of trainctl: %s\n", verb, entry.status().message().c_str());
+    return kExitError;
   }
-  std::fprintf(stderr,
-               "trainctl %s: cannot load the LibTorch part of trainctl (%s); looked in %s and "
-               "%s%s\n",
-               verb, train::kPluginFile, candidates[0].c_str(), candidates[1].c_str(),
-               errors.c_str());
-  return kExitError;
+  return (*entry)(verb, options);  // the plugin stays loaded until exit
 }
 
 }  // namespace

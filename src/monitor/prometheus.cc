@@ -1,14 +1,14 @@
 #include "monitor/prometheus.h"
 
 #include <cstdio>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
 #include "common/strings.h"
 #include "job/paths.h"
-#include "monitor/http.h"
+#include "common/plugin.h"
+#include "monitor/http_service.h"
 #include "monitor/view.h"
 
 namespace trainctl::monitor {
@@ -135,9 +135,7 @@ std::string MetricsExporter::Render(const std::vector<runs::RunEntry>& entries) 
 }
 
 struct MetricsServer::Impl {
-  httplib::Server server;
-  std::thread thread;
-  int port = 0;
+  std::unique_ptr<HttpService> service;
 };
 
 MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -146,24 +144,17 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& h
                                                             const std::string& token,
                                                             std::function<std::string()> render) {
   if (token.empty()) return InvalidArgument("serving metrics needs the job's token");
+  ASSIGN_OR_RETURN(auto serve, PluginFunction<ServeMetricsEntry>(kHttpPlugin, kServeMetricsEntry));
+  ServiceResult service = Unavailable("not started");
+  serve(host, port, token, std::move(render), &service);
+  if (!service.ok()) return service.status();
   auto impl = std::make_unique<Impl>();
-  impl->server.Get("/metrics", [token, render](const httplib::Request& req, httplib::Response& res) {
-    const std::string auth = req.get_header_value("Authorization");
-    if (auth.rfind("Bearer ", 0) != 0 || !ConstantTimeEquals(auth.substr(7), token)) {
-      res.status = 401;
-      res.set_header("WWW-Authenticate", "Bearer");
-      res.set_content("trainctl metrics: this needs the job's token as a bearer token\n", "text/plain");
-      return;
-    }
-    res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  impl->port = ListenInBackground(impl->server, host, port, &impl->thread);
-  if (impl->port <= 0) return Unavailable("cannot listen on " + host + ":" + std::to_string(port) + " for /metrics");
+  impl->service = std::move(*service);
   return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));
 }
 
-MetricsServer::~MetricsServer() { StopServing(impl_->server, &impl_->thread); }
+MetricsServer::~MetricsServer() = default;
 
-int MetricsServer::port() const { return impl_->port; }
+int MetricsServer::port() const { return impl_->service->port(); }
 
 }  // namespace trainctl::monitor

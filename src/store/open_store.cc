@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "common/plugin.h"
 #include "store/etcd/etcd_store.h"
 #include "store/tcp/tcp_store.h"
 
@@ -32,8 +33,10 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::stri
       o.password = password;
     }
     o.connect_timeout = connect_timeout;
-    ASSIGN_OR_RETURN(auto store, EtcdStore::Connect(o));
-    return std::unique_ptr<Store>(std::move(store));
+    ASSIGN_OR_RETURN(auto connect, PluginFunction<EtcdConnectEntry>(kHttpPlugin, kEtcdConnectEntry));
+    Result<std::unique_ptr<Store>> store = Unavailable("not connected");
+    connect(o, &store);
+    return store;
   }
   std::string address = url.rfind(kTcp, 0) == 0 ? url.substr(std::string(kTcp).size()) : url;
   TcpStoreOptions o;

@@ -44,6 +44,5 @@ int RunPredict(const PredictOptions& options);
 // (EvalOptions). Built from the same sources as the binary, so C++ types cross safely.
 using PluginEntry = int (*)(const char* verb, const void* options);
 inline constexpr const char* kPluginEntry = "trainctl_torch_entry";
-inline constexpr const char* kPluginFile = "trainctl-torch.so";
 
 }  // namespace trainctl::train

@@ -279,3 +279,13 @@ Result<bool> EtcdStore::Delete(const std::string& key) {
 }
 
 }  // namespace trainctl
+
+extern "C" __attribute__((visibility("default"))) void trainctl_etcd_connect(
+    const trainctl::EtcdStoreOptions& options, trainctl::Result<std::unique_ptr<trainctl::Store>>* out) {
+  auto store = trainctl::EtcdStore::Connect(options);
+  if (store.ok()) {
+    *out = std::unique_ptr<trainctl::Store>(std::move(*store));
+  } else {
+    *out = store.status();
+  }
+}

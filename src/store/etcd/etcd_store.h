@@ -74,6 +74,11 @@ class EtcdStore : public Store {
   std::unique_ptr<httplib::Client> client_;
 };
 
+// The store's code, with cpp-httplib and OpenSSL, lives in the plugin trainctl-http.so
+// (common/plugin.h); OpenStore reaches EtcdStore::Connect through this entry point.
+using EtcdConnectEntry = void (*)(const EtcdStoreOptions& options, Result<std::unique_ptr<Store>>* out);
+inline constexpr const char* kEtcdConnectEntry = "trainctl_etcd_connect";
+
 // Standard base64, as etcd's gateway encodes keys and values.
 std::string Base64Encode(const std::string& in);
 Result<std::string> Base64Decode(const std::string& in);

@@ -1,0 +1,212 @@
+// The dashboard's HTTP side (monitor/dashboard.h): its page, JSON API and /metrics, on cpp-httplib.
+// Built into trainctl-http.so.
+#include <sys/stat.h>
+
+#include <map>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "common/fs.h"
+#include "common/strings.h"
+#include "common/subprocess.h"
+#include "data/dataset.h"
+#include "job/paths.h"
+#include "monitor/assets.h"
+#include "monitor/dashboard.h"
+#include "monitor/httplib_service.h"
+#include "monitor/prometheus.h"
+#include "monitor/view.h"
+
+namespace trainctl::monitor {
+
+namespace {
+
+using nlohmann::json;
+
+json RunSummary(const RunView& v) {
+  const runs::RunEntry& e = v.entry;
+  return {{"name", e.name}, {"run_id", e.run_id}, {"state", v.state}, {"tasks", Tasks(e)},
+          {"progress", Progress(v.dir)}, {"elapsed", Elapsed(v)}, {"output_dir", v.dir}, {"host", e.host},
+          {"started", e.started}, {"alive", v.alive}};
+}
+
+// The curves of metrics.jsonl: training windows and test accuracy, at most the newest 5000 points.
+json Series(const std::string& dir) {
+  json train = {{"step", json::array()}, {"loss", json::array()}, {"samples_per_s", json::array()}};
+  json test = {{"step", json::array()}, {"accuracy", json::array()}};
+  auto text = ReadFile(paths::MetricsJsonl(dir), int64_t{256} << 20);
+  if (!text.ok()) return {{"train", train}, {"test", test}};
+  for (const auto& line : SplitLines(*text)) {
+    auto j = json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) continue;
+    if (j.contains("loss") && j["loss"].is_number()) {
+      train["step"].push_back(j["step"]);
+      train["loss"].push_back(j["loss"]);
+      train["samples_per_s"].push_back(j.value("samples_per_s", 0.0));
+    }
+    if (j.contains("test_accuracy") && j["test_accuracy"].is_number()) {
+      test["step"].push_back(j["step"]);
+      test["accuracy"].push_back(j["test_accuracy"]);
+    }
+  }
+  for (json* s : {&train, &test}) {
+    for (auto& [key, values] : s->items()) {
+      if (values.size() > 5000) values.erase(values.begin(), values.end() - 5000);
+    }
+  }
+  return {{"train", train}, {"test", test}};
+}
+
+// The first JSON value in a command's output (LibTorch may print warnings before it).
+json ParseOutput(const std::string& output) {
+  const size_t at = output.find_first_of("[{");
+  return at == std::string::npos ? json() : json::parse(output.substr(at), nullptr, false);
+}
+
+class DashboardServer : public HttplibService {
+ public:
+  explicit DashboardServer(const DashboardOptions& options) : o(options) {}
+  ~DashboardServer() override { Stop(); }
+
+  DashboardOptions o;
+  MetricsExporter metrics;
+  std::mutex eval_mu;
+  std::map<std::string, std::pair<int64_t, json>> evals;  // run id -> (model mtime, result)
+
+  bool Authorized(const httplib::Request& req) const {
+    if (req.has_param("token") && ConstantTimeEquals(req.get_param_value("token"), o.token)) return true;
+    const std::string auth = req.get_header_value("Authorization");
+    return auth.rfind("Bearer ", 0) == 0 && ConstantTimeEquals(auth.substr(7), o.token);
+  }
+
+  // Test-set results of a run's model: `trainctl eval` (per class, confusion matrix) and
+  // `trainctl predict` on the test images for the misclassified ones. Cached per model file.
+  json Eval(const RunView& v) {
+    const std::string model = paths::Model(v.dir);
+    struct stat st{};
+    if (::stat(model.c_str(), &st) != 0) return {{"error", "no model yet: " + model + " appears when the run ends"}};
+    const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    std::lock_guard<std::mutex> lock(eval_mu);
+    auto cached = evals.find(v.entry.run_id);
+    if (cached != evals.end() && cached->second.first == mtime) return cached->second.second;
+    auto run = [&](std::vector<std::string> args) -> json {
+      SpawnOptions so;
+      so.argv = {o.self_exe};
+      so.argv.insert(so.argv.end(), args.begin(), args.end());
+      so.env = CurrentEnvironment();
+      auto r = RunCommand(so, std::chrono::seconds(300));
+      if (!r.ok() || r->exit.code != 0) return json();
+      return ParseOutput(r->output);
+    };
+    json result = run({"eval", "--checkpoint", model, "-o", "json"});
+    if (!result.is_object()) return {{"error", "trainctl eval failed on " + model}};
+    // Misclassified test images, with the model's answer: Fashion-MNIST and MNIST (idx files).
+    const json spec = ReadJson(paths::JobJson(v.dir));
+    const json data = spec.is_object() && spec.contains("trainer") ? spec["trainer"].value("data", json::object()) : json();
+    const std::string dataset = data.is_object() ? data.value("dataset", "fashion-mnist") : "";
+    if (dataset == "fashion-mnist" || dataset == "mnist") {
+      std::string dir = data.value("dir", "");
+      if (dir.empty()) dir = data::kFashionMnistDir;
+      auto test = data::LoadMnistDir(dir, /*train=*/false);
+      std::string images = dir + "/t10k-images-idx3-ubyte";
+      if (!Exists(images)) images += ".gz";
+      json predicted = test.ok() ? run({"predict", "--checkpoint", model, images, "-o", "json", "-k", "1"}) : json();
+      json wrong = json::array();
+      for (size_t i = 0; predicted.is_array() && i < predicted.size() && i < static_cast<size_t>(test->count) && wrong.size() < 24; ++i) {
+        const json& top = predicted[i]["top"][0];
+        if (top["class"].get<int>() == test->labels[i]) continue;
+        const uint8_t* px = test->image(static_cast<int64_t>(i));
+        wrong.push_back({{"index", i}, {"label", test->labels[i]}, {"predicted", top["class"]},
+                         {"predicted_name", top["name"]}, {"probability", top["probability"]},
+                         {"rows", test->rows}, {"cols", test->cols},
+                         {"pixels", std::vector<int>(px, px + test->image_bytes())}});
+      }
+      result["misclassified"] = wrong;
+    }
+    evals[v.entry.run_id] = {mtime, result};
+    return result;
+  }
+
+  void Routes() {
+    httplib::Server& server = this->server();
+    auto asset = [&server](const char* path, const char* type, const char* body) {
+      server.Get(path, [type, body](const httplib::Request&, httplib::Response& res) {
+        res.set_content(body, type);
+        res.set_header("Cache-Control", "no-store");
+      });
+    };
+    asset("/app.js", "text/javascript", kDashboardJs);
+    asset("/app.css", "text/css", kDashboardCss);
+    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // Nothing but the page's own assets loads, and no page elsewhere may frame it.
+      res.set_header("Content-Security-Policy",
+                     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+                     "img-src 'self' data:; frame-ancestors 'none'");
+      res.set_header("X-Content-Type-Options", "nosniff");
+      if (req.path == "/app.js" || req.path == "/app.css" || Authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+      res.status = 401;
+      res.set_content("trainctl dashboard: this needs the token in the URL that `trainctl dashboard` printed\n",
+                      "text/plain");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    server.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(kDashboardHtml, "text/html"); });
+    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics.Render(runs::List()), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    server.Get("/api/runs", [](const httplib::Request&, httplib::Response& res) {
+      json out = json::array();
+      for (const auto& e : runs::List()) out.push_back(RunSummary(View(e)));
+      res.set_content(out.dump(), "application/json");
+    });
+    server.Get(R"(/api/runs/([A-Za-z0-9._-]+)(/logs|/eval)?)", [this](const httplib::Request& req, httplib::Response& res) {
+      auto e = runs::Find(req.matches[1]);
+      if (!e.ok() || e->run_id != req.matches[1]) {
+        res.status = 404;
+        res.set_content(json{{"error", "no run " + std::string(req.matches[1])}}.dump(), "application/json");
+        return;
+      }
+      const RunView v = View(*e);
+      json out;
+      if (req.matches[2] == "/logs") {
+        const int rank = req.has_param("rank") ? std::atoi(req.get_param_value("rank").c_str()) : 0;
+        const auto files = LogFiles(paths::LogsDir(v.dir), "", rank, ReadJson(paths::JobJson(v.dir)));
+        const std::string text = files.empty() ? "" : ReadTail(files[0], 262144);
+        out = {{"rank", rank}, {"file", files.empty() ? "" : files[0]}, {"text", text}};
+      } else if (req.matches[2] == "/eval") {
+        out = Eval(v);
+      } else {
+        out = RunSummary(v);
+        out["status"] = v.status;
+        out["series"] = Series(v.dir);
+        out["split"] = StepSplit(v.dir);
+        json tasks = json::array();
+        if (v.alive) {
+          for (const auto& t : SampleTasks(e->pid, std::chrono::milliseconds(250))) {
+            tasks.push_back({{"rank", t.rank}, {"task", t.label}, {"pid", t.pid}, {"cpu_percent", t.cpu_percent},
+                             {"rss_mib", t.rss_mib}, {"threads", t.threads}});
+          }
+        }
+        out["workers"] = tasks;
+        out["ranks"] = e->tasks;
+      }
+      res.set_content(out.dump(), "application/json");
+    });
+  }
+};
+
+}  // namespace
+
+}  // namespace trainctl::monitor
+
+extern "C" __attribute__((visibility("default"))) void trainctl_serve_dashboard(
+    const trainctl::monitor::DashboardOptions& options, trainctl::monitor::ServiceResult* out) {
+  using namespace trainctl::monitor;
+  auto server = std::make_unique<DashboardServer>(options);
+  server->Routes();
+  if (!server->Listen(options.host, options.port)) {
+    *out = trainctl::Unavailable("cannot listen on " + options.host + ":" + std::to_string(options.port));
+    return;
+  }
+  *out = std::unique_ptr<HttpService>(std::move(server));
+}
