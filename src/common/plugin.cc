@@ -15,9 +15,9 @@ Result<void*> PluginSymbol(const std::string& file, const std::string& symbol) {
   static std::mutex mu;
   static std::map<std::string, void*> loaded;  // file -> handle, never closed
   std::lock_guard<std::mutex> lock(mu);
-  void* handle = loaded.count(file) ? loaded[file] : nullptr;
-  std::string looked;
+  void*& handle = loaded[file];
   if (!handle) {
+    std::string looked;
     const std::string exe = SelfExe();
     const std::string dir = exe.substr(0, exe.rfind('/'));
     std::vector<std::string> candidates = {dir + "/" + file, dir + "/../lib/trainctl/" + file};
@@ -35,7 +35,6 @@ Result<void*> PluginSymbol(const std::string& file, const std::string& symbol) {
       looked += std::string(": ") + ::dlerror();
     }
     if (!handle) return NotFound("cannot load " + file + "; looked in:" + looked);
-    loaded[file] = handle;
   }
   void* address = ::dlsym(handle, symbol.c_str());
   if (!address) return NotFound(file + " has no entry point " + symbol + " (is it from another build of trainctl?)");

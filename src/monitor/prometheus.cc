@@ -5,9 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
+#include "common/plugin.h"
 #include "common/strings.h"
 #include "job/paths.h"
-#include "common/plugin.h"
 #include "monitor/http_service.h"
 #include "monitor/view.h"
 
