@@ -122,7 +122,6 @@ Result<std::optional<RoundInfo>> FinishSlot(Store& store, int round, int slot, c
   ASSIGN_OR_RETURN(auto rank, store.TryGet(keys::RoundRank(round, slot)));
   if (!rank) return std::optional<RoundInfo>();  // closed without this slot (a last call before it)
   info.group_rank = std::atoi(rank->c_str());
-  RETURN_IF_ERROR(store.Set(keys::kCurrentRound, std::to_string(round)));
   return std::optional<RoundInfo>(info);
 }
 
@@ -185,10 +184,16 @@ Status Close(Store& store, int round, int slots, Clock::time_point deadline, con
   const std::string desired = s.Encode();
   ASSIGN_OR_RETURN(std::string now, store.CompareSet(keys::RoundState(round), "", desired));
   if (now != desired) return Status::Ok();  // another closer won; it announces the round
+  // In one batch, in order: each slot's rank, the current round (a node joining the running job
+  // starts there), then the closed key that wakes the members, who find the rest already set.
+  std::vector<std::pair<std::string, std::string>> announce;
+  announce.reserve(s.nodes.size() + 2);
   for (size_t rank = 0; rank < s.nodes.size(); ++rank) {
-    RETURN_IF_ERROR(store.Set(keys::RoundRank(round, s.nodes[rank].slot), std::to_string(rank)));
+    announce.emplace_back(keys::RoundRank(round, s.nodes[rank].slot), std::to_string(rank));
   }
-  return store.Set(keys::RoundClosed(round), std::to_string(s.nodes.size()) + " " + std::to_string(s.restarts));
+  announce.emplace_back(keys::kCurrentRound, std::to_string(round));
+  announce.emplace_back(keys::RoundClosed(round), std::to_string(s.nodes.size()) + " " + std::to_string(s.restarts));
+  return store.MultiSet(announce);
 }
 
 }  // namespace
@@ -241,42 +246,39 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
     RETURN_IF_ERROR(store.Set(keys::RoundMember(round, slot), EncodeMember({o.node_id, o.rank_hint, restarts})));
     if (slot == o.max_nodes - 1) RETURN_IF_ERROR(Close(store, round, o.max_nodes, deadline, o));
   }
-  // Wait for the round to close (a slot past max: to learn that it closed without this agent).
-  // The closed key announces it; the state is read again when it is set.
+  // Wait for the round to close (a slot past max: to learn that it closed without this agent):
+  // a get of the closed key waits on the server and returns it as it is set.
   std::optional<Clock::time_point> last_call_since;  // when this agent first saw min nodes joined
   // The first joiner closes at the last call; the others two seconds later, should it have died:
   // hundreds of agents each reading every record at the same moment would only slow the close.
   const Duration last_call = o.last_call + (slot == 0 ? Duration(0) : Duration(std::chrono::seconds(2)));
-  const bool elastic = o.min_nodes < o.max_nodes;
-  auto next_read = Clock::now();
+  // Elastic rounds watch the count for their last call; a fixed-size round's members need only
+  // the closed key.
+  const bool counting = o.min_nodes < o.max_nodes && slot < o.max_nodes;
+  auto next_count = Clock::now();
   while (true) {
-    if (Clock::now() >= next_read) {
-      ASSIGN_OR_RETURN(auto announced, store.TryGet(keys::RoundClosed(round)));
-      if (announced) {
-        if (slot >= o.max_nodes) return std::optional<RoundInfo>();
-        return FinishSlot(store, round, slot, *announced);
-      }
-      // Elastic rounds watch the count for their last call; a fixed-size round's members need
-      // only the closed key, and read the state again after a second in case a wake-up was lost.
-      next_read = Clock::now() + (elastic ? o.poll : std::chrono::seconds(1));
-      if (elastic && slot < o.max_nodes) {
-        ASSIGN_OR_RETURN(int joined, Joined(store, round));
-        if (joined >= o.min_nodes) {
-          if (!last_call_since) last_call_since = Clock::now();
-          if (Clock::now() - *last_call_since >= last_call) {
-            RETURN_IF_ERROR(Close(store, round, std::min(joined, o.max_nodes), deadline, o));
-            continue;
-          }
-          next_read = std::min(next_read, *last_call_since + last_call);
+    if (counting && Clock::now() >= next_count) {
+      next_count = Clock::now() + o.poll;
+      ASSIGN_OR_RETURN(int joined, Joined(store, round));
+      if (joined >= o.min_nodes) {
+        if (!last_call_since) last_call_since = Clock::now();
+        if (Clock::now() - *last_call_since >= last_call) {
+          RETURN_IF_ERROR(Close(store, round, std::min(joined, o.max_nodes), deadline, o));
+        } else {
+          next_count = std::min(next_count, *last_call_since + last_call);
         }
       }
     }
     if (Clock::now() >= deadline) return TimedOut(store, round, o);
     if (o.check) RETURN_IF_ERROR(o.check());
-    Duration wait = std::min({Remaining(deadline), Remaining(next_read), o.poll});
-    Status waited = store.Wait({keys::RoundClosed(round)}, std::max(wait, Duration(1)));
-    if (waited.ok()) next_read = Clock::now();
-    else if (waited.code() != Code::kTimeout) return waited;
+    Duration wait = std::min(Remaining(deadline), o.poll);
+    if (counting) wait = std::min(wait, Remaining(next_count));
+    auto announced = store.Get(keys::RoundClosed(round), std::max(wait, Duration(1)));
+    if (announced.ok()) {
+      if (slot >= o.max_nodes) return std::optional<RoundInfo>();
+      return FinishSlot(store, round, slot, *announced);
+    }
+    if (announced.status().code() != Code::kTimeout) return announced.status();
   }
 }
 

@@ -2,6 +2,11 @@
 
 namespace trainctl {
 
+Status Store::MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  for (const auto& [key, value] : pairs) RETURN_IF_ERROR(Set(key, value));
+  return Status::Ok();
+}
+
 template <typename T, typename F>
 T PrefixStore::Call(F&& f) {
   if (fail_fast_) {
@@ -48,6 +53,12 @@ Status PrefixStore::Wait(const std::vector<std::string>& keys, Duration timeout)
   full.reserve(keys.size());
   for (const auto& k : keys) full.push_back(prefix_ + k);
   return Call<StatusResult>([&] { return StatusResult(base_->Wait(full, timeout)); }).st;
+}
+Status PrefixStore::MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  std::vector<std::pair<std::string, std::string>> full;
+  full.reserve(pairs.size());
+  for (const auto& [key, value] : pairs) full.emplace_back(prefix_ + key, value);
+  return Call<StatusResult>([&] { return StatusResult(base_->MultiSet(full)); }).st;
 }
 Result<bool> PrefixStore::Delete(const std::string& key) {
   return Call<Result<bool>>([&] { return base_->Delete(prefix_ + key); });

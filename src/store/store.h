@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/duration.h"
@@ -39,6 +40,10 @@ class Store {
   virtual Status Wait(const std::vector<std::string>& keys, Duration timeout) = 0;
   // Returns whether the key existed.
   virtual Result<bool> Delete(const std::string& key) = 0;
+  // Sets each pair in order: a waiter on a later key finds every earlier one set. Stops at the
+  // first error. The TCP store sends them in one go (one round trip, not one per key); this
+  // default sets them one by one.
+  virtual Status MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs);
 };
 
 // Namespaces every key under `prefix` (for example "/trainctl/<run-id>/"), so that jobs, runs and
@@ -57,6 +62,7 @@ class PrefixStore : public Store {
                                  const std::string& desired) override;
   Status Wait(const std::vector<std::string>& keys, Duration timeout) override;
   Result<bool> Delete(const std::string& key) override;
+  Status MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs) override;
 
   // Once a call finds the store gone (kUnavailable), every later call fails at once with that
   // status instead of waiting out the store's own timeouts again (a launcher writing its report).

@@ -238,7 +238,47 @@ TYPED_TEST(StoreTest, PrefixesKeepJobsApart) {
   EXPECT_TRUE(job1.Wait({"round"}, milliseconds(10)).ok());
 }
 
+TYPED_TEST(StoreTest, MultiSetSetsInOrder) {
+  // A waiter on the batch's last key finds every earlier key of the batch already set (the
+  // rendezvous announces a round this way: the ranks, then the key that wakes the members).
+  auto writer = this->backend_.NewClient();
+  auto reader = this->backend_.NewClient();
+  constexpr int kPairs = 300;
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (int i = 0; i < kPairs; ++i) pairs.emplace_back("slot/" + std::to_string(i), std::to_string(kPairs - i));
+  pairs.emplace_back("announced", "yes");
+  std::thread t([&] { ASSERT_TRUE(writer->MultiSet(pairs).ok()); });
+  auto r = reader->Get("announced", seconds(20));
+  t.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  for (int i = 0; i < kPairs; ++i) {
+    auto v = reader->TryGet("slot/" + std::to_string(i));
+    ASSERT_TRUE(v.ok() && v->has_value()) << i;
+    EXPECT_EQ(**v, std::to_string(kPairs - i));
+  }
+  EXPECT_TRUE(writer->MultiSet({}).ok());
+  // The connection is still in step: the next call gets its own reply.
+  EXPECT_EQ(*writer->Add("after", 2), 2);
+}
+
 // --- TCP only ---------------------------------------------------------------------------
+
+TEST(TcpStore, LongValuesAndBatchesKeepTheConnectionInStep) {
+  // A reply longer than one read, and a batch of sets, then ordinary calls on the same
+  // connection: each call reads exactly its own replies.
+  auto server = StartTcpServer("t");
+  auto c = ConnectTcp(server->port(), "t");
+  std::string big(3 << 20, 'x');
+  for (size_t i = 0; i < big.size(); i += 4099) big[i] = static_cast<char>('a' + i % 26);
+  ASSERT_TRUE(c->Set("big", big).ok());
+  EXPECT_EQ(*c->Get("big", seconds(5)), big);
+  EXPECT_EQ(*c->Add("n", 1), 1);
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (int i = 0; i < 5000; ++i) pairs.emplace_back("k" + std::to_string(i), std::string(100, 'v'));
+  ASSERT_TRUE(c->MultiSet(pairs).ok());
+  EXPECT_EQ(**c->TryGet("k4999"), std::string(100, 'v'));
+  EXPECT_EQ(*c->Add("n", 1), 2);
+}
 
 TEST(TcpStore, RefusesAClientWithoutTheToken) {
   auto server = StartTcpServer("right");

@@ -6,8 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "common/socket.h"
@@ -65,20 +67,9 @@ Status TcpStore::EnsureConnected() {
   auto deadline = Clock::now() + options_.io_timeout;
   wire::Writer w;
   w.U8(static_cast<uint8_t>(Op::kHello)).I64(wire::kProtocolVersion).Str(options_.token);
-  char header[4];
   std::string body;
-  bool sent = SendAll(fd_, w.Frame(), deadline);
-  int rc = sent ? RecvAll(fd_, header, 4, deadline) : -2;
-  if (rc == 1) {
-    uint32_t n = 0;
-    for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(header[i])) << (8 * i);
-    if (n == 0 || n > wire::kMaxFrameBytes) {
-      rc = -2;
-    } else {
-      body.resize(n);
-      rc = RecvAll(fd_, body.data(), n, deadline);
-    }
-  }
+  in_.clear();
+  const int rc = SendAll(fd_, w.Frame(), deadline) ? ReadFrame(&body, deadline) : -2;
   if (rc != 1) {
     ::close(fd_);
     fd_ = -1;
@@ -99,31 +90,70 @@ Status TcpStore::EnsureConnected() {
   return Status::Ok();
 }
 
-Result<std::pair<uint8_t, std::string>> TcpStore::Call(const std::string& frame, Duration wait) {
+int TcpStore::ReadFrame(std::string* body, Clock::time_point deadline) {
+  while (true) {
+    const int got = wire::TakeFrame(&in_, body);
+    if (got == 1 && in_.empty() && in_.capacity() > 4096) std::string().swap(in_);  // a long reply's room
+    if (got == 1) return body->empty() ? -3 : 1;
+    if (got < 0) return -3;
+    struct pollfd p{fd_, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(Remaining(deadline).count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) return -1;
+    // A reply that fits the stack buffer is read there (the connection keeps no buffer between
+    // calls); a longer one is read straight into place once its length is known.
+    char small[4096];
+    size_t want = sizeof small;
+    if (in_.size() >= 4) {
+      uint32_t n = 0;
+      for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(in_[i])) << (8 * i);
+      want = std::max<size_t>(want, 4 + static_cast<size_t>(n) - in_.size());
+    }
+    const size_t had = in_.size();
+    if (want > sizeof small) in_.resize(had + want);
+    char* into = want > sizeof small ? in_.data() + had : small;
+    const ssize_t n = ::recv(fd_, into, want, 0);
+    const int err = errno;
+    if (want > sizeof small) {
+      in_.resize(had + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    } else if (n > 0) {
+      in_.append(small, static_cast<size_t>(n));
+    }
+    if (n == 0) return 0;
+    if (n < 0) {
+      if (err == EINTR || err == EAGAIN) continue;
+      errno = err;
+      return -2;
+    }
+  }
+}
+
+Result<std::pair<uint8_t, std::string>> TcpStore::Call(const std::string& frames, Duration wait, size_t replies) {
   std::lock_guard<std::mutex> lock(mu_);
   if (fd_ < 0) greeted_ = false;
   RETURN_IF_ERROR(EnsureConnected());
   auto deadline = Clock::now() + wait + options_.io_timeout;
   auto drop = [this](const std::string& what) {
+    in_.clear();
     ::close(fd_);
     fd_ = -1;
     greeted_ = false;
     return Unavailable("store at " + Where() + ": " + what);
   };
-  if (!SendAll(fd_, frame, deadline)) return drop("sending the request failed");
-  char header[4];
-  int rc = RecvAll(fd_, header, 4, deadline);
-  if (rc == 0) return drop("the server closed the connection");
-  if (rc == -1) return drop("no reply within " + FormatDuration(wait + options_.io_timeout));
-  if (rc < 0) return drop(std::string("receive failed: ") + std::strerror(errno));
-  uint32_t n = 0;
-  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(header[i])) << (8 * i);
-  if (n == 0 || n > wire::kMaxFrameBytes) return drop("malformed reply");
-  std::string body(n, '\0');
-  rc = RecvAll(fd_, body.data(), n, deadline);
-  if (rc != 1) return drop("the reply was cut off");
-  uint8_t reply = static_cast<uint8_t>(body[0]);
-  return std::make_pair(reply, body.substr(1));
+  if (!SendAll(fd_, frames, deadline)) return drop("sending the request failed");
+  std::string body;
+  std::optional<std::pair<uint8_t, std::string>> first_error;
+  for (size_t i = 0; i < replies; ++i) {
+    const int rc = ReadFrame(&body, deadline);
+    if (rc == 0) return drop("the server closed the connection");
+    if (rc == -1) return drop("no reply within " + FormatDuration(wait + options_.io_timeout));
+    if (rc == -3) return drop("malformed reply");
+    if (rc < 0) return drop(std::string("receive failed: ") + std::strerror(errno));
+    const uint8_t reply = static_cast<uint8_t>(body[0]);
+    if (reply != static_cast<uint8_t>(Reply::kOk) && !first_error) first_error.emplace(reply, body.substr(1));
+  }
+  if (first_error) return *first_error;
+  return std::make_pair(static_cast<uint8_t>(body[0]), body.substr(1));
 }
 
 namespace {
@@ -208,6 +238,19 @@ Status TcpStore::Wait(const std::vector<std::string>& keys, Duration timeout) {
   w.I64(std::max<int64_t>(1, timeout.count()));
   ASSIGN_OR_RETURN(auto reply, Call(w.Frame(), timeout));
   if (reply.first == static_cast<uint8_t>(Reply::kTimeout)) return KeysTimeout(keys, timeout);
+  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
+  return Status::Ok();
+}
+
+Status TcpStore::MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs) {
+  if (pairs.empty()) return Status::Ok();
+  std::string frames;
+  for (const auto& [key, value] : pairs) {
+    wire::Writer w;
+    w.U8(static_cast<uint8_t>(Op::kSet)).Str(key).Str(value);
+    frames += w.Frame();
+  }
+  ASSIGN_OR_RETURN(auto reply, Call(frames, Duration(0), pairs.size()));
   if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
   return Status::Ok();
 }

@@ -76,19 +76,27 @@ class TcpStore : public Store {
                                  const std::string& desired) override;
   Status Wait(const std::vector<std::string>& keys, Duration timeout) override;
   Result<bool> Delete(const std::string& key) override;
+  // The sets go out in one send and their replies come back together: one round trip.
+  Status MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs) override;
 
  private:
   explicit TcpStore(TcpStoreOptions options) : options_(std::move(options)) {}
   Status EnsureConnected();
-  // Sends one request and reads its reply body (after the Reply byte) within `wait` plus the
-  // io timeout. On any transport error the connection is dropped; the next call reconnects.
-  Result<std::pair<uint8_t, std::string>> Call(const std::string& frame, Duration wait);
+  // Sends the request frame(s) and reads `replies` reply bodies within `wait` plus the io
+  // timeout; returns the first reply that is not kOk, else the last (its Reply byte and the
+  // fields after it). On any transport error the connection is dropped; the next call reconnects.
+  Result<std::pair<uint8_t, std::string>> Call(const std::string& frames, Duration wait, size_t replies = 1);
+  // Reads one reply frame's body: 1; 0 when the server closed the connection, -1 when `deadline`
+  // passed, -2 on a receive error, -3 for a malformed frame. One poll and one recv for a reply
+  // that arrives whole (the usual case), where reading the length first took two of each.
+  int ReadFrame(std::string* body, Clock::time_point deadline);
   std::string Where() const;
 
   TcpStoreOptions options_;
   std::mutex mu_;
   int fd_ = -1;
   bool greeted_ = false;
+  std::string in_;  // received bytes not yet taken as a frame
 };
 
 }  // namespace trainctl
