@@ -19,27 +19,33 @@ const char* kFooter = R"(Exit codes:
 
 Run 'trainctl VERB --help' for a verb's flags. Docs: docs/job-spec.md, docs/cli.md.)";
 
-// The first word that is not a global flag must be a verb: a typo gets a did-you-mean and the
-// list of verbs, not CLI11's "A subcommand is required". Returns false after printing the error.
-bool CheckVerb(const CLI::App& app, int argc, char** argv) {
-  std::vector<std::string> verbs;
-  for (const auto* sub : app.get_subcommands({})) verbs.push_back(sub->get_name());
+// The first word that is not a global flag (the verb, if the command line is right), or "".
+std::string VerbWord(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--log-level") {
       ++i;  // its value
       continue;
     }
-    if (arg == "--") return true;
+    if (arg == "--") return "";
     if (!arg.empty() && arg[0] == '-') continue;
-    if (std::find(verbs.begin(), verbs.end(), arg) != verbs.end()) return true;
-    const std::string near = trainctl::ClosestMatch(arg, verbs);
-    std::fprintf(stderr, "trainctl: unknown verb %s%s\nverbs: %s\nRun 'trainctl --help' for what each does.\n",
-                 trainctl::Quote(arg).c_str(), near.empty() ? "" : ("; did you mean '" + near + "'?").c_str(),
-                 trainctl::Join(verbs, ", ").c_str());
-    return false;
+    return arg;
   }
-  return true;
+  return "";
+}
+
+// The verb word must be a verb: a typo gets a did-you-mean and the list of verbs, not CLI11's
+// "A subcommand is required". Returns false after printing the error.
+bool CheckVerb(const CLI::App& app, const std::string& word) {
+  if (word.empty()) return true;
+  std::vector<std::string> verbs;
+  for (const auto* sub : app.get_subcommands({})) verbs.push_back(sub->get_name());
+  if (std::find(verbs.begin(), verbs.end(), word) != verbs.end()) return true;
+  const std::string near = trainctl::ClosestMatch(word, verbs);
+  std::fprintf(stderr, "trainctl: unknown verb %s%s\nverbs: %s\nRun 'trainctl --help' for what each does.\n",
+               trainctl::Quote(word).c_str(), near.empty() ? "" : ("; did you mean '" + near + "'?").c_str(),
+               trainctl::Join(verbs, ", ").c_str());
+  return false;
 }
 
 // `trainctl logs JOB -f`, as kubectl and tail spell it: a -f that names no file is --follow.
@@ -69,19 +75,26 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   int code = trainctl::kExitOk;
-  trainctl::cli::AddRun(app, flags, &code);
-  trainctl::cli::AddValidate(app, flags, &code);
-  trainctl::cli::AddSchema(app, flags, &code);
-  trainctl::cli::AddAgent(app, flags, &code);
-  trainctl::cli::AddTrain(app, flags, &code);
-  trainctl::cli::AddEval(app, flags, &code);
-  trainctl::cli::AddPredict(app, flags, &code);
-  trainctl::cli::AddTorchrun(app, flags, &code);
-  trainctl::cli::AddBench(app, flags, &code);
-  trainctl::cli::AddRender(app, flags, &code);
-  trainctl::cli::AddClusterVerbs(app, flags, &code);
-  trainctl::cli::AddLocalJobVerbs(app, flags, &code);
-  if (!CheckVerb(app, argc, argv)) return trainctl::kExitInvalidSpec;
+  const std::string verb = VerbWord(argc, argv);
+  if (verb == "agent") {
+    // Started once per node (a 1024-node job starts 1024): it builds only its own flags, not
+    // every verb's (a third of a process start).
+    trainctl::cli::AddAgent(app, flags, &code);
+  } else {
+    trainctl::cli::AddRun(app, flags, &code);
+    trainctl::cli::AddValidate(app, flags, &code);
+    trainctl::cli::AddSchema(app, flags, &code);
+    trainctl::cli::AddAgent(app, flags, &code);
+    trainctl::cli::AddTrain(app, flags, &code);
+    trainctl::cli::AddEval(app, flags, &code);
+    trainctl::cli::AddPredict(app, flags, &code);
+    trainctl::cli::AddTorchrun(app, flags, &code);
+    trainctl::cli::AddBench(app, flags, &code);
+    trainctl::cli::AddRender(app, flags, &code);
+    trainctl::cli::AddClusterVerbs(app, flags, &code);
+    trainctl::cli::AddLocalJobVerbs(app, flags, &code);
+  }
+  if (!CheckVerb(app, verb)) return trainctl::kExitInvalidSpec;
   std::vector<std::string> args(argv, argv + argc);
   FollowFlag(args);
   std::vector<std::string> reversed(args.rbegin(), args.rend() - 1);  // CLI11 takes them reversed
