@@ -18,6 +18,7 @@
 #include "tests/etcd_server.h"
 #include "tests/test_util.h"
 
+#include "common/socket.h"
 #include "store/etcd/etcd_store.h"
 #include "store/memory/memory_store.h"
 #include "store/tcp/tcp_store.h"
@@ -395,6 +396,52 @@ TEST(TcpStore, AFloodOfStrangersDoesNotKeepTheJobsClientsOut) {
     EXPECT_LT(Clock::now() - start, seconds(1));
   }
   for (int fd : strangers) ::close(fd);
+}
+
+// Hundreds of agents connect at once while the server is behind (here: stopped): their hellos
+// wait unread in the sockets when it accepts them all in one go. None is taken for a stranger
+// and closed to make room (1024-node jobs failed with "closed the connection during the
+// handshake").
+TEST(TcpStore, ClientsWhoseHelloWaitsUnreadAreNotClosedAsStrangers) {
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {  // the server, in its own process so that it can be stopped
+    TcpStoreServerOptions o;
+    o.token = "t";
+    o.max_unauthenticated = 8;
+    auto server = TcpStoreServer::Start(o);
+    uint16_t port = server.ok() ? (*server)->port() : 0;
+    ssize_t ignored = ::write(ready[1], &port, sizeof port);
+    (void)ignored;
+    ::pause();
+    ::_exit(0);
+  }
+  uint16_t port = 0;
+  ASSERT_EQ(::read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  ASSERT_NE(port, 0);
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  constexpr int kClients = 100;  // within the listen backlog: the kernel completes each connect
+  wire::Writer hello;
+  hello.U8(static_cast<uint8_t>(wire::Op::kHello)).I64(wire::kProtocolVersion).Str("t");
+  std::vector<int> fds;
+  for (int i = 0; i < kClients; ++i) {
+    fds.push_back(RawConnect(port));
+    ASSERT_TRUE(SendAll(fds.back(), hello.Frame(), Clock::now() + seconds(5)));
+  }
+  ASSERT_EQ(::kill(pid, SIGCONT), 0);
+  int welcomed = 0;
+  for (int fd : fds) {
+    char reply[5] = {};  // length 1, then kOk
+    if (RecvAll(fd, reply, sizeof reply, Clock::now() + seconds(10)) == 1 &&
+        reply[4] == static_cast<char>(wire::Reply::kOk)) {
+      ++welcomed;
+    }
+    ::close(fd);
+  }
+  EXPECT_EQ(welcomed, kClients);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
 }
 
 // Out of file descriptors, the server waits instead of polling a listener that stays readable

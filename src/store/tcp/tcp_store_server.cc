@@ -366,19 +366,44 @@ void TcpStoreServer::Serve() {
   watch(EPOLL_CTL_ADD, listen_fd_, EPOLLIN);
   bool listening = true;
   std::set<int> strangers;  // connections that have not presented the token yet
-  // The oldest connection that has not said hello: the one to close for a newcomer.
+  // Reads what `c` has sent and runs it (a hello, the requests after it). Before the token, no
+  // more than a hello's worth is ever buffered.
+  auto read_from = [&](Conn* c) {
+    s.touched.insert(c->fd);
+    const size_t room = c->authed ? sizeof buf : std::min(sizeof buf, wire::kMaxHelloBytes + 4 - std::min<size_t>(c->in.size(), wire::kMaxHelloBytes + 4));
+    if (room == 0) {
+      c->dead = true;
+      return;
+    }
+    ssize_t n = ::recv(c->fd, buf, room, 0);
+    if (n > 0) {
+      c->in.append(buf, static_cast<size_t>(n));
+      s.ProcessBuffered(c, options_.token);
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      c->dead = true;
+    }
+  };
+  // Closes the oldest connection that has not said hello, to make room for a newcomer. A hello
+  // may be waiting in a stranger's socket, unread (a server behind on its reading, hundreds of
+  // agents connecting at once): it is read first, and a stranger that sent the token stays.
   auto close_oldest_unauthenticated = [&] {
-    Conn* oldest = nullptr;
+    std::vector<Conn*> order;
     for (int fd : strangers) {
       Conn* c = s.Find(fd);
-      if (c && !c->authed && !c->dead && (!oldest || c->accepted < oldest->accepted)) oldest = c;
+      if (c && !c->authed && !c->dead) order.push_back(c);
     }
-    if (oldest) {
-      oldest->dead = true;  // closed below, without a reply: it never said who it is
-      strangers.erase(oldest->fd);
-      s.touched.insert(oldest->fd);
+    std::sort(order.begin(), order.end(), [](const Conn* a, const Conn* b) { return a->accepted < b->accepted; });
+    for (Conn* c : order) {
+      if (!c->closing) read_from(c);
+      if (c->authed) {
+        strangers.erase(c->fd);
+        continue;
+      }
+      c->dead = true;  // closed below, without a reply: it never said who it is
+      strangers.erase(c->fd);
+      return true;
     }
-    return oldest != nullptr;
+    return false;
   };
   // Runs what the touched connections have buffered, sends their replies, and closes the dead.
   auto settle = [&] {
@@ -466,7 +491,8 @@ void TcpStoreServer::Serve() {
           c.accepted = Clock::now();
           c.events = EPOLLIN;
           watch(EPOLL_CTL_ADD, cfd, EPOLLIN);
-          strangers.insert(cfd);
+          read_from(&c);  // its hello, when it came with the connection (the job's clients)
+          if (!c.authed) strangers.insert(cfd);
           if (++now_live >= max_connections && strangers.empty()) break;
         }
         continue;
@@ -474,21 +500,7 @@ void TcpStoreServer::Serve() {
       Conn* c = s.Find(fd);
       if (!c || c->dead) continue;
       s.touched.insert(fd);
-      if (ready[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-        // Before the token, no more than a hello's worth is ever buffered.
-        const size_t room = c->authed ? sizeof buf : std::min(sizeof buf, wire::kMaxHelloBytes + 4 - std::min<size_t>(c->in.size(), wire::kMaxHelloBytes + 4));
-        if (room == 0) {
-          c->dead = true;
-          continue;
-        }
-        ssize_t n = ::recv(c->fd, buf, room, 0);
-        if (n > 0) {
-          c->in.append(buf, static_cast<size_t>(n));
-          s.ProcessBuffered(c, options_.token);
-        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-          c->dead = true;
-        }
-      }
+      if (ready[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read_from(c);
     }
     if (stop) break;
     settle();
