@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "agent/worker_group.h"
@@ -86,13 +88,18 @@ Agent::Agent(AgentOptions options, Store* store) : o_(std::move(options)), store
 }
 
 Status Agent::CheckStop() {
+  if (Status st = CheckStopSignal(); !st.ok()) return st;
+  ASSIGN_OR_RETURN(auto stop, store_->TryGet(keys::kStop));
+  if (stop) return Aborted(*stop);
+  return Status::Ok();
+}
+
+Status Agent::CheckStopSignal() {
   if (int sig = StopSignal()) {
     std::string reason = std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " on " + node_id_;
     auto ignored = store_->CompareSet(keys::kStop, "", StopRecord{reason, kExitInterrupted}.ToJson());
     return Aborted(reason);
   }
-  ASSIGN_OR_RETURN(auto stop, store_->TryGet(keys::kStop));
-  if (stop) return Aborted(*stop);
   return Status::Ok();
 }
 
@@ -483,16 +490,28 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
     out.code = kExitOk;
     return out;
   };
-  auto round_end = [&]() -> Result<std::optional<FailureRecord>> {
-    ASSIGN_OR_RETURN(auto end, store_->TryGet(keys::RoundEnd(round)));
+  auto parse_end = [](const std::optional<std::string>& end) -> Result<std::optional<FailureRecord>> {
     if (!end) return std::optional<FailureRecord>();
     ASSIGN_OR_RETURN(FailureRecord rec, FailureRecord::FromJson(*end));
     return std::optional<FailureRecord>(rec);
   };
+  auto round_end = [&]() -> Result<std::optional<FailureRecord>> {
+    ASSIGN_OR_RETURN(auto end, store_->TryGet(keys::RoundEnd(round)));
+    return parse_end(end);
+  };
+  // Each turn reads the stop request and the round's end in one round trip: a thousand agents
+  // polling are a store's whole load otherwise.
+  const std::vector<std::string> watched_keys = {keys::kStop, keys::RoundEnd(round)};
 
+  const Duration poll = std::clamp<Duration>(Duration(s.nodes.max / 10), o_.poll_interval,
+                                             std::max<Duration>(o_.poll_interval, std::chrono::milliseconds(200)));
   while (true) {
-    WaitSignal(o_.poll_interval);
-    if (Status st = CheckStop(); !st.ok()) {
+    WaitSignal(poll);
+    auto seen = store_->TryGetMany(watched_keys);
+    Status st = CheckStopSignal();
+    if (st.ok() && !seen.ok()) st = seen.status();
+    if (st.ok() && (*seen)[0]) st = Aborted(*(*seen)[0]);
+    if (!st.ok()) {
       group.Stop(s.timeouts.stop_grace);
       if (st.code() == Code::kAborted) return Stopped(st);
       return error(kExitError, "lost the job's store: " + st.ToString());
@@ -567,7 +586,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       PostRootCause(r, task_restarts);
       return o;
     }
-    auto end = round_end();
+    auto end = parse_end((*seen)[1]);
     if (!end.ok()) {
       group.Stop(s.timeouts.stop_grace);
       return error(kExitError, "lost the job's store: " + end.status().ToString());

@@ -51,6 +51,9 @@ struct AgentOptions {
   std::string store_prefix;     // handed to tasks
   bool color_output = false;
   std::atomic<int>* group_rank = nullptr;  // if set: this node's group rank in the current round
+  // How often a round's watch reads the store (the stop key, the round's end; a task's exit
+  // wakes it at once). Jobs of many nodes read less often: 0.1 ms x nodes, up to 200 ms, so
+  // that a thousand agents polling do not become the store's whole load.
   Duration poll_interval = std::chrono::milliseconds(50);
 };
 
@@ -73,7 +76,9 @@ class Agent {
   // Every task's host:port (by rank), for TF_CONFIG: this node reserves its tasks' ports.
   Result<std::vector<std::string>> ExchangeTaskAddrs(const Round& r);
   WorkerLaunch Launch(const Round& r, const Task& task, int task_restarts) const;
+  // kAborted when a stop was requested (a signal here, or the job's stop key); store errors.
   Status CheckStop();
+  Status CheckStopSignal();  // only the signal: the stop key is read with other keys
   FailureRecord NewFailure(FailureKind kind, int round, int group_rank) const;
   // The task's error file (its exception, traceback, time) into `rec`; a bad file is named in a
   // warning and left out.

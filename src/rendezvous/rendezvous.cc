@@ -271,7 +271,7 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
     }
     if (Clock::now() >= deadline) return TimedOut(store, round, o);
     if (o.check) RETURN_IF_ERROR(o.check());
-    Duration wait = std::min(Remaining(deadline), o.poll);
+    Duration wait = std::min(Remaining(deadline), o.check_every);
     if (counting) wait = std::min(wait, Remaining(next_count));
     auto announced = store.Get(keys::RoundClosed(round), std::max(wait, Duration(1)));
     if (announced.ok()) {

@@ -39,9 +39,11 @@ struct RendezvousOptions {
   Duration timeout = std::chrono::minutes(5);  // the whole join, from the first call
   int rank_hint = -1;       // the launcher's node index (Slurm, Kubernetes); -1: none
   std::string node_id;      // "host:pid", unique per agent; shown in errors
-  Duration poll = std::chrono::milliseconds(100);
-  // Called between short waits; a non-ok status ends the join with that status (a stop request).
+  Duration poll = std::chrono::milliseconds(100);  // an elastic round's count, read this often
+  // Called between waits for the round to close, at least this often; a non-ok status ends the
+  // join with that status (a stop request). The wait itself ends as the round closes.
   std::function<Status()> check;
+  Duration check_every = std::chrono::milliseconds(500);
 };
 
 struct RoundInfo {

@@ -7,6 +7,16 @@ Status Store::MultiSet(const std::vector<std::pair<std::string, std::string>>& p
   return Status::Ok();
 }
 
+Result<std::vector<std::optional<std::string>>> Store::TryGetMany(const std::vector<std::string>& keys) {
+  std::vector<std::optional<std::string>> values;
+  values.reserve(keys.size());
+  for (const auto& key : keys) {
+    ASSIGN_OR_RETURN(auto value, TryGet(key));
+    values.push_back(std::move(value));
+  }
+  return values;
+}
+
 template <typename T, typename F>
 T PrefixStore::Call(F&& f) {
   if (fail_fast_) {
@@ -59,6 +69,12 @@ Status PrefixStore::MultiSet(const std::vector<std::pair<std::string, std::strin
   full.reserve(pairs.size());
   for (const auto& [key, value] : pairs) full.emplace_back(prefix_ + key, value);
   return Call<StatusResult>([&] { return StatusResult(base_->MultiSet(full)); }).st;
+}
+Result<std::vector<std::optional<std::string>>> PrefixStore::TryGetMany(const std::vector<std::string>& keys) {
+  std::vector<std::string> full;
+  full.reserve(keys.size());
+  for (const auto& k : keys) full.push_back(prefix_ + k);
+  return Call<Result<std::vector<std::optional<std::string>>>>([&] { return base_->TryGetMany(full); });
 }
 Result<bool> PrefixStore::Delete(const std::string& key) {
   return Call<Result<bool>>([&] { return base_->Delete(prefix_ + key); });

@@ -44,6 +44,9 @@ class Store {
   // first error. The TCP store sends them in one go (one round trip, not one per key); this
   // default sets them one by one.
   virtual Status MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs);
+  // TryGet of each key, in one call (what a polling agent reads each turn); the TCP store reads
+  // them in one round trip, this default one by one.
+  virtual Result<std::vector<std::optional<std::string>>> TryGetMany(const std::vector<std::string>& keys);
 };
 
 // Namespaces every key under `prefix` (for example "/trainctl/<run-id>/"), so that jobs, runs and
@@ -63,6 +66,7 @@ class PrefixStore : public Store {
   Status Wait(const std::vector<std::string>& keys, Duration timeout) override;
   Result<bool> Delete(const std::string& key) override;
   Status MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs) override;
+  Result<std::vector<std::optional<std::string>>> TryGetMany(const std::vector<std::string>& keys) override;
 
   // Once a call finds the store gone (kUnavailable), every later call fails at once with that
   // status instead of waiting out the store's own timeouts again (a launcher writing its report).

@@ -262,6 +262,21 @@ TYPED_TEST(StoreTest, MultiSetSetsInOrder) {
   EXPECT_EQ(*writer->Add("after", 2), 2);
 }
 
+TYPED_TEST(StoreTest, TryGetManyReadsEachKeyOrItsAbsence) {
+  auto s = this->backend_.NewClient();
+  ASSERT_TRUE(s->Set("present", "1").ok());
+  ASSERT_TRUE(s->Set("empty", "").ok());
+  auto got = s->TryGetMany({"present", "absent", "empty", "present"});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), 4u);
+  EXPECT_EQ((*got)[0], std::optional<std::string>("1"));
+  EXPECT_EQ((*got)[1], std::nullopt);
+  EXPECT_EQ((*got)[2], std::optional<std::string>(""));
+  EXPECT_EQ((*got)[3], std::optional<std::string>("1"));
+  EXPECT_TRUE(s->TryGetMany({})->empty());
+  EXPECT_EQ(*s->Add("after", 3), 3);  // still in step
+}
+
 // --- TCP only ---------------------------------------------------------------------------
 
 TEST(TcpStore, LongValuesAndBatchesKeepTheConnectionInStep) {

@@ -128,7 +128,7 @@ int TcpStore::ReadFrame(std::string* body, Clock::time_point deadline) {
   }
 }
 
-Result<std::pair<uint8_t, std::string>> TcpStore::Call(const std::string& frames, Duration wait, size_t replies) {
+Result<std::vector<TcpStore::RawReply>> TcpStore::CallMany(const std::string& frames, Duration wait, size_t replies) {
   std::lock_guard<std::mutex> lock(mu_);
   if (fd_ < 0) greeted_ = false;
   RETURN_IF_ERROR(EnsureConnected());
@@ -141,19 +141,23 @@ Result<std::pair<uint8_t, std::string>> TcpStore::Call(const std::string& frames
     return Unavailable("store at " + Where() + ": " + what);
   };
   if (!SendAll(fd_, frames, deadline)) return drop("sending the request failed");
+  std::vector<RawReply> out;
+  out.reserve(replies);
   std::string body;
-  std::optional<std::pair<uint8_t, std::string>> first_error;
   for (size_t i = 0; i < replies; ++i) {
     const int rc = ReadFrame(&body, deadline);
     if (rc == 0) return drop("the server closed the connection");
     if (rc == -1) return drop("no reply within " + FormatDuration(wait + options_.io_timeout));
     if (rc == -3) return drop("malformed reply");
     if (rc < 0) return drop(std::string("receive failed: ") + std::strerror(errno));
-    const uint8_t reply = static_cast<uint8_t>(body[0]);
-    if (reply != static_cast<uint8_t>(Reply::kOk) && !first_error) first_error.emplace(reply, body.substr(1));
+    out.emplace_back(static_cast<uint8_t>(body[0]), body.substr(1));
   }
-  if (first_error) return *first_error;
-  return std::make_pair(static_cast<uint8_t>(body[0]), body.substr(1));
+  return out;
+}
+
+Result<TcpStore::RawReply> TcpStore::Call(const std::string& frame, Duration wait) {
+  ASSIGN_OR_RETURN(auto replies, CallMany(frame, wait, 1));
+  return std::move(replies[0]);
 }
 
 namespace {
@@ -250,9 +254,32 @@ Status TcpStore::MultiSet(const std::vector<std::pair<std::string, std::string>>
     w.U8(static_cast<uint8_t>(Op::kSet)).Str(key).Str(value);
     frames += w.Frame();
   }
-  ASSIGN_OR_RETURN(auto reply, Call(frames, Duration(0), pairs.size()));
-  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
+  ASSIGN_OR_RETURN(auto replies, CallMany(frames, Duration(0), pairs.size()));
+  for (const auto& reply : replies) {
+    if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
+  }
   return Status::Ok();
+}
+
+Result<std::vector<std::optional<std::string>>> TcpStore::TryGetMany(const std::vector<std::string>& keys) {
+  std::string frames;
+  for (const auto& key : keys) {
+    wire::Writer w;
+    w.U8(static_cast<uint8_t>(Op::kTryGet)).Str(key);
+    frames += w.Frame();
+  }
+  std::vector<std::optional<std::string>> values;
+  if (keys.empty()) return values;
+  ASSIGN_OR_RETURN(auto replies, CallMany(frames, Duration(0), keys.size()));
+  for (const auto& reply : replies) {
+    if (reply.first == static_cast<uint8_t>(Reply::kNotFound)) {
+      values.emplace_back();
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::string value, StringReply(reply, Where()));
+    values.emplace_back(std::move(value));
+  }
+  return values;
 }
 
 Result<bool> TcpStore::Delete(const std::string& key) {

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/address.h"
 #include "store/store.h"
@@ -76,16 +78,18 @@ class TcpStore : public Store {
                                  const std::string& desired) override;
   Status Wait(const std::vector<std::string>& keys, Duration timeout) override;
   Result<bool> Delete(const std::string& key) override;
-  // The sets go out in one send and their replies come back together: one round trip.
+  // These send their requests in one go and read the replies together: one round trip.
   Status MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs) override;
+  Result<std::vector<std::optional<std::string>>> TryGetMany(const std::vector<std::string>& keys) override;
 
  private:
   explicit TcpStore(TcpStoreOptions options) : options_(std::move(options)) {}
   Status EnsureConnected();
-  // Sends the request frame(s) and reads `replies` reply bodies within `wait` plus the io
-  // timeout; returns the first reply that is not kOk, else the last (its Reply byte and the
-  // fields after it). On any transport error the connection is dropped; the next call reconnects.
-  Result<std::pair<uint8_t, std::string>> Call(const std::string& frames, Duration wait, size_t replies = 1);
+  using RawReply = std::pair<uint8_t, std::string>;  // a reply's Reply byte and the fields after it
+  // Sends the request frames and reads `replies` replies, within `wait` plus the io timeout. On
+  // any transport error the connection is dropped; the next call reconnects.
+  Result<std::vector<RawReply>> CallMany(const std::string& frames, Duration wait, size_t replies);
+  Result<RawReply> Call(const std::string& frame, Duration wait);  // one request, one reply
   // Reads one reply frame's body: 1; 0 when the server closed the connection, -1 when `deadline`
   // passed, -2 on a receive error, -3 for a malformed frame. One poll and one recv for a reply
   // that arrives whole (the usual case), where reading the length first took two of each.
