@@ -1,5 +1,6 @@
-// libFuzzer target: a job spec's bytes, as `trainctl run` reads them; a spec that parses must
-// round-trip through its resolved JSON (which is itself a spec).
+// libFuzzer target: a job spec's bytes, as `trainctl run` reads them (and as an agent reads a
+// resolved spec's JSON); a spec that parses must round-trip through its resolved JSON (which is
+// itself a spec).
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -8,7 +9,9 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trainctl;
-  auto spec = ParseJobSpec(std::string(reinterpret_cast<const char*>(data), size), "fuzz.yaml");
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  (void)JobSpecFromJson(text);
+  auto spec = ParseJobSpec(text, "fuzz.yaml");
   if (!spec.ok()) return 0;
   const std::string json = JobSpecToJson(*spec);
   auto back = JobSpecFromJson(json);

@@ -4,6 +4,11 @@
 #include <nlohmann/json.hpp>
 
 #include "spec/job_spec.h"
+#include "spec/tree.h"
+
+namespace trainctl::spec {
+Result<JobSpec> Decode(const Node& root);
+}  // namespace trainctl::spec
 
 namespace trainctl {
 
@@ -150,9 +155,46 @@ std::string JobSpecToJson(const JobSpec& s, int indent) {
   return j.dump(indent);
 }
 
+namespace {
+
+// The JSON as the tree that reading YAML builds (keys in document order; strings are quoted
+// values; numbers and booleans plain ones, as written), so the resolved spec is decoded and checked as a spec file is. Every
+// agent reads it: JSON's parser is several times faster than YAML's on the same text.
+Status JsonTree(const ordered_json& j, int depth, spec::Node* out) {
+  if (depth > spec::kMaxDepth) return InvalidArgument("nested deeper than " + std::to_string(spec::kMaxDepth) + " levels");
+  out->origin = {"resolved job spec", 0};
+  if (j.is_object()) {
+    out->kind = spec::Node::Kind::kMap;
+    out->map.reserve(j.size());
+    for (const auto& [key, value] : j.items()) {
+      out->map.emplace_back(key, spec::Node());
+      RETURN_IF_ERROR(JsonTree(value, depth + 1, &out->map.back().second));
+    }
+  } else if (j.is_array()) {
+    out->kind = spec::Node::Kind::kSeq;
+    out->seq.resize(j.size());
+    for (size_t i = 0; i < j.size(); ++i) RETURN_IF_ERROR(JsonTree(j[i], depth + 1, &out->seq[i]));
+  } else if (j.is_string()) {
+    out->kind = spec::Node::Kind::kScalar;
+    out->scalar = j.get<std::string>();
+    out->quoted = true;
+  } else if (!j.is_null()) {
+    out->kind = spec::Node::Kind::kScalar;
+    out->scalar = j.dump();
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<JobSpec> JobSpecFromJson(const std::string& text) {
-  auto spec = ParseJobSpec(text, "resolved job spec");
-  if (!spec.ok()) return InvalidArgument("the resolved job spec is not valid: " + spec.status().message());
+  auto invalid = [](const std::string& why) { return InvalidArgument("the resolved job spec is not valid: " + why); };
+  const ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid("not JSON");
+  spec::Node root;
+  if (Status st = JsonTree(j, 0, &root); !st.ok()) return invalid(st.message());
+  auto spec = spec::Decode(root);
+  if (!spec.ok()) return invalid(spec.status().message());
   return spec;
 }
 
