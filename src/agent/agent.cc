@@ -505,8 +505,20 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
 
   const Duration poll = std::clamp<Duration>(Duration(s.nodes.max / 10), o_.poll_interval,
                                              std::max<Duration>(o_.poll_interval, std::chrono::milliseconds(200)));
+  // Once every task of this node has exited (its part is done, the job's is not), only the store
+  // can bring news: the watch waits there for the round's end, which the store answers the moment
+  // it is set, and reads the stop key between waits (every 500 ms), instead of polling.
+  auto all_exited = [&] {
+    return std::all_of(r.mine.begin(), r.mine.end(), [&](const Task& t) { return group.Exited(t.local); });
+  };
   while (true) {
-    WaitSignal(poll);
+    if (all_exited()) {
+      const Duration wait = std::clamp<Duration>(Remaining(next_beat), Duration(1), std::chrono::milliseconds(500));
+      (void)store_->Get(keys::RoundEnd(round), wait);  // read again below, with the stop key
+      while (WaitSignal(Duration(0)) != 0) {}  // a stop signal that came meanwhile
+    } else {
+      WaitSignal(poll);
+    }
     auto seen = store_->TryGetMany(watched_keys);
     Status st = CheckStopSignal();
     if (st.ok() && !seen.ok()) st = seen.status();
