@@ -79,6 +79,10 @@ class Agent {
   // kAborted when a stop was requested (a signal here, or the job's stop key); store errors.
   Status CheckStop();
   Status CheckStopSignal();  // only the signal: the stop key is read with other keys
+  // How often an agent waiting on the store (for its round to close, for the job to end) reads
+  // the stop key: 0.5 ms x nodes, from `min_ms` up to 500 ms (a stop reaches small jobs at once;
+  // a thousand waiting agents are not the store's whole load).
+  Duration QuietPoll(int64_t min_ms) const;
   FailureRecord NewFailure(FailureKind kind, int round, int group_rank) const;
   // The task's error file (its exception, traceback, time) into `rec`; a bad file is named in a
   // warning and left out.
