@@ -1,5 +1,5 @@
-// The embedded TCP store: a server that the launcher runs (one thread, poll-based) and a client
-// that implements Store. The server binds loopback unless told otherwise and refuses any
+// The embedded TCP store: a server that the launcher runs (one thread, epoll) and a client that
+// implements Store. The server binds loopback unless told otherwise and refuses any
 // connection that does not present the job's token first.
 #pragma once
 

@@ -1,7 +1,9 @@
 // The TCP store's wire format. Every message is a frame: u32 length (little endian), then the
 // body. A request body is an Op byte and its fields; a reply body is a Reply byte and its fields.
 // Strings are u32 length + bytes; integers are i64 little endian; timeouts are i64 milliseconds.
-// The first request on a connection must be kHello with the job's token.
+// The first request on a connection must be kHello with the job's token. A client may send several
+// requests before reading any reply (MultiSet, TryGetMany): the server runs them in order and
+// answers each in that order.
 #pragma once
 
 #include <cstdint>
