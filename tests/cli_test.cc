@@ -1,4 +1,8 @@
 // End-to-end: the real trainctl binary running real worker processes (POSIX sh programs).
+#include <sys/syscall.h>
+
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "job/keys.h"
@@ -270,6 +274,44 @@ TEST_P(InterruptTest, StopsEverythingAndLeavesNoOrphans) {
 
 INSTANTIATE_TEST_SUITE_P(Signals, InterruptTest, ::testing::Values(SIGINT, SIGTERM),
                          [](const auto& info) { return info.param == SIGINT ? "SIGINT" : "SIGTERM"; });
+
+// A node whose tasks have all finished waits on the store for the job's end; a stop still reaches
+// it (through the job's stop key: it has no task to be signalled through), and it ends with the
+// job.
+TEST(Cli, ANodeWhoseTasksAreDoneStopsWithTheJob) {
+  Scratch s;
+  WriteSpec(s, R"(name: done-early
+nodes: 3
+command: [sh, -c, 'echo "$PPID" >> {out}/agents; if [ "$GROUP_RANK" = 0 ]; then echo "$$ $PPID" > {out}/early; exit 0; fi; sleep 300']
+timeouts: {stop_grace: 2s}
+output_dir: {out}/out
+)");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
+  ASSERT_TRUE(Eventually([&] { return ReadPids(s.path("agents")).size() == 3 && ReadPids(s.path("early")).size() == 2; }));
+  const pid_t early = ReadPids(s.path("early"))[0], its_agent = ReadPids(s.path("early"))[1];
+  ASSERT_TRUE(Eventually([early] { return ProcessGone(early); }, seconds(10)));
+  // Its agent now waits in a read of the store (poll), not in a timed wait for signals.
+  auto in_syscall = [](pid_t p) {
+    std::ifstream in("/proc/" + std::to_string(p) + "/syscall");
+    long nr = -1;
+    in >> nr;
+    return nr;
+  };
+#ifdef SYS_poll
+  const long kStoreRead = SYS_poll;
+#else
+  const long kStoreRead = SYS_ppoll;
+#endif
+  EXPECT_TRUE(Eventually([&] { return in_syscall(its_agent) == kStoreRead; }, seconds(10)))
+      << "the agent of the finished node is in syscall " << in_syscall(its_agent);
+  ::kill(job.pid(), SIGTERM);
+  ExitInfo exit = job.Wait(seconds(30));
+  EXPECT_EQ(exit.code, kExitInterrupted) << job.Output();
+  for (pid_t agent : ReadPids(s.path("agents"))) {
+    EXPECT_TRUE(Eventually([agent] { return ProcessGone(agent); }, seconds(5))) << "agent " << agent << " outlived the job";
+  }
+  EXPECT_EQ(ReadStatus(s)["state"], "interrupted");
+}
 
 TEST(Cli, WorkersThatIgnoreSigtermAreKilledAfterTheGracePeriod) {
   Scratch s;
