@@ -389,6 +389,20 @@ TEST(Cli, ASignalDuringALargeStartUpIsHonoured) {
   }, seconds(15))) << "agents outlived the job";
 }
 
+// The scale path end to end at a size CI affords: 256 agent processes meet in one round on the
+// job's store, each starts its task, and the job succeeds (rendezvous_test does 1024 in threads).
+TEST(Cli, AJobOf256NodesSucceeds) {
+  Scratch s;
+  WriteSpec(s, "name: wide\nnodes: 256\ncommand: [sh, -c, 'echo $RANK > /dev/null']\noutput_dir: {out}/out\n");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""), seconds(120));
+  ASSERT_EQ(r.exit.code, kExitOk) << r.output;
+  EXPECT_EQ(ReadStatus(s)["state"], "succeeded");
+  EXPECT_EQ(ReadStatus(s)["restarts"], 0);
+  int logs = 0;
+  for (int rank = 0; rank < 256; ++rank) logs += Exists(s.path("out/logs/worker-" + std::to_string(rank) + ".log")) ? 1 : 0;
+  EXPECT_EQ(logs, 256);
+}
+
 TEST(Cli, AJobTooLargeForThisMachineIsRefused) {
   Scratch s;
   WriteSpec(s, "name: huge\nnodes: 10000\nprocs_per_node: 1024\ncommand: [sleep, '1']\noutput_dir: {out}/out\n");
