@@ -104,11 +104,7 @@ int TcpStore::ReadFrame(std::string* body, Clock::time_point deadline) {
     // calls); a longer one is read straight into place once its length is known.
     char small[4096];
     size_t want = sizeof small;
-    if (in_.size() >= 4) {
-      uint32_t n = 0;
-      for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(in_[i])) << (8 * i);
-      want = std::max<size_t>(want, 4 + static_cast<size_t>(n) - in_.size());
-    }
+    if (in_.size() >= 4) want = std::max<size_t>(want, 4 + static_cast<size_t>(wire::FrameLength(in_)) - in_.size());
     const size_t had = in_.size();
     if (want > sizeof small) in_.resize(had + want);
     char* into = want > sizeof small ? in_.data() + had : small;

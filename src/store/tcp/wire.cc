@@ -58,9 +58,11 @@ bool Reader::Str(std::string* s) {
   return true;
 }
 
+uint32_t FrameLength(std::string_view buf) { return static_cast<uint32_t>(LoadLe(buf.data(), 4)); }
+
 int TakeFrame(std::string* buf, std::string* body, uint32_t max) {
   if (buf->size() < 4) return 0;
-  uint64_t n = LoadLe(buf->data(), 4);
+  const uint64_t n = FrameLength(*buf);
   if (n > max) return -1;
   if (buf->size() - 4 < n) return 0;
   body->assign(buf->data() + 4, n);

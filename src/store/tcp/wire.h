@@ -54,6 +54,8 @@ class Reader {
   std::string_view rest_;
 };
 
+// The body length that a frame starting at `buf` announces; `buf` holds at least its 4 bytes.
+uint32_t FrameLength(std::string_view buf);
 // Cuts one frame off the front of `buf`. Returns 1 and fills `body` when a whole frame is there,
 // 0 when more bytes are needed, -1 when the announced length is over `max`.
 int TakeFrame(std::string* buf, std::string* body, uint32_t max = kMaxFrameBytes);
