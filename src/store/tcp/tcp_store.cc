@@ -178,6 +178,31 @@ Result<std::string> StringReply(const std::pair<uint8_t, std::string>& reply, co
   return value;
 }
 
+// A try-get's reply: the value, or std::nullopt for kNotFound.
+Result<std::optional<std::string>> OptionalReply(const std::pair<uint8_t, std::string>& reply, const std::string& where) {
+  if (reply.first == static_cast<uint8_t>(Reply::kNotFound)) return std::optional<std::string>();
+  ASSIGN_OR_RETURN(std::string value, StringReply(reply, where));
+  return std::optional<std::string>(std::move(value));
+}
+
+// A reply that carries nothing but kOk.
+Status OkReply(const std::pair<uint8_t, std::string>& reply, const std::string& where) {
+  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, where);
+  return Status::Ok();
+}
+
+std::string SetFrame(const std::string& key, const std::string& value) {
+  wire::Writer w;
+  w.U8(static_cast<uint8_t>(Op::kSet)).Str(key).Str(value);
+  return w.Frame();
+}
+
+std::string TryGetFrame(const std::string& key) {
+  wire::Writer w;
+  w.U8(static_cast<uint8_t>(Op::kTryGet)).Str(key);
+  return w.Frame();
+}
+
 Result<int64_t> IntReply(const std::pair<uint8_t, std::string>& reply, const std::string& where) {
   if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, where);
   int64_t value = 0;
@@ -189,11 +214,8 @@ Result<int64_t> IntReply(const std::pair<uint8_t, std::string>& reply, const std
 }  // namespace
 
 Status TcpStore::Set(const std::string& key, const std::string& value) {
-  wire::Writer w;
-  w.U8(static_cast<uint8_t>(Op::kSet)).Str(key).Str(value);
-  ASSIGN_OR_RETURN(auto reply, Call(w.Frame(), Duration(0)));
-  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
-  return Status::Ok();
+  ASSIGN_OR_RETURN(auto reply, Call(SetFrame(key, value), Duration(0)));
+  return OkReply(reply, Where());
 }
 
 Result<std::string> TcpStore::Get(const std::string& key, Duration timeout) {
@@ -208,12 +230,8 @@ Result<std::string> TcpStore::Get(const std::string& key, Duration timeout) {
 }
 
 Result<std::optional<std::string>> TcpStore::TryGet(const std::string& key) {
-  wire::Writer w;
-  w.U8(static_cast<uint8_t>(Op::kTryGet)).Str(key);
-  ASSIGN_OR_RETURN(auto reply, Call(w.Frame(), Duration(0)));
-  if (reply.first == static_cast<uint8_t>(Reply::kNotFound)) return std::optional<std::string>();
-  ASSIGN_OR_RETURN(std::string value, StringReply(reply, Where()));
-  return std::optional<std::string>(std::move(value));
+  ASSIGN_OR_RETURN(auto reply, Call(TryGetFrame(key), Duration(0)));
+  return OptionalReply(reply, Where());
 }
 
 Result<int64_t> TcpStore::Add(const std::string& key, int64_t delta) {
@@ -238,42 +256,27 @@ Status TcpStore::Wait(const std::vector<std::string>& keys, Duration timeout) {
   w.I64(std::max<int64_t>(1, timeout.count()));
   ASSIGN_OR_RETURN(auto reply, Call(w.Frame(), timeout));
   if (reply.first == static_cast<uint8_t>(Reply::kTimeout)) return KeysTimeout(keys, timeout);
-  if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
-  return Status::Ok();
+  return OkReply(reply, Where());
 }
 
 Status TcpStore::MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs) {
   if (pairs.empty()) return Status::Ok();
   std::string frames;
-  for (const auto& [key, value] : pairs) {
-    wire::Writer w;
-    w.U8(static_cast<uint8_t>(Op::kSet)).Str(key).Str(value);
-    frames += w.Frame();
-  }
+  for (const auto& [key, value] : pairs) frames += SetFrame(key, value);
   ASSIGN_OR_RETURN(auto replies, CallMany(frames, Duration(0), pairs.size()));
-  for (const auto& reply : replies) {
-    if (reply.first != static_cast<uint8_t>(Reply::kOk)) return ReplyError(reply.first, reply.second, Where());
-  }
+  for (const auto& reply : replies) RETURN_IF_ERROR(OkReply(reply, Where()));
   return Status::Ok();
 }
 
 Result<std::vector<std::optional<std::string>>> TcpStore::TryGetMany(const std::vector<std::string>& keys) {
-  std::string frames;
-  for (const auto& key : keys) {
-    wire::Writer w;
-    w.U8(static_cast<uint8_t>(Op::kTryGet)).Str(key);
-    frames += w.Frame();
-  }
   std::vector<std::optional<std::string>> values;
   if (keys.empty()) return values;
+  std::string frames;
+  for (const auto& key : keys) frames += TryGetFrame(key);
   ASSIGN_OR_RETURN(auto replies, CallMany(frames, Duration(0), keys.size()));
   for (const auto& reply : replies) {
-    if (reply.first == static_cast<uint8_t>(Reply::kNotFound)) {
-      values.emplace_back();
-      continue;
-    }
-    ASSIGN_OR_RETURN(std::string value, StringReply(reply, Where()));
-    values.emplace_back(std::move(value));
+    ASSIGN_OR_RETURN(auto value, OptionalReply(reply, Where()));
+    values.push_back(std::move(value));
   }
   return values;
 }
