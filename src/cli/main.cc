@@ -76,23 +76,14 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   int code = trainctl::kExitOk;
   const std::string verb = VerbWord(argc, argv);
-  if (verb == "agent") {
-    // Started once per node (a 1024-node job starts 1024): it builds only its own flags, not
-    // every verb's (a third of a process start).
-    trainctl::cli::AddAgent(app, flags, &code);
-  } else {
-    trainctl::cli::AddRun(app, flags, &code);
-    trainctl::cli::AddValidate(app, flags, &code);
-    trainctl::cli::AddSchema(app, flags, &code);
-    trainctl::cli::AddAgent(app, flags, &code);
-    trainctl::cli::AddTrain(app, flags, &code);
-    trainctl::cli::AddEval(app, flags, &code);
-    trainctl::cli::AddPredict(app, flags, &code);
-    trainctl::cli::AddTorchrun(app, flags, &code);
-    trainctl::cli::AddBench(app, flags, &code);
-    trainctl::cli::AddRender(app, flags, &code);
-    trainctl::cli::AddClusterVerbs(app, flags, &code);
-    trainctl::cli::AddLocalJobVerbs(app, flags, &code);
+  using namespace trainctl::cli;
+  using AddVerbs = void (*)(CLI::App&, const GlobalFlags&, int*);
+  for (AddVerbs add : {AddRun, AddValidate, AddSchema, AddAgent, AddTrain, AddEval, AddPredict, AddTorchrun,
+                       AddBench, AddRender, AddClusterVerbs, AddLocalJobVerbs}) {
+    // An agent is started once per node (a 1024-node job starts 1024): it builds only its own
+    // flags, not every verb's (a third of a process start).
+    if (verb == "agent" && add != AddAgent) continue;
+    add(app, flags, &code);
   }
   if (!CheckVerb(app, verb)) return trainctl::kExitInvalidSpec;
   std::vector<std::string> args(argv, argv + argc);
