@@ -87,9 +87,8 @@ Agent::Agent(AgentOptions options, Store* store) : o_(std::move(options)), store
   node_id_ = where + ":" + std::to_string(::getpid());
 }
 
-Duration Agent::QuietPoll(int64_t min_ms) const {
-  return std::clamp<Duration>(Duration(o_.spec.nodes.max / 2), Duration(min_ms),
-                              std::max<Duration>(Duration(min_ms), std::chrono::milliseconds(500)));
+Duration Agent::ByJobSize(Duration per_1000_nodes, Duration least, Duration most) const {
+  return std::clamp<Duration>(per_1000_nodes * o_.spec.nodes.max / 1000, least, std::max(least, most));
 }
 
 Status Agent::CheckStop() {
@@ -366,7 +365,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   ro.rank_hint = o_.node_rank;
   ro.node_id = node_id_;
   ro.check = [this] { return CheckStop(); };
-  ro.check_every = QuietPoll(100);
+  ro.check_every = ByJobSize(std::chrono::milliseconds(500), std::chrono::milliseconds(100), std::chrono::milliseconds(500));
   LOG_DEBUG("round {}: joining as {}", round, node_id_);
   auto joined = JoinRound(*store_, round, restarts, ro);
   if (!joined.ok()) {
@@ -509,17 +508,17 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   // polling are a store's whole load otherwise.
   const std::vector<std::string> watched_keys = {keys::kStop, keys::RoundEnd(round)};
 
-  const Duration poll = std::clamp<Duration>(Duration(s.nodes.max / 10), o_.poll_interval,
-                                             std::max<Duration>(o_.poll_interval, std::chrono::milliseconds(200)));
+  const Duration poll = ByJobSize(std::chrono::milliseconds(100), o_.poll_interval, std::chrono::milliseconds(200));
+  const Duration quiet = ByJobSize(std::chrono::milliseconds(500), poll, std::chrono::milliseconds(500));
   // Once every task of this node has exited (its part is done, the job's is not), only the store
   // can bring news: the watch waits there for the round's end, which the store answers the moment
-  // it is set, and reads the stop key between waits (QuietPoll), instead of polling.
+  // it is set, and reads the stop key between waits (every `quiet`), instead of polling.
   auto all_exited = [&] {
     return std::all_of(r.mine.begin(), r.mine.end(), [&](const Task& t) { return group.Exited(t.local); });
   };
   while (true) {
     if (all_exited()) {
-      const Duration wait = std::clamp<Duration>(Remaining(next_beat), Duration(1), QuietPoll(poll.count()));
+      const Duration wait = std::clamp<Duration>(Remaining(next_beat), Duration(1), quiet);
       (void)store_->Get(keys::RoundEnd(round), wait);  // read again below, with the stop key
       while (WaitSignal(Duration(0)) != 0) {}  // a stop signal that came meanwhile
     } else {

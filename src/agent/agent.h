@@ -79,10 +79,11 @@ class Agent {
   // kAborted when a stop was requested (a signal here, or the job's stop key); store errors.
   Status CheckStop();
   Status CheckStopSignal();  // only the signal: the stop key is read with other keys
-  // How often an agent waiting on the store (for its round to close, for the job to end) reads
-  // the stop key: 0.5 ms x nodes, from `min_ms` up to 500 ms (a stop reaches small jobs at once;
-  // a thousand waiting agents are not the store's whole load).
-  Duration QuietPoll(int64_t min_ms) const;
+  // An interval that grows with the job, `per_1000_nodes` x nodes / 1000 within [least, most]:
+  // how often agents read the store (the round's watch; the stop key while waiting for a round
+  // to close or the job to end), so that a stop reaches small jobs at once and a thousand agents
+  // polling are not the store's whole load.
+  Duration ByJobSize(Duration per_1000_nodes, Duration least, Duration most) const;
   FailureRecord NewFailure(FailureKind kind, int round, int group_rank) const;
   // The task's error file (its exception, traceback, time) into `rec`; a bad file is named in a
   // warning and left out.
