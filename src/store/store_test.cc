@@ -417,25 +417,47 @@ TEST(TcpStore, AFloodOfStrangersDoesNotKeepTheJobsClientsOut) {
 // wait unread in the sockets when it accepts them all in one go. None is taken for a stranger
 // and closed to make room (1024-node jobs failed with "closed the connection during the
 // handshake").
-TEST(TcpStore, ClientsWhoseHelloWaitsUnreadAreNotClosedAsStrangers) {
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t pid = ::fork();
-  if (pid == 0) {  // the server, in its own process so that it can be stopped
-    TcpStoreServerOptions o;
-    o.token = "t";
-    o.max_unauthenticated = 8;
-    auto server = TcpStoreServer::Start(o);
-    uint16_t port = server.ok() ? (*server)->port() : 0;
-    ssize_t ignored = ::write(ready[1], &port, sizeof port);
-    (void)ignored;
-    ::pause();
-    ::_exit(0);
+// A store server in a child process of its own, so that a test can stop it (SIGSTOP) or starve it
+// of descriptors: `setup` runs in the child before the server starts and may change its options.
+// Killed and reaped when this goes.
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::function<void(TcpStoreServerOptions*)>& setup) {
+    int ready[2];
+    EXPECT_EQ(::pipe(ready), 0);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      TcpStoreServerOptions o;
+      o.token = "t";
+      setup(&o);
+      auto server = TcpStoreServer::Start(o);
+      uint16_t port = server.ok() ? (*server)->port() : 0;
+      ssize_t ignored = ::write(ready[1], &port, sizeof port);
+      (void)ignored;
+      ::pause();
+      ::_exit(0);
+    }
+    EXPECT_EQ(::read(ready[0], &port_, sizeof port_), static_cast<ssize_t>(sizeof port_));
+    ::close(ready[0]);
+    ::close(ready[1]);
   }
-  uint16_t port = 0;
-  ASSERT_EQ(::read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  ~ServerProcess() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  pid_t pid() const { return pid_; }
+  uint16_t port() const { return port_; }  // 0 when the server did not start
+
+ private:
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+};
+
+TEST(TcpStore, ClientsWhoseHelloWaitsUnreadAreNotClosedAsStrangers) {
+  ServerProcess server([](TcpStoreServerOptions* o) { o->max_unauthenticated = 8; });
+  const uint16_t port = server.port();
   ASSERT_NE(port, 0);
-  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  ASSERT_EQ(::kill(server.pid(), SIGSTOP), 0);
   constexpr int kClients = 100;  // within the listen backlog: the kernel completes each connect
   wire::Writer hello;
   hello.U8(static_cast<uint8_t>(wire::Op::kHello)).I64(wire::kProtocolVersion).Str("t");
@@ -444,7 +466,7 @@ TEST(TcpStore, ClientsWhoseHelloWaitsUnreadAreNotClosedAsStrangers) {
     fds.push_back(RawConnect(port));
     ASSERT_TRUE(SendAll(fds.back(), hello.Frame(), Clock::now() + seconds(5)));
   }
-  ASSERT_EQ(::kill(pid, SIGCONT), 0);
+  ASSERT_EQ(::kill(server.pid(), SIGCONT), 0);
   int welcomed = 0;
   for (int fd : fds) {
     char reply[5] = {};  // length 1, then kOk
@@ -455,32 +477,18 @@ TEST(TcpStore, ClientsWhoseHelloWaitsUnreadAreNotClosedAsStrangers) {
     ::close(fd);
   }
   EXPECT_EQ(welcomed, kClients);
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
 }
 
 // Out of file descriptors, the server waits instead of polling a listener that stays readable
 // (it used to spin at 100 % of a core), and the job's clients still get in.
 TEST(TcpStore, AtTheOpenFileLimitTheServerWaitsAndStillServesTheJob) {
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t pid = ::fork();
-  if (pid == 0) {  // the server, with few descriptors left
+  ServerProcess server([](TcpStoreServerOptions*) {  // with few descriptors left
     struct rlimit rl = {200, 200};
     ::setrlimit(RLIMIT_NOFILE, &rl);
-    std::vector<int> hog;
-    for (int i = 0; i < 175; ++i) hog.push_back(::open("/dev/null", O_RDONLY));
-    TcpStoreServerOptions o;
-    o.token = "t";
-    auto server = TcpStoreServer::Start(o);
-    uint16_t port = server.ok() ? (*server)->port() : 0;
-    ssize_t ignored = ::write(ready[1], &port, sizeof port);
-    (void)ignored;
-    ::pause();
-    ::_exit(0);
-  }
-  uint16_t port = 0;
-  ASSERT_EQ(::read(ready[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+    for (int i = 0; i < 175; ++i) (void)::open("/dev/null", O_RDONLY);
+  });
+  const pid_t pid = server.pid();
+  const uint16_t port = server.port();
   ASSERT_NE(port, 0);
   std::vector<int> strangers;
   for (int i = 0; i < 100; ++i) strangers.push_back(RawConnect(port));
@@ -509,8 +517,6 @@ TEST(TcpStore, AtTheOpenFileLimitTheServerWaitsAndStillServesTheJob) {
     EXPECT_TRUE((*client)->Set("k", "v").ok());
   }
   for (int fd : strangers) ::close(fd);
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
 }
 
 TEST(TcpStore, BindsLoopbackByDefault) {
