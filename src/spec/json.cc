@@ -158,8 +158,9 @@ std::string JobSpecToJson(const JobSpec& s, int indent) {
 namespace {
 
 // The JSON as the tree that reading YAML builds (keys in document order; strings are quoted
-// values; numbers and booleans plain ones, as written), so the resolved spec is decoded and checked as a spec file is. Every
-// agent reads it: JSON's parser is several times faster than YAML's on the same text.
+// values; numbers and booleans plain ones, as written), so the resolved spec is decoded and
+// checked as a spec file is. Every agent reads it: JSON's parser is several times faster than
+// YAML's on the same text.
 Status JsonTree(const ordered_json& j, int depth, spec::Node* out) {
   if (depth > spec::kMaxDepth) return InvalidArgument("nested deeper than " + std::to_string(spec::kMaxDepth) + " levels");
   out->origin = {"resolved job spec", 0};
