@@ -52,10 +52,24 @@ def job_pids(prefix):
     return out
 
 
-def hello(host, port, token):
-    body = bytes([1]) + struct.pack("<q", 1) + struct.pack("<I", len(token)) + token
-    s = socket.create_connection((host, port), timeout=10)
+def connect(addr, timeout=None):
+    """A connection to the store at `addr`, as TRAINCTL_STORE_ADDR gives it: tcp://host:port, or
+    unix:@name (a local job's store: a Unix socket in the abstract namespace) or unix:PATH."""
+    if addr.startswith("unix:"):
+        path = addr[len("unix:"):]
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        s.connect("\0" + path[1:] if path.startswith("@") else path)
+        return s
+    host, port = addr[len("tcp://"):].rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=timeout)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def hello(addr, token):
+    body = bytes([1]) + struct.pack("<q", 1) + struct.pack("<I", len(token)) + token
+    s = connect(addr, timeout=10)
     s.sendall(struct.pack("<I", len(body)) + body)
     head = s.recv(5)
     s.close()
@@ -78,9 +92,7 @@ def main():
     while env is None and job.poll() is None:
         env = job_env("bench-hard")
         time.sleep(0.05)
-    addr = env[b"TRAINCTL_STORE_ADDR"].decode()[len("tcp://"):]
-    host, port = addr.rsplit(":", 1)
-    port = int(port)
+    addr = env[b"TRAINCTL_STORE_ADDR"].decode()
     token = env[b"TRAINCTL_STORE_TOKEN"]
 
     # 1: big frames before the token.
@@ -88,7 +100,7 @@ def main():
     socks, peak = [], base
     chunk = b"x" * (1 << 20)
     for _ in range(100):
-        s = socket.create_connection((host, port))
+        s = connect(addr)
         s.setblocking(False)
         s.send(struct.pack("<I", 60 << 20))
         try:
@@ -120,13 +132,13 @@ def main():
     flood = []
     for _ in range(2000):
         try:
-            flood.append(socket.create_connection((host, port)))
+            flood.append(connect(addr))
         except OSError:
             break
     times = []
     for _ in range(50):
         t = time.monotonic()
-        ok = hello(host, port, token)
+        ok = hello(addr, token)
         times.append((time.monotonic() - t) * 1000)
         if not ok:
             times[-1] = float("inf")

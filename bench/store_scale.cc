@@ -5,8 +5,16 @@
 //   pattern N      the same key pattern on trainctl's store and on PyTorch's c10d::TCPStore (the
 //                  one torchrun uses), side by side: N clients, each add(joined) -> set(member/i)
 //                  -> the last sets "closed" -> wait(closed) -> get(member/(i+1)%N), then K rounds
-//                  of set/get/add on its own keys; ops/s over all clients.
-// Build: cmake --build build --target store_scale; run: build/bench/store_scale [N...]
+//                  of set/get/add on its own keys; ops/s over all clients. trainctl's store runs
+//                  it twice: on loopback TCP, and on the Unix socket that local jobs use; beside
+//                  them, the ceiling of each transport (an echo server, no store behind it).
+// Both run on TCP and on the Unix socket. Build: cmake --build build --target store_scale; run:
+// build/src/store_scale [N...]
+#include <malloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -23,20 +31,19 @@ namespace {
 
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
-// Resident memory now, in KiB (/proc/self/statm).
-long RssKb() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return resident * (::sysconf(_SC_PAGESIZE) / 1024);
+// Heap bytes in use now, over every arena (what the process has allocated and not freed; unlike
+// the resident size, not flattered or inflated by memory an earlier run freed).
+long HeapBytes() {
+  const struct mallinfo2 m = ::mallinfo2();
+  return static_cast<long>(m.uordblks + m.hblkhd);
 }
 
-std::unique_ptr<TcpStoreServer> Server(int clients) {
+// The store server on loopback TCP, or on a Unix socket (as a local job's launcher serves it).
+std::unique_ptr<TcpStoreServer> Server(int clients, bool unix_socket) {
   TcpStoreServerOptions so;
   so.token = "bench-token";
   so.max_connections = clients + 16;
+  so.unix_socket = unix_socket;
   auto server = TcpStoreServer::Start(so);
   if (!server.ok()) {
     std::fprintf(stderr, "store server: %s\n", server.status().ToString().c_str());
@@ -45,14 +52,15 @@ std::unique_ptr<TcpStoreServer> Server(int clients) {
   return std::move(*server);
 }
 
-std::vector<std::unique_ptr<TcpStore>> Clients(uint16_t port, int n) {
+std::vector<std::unique_ptr<TcpStore>> Clients(const TcpStoreServer& server, int n) {
   std::vector<std::unique_ptr<TcpStore>> clients(n);
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       for (int i = t; i < n; i += 8) {
         TcpStoreOptions co;
-        co.port = port;
+        co.port = server.port();
+        if (server.url().rfind("unix:", 0) == 0) co.unix_path = server.url().substr(5);
         co.token = "bench-token";
         co.io_timeout = std::chrono::seconds(120);
         auto c = TcpStore::Connect(co);
@@ -68,11 +76,13 @@ std::vector<std::unique_ptr<TcpStore>> Clients(uint16_t port, int n) {
   return clients;
 }
 
-void Rendezvous(int n) {
-  auto server = Server(n);
-  const long rss0 = RssKb();
-  auto clients = Clients(server->port(), n);
-  const long per_client = (RssKb() - rss0) * 1024 / n;  // bytes: a client and its server side
+const char* Transport(bool unix_socket) { return unix_socket ? "unix" : "tcp"; }
+
+void Rendezvous(int n, bool unix_socket) {
+  auto server = Server(n, unix_socket);
+  const long heap0 = HeapBytes();
+  auto clients = Clients(*server, n);
+  const long per_client = (HeapBytes() - heap0) / n;  // bytes: a client and its server side
   std::barrier start(n + 1);
   std::vector<int> ranks(n, -1);
   std::vector<std::thread> agents;
@@ -96,8 +106,8 @@ void Rendezvous(int n) {
   std::sort(sorted.begin(), sorted.end());
   bool ok = true;
   for (int i = 0; i < n; ++i) ok = ok && sorted[i] == i;
-  std::printf("rendezvous %5d agents: %.3f s, ranks %s, %.1f KiB per connection (client and server side)\n",
-              n, took, ok ? "0..N-1 distinct" : "WRONG", per_client / 1024.0);
+  std::printf("rendezvous %5d agents (%s): %.3f s, ranks %s, %.1f KiB per connection (client and server side)\n",
+              n, Transport(unix_socket), took, ok ? "0..N-1 distinct" : "WRONG", per_client / 1024.0);
 }
 
 // The key pattern, through `ops` (a store's add/set/get/wait as lambdas), for client i of n.
@@ -138,12 +148,9 @@ double RunPattern(int n, std::vector<Ops>& ops) {
   return Seconds(t0);
 }
 
-void ComparePattern(int n) {
-  const double ops_per_client = 5 + 3 * kRounds;
-  double trainctl_s, torch_s;
-  {
-    auto server = Server(n);
-    auto clients = Clients(server->port(), n);
+double TrainctlPattern(int n, bool unix_socket) {
+  auto server = Server(n, unix_socket);
+  auto clients = Clients(*server, n);
     std::vector<Ops> ops(n);
     for (int i = 0; i < n; ++i) {
       TcpStore* c = clients[i].get();
@@ -152,8 +159,93 @@ void ComparePattern(int n) {
       ops[i].get = [c](const std::string& k) { return *c->Get(k, std::chrono::seconds(120)); };
       ops[i].wait = [c](const std::string& k) { (void)c->Wait({k}, std::chrono::seconds(120)); };
     }
-    trainctl_s = RunPattern(n, ops);
+  return RunPattern(n, ops);
+}
+
+// What this machine's sockets allow a request-reply protocol: one thread echoing over epoll, n
+// clients each sending a 32-byte request and reading the reply, as many times as the pattern's
+// operations. No store behind it: the ceiling for any one-thread server on the same transport.
+double PingPong(int n, bool unix_socket) {
+  const int per_client = 5 + 3 * kRounds;
+  int domain = unix_socket ? AF_UNIX : AF_INET;
+  int listener = ::socket(domain, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage addr{};
+  socklen_t len = unix_socket ? sizeof(sa_family_t) : sizeof(sockaddr_in);
+  addr.ss_family = static_cast<sa_family_t>(domain);  // unix: autobind; tcp: 127.0.0.1, any port
+  if (!unix_socket) reinterpret_cast<sockaddr_in*>(&addr)->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(listener, 4096) != 0) {
+    std::perror("ping-pong listener");
+    std::exit(1);
   }
+  len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::thread echo([&] {
+    int ep = ::epoll_create1(EPOLL_CLOEXEC);
+    epoll_event e{EPOLLIN, {.fd = listener}};
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, listener, &e);
+    std::vector<epoll_event> ready(1024);
+    char buf[4096];
+    for (int closed = 0; closed < n;) {
+      const int got = ::epoll_wait(ep, ready.data(), static_cast<int>(ready.size()), 120000);
+      if (got <= 0) break;
+      for (int i = 0; i < got; ++i) {
+        const int fd = ready[i].data.fd;
+        if (fd == listener) {
+          const int c = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+          int one = 1;
+          if (!unix_socket) ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          epoll_event ce{EPOLLIN, {.fd = c}};
+          ::epoll_ctl(ep, EPOLL_CTL_ADD, c, &ce);
+        } else if (const ssize_t m = ::recv(fd, buf, sizeof buf, 0); m > 0) {
+          (void)!::send(fd, buf, static_cast<size_t>(m), MSG_NOSIGNAL);
+        } else {
+          ::close(fd);
+          ++closed;
+        }
+      }
+    }
+    ::close(ep);
+  });
+  std::vector<int> fds(n);
+  for (int& fd : fds) {
+    fd = ::socket(domain, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (!unix_socket) ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+      std::perror("ping-pong connect");
+      std::exit(1);
+    }
+  }
+  std::barrier start(n + 1);
+  std::vector<std::thread> clients;
+  for (int fd : fds) {
+    clients.emplace_back([&, fd] {
+      char b[32] = {};
+      start.arrive_and_wait();
+      for (int k = 0; k < per_client; ++k) {
+        if (::send(fd, b, sizeof b, MSG_NOSIGNAL) != sizeof b) break;
+        for (size_t got = 0; got < sizeof b;) {
+          const ssize_t m = ::recv(fd, b + got, sizeof b - got, 0);
+          if (m <= 0) return;
+          got += static_cast<size_t>(m);
+        }
+      }
+    });
+  }
+  start.arrive_and_wait();
+  const auto t0 = Clock::now();
+  for (auto& t : clients) t.join();
+  const double took = Seconds(t0);
+  for (int fd : fds) ::close(fd);
+  echo.join();
+  ::close(listener);
+  return took;
+}
+
+void ComparePattern(int n) {
+  const double ops_per_client = 5 + 3 * kRounds;
+  const double tcp_s = TrainctlPattern(n, false), unix_s = TrainctlPattern(n, true);
+  double torch_s;
   {
     c10d::TCPStoreOptions so;
     so.port = 0;
@@ -189,8 +281,11 @@ void ComparePattern(int n) {
     torch_s = RunPattern(n, ops);
   }
   const double total = ops_per_client * n;
-  std::printf("pattern %5d clients: trainctl %.3f s (%.0f ops/s), TCPStore %.3f s (%.0f ops/s), ratio %.2fx\n", n,
-              trainctl_s, total / trainctl_s, torch_s, total / torch_s, torch_s / trainctl_s);
+  const double echo_tcp_s = PingPong(n, false), echo_unix_s = PingPong(n, true);
+  std::printf("pattern %5d clients: TCPStore (tcp) %.0f ops/s; trainctl tcp %.0f ops/s, %.2fx; trainctl unix "
+              "%.0f ops/s, %.2fx; the sockets' request-reply ceiling: tcp %.0f, unix %.0f round trips/s\n",
+              n, total / torch_s, total / tcp_s, torch_s / tcp_s, total / unix_s, torch_s / unix_s,
+              total / echo_tcp_s, total / echo_unix_s);
 }
 
 }  // namespace
@@ -201,7 +296,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) sizes.push_back(std::atoi(argv[i]));
   if (sizes.empty()) sizes = {256, 1024, 4096};
   trainctl::RaiseOpenFileLimit(3 * sizes.back() + 256);
-  for (int n : sizes) trainctl::Rendezvous(n);
+  for (int n : sizes) {
+    for (bool unix_socket : {false, true}) trainctl::Rendezvous(n, unix_socket);
+  }
   for (int n : sizes) {
     if (n <= 2048) trainctl::ComparePattern(n);  // TCPStore runs out of descriptors past that here
   }

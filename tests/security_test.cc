@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <tuple>
 
 #include "common/exit_codes.h"
@@ -21,6 +22,7 @@ using std::chrono::seconds;
 // ctest runs tests side by side, and one test's RemoveAll(root) must not hit another's job.
 constexpr uid_t kVictim = 64000;         // runs the job
 constexpr uid_t kPrivateVictim = 64001;  // runs the job in SnapshotsArePrivate…
+constexpr uid_t kStoreVictim = 64002;    // runs the job in ALocalJobsStore…
 constexpr uid_t kAttacker = 65534;  // nobody
 
 // Runs `argv` as `uid` (and gid), to completion.
@@ -123,6 +125,42 @@ TEST(Security, SnapshotsArePrivateToTheirUserAndGoWithTheJob) {
   std::error_code ec;
   EXPECT_TRUE(fs::is_empty(root, ec)) << "the run's snapshots outlived it";
   RemoveAll(root);
+}
+
+// A local job's store is a Unix socket that serves only its own user's processes: another user
+// is closed before a reply even with the job's token (as if it had leaked); the job's own user
+// with the token is answered.
+TEST(Security, ALocalJobsStoreRefusesAnotherUserEvenWithTheToken) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as two users";
+  SharedScratch shared;
+  const Scratch& s = shared.s;
+  std::string spec = s.Write("store.yaml", "name: store\noutput_dir: " + s.path("out") +
+                                               "\ncommand: [sh, -c, 'echo \"$TRAINCTL_STORE_ADDR $TRAINCTL_STORE_TOKEN\" > " +
+                                               s.path("store.tmp") + " && mv " + s.path("store.tmp") + " " +
+                                               s.path("store") + " && sleep 120']\n");
+  const std::string id = std::to_string(kStoreVictim);
+  Background job({"run", spec}, s.path(""), s.path("run.log"), {},
+                 {"setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups"});
+  ASSERT_TRUE(Eventually([&] { return !s.Read("store").empty(); }, seconds(60))) << job.Output();
+  std::istringstream fields(s.Read("store"));
+  std::string addr, token;
+  fields >> addr >> token;
+  ASSERT_EQ(addr.rfind("unix:@", 0), 0u) << addr;
+  // The hello a client sends (op 1, protocol 1, the token), then the reply's first five bytes.
+  const std::string probe =
+      "import socket, struct, sys\n"
+      "s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect('\\0' + sys.argv[1][6:])\n"
+      "t = sys.argv[2].encode(); body = bytes([1]) + struct.pack('<qI', 1, len(t)) + t\n"
+      "s.sendall(struct.pack('<I', len(body)) + body)\n"
+      "try: head = s.recv(5)\n"
+      "except ConnectionError: head = b''\n"
+      "print('answered' if len(head) == 5 and head[4] == 0 else 'closed' if not head else 'refused')\n";
+  auto attacker = RunAs(kAttacker, {"/usr/bin/python3", "-c", probe, addr, token}, s.path(""));
+  EXPECT_EQ(attacker.output, "closed\n") << attacker.output;
+  auto owner = RunAs(kStoreVictim, {"/usr/bin/python3", "-c", probe, addr, token}, s.path(""));
+  EXPECT_EQ(owner.output, "answered\n") << owner.output;
+  ::kill(job.pid(), SIGTERM);
+  job.Wait(seconds(60));
 }
 
 // A checkpoint whose data is intact (its CRC passes) but whose metadata is crafted: `trainctl eval`

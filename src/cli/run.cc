@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include "cli/verbs.h"
+#include "common/address.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
 #include "common/subprocess.h"
@@ -38,8 +39,9 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_option("--hostfile", lo->mpi_hostfile, "mpi: a hostfile, as mpirun's --hostfile")
       ->check(CLI::ExistingFile);
   cmd->add_option("--store-host", lo->store_host,
-                  "the address of this machine that agents reach the job's store at (it listens "
-                  "there, with the job's token)")
+                  "mpi, slurm: the address of this machine that agents reach the job's store at (it "
+                  "listens there, with the job's token); a local job's store is a Unix socket for "
+                  "this user's processes unless this names another address than loopback")
       ->capture_default_str();
   cmd->add_flag("--resume", lo->resume,
                 "continue the previous run in output_dir from its newest checkpoint (trainer.resume); "
@@ -60,7 +62,7 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
     } else if (slurm && GetEnv(CurrentEnvironment(), "SLURM_JOB_ID").value_or("").empty()) {
       bad_flags = "--target slurm runs inside a Slurm allocation (sbatch or salloc); to submit a "
                   "job, write its batch script with trainctl render --target slurm";
-    } else if (remote && spec->rendezvous.empty() && lo->store_host.rfind("127.", 0) == 0) {
+    } else if (remote && spec->rendezvous.empty() && IsLoopbackHost(lo->store_host)) {
       bad_flags = "agents on other hosts cannot reach a store on " + lo->store_host +
                   "; give --store-host with this machine's address on their network (or a "
                   "rendezvous: etcd://... in the spec)";

@@ -6,6 +6,10 @@
 
 namespace trainctl {
 
+bool IsLoopbackHost(const std::string& host) {
+  return host.rfind("127.", 0) == 0 || host == "::1" || host == "localhost";
+}
+
 Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port) {
   size_t colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {

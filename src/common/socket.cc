@@ -6,9 +6,12 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
+#include <cstring>
 
 namespace trainctl {
 
@@ -47,6 +50,24 @@ int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadli
   }
   ::freeaddrinfo(res);
   return result;
+}
+
+int ConnectUnix(const std::string& path) {
+  struct sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof a.sun_path) return -ENAMETOOLONG;
+  std::memcpy(a.sun_path, path.data(), path.size());
+  if (path[0] == '@') a.sun_path[0] = '\0';  // abstract: no file, no trailing NUL in the name
+  const auto len = static_cast<socklen_t>(offsetof(struct sockaddr_un, sun_path) + path.size() + (path[0] == '@' ? 0 : 1));
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  // A Unix socket connects at once or fails at once (EAGAIN: the listener's backlog is full).
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return -(err == EINPROGRESS ? EAGAIN : err);
+  }
+  return fd;
 }
 
 bool SendAll(int fd, std::string_view data, Clock::time_point deadline) {

@@ -13,6 +13,9 @@ namespace trainctl {
 // One non-blocking connect attempt, bounded by `deadline`, with TCP_NODELAY. Returns the fd
 // (non-blocking, close-on-exec) or -errno.
 int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadline);
+// The same for a Unix-domain socket: `path` is a file, or "@name" for the abstract namespace.
+// -ECONNREFUSED while nothing listens there, -EAGAIN while its backlog is full (retry both).
+int ConnectUnix(const std::string& path);
 // Sends all of `data`; false on an error or when `deadline` passes.
 bool SendAll(int fd, std::string_view data, Clock::time_point deadline);
 // Reads exactly `size` bytes. 1: read, 0: peer closed, -1: timed out, -2: error.

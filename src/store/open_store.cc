@@ -10,6 +10,7 @@ namespace trainctl {
 namespace {
 
 constexpr const char* kTcp = "tcp://";
+constexpr const char* kUnix = "unix:";
 
 }  // namespace
 
@@ -38,9 +39,13 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::stri
     connect(o, &store);
     return store;
   }
-  std::string address = url.rfind(kTcp, 0) == 0 ? url.substr(std::string(kTcp).size()) : url;
   TcpStoreOptions o;
-  RETURN_IF_ERROR(ParseHostPort(address, &o.host, &o.port));
+  if (url.rfind(kUnix, 0) == 0) {
+    o.unix_path = url.substr(std::string(kUnix).size());
+  } else {
+    RETURN_IF_ERROR(ParseHostPort(url.rfind(kTcp, 0) == 0 ? url.substr(std::string(kTcp).size()) : url,
+                                  &o.host, &o.port));
+  }
   o.token = token;
   o.connect_timeout = connect_timeout;
   ASSIGN_OR_RETURN(auto store, TcpStore::Connect(o));

@@ -1,5 +1,6 @@
 // Opens a job's store from its URL, the one form in which launchers hand it to agents:
 //   tcp://host:port        the embedded TCP store (token required)
+//   unix:@name, unix:PATH  the same on a Unix socket, abstract or a file (a local job's store)
 //   etcd://host:port[,host:port...]   an etcd v3 cluster (the spec's `rendezvous:`); etcds://
 //                          with TLS and options (common/address.h)
 // A bare "host:port" means tcp.

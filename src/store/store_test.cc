@@ -21,6 +21,7 @@
 #include "common/socket.h"
 #include "store/etcd/etcd_store.h"
 #include "store/memory/memory_store.h"
+#include "store/open_store.h"
 #include "store/tcp/tcp_store.h"
 #include "store/tcp/wire.h"
 
@@ -65,6 +66,21 @@ class TcpBackend {
  public:
   TcpBackend() : server_(StartTcpServer("secret-token")) {}
   std::unique_ptr<Store> NewClient() { return ConnectTcp(server_->port(), "secret-token"); }
+
+ private:
+  std::unique_ptr<TcpStoreServer> server_;
+};
+
+// The same server on a Unix socket (what a local job's launcher serves), opened by its URL.
+class UnixBackend {
+ public:
+  UnixBackend() {
+    TcpStoreServerOptions o;
+    o.token = "secret-token";
+    o.unix_socket = true;
+    server_ = std::move(TcpStoreServer::Start(o).value());
+  }
+  std::unique_ptr<Store> NewClient() { return std::move(OpenStore(server_->url(), "secret-token").value()); }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
@@ -132,13 +148,14 @@ class StoreTest : public ::testing::Test {
   Backend backend_;
 };
 
-using Backends = ::testing::Types<MemoryBackend, TcpBackend, EtcdBackend, EtcdTlsAuthBackend>;
+using Backends = ::testing::Types<MemoryBackend, TcpBackend, UnixBackend, EtcdBackend, EtcdTlsAuthBackend>;
 class BackendNames {
  public:
   template <typename T>
   static std::string GetName(int) {
     if (std::is_same_v<T, MemoryBackend>) return "Memory";
     if (std::is_same_v<T, EtcdTlsAuthBackend>) return "EtcdTlsAuth";
+    if (std::is_same_v<T, UnixBackend>) return "Unix";
     return std::is_same_v<T, TcpBackend> ? "Tcp" : "Etcd";
   }
 };
@@ -305,6 +322,24 @@ TEST(TcpStore, RefusesAClientWithoutTheToken) {
   EXPECT_EQ(client.status().code(), Code::kPermissionDenied);
   co.token = "";
   EXPECT_EQ(TcpStore::Connect(co).status().code(), Code::kPermissionDenied);
+}
+
+TEST(TcpStore, OnAUnixSocketTheTokenIsStillRequiredAndErrorsNameTheSocket) {
+  TcpStoreServerOptions o;
+  o.token = "right";
+  o.unix_socket = true;
+  auto server = std::move(TcpStoreServer::Start(o).value());
+  const std::string url = server->url();
+  ASSERT_EQ(url.rfind("unix:@", 0), 0u) << url;
+  auto refused = OpenStore(url, "wrong", seconds(2));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kPermissionDenied);
+  EXPECT_NE(refused.status().message().find(url), std::string::npos) << refused.status().message();
+  server->Stop();
+  server.reset();
+  auto gone = OpenStore(url, "right", milliseconds(200));  // nothing listens under the name now
+  ASSERT_FALSE(gone.ok());
+  EXPECT_NE(gone.status().message().find(url), std::string::npos) << gone.status().message();
 }
 
 int RawConnect(uint16_t port) {

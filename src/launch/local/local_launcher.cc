@@ -220,6 +220,8 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     TcpStoreServerOptions so;
     so.host = options.store_host;
     so.token = token;
+    // Every process of a local job runs here: a Unix socket serves them faster than loopback TCP.
+    so.unix_socket = options.placement == "local" && IsLoopbackHost(options.store_host);
     // Room for every agent and task of the job (and then some), within the open-file limit.
     so.max_connections = std::max(so.max_connections, spec.store_clients() + 64);
     RaiseOpenFileLimit(so.max_connections + 256);
@@ -229,7 +231,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       return kExitError;
     }
     server = std::move(*started);
-    store_url = "tcp://" + options.store_host + ":" + std::to_string(server->port());
+    store_url = server->url();
   }
   const Duration connect_timeout = std::min<Duration>(spec.timeouts.rendezvous, std::chrono::seconds(30));
   auto client = OpenStore(store_url, token, connect_timeout);

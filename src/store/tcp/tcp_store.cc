@@ -31,9 +31,9 @@ Result<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOptions& optio
   int fd;
   // The server may still be starting: retry refused connections until the deadline.
   while (true) {
-    fd = ConnectOnce(options.host, options.port, deadline);
+    fd = store->ConnectOnce(deadline);
     if (fd >= 0) break;
-    if (Clock::now() >= deadline || (fd != -ECONNREFUSED && fd != -ETIMEDOUT)) {
+    if (Clock::now() >= deadline || (fd != -ECONNREFUSED && fd != -ETIMEDOUT && fd != -EAGAIN)) {
       return ErrnoStatus("cannot connect to the store at " + store->Where(), -fd);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -48,7 +48,12 @@ TcpStore::~TcpStore() {
 }
 
 std::string TcpStore::Where() const {
-  return options_.host + ":" + std::to_string(options_.port);
+  return options_.unix_path.empty() ? options_.host + ":" + std::to_string(options_.port) : "unix:" + options_.unix_path;
+}
+
+int TcpStore::ConnectOnce(Clock::time_point deadline) const {
+  return options_.unix_path.empty() ? trainctl::ConnectOnce(options_.host, options_.port, deadline)
+                                    : ConnectUnix(options_.unix_path);
 }
 
 Status TcpStore::EnsureConnected() {
@@ -56,7 +61,7 @@ Status TcpStore::EnsureConnected() {
   // only in Connect(); a dropped connection is retried once, without waiting.
   bool greet = false;
   if (fd_ < 0) {
-    int fd = ConnectOnce(options_.host, options_.port, Clock::now() + options_.io_timeout);
+    int fd = ConnectOnce(Clock::now() + options_.io_timeout);
     if (fd < 0) return ErrnoStatus("store at " + Where() + " is unreachable", -fd);
     fd_ = fd;
     greet = true;

@@ -6,13 +6,16 @@
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "common/strings.h"
@@ -267,25 +270,38 @@ struct TcpStoreServer::State {
 };
 
 TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options, int listen_fd, int wake_fd[2],
-                               uint16_t port)
+                               uint16_t port, std::string unix_name)
     : options_(std::move(options)),
       listen_fd_(listen_fd),
       wake_read_(wake_fd[0]),
       wake_write_(wake_fd[1]),
       port_(port),
+      unix_name_(std::move(unix_name)),
       state_(std::make_unique<State>()) {}
 
-Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const TcpStoreServerOptions& options) {
-  if (options.token.empty()) return InvalidArgument("the store server needs a token");
+namespace {
+
+// Whether the process at the other end of the Unix socket `fd` runs as this one's user (or root).
+bool OwnUsersProcess(int fd) {
+  struct ucred peer{};
+  socklen_t len = sizeof peer;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) return false;
+  if (peer.uid == ::geteuid() || peer.uid == 0) return true;
+  LOG_DEBUG("store server: refused a connection from uid {} (pid {})", peer.uid, peer.pid);
+  return false;
+}
+
+// A listening socket on host:port (port 0: any free one). Returns the fd and the port.
+Result<std::pair<int, uint16_t>> ListenTcp(const std::string& host, uint16_t port, int backlog) {
   struct addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   struct addrinfo* res = nullptr;
-  std::string port_text = std::to_string(options.port);
-  int gai = ::getaddrinfo(options.host.c_str(), port_text.c_str(), &hints, &res);
+  std::string port_text = std::to_string(port);
+  int gai = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &res);
   if (gai != 0) {
-    return InvalidArgument("cannot resolve store address " + options.host + ": " + gai_strerror(gai));
+    return InvalidArgument("cannot resolve store address " + host + ": " + gai_strerror(gai));
   }
   int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
@@ -294,27 +310,65 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const TcpStoreServ
   }
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 512) != 0) {
+  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, backlog) != 0) {
     int err = errno;
     ::freeaddrinfo(res);
     ::close(fd);
-    return ErrnoStatus("cannot listen on " + options.host + ":" + port_text, err);
+    return ErrnoStatus("cannot listen on " + host + ":" + port_text, err);
   }
   ::freeaddrinfo(res);
   struct sockaddr_storage addr{};
   socklen_t len = sizeof addr;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  uint16_t port = ntohs(addr.ss_family == AF_INET6
-                            ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
-                            : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  return std::make_pair(fd, ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                                             : reinterpret_cast<sockaddr_in*>(&addr)->sin_port));
+}
+
+// A listening Unix socket under a fresh name in the abstract namespace (the kernel's autobind: no
+// file to clean up, no name to collide with). Returns the fd and "@name".
+Result<std::pair<int, std::string>> ListenUnixAbstract(int backlog) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus("socket", errno);
+  struct sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  socklen_t len = sizeof(sa_family_t);  // only the family: the kernel picks a name
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd, backlog) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus("cannot listen on a Unix socket", err);
+  }
+  len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const size_t name = len - offsetof(struct sockaddr_un, sun_path);  // the leading NUL included
+  return std::make_pair(fd, "@" + std::string(a.sun_path + 1, name > 0 ? name - 1 : 0));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const TcpStoreServerOptions& options) {
+  if (options.token.empty()) return InvalidArgument("the store server needs a token");
+  // Every client of a big job may connect at once (the kernel caps this at net.core.somaxconn).
+  const int backlog = std::max(512, options.max_connections);
+  int fd = -1;
+  uint16_t port = 0;
+  std::string unix_name;
+  if (options.unix_socket) {
+    ASSIGN_OR_RETURN(std::tie(fd, unix_name), ListenUnixAbstract(backlog));
+  } else {
+    ASSIGN_OR_RETURN(std::tie(fd, port), ListenTcp(options.host, options.port, backlog));
+  }
   int wake[2];
   if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
     ::close(fd);
     return ErrnoStatus("pipe", errno);
   }
-  std::unique_ptr<TcpStoreServer> server(new TcpStoreServer(options, fd, wake, port));
+  std::unique_ptr<TcpStoreServer> server(new TcpStoreServer(options, fd, wake, port, unix_name));
   server->thread_ = std::thread([s = server.get()] { s->Serve(); });
   return server;
+}
+
+std::string TcpStoreServer::url() const {
+  return unix_name_.empty() ? "tcp://" + options_.host + ":" + std::to_string(port_) : "unix:" + unix_name_;
 }
 
 TcpStoreServer::~TcpStoreServer() { Stop(); }
@@ -476,8 +530,15 @@ void TcpStoreServer::Serve() {
             }
             break;
           }
-          int one = 1;
-          ::setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          if (unix_name_.empty()) {
+            int one = 1;
+            ::setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          } else if (!OwnUsersProcess(cfd)) {
+            // A Unix socket names its peer: another user's process is closed before it can try a
+            // token (the abstract namespace has no file permissions to keep it out).
+            ::close(cfd);
+            continue;
+          }
           if ((static_cast<int>(strangers.size()) >= options_.max_unauthenticated || now_live >= max_connections) &&
               close_oldest_unauthenticated()) {
             --now_live;
