@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <fstream>
 #include <regex>
 
 #include <nlohmann/json.hpp>
@@ -119,6 +120,46 @@ TEST_F(DashboardTest, ThePageShowsJobsCurvesLogsAndEvalInChromiumAndEscapesWhatR
             std::string::npos) << hostile;
   EXPECT_EQ(hostile.find("<img src=\"x\""), std::string::npos);
   EXPECT_TRUE(std::regex_search(hostile, std::regex("<td>worker-1</td><td>\\d+</td>"))) << hostile;
+}
+
+// A run's curves follow its metrics.jsonl as it grows (each poll reads only what was appended: a
+// line still being written waits for its end), and start over when the file is replaced.
+TEST_F(DashboardTest, ARunsCurvesFollowItsMetricsFileAsItGrows) {
+  httplib::Client client(url_.host, url_.port);
+  auto series = [&](const std::string& id) {
+    auto r = client.Get("/api/runs/" + id + "?token=" + url_.token);
+    EXPECT_EQ(r->status, 200);
+    return nlohmann::json::parse(r->body)["series"];
+  };
+  // The finished run: every window and evaluation its trainer recorded.
+  size_t windows = 0, evals = 0;
+  for (const auto& line : SplitLines(s_.Read("trained/metrics.jsonl"))) {
+    auto j = nlohmann::json::parse(line);
+    windows += j.contains("loss") ? 1 : 0;
+    evals += j.contains("test_accuracy") ? 1 : 0;
+  }
+  auto trained = series(trained_id_);
+  EXPECT_GT(windows, 2u);
+  EXPECT_EQ(trained["train"]["loss"].size(), windows) << trained;
+  EXPECT_EQ(trained["test"]["accuracy"].size(), evals) << trained;
+  // The running one, written to by hand: nothing, then two lines and half of a third.
+  const std::string file = s_.path("hostile/metrics.jsonl");
+  EXPECT_TRUE(series(hostile_id_)["train"]["step"].empty());
+  auto append = [&](const std::string& text) {
+    std::ofstream(file, std::ios::app) << text << std::flush;
+  };
+  append("{\"step\": 1, \"loss\": 2.5, \"samples_per_s\": 10}\n{\"step\": 2, \"loss\": 2.0}\n{\"step\": 3, \"lo");
+  EXPECT_EQ(series(hostile_id_)["train"]["step"], nlohmann::json({1, 2}));
+  append("ss\": 1.5}\n{\"step\": 3, \"test_accuracy\": 0.5}\n");
+  auto grown = series(hostile_id_);
+  EXPECT_EQ(grown["train"]["loss"], nlohmann::json({2.5, 2.0, 1.5})) << grown;
+  EXPECT_EQ(grown["train"]["samples_per_s"], nlohmann::json({10.0, 0.0, 0.0})) << grown;
+  EXPECT_EQ(grown["test"]["accuracy"], nlohmann::json({0.5})) << grown;
+  // Replaced by a shorter file: only what it holds.
+  s_.Write("hostile/metrics.jsonl", "{\"step\": 7, \"loss\": 0.25}\n");
+  auto replaced = series(hostile_id_);
+  EXPECT_EQ(replaced["train"]["step"], nlohmann::json({7})) << replaced;
+  EXPECT_TRUE(replaced["test"]["step"].empty()) << replaced;
 }
 
 TEST_F(DashboardTest, MetricsPassPromtoolAndARealPrometheusScrapesThem) {

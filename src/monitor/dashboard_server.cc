@@ -2,6 +2,8 @@
 // Built into trainctl-http.so.
 #include <sys/stat.h>
 
+#include <array>
+#include <deque>
 #include <map>
 #include <mutex>
 
@@ -31,32 +33,45 @@ json RunSummary(const RunView& v) {
           {"started", e.started}, {"alive", v.alive}};
 }
 
-// The curves of metrics.jsonl: training windows and test accuracy, at most the newest 5000 points.
-json Series(const std::string& dir) {
-  json train = {{"step", json::array()}, {"loss", json::array()}, {"samples_per_s", json::array()}};
-  json test = {{"step", json::array()}, {"accuracy", json::array()}};
-  auto text = ReadFile(paths::MetricsJsonl(dir), int64_t{256} << 20);
-  if (!text.ok()) return {{"train", train}, {"test", test}};
-  for (const auto& line : SplitLines(*text)) {
-    auto j = json::parse(line, nullptr, false);
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) continue;
-    if (j.contains("loss") && j["loss"].is_number()) {
-      train["step"].push_back(j["step"]);
-      train["loss"].push_back(j["loss"]);
-      train["samples_per_s"].push_back(j.value("samples_per_s", 0.0));
+// The curves of a run's metrics.jsonl, training windows and test accuracy, at most the newest
+// 5000 points of each; kept between requests, so that each poll of the page parses only what the
+// run appended since the last.
+class Series {
+ public:
+  json Update(const std::string& path) {
+    file_.Read(path, [this] { train_.clear(), test_.clear(); }, [this](const json& j) {
+      if (!j.contains("step") || !j["step"].is_number()) return;
+      const double step = j["step"].get<double>();
+      if (j.contains("loss") && j["loss"].is_number()) {
+        Keep(&train_, {step, j["loss"].get<double>(), j.value("samples_per_s", 0.0)});
+      }
+      if (j.contains("test_accuracy") && j["test_accuracy"].is_number()) {
+        Keep(&test_, {step, j["test_accuracy"].get<double>(), 0});
+      }
+    });
+    json train = {{"step", json::array()}, {"loss", json::array()}, {"samples_per_s", json::array()}};
+    json test = {{"step", json::array()}, {"accuracy", json::array()}};
+    for (const auto& p : train_) {
+      train["step"].push_back(p[0]);
+      train["loss"].push_back(p[1]);
+      train["samples_per_s"].push_back(p[2]);
     }
-    if (j.contains("test_accuracy") && j["test_accuracy"].is_number()) {
-      test["step"].push_back(j["step"]);
-      test["accuracy"].push_back(j["test_accuracy"]);
+    for (const auto& p : test_) {
+      test["step"].push_back(p[0]);
+      test["accuracy"].push_back(p[1]);
     }
+    return {{"train", train}, {"test", test}};
   }
-  for (json* s : {&train, &test}) {
-    for (auto& [key, values] : s->items()) {
-      if (values.size() > 5000) values.erase(values.begin(), values.end() - 5000);
-    }
+
+ private:
+  using Point = std::array<double, 3>;
+  static void Keep(std::deque<Point>* points, Point p) {
+    points->push_back(p);
+    if (points->size() > 5000) points->pop_front();
   }
-  return {{"train", train}, {"test", test}};
-}
+  JsonLinesFollower file_;
+  std::deque<Point> train_, test_;
+};
 
 // The first JSON value in a command's output (LibTorch may print warnings before it).
 json ParseOutput(const std::string& output) {
@@ -73,6 +88,8 @@ class DashboardServer : public HttplibService {
   MetricsExporter metrics;
   std::mutex eval_mu;
   std::map<std::string, std::pair<int64_t, json>> evals;  // run id -> (model mtime, result)
+  std::mutex series_mu;
+  std::map<std::string, Series> series;  // run id -> its curves so far
 
   bool Authorized(const httplib::Request& req) const {
     if (req.has_param("token") && ConstantTimeEquals(req.get_param_value("token"), o.token)) return true;
@@ -178,7 +195,11 @@ class DashboardServer : public HttplibService {
       } else {
         out = RunSummary(v);
         out["status"] = v.status;
-        out["series"] = Series(v.dir);
+        {
+          std::lock_guard<std::mutex> lock(series_mu);
+          if (series.size() >= 64 && !series.count(v.entry.run_id)) series.erase(series.begin());  // bounded; read again if asked
+          out["series"] = series[v.entry.run_id].Update(paths::MetricsJsonl(v.dir));
+        }
         out["split"] = StepSplit(v.dir);
         json tasks = json::array();
         if (v.alive) {

@@ -38,19 +38,8 @@ std::string EscapeLabel(const std::string& value) {
 }
 
 void MetricsExporter::Update(Totals* t, const std::string& path) {
-  if (t->path != path) {  // the run's files moved (previous/): start over
-    *t = Totals{};
-    t->path = path;
-  }
-  if (t->buckets.empty()) t->buckets.assign(kBounds.size(), 0);
-  const std::string text = ReadFrom(path, t->offset);
-  const size_t end = text.rfind('\n');  // whole lines only; the rest is read next time
-  if (end == std::string::npos) return;
-  t->offset += static_cast<long>(end + 1);
-  size_t start = 0;
-  for (size_t eol; start <= end && (eol = text.find('\n', start)) != std::string::npos; start = eol + 1) {
-    auto j = nlohmann::json::parse(text.begin() + start, text.begin() + eol, nullptr, false);
-    if (!j.is_object()) continue;
+  // A path that changed: the run's files moved (previous/), start over.
+  t->file.Read(path, [t] { static_cast<Figures&>(*t) = Figures{}; }, [t](const nlohmann::json& j) {
     auto num = [&](const char* key, double* out) {
       if (j.contains(key) && j[key].is_number()) {
         *out = j[key].get<double>();
@@ -58,6 +47,7 @@ void MetricsExporter::Update(Totals* t, const std::string& path) {
       }
       return false;
     };
+    if (t->buckets.empty()) t->buckets.assign(kBounds.size(), 0);
     double v = 0;
     if (num("step", &v)) t->steps = std::max(t->steps, v);
     if (num("loss", &v)) t->loss = v;
@@ -76,7 +66,7 @@ void MetricsExporter::Update(Totals* t, const std::string& path) {
       t->count += steps;
       t->sum += secs;
     }
-  }
+  });
 }
 
 std::string MetricsExporter::Render(const std::vector<runs::RunEntry>& entries) {
@@ -115,7 +105,8 @@ std::string MetricsExporter::Render(const std::vector<runs::RunEntry>& entries) 
     add(1, labels, e.tasks);
     add(2, labels, restarts);
     add(3, labels, v.state == "failed" || v.state == "lost" || v.state == "timed-out" || v.state == "error" ? 1 : 0);
-    if (t.offset == 0) continue;  // not the built-in trainer, or nothing logged yet
+    if (t.file.offset() == 0) continue;  // not the built-in trainer, or nothing logged yet
+    if (t.buckets.empty()) t.buckets.assign(kBounds.size(), 0);
     add(4, labels, t.steps);
     add(5, labels, t.samples);
     if (t.loss >= 0) add(6, labels, t.loss);

@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "job/runs.h"
+#include "monitor/view.h"
 
 namespace trainctl::monitor {
 
@@ -23,12 +24,13 @@ class MetricsExporter {
   std::string Render(const std::vector<runs::RunEntry>& runs);
 
  private:
-  struct Totals {
-    std::string path;
-    long offset = 0;  // bytes of the file parsed so far
+  struct Figures {
     double steps = 0, samples = 0, loss = -1, accuracy = -1, comm = 0, data = 0, restart = 0;
     std::vector<double> buckets;  // step-duration histogram: counts per upper bound
     double count = 0, sum = 0;
+  };
+  struct Totals : Figures {
+    JsonLinesFollower file;
   };
   void Update(Totals* t, const std::string& path);
 

@@ -2,6 +2,7 @@
 // the run's output directory and /proc; nothing here writes.
 #include "monitor/view.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -198,6 +199,25 @@ std::vector<std::string> LogFiles(const std::string& dir, const std::string& rol
 }
 
 // The newest window of the trainer's metrics: steps/s and where a step's time goes.
+void JsonLinesFollower::Read(const std::string& path, const std::function<void()>& start_over,
+                             const std::function<void(const nlohmann::json&)>& each) {
+  struct stat st{};
+  if (path != path_ || (::stat(path.c_str(), &st) == 0 && st.st_size < offset_)) {
+    path_ = path;
+    offset_ = 0;
+    start_over();
+  }
+  const std::string text = ReadFrom(path, offset_);
+  const size_t end = text.rfind('\n');  // whole lines only; the rest is read next time
+  if (end == std::string::npos) return;
+  offset_ += static_cast<int64_t>(end + 1);
+  for (size_t start = 0, eol; start <= end && (eol = text.find('\n', start)) != std::string::npos; start = eol + 1) {
+    auto j = nlohmann::json::parse(text.begin() + static_cast<long>(start), text.begin() + static_cast<long>(eol),
+                                   nullptr, false);
+    if (j.is_object()) each(j);
+  }
+}
+
 std::string StepSplit(const std::string& output_dir) {
   const auto lines = SplitLines(ReadTail(paths::MetricsJsonl(output_dir), 65536));
   for (auto it = lines.rbegin(); it != lines.rend(); ++it) {

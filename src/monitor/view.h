@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,22 @@ std::string Progress(const std::string& output_dir);   // "epoch 3 step 1200 los
 std::string Tasks(const runs::RunEntry& e);            // "2x2", or "7 tasks" for a job with roles
 // "step 350: 106.1 steps/s, ...; a step: 1 % data, 97 % compute, 2 % communication ..." or "".
 std::string StepSplit(const std::string& output_dir);
+
+// Follows a JSON-lines file as it grows (a run's metrics.jsonl): each Read parses only the whole
+// lines appended since the last one. When the file is another path than the one followed, or
+// shorter than what was read (a later run moved or replaced it), Read calls `start_over` (the
+// caller drops what it gathered) and reads from the beginning. One follower per file; the caller
+// locks when several threads share it.
+class JsonLinesFollower {
+ public:
+  void Read(const std::string& path, const std::function<void()>& start_over,
+            const std::function<void(const nlohmann::json&)>& each);
+  int64_t offset() const { return offset_; }  // bytes read so far: 0 until a whole line was
+
+ private:
+  std::string path_;
+  int64_t offset_ = 0;
+};
 
 // The log files under `dir` (<role>-<index>.log) in rank order, optionally only one role or rank;
 // `spec` is the run's job.json (ranks of a job with roles follow its roles).
