@@ -226,6 +226,11 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     so.max_connections = std::max(so.max_connections, spec.store_clients() + 64);
     RaiseOpenFileLimit(so.max_connections + 256);
     auto started = TcpStoreServer::Start(so);
+    if (!started.ok() && so.unix_socket) {  // Unix sockets refused here (a confined sandbox): TCP
+      LOG_DEBUG("the job's store on a Unix socket: {}; serving it on {} instead", started.status().message(), so.host);
+      so.unix_socket = false;
+      started = TcpStoreServer::Start(so);
+    }
     if (!started.ok()) {
       LOG_ERROR("cannot start the job's store: {}", started.status().message());
       return kExitError;
