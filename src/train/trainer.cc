@@ -31,6 +31,9 @@
 #include "data/sampler.h"
 #include "checkpoint/meta.h"
 #include "metrics/metrics.h"
+#if TRAINCTL_HAVE_ONEDNN
+#include "models/onednn.h"
+#endif
 #include "store/open_store.h"
 #include "job/error_file.h"
 #include "job/keys.h"
@@ -137,15 +140,6 @@ class Autocast {
  private:
   bool on_, cuda_;
 };
-
-bool CpuHasBf16() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") != 0;
-#else
-  return true;  // not known here: no warning
-#endif
-}
 
 std::string JoinFloats(const std::vector<float>& v) {
   std::ostringstream s;
@@ -673,10 +667,12 @@ Status Trainer::Run() {
              t_.model, t_.data.dataset, train_set_.count, device_.str(),
              t_.precision == "bf16" ? " in bf16 mixed precision" : "", world_, batch_, steps_per_epoch_,
              t_.epochs);
-    if (t_.precision == "bf16" && device_.is_cpu() && !CpuHasBf16()) {
+#if TRAINCTL_HAVE_ONEDNN
+    if (t_.precision == "bf16" && device_.is_cpu() && !models::Bf16Convolutions()) {
       LOG_WARN("trainer.precision: bf16, but this CPU has no bf16 instructions (AVX512-BF16 or AMX): "
                "ATen emulates them, slower than fp32; the CNN's own kernels stay fp32");
     }
+#endif
   }
   while (epoch_ < t_.epochs && !Done()) {
     RETURN_IF_ERROR(TrainEpoch(epoch_, batch_in_epoch_));
