@@ -3,6 +3,8 @@
 // this machine forming one 2-host job with Debian's real PyTorch (gloo allreduce).
 #include <gtest/gtest.h>
 
+#include <regex>
+
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -189,6 +191,41 @@ TEST(Torchrun, TwoCommandsFormOneJobWithARealAllreduce) {
     EXPECT_EQ(result["world"], 4);
     EXPECT_EQ(result["sum"], (std::vector<double>{10.0, 4.0}));
   }
+}
+
+// Each host's part of a job of several hosts is in `trainctl ps` there (target torchrun); `trainctl
+// stop` ends it, the other host's part stops with it, and status.json says how it ended.
+TEST(Torchrun, AJobOfSeveralHostsIsInPsAndStops) {
+  Scratch s;
+  const std::string endpoint = "127.0.0.1:" + std::to_string(FreePort());
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
+  const std::vector<std::string> argv = {"torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                                         "--rdzv-endpoint", endpoint, "--rdzv-id", "watch", "--log-dir", s.path("out"),
+                                         "--no-python", "/bin/sh", "-c", "echo up; sleep 120"};
+  Background first(argv, s.path(""), s.path("first.log"), env);
+  ASSERT_TRUE(Eventually([&] { return s.Read("first.log").find("serving the job's store") != std::string::npos; }))
+      << s.Read("first.log");
+  Background second(argv, s.path(""), s.path("second.log"), env);
+  for (const char* log : {"out/logs/worker-0.log", "out/logs/worker-1.log"}) {
+    ASSERT_TRUE(Eventually([&] { return s.Read(log).find("up") != std::string::npos; })) << s.Read("second.log");
+  }
+  auto ps = Trainctl({"ps"}, s.path(""), seconds(30), env);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(ps.output, m, std::regex("(\\S+-watch) +running +2x1 "))) << ps.output;
+  const std::string id = m[1];
+  auto listed = nlohmann::json::parse(Trainctl({"ps", "--json"}, s.path(""), seconds(30), env).output);
+  ASSERT_EQ(listed.size(), 1u) << listed;
+  EXPECT_EQ(listed[0]["target"], "torchrun") << listed;
+  auto stopped = Trainctl({"stop", id}, s.path(""), seconds(60), env);
+  EXPECT_EQ(stopped.exit.code, 0) << stopped.output;
+  EXPECT_EQ(first.Wait(seconds(30)).code, kExitInterrupted) << s.Read("first.log");
+  EXPECT_EQ(second.Wait(seconds(30)).code, kExitInterrupted) << s.Read("second.log");
+  auto status = nlohmann::json::parse(s.Read("out/status.json"));
+  EXPECT_EQ(status["run_id"], id);
+  EXPECT_EQ(status["state"], "interrupted") << status;
+  EXPECT_TRUE(std::regex_search(Trainctl({"ps", "--all"}, s.path(""), seconds(30), env).output,
+                                std::regex(id + " +interrupted ")));
 }
 
 // --rdzv-backend etcd: two commands meet on a real etcd (no store of trainctl's, no token).

@@ -53,7 +53,7 @@ int Ps(bool all, bool as_json) {
     const std::string progress = Progress(v.dir);
     out.push_back({{"name", e.name}, {"run_id", e.run_id}, {"state", v.state}, {"tasks", Tasks(e)},
                    {"progress", progress}, {"elapsed", Elapsed(v)}, {"output_dir", v.dir},
-                   {"pid", v.alive ? e.pid : 0}});
+                   {"pid", v.alive ? e.pid : 0}, {"target", e.target}});
     rows.push_back({e.name, e.run_id, v.state, Tasks(e), progress, Elapsed(v), v.dir});
   }
   if (as_json) {

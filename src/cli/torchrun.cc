@@ -10,15 +10,19 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "agent/start.h"
 #include "cli/verbs.h"
 #include "common/address.h"
 #include "common/duration.h"
 #include "common/exit_codes.h"
+#include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/agent_command.h"
+#include "job/paths.h"
 #include "launch/k8s/render.h"
 #include "launch/local/local_launcher.h"
 
@@ -211,13 +215,31 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
   if (f.rdzv_id == "none") return bad("a job of several hosts needs --rdzv-id, the same on every host");
   AgentProcessOptions a;
   a.run_id = spec->name + "-" + f.rdzv_id;
+  // This host's part of the job, for `trainctl ps/logs/stop` here: in the run index, with a
+  // status.json in --log-dir (no lock on it and nothing moved aside: hosts may share it).
+  auto run_here = [&] {
+    const auto start = Clock::now();
+    const runs::RunEntry entry = RunEntryFor(*spec, a.run_id, "torchrun");
+    Status st = MakeDirs(spec->output_dir);
+    if (st.ok()) st = runs::Register(entry);
+    if (st.ok()) st = WriteRunningStatus(entry);
+    if (!st.ok()) LOG_WARN("trainctl ps will not list this run: {}", st.message());
+    const int code = RunAgentProcess(a);
+    const nlohmann::json end = {{"job", spec->name}, {"run_id", a.run_id}, {"exit_code", code},
+                                {"elapsed", FormatDuration(std::chrono::duration_cast<Duration>(Clock::now() - start))},
+                                {"state", StateOfExit(code)}};
+    if (Status w = AtomicWriteFile(paths::StatusJson(spec->output_dir), end.dump(2) + "\n"); !w.ok()) {
+      LOG_WARN("{}", w.message());
+    }
+    return code;
+  };
   a.spec = &*spec;
   a.color = ::isatty(STDOUT_FILENO) != 0;
   if (!spec->rendezvous.empty()) {  // etcd: every host's agent meets there, ranks by arrival
     a.host = !f.local_addr.empty() ? f.local_addr : "auto";
     ::setenv(kEnvStoreAddr, spec->rendezvous.c_str(), 1);
     LOG_INFO("joining job {} on {}", spec->name, spec->rendezvous);
-    return RunAgentProcess(a);
+    return run_here();
   }
   // Several hosts, each running this same command line: the endpoint's host serves the job's store.
   std::string endpoint = f.rdzv_endpoint;
@@ -242,7 +264,7 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
   ::unsetenv("TRAINCTL_TOKEN");  // not into the workers' environment
   LOG_INFO("node {} of job {}: {} {}", a.node_rank < 0 ? std::string("by arrival") : std::to_string(a.node_rank),
            spec->name, serve ? "serving the job's store at" : "joining the job's store at", endpoint);
-  return RunAgentProcess(a);
+  return run_here();
 }
 
 }  // namespace

@@ -151,6 +151,46 @@ std::string Elapsed(Clock::time_point start) {
 
 }  // namespace
 
+runs::RunEntry RunEntryFor(const JobSpec& spec, const std::string& run_id, const std::string& target) {
+  runs::RunEntry entry;
+  entry.name = spec.name;
+  entry.run_id = run_id;
+  entry.output_dir = spec.output_dir;
+  entry.host = HostName();
+  entry.target = target;
+  entry.nodes = spec.nodes.max;
+  entry.procs_per_node = spec.roles.empty() ? spec.procs_per_node : 0;
+  entry.tasks = spec.world_size();
+  entry.pid = ::getpid();
+  entry.start_ticks = runs::StartTicks(entry.pid);
+  entry.started = static_cast<int64_t>(std::time(nullptr));
+  return entry;
+}
+
+Status WriteRunningStatus(const runs::RunEntry& entry) {
+  nlohmann::json running = {{"job", entry.name}, {"run_id", entry.run_id}, {"state", "running"},
+                            {"pid", entry.pid}, {"started", entry.started}};
+  return AtomicWriteFile(paths::StatusJson(entry.output_dir), running.dump(2) + "\n");
+}
+
+std::string StateOfExit(int code) {
+  switch (code) {
+    case kExitOk:
+      return "succeeded";
+    case kExitInvalidSpec:
+    case kExitWorkerFailed:
+      return "failed";
+    case kExitRendezvousTimeout:
+      return "rendezvous-timeout";
+    case kExitInterrupted:
+      return "interrupted";
+    case kExitJobTimeout:
+      return "timed-out";
+    default:
+      return "error";
+  }
+}
+
 int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   const auto start = Clock::now();
   // Orphans of the job's processes (a SIGKILLed agent's workers' children) come here, not to init.
@@ -183,29 +223,14 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     LOG_ERROR("{}", st.message());
     return kExitError;
   }
-  runs::RunEntry entry;
-  entry.name = spec.name;
-  entry.run_id = run_id;
-  entry.output_dir = spec.output_dir;
-  entry.host = HostName();
-  entry.target = options.placement;
+  runs::RunEntry entry = RunEntryFor(spec, run_id, options.placement);
   if (options.placement == "slurm") entry.slurm_job_id = GetEnv(CurrentEnvironment(), "SLURM_JOB_ID").value_or("");
-  entry.nodes = spec.nodes.max;
-  entry.procs_per_node = spec.roles.empty() ? spec.procs_per_node : 0;
-  entry.tasks = spec.world_size();
-  entry.pid = ::getpid();
-  entry.start_ticks = runs::StartTicks(entry.pid);
-  entry.started = static_cast<int64_t>(std::time(nullptr));
   if (Status st = runs::Register(entry); !st.ok()) {
     LOG_WARN("trainctl ps will not list this run: {}", st.message());
   }
-  {
-    nlohmann::json running = {{"job", spec.name}, {"run_id", run_id}, {"state", "running"},
-                              {"pid", entry.pid}, {"started", entry.started}};
-    if (Status st = AtomicWriteFile(paths::StatusJson(spec.output_dir), running.dump(2) + "\n"); !st.ok()) {
-      LOG_ERROR("{}", st.message());
-      return kExitError;
-    }
+  if (Status st = WriteRunningStatus(entry); !st.ok()) {
+    LOG_ERROR("{}", st.message());
+    return kExitError;
   }
   if (Status st = AtomicWriteFile(paths::JobJson(spec.output_dir), JobSpecToJson(spec, 2) + "\n");
       !st.ok()) {
@@ -403,15 +428,12 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     auto last = store.TryGet(keys::kLastIgnoredFailure);
     if (last.ok() && last->has_value()) status["last_ignored_failure"] = nlohmann::json::parse(**last, nullptr, false);
   }
-  std::string state;
   switch (final_code) {
     case kExitOk:
-      state = "succeeded";
       LOG_INFO("job {} succeeded in {} ({} restarts)", spec.name, Elapsed(start), restarts);
       break;
     case kExitInvalidSpec:
     case kExitWorkerFailed: {
-      state = "failed";
       auto last = store_lost.ok() ? store.TryGet(keys::kLastFailure) : Result<std::optional<std::string>>(store_lost);
       if (last.ok() && last->has_value()) {
         if (auto rec = FailureRecord::FromJson(**last); rec.ok()) {
@@ -445,23 +467,19 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       break;
     }
     case kExitRendezvousTimeout:
-      state = "rendezvous-timeout";
       LOG_ERROR("job {} failed: not every node joined within timeouts.rendezvous ({})", spec.name,
                 FormatDuration(spec.timeouts.rendezvous));
       break;
     case kExitInterrupted:
-      state = "interrupted";
       LOG_WARN("job {} stopped: {}", spec.name, stop_reason);
       break;
     case kExitJobTimeout:
-      state = "timed-out";
       LOG_ERROR("job {} stopped: {}", spec.name, stop_reason);
       break;
     default:
-      state = "error";
       LOG_ERROR("job {} failed: {}", spec.name, stop_reason.empty() ? "see the log above" : stop_reason);
   }
-  status["state"] = state;
+  status["state"] = StateOfExit(final_code);
   if (Status st = AtomicWriteFile(paths::StatusJson(spec.output_dir), status.dump(2) + "\n"); !st.ok()) {
     LOG_WARN("{}", st.message());
   }

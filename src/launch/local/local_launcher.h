@@ -6,6 +6,7 @@
 // <output_dir>/status.json (state, exit code, restarts, failure) for scripts.
 #pragma once
 
+#include "job/runs.h"
 #include "launch/launcher.h"
 
 namespace trainctl {
@@ -14,5 +15,14 @@ class LocalLauncher : public Launcher {
  public:
   int Run(const JobSpec& spec, const LaunchOptions& options) override;
 };
+
+// What `trainctl ps/logs/stop` know of a run that this process drives (the launcher, or a host's
+// agent under `trainctl torchrun`): its entry in the run index, written by Register.
+runs::RunEntry RunEntryFor(const JobSpec& spec, const std::string& run_id, const std::string& target);
+// The run's status.json while it runs (state "running", this process, when it started).
+Status WriteRunningStatus(const runs::RunEntry& entry);
+// The state status.json records for a run that ended with trainctl exit `code`: succeeded,
+// failed, rendezvous-timeout, interrupted, timed-out or error.
+std::string StateOfExit(int code);
 
 }  // namespace trainctl
