@@ -78,6 +78,26 @@ TEST(BenchResults, FiveOrMoreRunsDropTheFastestAndTheSlowestAndScalingIsPerWorke
   EXPECT_DOUBLE_EQ(a[0].efficiency, 1.0);
 }
 
+// MLPerf's rule for the time to accuracy: a run that missed the target (or failed) is the slowest;
+// with five runs it is dropped as such, with two it leaves no figure.
+TEST(BenchResults, ARunThatMissesTheTargetCountsAsTheSlowest) {
+  auto run = [](double tta, const std::string& state = "succeeded") {
+    Figures f = Made("trainctl", 1, 10, 100, state);
+    f.time_to_accuracy = tta;
+    return f;
+  };
+  std::vector<Figures> one_miss = {run(5), run(6), run(7), run(-1), run(8)};
+  auto a = Aggregates(one_miss, 0.91);
+  EXPECT_DOUBLE_EQ(a[0].tta_mean, 7.0);  // 6, 7, 8: the 5 and the miss dropped
+  EXPECT_EQ(a[0].missed, 1);
+  std::vector<Figures> two_misses = {run(5), run(-1), run(6), run(7, "failed"), run(7)};
+  a = Aggregates(two_misses, 0.91);
+  EXPECT_LT(a[0].tta_mean, 0) << "a miss is among the runs that count";
+  EXPECT_EQ(a[0].missed, 2);
+  EXPECT_DOUBLE_EQ(a[0].epoch_mean, 10.0);  // the other figures: the runs that succeeded
+  EXPECT_LT(Aggregates(one_miss)[0].tta_mean, 0) << "no target, no time to it";
+}
+
 TEST(BenchResults, CompareFlagsThroughputDownAndEpochTimeUpPastTheThreshold) {
   std::vector<Figures> a = {Made("trainctl", 1, 10, 100), Made("trainctl", 2, 6, 180)};
   std::vector<Figures> b = {Made("trainctl", 1, 10.2, 98), Made("trainctl", 2, 8, 140)};

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <limits>
 #include <set>
 
 #include "common/fs.h"
@@ -284,7 +285,7 @@ void ReadFigures(const std::string& output_dir, double target_accuracy, Figures*
   }
 }
 
-std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments) {
+std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments, double target_accuracy) {
   std::vector<Aggregate> out;
   std::map<std::string, std::vector<const Figures*>> by_key;
   std::vector<std::string> order;
@@ -302,12 +303,17 @@ std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments) {
     a.workers = runs[0]->workers;
     a.runs = static_cast<int>(runs.size());
     std::vector<double> ep, rate, tta, acc, comm;
+    constexpr double kMissed = std::numeric_limits<double>::infinity();
     for (const Figures* f : runs) {
+      if (target_accuracy > 0) {
+        const bool reached = f->state == "succeeded" && f->time_to_accuracy > 0;
+        tta.push_back(reached ? f->time_to_accuracy : kMissed);
+        a.missed += reached ? 0 : 1;
+      }
       if (f->state != "succeeded") continue;
       ++a.succeeded;
       if (f->epoch_seconds > 0) ep.push_back(f->epoch_seconds);
       if (f->samples_per_s > 0) rate.push_back(f->samples_per_s);
-      if (f->time_to_accuracy > 0) tta.push_back(f->time_to_accuracy);
       if (f->test_accuracy >= 0) acc.push_back(f->test_accuracy);
       if (f->comm_wait_seconds >= 0) comm.push_back(f->comm_wait_seconds);
       a.rss_max = std::max(a.rss_max, f->peak_rss_mb);
@@ -315,7 +321,8 @@ std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments) {
     a.mlperf = a.succeeded >= 5;
     std::tie(a.epoch_mean, a.epoch_std) = MeanStd(ep, a.mlperf);
     std::tie(a.rate_mean, a.rate_std) = MeanStd(rate, a.mlperf);
-    std::tie(a.tta_mean, a.tta_std) = MeanStd(tta, a.mlperf);
+    std::tie(a.tta_mean, a.tta_std) = MeanStd(tta, tta.size() >= 5);
+    if (std::isinf(a.tta_mean) || std::isnan(a.tta_mean)) a.tta_mean = -1, a.tta_std = 0;  // a miss counts
     a.accuracy_mean = MeanStd(acc, false).first;
     a.comm_mean = MeanStd(comm, false).first;
     out.push_back(a);
@@ -337,7 +344,7 @@ std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments) {
 }
 
 Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<Figures>& experiments) {
-  const auto aggs = Aggregates(experiments);
+  const auto aggs = Aggregates(experiments, m.target_accuracy);
   // results.json
   json list = json::array();
   for (const auto& f : experiments) list.push_back(f.ToJson());
@@ -347,7 +354,7 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
                   {"runs", a.runs}, {"succeeded", a.succeeded}, {"mlperf", a.mlperf},
                   {"epoch_seconds", a.epoch_mean}, {"epoch_seconds_std", a.epoch_std},
                   {"samples_per_s", a.rate_mean}, {"samples_per_s_std", a.rate_std},
-                  {"time_to_accuracy", a.tta_mean}, {"time_to_accuracy_std", a.tta_std},
+                  {"time_to_accuracy", a.tta_mean}, {"time_to_accuracy_std", a.tta_std}, {"missed_target", a.missed},
                   {"test_accuracy", a.accuracy_mean}, {"peak_rss_mb", a.rss_max},
                   {"comm_wait_seconds", a.comm_mean}, {"scaling_efficiency", a.efficiency}});
   }
@@ -379,9 +386,16 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
   RETURN_IF_ERROR(AtomicWriteFile(dir + "/results.csv", csv));
   // summary.md
   auto pm = [](double mean, double sd, const char* f) { return mean < 0 ? std::string("-") : Fmt(mean, f) + " ± " + Fmt(sd, f); };
+  // The time to accuracy, and how many runs missed the target: "13.02 ± 0.15 (1/5 missed)".
+  auto tta_text = [&](const Aggregate& a) {
+    std::string t = pm(a.tta_mean, a.tta_std, "%.2f");
+    if (a.missed > 0) t += " (" + std::to_string(a.missed) + "/" + std::to_string(a.runs) + " missed)";
+    return t;
+  };
   std::string md = "# " + m.name + "\n\nMatrix `" + m.path + "`; " + std::to_string(experiments.size()) +
                    " experiments. Means ± standard deviations over the runs that succeeded (with 5 or more, "
-                   "the fastest and the slowest dropped, as MLPerf does).\n\n"
+                   "the fastest and the slowest dropped, as MLPerf does); the time to accuracy over every "
+                   "run, one that missed the target counting as the slowest (no figure when one counts).\n\n"
                    "| system | point | workers | ok/runs | epoch s | samples/s | scaling eff. | test acc. | time to " +
                    Fmt(m.target_accuracy, "%.2f") + " s | peak RSS MB | comm wait s |\n"
                    "|---|---|---|---|---|---|---|---|---|---|---|\n";
@@ -390,7 +404,7 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
           std::to_string(a.succeeded) + "/" + std::to_string(a.runs) + " | " + pm(a.epoch_mean, a.epoch_std, "%.3f") +
           " | " + pm(a.rate_mean, a.rate_std, "%.0f") + " | " + (a.efficiency < 0 ? "-" : Fmt(a.efficiency, "%.3f")) +
           " | " + (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + " | " +
-          pm(a.tta_mean, a.tta_std, "%.2f") + " | " + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + " | " +
+          tta_text(a) + " | " + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + " | " +
           (a.comm_mean < 0 ? "-" : Fmt(a.comm_mean, "%.3f")) + " |\n";
   }
   std::string failed;
@@ -411,7 +425,7 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
          std::to_string(a.workers) + "</td><td>" + std::to_string(a.succeeded) + "/" + std::to_string(a.runs) +
          "</td><td>" + Html(pm(a.epoch_mean, a.epoch_std, "%.3f")) + "</td><td>" + Html(pm(a.rate_mean, a.rate_std, "%.0f")) +
          "</td><td>" + (a.efficiency < 0 ? "-" : Fmt(a.efficiency)) + "</td><td>" +
-         (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + "</td><td>" + Html(pm(a.tta_mean, a.tta_std, "%.2f")) +
+         (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + "</td><td>" + Html(tta_text(a)) +
          "</td><td>" + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + "</td></tr>";
   }
   h += "</table><div class=\"charts\">";

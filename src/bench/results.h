@@ -49,9 +49,13 @@ struct Aggregate {
   double epoch_mean = -1, epoch_std = 0, rate_mean = -1, rate_std = 0, tta_mean = -1, tta_std = 0;
   double accuracy_mean = -1, rss_max = -1, comm_mean = -1;
   double efficiency = -1;  // per-worker throughput against the fewest-workers point of its group
+  int missed = 0;          // runs that did not reach the target accuracy (failed ones included)
 };
 
-std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments);
+// Means over the runs that succeeded, but for the time to `target_accuracy` (when > 0): as MLPerf
+// scores it, over every run, one that missed the target (or failed) counting as the slowest; no
+// figure when one such run is among those that count.
+std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments, double target_accuracy = 0);
 
 // Writes results.json, results.csv, summary.md and report.html into `dir` (each atomically).
 Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<Figures>& experiments);
