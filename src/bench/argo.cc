@@ -112,7 +112,7 @@ Result<json> ArgoWorkflow(const Matrix& m, const std::string& base_file, const s
     tasks.push_back({{"name", name}, {"template", name}});
     json t = {{"name", name}};
     if (e.system == "trainctl") {
-      ASSIGN_OR_RETURN(JobSpec spec, ExperimentSpec(m, base_file, e.point, out));
+      ASSIGN_OR_RETURN(JobSpec spec, ExperimentSpec(m, base_file, e.point, out, e.repeat));
       const std::string file = std::string(kArtifacts) + "/job.json";
       t["inputs"] = Raw("spec", file, JobSpecToJson(k8s::PodSpec(spec), 2) + "\n");
       t["container"] = Container(c.image, {"trainctl", "run", file}, c.storage.mount);

@@ -1,7 +1,10 @@
 // The matrix's expansion, its located errors, and the MLPerf-style aggregation.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "bench/matrix.h"
+#include "common/fs.h"
 #include "bench/results.h"
 
 namespace trainctl::bench {
@@ -30,6 +33,28 @@ TEST(BenchMatrix, TheCrossProductWithoutExcludedPointsThenTheIncludedOnes) {
   EXPECT_EQ(exps[1].system, "ddp");
   EXPECT_EQ(exps[1].command, (std::vector<std::string>{"torchrun", "--nproc_per_node", "1", "x.py"}));
   EXPECT_EQ(exps.back().repeat, 1);
+}
+
+// MLPerf's runs differ in their seed: repeat r trains with trainer.seed + r, and a peer's {repeat}
+// is r.
+TEST(BenchMatrix, EachRepeatHasASeedOfItsOwn) {
+  char dir[] = "/tmp/bench-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string spec = std::string(dir) + "/job.yaml";
+  ASSERT_TRUE(AtomicWriteFile(spec, "name: j\ntrainer: {model: cnn, seed: 40}\n").ok());
+  auto parsed = ParseMatrix("name: b\nspec: job.yaml\nrepeats: 3\npeers: [{name: p, command: [p.py, --seed, '{repeat}']}]\n",
+                            std::string(dir) + "/m.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  const Matrix& m = *parsed;
+  const auto exps = Experiments(m);
+  ASSERT_EQ(exps.size(), 6u);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(exps[2 * r + 1].command, (std::vector<std::string>{"p.py", "--seed", std::to_string(r)}));
+    auto resolved = ExperimentSpec(m, spec, exps[2 * r].point, std::string(dir) + "/out", exps[2 * r].repeat);
+    ASSERT_TRUE(resolved.ok()) << resolved.status().message();
+    EXPECT_EQ(resolved->trainer.seed, 40 + r);
+  }
+  RemoveAll(dir);
 }
 
 TEST(BenchMatrix, ErrorsNameTheLineAndTheField) {

@@ -264,10 +264,11 @@ std::vector<Experiment> Experiments(const Matrix& m) {
       for (const auto& peer : m.peers) {
         Experiment e{peer.name + values + rep, peer.name, p, r, {}};
         for (std::string a : peer.command) {
-          for (const auto& [k, v] : p) {
-            const std::string hole = "{" + k + "}";
+          auto fill = [&a](const std::string& hole, const std::string& v) {
             for (size_t at; (at = a.find(hole)) != std::string::npos;) a.replace(at, hole.size(), v);
-          }
+          };
+          for (const auto& [k, v] : p) fill("{" + k + "}", v);
+          fill("{repeat}", std::to_string(r));  // 0-based: a seed of its own for each repeat
           e.command.push_back(a);
         }
         out.push_back(e);
@@ -278,7 +279,7 @@ std::vector<Experiment> Experiments(const Matrix& m) {
 }
 
 Result<JobSpec> ExperimentSpec(const Matrix& m, const std::string& base_file, const Point& point,
-                               const std::string& output_dir) {
+                               const std::string& output_dir, int repeat) {
   SpecSources src;
   src.files = {base_file};
   src.files.insert(src.files.end(), m.layers.begin(), m.layers.end());
@@ -287,7 +288,9 @@ Result<JobSpec> ExperimentSpec(const Matrix& m, const std::string& base_file, co
   YAML::Emitter quoted;
   quoted << YAML::DoubleQuoted << output_dir;
   src.sets.push_back(std::string("output_dir=") + quoted.c_str());
-  return LoadJobSpec(src);
+  ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(src));
+  spec.trainer.seed += repeat;
+  return spec;
 }
 
 }  // namespace trainctl::bench

@@ -76,7 +76,8 @@ std::vector<Experiment> Experiments(const Matrix& m);
 
 // The job spec of a trainctl experiment: the matrix's spec, layers, sets and the point, with its
 // output directory. `base_file` is the spec's file (the inline spec written out by the caller).
+// Repeat r (0-based) trains with trainer.seed + r: each run its own seed, as MLPerf runs are.
 Result<JobSpec> ExperimentSpec(const Matrix& m, const std::string& base_file, const Point& point,
-                               const std::string& output_dir);
+                               const std::string& output_dir, int repeat = 0);
 
 }  // namespace trainctl::bench

@@ -87,7 +87,7 @@ class BenchRun {
       const std::string key = Key(e.point);
       const bool first = !workers.count(key);
       if (first || (e.system == "trainctl" && workers[key] > 0)) {
-        auto spec = bench::ExperimentSpec(m_, base_, e.point, Out(e));
+        auto spec = bench::ExperimentSpec(m_, base_, e.point, Out(e), e.repeat);
         if (!spec.ok()) {
           errors += "point {" + key + "}:\n" + spec.status().message() + "\n";
           workers[key] = 0;
