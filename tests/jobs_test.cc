@@ -5,6 +5,7 @@
 
 #include <map>
 #include <regex>
+#include <thread>
 
 #include "common/exit_codes.h"
 #include "tests/test_util.h"
@@ -192,6 +193,28 @@ TEST(Jobs, LogsSinceShowsOnlyTheRecentLines) {
 }
 
 // A launcher killed with SIGKILL cannot write how it ended: ps says the run was lost.
+// A run the index says is on another host (a home directory shared between machines) is not
+// stopped from here: its pid is that machine's, and signalling it here would hit whatever process
+// has that number on this one.
+TEST(Jobs, StopRefusesARunOfAnotherHost) {
+  Scratch s;
+  WriteSpec(s, "name: far\ncommand: [sh, -c, 'sleep 30']\noutput_dir: {out}/out\n");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
+  ASSERT_TRUE(Eventually([&] { return s.Read("out/status.json").find("running") != std::string::npos; }));
+  const std::string id = nlohmann::json::parse(s.Read("out/status.json"))["run_id"];
+  const std::string entry_file = "state/runs/" + id + ".json";
+  auto entry = nlohmann::json::parse(s.Read(entry_file));
+  entry["host"] = "another-host";
+  s.Write(entry_file, entry.dump());
+  auto stop = Trainctl({"stop", id}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_EQ(stop.exit.code, kExitInvalidSpec) << stop.output;
+  EXPECT_NE(stop.output.find("run " + id + " of job far runs on another-host, not here"), std::string::npos) << stop.output;
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a signalled launcher says so by then
+  EXPECT_NE(s.Read("out/status.json").find("\"running\""), std::string::npos) << "the launcher here was signalled";
+  ::kill(job.pid(), SIGTERM);
+  EXPECT_EQ(job.Wait(seconds(30)).code, kExitInterrupted);
+}
+
 TEST(Jobs, ARunWhoseLauncherWasKilledIsShownAsLost) {
   Scratch s;
   WriteSpec(s, "name: killed\ncommand: [sh, -c, 'sleep 30']\noutput_dir: {out}/out\n");

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/verbs.h"
+#include "common/address.h"
 #include "common/duration.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
@@ -206,6 +207,11 @@ int Stop(const runs::RunEntry& e, Duration wait) {
     }
     std::printf("run %s stopped (%s)\n", e.run_id.c_str(), View(e).state.c_str());
     return kExitOk;
+  }
+  if (!e.host.empty() && e.host != HostName()) {
+    // Its pid is another machine's (a home directory shared between hosts): not one to signal here.
+    return Fail("stop", InvalidArgument("run " + e.run_id + " of job " + e.name + " runs on " + e.host +
+                                        ", not here: stop it there (trainctl stop " + e.run_id + ")"));
   }
   std::printf("stopping run %s (launcher pid %lld)\n", e.run_id.c_str(), static_cast<long long>(e.pid));
   ::kill(static_cast<pid_t>(e.pid), SIGTERM);
