@@ -42,8 +42,8 @@ Result<std::shared_ptr<void>> ServeMetrics(const JobSpec& spec, const std::strin
 
 void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
-      "agent", std::string("Run one node's agent (started by the launchers; the store's URL, tcp://host:port "
-               "or etcd://host:port[,...], and token come from ") + kEnvStoreAddr + " and " +
+      "agent", std::string("Run one node's agent (started by the launchers; the store's URL, tcp://host:port, "
+               "unix:@name or etcd://host:port[,...], and token come from ") + kEnvStoreAddr + " and " +
                kEnvStoreToken + ")");
   static AgentProcessOptions storage;
   AgentProcessOptions* f = &storage;
