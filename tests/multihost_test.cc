@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "common/exit_codes.h"
@@ -219,6 +221,39 @@ trainer:
   EXPECT_EQ(a_exit->code, kExitInterrupted) << a->Output();
   EXPECT_TRUE(Eventually([&] { return ProcessesWithEnv({"TRAINCTL_RUN_ID=" + run_id}).empty(); },
                          seconds(10)));
+}
+
+// `trainctl torchrun` on two hosts with torchrun's c10d command line: the host the endpoint
+// names serves the job's store and the other joins it (it must not serve one of its own because
+// the port happens to be free on it), over real TCP between the namespaces.
+TEST(MultiHost, TorchrunOnTwoHostsMeetsAtTheEndpointsHost) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
+  Hosts hosts(2);
+  if (!hosts.status().ok()) GTEST_SKIP() << "no network namespaces here: " << hosts.status().ToString();
+  Scratch s;
+  const std::string endpoint = hosts.addr(0) + ":29400";
+  std::vector<std::unique_ptr<Background>> hosts_runs;
+  for (int i = 0; i < 2; ++i) {
+    // The joining host first: it must wait for the endpoint's host, not serve a store itself.
+    const int h = 1 - i;
+    hosts_runs.push_back(std::make_unique<Background>(
+        std::vector<std::string>{"torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                                 "--rdzv-endpoint", endpoint, "--rdzv-id", "meet", "--rdzv-conf", "join_timeout=60",
+                                 "--log-dir", s.path("out" + std::to_string(h)), "--no-python", "/bin/sh", "-c",
+                                 "echo \"$RANK of $WORLD_SIZE\" >> " + s.path("ranks")},
+        s.path(""), s.path("host" + std::to_string(h) + ".log"),
+        std::vector<std::pair<std::string, std::string>>{{"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"},
+                                                         {"TRAINCTL_STATE_DIR", s.path("state" + std::to_string(h))}},
+        std::vector<std::string>{"ip", "netns", "exec", hosts.ns(h)}));
+    if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(hosts_runs[1 - h]->Wait(seconds(60)).code, 0) << s.Read("host" + std::to_string(h) + ".log");
+  }
+  EXPECT_NE(s.Read("host0.log").find("serving the job's store at " + endpoint), std::string::npos) << s.Read("host0.log");
+  EXPECT_NE(s.Read("host1.log").find("joining the job's store at " + endpoint), std::string::npos) << s.Read("host1.log");
+  EXPECT_EQ(CountLines(s.Read("ranks"), "0 of 2"), 1) << s.Read("ranks");
+  EXPECT_EQ(CountLines(s.Read("ranks"), "1 of 2"), 1) << s.Read("ranks");
 }
 
 }  // namespace

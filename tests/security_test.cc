@@ -151,9 +151,9 @@ TEST(Security, ALocalJobsStoreRefusesAnotherUserEvenWithTheToken) {
       "import socket, struct, sys\n"
       "s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect('\\0' + sys.argv[1][6:])\n"
       "t = sys.argv[2].encode(); body = bytes([1]) + struct.pack('<qI', 1, len(t)) + t\n"
-      "s.sendall(struct.pack('<I', len(body)) + body)\n"
-      "try: head = s.recv(5)\n"
-      "except ConnectionError: head = b''\n"
+      "try:\n"
+      "  s.sendall(struct.pack('<I', len(body)) + body); head = s.recv(5)\n"
+      "except ConnectionError: head = b''  # closed before or after the hello\n"
       "print('answered' if len(head) == 5 and head[4] == 0 else 'closed' if not head else 'refused')\n";
   auto attacker = RunAs(kAttacker, {"/usr/bin/python3", "-c", probe, addr, token}, s.path(""));
   EXPECT_EQ(attacker.output, "closed\n") << attacker.output;

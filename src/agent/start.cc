@@ -100,11 +100,15 @@ int RunAgentProcess(const AgentProcessOptions& f) {
     if (file_spec) so.max_connections = std::max(so.max_connections, file_spec->store_clients() + 64);
     RaiseOpenFileLimit(so.max_connections + 256);
     auto started = st.ok() ? TcpStoreServer::Start(so) : Result<std::unique_ptr<TcpStoreServer>>(st);
-    if (!started.ok()) {
+    if (!started.ok() && f.join_if_served && started.status().code() == Code::kAlreadyExists) {
+      LOG_INFO("joining the job's store at {}: this machine serves it already (port {} in use)", addr.substr(6), port);
+      node_rank = -1;  // by arrival, as every other joining node
+    } else if (!started.ok()) {
       LOG_ERROR("cannot serve the job's store: {}", started.status().message());
       return CodeFor(started.status());
+    } else {
+      server = std::move(*started);
     }
-    server = std::move(*started);
   }
   auto client = OpenStore(server ? "tcp://127.0.0.1:" + std::to_string(server->port()) : addr, token,
                           file_spec ? file_spec->timeouts.rendezvous : std::chrono::seconds(30));

@@ -20,6 +20,9 @@ struct AgentProcessOptions {
   std::string spec_file;           // "" : the spec from the store
   const JobSpec* spec = nullptr;   // instead of spec_file (trainctl torchrun builds it in memory)
   bool serve_store = false;        // node 0 serves the store (needs spec_file)
+  // With serve_store: when the store's port is in use here already (another command on this
+  // machine serves it, as torchrun's c10d backend allows), join it by arrival instead.
+  bool join_if_served = false;
   bool color = false;
   // Serves the node's Prometheus metrics on metrics_port while the agent runs (0: not). The
   // server lives in the monitor module, which the agent does not link: the CLI passes it in.

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -154,11 +155,13 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
   return ParseJobSpec(*yaml, "torchrun command line");
 }
 
-bool HostsEndpoint(const std::string& rdzv_conf) {
+// --rdzv-conf is_host=true|false (torchrun's): whether this host serves the store; unset: inferred.
+std::optional<bool> IsHostConf(const std::string& rdzv_conf) {
   for (const auto& kv : Split(rdzv_conf, ',')) {
     if (kv == "is_host=true" || kv == "is_host=1") return true;
+    if (kv == "is_host=false" || kv == "is_host=0") return false;
   }
-  return false;
+  return std::nullopt;
 }
 
 // Whether this machine can listen on `port` (so it is the host of a c10d rendezvous endpoint).
@@ -256,8 +259,15 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
                endpoint + " refuses clients without it");
   }
   a.host = !f.local_addr.empty() ? f.local_addr : (host.rfind("127.", 0) == 0 || host == "localhost" ? "127.0.0.1" : "auto");
-  const bool serve = f.rdzv_backend == "static" ? f.node_rank == 0 : (HostsEndpoint(f.rdzv_conf) || PortFree(port));
+  // As torchrun's c10d backend: the endpoint's host serves the store (is_host says so, or the
+  // endpoint names this machine and its port is free here); the others join it. Two commands on
+  // the endpoint's host: the first serves, the second finds the port taken and joins.
+  const std::optional<bool> is_host = IsHostConf(f.rdzv_conf);
+  const bool serve = f.rdzv_backend == "static" ? f.node_rank == 0
+                     : is_host                   ? *is_host
+                                                 : IsThisMachine(host) && PortFree(port);
   a.serve_store = serve;
+  a.join_if_served = f.rdzv_backend != "static" && !is_host;
   a.node_rank = f.rdzv_backend == "static" ? f.node_rank : (serve ? 0 : -1);
   ::setenv(kEnvStoreAddr, ("tcp://" + endpoint).c_str(), 1);
   ::setenv(kEnvStoreToken, token, 1);

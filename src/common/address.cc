@@ -1,13 +1,50 @@
 #include "common/address.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 
 namespace trainctl {
 
 bool IsLoopbackHost(const std::string& host) {
   return host.rfind("127.", 0) == 0 || host == "::1" || host == "localhost";
+}
+
+bool IsThisMachine(const std::string& host) {
+  if (IsLoopbackHost(host) || host == HostName()) return true;
+  struct addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  struct ifaddrs* ifs = nullptr;
+  const bool have_ifs = ::getifaddrs(&ifs) == 0;
+  bool found = false;
+  for (auto* ai = res; ai && !found; ai = ai->ai_next) {
+    if (ai->ai_family == AF_INET) {
+      const in_addr a = reinterpret_cast<const sockaddr_in*>(ai->ai_addr)->sin_addr;
+      found = (ntohl(a.s_addr) >> 24) == 127;  // a name for loopback (Debian's 127.0.1.1)
+      for (auto* i = have_ifs ? ifs : nullptr; i && !found; i = i->ifa_next) {
+        found = i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+                reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == a.s_addr;
+      }
+    } else if (ai->ai_family == AF_INET6) {
+      const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr;
+      found = IN6_IS_ADDR_LOOPBACK(&a);
+      for (auto* i = have_ifs ? ifs : nullptr; i && !found; i = i->ifa_next) {
+        found = i->ifa_addr && i->ifa_addr->sa_family == AF_INET6 &&
+                std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, &a, sizeof a) == 0;
+      }
+    }
+  }
+  if (have_ifs) ::freeifaddrs(ifs);
+  ::freeaddrinfo(res);
+  return found;
 }
 
 Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port) {

@@ -14,6 +14,9 @@ Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port)
 // Whether `host` names this machine's loopback (127.x.y.z, ::1, localhost): only local processes
 // reach a server bound there.
 bool IsLoopbackHost(const std::string& host);
+// Whether `host` (a name or an address) is this machine: loopback, its host name, or an address
+// of one of its interfaces.
+bool IsThisMachine(const std::string& host);
 // An etcd cluster as a spec's `rendezvous` names it:
 //   etcd://host:port[,host:port...]            plain HTTP
 //   etcds://host:port[,...]?ca=FILE&cert=FILE&key=FILE&user=NAME

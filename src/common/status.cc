@@ -13,6 +13,7 @@ const char* CodeName(Code code) {
     case Code::kUnavailable: return "unavailable";
     case Code::kPermissionDenied: return "permission denied";
     case Code::kAborted: return "aborted";
+    case Code::kAlreadyExists: return "already exists";
     case Code::kInternal: return "internal error";
   }
   return "unknown";
@@ -29,6 +30,7 @@ Status ErrnoStatus(const std::string& what, int err) {
   if (err == EACCES || err == EPERM) code = Code::kPermissionDenied;
   if (err == ETIMEDOUT) code = Code::kTimeout;
   if (err == ECONNREFUSED || err == ECONNRESET || err == EPIPE) code = Code::kUnavailable;
+  if (err == EADDRINUSE) code = Code::kAlreadyExists;
   return Status(code, what + ": " + std::strerror(err));
 }
 

@@ -16,6 +16,7 @@ enum class Code {
   kUnavailable,      // a peer or server went away
   kPermissionDenied, // wrong or missing token
   kAborted,          // stopped on purpose (signal, job stop)
+  kAlreadyExists,    // taken already (an address in use)
   kInternal,
 };
 
