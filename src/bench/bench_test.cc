@@ -33,6 +33,17 @@ TEST(BenchMatrix, TheCrossProductWithoutExcludedPointsThenTheIncludedOnes) {
   EXPECT_EQ(exps[1].system, "ddp");
   EXPECT_EQ(exps[1].command, (std::vector<std::string>{"torchrun", "--nproc_per_node", "1", "x.py"}));
   EXPECT_EQ(exps.back().repeat, 1);
+  EXPECT_EQ(exps[1].workers, 0) << "no workers: given: the point's world size";
+  Matrix counted = Parse("name: b\nspec: {name: j, command: ['true']}\naxes: {procs_per_node: [2, 4]}\n"
+                         "peers: [{name: one, command: [a], workers: 1}, {name: ddp, command: [b], workers: '{procs_per_node}'}]\n");
+  const auto with = Experiments(counted);
+  ASSERT_EQ(with.size(), 6u);
+  EXPECT_EQ(with[1].workers, 1);
+  EXPECT_EQ(with[2].workers, 2);
+  EXPECT_EQ(with[5].workers, 4);
+  EXPECT_NE(ParseMatrix("name: b\nspec: {name: j}\npeers: [{name: p, command: [a], workers: many}]\n", "m.yaml")
+                .status().message().find("m.yaml:3: peers[0].workers: expected the peer's number of worker processes"),
+            std::string::npos);
 }
 
 // MLPerf's runs differ in their seed: repeat r trains with trainer.seed + r, and a peer's {repeat}

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "common/fs.h"
@@ -197,6 +198,15 @@ Result<Matrix> Parse(const std::string& text, const std::string& path) {
       } else {
         for (const auto& a : c) p.command.push_back(a.IsScalar() ? a.Scalar() : Text(a));
       }
+      if (const YAML::Node w = n[i]["workers"]) {
+        int count = 0;
+        if (w.IsScalar() && (w.Scalar().find('{') != std::string::npos ||
+                             (YAML::convert<int>::decode(w, count) && count >= 1 && count <= 1000000))) {
+          p.workers = w.Scalar();
+        } else {
+          error(w, field + ".workers", "expected the peer's number of worker processes, or \"{field}\"");
+        }
+      }
       m.peers.push_back(p);
     }
   }
@@ -263,14 +273,16 @@ std::vector<Experiment> Experiments(const Matrix& m) {
       out.push_back({"trainctl" + values + rep, "trainctl", p, r, {}});
       for (const auto& peer : m.peers) {
         Experiment e{peer.name + values + rep, peer.name, p, r, {}};
-        for (std::string a : peer.command) {
+        auto filled = [&](std::string a) {
           auto fill = [&a](const std::string& hole, const std::string& v) {
             for (size_t at; (at = a.find(hole)) != std::string::npos;) a.replace(at, hole.size(), v);
           };
           for (const auto& [k, v] : p) fill("{" + k + "}", v);
           fill("{repeat}", std::to_string(r));  // 0-based: a seed of its own for each repeat
-          e.command.push_back(a);
-        }
+          return a;
+        };
+        for (const std::string& a : peer.command) e.command.push_back(filled(a));
+        if (!peer.workers.empty()) e.workers = std::max(0, std::atoi(filled(peer.workers).c_str()));
         out.push_back(e);
       }
     }

@@ -36,6 +36,7 @@ using Point = std::vector<std::pair<std::string, std::string>>;
 struct Peer {
   std::string name;
   std::vector<std::string> command;  // "{field}" in an argument is the point's value of that field
+  std::string workers;  // its worker processes: a number or "{field}"; "": the point's world size
 };
 
 struct Matrix {
@@ -61,6 +62,7 @@ struct Experiment {
   Point point;
   int repeat = 0;      // 0-based
   std::vector<std::string> command;  // a peer's, with the point substituted; empty for trainctl
+  int workers = 0;                    // a peer's own count (Peer::workers); 0: the point's world size
 };
 
 // Parses and checks a matrix; kInvalidArgument names file:line: field.

@@ -100,7 +100,7 @@ class BenchRun {
           resolved[i] = std::move(*spec);
         }
       }
-      f.workers = workers[key];
+      f.workers = e.workers > 0 ? e.workers : workers[key];
       if (auto it = kept.find(e.id); it != kept.end()) f = it->second;
       figures_.push_back(f);
     }
