@@ -38,8 +38,12 @@ std::string EscapeLabel(const std::string& value) {
 }
 
 void MetricsExporter::Update(Totals* t, const std::string& path) {
-  // A path that changed: the run's files moved (previous/), start over.
-  t->file.Read(path, [t] { static_cast<Figures&>(*t) = Figures{}; }, [t](const nlohmann::json& j) {
+  // The first read, or a path that changed (the run's files moved to previous/): from nothing.
+  auto start_over = [t] {
+    static_cast<Figures&>(*t) = Figures{};
+    t->buckets.assign(kBounds.size(), 0);
+  };
+  t->file.Read(path, start_over, [t](const nlohmann::json& j) {
     auto num = [&](const char* key, double* out) {
       if (j.contains(key) && j[key].is_number()) {
         *out = j[key].get<double>();
@@ -47,7 +51,6 @@ void MetricsExporter::Update(Totals* t, const std::string& path) {
       }
       return false;
     };
-    if (t->buckets.empty()) t->buckets.assign(kBounds.size(), 0);
     double v = 0;
     if (num("step", &v)) t->steps = std::max(t->steps, v);
     if (num("loss", &v)) t->loss = v;
@@ -106,7 +109,6 @@ std::string MetricsExporter::Render(const std::vector<runs::RunEntry>& entries) 
     add(2, labels, restarts);
     add(3, labels, v.state == "failed" || v.state == "lost" || v.state == "timed-out" || v.state == "error" ? 1 : 0);
     if (t.file.offset() == 0) continue;  // not the built-in trainer, or nothing logged yet
-    if (t.buckets.empty()) t.buckets.assign(kBounds.size(), 0);
     add(4, labels, t.steps);
     add(5, labels, t.samples);
     if (t.loss >= 0) add(6, labels, t.loss);

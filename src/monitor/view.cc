@@ -198,7 +198,6 @@ std::vector<std::string> LogFiles(const std::string& dir, const std::string& rol
   return out;
 }
 
-// The newest window of the trainer's metrics: steps/s and where a step's time goes.
 void JsonLinesFollower::Read(const std::string& path, const std::function<void()>& start_over,
                              const std::function<void(const nlohmann::json&)>& each) {
   struct stat st{};
@@ -218,6 +217,7 @@ void JsonLinesFollower::Read(const std::string& path, const std::function<void()
   }
 }
 
+// The newest window of the trainer's metrics: steps/s and where a step's time goes.
 std::string StepSplit(const std::string& output_dir) {
   const auto lines = SplitLines(ReadTail(paths::MetricsJsonl(output_dir), 65536));
   for (auto it = lines.rbegin(); it != lines.rend(); ++it) {

@@ -37,9 +37,9 @@ std::string Tasks(const runs::RunEntry& e);            // "2x2", or "7 tasks" fo
 std::string StepSplit(const std::string& output_dir);
 
 // Follows a JSON-lines file as it grows (a run's metrics.jsonl): each Read parses only the whole
-// lines appended since the last one. When the file is another path than the one followed, or
-// shorter than what was read (a later run moved or replaced it), Read calls `start_over` (the
-// caller drops what it gathered) and reads from the beginning. One follower per file; the caller
+// lines appended since the last one. On the first Read, and when the file is another path than
+// the one followed or shorter than what was read (a later run moved or replaced it), Read calls
+// `start_over` first (the caller drops what it gathered) and reads from the beginning. One follower per file; the caller
 // locks when several threads share it.
 class JsonLinesFollower {
  public:
