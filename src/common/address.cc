@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <cstring>
+#include <string_view>
 
 namespace trainctl {
 
@@ -18,31 +18,28 @@ bool IsLoopbackHost(const std::string& host) {
 
 bool IsThisMachine(const std::string& host) {
   if (IsLoopbackHost(host) || host == HostName()) return true;
+  // An IPv4 or IPv6 address's bytes, to compare with the interfaces' ("" for other families).
+  auto bytes = [](const sockaddr* a) -> std::string_view {
+    if (a && a->sa_family == AF_INET) return {reinterpret_cast<const char*>(&reinterpret_cast<const sockaddr_in*>(a)->sin_addr), 4};
+    if (a && a->sa_family == AF_INET6) return {reinterpret_cast<const char*>(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr), 16};
+    return {};
+  };
   struct addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   struct addrinfo* res = nullptr;
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
   struct ifaddrs* ifs = nullptr;
-  const bool have_ifs = ::getifaddrs(&ifs) == 0;
+  if (::getifaddrs(&ifs) != 0) ifs = nullptr;
   bool found = false;
   for (auto* ai = res; ai && !found; ai = ai->ai_next) {
-    if (ai->ai_family == AF_INET) {
-      const in_addr a = reinterpret_cast<const sockaddr_in*>(ai->ai_addr)->sin_addr;
-      found = (ntohl(a.s_addr) >> 24) == 127;  // a name for loopback (Debian's 127.0.1.1)
-      for (auto* i = have_ifs ? ifs : nullptr; i && !found; i = i->ifa_next) {
-        found = i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
-                reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == a.s_addr;
-      }
-    } else if (ai->ai_family == AF_INET6) {
-      const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr;
-      found = IN6_IS_ADDR_LOOPBACK(&a);
-      for (auto* i = have_ifs ? ifs : nullptr; i && !found; i = i->ifa_next) {
-        found = i->ifa_addr && i->ifa_addr->sa_family == AF_INET6 &&
-                std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, &a, sizeof a) == 0;
-      }
-    }
+    const std::string_view want = bytes(ai->ai_addr);
+    if (want.empty()) continue;
+    // A name for loopback (Debian's 127.0.1.1 for the host name), or an interface's address.
+    found = ai->ai_family == AF_INET ? want[0] == 127
+                                     : IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr);
+    for (auto* i = ifs; i && !found; i = i->ifa_next) found = bytes(i->ifa_addr) == want;
   }
-  if (have_ifs) ::freeifaddrs(ifs);
+  if (ifs) ::freeifaddrs(ifs);
   ::freeaddrinfo(res);
   return found;
 }
