@@ -229,7 +229,7 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
     if (!st.ok()) LOG_WARN("trainctl ps will not list this run: {}", st.message());
     const int code = RunAgentProcess(a);
     const nlohmann::json end = {{"job", spec->name}, {"run_id", a.run_id}, {"exit_code", code},
-                                {"elapsed", FormatDuration(std::chrono::duration_cast<Duration>(Clock::now() - start))},
+                                {"elapsed", Elapsed(start)},
                                 {"state", StateOfExit(code)}};
     if (Status w = AtomicWriteFile(paths::StatusJson(spec->output_dir), end.dump(2) + "\n"); !w.ok()) {
       LOG_WARN("{}", w.message());

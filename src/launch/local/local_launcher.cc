@@ -144,12 +144,11 @@ class MpirunStderr {
 // How long agents get to stop their workers before the launcher kills them.
 Duration AgentGrace(const JobSpec& spec) { return spec.timeouts.stop_grace + std::chrono::seconds(5); }
 
-std::string Elapsed(Clock::time_point start) {
-  auto ms = std::chrono::duration_cast<Duration>(Clock::now() - start);
-  return FormatDuration(ms);
-}
-
 }  // namespace
+
+std::string Elapsed(Clock::time_point start) {
+  return FormatDuration(std::chrono::duration_cast<Duration>(Clock::now() - start));
+}
 
 runs::RunEntry RunEntryFor(const JobSpec& spec, const std::string& run_id, const std::string& target) {
   runs::RunEntry entry;
