@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <regex>
 #include <thread>
 
@@ -53,13 +54,21 @@ TEST(Jobs, ARerunStartsFreshAndResumeSaysWhereItContinues) {
   EXPECT_EQ(nlohmann::json::parse(s.Read("out/job.json"))["trainer"]["resume"], true);
 }
 
+// Starts `trainctl run` of job `name`, which only sleeps, in the background, and waits until its
+// status.json says running: its run id, or "" when it never did.
+std::string RunSleeper(const Scratch& s, const std::string& name, std::optional<Background>* job) {
+  WriteSpec(s, "name: " + name + "\ncommand: [sh, -c, 'sleep 30']\noutput_dir: {out}/out\n");
+  job->emplace(std::vector<std::string>{"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
+  if (!Eventually([&] { return s.Read("out/status.json").find("running") != std::string::npos; })) return "";
+  return nlohmann::json::parse(s.Read("out/status.json"))["run_id"];
+}
+
 // A second run into the output directory of a live one is refused, naming it; the live run goes on.
 TEST(Jobs, ASecondLiveRunOfTheSameOutputDirectoryIsRefused) {
   Scratch s;
-  WriteSpec(s, "name: busy\ncommand: [sh, -c, 'sleep 30']\noutput_dir: {out}/out\n");
-  Background job({"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
-  ASSERT_TRUE(Eventually([&] { return s.Read("out/status.json").find("running") != std::string::npos; }));
-  const std::string id = nlohmann::json::parse(s.Read("out/status.json"))["run_id"];
+  std::optional<Background> job;
+  const std::string id = RunSleeper(s, "busy", &job);
+  ASSERT_FALSE(id.empty()) << job->Output();
   auto again = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30), StateIn(s));
   EXPECT_EQ(again.exit.code, kExitInvalidSpec) << again.output;
   EXPECT_NE(again.output.find(s.path("out") + " is in use by the live run " + id + " (pid "), std::string::npos)
@@ -68,7 +77,7 @@ TEST(Jobs, ASecondLiveRunOfTheSameOutputDirectoryIsRefused) {
   EXPECT_FALSE(Exists(s.path("out/previous")));
   auto stopped = Trainctl({"stop", "busy"}, s.path(""), seconds(60), StateIn(s));
   EXPECT_EQ(stopped.exit.code, 0) << stopped.output;
-  EXPECT_EQ(job.Wait(seconds(30)).code, kExitInterrupted);
+  EXPECT_EQ(job->Wait(seconds(30)).code, kExitInterrupted);
 }
 
 // From another terminal: ps lists the live run with its progress, logs -f attached mid-job sees
@@ -198,10 +207,9 @@ TEST(Jobs, LogsSinceShowsOnlyTheRecentLines) {
 // has that number on this one.
 TEST(Jobs, StopRefusesARunOfAnotherHost) {
   Scratch s;
-  WriteSpec(s, "name: far\ncommand: [sh, -c, 'sleep 30']\noutput_dir: {out}/out\n");
-  Background job({"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
-  ASSERT_TRUE(Eventually([&] { return s.Read("out/status.json").find("running") != std::string::npos; }));
-  const std::string id = nlohmann::json::parse(s.Read("out/status.json"))["run_id"];
+  std::optional<Background> job;
+  const std::string id = RunSleeper(s, "far", &job);
+  ASSERT_FALSE(id.empty()) << job->Output();
   const std::string entry_file = "state/runs/" + id + ".json";
   auto entry = nlohmann::json::parse(s.Read(entry_file));
   entry["host"] = "another-host";
@@ -211,17 +219,17 @@ TEST(Jobs, StopRefusesARunOfAnotherHost) {
   EXPECT_NE(stop.output.find("run " + id + " of job far runs on another-host, not here"), std::string::npos) << stop.output;
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a signalled launcher says so by then
   EXPECT_NE(s.Read("out/status.json").find("\"running\""), std::string::npos) << "the launcher here was signalled";
-  ::kill(job.pid(), SIGTERM);
-  EXPECT_EQ(job.Wait(seconds(30)).code, kExitInterrupted);
+  ::kill(job->pid(), SIGTERM);
+  EXPECT_EQ(job->Wait(seconds(30)).code, kExitInterrupted);
 }
 
 TEST(Jobs, ARunWhoseLauncherWasKilledIsShownAsLost) {
   Scratch s;
-  WriteSpec(s, "name: killed\ncommand: [sh, -c, 'sleep 30']\noutput_dir: {out}/out\n");
-  Background job({"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
-  ASSERT_TRUE(Eventually([&] { return s.Read("out/status.json").find("running") != std::string::npos; }));
-  ::kill(job.pid(), SIGKILL);
-  job.Wait(seconds(10));
+  std::optional<Background> job;
+  const std::string id = RunSleeper(s, "killed", &job);
+  ASSERT_FALSE(id.empty()) << job->Output();
+  ::kill(job->pid(), SIGKILL);
+  job->Wait(seconds(10));
   auto ps = Trainctl({"ps"}, s.path(""), seconds(30), StateIn(s));
   EXPECT_TRUE(std::regex_search(ps.output, std::regex("killed +killed-[0-9a-f]+ +lost "))) << ps.output;
   auto status = Trainctl({"status", "killed"}, s.path(""), seconds(30), StateIn(s));
