@@ -9,6 +9,7 @@
 #include <set>
 
 #include "common/exit_codes.h"
+#include "common/socket.h"
 #include "tests/etcd_server.h"
 #include "tests/test_util.h"
 
@@ -171,7 +172,8 @@ TEST(Torchrun, WorkersGetEveryVariableTorchrunSets) {
 // its store served by the host of the endpoint, with a real gloo allreduce across all four.
 TEST(Torchrun, TwoCommandsFormOneJobWithARealAllreduce) {
   Scratch s;
-  const std::string endpoint = "127.0.0.1:" + std::to_string(FreePort());
+  const int port = FreePort();
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
   const std::vector<std::pair<std::string, std::string>> env = {
       {"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"PATH", "/usr/bin:/bin"},
       {"TRAINCTL_STATE_DIR", s.path("state")}};
@@ -182,6 +184,13 @@ TEST(Torchrun, TwoCommandsFormOneJobWithARealAllreduce) {
   Background first(first_argv, s.path(""), s.path("first.log"), env);
   ASSERT_TRUE(Eventually([&] { return s.Read("first.log").find("serving the job's store at " + endpoint) != std::string::npos; }))
       << s.Read("first.log");
+  // It says so before it binds: the second command is started once the store is there (else it
+  // may find the port free, serve, and the first join it instead).
+  ASSERT_TRUE(Eventually([&] {
+    const int fd = ConnectOnce("127.0.0.1", static_cast<uint16_t>(port), Clock::now() + seconds(1));
+    if (fd >= 0) ::close(fd);
+    return fd >= 0;
+  })) << s.Read("first.log");
   auto second = Trainctl(argv, s.path(""), seconds(120), env);
   EXPECT_EQ(second.exit.code, 0) << second.output;
   EXPECT_NE(second.output.find("joining the job's store at " + endpoint), std::string::npos) << second.output;
