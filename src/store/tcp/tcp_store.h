@@ -1,6 +1,6 @@
 // The embedded TCP store: a server that the launcher runs (one thread, epoll) and a client that
-// implements Store. The server binds loopback unless told otherwise and refuses any
-// connection that does not present the job's token first.
+// implements Store. The server binds loopback unless told otherwise (or a Unix socket, for a
+// local job) and refuses any connection that does not present the job's token first.
 #pragma once
 
 #include <atomic>
