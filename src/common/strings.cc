@@ -1,6 +1,7 @@
 #include "common/strings.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 
 namespace trainctl {
