@@ -5,7 +5,10 @@
 #include "models/onednn.h"
 #endif
 
+#include <optional>
+
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
 #include <torch/nn/init.h>
@@ -34,7 +37,11 @@ class Cnn : public Classifier {
 
   torch::Tensor forward(torch::Tensor x) override {
 #if TRAINCTL_HAVE_ONEDNN
-    if (x.is_cpu() && x.scalar_type() == torch::kFloat32 && x.size(1) < kBlock) {
+    // Without bf16 instructions the CNN stays f32 on the CPU under autocast (trainer.precision:
+    // bf16), as its own kernels below do: ATen would emulate bf16, ten times slower than f32.
+    std::optional<c10::impl::ExcludeDispatchKeyGuard> f32;
+    if (x.is_cpu() && at::autocast::is_cpu_enabled() && !Bf16Convolutions()) f32.emplace(c10::DispatchKey::AutocastCPU);
+    if (x.is_cpu() && x.scalar_type() == torch::kFloat32 && x.size(1) < kBlock && BlockedConvolutions()) {
       // In oneDNN's blocked layout from the first convolution to the last pooling. Under
       // autocast to bf16 (trainer.precision), the second convolution multiplies in bf16 where
       // the CPU does so in hardware; the first, on the image's one or three channels, is no

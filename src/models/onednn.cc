@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace trainctl::models {
@@ -230,6 +231,26 @@ bool Bf16Convolutions() {
     return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
   }();
   return hardware;
+}
+
+bool BlockedConvolutions() {
+  static const bool fast = [] {
+    // oneDNN names what it chose; "ref:any" is its reference loops.
+    auto jit = [](const std::string& impl) { return impl.rfind("ref", 0) != 0; };
+    try {
+      for (int64_t ic : {int64_t{1}, kBlock}) {
+        auto conv = MakeConv({1, ic, kBlock, 8, 8, false});
+        if (!jit(conv->fwd_pd.impl_info_str()) || !jit(conv->bwd_weights_pd.impl_info_str()) ||
+            (conv->bwd_data_pd && !jit(conv->bwd_data_pd->impl_info_str()))) {
+          return false;
+        }
+      }
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return fast;
 }
 
 torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,

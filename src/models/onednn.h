@@ -29,6 +29,10 @@ namespace trainctl::models {
 torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                       bool bf16 = false);
 bool Bf16Convolutions();
+// Whether oneDNN has generated kernels for Conv3x3's layout on this CPU (AVX-512: blocks of 16
+// channels). Elsewhere (AVX2 machines) it would run its reference loops, hundreds of times slower
+// than ATen's convolutions, and the CNN uses ATen's.
+bool BlockedConvolutions();
 
 // x * weight^T + bias (torch::nn::Linear's layer) on a float CPU batch, autograd, through oneDNN's
 // sgemm: AVX-512 where the CPU has it (Debian's OpenBLAS, which ATen calls, stops at AVX2): the

@@ -670,7 +670,7 @@ Status Trainer::Run() {
 #if TRAINCTL_HAVE_ONEDNN
     if (t_.precision == "bf16" && device_.is_cpu() && !models::Bf16Convolutions()) {
       LOG_WARN("trainer.precision: bf16, but this CPU has no bf16 instructions (AVX512-BF16 or AMX): "
-               "ATen emulates them, slower than fp32; the CNN's own kernels stay fp32");
+               "the CNN stays fp32, other models' convolutions are emulated, slower than fp32");
     }
 #endif
   }
