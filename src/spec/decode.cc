@@ -193,7 +193,7 @@ class Decoder {
     const std::string p = "trainer";
     if (!Section(n, p, {"strategy", "parameter_server", "model", "data", "epochs", "max_steps", "batch_size",
                         "global_batch_size", "optimizer", "schedule", "label_smoothing", "seed", "deterministic",
-                        "threads", "device", "precision", "backend", "bucket_mb", "checkpoint_every", "keep_last", "snapshot_every",
+                        "threads", "device", "memory_format", "cudnn_benchmark", "precision", "backend", "bucket_mb", "checkpoint_every", "keep_last", "snapshot_every",
                         "log_every", "eval", "eval_every", "resume"})) {
       return;
     }
@@ -228,6 +228,13 @@ class Decoder {
     Field(n, p, "resume", &t->resume, boolean);
     Field(n, p, "threads", &t->threads, int_in(0, 1024));
     Field(n, p, "device", &t->device, one_of({"cpu", "cuda"}));
+    Field(n, p, "memory_format", &t->memory_format, one_of({"contiguous", "channels_last"}));
+    if (const Node* m = Child(n, "memory_format"); m && t->memory_format == "channels_last" &&
+                                                  t->strategy == "parameter_server") {
+      Error(*m, p + ".memory_format", "channels_last needs strategy: allreduce (the parameter servers keep "
+                                      "contiguous shards); expected contiguous");
+    }
+    Field(n, p, "cudnn_benchmark", &t->cudnn_benchmark, boolean);
     Field(n, p, "precision", &t->precision, one_of({"fp32", "bf16"}));
     Field(n, p, "backend", &t->backend, one_of({"auto", "gloo", "shm", "nccl"}));
     if (const Node* b = Child(n, "backend"); b && t->backend != "auto" &&

@@ -103,6 +103,10 @@ struct TrainerSpec {
   int threads = 0;                // compute threads per worker; 0: OMP_NUM_THREADS
   std::string precision = "fp32";  // fp32 | bf16: mixed precision (autocast's) for the forward pass
   std::string device = "cpu";     // cpu | cuda
+  // contiguous | channels_last (N,H,W,C): how 4-D weights, their gradients and the images lie
+  // in memory. Checkpoints do not depend on it.
+  std::string memory_format = "contiguous";
+  bool cudnn_benchmark = false;   // GPU: cuDNN times its algorithms once per shape (not with deterministic)
   std::string backend = "auto";   // auto (nccl for cuda, shm on one node, else gloo) | gloo | shm | nccl
   double bucket_mb = 1;           // gradient bucket size for the overlapped allreduce
   int64_t checkpoint_every = 0;   // steps; 0: at the end of each epoch

@@ -64,6 +64,8 @@ ordered_json Trainer(const TrainerSpec& t) {
                         {"deterministic", t.deterministic},
                         {"threads", t.threads},
                         {"device", t.device},
+                        {"memory_format", t.memory_format},
+                        {"cudnn_benchmark", t.cudnn_benchmark},
                         {"precision", t.precision},
                         {"backend", t.backend},
                         {"bucket_mb", t.bucket_mb},

@@ -158,6 +158,14 @@ trainer:
   EXPECT_NE(Errors("name: fm\ntrainer:\n  backend: nccl\n")
                 .find("job.yaml:3: trainer.backend: nccl needs device: cuda"), std::string::npos);
   EXPECT_TRUE(ParseJobSpec("name: fm\ntrainer: {device: cuda, backend: nccl}\n", "job.yaml").ok());
+  // The parameter servers hold contiguous shards; the GPU's channels-last layout is the workers'.
+  EXPECT_NE(Errors("name: fm\ntrainer:\n  strategy: parameter_server\n  memory_format: channels_last\n")
+                .find("job.yaml:4: trainer.memory_format: channels_last needs strategy: allreduce"),
+            std::string::npos);
+  EXPECT_NE(Errors("name: fm\ntrainer: {memory_format: nhwc}\n").find("trainer.memory_format: expected one of"),
+            std::string::npos);
+  EXPECT_TRUE(ParseJobSpec("name: fm\ntrainer: {memory_format: channels_last, cudnn_benchmark: false}\n",
+                           "job.yaml").ok());
   EXPECT_NE(Errors("name: fm\ncommand: [x]\ntrainer: {}\n").find("not both"), std::string::npos);
   EXPECT_NE(Errors("name: fm\n").find("or a trainer: section"), std::string::npos);
 }

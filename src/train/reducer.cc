@@ -31,12 +31,25 @@ void* CurrentStream(const torch::Device& device) {
 }  // namespace
 
 GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Communicator* comm,
-                                 size_t bucket_bytes)
+                                 size_t bucket_bytes, bool channels_last)
     : comm_(comm),
       params_(std::move(params)),
+      offsets_(params_.size()),
+      dense_offsets_(params_.size()),
+      channels_last_(channels_last),
       device_(params_.empty() ? torch::Device(torch::kCPU) : params_[0].device()) {
+  // Reverse order: the last layers' gradients come first in backward. On a GPU each parameter
+  // starts on a 64-byte boundary: cuDNN's channels-last kernels load 16 bytes at a time and fail
+  // ("misaligned address") on a weight that does not.
+  const int64_t align = device_.is_cuda() ? 16 : 1;
   int64_t total = 0;
-  for (const auto& p : params_) total += p.numel();
+  for (size_t k = params_.size(); k-- > 0;) {
+    total = (total + align - 1) / align * align;
+    offsets_[k] = total;
+    dense_offsets_[k] = dense_numel_;
+    total += params_[k].numel();
+    dense_numel_ += params_[k].numel();
+  }
   auto options = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   flat_params_ = torch::empty({total}, options);
   if (device_.is_cpu() && comm_->size() > 1) {
@@ -62,29 +75,25 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
     flat_grads_ = flat_mean_ = torch::zeros({total}, options);
   }
 
-  // Reverse order: the last layers' gradients come first in backward.
   const int64_t bucket_numel = std::max<int64_t>(1, bucket_bytes / sizeof(float));
   std::vector<size_t> bucket_of(params_.size());
-  int64_t offset = 0;
   for (size_t k = params_.size(); k-- > 0;) {
     torch::Tensor& p = params_[k];
     if (buckets_.empty() || buckets_.back().numel >= bucket_numel) {
-      buckets_.push_back(Bucket{offset, 0, 0, 0, nullptr});
+      buckets_.push_back(Bucket{offsets_[k], 0, 0, 0, nullptr});
       if (device_.is_cuda() && !device_sum_) {
         buckets_.back().queued = std::make_shared<c10::Event>(device_.type());
       }
     }
     Bucket& b = buckets_.back();
-    int64_t n = p.numel();
     torch::NoGradGuard no_grad;
-    torch::Tensor param_view = flat_params_.narrow(0, offset, n).view(p.sizes());
+    torch::Tensor param_view = ViewOf(flat_params_, k);
     param_view.copy_(p);
     p.set_data(param_view);
-    p.mutable_grad() = flat_grads_.narrow(0, offset, n).view(p.sizes());
-    b.numel += n;
+    p.mutable_grad() = ViewOf(flat_grads_, k);
+    b.numel = offsets_[k] + p.numel() - b.offset;  // the padding before it too
     b.expected += 1;
     bucket_of[k] = buckets_.size() - 1;
-    offset += n;
   }
   // A rank alone on the CPU (the parameter_server strategy's workers) has nothing to reduce: no
   // hooks, no thread; backward's gradients are the result.
@@ -117,6 +126,33 @@ GradientReducer::~GradientReducer() {
   }
 }
 
+// Parameter k's view of a flat buffer laid out as flat_params_.
+torch::Tensor GradientReducer::ViewOf(const torch::Tensor& flat, size_t k) const {
+  const torch::Tensor& p = params_[k];
+  torch::Tensor v = flat.narrow(0, offsets_[k], p.numel());
+  if (channels_last_ && p.dim() == 4) {
+    auto s = p.sizes();
+    return v.view({s[0], s[2], s[3], s[1]}).permute({0, 3, 1, 2});
+  }
+  return v.view(p.sizes());
+}
+
+torch::Tensor GradientReducer::ToCanonical(const torch::Tensor& flat) const {
+  torch::NoGradGuard no_grad;
+  torch::Tensor out = torch::empty({dense_numel_}, flat.options());
+  for (size_t k = 0; k < params_.size(); ++k) {
+    out.narrow(0, dense_offsets_[k], params_[k].numel()).view(params_[k].sizes()).copy_(ViewOf(flat, k));
+  }
+  return out;
+}
+
+void GradientReducer::FromCanonical(const torch::Tensor& canonical, torch::Tensor flat) const {
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    ViewOf(flat, k).copy_(canonical.narrow(0, dense_offsets_[k], params_[k].numel()).view(params_[k].sizes()));
+  }
+}
+
 Status GradientReducer::BroadcastParameters() {
   // The communicator's own stream does not wait for the kernels that wrote them.
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
@@ -145,10 +181,7 @@ void GradientReducer::UseGradBuffer(float* data) {
   if (it == grad_buffers_.end()) {
     GradBuffer b;
     b.flat = torch::from_blob(data, flat_grads_.sizes(), flat_grads_.options());
-    for (const auto& p : params_) {
-      b.views.push_back(b.flat.narrow(0, p.grad().data_ptr<float>() - flat_grads_.data_ptr<float>(),
-                                      p.numel()).view(p.sizes()));
-    }
+    for (size_t k = 0; k < params_.size(); ++k) b.views.push_back(ViewOf(b.flat, k));
     it = grad_buffers_.insert(grad_buffers_.end(), std::move(b));
   }
   flat_grads_ = it->flat;

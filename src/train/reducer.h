@@ -44,9 +44,12 @@ namespace trainctl::train {
 
 class GradientReducer {
  public:
-  // `params` must be leaf tensors that require grad, contiguous, float32, all on one device (the
-  // CPU, or one GPU with a communicator that takes GPU memory).
-  GradientReducer(std::vector<torch::Tensor> params, comm::Communicator* comm, size_t bucket_bytes);
+  // `params` must be leaf tensors that require grad, float32, all on one device (the CPU, or one
+  // GPU with a communicator that takes GPU memory). They become views of one flat buffer, their
+  // gradients views of another; with `channels_last` the 4-D ones are laid out N,H,W,C there
+  // (torch::MemoryFormat::ChannelsLast), the layout GPU convolutions run fastest on.
+  GradientReducer(std::vector<torch::Tensor> params, comm::Communicator* comm, size_t bucket_bytes,
+                  bool channels_last = false);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -62,6 +65,11 @@ class GradientReducer {
   // The averaged gradients, after Finish().
   torch::Tensor flat_grads() const { return flat_mean_; }
   size_t bucket_count() const { return buckets_.size(); }
+  // A flat tensor laid out as flat_params() (the optimizer's state is), as the parameters' own
+  // elements one after the other (each contiguous, N,C,H,W; no padding between them), and back:
+  // what checkpoints hold, so they depend on neither the memory format nor the device.
+  torch::Tensor ToCanonical(const torch::Tensor& flat) const;
+  void FromCanonical(const torch::Tensor& canonical, torch::Tensor flat) const;
   // Seconds Finish() spent waiting for allreduces since the last call; resets the count. Always
   // 0 with sums queued on the GPU, which overlap its kernels where the host cannot time them.
   double TakeWaitSeconds();
@@ -77,6 +85,7 @@ class GradientReducer {
     torch::Tensor flat;
     std::vector<torch::Tensor> views;  // one per parameter
   };
+  torch::Tensor ViewOf(const torch::Tensor& flat, size_t k) const;
   void UseGradBuffer(float* data);
   void MarkQueued(Bucket& b);
   void LaunchOnDevice(const Bucket& b);
@@ -86,6 +95,10 @@ class GradientReducer {
   comm::Communicator* comm_;
   bool alone_ = false;  // one CPU rank: nothing to reduce
   std::vector<torch::Tensor> params_;
+  std::vector<int64_t> offsets_;        // of each parameter in the flat buffers
+  std::vector<int64_t> dense_offsets_;  // in the canonical form
+  int64_t dense_numel_ = 0;
+  bool channels_last_;
   torch::Device device_;
   std::unique_ptr<comm::SharedAverage> shared_;  // null: buckets and a thread
   std::unique_ptr<comm::DeviceAllReduce> device_sum_;  // GPU: sums queued on the device

@@ -224,9 +224,9 @@ TEST(Optimizer, AdamMatchesTorch) {
 }
 
 // Trains two steps through the reducer and compares the gradients with plain backward on a
-// copy of the model, on `device`.
+// copy of the model, on `device`; with `channels_last`, the reducer's 4-D parameters are so.
 void ExpectReducedGradientsEqualPlainBackward(comm::Communicator* comm, torch::Device device,
-                                             bool bitwise) {
+                                             bool bitwise, bool channels_last = false) {
   torch::manual_seed(3);
   auto model = *models::MakeModel("cnn", {1, 28, 28, 10});
   auto reference = *models::MakeModel("cnn", {1, 28, 28, 10});
@@ -237,9 +237,15 @@ void ExpectReducedGradientsEqualPlainBackward(comm::Communicator* comm, torch::D
     reference->parameters()[i].copy_(model->parameters()[i]);
   }
   // Small buckets: several of them, each reduced as soon as its gradients are in.
-  GradientReducer reducer(model->parameters(), comm, 64 << 10);
+  GradientReducer reducer(model->parameters(), comm, 64 << 10, channels_last);
   EXPECT_GT(reducer.bucket_count(), 2u);
   EXPECT_EQ(reducer.flat_grads().device(), device);
+  for (const auto& p : model->parameters()) {
+    EXPECT_TRUE(p.is_contiguous(channels_last && p.dim() == 4 ? torch::MemoryFormat::ChannelsLast
+                                                              : torch::MemoryFormat::Contiguous));
+    // cuDNN's channels-last kernels need 16-byte aligned weights.
+    if (device.is_cuda()) EXPECT_EQ(reinterpret_cast<uintptr_t>(p.data_ptr()) % 64, 0u);
+  }
   torch::Tensor x = torch::randn({8, 1, 28, 28}).to(device);
   torch::Tensor y = torch::randint(0, 10, {8}).to(device);
   for (int step = 0; step < 2; ++step) {  // the second step checks that ZeroGrad re-arms
@@ -276,6 +282,8 @@ TEST(Reducer, FlatGradientsEqualPlainBackwardOnTheGpu) {
   auto comm = comm::ConnectNccl(store, {});
   ASSERT_TRUE(comm.ok()) << comm.status().ToString();
   ExpectReducedGradientsEqualPlainBackward(comm->get(), torch::Device(torch::kCUDA, 0), /*bitwise=*/false);
+  ExpectReducedGradientsEqualPlainBackward(comm->get(), torch::Device(torch::kCUDA, 0), /*bitwise=*/false,
+                                           /*channels_last=*/true);
 }
 
 // Two ranks (threads), each with its own copy of the model and its own batch: after Finish()

@@ -198,6 +198,7 @@ class Trainer {
   int64_t ps_version_ = 0;    // the shards' version of this worker's parameters
   double ps_wait_seconds_ = 0;  // in PushPull since the last epoch's report
   torch::Tensor ps_host_params_, ps_host_grads_;  // a GPU's parameters and gradients, staged
+  bool channels_last_ = false;  // trainer.memory_format, resolved
 
   data::ImageSet train_set_, test_set_;
   Normalizer norm_;
@@ -250,7 +251,9 @@ Status Trainer::Setup() {
   model_->train();
   std::vector<torch::Tensor> params;
   for (auto& p : model_->parameters()) params.push_back(p);
-  reducer_ = std::make_unique<GradientReducer>(params, comm_, size_t(t_.bucket_mb * (1 << 20)));
+  channels_last_ = t_.memory_format == "channels_last";  // the spec allows it with allreduce only
+  reducer_ = std::make_unique<GradientReducer>(params, comm_, size_t(t_.bucket_mb * (1 << 20)),
+                                               channels_last_);
   optimizer_ = std::make_unique<Optimizer>(t_.optimizer, reducer_->flat_params(), reducer_->flat_grads());
   checkpoints_ = std::make_unique<checkpoint::CheckpointDir>(spec_.checkpoint_dir, t_.keep_last);
   if (ps_ && device_.is_cuda()) {
@@ -290,7 +293,9 @@ checkpoint::Checkpoint Trainer::Snapshot(bool with_optimizer) {
   c.metadata["classes"] = std::to_string(classes_);
   c.metadata["run_id"] = env_.run_id;  // a snapshot is read only by the run that wrote it
   if (with_optimizer) {
-    for (auto& [name, t] : optimizer_->State()) c.tensors.push_back(ToBlob("optimizer." + name, t));
+    for (auto& [name, t] : optimizer_->State()) {
+      c.tensors.push_back(ToBlob("optimizer." + name, reducer_->ToCanonical(t)));
+    }
     c.metadata["optimizer.steps"] = std::to_string(optimizer_->steps());
     c.metadata["epoch"] = std::to_string(epoch_);
     c.metadata["batch_in_epoch"] = std::to_string(batch_in_epoch_);
@@ -405,7 +410,9 @@ Status Trainer::LoadNewest(int64_t header[4], int64_t* opt_steps) {
         const checkpoint::Blob* b = ckpt->Find("optimizer." + name);
         if (!b) return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) +
                                        " lacks optimizer state " + name);
-        RETURN_IF_ERROR(CopyBlob(*b, t));
+        torch::Tensor canonical = torch::empty_like(t);
+        RETURN_IF_ERROR(CopyBlob(*b, canonical));
+        reducer_->FromCanonical(canonical, t);
       }
       *opt_steps = position.optimizer_steps;
       header[0] = 1;
@@ -568,6 +575,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       b.x = b.x.to(device_, /*non_blocking=*/true);
       b.y = b.y.to(device_, /*non_blocking=*/true);
     }
+    if (channels_last_) b.x = b.x.contiguous(torch::MemoryFormat::ChannelsLast);
     reducer_->ZeroGrad();
     torch::Tensor logits;
     {
@@ -663,9 +671,10 @@ Status Trainer::Run() {
   RETURN_IF_ERROR(Setup());
   RETURN_IF_ERROR(Resume());
   if (rank_ == 0) {
-    LOG_INFO("training {} on {} ({} images) on {}{}, {} workers x batch {}, {} steps per epoch, {} epochs",
+    LOG_INFO("training {} on {} ({} images) on {}{}{}, {} workers x batch {}, {} steps per epoch, {} epochs",
              t_.model, t_.data.dataset, train_set_.count, device_.str(),
-             t_.precision == "bf16" ? " in bf16 mixed precision" : "", world_, batch_, steps_per_epoch_,
+             t_.precision == "bf16" ? " in bf16 mixed precision" : "",
+             channels_last_ ? ", channels last" : "", world_, batch_, steps_per_epoch_,
              t_.epochs);
 #if TRAINCTL_HAVE_ONEDNN
     if (t_.precision == "bf16" && device_.is_cpu() && !models::Bf16Convolutions()) {
@@ -688,7 +697,7 @@ Status Trainer::Run() {
   if (!last_saved_) RETURN_IF_ERROR(SaveCheckpoint());
   // Every rank logs a digest of its final parameters: data parallelism keeps them bit-identical,
   // and a rank that drifted is easy to spot.
-  torch::Tensor flat = reducer_->flat_params().cpu();
+  torch::Tensor flat = reducer_->ToCanonical(reducer_->flat_params()).cpu();
   LOG_INFO("final parameters: {} values, crc32c {:08x}", flat.numel(),
            metrics::Crc32c(flat.data_ptr(), flat.numel() * sizeof(float)));
   return Export();
@@ -783,6 +792,9 @@ int RunTrainer(const TrainOptions& options) {
   at::set_num_interop_threads(1);
   at::set_num_threads(std::max(1, threads));
   if (t.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
+  // Every training batch has the same shape (the sampler drops a short last batch): cuDNN times
+  // its algorithms once. The fastest one is not always deterministic.
+  if (device.is_cuda()) at::globalContext().setBenchmarkCuDNN(t.cudnn_benchmark && !t.deterministic);
 
   // Collectives: shared memory when every rank is on this host, else Gloo over TCP.
   // A fresh key space per rendezvous round (a membership change starts a round, not a restart).
