@@ -1,9 +1,11 @@
-"""PyTorch DDP peer for bench/gpu.py: one model under DistributedDataParallel (nccl) on one GPU per
-rank, with the data already on the GPU (the fastest way to feed it), started with the torchrun
-environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
+"""PyTorch DDP peer for bench/gpu.py and bench/weak_scaling.py: one model under
+DistributedDataParallel, nccl on one GPU per rank (--device cuda) or gloo with OMP_NUM_THREADS
+threads per rank (--device cpu), with the data already in the device's memory (the fastest way to
+feed it), started with the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT).
 
-Prints one JSON line per timed window from rank 0: {"window": k, "samples_per_s": ...}; the clock
-stops after torch.cuda.synchronize(), so queued work is counted.
+Prints one JSON line per timed window from rank 0: {"window": k, "samples_per_s": ...}; on a GPU
+the clock stops after torch.cuda.synchronize(), so queued work is counted.
 """
 import argparse, json, os, time
 
@@ -24,11 +26,22 @@ def main():
     p.add_argument("--window", type=int, default=100)
     p.add_argument("--windows", type=int, default=5)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast around the forward pass")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--channels-last", action="store_true",
+                   help="model and images in torch.channels_last (N,H,W,C)")
+    p.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     a = p.parse_args()
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl")
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+        torch.backends.cudnn.benchmark = a.cudnn_benchmark
+    else:
+        dev = torch.device("cpu")
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     if a.data.startswith("synthetic:"):
@@ -46,26 +59,29 @@ def main():
     else:
         import torchvision
         model = getattr(torchvision.models, a.model)(num_classes=10)
-    model = torch.nn.parallel.DistributedDataParallel(model.to(dev), device_ids=[local])
+    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
+    x = x.contiguous(memory_format=fmt)
+    model = torch.nn.parallel.DistributedDataParallel(model.to(dev, memory_format=fmt),
+                                                      device_ids=[local] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator(device=dev).manual_seed(rank)
 
     def step():
         idx = torch.randint(0, len(y), (a.batch,), device=dev, generator=g)
         opt.zero_grad(set_to_none=False)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a.bf16):
-            logits = model(x[idx])
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.bf16):
+            logits = model(x[idx].contiguous(memory_format=fmt))
         F.cross_entropy(logits.float(), y[idx]).backward()
         opt.step()
 
     for _ in range(a.warmup):
         step()
-    torch.cuda.synchronize()
+    sync()
     for k in range(a.windows):
         start = time.perf_counter()
         for _ in range(a.window):
             step()
-        torch.cuda.synchronize()
+        sync()
         seconds = time.perf_counter() - start
         if rank == 0:
             print(json.dumps({"window": k, "samples_per_s": a.window * a.batch * world / seconds}),

@@ -10,9 +10,12 @@ trainctl feeds itself from host memory (its prefetch thread and pinned copies); 
 already on the GPU, the fastest way to feed PyTorch.
 
 With --precision bf16 trainctl runs trainer.precision: bf16 and the peer the same autocast around
-its forward pass (the loss in f32).
+its forward pass (the loss in f32). --layout tuned runs both sides channels-last with cuDNN's
+benchmark mode (trainer.memory_format / cudnn_benchmark; the peer's --channels-last
+--cudnn-benchmark); plain (the default) neither.
 
-Usage: bench/gpu.py --trainctl PATH [--python PYTHON] [--configs NAME,...] [--gpus N] [--precision bf16]
+Usage: bench/gpu.py --trainctl PATH [--python PYTHON] [--configs NAME,...] [--gpus N]
+                    [--precision bf16] [--layout plain|tuned]
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
 
@@ -30,48 +33,63 @@ CONFIGS = {
 }
 
 
-def trainctl_run(a, model, data, batch, out):
+def trainctl_start(trainctl, out, model, data, batch, workers, device, threads, window, windows,
+                   precision="fp32", extra=""):
+    """Starts `trainctl run` of (windows + 1) x window steps; trainctl_rates() reads its result."""
     if data == "fashion-mnist":
         data_yaml = "{dataset: fashion-mnist}"
     else:
         shape = data.split(":")[1]
         data_yaml = f"{{dataset: synthetic, samples: {batch * 16}, shape: [{shape}], classes: 10}}"
-    steps = (a.windows + 1) * a.window
-    spec = f"""name: bench-gpu
+    spec = f"""name: bench-{device}
 nodes: 1
-procs_per_node: {a.gpus}
+procs_per_node: {workers}
 output_dir: {out}
 trainer:
   model: {model}
-  device: cuda
+  device: {device}
   data: {data_yaml}
   batch_size: {batch}
-  max_steps: {steps}
+  max_steps: {(windows + 1) * window}
   epochs: 1000
-  threads: 4
-  precision: {a.precision}
+  threads: {threads}
+  precision: {precision}
   optimizer: {{name: sgd, lr: 0.01, momentum: 0.9}}
-  log_every: {a.window}
+  log_every: {window}
   snapshot_every: 0
   eval: false
-"""
+{extra}"""
     path = out + ".yaml"
     with open(path, "w") as f:
         f.write(spec)
-    subprocess.run([a.trainctl, "--log-level", "warn", "run", path], check=True,
-                   stdout=subprocess.DEVNULL)
+    return subprocess.Popen([trainctl, "--log-level", "warn", "run", path], stdout=subprocess.DEVNULL)
+
+
+def trainctl_rates(proc, out):
+    """The job's samples/s in each window but the first (start-up)."""
+    if proc.wait() != 0:
+        sys.exit(f"trainctl failed ({proc.returncode}); its logs are in {out}/logs")
     records = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     return [r["samples_per_s"] for r in records if "samples_per_s" in r][1:]
 
 
-def peer_run(a, model, data, batch):
+def peer_rates(python, model, data, batch, workers, device, threads, window, windows,
+               precision="fp32", flags=()):
+    """PyTorch DDP (bench/ddp_gpu.py) on the same terms; samples/s per window after a warm-up."""
     lines = run_peer_ranks(
-        [a.python, os.path.join(ROOT, "bench", "ddp_gpu.py"), "--model", model, "--data",
-         FMNIST if data == "fashion-mnist" else data, "--batch", str(batch),
-         "--warmup", str(a.window), "--window", str(a.window), "--windows", str(a.windows)] +
-        (["--bf16"] if a.precision == "bf16" else []),
-        a.gpus, threads=4)
+        [python, os.path.join(ROOT, "bench", "ddp_gpu.py"), "--device", device, "--model", model,
+         "--data", FMNIST if data == "fashion-mnist" else data, "--batch", str(batch),
+         "--warmup", str(window), "--window", str(window), "--windows", str(windows)] +
+        (["--bf16"] if precision == "bf16" else []) + list(flags),
+        workers, threads=threads)
     return [l["samples_per_s"] for l in lines]
+
+
+# --layout: (trainctl's spec lines, the peer's flags)
+LAYOUTS = {
+    "tuned": ("  memory_format: channels_last\n  cudnn_benchmark: true\n", ("--channels-last", "--cudnn-benchmark")),
+    "plain": ("  memory_format: contiguous\n  cudnn_benchmark: false\n", ()),
+}
 
 
 def main():
@@ -84,14 +102,20 @@ def main():
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="trainer.precision for trainctl; bf16 autocast for the peer")
+    ap.add_argument("--layout", choices=list(LAYOUTS), default="plain",
+                    help="the same on both sides: tuned (channels-last, cuDNN benchmark) or plain")
     a = ap.parse_args()
+    extra, flags = LAYOUTS[a.layout]
     tmp = tempfile.mkdtemp(prefix="bench-gpu-")
     print("| configuration | trainctl samples/s (median) | PyTorch DDP samples/s (median) | trainctl / DDP throughput |")
     print("|---|---|---|---|")
     for name in a.configs.split(","):
         model, data, batch = CONFIGS[name]
-        ours = trainctl_run(a, model, data, batch, os.path.join(tmp, name))
-        peer = peer_run(a, model, data, batch)
+        out = os.path.join(tmp, name)
+        ours = trainctl_rates(trainctl_start(a.trainctl, out, model, data, batch, a.gpus, "cuda", 4,
+                                             a.window, a.windows, a.precision, extra), out)
+        peer = peer_rates(a.python, model, data, batch, a.gpus, "cuda", 4, a.window, a.windows,
+                          a.precision, flags)
         mo, mp = statistics.median(ours), statistics.median(peer)
         print(f"| {name} | {mo:.0f} ({' '.join('%.0f' % v for v in ours)}) | "
               f"{mp:.0f} ({' '.join('%.0f' % v for v in peer)}) | {mo / mp:.2f}x |", flush=True)
