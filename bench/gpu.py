@@ -4,7 +4,8 @@
 one run. Needs a trainctl built against a CUDA LibTorch (docs/trainer.md, GPUs) and a python3
 with that torch (and torchvision for the ResNets).
 
-Each configuration runs (windows + 1) x window steps; the first window (start-up, cuDNN's
+Each configuration runs (windows + 1) x window steps (trainctl checkpoints once, after the last
+window; the peer not at all); the first window (start-up, cuDNN's
 autotuning, allocator warm-up) is dropped and the median samples/s of the others is reported.
 trainctl feeds itself from host memory (its prefetch thread and pinned copies); the peer's data is
 already on the GPU, the fastest way to feed PyTorch.
@@ -40,7 +41,8 @@ def trainctl_start(trainctl, out, model, data, batch, workers, device, threads, 
         data_yaml = "{dataset: fashion-mnist}"
     else:
         shape = data.split(":")[1]
-        data_yaml = f"{{dataset: synthetic, samples: {batch * 16}, shape: [{shape}], classes: 10}}"
+        # 64 batches an epoch: at each epoch's start the GPU waits for the first batch.
+        data_yaml = f"{{dataset: synthetic, samples: {batch * 64}, shape: [{shape}], classes: 10}}"
     spec = f"""name: bench-{device}
 nodes: 1
 procs_per_node: {workers}
@@ -51,6 +53,7 @@ trainer:
   data: {data_yaml}
   batch_size: {batch}
   max_steps: {(windows + 1) * window}
+  checkpoint_every: {(windows + 1) * window}
   epochs: 1000
   threads: {threads}
   precision: {precision}
