@@ -107,6 +107,19 @@ TEST(Torchrun, WhatTrainctlCannotHonourIsNamed) {
   EXPECT_NE(r.output.find("needs its token in TRAINCTL_TOKEN"), std::string::npos) << r.output;
 }
 
+// An endpoint on IPv6's loopback keeps the job on loopback, as 127.0.0.1 and localhost do: the
+// workers' MASTER_ADDR is 127.0.0.1, not this machine's name or network address.
+TEST(Torchrun, AnIpv6LoopbackEndpointKeepsTheJobOnLoopback) {
+  Scratch s;
+  auto r = Trainctl({"torchrun", "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                     "--rdzv-endpoint", "[::1]:" + std::to_string(FreePort()), "--rdzv-id", "v6", "--log-dir",
+                     s.path("out"), "--no-python", "/bin/sh", "-c", "echo \"master at $MASTER_ADDR\""},
+                    s.path(""), seconds(60),
+                    {{"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"TRAINCTL_STATE_DIR", s.path("state")}});
+  EXPECT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_NE(r.output.find("master at 127.0.0.1\n"), std::string::npos) << r.output;
+}
+
 // One host: the workers get torchrun's environment (and the error file), output as with run.
 TEST(Torchrun, OneHostRunsAsRunDoes) {
   Scratch s;

@@ -258,7 +258,8 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
                "16 characters (for example: export TRAINCTL_TOKEN=$(openssl rand -hex 32)); the store at " +
                endpoint + " refuses clients without it");
   }
-  a.host = !f.local_addr.empty() ? f.local_addr : (host.rfind("127.", 0) == 0 || host == "localhost" ? "127.0.0.1" : "auto");
+  // A loopback endpoint (127.x, ::1, localhost) keeps the whole job on loopback.
+  a.host = !f.local_addr.empty() ? f.local_addr : IsLoopbackHost(host) ? "127.0.0.1" : "auto";
   // As torchrun's c10d backend: the endpoint's host serves the store (is_host says so, or the
   // endpoint names this machine and its port is free here); the others join it. Two commands on
   // the endpoint's host: the first serves, the second finds the port taken and joins.
