@@ -244,7 +244,9 @@ void ExpectReducedGradientsEqualPlainBackward(comm::Communicator* comm, torch::D
     EXPECT_TRUE(p.is_contiguous(channels_last && p.dim() == 4 ? torch::MemoryFormat::ChannelsLast
                                                               : torch::MemoryFormat::Contiguous));
     // cuDNN's channels-last kernels need 16-byte aligned weights.
-    if (device.is_cuda()) EXPECT_EQ(reinterpret_cast<uintptr_t>(p.data_ptr()) % 64, 0u);
+    if (device.is_cuda()) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p.data_ptr()) % 64, 0u);
+    }
   }
   torch::Tensor x = torch::randn({8, 1, 28, 28}).to(device);
   torch::Tensor y = torch::randint(0, 10, {8}).to(device);
