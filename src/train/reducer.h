@@ -70,6 +70,7 @@ class GradientReducer {
   // what checkpoints hold, so they depend on neither the memory format nor the device.
   torch::Tensor ToCanonical(const torch::Tensor& flat) const;
   void FromCanonical(const torch::Tensor& canonical, torch::Tensor flat) const;
+  int64_t canonical_numel() const { return dense_numel_; }  // on a GPU less than the flat buffers
   // Seconds Finish() spent waiting for allreduces since the last call; resets the count. Always
   // 0 with sums queued on the GPU, which overlap its kernels where the host cannot time them.
   double TakeWaitSeconds();

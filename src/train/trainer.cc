@@ -410,7 +410,7 @@ Status Trainer::LoadNewest(int64_t header[4], int64_t* opt_steps) {
         const checkpoint::Blob* b = ckpt->Find("optimizer." + name);
         if (!b) return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) +
                                        " lacks optimizer state " + name);
-        torch::Tensor canonical = torch::empty_like(t);
+        torch::Tensor canonical = torch::empty({reducer_->canonical_numel()}, t.options());
         RETURN_IF_ERROR(CopyBlob(*b, canonical));
         reducer_->FromCanonical(canonical, t);
       }
