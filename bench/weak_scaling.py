@@ -16,7 +16,7 @@ Beside it in the same run:
 
 Usage: bench/weak_scaling.py [--trainctl PATH] [--python PYTHON] [--workers 1,2,4,8,16]
 """
-import argparse, os, statistics, subprocess, sys, tempfile
+import argparse, os, statistics, subprocess, tempfile
 
 from fashion_mnist import PYTHON
 from gpu import ROOT, peer_rates, trainctl_rates, trainctl_start

@@ -187,6 +187,8 @@ class Trainer {
   Status LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples,
                  double data_seconds, double comm_seconds);
   bool Done() const { return t_.max_steps > 0 && step_ >= t_.max_steps; }
+  // trainer.memory_format; the spec allows channels_last with the allreduce strategy only.
+  bool ChannelsLast() const { return t_.memory_format == "channels_last"; }
 
   JobSpec spec_;
   const TrainerSpec& t_;
@@ -198,7 +200,6 @@ class Trainer {
   int64_t ps_version_ = 0;    // the shards' version of this worker's parameters
   double ps_wait_seconds_ = 0;  // in PushPull since the last epoch's report
   torch::Tensor ps_host_params_, ps_host_grads_;  // a GPU's parameters and gradients, staged
-  bool channels_last_ = false;  // trainer.memory_format, resolved
 
   data::ImageSet train_set_, test_set_;
   Normalizer norm_;
@@ -251,9 +252,8 @@ Status Trainer::Setup() {
   model_->train();
   std::vector<torch::Tensor> params;
   for (auto& p : model_->parameters()) params.push_back(p);
-  channels_last_ = t_.memory_format == "channels_last";  // the spec allows it with allreduce only
   reducer_ = std::make_unique<GradientReducer>(params, comm_, size_t(t_.bucket_mb * (1 << 20)),
-                                               channels_last_);
+                                               ChannelsLast());
   optimizer_ = std::make_unique<Optimizer>(t_.optimizer, reducer_->flat_params(), reducer_->flat_grads());
   checkpoints_ = std::make_unique<checkpoint::CheckpointDir>(spec_.checkpoint_dir, t_.keep_last);
   if (ps_ && device_.is_cuda()) {
@@ -575,7 +575,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       b.x = b.x.to(device_, /*non_blocking=*/true);
       b.y = b.y.to(device_, /*non_blocking=*/true);
     }
-    if (channels_last_) b.x = b.x.contiguous(torch::MemoryFormat::ChannelsLast);
+    if (ChannelsLast()) b.x = b.x.contiguous(torch::MemoryFormat::ChannelsLast);
     reducer_->ZeroGrad();
     torch::Tensor logits;
     {
@@ -674,7 +674,7 @@ Status Trainer::Run() {
     LOG_INFO("training {} on {} ({} images) on {}{}{}, {} workers x batch {}, {} steps per epoch, {} epochs",
              t_.model, t_.data.dataset, train_set_.count, device_.str(),
              t_.precision == "bf16" ? " in bf16 mixed precision" : "",
-             channels_last_ ? ", channels last" : "", world_, batch_, steps_per_epoch_,
+             ChannelsLast() ? ", channels last" : "", world_, batch_, steps_per_epoch_,
              t_.epochs);
 #if TRAINCTL_HAVE_ONEDNN
     if (t_.precision == "bf16" && device_.is_cpu() && !models::Bf16Convolutions()) {
