@@ -54,17 +54,16 @@ class Cnn : public Classifier {
       return Linear(x, fc2_->weight, fc2_->bias);
     }
 #endif
-    x = PoolRelu(conv1_(x));
+    const bool image_layer = x.is_cpu() && x.scalar_type() == torch::kFloat32 && !x.requires_grad();
+    x = PoolRelu(image_layer ? Conv3x3ImageLayer(x, conv1_->weight, conv1_->bias) : conv1_(x));
     x = PoolRelu(conv2_(x));
     return fc2_(torch::relu(fc1_(x.flatten(1))));
   }
 
-  // ATen's convolutions (a GPU, or a build without oneDNN). On the CPU our pooling, even with the
-  // copies into and out of its layout: ATen's max-pool is slow there (see ops.h).
+  // ATen's convolutions (a GPU, a CPU without AVX-512, or a build without oneDNN). On the CPU our
+  // pooling, on ATen's N x C x H x W as it is: ATen's max-pool is slow there (see ops.h).
   static torch::Tensor PoolRelu(const torch::Tensor& x) {
-    if (x.is_cpu() && x.scalar_type() == torch::kFloat32 && x.size(1) % kBlock == 0) {
-      return FromBlocked(MaxPool2x2Relu(ToBlocked(x)));
-    }
+    if (x.is_cpu() && x.scalar_type() == torch::kFloat32) return MaxPool2x2Relu(x);
     return torch::relu(F::max_pool2d(x, F::MaxPool2dFuncOptions(2)));
   }
 

@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -21,13 +23,16 @@ using torch::autograd::tensor_list;
 // without reading the input again. Per channel: a position's 16 channels lie side by side.
 constexpr uint8_t kNone = 4;
 
+// B lanes per position: kBlock in the blocked layout (a position's 16 channels side by side), 1 in
+// N x C x H x W (a plane is one channel's H x W).
+template <int64_t B>
 void PoolForwardPlanePortable(const float* x, int64_t h, int64_t w, float* out, uint8_t* win) {
   for (int64_t i = 0; i < h / 2; ++i) {
-    const float* r0 = x + 2 * i * w * kBlock;
-    const float* r1 = r0 + w * kBlock;
-    for (int64_t k = 0; k < w * kBlock; k += 2 * kBlock) {
-      for (int64_t l = 0; l < kBlock; ++l, ++out, ++win) {
-        const float a = r0[k + l], b = r0[k + kBlock + l], c = r1[k + l], d = r1[k + kBlock + l];
+    const float* r0 = x + 2 * i * w * B;
+    const float* r1 = r0 + w * B;
+    for (int64_t k = 0; k < w * B; k += 2 * B) {
+      for (int64_t l = 0; l < B; ++l, ++out, ++win) {
+        const float a = r0[k + l], b = r0[k + B + l], c = r1[k + l], d = r1[k + B + l];
         float m = std::max(std::max(a, b), std::max(c, d));
         if (a != a || b != b || c != c || d != d) m = a + b + c + d;
         *out = m > 0 || m != m ? m : 0.0f;
@@ -37,12 +42,13 @@ void PoolForwardPlanePortable(const float* x, int64_t h, int64_t w, float* out, 
   }
 }
 
+template <int64_t B>
 void PoolBackwardPlanePortable(const uint8_t* win, const float* g, int64_t h, int64_t w, float* dx) {
   for (int64_t i = 0; i < h / 2; ++i) {
-    const int64_t r0 = 2 * i * w * kBlock, r1 = r0 + w * kBlock;
-    for (int64_t k = 0; k < w * kBlock; k += 2 * kBlock) {
-      for (int64_t l = 0; l < kBlock; ++l, ++win, ++g) {
-        const int64_t p[4] = {r0 + k + l, r0 + k + kBlock + l, r1 + k + l, r1 + k + kBlock + l};
+    const int64_t r0 = 2 * i * w * B, r1 = r0 + w * B;
+    for (int64_t k = 0; k < w * B; k += 2 * B) {
+      for (int64_t l = 0; l < B; ++l, ++win, ++g) {
+        const int64_t p[4] = {r0 + k + l, r0 + k + B + l, r1 + k + l, r1 + k + B + l};
         for (int q = 0; q < 4; ++q) dx[p[q]] = q == *win ? *g : 0.0f;
       }
     }
@@ -55,11 +61,8 @@ using BackwardFn = void (*)(const uint8_t*, const float*, int64_t, int64_t, floa
 #if defined(__x86_64__)
 // The same with AVX2, a position's 16 channels as two registers of 8; no branches.
 // The winner of 8 windows as 8 int32 lanes.
-__attribute__((target("avx2"))) inline __m256 Forward8(const float* a, const float* b,
-                                                       const float* c, const float* d,
+__attribute__((target("avx2"))) inline __m256 Forward8(__m256 va, __m256 vb, __m256 vc, __m256 vd,
                                                        __m256i* win) {
-  const __m256 va = _mm256_loadu_ps(a), vb = _mm256_loadu_ps(b);
-  const __m256 vc = _mm256_loadu_ps(c), vd = _mm256_loadu_ps(d);
   __m256 m = _mm256_max_ps(_mm256_max_ps(va, vb), _mm256_max_ps(vc, vd));
   __m256 nan = _mm256_or_ps(_mm256_cmp_ps(va, vb, _CMP_UNORD_Q), _mm256_cmp_ps(vc, vd, _CMP_UNORD_Q));
   m = _mm256_blendv_ps(m, _mm256_add_ps(_mm256_add_ps(va, vb), _mm256_add_ps(vc, vd)), nan);
@@ -72,6 +75,11 @@ __attribute__((target("avx2"))) inline __m256 Forward8(const float* a, const flo
   k = _mm256_blendv_ps(_mm256_set1_ps(kNone), k, _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_GT_OQ));
   *win = _mm256_cvttps_epi32(k);
   return m;
+}
+
+__attribute__((target("avx2"))) inline __m256 Forward8(const float* a, const float* b, const float* c,
+                                                       const float* d, __m256i* win) {
+  return Forward8(_mm256_loadu_ps(a), _mm256_loadu_ps(b), _mm256_loadu_ps(c), _mm256_loadu_ps(d), win);
 }
 
 __attribute__((target("avx2"))) void PoolForwardPlaneAvx2(const float* x, int64_t h, int64_t w,
@@ -109,16 +117,102 @@ __attribute__((target("avx2"))) void PoolBackwardPlaneAvx2(const uint8_t* win, c
   }
 }
 
+// N x C x H x W: a plane is one channel's rows; 8 windows of a row pair at a time, their left and
+// right columns split out of 16 adjacent floats. A row's last block is partial where W/2 is not a
+// multiple of 8 (28 -> 14, 14 -> 7): masked loads, and stores through a buffer (a masked store
+// costs many times a plain one on AMD's Zen), never past the row's end.
+__attribute__((target("avx2"))) inline __m256i FirstLanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// n (1-16) floats from p as the even-indexed ones and the odd-indexed ones; lanes past n are 0.
+__attribute__((target("avx2"))) inline void LoadPairs(const float* p, int64_t n, __m256* even, __m256* odd) {
+  const __m256 lo = n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, FirstLanes(n));
+  const __m256 hi = n >= 16 ? _mm256_loadu_ps(p + 8) : n > 8 ? _mm256_maskload_ps(p + 8, FirstLanes(n - 8))
+                                                             : _mm256_setzero_ps();
+  *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
+  *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
+}
+
+// The inverse: even and odd interleaved, the first n (1-16) floats stored at p.
+__attribute__((target("avx2"))) inline void StorePairs(float* p, int64_t n, __m256 even, __m256 odd) {
+  const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+  const __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20), second = _mm256_permute2f128_ps(lo, hi, 0x31);
+  if (n >= 16) {
+    _mm256_storeu_ps(p, first);
+    _mm256_storeu_ps(p + 8, second);
+    return;
+  }
+  alignas(32) float part[16];
+  _mm256_store_ps(part, first);
+  _mm256_store_ps(part + 8, second);
+  std::copy(part, part + n, p);
+}
+
+__attribute__((target("avx2"))) void PoolForwardNchwAvx2(const float* x, int64_t h, int64_t w, float* out,
+                                                         uint8_t* win) {
+  const int64_t ow = w / 2;
+  for (int64_t i = 0; i < h / 2; ++i, out += ow, win += ow) {
+    const float* r0 = x + 2 * i * w;
+    const float* r1 = r0 + w;
+    for (int64_t j = 0; j < ow; j += 8) {
+      const int64_t n = std::min<int64_t>(8, ow - j);
+      __m256 a, b, c, d;
+      __m256i k;
+      LoadPairs(r0 + 2 * j, 2 * n, &a, &b);
+      LoadPairs(r1 + 2 * j, 2 * n, &c, &d);
+      const __m256 m = Forward8(a, b, c, d, &k);
+      // 8 int32 to 8 bytes.
+      const __m128i k16 = _mm_packs_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
+      alignas(16) uint8_t bytes[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm_packus_epi16(k16, k16));
+      if (n == 8) {
+        _mm256_storeu_ps(out + j, m);
+      } else {
+        alignas(32) float part[8];
+        _mm256_store_ps(part, m);
+        std::copy(part, part + n, out + j);
+      }
+      std::memcpy(win + j, bytes, n);
+    }
+  }
+}
+
+__attribute__((target("avx2"))) void PoolBackwardNchwAvx2(const uint8_t* win, const float* g, int64_t h,
+                                                          int64_t w, float* dx) {
+  const int64_t ow = w / 2;
+  for (int64_t i = 0; i < h / 2; ++i, win += ow, g += ow) {
+    float* r0 = dx + 2 * i * w;
+    float* r1 = r0 + w;
+    for (int64_t j = 0; j < ow; j += 8) {
+      const int64_t n = std::min<int64_t>(8, ow - j);
+      const __m256 gv = n == 8 ? _mm256_loadu_ps(g + j) : _mm256_maskload_ps(g + j, FirstLanes(n));
+      uint64_t bytes = 0;
+      std::memcpy(&bytes, win + j, n);
+      const __m256i v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(bytes)));
+      __m256 q[4];
+      for (int s = 0; s < 4; ++s) {
+        q[s] = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_set1_epi32(s))), gv);
+      }
+      StorePairs(r0 + 2 * j, 2 * n, q[0], q[1]);
+      StorePairs(r1 + 2 * j, 2 * n, q[2], q[3]);
+    }
+  }
+}
+
 // A static initializer may run before libgcc's own, which fills in what cpu_supports reads.
 const bool kAvx2 = [] {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") != 0;
 }();
-const ForwardFn kForward = kAvx2 ? PoolForwardPlaneAvx2 : PoolForwardPlanePortable;
-const BackwardFn kBackward = kAvx2 ? PoolBackwardPlaneAvx2 : PoolBackwardPlanePortable;
+// Indexed by layout: [0] blocked, [1] N x C x H x W.
+const ForwardFn kForward[2] = {kAvx2 ? PoolForwardPlaneAvx2 : PoolForwardPlanePortable<kBlock>,
+                               kAvx2 ? PoolForwardNchwAvx2 : PoolForwardPlanePortable<1>};
+const BackwardFn kBackward[2] = {kAvx2 ? PoolBackwardPlaneAvx2 : PoolBackwardPlanePortable<kBlock>,
+                                 kAvx2 ? PoolBackwardNchwAvx2 : PoolBackwardPlanePortable<1>};
 #else
-const ForwardFn kForward = PoolForwardPlanePortable;
-const BackwardFn kBackward = PoolBackwardPlanePortable;
+const ForwardFn kForward[2] = {PoolForwardPlanePortable<kBlock>, PoolForwardPlanePortable<1>};
+const BackwardFn kBackward[2] = {PoolBackwardPlanePortable<kBlock>, PoolBackwardPlanePortable<1>};
 #endif
 
 // Planes are independent: split them among LibTorch's threads.
@@ -133,13 +227,18 @@ class PoolFunction : public torch::autograd::Function<PoolFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x) {
     x = x.contiguous();
-    const int64_t h = x.size(2), w = x.size(3), in = h * w * kBlock, on = in / 4;
-    torch::Tensor out = torch::empty({x.size(0), x.size(1), h / 2, w / 2, kBlock}, x.options());
-    torch::Tensor win = torch::empty(out.sizes(), torch::kUInt8);
+    const bool nchw = x.dim() == 4;
+    const int64_t h = x.size(2), w = x.size(3), in = h * w * (nchw ? 1 : kBlock), on = in / 4;
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes[2] = h / 2;
+    sizes[3] = w / 2;
+    torch::Tensor out = torch::empty(sizes, x.options());
+    torch::Tensor win = torch::empty(sizes, torch::kUInt8);
     const float* xp = x.data_ptr<float>();
     float* op = out.data_ptr<float>();
     uint8_t* wp = win.data_ptr<uint8_t>();
-    ForEachPlane(x.size(0) * x.size(1), [&](int64_t p) { kForward(xp + p * in, h, w, op + p * on, wp + p * on); });
+    const ForwardFn fn = kForward[nchw];
+    ForEachPlane(x.size(0) * x.size(1), [&](int64_t p) { fn(xp + p * in, h, w, op + p * on, wp + p * on); });
     ctx->save_for_backward({win});  // not x: it is freed as soon as nothing else holds it
     ctx->saved_data["input_sizes"] = x.sizes().vec();
     return out;
@@ -149,12 +248,195 @@ class PoolFunction : public torch::autograd::Function<PoolFunction> {
     const torch::Tensor win = ctx->get_saved_variables()[0];
     torch::Tensor g = grads[0].contiguous();
     torch::Tensor dx = torch::empty(ctx->saved_data["input_sizes"].toIntVector(), g.options());
-    const int64_t h = dx.size(2), w = dx.size(3), in = h * w * kBlock, on = in / 4;
+    const bool nchw = dx.dim() == 4;
+    const int64_t h = dx.size(2), w = dx.size(3), in = h * w * (nchw ? 1 : kBlock), on = in / 4;
     const uint8_t* wp = win.data_ptr<uint8_t>();
     const float* gp = g.data_ptr<float>();
     float* dp = dx.data_ptr<float>();
-    ForEachPlane(dx.size(0) * dx.size(1), [&](int64_t p) { kBackward(wp + p * on, gp + p * on, h, w, dp + p * in); });
+    const BackwardFn fn = kBackward[nchw];
+    ForEachPlane(dx.size(0) * dx.size(1), [&](int64_t p) { fn(wp + p * on, gp + p * on, h, w, dp + p * in); });
     return {dx};
+  }
+};
+
+// Conv3x3ImageLayer. cols[k][p] for k = 9c + 3i + j: the plane c shifted by (i - 1, j - 1),
+// zero outside it, P = H x W positions.
+void Im2Col3x3(const float* x, int64_t c, int64_t h, int64_t w, float* cols) {
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const float* plane = x + ch * h * w;
+    for (int64_t i = 0; i < 3; ++i) {
+      for (int64_t j = 0; j < 3; ++j, cols += h * w) {
+        for (int64_t r = 0; r < h; ++r) {
+          float* row = cols + r * w;
+          const int64_t sr = r + i - 1;
+          if (sr < 0 || sr >= h) {
+            std::fill(row, row + w, 0.0f);
+            continue;
+          }
+          const float* src = plane + sr * w;
+          if (j == 0) {
+            row[0] = 0.0f;
+            std::copy(src, src + w - 1, row + 1);
+          } else if (j == 1) {
+            std::copy(src, src + w, row);
+          } else {
+            std::copy(src + 1, src + w, row);
+            row[w - 1] = 0.0f;
+          }
+        }
+      }
+    }
+  }
+}
+
+// y[o][p] = b[o] + sum_k w[o][k] cols[k][p]: one image, O output rows of P.
+using ImageForwardFn = void (*)(const float* cols, int64_t k, int64_t p, const float* w, const float* b,
+                                int64_t o, float* y);
+// dw[o][k] = sum_p g[o][p] cols[k][p], db[o] = sum_p g[o][p]: one image's share, k a multiple of 9.
+using ImageBackwardFn = void (*)(const float* cols, int64_t k, int64_t p, const float* g, int64_t o,
+                                 float* dw, float* db);
+
+void ImageForwardPortable(const float* cols, int64_t k, int64_t p, const float* w, const float* b, int64_t o,
+                          float* y) {
+  for (int64_t oc = 0; oc < o; ++oc, y += p) {
+    std::fill(y, y + p, b[oc]);
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const float wk = w[oc * k + kk];
+      const float* col = cols + kk * p;
+      for (int64_t q = 0; q < p; ++q) y[q] += wk * col[q];
+    }
+  }
+}
+
+void ImageBackwardPortable(const float* cols, int64_t k, int64_t p, const float* g, int64_t o, float* dw,
+                           float* db) {
+  for (int64_t oc = 0; oc < o; ++oc, g += p) {
+    float sum = 0;
+    for (int64_t q = 0; q < p; ++q) sum += g[q];
+    db[oc] = sum;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const float* col = cols + kk * p;
+      float dot = 0;
+      for (int64_t q = 0; q < p; ++q) dot += g[q] * col[q];
+      dw[oc * k + kk] = dot;
+    }
+  }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) inline float Sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// An output channel's row at a time, one input channel's 9 weights in registers, 8 positions an
+// iteration: 9 loads from the cached copies and 9 FMAs per 8 outputs; the last P % 8 in scalars,
+// in the same order.
+__attribute__((target("avx2,fma"))) void ImageForwardAvx2(const float* cols, int64_t k, int64_t p,
+                                                          const float* w, const float* b, int64_t o, float* y) {
+  for (int64_t oc = 0; oc < o; ++oc, y += p) {
+    for (int64_t k0 = 0; k0 < k; k0 += 9) {
+      const float* wo = w + oc * k + k0;
+      const float* c0 = cols + k0 * p;
+      __m256 wv[9];
+#pragma GCC unroll 9
+      for (int t = 0; t < 9; ++t) wv[t] = _mm256_set1_ps(wo[t]);
+      int64_t q = 0;
+      for (; q + 8 <= p; q += 8) {
+        __m256 acc = k0 == 0 ? _mm256_set1_ps(b[oc]) : _mm256_loadu_ps(y + q);
+#pragma GCC unroll 9
+        for (int t = 0; t < 9; ++t) acc = _mm256_fmadd_ps(wv[t], _mm256_loadu_ps(c0 + t * p + q), acc);
+        _mm256_storeu_ps(y + q, acc);
+      }
+      for (; q < p; ++q) {
+        float acc = k0 == 0 ? b[oc] : y[q];
+        for (int t = 0; t < 9; ++t) acc += wo[t] * c0[t * p + q];
+        y[q] = acc;
+      }
+    }
+  }
+}
+
+// An output channel's gradient row against one input channel's 9 shifted copies at a time: 9
+// accumulators and the bias's in registers.
+__attribute__((target("avx2,fma"))) void ImageBackwardAvx2(const float* cols, int64_t k, int64_t p,
+                                                           const float* g, int64_t o, float* dw, float* db) {
+  for (int64_t oc = 0; oc < o; ++oc, g += p) {
+    for (int64_t k0 = 0; k0 < k; k0 += 9) {
+      __m256 acc[9], accb = _mm256_setzero_ps();
+#pragma GCC unroll 9
+      for (auto& a : acc) a = _mm256_setzero_ps();
+      int64_t q = 0;
+      for (; q + 8 <= p; q += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + q);
+        accb = _mm256_add_ps(accb, gv);
+#pragma GCC unroll 9
+        for (int t = 0; t < 9; ++t) acc[t] = _mm256_fmadd_ps(gv, _mm256_loadu_ps(cols + (k0 + t) * p + q), acc[t]);
+      }
+      float sb = Sum8(accb), s[9];
+      for (int t = 0; t < 9; ++t) s[t] = Sum8(acc[t]);
+      for (; q < p; ++q) {
+        sb += g[q];
+        for (int t = 0; t < 9; ++t) s[t] += g[q] * cols[(k0 + t) * p + q];
+      }
+      if (k0 == 0) db[oc] = sb;
+      for (int t = 0; t < 9; ++t) dw[oc * k + k0 + t] = s[t];
+    }
+  }
+}
+
+const bool kAvx2Fma = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
+}();
+const ImageForwardFn kImageForward = kAvx2Fma ? ImageForwardAvx2 : ImageForwardPortable;
+const ImageBackwardFn kImageBackward = kAvx2Fma ? ImageBackwardAvx2 : ImageBackwardPortable;
+#else
+const ImageForwardFn kImageForward = ImageForwardPortable;
+const ImageBackwardFn kImageBackward = ImageBackwardPortable;
+#endif
+
+class ImageConvFunction : public torch::autograd::Function<ImageConvFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
+    x = x.contiguous();
+    weight = weight.contiguous();
+    bias = bias.contiguous();
+    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), o = weight.size(0);
+    const int64_t k = 9 * c, p = h * w;
+    torch::Tensor y = torch::empty({n, o, h, w}, x.options());
+    const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>(), *bp = bias.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> cols(k * p);
+      for (int64_t i = begin; i < end; ++i) {
+        Im2Col3x3(xp + i * c * p, c, h, w, cols.data());
+        kImageForward(cols.data(), k, p, wp, bp, o, yp + i * o * p);
+      }
+    });
+    ctx->save_for_backward({x});
+    return y;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const torch::Tensor x = ctx->get_saved_variables()[0];
+    const torch::Tensor g = grads[0].contiguous();
+    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), o = g.size(1);
+    const int64_t k = 9 * c, p = h * w;
+    // Each image's share apart, then summed in the images' order: the same result whatever the
+    // number of threads.
+    torch::Tensor dw = torch::empty({n, o, k}, g.options()), db = torch::empty({n, o}, g.options());
+    const float *xp = x.data_ptr<float>(), *gp = g.data_ptr<float>();
+    float *dwp = dw.data_ptr<float>(), *dbp = db.data_ptr<float>();
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> cols(k * p);
+      for (int64_t i = begin; i < end; ++i) {
+        Im2Col3x3(xp + i * c * p, c, h, w, cols.data());
+        kImageBackward(cols.data(), k, p, gp + i * o * p, o, dwp + i * o * k, dbp + i * o);
+      }
+    });
+    return {torch::Tensor(), dw.sum(0).view({o, c, 3, 3}), db.sum(0)};
   }
 };
 
@@ -179,9 +461,20 @@ torch::Tensor FromBlocked(const torch::Tensor& x) {
 }
 
 torch::Tensor MaxPool2x2Relu(const torch::Tensor& x) {
-  CheckBlocked(x, "MaxPool2x2Relu");
+  if (x.dim() != 4) CheckBlocked(x, "MaxPool2x2Relu");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "MaxPool2x2Relu takes a float CPU tensor");
   TORCH_CHECK(x.size(2) % 2 == 0 && x.size(3) % 2 == 0, "MaxPool2x2Relu takes even H and W");
   return PoolFunction::apply(x);
+}
+
+torch::Tensor Conv3x3ImageLayer(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && !x.requires_grad(),
+              "Conv3x3ImageLayer takes an N x C x H x W float CPU tensor that does not require grad");
+  TORCH_CHECK(weight.dim() == 4 && weight.size(1) == x.size(1) && weight.size(2) == 3 && weight.size(3) == 3 &&
+                  bias.dim() == 1 && bias.size(0) == weight.size(0) && weight.scalar_type() == torch::kFloat32 &&
+                  bias.scalar_type() == torch::kFloat32 && weight.device().is_cpu() && bias.device().is_cpu(),
+              "Conv3x3ImageLayer takes an O x C x 3 x 3 float CPU weight and an O-long bias");
+  return ImageConvFunction::apply(x, weight, bias);
 }
 
 }  // namespace trainctl::models

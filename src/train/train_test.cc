@@ -49,30 +49,71 @@ TEST(Ops, BlockedLayoutRoundTrips) {
   EXPECT_TRUE(torch::equal(models::FromBlocked(b), x));
 }
 
+// In both layouts: blocked (the oneDNN path) and N x C x H x W as ATen's convolutions leave it,
+// whose AVX2 kernel takes 8 windows of a row at a time: widths whose half is not a multiple of 8
+// (28 -> 14, 14 -> 7, 6 -> 3, 34 -> 17, 2 -> 1) end in a partial block.
 TEST(Ops, MaxPool2x2ReluMatchesTorchBitForBitWithTies) {
   torch::manual_seed(5);
-  // Small integers, negatives included, make many ties inside windows and many windows that the
-  // ReLU zeroes: the gradient must go where ATen sends it.
-  for (auto shape : {std::vector<int64_t>{3, 16, 8, 6}, {2, 32, 28, 28}, {2, 64, 14, 14}}) {
-    for (bool ties : {true, false}) {
-      torch::Tensor base = ties ? torch::randint(-2, 3, shape).to(torch::kFloat32) : torch::randn(shape);
-      torch::Tensor a = base.clone().requires_grad_(true);
-      torch::Tensor b = base.clone().requires_grad_(true);
-      torch::Tensor ours = models::FromBlocked(models::MaxPool2x2Relu(models::ToBlocked(a)));
-      torch::Tensor theirs = torch::relu(torch::max_pool2d(b, 2));
-      EXPECT_TRUE(torch::equal(ours, theirs)) << shape[3];
-      torch::Tensor g = torch::randn(ours.sizes());
-      ours.backward(g);
-      theirs.backward(g);
-      EXPECT_TRUE(torch::equal(a.grad(), b.grad())) << shape[3] << " ties " << ties;
+  const auto pool = [](const torch::Tensor& x, bool blocked) {
+    return blocked ? models::FromBlocked(models::MaxPool2x2Relu(models::ToBlocked(x))) : models::MaxPool2x2Relu(x);
+  };
+  for (bool blocked : {true, false}) {
+    // Small integers, negatives included, make many ties inside windows and many windows that
+    // the ReLU zeroes: the gradient must go where ATen sends it.
+    for (auto shape : {std::vector<int64_t>{3, 16, 8, 6}, {2, 32, 28, 28}, {2, 64, 14, 14}, {1, 16, 4, 34},
+                       {2, 16, 6, 2}, {1, 16, 2, 32}}) {
+      for (bool ties : {true, false}) {
+        torch::Tensor base = ties ? torch::randint(-2, 3, shape).to(torch::kFloat32) : torch::randn(shape);
+        torch::Tensor a = base.clone().requires_grad_(true);
+        torch::Tensor b = base.clone().requires_grad_(true);
+        torch::Tensor ours = pool(a, blocked);
+        torch::Tensor theirs = torch::relu(torch::max_pool2d(b, 2));
+        EXPECT_TRUE(torch::equal(ours, theirs)) << shape[3] << " blocked " << blocked;
+        torch::Tensor g = torch::randn(ours.sizes());
+        ours.backward(g);
+        theirs.backward(g);
+        EXPECT_TRUE(torch::equal(a.grad(), b.grad())) << shape[3] << " ties " << ties << " blocked " << blocked;
+      }
     }
+    // NaN propagates to the window's output.
+    torch::Tensor base = torch::randn({2, 16, 8, 40});
+    base.view(-1).index_put_({torch::tensor({7, 100, 201, 333, 1000, 5000})}, std::nanf(""));
+    EXPECT_TRUE(torch::equal(pool(base, blocked).isnan(), torch::relu(torch::max_pool2d(base, 2)).isnan()));
   }
-  // NaN propagates to the window's output.
-  torch::Tensor base = torch::randn({2, 16, 8, 40});
-  base.view(-1).index_put_({torch::tensor({7, 100, 201, 333, 1000, 5000})}, std::nanf(""));
-  EXPECT_TRUE(torch::equal(models::FromBlocked(models::MaxPool2x2Relu(models::ToBlocked(base))).isnan(),
-                           torch::relu(torch::max_pool2d(base, 2)).isnan()));
-  EXPECT_THROW(models::MaxPool2x2Relu(base), c10::Error);  // not blocked
+  EXPECT_THROW(models::MaxPool2x2Relu(torch::randn({16, 8, 40})), c10::Error);      // neither layout
+  EXPECT_THROW(models::MaxPool2x2Relu(torch::randn({1, 16, 8, 5})), c10::Error);    // odd width
+  EXPECT_THROW(models::MaxPool2x2Relu(torch::randn({1, 16, 8, 8}, torch::kFloat64)), c10::Error);
+}
+
+// The first layer's convolution against ATen's: forward, and the weight's and bias's gradients,
+// to rounding; 1 and 3 channels, positions a multiple of 8 and not (the AVX2 loops' tails), and
+// a batch larger than one thread's share.
+TEST(Ops, Conv3x3ImageLayerMatchesAtensConvolution) {
+  torch::manual_seed(3);
+  const auto close = [](const torch::Tensor& got, const torch::Tensor& want) {
+    return (got - want).abs().max().item<float>() <= 1e-4f * std::max(1.0f, want.abs().max().item<float>());
+  };
+  for (auto [n, c, h, w] : {std::array<int64_t, 4>{64, 1, 28, 28}, {2, 3, 32, 32}, {3, 1, 5, 7}, {1, 3, 2, 2}}) {
+    torch::Tensor x = torch::randn({n, c, h, w});
+    torch::Tensor weight = torch::randn({32, c, 3, 3}) * 0.3;
+    torch::Tensor bias = torch::randn({32});
+    torch::Tensor w1 = weight.clone().requires_grad_(true), b1 = bias.clone().requires_grad_(true);
+    torch::Tensor w2 = weight.clone().requires_grad_(true), b2 = bias.clone().requires_grad_(true);
+    torch::Tensor ours = models::Conv3x3ImageLayer(x, w1, b1);
+    torch::Tensor theirs = torch::conv2d(x, w2, b2, /*stride=*/1, /*padding=*/1);
+    ASSERT_EQ(ours.sizes(), theirs.sizes());
+    EXPECT_TRUE(close(ours, theirs)) << n << "x" << c << "x" << h << "x" << w;
+    torch::Tensor g = torch::randn(ours.sizes());
+    ours.backward(g);
+    theirs.backward(g);
+    EXPECT_TRUE(close(w1.grad(), w2.grad())) << "weight gradient " << n << "x" << c << "x" << h << "x" << w;
+    EXPECT_TRUE(close(b1.grad(), b2.grad())) << "bias gradient " << n << "x" << c << "x" << h << "x" << w;
+  }
+  torch::Tensor x = torch::randn({2, 1, 8, 8});
+  EXPECT_THROW(models::Conv3x3ImageLayer(x.requires_grad_(true), torch::randn({4, 1, 3, 3}), torch::randn({4})),
+               c10::Error);  // no gradient for the input
+  EXPECT_THROW(models::Conv3x3ImageLayer(torch::randn({2, 1, 8, 8}), torch::randn({4, 2, 3, 3}), torch::randn({4})),
+               c10::Error);  // channels differ
 }
 
 #if TRAINCTL_HAVE_ONEDNN
