@@ -5,12 +5,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <string_view>
+#include <utility>
 
 #include "launch/k8s/render.h"
 
 namespace trainctl::k8s {
 
-extern const std::map<std::string, std::string> kChartFiles;
+extern const std::pair<std::string_view, std::string_view> kChartFiles[];  // chart_files.cc
+extern const int kChartFileCount;
 
 namespace {
 
@@ -76,7 +79,8 @@ json Typed(json value, const json& schema) {
 std::map<std::string, std::string> HelmChart(const JobSpec& spec, const std::string& values,
                                              const std::string& format, const std::string& version) {
   std::map<std::string, std::string> files;
-  for (const auto& [path, text] : kChartFiles) {
+  for (int i = 0; i < kChartFileCount; ++i) {
+    const std::string path(kChartFiles[i].first), text(kChartFiles[i].second);
     if (path.rfind("workloads/", 0) == 0) {
       if (path == "workloads/" + format + ".yaml") files["templates/workload.yaml"] = text;
     } else {
