@@ -1,16 +1,52 @@
 // The job's contracts: what the agent writes, tasks read back the same; placement and TF_CONFIG.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "common/subprocess.h"
 #include "job/agent_command.h"
 #include "job/records.h"
+#include "job/runs.h"
 #include "job/task_env.h"
 #include "job/tasks.h"
 
 namespace trainctl {
 namespace {
+
+// The run index (what `trainctl ps` lists) keeps the newest `keep` entries, and every entry
+// whose launcher still runs however old it is; it stays untouched until it holds more.
+TEST(Runs, TheIndexKeepsTheNewestEntriesAndEveryLiveOne) {
+  char tmpl[] = "/tmp/runs-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  ASSERT_EQ(::setenv("TRAINCTL_STATE_DIR", tmpl, 1), 0);
+  const auto entry = [](const std::string& id, int64_t started, bool live) {
+    runs::RunEntry e;
+    e.name = "job";
+    e.run_id = id;
+    e.output_dir = "/nonexistent";
+    e.started = started;
+    e.pid = live ? ::getpid() : 0;
+    e.start_ticks = live ? runs::StartTicks(::getpid()) : 0;
+    return e;
+  };
+  const auto ids = [] {
+    std::vector<std::string> out;
+    for (const auto& e : runs::List()) out.push_back(e.run_id);
+    return out;
+  };
+  ASSERT_TRUE(runs::Register(entry("live", 100, true), 3).ok());  // the oldest, but running
+  for (int i = 1; i <= 3; ++i) ASSERT_TRUE(runs::Register(entry("r" + std::to_string(i), 100 + i, false), 3).ok());
+  EXPECT_EQ(ids(), (std::vector<std::string>{"r3", "r2", "r1", "live"}));  // four: the live one stays
+  ASSERT_TRUE(runs::Register(entry("r4", 104, false), 3).ok());
+  ASSERT_TRUE(runs::Register(entry("r5", 105, false), 3).ok());
+  EXPECT_EQ(ids(), (std::vector<std::string>{"r5", "r4", "r3", "live"}));
+  ::unsetenv("TRAINCTL_STATE_DIR");
+  std::filesystem::remove_all(tmpl);
+}
 
 TEST(TaskEnv, WhatTheAgentWritesATaskReadsBack) {
   TaskEnv e;

@@ -82,6 +82,12 @@ Status Register(const RunEntry& entry, size_t keep) {
   const std::string dir = IndexDir();
   RETURN_IF_ERROR(MakeDirs(dir));
   RETURN_IF_ERROR(AtomicWriteFile(dir + "/" + entry.run_id + ".json", entry.ToJson() + "\n", 0600));
+  // Counting the entries is enough until there are more than `keep`: reading and parsing them all
+  // is for the pruning only.
+  size_t count = 0;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(dir, ec)) count += f.path().extension() == ".json";
+  if (count <= keep) return Status::Ok();
   auto all = List();
   for (size_t i = keep; i < all.size(); ++i) {
     if (!Alive(all[i])) ::unlink((dir + "/" + all[i].run_id + ".json").c_str());
