@@ -386,10 +386,7 @@ __attribute__((target("avx2,fma"))) void ImageBackwardAvx2(const float* cols, in
   }
 }
 
-const bool kAvx2Fma = [] {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
-}();
+const bool kAvx2Fma = kAvx2 && __builtin_cpu_supports("fma") != 0;  // after kAvx2's cpu_init
 const ImageForwardFn kImageForward = kAvx2Fma ? ImageForwardAvx2 : ImageForwardPortable;
 const ImageBackwardFn kImageBackward = kAvx2Fma ? ImageBackwardAvx2 : ImageBackwardPortable;
 #else

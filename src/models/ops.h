@@ -17,17 +17,18 @@ torch::Tensor FromBlocked(const torch::Tensor& blocked);
 void CheckBlocked(const torch::Tensor& x, const char* what);
 
 // relu(max_pool2d(x, 2)) on a float CPU tensor with even H and W, blocked (5-D) or N x C x H x W
-// (4-D), autograd, in one pass each way; the result is in the same layout. The same results as torch::relu(torch::max_pool2d(x, 2)) on
-// the N x C x H x W form, bit for bit, gradients included (the first maximum in row-major order
-// of each window gets the gradient; NaN propagates to the output, though where a NaN window's
-// gradient goes may differ). ATen's CPU max_pool2d_with_indices is branchy and, on real
-// activations, mispredicts most of its comparisons: 7 ms a call for a 64 x 32 x 28 x 28 batch on
-// one core, the largest cost of a Fashion-MNIST CNN step; and the ReLU after it is two more
-// passes over memory. Here both directions are branch-free AVX2 loops, over a position's 16
-// channels when blocked, over 8 windows of a row pair otherwise (portable C++ on CPUs without AVX2); forward keeps one byte per window and channel
-// saying where its gradient goes, so backward reads neither x nor the output, and x need not
-// outlive the call. Pooling first and then the ReLU gives the same result as the other order, on
-// a quarter of the elements.
+// (4-D), autograd, in one pass each way; the result is in the same layout. The same results as
+// torch::relu(torch::max_pool2d(x, 2)) on the N x C x H x W form, bit for bit, gradients included
+// (the first maximum in row-major order of each window gets the gradient; NaN propagates to the
+// output, though where a NaN window's gradient goes may differ). ATen's CPU
+// max_pool2d_with_indices is branchy and, on real activations, mispredicts most of its
+// comparisons: 7 ms a call for a 64 x 32 x 28 x 28 batch on one core, the largest cost of a
+// Fashion-MNIST CNN step; and the ReLU after it is two more passes over memory. Here both
+// directions are branch-free AVX2 loops, over a position's 16 channels when blocked, over 8
+// windows of a row pair otherwise (portable C++ on CPUs without AVX2); forward keeps one byte per
+// window and channel saying where its gradient goes, so backward reads neither x nor the output,
+// and x need not outlive the call. Pooling first and then the ReLU gives the same result as the
+// other order, on a quarter of the elements.
 torch::Tensor MaxPool2x2Relu(const torch::Tensor& x);
 
 // A 3x3 convolution, stride 1, padding 1, with bias, of an input that takes no gradient (the

@@ -80,11 +80,11 @@ std::map<std::string, std::string> HelmChart(const JobSpec& spec, const std::str
                                              const std::string& format, const std::string& version) {
   std::map<std::string, std::string> files;
   for (int i = 0; i < kChartFileCount; ++i) {
-    const std::string path(kChartFiles[i].first), text(kChartFiles[i].second);
+    const auto& [path, text] = kChartFiles[i];
     if (path.rfind("workloads/", 0) == 0) {
       if (path == "workloads/" + format + ".yaml") files["templates/workload.yaml"] = text;
     } else {
-      files[path] = text;
+      files[std::string(path)] = text;
     }
   }
   files["Chart.yaml"] =
