@@ -403,6 +403,58 @@ TEST(Cli, AJobOf256NodesSucceeds) {
   EXPECT_EQ(logs, 256);
 }
 
+// A local job's agents are forked from one exec'd agent (common/fork_server.h); to the user and
+// to the launcher each is what an exec'd `trainctl agent` was: the launcher's child, leading its
+// own process group, with its own command line, and nothing of the fork server in its tasks'
+// environment. The server is gone once the agents have started, and a SIGTERM stops them all.
+TEST(Cli, ALocalJobsAgentsAreTheLaunchersChildrenWithTheirOwnCommandLines) {
+  Scratch s;
+  WriteSpec(s, "name: forked\nnodes: 12\ncommand: [sh, -c, 'env > {out}/env-$RANK; echo $PPID > {out}/agent-$RANK; "
+               "exec sleep 60']\ntimeouts: {stop_grace: 2s}\noutput_dir: {out}/out\n");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
+  ASSERT_TRUE(Eventually([&] {
+    for (int rank = 0; rank < 12; ++rank) {
+      if (ReadPids(s.path("agent-" + std::to_string(rank))).empty()) return false;
+    }
+    return true;
+  }, seconds(60))) << job.Output();
+  // "pid (comm) state ppid pgrp ..."
+  auto stat = [](pid_t pid) {
+    auto text = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+    std::istringstream in(text.ok() ? text->substr(text->rfind(')') + 1) : "");
+    std::string state;
+    pid_t ppid = 0, pgrp = 0;
+    in >> state >> ppid >> pgrp;
+    return std::make_pair(ppid, pgrp);
+  };
+  std::string run_id;
+  for (int rank = 0; rank < 12; ++rank) {
+    SCOPED_TRACE("node " + std::to_string(rank));
+    const pid_t agent = ReadPids(s.path("agent-" + std::to_string(rank)))[0];
+    EXPECT_EQ(stat(agent), std::make_pair(job.pid(), agent));
+    auto argv = ProcStrings(agent, "cmdline");
+    while (!argv.empty() && argv.back().empty()) argv.pop_back();  // a rank shorter than the widest
+    ASSERT_GE(argv.size(), 5u);
+    if (run_id.empty()) run_id = argv[argv.size() - 3];
+    EXPECT_EQ(std::vector<std::string>(argv.end() - 5, argv.end()),
+              (std::vector<std::string>{"agent", "--run-id", run_id, "--node-rank", std::to_string(rank)}));
+    const std::string env = s.Read("env-" + std::to_string(rank));
+    EXPECT_EQ(env.find("TRAINCTL_FORK_SERVER_FD"), std::string::npos) << env;
+    EXPECT_EQ(env.find("LD_BIND_NOW"), std::string::npos) << env;
+  }
+  EXPECT_EQ(run_id.rfind("forked-", 0), 0u) << run_id;
+  auto of_run = [&] {
+    return LiveProcesses([&](pid_t p) {
+      auto argv = ProcStrings(p, "cmdline");
+      return std::find(argv.begin(), argv.end(), run_id) != argv.end();
+    });
+  };
+  EXPECT_EQ(of_run().size(), 12u) << "the fork server outlived the start of the agents";
+  ::kill(job.pid(), SIGTERM);
+  EXPECT_EQ(job.Wait(seconds(60)).code, kExitInterrupted) << job.Output();
+  EXPECT_TRUE(Eventually([&] { return of_run().empty(); }, seconds(15))) << "agents outlived the job";
+}
+
 TEST(Cli, AJobTooLargeForThisMachineIsRefused) {
   Scratch s;
   WriteSpec(s, "name: huge\nnodes: 10000\nprocs_per_node: 1024\ncommand: [sleep, '1']\noutput_dir: {out}/out\n");

@@ -4,6 +4,7 @@
 
 #include "agent/start.h"
 #include "cli/verbs.h"
+#include "common/fork_server.h"
 #include "common/log.h"
 #include "common/subprocess.h"
 #include "job/agent_command.h"
@@ -71,6 +72,9 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
                 "tcp:// URL, with the job's token (for clusters without an etcd; needs --spec)");
   cmd->callback([f, &flags, code] {
     log::SetLevel(flags.log_level);
+    // A local job's launcher starts one agent this way and has it fork the others, whose
+    // --node-rank (the last argument) each copy rewrites: common/fork_server.h.
+    if (auto node_rank = ServeForks(flags.argc, flags.argv)) f->node_rank = std::atoi(node_rank->c_str());
     BlockSupervisorSignals();
     *code = RunAgentProcess(*f);
   });

@@ -71,6 +71,8 @@ int main(int argc, char** argv) {
   app.fallthrough();
   app.set_version_flag("--version", TRAINCTL_VERSION);
   trainctl::cli::GlobalFlags flags;
+  flags.argc = argc;
+  flags.argv = argv;
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn or error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));

@@ -14,6 +14,8 @@ namespace trainctl::cli {
 
 struct GlobalFlags {
   std::string log_level = "info";
+  int argc = 0;  // main's, as the process was started (a forked agent rewrites its last one)
+  char** argv = nullptr;
 };
 
 void AddRun(CLI::App& app, const GlobalFlags& flags, int* code);

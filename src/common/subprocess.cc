@@ -48,6 +48,7 @@ bool IsExecutableFile(const std::string& path) {
     if (::dup2(o.output_fd, 1) < 0 || ::dup2(o.output_fd, 2) < 0) die(errno);
   }
   if (o.stderr_fd >= 0 && ::dup2(o.stderr_fd, 2) < 0) die(errno);
+  if (o.pass_fd > 2 && ::fcntl(o.pass_fd, F_SETFD, 0) != 0) die(errno);
   if (!o.cwd.empty() && ::chdir(o.cwd.c_str()) != 0) die(errno);
   ::execve(path, argv, envp);
   die(errno);

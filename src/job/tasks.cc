@@ -1,5 +1,6 @@
 #include "job/tasks.h"
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -7,6 +8,9 @@ namespace trainctl {
 
 std::vector<Task> PlaceTasks(const std::vector<RoleSize>& roles, int nodes) {
   std::vector<Task> tasks;
+  size_t count = 0;
+  for (const auto& r : roles) count += static_cast<size_t>(std::max(0, r.replicas));
+  tasks.reserve(count);  // every agent of a 1024-node job places all 1024 tasks
   for (const auto& r : roles) {
     for (int i = 0; i < r.replicas; ++i) {
       Task t;
