@@ -77,6 +77,7 @@ TEST(TorchClient, BadErrorFilesAreNamedAndIgnored) {
     EXPECT_EQ(r.exit.code, 3) << r.output;
     EXPECT_NE(r.output.find("ignoring the error file of worker 0: " + s.path(name) + "/logs/errors/worker-0.r0.t0.json"),
               std::string::npos) << r.output;
+    EXPECT_EQ(CountLines(r.output, "ignoring the error file of worker 0"), 1) << r.output;  // read once
     EXPECT_NE(r.output.find(warning), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("| the last words"), std::string::npos) << r.output;
   }

@@ -194,7 +194,7 @@ void Agent::AddTaskError(const Round& r, const Task& t, int task_restarts, Failu
   rec->error_time = (*read)->timestamp;
 }
 
-void Agent::PostRootCause(const Round& r, const std::vector<int>& task_restarts) {
+void Agent::PostRootCause(const Round& r, const std::vector<int>& task_restarts, const FailureRecord* failed) {
   std::optional<FailureRecord> first;
   for (const auto& t : r.mine) {
     FailureRecord rec = NewFailure(FailureKind::kTask, r.round, r.info.group_rank);
@@ -203,7 +203,13 @@ void Agent::PostRootCause(const Round& r, const std::vector<int>& task_restarts)
     rec.role = t.role;
     rec.task_index = t.index;
     rec.log_path = paths::TaskLog(o_.spec.output_dir, t.role, t.index);
-    AddTaskError(r, t, task_restarts[t.local], &rec);
+    if (failed && failed->rank == t.rank) {  // read already (and a bad file warned of once)
+      rec.error = failed->error;
+      rec.traceback = failed->traceback;
+      rec.error_time = failed->error_time;
+    } else {
+      AddTaskError(r, t, task_restarts[t.local], &rec);
+    }
     if (rec.error.empty() || rec.error_time <= 0) continue;
     rec.exit = "raised " + rec.error;
     if (!first || rec.error_time < first->error_time) first = rec;
@@ -574,7 +580,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
         rec.final = true;
         Outcome o = ended(rec);
         group.Stop(s.timeouts.stop_grace);
-        PostRootCause(r, task_restarts);
+        PostRootCause(r, task_restarts, &rec);
         return o;
       }
       if (role.on_failure == "ignore") {
@@ -600,7 +606,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       }
       Outcome o = ended(rec);  // first, so peers stop their tasks meanwhile
       group.Stop(s.timeouts.stop_grace);
-      PostRootCause(r, task_restarts);
+      PostRootCause(r, task_restarts, &rec);
       return o;
     }
     auto end = parse_end((*seen)[1]);

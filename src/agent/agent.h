@@ -89,8 +89,9 @@ class Agent {
   // warning and left out.
   void AddTaskError(const Round& r, const Task& t, int task_restarts, FailureRecord* rec) const;
   // Once this node's tasks of a failed round have stopped: the earliest error among their error
-  // files, compare-and-set into the round's root cause unless a peer's is earlier.
-  void PostRootCause(const Round& r, const std::vector<int>& task_restarts);
+  // files, compare-and-set into the round's root cause unless a peer's is earlier. `failed`: the
+  // task whose failure ended the round, its error file read already.
+  void PostRootCause(const Round& r, const std::vector<int>& task_restarts, const FailureRecord* failed = nullptr);
 
   AgentOptions o_;
   Store* store_;
