@@ -108,6 +108,7 @@ int RunAgentProcess(const AgentProcessOptions& f) {
       return CodeFor(started.status());
     } else {
       server = std::move(*started);
+      LOG_INFO("serving the job's store at {} (on every interface, with the job's token)", addr.substr(6));
     }
   }
   auto client = OpenStore(server ? "tcp://127.0.0.1:" + std::to_string(server->port()) : addr, token,

@@ -273,8 +273,12 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
   ::setenv(kEnvStoreAddr, ("tcp://" + endpoint).c_str(), 1);
   ::setenv(kEnvStoreToken, token, 1);
   ::unsetenv("TRAINCTL_TOKEN");  // not into the workers' environment
-  LOG_INFO("node {} of job {}: {} {}", a.node_rank < 0 ? std::string("by arrival") : std::to_string(a.node_rank),
-           spec->name, serve ? "serving the job's store at" : "joining the job's store at", endpoint);
+  // The node that serves says so once the store is up (or that it joins, if another command here
+  // took the port first).
+  if (!serve) {
+    LOG_INFO("node {} of job {}: joining the job's store at {}",
+             a.node_rank < 0 ? std::string("by arrival") : std::to_string(a.node_rank), spec->name, endpoint);
+  }
   return run_here();
 }
 
