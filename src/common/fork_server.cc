@@ -96,7 +96,13 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
     comma = next;
   }
   ::unsetenv(kEnvForkServerFd);  // not the copies' (nor their children's) to see
-  if (fd < 3 || ::fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 || argc < 2) return std::nullopt;
+  // Only the channel Start made (a variable left in a user's environment names no such socket).
+  int type = 0;
+  socklen_t len = sizeof type;
+  if (fd < 3 || ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET ||
+      ::fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 || argc < 2) {
+    return std::nullopt;
+  }
   const pid_t parent = ::getppid();
   char* slot = argv[argc - 1];
   const size_t room = ::strlen(slot);

@@ -350,7 +350,9 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     Result<pid_t> pid = Unavailable("");
     if (forks) {
       pid = forks->Fork(agent.node_rank);
-      if (!pid.ok()) {
+      // A server that did not answer in time may yet have forked this node's agent: starting
+      // another could run the node twice. Any other failure forked nothing.
+      if (!pid.ok() && pid.status().code() != Code::kTimeout) {
         LOG_DEBUG("the agents' fork server: {}; exec'ing the rest", pid.status().message());
         forks.reset();
       }
