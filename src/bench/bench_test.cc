@@ -98,7 +98,10 @@ Figures Made(const std::string& system, int workers, double epoch, double rate, 
 
 TEST(BenchResults, FiveOrMoreRunsDropTheFastestAndTheSlowestAndScalingIsPerWorker) {
   std::vector<Figures> runs;
-  for (double e : {10.0, 1.0, 2.0, 3.0, 4.0}) runs.push_back(Made("trainctl", 1, e, 100));
+  for (double e : {10.0, 1.0, 2.0, 3.0, 4.0}) {
+    runs.push_back(Made("trainctl", 1, e, 100));
+    runs.back().wall_seconds = 2 * e + 1;
+  }
   for (double r : {150.0, 170.0}) runs.push_back(Made("trainctl", 2, 1, r));
   runs.push_back(Made("trainctl", 2, 99, 1, "failed"));  // not counted
   const auto a = Aggregates(runs);
@@ -106,6 +109,9 @@ TEST(BenchResults, FiveOrMoreRunsDropTheFastestAndTheSlowestAndScalingIsPerWorke
   EXPECT_TRUE(a[0].mlperf);
   EXPECT_DOUBLE_EQ(a[0].epoch_mean, 3.0);  // 2, 3, 4
   EXPECT_DOUBLE_EQ(a[0].epoch_std, 1.0);
+  EXPECT_DOUBLE_EQ(a[0].wall_mean, 7.0);  // 5, 7, 9: a job without epochs (a no-op) has its wall time
+  EXPECT_DOUBLE_EQ(a[0].wall_std, 2.0);
+  EXPECT_LT(a[1].wall_mean, 0) << "no wall time recorded";
   EXPECT_FALSE(a[1].mlperf);
   EXPECT_EQ(a[1].runs, 3);
   EXPECT_EQ(a[1].succeeded, 2);

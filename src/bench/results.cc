@@ -302,7 +302,7 @@ std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments, doubl
     a.point = runs[0]->point;
     a.workers = runs[0]->workers;
     a.runs = static_cast<int>(runs.size());
-    std::vector<double> ep, rate, tta, acc, comm;
+    std::vector<double> wall, ep, rate, tta, acc, comm;
     constexpr double kMissed = std::numeric_limits<double>::infinity();
     for (const Figures* f : runs) {
       if (target_accuracy > 0) {
@@ -312,6 +312,7 @@ std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments, doubl
       }
       if (f->state != "succeeded") continue;
       ++a.succeeded;
+      if (f->wall_seconds > 0) wall.push_back(f->wall_seconds);
       if (f->epoch_seconds > 0) ep.push_back(f->epoch_seconds);
       if (f->samples_per_s > 0) rate.push_back(f->samples_per_s);
       if (f->test_accuracy >= 0) acc.push_back(f->test_accuracy);
@@ -319,6 +320,7 @@ std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments, doubl
       a.rss_max = std::max(a.rss_max, f->peak_rss_mb);
     }
     a.mlperf = a.succeeded >= 5;
+    std::tie(a.wall_mean, a.wall_std) = MeanStd(wall, a.mlperf);
     std::tie(a.epoch_mean, a.epoch_std) = MeanStd(ep, a.mlperf);
     std::tie(a.rate_mean, a.rate_std) = MeanStd(rate, a.mlperf);
     std::tie(a.tta_mean, a.tta_std) = MeanStd(tta, tta.size() >= 5);
@@ -352,7 +354,7 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
   for (const auto& a : aggs) {
     ag.push_back({{"key", a.key}, {"system", a.system}, {"point", PointText(a.point)}, {"workers", a.workers},
                   {"runs", a.runs}, {"succeeded", a.succeeded}, {"mlperf", a.mlperf},
-                  {"epoch_seconds", a.epoch_mean}, {"epoch_seconds_std", a.epoch_std},
+                  {"wall_seconds", a.wall_mean}, {"wall_seconds_std", a.wall_std}, {"epoch_seconds", a.epoch_mean}, {"epoch_seconds_std", a.epoch_std},
                   {"samples_per_s", a.rate_mean}, {"samples_per_s_std", a.rate_std},
                   {"time_to_accuracy", a.tta_mean}, {"time_to_accuracy_std", a.tta_std}, {"missed_target", a.missed},
                   {"test_accuracy", a.accuracy_mean}, {"peak_rss_mb", a.rss_max},
@@ -396,12 +398,14 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
                    " experiments. Means ± standard deviations over the runs that succeeded (with 5 or more, "
                    "the fastest and the slowest dropped, as MLPerf does); the time to accuracy over every "
                    "run, one that missed the target counting as the slowest (no figure when one counts).\n\n"
-                   "| system | point | workers | ok/runs | epoch s | samples/s | scaling eff. | test acc. | time to " +
-                   Fmt(m.target_accuracy, "%.2f") + " s | peak RSS MB | comm wait s |\n"
-                   "|---|---|---|---|---|---|---|---|---|---|---|\n";
+                   "| system | point | workers | ok/runs | wall s | epoch s | samples/s | scaling eff. | test acc. | " +
+                   (m.target_accuracy > 0 ? "time to " + Fmt(m.target_accuracy, "%.2f") : std::string("time to acc.")) +
+                   " s | peak RSS MB | comm wait s |\n"
+                   "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& a : aggs) {
     md += "| " + a.system + " | " + PointText(a.point) + " | " + std::to_string(a.workers) + " | " +
-          std::to_string(a.succeeded) + "/" + std::to_string(a.runs) + " | " + pm(a.epoch_mean, a.epoch_std, "%.3f") +
+          std::to_string(a.succeeded) + "/" + std::to_string(a.runs) + " | " + pm(a.wall_mean, a.wall_std, "%.2f") +
+          " | " + pm(a.epoch_mean, a.epoch_std, "%.3f") +
           " | " + pm(a.rate_mean, a.rate_std, "%.0f") + " | " + (a.efficiency < 0 ? "-" : Fmt(a.efficiency, "%.3f")) +
           " | " + (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + " | " +
           tta_text(a) + " | " + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + " | " +
@@ -418,12 +422,12 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
                   " — trainctl bench</title><style>" + kCss + "</style></head><body><h1>" + Html(m.name) + "</h1>";
   h += "<p>" + std::to_string(experiments.size()) + " experiments from <code>" + Html(m.path) + "</code>.</p>";
   h += "<table id=\"aggregates\"><tr><th class=\"l\">system</th><th class=\"l\">point</th><th>workers</th><th>ok/runs</th>"
-       "<th>epoch s</th><th>samples/s</th><th>scaling eff.</th><th>test acc.</th><th>time to acc. s</th>"
+       "<th>wall s</th><th>epoch s</th><th>samples/s</th><th>scaling eff.</th><th>test acc.</th><th>time to acc. s</th>"
        "<th>peak RSS MB</th></tr>";
   for (const auto& a : aggs) {
     h += "<tr><td class=\"l\">" + Html(a.system) + "</td><td class=\"l\">" + Html(PointText(a.point)) + "</td><td>" +
          std::to_string(a.workers) + "</td><td>" + std::to_string(a.succeeded) + "/" + std::to_string(a.runs) +
-         "</td><td>" + Html(pm(a.epoch_mean, a.epoch_std, "%.3f")) + "</td><td>" + Html(pm(a.rate_mean, a.rate_std, "%.0f")) +
+         "</td><td>" + Html(pm(a.wall_mean, a.wall_std, "%.2f")) + "</td><td>" + Html(pm(a.epoch_mean, a.epoch_std, "%.3f")) + "</td><td>" + Html(pm(a.rate_mean, a.rate_std, "%.0f")) +
          "</td><td>" + (a.efficiency < 0 ? "-" : Fmt(a.efficiency)) + "</td><td>" +
          (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + "</td><td>" + Html(tta_text(a)) +
          "</td><td>" + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + "</td></tr>";

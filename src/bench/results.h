@@ -46,6 +46,7 @@ struct Aggregate {
   Point point;
   int workers = 1, runs = 0, succeeded = 0;
   bool mlperf = false;  // >= 5 runs: fastest and slowest dropped
+  double wall_mean = -1, wall_std = 0;  // start to exit, as bench saw it
   double epoch_mean = -1, epoch_std = 0, rate_mean = -1, rate_std = 0, tta_mean = -1, tta_std = 0;
   double accuracy_mean = -1, rss_max = -1, comm_mean = -1;
   double efficiency = -1;  // per-worker throughput against the fewest-workers point of its group
