@@ -2,7 +2,8 @@
 """Time to 0.91 Fashion-MNIST test accuracy (issue 25, part 1): trainctl's example beside the
 best plain-PyTorch recipe found for this machine, run alternately, MLPerf-style.
 
-  peer      this file with --peer: one process, 2 threads, a small CNN with batch norm, bf16
+  peer      this file with --peer: one process, 2 threads, a small CNN with batch norm (--model
+            bn; --model example: the example's own CNN, no batch norm, its lr 0.2), bf16
             autocast where the CPU multiplies bf16 in hardware (AVX-512 BF16, AMX; elsewhere
             PyTorch emulates it, several times slower than fp32, so fp32: --precision auto),
             a one-cycle schedule, label smoothing, the test set evaluated once at the end. Wall time from `python3` starting to the
@@ -53,10 +54,16 @@ def peer(a):
 
     xtr, ytr = load("train")
     xte, yte = load("t10k")
-    model = nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 7 * 7, 10))
+    if a.model == "bn":
+        model = nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(64 * 7 * 7, 10))
+    else:  # trainctl's example CNN, layer for layer (docs/job-spec.md, trainer.model: cnn)
+        model = nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
+            nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
     steps_per_epoch = len(xtr) // a.batch
     total = steps_per_epoch * a.epochs
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
@@ -104,7 +111,10 @@ def main():
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--model", choices=["bn", "example"], default="bn",
+                   help="bn: a CNN with batch norm (the fastest recipe on AVX-512 with bf16); example: "
+                        "trainctl's example CNN (the fastest found in fp32 on an AVX2 CPU)")
+    p.add_argument("--lr", type=float, help="the peak of the one-cycle schedule (0.1 for bn, 0.2 for example)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                    help="the peer's autocast: auto is bf16 where the CPU has bf16 instructions, else fp32")
@@ -112,6 +122,8 @@ def main():
     p.add_argument("--trainctl", default=os.path.join(ROOT, "build/src/trainctl"))
     p.add_argument("--spec", default=os.path.join(ROOT, "examples/fashion-mnist.yaml"))
     a = p.parse_args()
+    if a.lr is None:
+        a.lr = 0.1 if a.model == "bn" else 0.2
     if a.peer:
         return peer(a)
     results = {"trainctl": [], "pytorch": []}
@@ -127,7 +139,8 @@ def main():
             accuracy["trainctl"].append(acc[-1])
             results["trainctl"].append(secs if acc[-1] >= TARGET else None)
             secs, proc = timed([PYTHON, os.path.abspath(__file__), "--peer", "--seed", str(run), "--epochs", str(a.epochs),
-                                "--batch", str(a.batch), "--lr", str(a.lr), "--data", a.data, "--precision", a.precision])
+                                "--batch", str(a.batch), "--lr", str(a.lr), "--data", a.data, "--precision", a.precision,
+                                "--model", a.model])
             if proc.returncode != 0:
                 sys.exit(f"the PyTorch peer failed:\n{proc.stderr}")
             acc = json.loads(proc.stdout.strip().splitlines()[-1])["test_accuracy"]
@@ -141,7 +154,7 @@ def main():
     fmt = lambda m, s: "no run reached the target" if m is None else f"{m:.2f} ± {s:.2f} s"
     print(f"| trainctl ({os.path.basename(a.spec)}) | {fmt(tm, ts)} | accuracy {min(accuracy['trainctl']):.4f}-{max(accuracy['trainctl']):.4f} |")
     precision = a.precision if a.precision != "auto" else ("bf16" if native_bf16() else "fp32")
-    print(f"| PyTorch, one process ({precision}, one-cycle, {a.epochs} epochs, batch {a.batch}) | {fmt(pm, ps)} | accuracy {min(accuracy['pytorch']):.4f}-{max(accuracy['pytorch']):.4f} |")
+    print(f"| PyTorch, one process ({a.model} CNN, {precision}, one-cycle, {a.epochs} epochs, batch {a.batch}) | {fmt(pm, ps)} | accuracy {min(accuracy['pytorch']):.4f}-{max(accuracy['pytorch']):.4f} |")
     if tm and pm:
         print(f"trainctl / PyTorch: {tm / pm:.2f}x (target <= 0.5x)")
 
