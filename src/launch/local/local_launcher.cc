@@ -142,20 +142,25 @@ class MpirunStderr {
   std::thread thread_;
 };
 
+// The agent this launcher starts for `node_rank`.
+AgentCommand LaunchedAgent(const LaunchOptions& options, const std::string& run_id, const std::string& node_rank) {
+  AgentCommand agent;
+  agent.trainctl = options.self_exe;
+  agent.log_level = options.log_level;
+  agent.node_rank = node_rank;
+  agent.run_id = run_id;
+  agent.color = options.color_output;
+  return agent;
+}
+
 // The fork server of a local job's agents: `trainctl agent` whose last argument, the node rank,
 // is a placeholder as wide as the largest rank: -1, -01, -001... (by arrival, so that nothing
 // takes the server for the agent of a node). nullopt (the agents are exec'd) if it cannot start.
 std::optional<ForkServer> StartAgentForkServer(const JobSpec& spec, const LaunchOptions& options,
                                                const std::string& run_id, const std::vector<std::string>& env) {
-  AgentCommand agent;
-  agent.trainctl = options.self_exe;
-  agent.log_level = options.log_level;
   const size_t width = std::max<size_t>(2, std::to_string(spec.nodes.max - 1).size());
-  agent.node_rank = "-" + std::string(width - 2, '0') + "1";
-  agent.run_id = run_id;
-  agent.color = options.color_output;
   SpawnOptions o;
-  o.argv = agent.Argv();
+  o.argv = LaunchedAgent(options, run_id, "-" + std::string(width - 2, '0') + "1").Argv();
   auto rank = std::find(o.argv.begin(), o.argv.end(), "--node-rank");
   std::rotate(rank, rank + 2, o.argv.end());  // last: each copy rewrites it
   o.env = env;
@@ -331,12 +336,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
                  kExitInterrupted);
       break;
     }
-    AgentCommand agent;
-    agent.trainctl = options.self_exe;
-    agent.log_level = options.log_level;
-    agent.node_rank = std::to_string(one ? -1 : node);
-    agent.run_id = run_id;
-    agent.color = options.color_output;
+    const AgentCommand agent = LaunchedAgent(options, run_id, std::to_string(one ? -1 : node));
     SpawnOptions o;
     o.argv = agent.Argv();
     if (one) o.argv = PlacementArgv(spec, options, o.argv);
@@ -347,17 +347,14 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       o.stderr_fd = pipe_fds[1];
       mpirun_stderr = std::make_unique<MpirunStderr>(pipe_fds[0], paths::LogsDir(spec.output_dir) + "/mpirun.log");
     }
-    Result<pid_t> pid = Unavailable("");
-    if (forks) {
-      pid = forks->Fork(agent.node_rank);
-      // A server that did not answer in time may yet have forked this node's agent: starting
-      // another could run the node twice. Any other failure forked nothing.
-      if (!pid.ok() && pid.status().code() != Code::kTimeout) {
-        LOG_DEBUG("the agents' fork server: {}; exec'ing the rest", pid.status().message());
-        forks.reset();
-      }
+    Result<pid_t> pid = forks ? forks->Fork(agent.node_rank) : Spawn(o);
+    // A server that did not answer in time may yet have forked this node's agent: starting
+    // another could run the node twice. Any other failure forked nothing.
+    if (forks && !pid.ok() && pid.status().code() != Code::kTimeout) {
+      LOG_DEBUG("the agents' fork server: {}; exec'ing the rest", pid.status().message());
+      forks.reset();
+      pid = Spawn(o);
     }
-    if (!forks) pid = Spawn(o);
     if (pipe_fds[1] >= 0) ::close(pipe_fds[1]);
     if (!pid.ok()) {
       LOG_ERROR("cannot start {}: {}", name, pid.status().message());
