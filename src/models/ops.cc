@@ -394,6 +394,19 @@ const ImageForwardFn kImageForward = ImageForwardPortable;
 const ImageBackwardFn kImageBackward = ImageBackwardPortable;
 #endif
 
+// fn(i, cols) for each of the n images of x (C x H x W each), cols its shifted copies; the images
+// split among LibTorch's threads, a buffer for the copies each.
+template <typename Fn>
+void ForEachImageCols(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, const Fn& fn) {
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> cols(9 * c * h * w);
+    for (int64_t i = begin; i < end; ++i) {
+      Im2Col3x3(x + i * c * h * w, c, h, w, cols.data());
+      fn(i, cols.data());
+    }
+  });
+}
+
 class ImageConvFunction : public torch::autograd::Function<ImageConvFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
@@ -405,12 +418,8 @@ class ImageConvFunction : public torch::autograd::Function<ImageConvFunction> {
     torch::Tensor y = torch::empty({n, o, h, w}, x.options());
     const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>(), *bp = bias.data_ptr<float>();
     float* yp = y.data_ptr<float>();
-    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> cols(k * p);
-      for (int64_t i = begin; i < end; ++i) {
-        Im2Col3x3(xp + i * c * p, c, h, w, cols.data());
-        kImageForward(cols.data(), k, p, wp, bp, o, yp + i * o * p);
-      }
+    ForEachImageCols(xp, n, c, h, w, [&](int64_t i, const float* cols) {
+      kImageForward(cols, k, p, wp, bp, o, yp + i * o * p);
     });
     ctx->save_for_backward({x});
     return y;
@@ -426,12 +435,8 @@ class ImageConvFunction : public torch::autograd::Function<ImageConvFunction> {
     torch::Tensor dw = torch::empty({n, o, k}, g.options()), db = torch::empty({n, o}, g.options());
     const float *xp = x.data_ptr<float>(), *gp = g.data_ptr<float>();
     float *dwp = dw.data_ptr<float>(), *dbp = db.data_ptr<float>();
-    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> cols(k * p);
-      for (int64_t i = begin; i < end; ++i) {
-        Im2Col3x3(xp + i * c * p, c, h, w, cols.data());
-        kImageBackward(cols.data(), k, p, gp + i * o * p, o, dwp + i * o * k, dbp + i * o);
-      }
+    ForEachImageCols(xp, n, c, h, w, [&](int64_t i, const float* cols) {
+      kImageBackward(cols, k, p, gp + i * o * p, o, dwp + i * o * k, dbp + i * o);
     });
     return {torch::Tensor(), dw.sum(0).view({o, c, 3, 3}), db.sum(0)};
   }
