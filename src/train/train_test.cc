@@ -275,7 +275,10 @@ void ExpectReducedGradientsEqualPlainBackward(comm::Communicator* comm, torch::D
   reference->to(device);
   for (size_t i = 0; i < model->parameters().size(); ++i) {
     torch::NoGradGuard g;
-    reference->parameters()[i].copy_(model->parameters()[i]);
+    torch::Tensor p = reference->parameters()[i];
+    p.copy_(model->parameters()[i]);
+    // The same layout on both sides: the same kernels (other kernels round otherwise).
+    if (channels_last && p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
   }
   // Small buckets: several of them, each reduced as soon as its gradients are in.
   GradientReducer reducer(model->parameters(), comm, 64 << 10, channels_last);
@@ -301,7 +304,9 @@ void ExpectReducedGradientsEqualPlainBackward(comm::Communicator* comm, torch::D
   for (size_t i = 0; i < model->parameters().size(); ++i) {
     const torch::Tensor& got = model->parameters()[i].grad();
     const torch::Tensor& want = reference->parameters()[i].grad();
-    EXPECT_TRUE(bitwise ? torch::equal(got, want) : torch::allclose(got, want, 1e-5, 1e-6)) << i;
+    EXPECT_TRUE(bitwise ? torch::equal(got, want) : torch::allclose(got, want, 1e-5, 1e-6))
+        << "parameter " << i << ": largest difference " << (got - want).abs().max().item<float>()
+        << " of " << want.abs().max().item<float>();
   }
   // The parameters now live in the flat buffer.
   EXPECT_EQ(model->parameters()[0].data_ptr<float>() >= reducer.flat_params().data_ptr<float>(), true);
@@ -321,12 +326,17 @@ TEST(Reducer, FlatGradientsEqualPlainBackwardOnTheGpu) {
   if (!torch::cuda::is_available() || !comm::NcclAvailable()) {
     GTEST_SKIP() << "needs a GPU and a trainctl built with CUDA and NCCL";
   }
+  // No TF32 (cuDNN's default on Ampere and later, 10 bits of mantissa): the tolerance is for
+  // float32's rounding.
+  const bool tf32 = at::globalContext().allowTF32CuDNN();
+  at::globalContext().setAllowTF32CuDNN(false);
   MemoryStore store;
   auto comm = comm::ConnectNccl(store, {});
   ASSERT_TRUE(comm.ok()) << comm.status().ToString();
   ExpectReducedGradientsEqualPlainBackward(comm->get(), torch::Device(torch::kCUDA, 0), /*bitwise=*/false);
   ExpectReducedGradientsEqualPlainBackward(comm->get(), torch::Device(torch::kCUDA, 0), /*bitwise=*/false,
                                            /*channels_last=*/true);
+  at::globalContext().setAllowTF32CuDNN(tf32);
 }
 
 // Two ranks (threads), each with its own copy of the model and its own batch: after Finish()
