@@ -18,6 +18,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <mutex>
 #include <sstream>
@@ -61,18 +62,29 @@ struct Batch {
 // they are built in page-locked memory, so the copy to the GPU runs asynchronously.
 class Prefetcher {
  public:
-  Prefetcher(const data::ImageSet& set, const Normalizer& norm, std::vector<int64_t> indices,
-             int64_t batch, int64_t first, int64_t count, bool pinned)
-      : set_(set), norm_(norm), indices_(std::move(indices)), batch_(batch) {
-    thread_ = std::thread([this, first, count, pinned] {
-      for (int64_t b = first; b < first + count; ++b) {
+  // The shuffled order of an epoch's samples (this rank's shard).
+  using Order = std::function<std::vector<int64_t>(int64_t epoch)>;
+  // `count` batches in order, from batch `first` of `epoch` on, into the epochs after it: one for
+  // a whole run, so that an epoch's first batches are ready as the one before ends (a GPU does
+  // not wait for them at each epoch's start).
+  Prefetcher(const data::ImageSet& set, const Normalizer& norm, Order order, int64_t steps_per_epoch,
+             int64_t batch, int64_t epoch, int64_t first, int64_t count, bool pinned)
+      : set_(set), norm_(norm), batch_(batch) {
+    thread_ = std::thread([this, order = std::move(order), steps_per_epoch, epoch, first, count,
+                           pinned]() mutable {
+      std::vector<int64_t> indices = order(epoch);
+      for (int64_t n = 0, b = first; n < count; ++n, ++b) {
+        if (b == steps_per_epoch) {
+          indices = order(++epoch);
+          b = 0;
+        }
         Batch out;
         if (pinned) {
           out.x = torch::empty({batch_, set_.channels, set_.rows, set_.cols},
                                torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
           out.y = torch::empty({batch_}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(true));
         }
-        FillBatch(set_, indices_.data() + b * batch_, batch_, norm_, &out.x, &out.y);
+        FillBatch(set_, indices.data() + b * batch_, batch_, norm_, &out.x, &out.y);
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || queue_.size() < kDepth; });
         if (stop_) return;
@@ -102,7 +114,6 @@ class Prefetcher {
   static constexpr size_t kDepth = 2;
   const data::ImageSet& set_;
   const Normalizer& norm_;
-  std::vector<int64_t> indices_;
   int64_t batch_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -219,6 +230,7 @@ class Trainer {
   int64_t epoch_ = 0;           // current epoch
   int64_t batch_in_epoch_ = 0;  // batches done in the current epoch
   bool last_saved_ = false;
+  std::unique_ptr<Prefetcher> prefetch_;  // the training batches; last: it reads train_set_, norm_
 };
 
 Status Trainer::Setup() {
@@ -550,11 +562,8 @@ Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds
 }
 
 Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
-  data::SamplerOptions so{rank_, world_, static_cast<uint64_t>(t_.seed), true, true};
   int64_t count = steps_per_epoch_ - first_batch;
   if (t_.max_steps > 0) count = std::min(count, t_.max_steps - step_);
-  Prefetcher prefetch(train_set_, norm_, data::ShardIndices(train_set_.count, epoch, so), batch_,
-                      first_batch, count, device_.is_cuda());
   auto epoch_start = Clock::now();
   auto window_start = epoch_start;
   int64_t window_samples = 0;
@@ -569,7 +578,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
   double window_data = 0, epoch_comm = 0, ps_mark = ps_wait_seconds_;
   for (int64_t i = 0; i < count; ++i) {
     const auto fetch = Clock::now();
-    Batch b = prefetch.Next();
+    Batch b = prefetch_->Next();
     window_data += SecondsSince(fetch);
     if (device_.is_cuda()) {
       b.x = b.x.to(device_, /*non_blocking=*/true);
@@ -683,6 +692,13 @@ Status Trainer::Run() {
     }
 #endif
   }
+  // Every batch TrainEpoch will take, in the order it takes them.
+  int64_t batches = (t_.epochs - epoch_) * steps_per_epoch_ - batch_in_epoch_;
+  if (t_.max_steps > 0) batches = std::min(batches, t_.max_steps - step_);
+  data::SamplerOptions so{rank_, world_, static_cast<uint64_t>(t_.seed), true, true};
+  prefetch_ = std::make_unique<Prefetcher>(
+      train_set_, norm_, [count = train_set_.count, so](int64_t e) { return data::ShardIndices(count, e, so); },
+      steps_per_epoch_, batch_, epoch_, batch_in_epoch_, std::max<int64_t>(0, batches), device_.is_cuda());
   while (epoch_ < t_.epochs && !Done()) {
     RETURN_IF_ERROR(TrainEpoch(epoch_, batch_in_epoch_));
     if (batch_in_epoch_ < steps_per_epoch_) break;  // max_steps ended it mid-epoch
@@ -693,6 +709,7 @@ Status Trainer::Run() {
     batch_in_epoch_ = 0;
     if (t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
   }
+  prefetch_.reset();
   if (ps_) RETURN_IF_ERROR(FinishWithShards());
   if (!last_saved_) RETURN_IF_ERROR(SaveCheckpoint());
   // Every rank logs a digest of its final parameters: data parallelism keeps them bit-identical,
