@@ -68,12 +68,17 @@ trainer:
     return subprocess.Popen([trainctl, "--log-level", "warn", "run", path], stdout=subprocess.DEVNULL)
 
 
-def trainctl_rates(proc, out):
-    """The job's samples/s in each window but the first (start-up)."""
+def trainctl_windows(proc, out):
+    """The job's metrics lines of each log window but the first (start-up)."""
     if proc.wait() != 0:
         sys.exit(f"trainctl failed ({proc.returncode}); its logs are in {out}/logs")
     records = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
-    return [r["samples_per_s"] for r in records if "samples_per_s" in r][1:]
+    return [r for r in records if "samples_per_s" in r][1:]
+
+
+def trainctl_rates(proc, out):
+    """The job's samples/s in each window but the first (start-up)."""
+    return [r["samples_per_s"] for r in trainctl_windows(proc, out)]
 
 
 def peer_rates(python, model, data, batch, workers, device, threads, window, windows,

@@ -10,16 +10,22 @@ first window (start-up) is dropped and the median samples/s of the others is its
 Beside it in the same run:
   - N independent 1-worker trainctl jobs at once: what this machine gives N busy cores with no
     communication at all (shared caches, memory bandwidth, clock, hyper-threads). No data-parallel
-    trainer can beat it: efficiency / this floor is what synchronizing costs.
+    trainer can beat it: trainctl / this floor is what synchronizing costs.
   - PyTorch DDP (gloo) with the same model, batch and threads (bench/ddp_gpu.py --device cpu, the
     data already in memory), its own efficiency the same way.
+  - "waiting": the share of trainctl's training time rank 0 spent waiting for the other ranks'
+    gradients (metrics.jsonl's comm_seconds / window_seconds): the ranks' steps drifting apart.
 
-Usage: bench/weak_scaling.py [--trainctl PATH] [--python PYTHON] [--workers 1,2,4,8,16]
+A shared VM's cores change speed from minute to minute (one core's rate varied by a third within
+one run on the lent device), so with --rounds R each N runs trainctl and the independent jobs R
+times, alternating, and reports medians; the 1-worker job is re-run in every round as the base.
+
+Usage: bench/weak_scaling.py [--trainctl PATH] [--python PYTHON] [--workers 1,2,4,8,16] [--rounds R]
 """
 import argparse, os, statistics, subprocess, tempfile
 
 from fashion_mnist import PYTHON
-from gpu import ROOT, peer_rates, trainctl_rates, trainctl_start
+from gpu import ROOT, peer_rates, trainctl_rates, trainctl_start, trainctl_windows
 
 
 def main():
@@ -30,6 +36,7 @@ def main():
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--no-peer", action="store_true", help="trainctl only")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating runs of each configuration")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-weak-")
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -39,26 +46,42 @@ def main():
             print("#", line)
     args = dict(model="cnn", data="fashion-mnist", batch=64, device="cpu", threads=1,
                 window=a.window, windows=a.windows)
-    print("| workers | trainctl samples/s | trainctl efficiency | N independent 1-worker jobs, "
+
+    def ours(n, name):
+        out = os.path.join(tmp, name)
+        windows = trainctl_windows(trainctl_start(a.trainctl, out, workers=n, **args), out)
+        wait = sum(w["comm_seconds"] for w in windows) / sum(w["window_seconds"] for w in windows)
+        return statistics.median(w["samples_per_s"] for w in windows), wait
+
+    def independent(n, name):
+        outs = [os.path.join(tmp, f"{name}-{k}") for k in range(n)]
+        procs = [trainctl_start(a.trainctl, o, workers=1, **args) for o in outs]
+        return sum(statistics.median(trainctl_rates(p, o)) for p, o in zip(procs, outs))
+
+    print("| workers | trainctl samples/s | trainctl efficiency | waiting | N independent 1-worker jobs, "
           "samples/s together | their efficiency (the machine's floor) | trainctl / independent jobs "
           "| PyTorch DDP samples/s | DDP efficiency | trainctl / DDP throughput |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    base = {}
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    peer_base = None
     for n in [int(v) for v in a.workers.split(",")]:
-        out = os.path.join(tmp, f"w{n}")
-        ours = statistics.median(trainctl_rates(trainctl_start(a.trainctl, out, workers=n, **args), out))
-        outs = [os.path.join(tmp, f"solo{n}-{k}") for k in range(n)]
-        procs = [trainctl_start(a.trainctl, o, workers=1, **args) for o in outs]
-        solo = [statistics.median(trainctl_rates(p, o)) for p, o in zip(procs, outs)]
+        one, many, solo = [], [], []
+        for r in range(a.rounds):
+            one.append(ours(1, f"w1-{n}-{r}")[0] if n > 1 else None)
+            many.append(ours(n, f"w{n}-{r}"))
+            solo.append(independent(n, f"solo{n}-{r}"))
+        if n == 1:
+            one = [rate for rate, _ in many]
+        base = statistics.median(one)
+        rate = statistics.median(v for v, _ in many)
+        wait = statistics.median(w for _, w in many)
+        floor = statistics.median(solo)
+        ratio = statistics.median(m[0] / s for m, s in zip(many, solo))
         peer = None if a.no_peer else statistics.median(peer_rates(a.python, workers=n, **args))
-        base.setdefault("ours", ours)
-        base.setdefault("solo", solo[0])
-        if peer:
-            base.setdefault("peer", peer)
-        eff = lambda v, k: v / (n * base[k])
-        print(f"| {n} | {ours:.0f} | {eff(ours, 'ours'):.3f} | {sum(solo):.0f} | "
-              f"{eff(sum(solo), 'solo'):.3f} | {ours / sum(solo):.3f} | "
-              + (f"{peer:.0f} | {eff(peer, 'peer'):.3f} | {ours / peer:.2f}x |" if peer else "- | - | - |"),
+        if peer and peer_base is None:
+            peer_base = peer
+        print(f"| {n} | {rate:.0f} | {rate / (n * base):.3f} | {100 * wait:.1f} % | {floor:.0f} | "
+              f"{floor / (n * base):.3f} | {ratio:.3f} | "
+              + (f"{peer:.0f} | {peer / (n * peer_base):.3f} | {rate / peer:.2f}x |" if peer else "- | - | - |"),
               flush=True)
 
 
