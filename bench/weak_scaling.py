@@ -22,7 +22,7 @@ times, alternating, and reports medians; the 1-worker job is re-run in every rou
 
 Usage: bench/weak_scaling.py [--trainctl PATH] [--python PYTHON] [--workers 1,2,4,8,16] [--rounds R]
 """
-import argparse, os, statistics, subprocess, tempfile
+import argparse, os, resource, statistics, subprocess, tempfile
 
 from fashion_mnist import PYTHON
 from gpu import ROOT, peer_rates, trainctl_rates, trainctl_start, trainctl_windows
@@ -47,16 +47,31 @@ def main():
     args = dict(model="cnn", data="fashion-mnist", batch=64, device="cpu", threads=1,
                 window=a.window, windows=a.windows)
 
+    steps = (a.windows + 1) * a.window
+    switches = {}  # (kind, n): [(involuntary, voluntary) context switches per worker per 100 steps]
+
+    def count_switches(kind, n, run):
+        """run(), and the context switches of every process it started and waited for."""
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        result = run()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        per = 100 / (n * steps)
+        switches.setdefault((kind, n), []).append(((after.ru_nivcsw - before.ru_nivcsw) * per,
+                                                   (after.ru_nvcsw - before.ru_nvcsw) * per))
+        return result
+
     def ours(n, name):
         out = os.path.join(tmp, name)
-        windows = trainctl_windows(trainctl_start(a.trainctl, out, workers=n, **args), out)
+        windows = count_switches("trainctl", n, lambda: trainctl_windows(
+            trainctl_start(a.trainctl, out, workers=n, **args), out))
         wait = sum(w["comm_seconds"] for w in windows) / sum(w["window_seconds"] for w in windows)
         return statistics.median(w["samples_per_s"] for w in windows), wait
 
     def independent(n, name):
         outs = [os.path.join(tmp, f"{name}-{k}") for k in range(n)]
-        procs = [trainctl_start(a.trainctl, o, workers=1, **args) for o in outs]
-        return sum(statistics.median(trainctl_rates(p, o)) for p, o in zip(procs, outs))
+        return count_switches("independent", n, lambda: sum(
+            statistics.median(trainctl_rates(p, o))
+            for p, o in zip([trainctl_start(a.trainctl, o, workers=1, **args) for o in outs], outs)))
 
     print("| workers | trainctl samples/s | trainctl efficiency | waiting | N independent 1-worker jobs, "
           "samples/s together | their efficiency (the machine's floor) | trainctl / independent jobs "
@@ -83,6 +98,15 @@ def main():
               f"{floor / (n * base):.3f} | {ratio:.3f} | "
               + (f"{peer:.0f} | {peer / (n * peer_base):.3f} | {rate / peer:.2f}x |" if peer else "- | - | - |"),
               flush=True)
+    # Whether the ranks' steps drift apart for the scheduler's sake: a worker preempted (an
+    # involuntary switch) stalls every rank of a synchronous job, one independent job only.
+    print("\n| workers | context switches per worker per 100 steps: trainctl, involuntary | voluntary "
+          "| N independent jobs, involuntary | voluntary |")
+    print("|---|---|---|---|---|")
+    for n in sorted({n for _, n in switches}):
+        med = lambda kind, k: statistics.median(v[k] for v in switches.get((kind, n), [(0, 0)]))
+        print(f"| {n} | {med('trainctl', 0):.1f} | {med('trainctl', 1):.1f} | {med('independent', 0):.1f} "
+              f"| {med('independent', 1):.1f} |")
 
 
 if __name__ == "__main__":
