@@ -58,33 +58,25 @@ struct Batch {
   torch::Tensor x, y;
 };
 
-// Builds the next batches on a background thread while the current step computes. For a GPU
-// they are built in page-locked memory, so the copy to the GPU runs asynchronously.
-class Prefetcher {
+// The training batches in order: `count` of them, from batch `first` of `epoch` on, into the
+// epochs after it (one source for a whole run). For a GPU a thread builds the next ones, in
+// page-locked memory, while the GPU computes, and an epoch's first batches are ready as the one
+// before ends. On the CPU the worker builds each itself, when it needs it: its cores are busy
+// with the step, so a thread would not overlap anything, and waking it each step preempted the
+// compute threads (about one preemption per step and worker, and in a synchronous job every
+// rank waits for the one preempted). A batch of small images takes microseconds to build.
+class BatchSource {
  public:
   // The shuffled order of an epoch's samples (this rank's shard).
   using Order = std::function<std::vector<int64_t>(int64_t epoch)>;
-  // `count` batches in order, from batch `first` of `epoch` on, into the epochs after it: one for
-  // a whole run, so that an epoch's first batches are ready as the one before ends (a GPU does
-  // not wait for them at each epoch's start).
-  Prefetcher(const data::ImageSet& set, const Normalizer& norm, Order order, int64_t steps_per_epoch,
-             int64_t batch, int64_t epoch, int64_t first, int64_t count, bool pinned)
-      : set_(set), norm_(norm), batch_(batch) {
-    thread_ = std::thread([this, order = std::move(order), steps_per_epoch, epoch, first, count,
-                           pinned]() mutable {
-      std::vector<int64_t> indices = order(epoch);
-      for (int64_t n = 0, b = first; n < count; ++n, ++b) {
-        if (b == steps_per_epoch) {
-          indices = order(++epoch);
-          b = 0;
-        }
-        Batch out;
-        if (pinned) {
-          out.x = torch::empty({batch_, set_.channels, set_.rows, set_.cols},
-                               torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
-          out.y = torch::empty({batch_}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(true));
-        }
-        FillBatch(set_, indices.data() + b * batch_, batch_, norm_, &out.x, &out.y);
+  BatchSource(const data::ImageSet& set, const Normalizer& norm, Order order, int64_t steps_per_epoch,
+              int64_t batch, int64_t epoch, int64_t first, int64_t count, bool gpu)
+      : set_(set), norm_(norm), order_(std::move(order)), steps_per_epoch_(steps_per_epoch),
+        batch_(batch), epoch_(epoch), next_(first), left_(count), pinned_(gpu) {
+    if (!gpu) return;
+    thread_ = std::thread([this] {
+      while (left_ > 0) {
+        Batch out = Make();
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || queue_.size() < kDepth; });
         if (stop_) return;
@@ -93,7 +85,8 @@ class Prefetcher {
       }
     });
   }
-  ~Prefetcher() {
+  ~BatchSource() {
+    if (!thread_.joinable()) return;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
@@ -102,6 +95,7 @@ class Prefetcher {
     thread_.join();
   }
   Batch Next() {
+    if (!thread_.joinable()) return Make();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !queue_.empty(); });
     Batch b = std::move(queue_.front());
@@ -111,10 +105,32 @@ class Prefetcher {
   }
 
  private:
+  // The next batch (on the thread, if there is one).
+  Batch Make() {
+    if (indices_.empty() || next_ == steps_per_epoch_) {
+      if (next_ == steps_per_epoch_) ++epoch_, next_ = 0;
+      indices_ = order_(epoch_);
+    }
+    Batch out;
+    if (pinned_) {
+      out.x = torch::empty({batch_, set_.channels, set_.rows, set_.cols},
+                           torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+      out.y = torch::empty({batch_}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(true));
+    }
+    FillBatch(set_, indices_.data() + next_ * batch_, batch_, norm_, &out.x, &out.y);
+    ++next_;
+    --left_;
+    return out;
+  }
+
   static constexpr size_t kDepth = 2;
   const data::ImageSet& set_;
   const Normalizer& norm_;
-  int64_t batch_;
+  Order order_;
+  const int64_t steps_per_epoch_, batch_;
+  int64_t epoch_, next_, left_;  // where the next batch is; how many are left
+  std::vector<int64_t> indices_;  // epoch_'s order
+  const bool pinned_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Batch> queue_;
@@ -230,7 +246,7 @@ class Trainer {
   int64_t epoch_ = 0;           // current epoch
   int64_t batch_in_epoch_ = 0;  // batches done in the current epoch
   bool last_saved_ = false;
-  std::unique_ptr<Prefetcher> prefetch_;  // the training batches; last: it reads train_set_, norm_
+  std::unique_ptr<BatchSource> batches_;  // the training batches; last: it reads train_set_, norm_
 };
 
 Status Trainer::Setup() {
@@ -578,7 +594,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
   double window_data = 0, epoch_comm = 0, ps_mark = ps_wait_seconds_;
   for (int64_t i = 0; i < count; ++i) {
     const auto fetch = Clock::now();
-    Batch b = prefetch_->Next();
+    Batch b = batches_->Next();
     window_data += SecondsSince(fetch);
     if (device_.is_cuda()) {
       b.x = b.x.to(device_, /*non_blocking=*/true);
@@ -696,7 +712,7 @@ Status Trainer::Run() {
   int64_t batches = (t_.epochs - epoch_) * steps_per_epoch_ - batch_in_epoch_;
   if (t_.max_steps > 0) batches = std::min(batches, t_.max_steps - step_);
   data::SamplerOptions so{rank_, world_, static_cast<uint64_t>(t_.seed), true, true};
-  prefetch_ = std::make_unique<Prefetcher>(
+  batches_ = std::make_unique<BatchSource>(
       train_set_, norm_, [count = train_set_.count, so](int64_t e) { return data::ShardIndices(count, e, so); },
       steps_per_epoch_, batch_, epoch_, batch_in_epoch_, std::max<int64_t>(0, batches), device_.is_cuda());
   while (epoch_ < t_.epochs && !Done()) {
@@ -709,7 +725,7 @@ Status Trainer::Run() {
     batch_in_epoch_ = 0;
     if (t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
   }
-  prefetch_.reset();
+  batches_.reset();
   if (ps_) RETURN_IF_ERROR(FinishWithShards());
   if (!last_saved_) RETURN_IF_ERROR(SaveCheckpoint());
   // Every rank logs a digest of its final parameters: data parallelism keeps them bit-identical,
