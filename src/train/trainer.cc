@@ -58,8 +58,8 @@ struct Batch {
   torch::Tensor x, y;
 };
 
-// The training batches in order: `count` of them, from batch `first` of `epoch` on, into the
-// epochs after it (one source for a whole run). For a GPU a thread builds the next ones, in
+// The training batches in order, from batch `first` of `epoch` on, into the epochs after it (one
+// source for a whole run). For a GPU a thread builds the next ones (at most kDepth ahead), in
 // page-locked memory, while the GPU computes, and an epoch's first batches are ready as the one
 // before ends. On the CPU the worker builds each itself, when it needs it: its cores are busy
 // with the step, so a thread would not overlap anything, and waking it each step preempted the
@@ -70,12 +70,12 @@ class BatchSource {
   // The shuffled order of an epoch's samples (this rank's shard).
   using Order = std::function<std::vector<int64_t>(int64_t epoch)>;
   BatchSource(const data::ImageSet& set, const Normalizer& norm, Order order, int64_t steps_per_epoch,
-              int64_t batch, int64_t epoch, int64_t first, int64_t count, bool gpu)
+              int64_t batch, int64_t epoch, int64_t first, bool gpu)
       : set_(set), norm_(norm), order_(std::move(order)), steps_per_epoch_(steps_per_epoch),
-        batch_(batch), epoch_(epoch), next_(first), left_(count), pinned_(gpu) {
+        batch_(batch), epoch_(epoch), next_(first), pinned_(gpu) {
     if (!gpu) return;
     thread_ = std::thread([this] {
-      while (left_ > 0) {
+      while (true) {
         Batch out = Make();
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || queue_.size() < kDepth; });
@@ -119,7 +119,6 @@ class BatchSource {
     }
     FillBatch(set_, indices_.data() + next_ * batch_, batch_, norm_, &out.x, &out.y);
     ++next_;
-    --left_;
     return out;
   }
 
@@ -128,7 +127,7 @@ class BatchSource {
   const Normalizer& norm_;
   Order order_;
   const int64_t steps_per_epoch_, batch_;
-  int64_t epoch_, next_, left_;  // where the next batch is; how many are left
+  int64_t epoch_, next_;  // where the next batch is
   std::vector<int64_t> indices_;  // epoch_'s order
   const bool pinned_;
   std::mutex mu_;
@@ -214,6 +213,9 @@ class Trainer {
   Status LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples,
                  double data_seconds, double comm_seconds);
   bool Done() const { return t_.max_steps > 0 && step_ >= t_.max_steps; }
+  // This rank's shard of each epoch, shuffled, the short last batch dropped: the epoch's length
+  // (Setup) and its order (the batches) from one definition.
+  data::SamplerOptions Sampling() const { return {rank_, world_, static_cast<uint64_t>(t_.seed), true, true}; }
   // trainer.memory_format; the spec allows channels_last with the allreduce strategy only.
   bool ChannelsLast() const { return t_.memory_format == "channels_last"; }
 
@@ -256,8 +258,7 @@ Status Trainer::Setup() {
   if (t_.eval) {
     ASSIGN_OR_RETURN(test_set_, LoadSplit(t_.data, /*train=*/false));
   }
-  data::SamplerOptions so{rank_, world_, static_cast<uint64_t>(t_.seed), true, true};
-  steps_per_epoch_ = data::ShardSize(train_set_.count, so) / batch_;
+  steps_per_epoch_ = data::ShardSize(train_set_.count, Sampling()) / batch_;
   if (steps_per_epoch_ < 1) {
     return InvalidArgument("the training set (" + std::to_string(train_set_.count) +
                            " images) is smaller than one global batch (" +
@@ -708,13 +709,10 @@ Status Trainer::Run() {
     }
 #endif
   }
-  // Every batch TrainEpoch will take, in the order it takes them.
-  int64_t batches = (t_.epochs - epoch_) * steps_per_epoch_ - batch_in_epoch_;
-  if (t_.max_steps > 0) batches = std::min(batches, t_.max_steps - step_);
-  data::SamplerOptions so{rank_, world_, static_cast<uint64_t>(t_.seed), true, true};
   batches_ = std::make_unique<BatchSource>(
-      train_set_, norm_, [count = train_set_.count, so](int64_t e) { return data::ShardIndices(count, e, so); },
-      steps_per_epoch_, batch_, epoch_, batch_in_epoch_, std::max<int64_t>(0, batches), device_.is_cuda());
+      train_set_, norm_,
+      [count = train_set_.count, so = Sampling()](int64_t e) { return data::ShardIndices(count, e, so); },
+      steps_per_epoch_, batch_, epoch_, batch_in_epoch_, device_.is_cuda());
   while (epoch_ < t_.epochs && !Done()) {
     RETURN_IF_ERROR(TrainEpoch(epoch_, batch_in_epoch_));
     if (batch_in_epoch_ < steps_per_epoch_) break;  // max_steps ended it mid-epoch
