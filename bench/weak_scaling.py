@@ -81,12 +81,11 @@ def main():
     for n in [int(v) for v in a.workers.split(",")]:
         one, many, solo = [], [], []
         for r in range(a.rounds):
-            one.append(ours(1, f"w1-{n}-{r}")[0] if n > 1 else None)
+            if n > 1:  # the base, in the same rounds
+                one.append(ours(1, f"w1-{n}-{r}")[0])
             many.append(ours(n, f"w{n}-{r}"))
             solo.append(independent(n, f"solo{n}-{r}"))
-        if n == 1:
-            one = [rate for rate, _ in many]
-        base = statistics.median(one)
+        base = statistics.median(one or [rate for rate, _ in many])
         rate = statistics.median(v for v, _ in many)
         wait = statistics.median(w for _, w in many)
         floor = statistics.median(solo)
