@@ -455,6 +455,40 @@ TEST(Cli, ALocalJobsAgentsAreTheLaunchersChildrenWithTheirOwnCommandLines) {
   EXPECT_TRUE(Eventually([&] { return of_run().empty(); }, seconds(15))) << "agents outlived the job";
 }
 
+// While the tasks run, a one-node job's launcher and agent sleep until something happens (a
+// task's exit, a signal, a deadline), reading the store twice a second: on a machine the workers
+// fill, every wake-up of theirs preempts a worker. A stop still reaches the tasks.
+TEST(Cli, AOneNodeJobsLauncherAndAgentRarelyWakeWhileTheTasksRun) {
+  Scratch s;
+  WriteSpec(s, "name: quiet\ncommand: [sh, -c, 'echo $PPID > {out}/agent; exec sleep 60']\n"
+               "timeouts: {stop_grace: 2s}\noutput_dir: {out}/out\n");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
+  ASSERT_TRUE(Eventually([&] { return !ReadPids(s.path("agent")).empty(); }, seconds(60))) << job.Output();
+  const pid_t agent = ReadPids(s.path("agent"))[0];
+  // Voluntary context switches of every thread of a process: each is a sleep, so one wake-up.
+  auto switches = [](pid_t pid) {
+    int64_t n = 0;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+      std::ifstream in(task.path() / "status");
+      for (std::string line; std::getline(in, line);) {
+        if (line.rfind("voluntary_ctxt_switches:", 0) == 0) n += std::atoll(line.substr(line.find(':') + 1).c_str());
+      }
+    }
+    return n;
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // past the round's start
+  const int64_t launcher0 = switches(job.pid()), agent0 = switches(agent);
+  std::this_thread::sleep_for(seconds(3));
+  const int64_t launcher = switches(job.pid()) - launcher0, woke = switches(agent) - agent0;
+  // Polling every 50 ms, as before, was about 40 a second each.
+  EXPECT_LT(launcher, 30) << "the launcher woke " << launcher << " times in 3 s";
+  EXPECT_LT(woke, 30) << "the agent woke " << woke << " times in 3 s";
+  ::kill(job.pid(), SIGTERM);
+  EXPECT_EQ(job.Wait(seconds(60)).code, kExitInterrupted) << job.Output();
+  EXPECT_NE(::kill(agent, 0), 0) << "the agent outlived the job";
+}
+
 TEST(Cli, AJobTooLargeForThisMachineIsRefused) {
   Scratch s;
   WriteSpec(s, "name: huge\nnodes: 10000\nprocs_per_node: 1024\ncommand: [sleep, '1']\noutput_dir: {out}/out\n");

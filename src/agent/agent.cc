@@ -514,7 +514,13 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   // polling are a store's whole load otherwise.
   const std::vector<std::string> watched_keys = {keys::kStop, keys::RoundEnd(round)};
 
-  const Duration poll = ByJobSize(std::chrono::milliseconds(100), o_.poll_interval, std::chrono::milliseconds(200));
+  // A task's exit (SIGCHLD) and a stop signal wake the loop at once; the store's news (the stop
+  // key, a peer's end of the round) is read every `poll`. In a job of one node only this agent
+  // ends its rounds and a local launcher nudges it (kNudgeSignal) once it has set the stop key, so
+  // it looks every half second: each wake-up preempts a worker on a machine they fill.
+  const Duration poll = s.nodes.max == 1 ? std::max<Duration>(o_.poll_interval, std::chrono::milliseconds(500))
+                                         : ByJobSize(std::chrono::milliseconds(100), o_.poll_interval,
+                                                     std::chrono::milliseconds(200));
   const Duration quiet = ByJobSize(std::chrono::milliseconds(500), poll, std::chrono::milliseconds(500));
   // Once every task of this node has exited (its part is done, the job's is not), only the store
   // can bring news: the watch waits there for the round's end, which the store answers the moment

@@ -143,7 +143,7 @@ class BenchRun {
     start_next();
     while (!running.empty()) {
       int sig = WaitSignal(std::chrono::milliseconds(100));
-      if ((sig && sig != SIGCHLD) || StopSignal()) {
+      if (IsStopSignal(sig) || StopSignal()) {
         if (!stopping) {
           stopping = true;
           std::fprintf(stderr, "trainctl bench: stopping %zu running experiment(s); partial results are kept\n",
@@ -374,7 +374,7 @@ int SubmitWorkflow(const nlohmann::json& wf, const std::string& yaml, const std:
     }
     if (phase == "Succeeded") return kExitOk;
     if (phase == "Failed" || phase == "Error") return kExitError;
-    if (int sig = WaitSignal(std::chrono::seconds(5)); (sig && sig != SIGCHLD) || StopSignal()) {
+    if (int sig = WaitSignal(std::chrono::seconds(5)); IsStopSignal(sig) || StopSignal()) {
       auto deleted = Kubectl({"delete", "workflow", name, "-n", ns, "--wait=false"});
       std::fprintf(stderr, "trainctl bench: %s workflow %s\n",
                    deleted.ok() && deleted->exit.code == 0 ? "deleted" : "could not delete", name.c_str());

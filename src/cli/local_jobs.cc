@@ -126,7 +126,7 @@ int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role
   BlockSupervisorSignals();
   while (runs::Alive(e)) {
     pass(false);
-    if (int sig = WaitSignal(std::chrono::milliseconds(200)); sig && sig != SIGCHLD) return kExitInterrupted;
+    if (int sig = WaitSignal(std::chrono::milliseconds(200)); IsStopSignal(sig)) return kExitInterrupted;
   }
   pass(true);  // what the last moments wrote
   return kExitOk;
@@ -177,7 +177,7 @@ int Top(const runs::RunEntry& e, bool once, Duration interval) {
     std::fputs(screen.c_str(), stdout);
     std::fflush(stdout);
     if (once || !runs::Alive(e)) return kExitOk;
-    if (int sig = WaitSignal(Duration(0)); sig && sig != SIGCHLD) return kExitOk;
+    if (int sig = WaitSignal(Duration(0)); IsStopSignal(sig)) return kExitOk;
     if (!tty) std::fputs("\n", stdout);
   }
 }
@@ -318,7 +318,7 @@ void AddLocalJobVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
                 (*server)->Url().c_str(), dash.token.c_str());
     std::fflush(stdout);
     while (true) {
-      if (int sig = WaitSignal(std::chrono::seconds(1)); sig && sig != SIGCHLD) break;
+      if (int sig = WaitSignal(std::chrono::seconds(1)); IsStopSignal(sig)) break;
     }
     *code = kExitOk;
   });

@@ -238,7 +238,7 @@ namespace {
 sigset_t SupervisorSet() {
   sigset_t set;
   sigemptyset(&set);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, kNudgeSignal}) sigaddset(&set, sig);
   return set;
 }
 }  // namespace
@@ -255,6 +255,8 @@ std::atomic<int> g_stop_signal{0};
 
 int StopSignal() { return g_stop_signal.load(); }
 
+bool IsStopSignal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP; }
+
 int WaitSignal(Duration timeout) {
   sigset_t set = SupervisorSet();
   struct timespec ts;
@@ -262,7 +264,7 @@ int WaitSignal(Duration timeout) {
   ts.tv_nsec = (timeout.count() % 1000) * 1000000;
   int sig = ::sigtimedwait(&set, nullptr, &ts);
   if (sig < 0) return 0;
-  if (sig != SIGCHLD) {
+  if (IsStopSignal(sig)) {
     int none = 0;
     g_stop_signal.compare_exchange_strong(none, sig);
   }

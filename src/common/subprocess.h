@@ -7,6 +7,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <csignal>
 
 #include <optional>
 #include <string>
@@ -77,14 +78,21 @@ Result<CommandResult> RunCommand(const SpawnOptions& options, Duration timeout);
 
 namespace trainctl {
 
-// Blocks SIGCHLD, SIGINT, SIGTERM and SIGHUP in the calling thread (call before starting any
-// thread, so all inherit it) and ignores SIGPIPE. Supervisors then take these signals with
-// WaitSignal() instead of handlers.
+// A supervisor's "look again now" (the launcher's to its agents once it has asked the job to
+// stop): wakes WaitSignal() and stops nothing. Ignored by default, so one that comes before a
+// process blocks it is lost, not fatal.
+inline constexpr int kNudgeSignal = SIGURG;
+
+// Blocks SIGCHLD, SIGINT, SIGTERM, SIGHUP and kNudgeSignal in the calling thread (call before
+// starting any thread, so all inherit it) and ignores SIGPIPE. Supervisors then take these signals
+// with WaitSignal() instead of handlers, and sleep until one comes rather than polling.
 void BlockSupervisorSignals();
 // Waits up to `timeout` for one of the blocked signals; returns it, or 0 on timeout. A stop signal
 // (SIGINT, SIGTERM, SIGHUP) is also remembered for StopSignal(), so that code waiting only for
 // children (a stop in progress) never swallows a request to stop.
 int WaitSignal(Duration timeout);
+// SIGINT, SIGTERM or SIGHUP: what WaitSignal() returned asks the process to stop.
+bool IsStopSignal(int sig);
 // The first stop signal WaitSignal() took, or 0.
 int StopSignal();
 

@@ -309,6 +309,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   std::vector<std::string> env = CurrentEnvironment();
   SetEnv(&env, kEnvStoreAddr, store_url);
   SetEnv(&env, kEnvStoreToken, token);
+  const bool one = options.placement != "local";  // one srun or mpirun starts every agent
   std::vector<AgentProc> agents;
   int final_code = kExitOk;
   bool stopping = false;
@@ -320,10 +321,16 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     stop_reason = reason;
     if (code != kExitOk && final_code == kExitOk) final_code = code;
     auto ignored = store.CompareSet(keys::kStop, "", StopRecord{reason, code}.ToJson());
+    // Local agents read the stop key at their next look (a job of one node looks every half
+    // second); the nudge makes it now.
+    if (!one) {
+      for (const AgentProc& a : agents) {
+        if (!a.done) ::kill(a.pid, kNudgeSignal);
+      }
+    }
     kill_at = Clock::now() + AgentGrace(spec);
   };
 
-  const bool one = options.placement != "local";  // one srun or mpirun starts every agent
   std::unique_ptr<MpirunStderr> mpirun_stderr;
   // Local agents: one is exec'd as a fork server, the others are its copies (the launcher's
   // children all the same); an agent exec'd costs a 2-core machine ~3 ms of CPU, a copy a tenth.
@@ -331,7 +338,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       !one && spec.nodes.max > 1 ? StartAgentForkServer(spec, options, run_id, env) : std::nullopt;
   for (int node = 0; node < (one ? 1 : spec.nodes.max); ++node) {
     // Ctrl-C or SIGTERM while hundreds of agents start: stop now, not once all have started.
-    if (int sig = WaitSignal(Duration(0)); sig && sig != SIGCHLD) {
+    if (int sig = WaitSignal(Duration(0)); IsStopSignal(sig)) {
       begin_stop(std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " while starting the agents",
                  kExitInterrupted);
       break;
@@ -376,8 +383,12 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   bool any_succeeded = false;
   int lost_code = kExitOk;
   while (true) {
-    int sig = WaitSignal(std::chrono::milliseconds(50));
-    if (sig && sig != SIGCHLD) {
+    // An agent's exit (SIGCHLD) and a stop signal end the wait at once; the rest are deadlines.
+    Duration wait = std::chrono::seconds(1);
+    if (stopping) wait = std::min(wait, Remaining(kill_at));
+    if (has_deadline) wait = std::min(wait, Remaining(job_deadline));
+    int sig = WaitSignal(std::max(wait, Duration(1)));
+    if (IsStopSignal(sig)) {
       if (++signals_seen > 1) {
         LOG_WARN("second {}: killing everything now", ::sigabbrev_np(sig));
         kill_at = Clock::now();
