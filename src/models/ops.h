@@ -42,4 +42,15 @@ torch::Tensor MaxPool2x2Relu(const torch::Tensor& x);
 // copies; AVX2 and FMA where the CPU has them (portable C++ elsewhere). x must not require grad.
 torch::Tensor Conv3x3ImageLayer(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
+// A 3x3 convolution, stride 1, padding 1, with bias, on the CPU in float, autograd; equal to
+// torch::conv2d to rounding (Winograd's arithmetic rounds differently: about 1e-6 of the output's
+// scale). C and O must be multiples of 16, H and W even. The forward pass and the input's gradient
+// by Winograd's F(2x2, 3x3) on AVX2 and FMA (models/winograd.cc: 2.25x fewer multiplications);
+// the weight's and the bias's gradients by ATen. Where oneDNN has no Winograd kernels (CPUs
+// without AVX-512) ATen's direct convolution took 10 ms for the example CNN's 32 -> 64 layer on a
+// batch of 64 on one core, this 4.3 ms. torch::conv2d where the CPU lacks AVX2 or FMA.
+torch::Tensor Conv3x3Winograd(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+// Whether Conv3x3Winograd runs its own kernels on this CPU (AVX2 and FMA).
+bool WinogradConvolutions();
+
 }  // namespace trainctl::models

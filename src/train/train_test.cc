@@ -116,6 +116,42 @@ TEST(Ops, Conv3x3ImageLayerMatchesAtensConvolution) {
                c10::Error);  // channels differ
 }
 
+// Winograd's 3x3 convolution against ATen's: forward and all three gradients, to rounding; the
+// CNN's 32 -> 64 layer, and shapes whose tiles are not a multiple of the kernel's 6 rows, with
+// several images for LibTorch's threads. On a CPU without AVX2 and FMA it is ATen's own.
+TEST(Ops, Conv3x3WinogradMatchesAtensConvolution) {
+  if (!models::WinogradConvolutions()) GTEST_LOG_(INFO) << "no AVX2 and FMA here: ATen's convolution is compared with itself";
+  torch::manual_seed(5);
+  const auto close = [](const torch::Tensor& got, const torch::Tensor& want) {
+    return (got - want).abs().max().item<float>() <= 1e-5f * std::max(1.0f, want.abs().max().item<float>());
+  };
+  for (auto [n, c, o, h, w] : {std::array<int64_t, 5>{8, 32, 64, 14, 14}, {3, 16, 32, 6, 10}, {2, 48, 16, 2, 2},
+                               {1, 16, 16, 16, 4}}) {
+    const std::string shape = std::to_string(n) + "x" + std::to_string(c) + "x" + std::to_string(h) + "x" +
+                              std::to_string(w) + " -> " + std::to_string(o);
+    torch::Tensor x = torch::randn({n, c, h, w});
+    torch::Tensor weight = torch::randn({o, c, 3, 3}) * 0.1;
+    torch::Tensor bias = torch::randn({o});
+    torch::Tensor x1 = x.clone().requires_grad_(true), x2 = x.clone().requires_grad_(true);
+    torch::Tensor w1 = weight.clone().requires_grad_(true), b1 = bias.clone().requires_grad_(true);
+    torch::Tensor w2 = weight.clone().requires_grad_(true), b2 = bias.clone().requires_grad_(true);
+    torch::Tensor ours = models::Conv3x3Winograd(x1, w1, b1);
+    torch::Tensor theirs = torch::conv2d(x2, w2, b2, /*stride=*/1, /*padding=*/1);
+    ASSERT_EQ(ours.sizes(), theirs.sizes());
+    EXPECT_TRUE(close(ours, theirs)) << shape;
+    torch::Tensor g = torch::randn(ours.sizes());
+    ours.backward(g);
+    theirs.backward(g);
+    EXPECT_TRUE(close(x1.grad(), x2.grad())) << "input gradient " << shape;
+    EXPECT_TRUE(close(w1.grad(), w2.grad())) << "weight gradient " << shape;
+    EXPECT_TRUE(close(b1.grad(), b2.grad())) << "bias gradient " << shape;
+  }
+  EXPECT_THROW(models::Conv3x3Winograd(torch::randn({2, 8, 8, 8}), torch::randn({16, 8, 3, 3}), torch::randn({16})),
+               c10::Error);  // 8 channels
+  EXPECT_THROW(models::Conv3x3Winograd(torch::randn({2, 16, 7, 8}), torch::randn({16, 16, 3, 3}), torch::randn({16})),
+               c10::Error);  // odd height
+}
+
 #if TRAINCTL_HAVE_ONEDNN
 // Equal to rounding: the largest difference at most 1e-5 of the expected magnitude (at least 1).
 bool Close(const torch::Tensor& got, const torch::Tensor& want) {
