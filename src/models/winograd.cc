@@ -282,7 +282,7 @@ torch::Tensor WeightGrad(const torch::Tensor& x, const torch::Tensor& gy) {
   constexpr int64_t kGroup = 8;
   const int64_t n = x.size(0), in = x.size(1), h = x.size(2), w = x.size(3), out = gy.size(1);
   const int64_t groups = (n + kGroup - 1) / kGroup, size = 16 * in * out;
-  std::vector<float> du(groups * size, 0.0f);
+  std::vector<float> du(std::max<int64_t>(groups, 1) * size, 0.0f);  // zeros for an empty batch
   const float *xp = x.data_ptr<float>(), *gp = gy.data_ptr<float>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     thread_local Scratch scratch;

@@ -146,6 +146,13 @@ TEST(Ops, Conv3x3WinogradMatchesAtensConvolution) {
     EXPECT_TRUE(close(w1.grad(), w2.grad())) << "weight gradient " << shape;
     EXPECT_TRUE(close(b1.grad(), b2.grad())) << "bias gradient " << shape;
   }
+  // An empty batch: an empty output, zero gradients.
+  torch::Tensor w0 = torch::randn({16, 16, 3, 3}).requires_grad_(true), b0 = torch::randn({16}).requires_grad_(true);
+  torch::Tensor y0 = models::Conv3x3Winograd(torch::randn({0, 16, 4, 4}), w0, b0);
+  EXPECT_EQ(y0.sizes(), torch::IntArrayRef({0, 16, 4, 4}));
+  y0.sum().backward();
+  EXPECT_TRUE(w0.grad().eq(0).all().item<bool>());
+  EXPECT_TRUE(b0.grad().eq(0).all().item<bool>());
   EXPECT_THROW(models::Conv3x3Winograd(torch::randn({2, 8, 8, 8}), torch::randn({16, 8, 3, 3}), torch::randn({16})),
                c10::Error);  // 8 channels
   EXPECT_THROW(models::Conv3x3Winograd(torch::randn({2, 16, 7, 8}), torch::randn({16, 16, 3, 3}), torch::randn({16})),
