@@ -58,43 +58,48 @@ void WeightTransform(const float* w, int64_t o_count, int64_t i_count, bool flip
 }
 
 #if defined(__x86_64__)
-// An R x 16 block of M = V (R rows of `in`) * U (in x out, 16 of its columns): 2R accumulators.
+// An R x 16 block of C (row stride `ldc`) = or += A B, for A R x k (element (r, c) at
+// a[r * a_row + c * a_k]) and B k x 16 (row stride `ldb`): 2R accumulators in registers over k.
 template <int R>
-__attribute__((target("avx2,fma"))) inline void Block(const float* v, int64_t in, const float* u, int64_t out,
-                                                      float* m) {
+__attribute__((target("avx2,fma"))) inline void Block(const float* a, int64_t a_row, int64_t a_k, const float* b,
+                                                      int64_t ldb, int64_t k, float* c, int64_t ldc, bool add) {
   __m256 acc[R][2];
 #pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t c = 0; c < in; ++c) {
-    const __m256 b0 = _mm256_loadu_ps(u + c * out), b1 = _mm256_loadu_ps(u + c * out + 8);
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = add ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
+    acc[r][1] = add ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const __m256 b0 = _mm256_loadu_ps(b + kk * ldb), b1 = _mm256_loadu_ps(b + kk * ldb + 8);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
-      const __m256 a = _mm256_broadcast_ss(v + r * in + c);
-      acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+      const __m256 x = _mm256_broadcast_ss(a + r * a_row + kk * a_k);
+      acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
     }
   }
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(m + r * out, acc[r][0]);
-    _mm256_storeu_ps(m + r * out + 8, acc[r][1]);
+    _mm256_storeu_ps(c + r * ldc, acc[r][0]);
+    _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
   }
 }
 
-// M (tiles x out) = V (tiles x in) * U (in x out), out a multiple of 16.
-__attribute__((target("avx2,fma"))) void Product(const float* v, int64_t tiles, int64_t in, const float* u,
-                                                 int64_t out, float* m) {
-  for (int64_t j = 0; j < out; j += 16) {
-    int64_t t = 0;
-    for (; t + 6 <= tiles; t += 6) Block<6>(v + t * in, in, u + j, out, m + t * out + j);
-    const float* vt = v + t * in;
-    float* mt = m + t * out + j;
-    switch (tiles - t) {
-      case 1: Block<1>(vt, in, u + j, out, mt); break;
-      case 2: Block<2>(vt, in, u + j, out, mt); break;
-      case 3: Block<3>(vt, in, u + j, out, mt); break;
-      case 4: Block<4>(vt, in, u + j, out, mt); break;
-      case 5: Block<5>(vt, in, u + j, out, mt); break;
+// C (rows x cols, row stride cols) = or += A B, A rows x k with strides (a_row, a_k), B k x cols
+// (row stride cols), cols a multiple of 16: blocks of 6 rows by 16 columns.
+__attribute__((target("avx2,fma"))) void Gemm(const float* a, int64_t rows, int64_t a_row, int64_t a_k,
+                                              const float* b, int64_t k, int64_t cols, float* c, bool add) {
+  for (int64_t j = 0; j < cols; j += 16) {
+    int64_t r = 0;
+    for (; r + 6 <= rows; r += 6) Block<6>(a + r * a_row, a_row, a_k, b + j, cols, k, c + r * cols + j, cols, add);
+    const float* ar = a + r * a_row;
+    float* cr = c + r * cols + j;
+    switch (rows - r) {
+      case 1: Block<1>(ar, a_row, a_k, b + j, cols, k, cr, cols, add); break;
+      case 2: Block<2>(ar, a_row, a_k, b + j, cols, k, cr, cols, add); break;
+      case 3: Block<3>(ar, a_row, a_k, b + j, cols, k, cr, cols, add); break;
+      case 4: Block<4>(ar, a_row, a_k, b + j, cols, k, cr, cols, add); break;
+      case 5: Block<5>(ar, a_row, a_k, b + j, cols, k, cr, cols, add); break;
       default: break;
     }
   }
@@ -157,7 +162,9 @@ __attribute__((target("avx2,fma"))) void Image(const float* x, int64_t in, int64
   s->m.resize(16 * tiles * out);
   s->out.resize(h * w * out);
   float *v = s->v.data(), *m = s->m.data(), *o = s->out.data();
-  for (int64_t p = 0; p < 16; ++p) Product(v + p * tiles * in, tiles, in, u + p * in * out, out, m + p * tiles * out);
+  for (int64_t p = 0; p < 16; ++p) {  // M[p] (tiles x out) = V[p] (tiles x in) U[p] (in x out)
+    Gemm(v + p * tiles * in, tiles, in, 1, u + p * in * out, in, out, m + p * tiles * out, /*add=*/false);
+  }
   // The tile's outputs At m A, into H x W x O, then to O x H x W.
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int64_t tx = 0; tx < tw; ++tx) {
@@ -183,52 +190,6 @@ __attribute__((target("avx2,fma"))) void Image(const float* x, int64_t in, int64
   for (int64_t c = 0; c < out; ++c) {
     float* dst = y + c * h * w;
     for (int64_t q = 0; q < h * w; ++q) dst[q] = o[q * out + c];
-  }
-}
-
-// An R x 16 block of D (in x out) += V^T G: V is tiles x in (R of its columns from v), G tiles x
-// out (16 of its columns from g); the block's 2R accumulators stay in registers over the tiles.
-template <int R>
-__attribute__((target("avx2,fma"))) inline void OuterBlock(const float* v, int64_t tiles, int64_t in, const float* g,
-                                                           int64_t out, float* d) {
-  __m256 acc[R][2];
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) {
-    acc[r][0] = _mm256_loadu_ps(d + r * out);
-    acc[r][1] = _mm256_loadu_ps(d + r * out + 8);
-  }
-  for (int64_t t = 0; t < tiles; ++t) {
-    const __m256 b0 = _mm256_loadu_ps(g + t * out), b1 = _mm256_loadu_ps(g + t * out + 8);
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const __m256 a = _mm256_broadcast_ss(v + t * in + r);
-      acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
-    }
-  }
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(d + r * out, acc[r][0]);
-    _mm256_storeu_ps(d + r * out + 8, acc[r][1]);
-  }
-}
-
-// D (in x out) += V^T G for V tiles x in, G tiles x out, out a multiple of 16.
-__attribute__((target("avx2,fma"))) void OuterProduct(const float* v, int64_t tiles, int64_t in, const float* g,
-                                                      int64_t out, float* d) {
-  for (int64_t j = 0; j < out; j += 16) {
-    int64_t i = 0;
-    for (; i + 6 <= in; i += 6) OuterBlock<6>(v + i, tiles, in, g + j, out, d + i * out + j);
-    const float* vi = v + i;
-    float* di = d + i * out + j;
-    switch (in - i) {
-      case 1: OuterBlock<1>(vi, tiles, in, g + j, out, di); break;
-      case 2: OuterBlock<2>(vi, tiles, in, g + j, out, di); break;
-      case 3: OuterBlock<3>(vi, tiles, in, g + j, out, di); break;
-      case 4: OuterBlock<4>(vi, tiles, in, g + j, out, di); break;
-      case 5: OuterBlock<5>(vi, tiles, in, g + j, out, di); break;
-      default: break;
-    }
   }
 }
 
@@ -271,7 +232,8 @@ __attribute__((target("avx2,fma"))) void ImageWeightGrad(const float* x, const f
     }
   }
   for (int64_t p = 0; p < 16; ++p) {
-    OuterProduct(s->v.data() + p * tiles * in, tiles, in, m + p * tiles * out, out, du + p * in * out);
+    // du[p] (in x out) += V[p]^T (in x tiles) G[p] (tiles x out)
+    Gemm(s->v.data() + p * tiles * in, in, 1, in, m + p * tiles * out, tiles, out, du + p * in * out, /*add=*/true);
   }
 }
 
