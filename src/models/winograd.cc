@@ -6,7 +6,7 @@
 // the tile's output for output channel o is At (sum_i (G w[o][i] Gt) .* (Bt x_i B)) A: the 16
 // positions of the transformed 4 x 4 blocks are 16 independent matrix products
 //   M[p] (tiles x O) = V[p] (tiles x I) * U[p] (I x O),
-// 16 x 4 x 4 multiplications a tile and channel pair instead of 4 x 9 (2.25x fewer); the
+// 16 multiplications a tile and channel pair instead of 4 x 9 = 36 (2.25x fewer); the
 // transforms are additions. One image at a time, so that its transformed input (16 x tiles x I)
 // and products (16 x tiles x O) stay in the core's L2 cache.
 #include "models/ops.h"
@@ -27,6 +27,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
+#if defined(__x86_64__)
 // U[p][i][o] = (G g Gt)[p] for the 3 x 3 kernel g from input channel i to output channel o of a
 // weight O x I x 3 x 3. For the input gradient (`flip`) the roles swap: the kernel from the
 // output's gradient channel o to input channel i is w[o][i] rotated by 180 degrees, so U is then
@@ -57,7 +58,6 @@ void WeightTransform(const float* w, int64_t o_count, int64_t i_count, bool flip
   }
 }
 
-#if defined(__x86_64__)
 // An R x 16 block of C (row stride `ldc`) = or += A B, for A R x k (element (r, c) at
 // a[r * a_row + c * a_k]) and B k x 16 (row stride `ldb`): 2R accumulators in registers over k.
 template <int R>
