@@ -110,6 +110,19 @@ struct Scratch {
   std::vector<float> hwc, v, m, out;
 };
 
+// dst[(r * row_stride + q) * c + ch] = x[(ch * h + r) * w + q]: one image's c x h x w with the
+// channels of a position adjacent, rows `row_stride` positions apart.
+__attribute__((target("avx2,fma"))) inline void ChannelsLast(const float* x, int64_t c, int64_t h, int64_t w,
+                                                             int64_t row_stride, float* dst) {
+  for (int64_t ch = 0; ch < c; ++ch) {
+    for (int64_t r = 0; r < h; ++r) {
+      const float* src = x + (ch * h + r) * w;
+      float* row = dst + r * row_stride * c + ch;
+      for (int64_t q = 0; q < w; ++q) row[q * c] = src[q];
+    }
+  }
+}
+
 // V[p][t][i] = (Bt d B)[p] for each tile t's 4 x 4 block d of input channel i of one image x
 // (in x h x w, h and w even), into s->v.
 __attribute__((target("avx2,fma"))) void TransformInput(const float* x, int64_t in, int64_t h, int64_t w,
@@ -121,13 +134,7 @@ __attribute__((target("avx2,fma"))) void TransformInput(const float* x, int64_t 
   if (s->hwc.size() != static_cast<size_t>((h + 2) * wp * in)) s->hwc.assign((h + 2) * wp * in, 0.0f);
   s->v.resize(16 * tiles * in);
   float *hwc = s->hwc.data(), *v = s->v.data();
-  for (int64_t c = 0; c < in; ++c) {
-    for (int64_t r = 0; r < h; ++r) {
-      const float* src = x + (c * h + r) * w;
-      float* dst = hwc + ((r + 1) * wp + 1) * in + c;
-      for (int64_t q = 0; q < w; ++q) dst[q * in] = src[q];
-    }
-  }
+  ChannelsLast(x, in, h, w, wp, hwc + (wp + 1) * in);
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int64_t tx = 0; tx < tw; ++tx) {
       const int64_t t = ty * tw + tx;
@@ -203,10 +210,7 @@ __attribute__((target("avx2,fma"))) void ImageWeightGrad(const float* x, const f
   s->out.resize(h * w * out);
   s->m.resize(16 * tiles * out);
   float *ghwc = s->out.data(), *m = s->m.data();
-  for (int64_t c = 0; c < out; ++c) {
-    const float* src = gy + c * h * w;
-    for (int64_t q = 0; q < h * w; ++q) ghwc[q * out + c] = src[q];
-  }
+  ChannelsLast(gy, out, 1, h * w, h * w, ghwc);  // no border: the plane as one row
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int64_t tx = 0; tx < tw; ++tx) {
       const int64_t t = ty * tw + tx;
