@@ -56,9 +56,10 @@ class Cnn : public Classifier {
 #endif
     const bool image_layer = x.is_cpu() && x.scalar_type() == torch::kFloat32 && !x.requires_grad();
     x = PoolRelu(image_layer ? Conv3x3ImageLayer(x, conv1_->weight, conv1_->bias) : conv1_(x));
-    // Winograd's kernels on a CPU without oneDNN's (the blocked path above has them on AVX-512).
-    const bool winograd = x.is_cpu() && x.scalar_type() == torch::kFloat32 && WinogradConvolutions();
-    x = PoolRelu(winograd ? Conv3x3Winograd(x, conv2_->weight, conv2_->bias) : conv2_(x));
+    // Winograd's kernels on a CPU without oneDNN's (the blocked path above has them on AVX-512);
+    // Conv3x3Winograd is ATen's convolution where the CPU lacks AVX2 and FMA.
+    const bool cpu = x.is_cpu() && x.scalar_type() == torch::kFloat32;
+    x = PoolRelu(cpu ? Conv3x3Winograd(x, conv2_->weight, conv2_->bias) : conv2_(x));
     return fc2_(torch::relu(fc1_(x.flatten(1))));
   }
 
