@@ -46,6 +46,14 @@ __attribute__((target("avx512f"))) void Keep(__m512 sum) {
   sink = total;
 }
 
+__attribute__((target("avx2"))) void Keep(__m256 sum) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float total = 0;
+  for (float f : lanes) total += f;
+  sink = total;
+}
+
 __attribute__((target("avx512f"))) void Fp32() {
   __m512 acc[kChains];
 #pragma GCC unroll 16
@@ -71,11 +79,7 @@ __attribute__((target("avx2,fma"))) void Fp32Avx2() {
   }
   __m256 sum = acc[0];
   for (int i = 1; i < kChains; ++i) sum = _mm256_add_ps(sum, acc[i]);
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  float total = 0;
-  for (float f : lanes) total += f;
-  sink = total;
+  Keep(sum);
 }
 
 __attribute__((target("avx512f,avx512bf16"))) void Bf16() {
