@@ -1,7 +1,9 @@
-// The example CNN's 32 -> 64 convolution (3x3, padding 1, on 14 x 14) at a batch of 64, one
-// thread: ATen's (torch::conv2d; oneDNN's direct kernels on a CPU without AVX-512) against the
-// trainer's Winograd (models::Conv3x3Winograd), forward and backward, each the median of --reps
-// calls. Built on demand: cmake --build build --target conv_layer; pin it with taskset.
+// The example CNN's two layers, each relu(max_pool2d(conv3x3(x), 2)) at a batch of 64 on one
+// thread: ATen's convolution (oneDNN's direct kernels on a CPU without AVX-512) followed by the
+// trainer's pooling (models::MaxPool2x2Relu), against the trainer's fused layers
+// (models::ImageConvPoolRelu for the image's 1 -> 32, models::ConvPoolRelu, Winograd, for
+// 32 -> 64); forward and backward, each the median of --reps calls. Built on demand:
+// cmake --build build --target conv_layer; pin it with taskset.
 //   build/src/conv_layer [reps, default 50] [batch, default 64]
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -17,25 +19,26 @@
 
 namespace {
 
-using Conv = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
+using Layer = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
 
 double Ms(std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-// Median forward and backward milliseconds of `conv` over `reps` calls.
-std::pair<double, double> Time(const Conv& conv, int reps, int64_t batch) {
+// Median forward and backward milliseconds of `layer` over `reps` calls, for `in` -> `out`
+// channels on `size` x `size`; the input takes a gradient unless it is the image.
+std::pair<double, double> Time(const Layer& layer, int reps, int64_t batch, int64_t in, int64_t out, int64_t size) {
   torch::manual_seed(0);
-  torch::Tensor x = torch::randn({batch, 32, 14, 14}).requires_grad_(true);
-  torch::Tensor w = (torch::randn({64, 32, 3, 3}) * 0.1).requires_grad_(true);
-  torch::Tensor b = torch::randn({64}).requires_grad_(true);
-  torch::Tensor g = torch::randn({batch, 64, 14, 14});
+  torch::Tensor x = torch::randn({batch, in, size, size}).requires_grad_(in > 3);
+  torch::Tensor w = (torch::randn({out, in, 3, 3}) * 0.1).requires_grad_(true);
+  torch::Tensor b = torch::randn({out}).requires_grad_(true);
+  torch::Tensor g = torch::randn({batch, out, size / 2, size / 2});
   std::vector<double> fwd, bwd;
   for (int r = 0; r < reps + 3; ++r) {  // the first three warm up
     auto t0 = std::chrono::steady_clock::now();
-    torch::Tensor y = conv(x, w, b);
+    torch::Tensor y = layer(x, w, b);
     auto t1 = std::chrono::steady_clock::now();
     y.backward(g);
     auto t2 = std::chrono::steady_clock::now();
-    x.mutable_grad().reset();
+    if (x.requires_grad()) x.mutable_grad().reset();
     w.mutable_grad().reset();
     b.mutable_grad().reset();
     if (r >= 3) {
@@ -54,19 +57,29 @@ int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 50;
   const int64_t batch = argc > 2 ? std::atoll(argv[2]) : 64;
   at::set_num_threads(1);
-  // Direct-convolution FLOP of a pass (forward, or each of backward's two gradients).
-  const double flop = 2.0 * batch * 64 * 32 * 9 * 14 * 14;
-  auto aten = Time([](const torch::Tensor& x, const torch::Tensor& w,
-                      const torch::Tensor& b) { return torch::conv2d(x, w, b, 1, 1); },
-                   reps, batch);
-  auto ours = Time(trainctl::models::Conv3x3Winograd, reps, batch);
-  std::printf("32 -> 64 channels, 14 x 14, batch %lld, one thread, median of %d (Winograd kernels: %s)\n",
-              static_cast<long long>(batch), reps, trainctl::models::WinogradConvolutions() ? "yes" : "no, ATen's");
-  std::printf("%-12s %10s %10s %10s %26s\n", "", "forward ms", "backward ms", "total ms", "direct-count GFLOP/s");
-  for (auto [name, t] : {std::pair{"ATen", aten}, std::pair{"Winograd", ours}}) {
-    std::printf("%-12s %10.2f %11.2f %10.2f %26.1f\n", name, t.first, t.second, t.first + t.second,
-                3 * flop / (t.first + t.second) / 1e6);
+  const Layer aten = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+    return trainctl::models::MaxPool2x2Relu(torch::conv2d(x, w, b, 1, 1));
+  };
+  std::printf("batch %lld, one thread, median of %d (Winograd kernels: %s)\n", static_cast<long long>(batch), reps,
+              trainctl::models::WinogradConvolutions() ? "yes" : "no, ATen's");
+  std::printf("%-34s %10s %11s %10s %12s\n", "", "forward ms", "backward ms", "total ms", "GFLOP/s");
+  struct Case {
+    const char* name;
+    Layer ours;
+    int64_t in, out, size, passes;  // passes: forward, the weight's gradient, the input's if it takes one
+  };
+  for (const Case& c : {Case{"1 -> 32 on 28 x 28", trainctl::models::ImageConvPoolRelu, 1, 32, 28, 2},
+                        Case{"32 -> 64 on 14 x 14", trainctl::models::ConvPoolRelu, 32, 64, 14, 3}}) {
+    // Direct-convolution FLOP of the passes.
+    const double flop = c.passes * 2.0 * batch * c.out * c.in * 9 * c.size * c.size;
+    const auto theirs = Time(aten, reps, batch, c.in, c.out, c.size);
+    const auto ours = Time(c.ours, reps, batch, c.in, c.out, c.size);
+    for (auto [name, t] : {std::pair{"ATen conv + MaxPool2x2Relu", theirs}, std::pair{"trainctl fused", ours}}) {
+      std::printf("%-20s %-13s %10.2f %11.2f %10.2f %12.1f\n", c.name, name, t.first, t.second, t.first + t.second,
+                  flop / (t.first + t.second) / 1e6);
+    }
+    std::printf("%-20s fused / ATen: %.3fx the time\n", c.name,
+                (ours.first + ours.second) / (theirs.first + theirs.second));
   }
-  std::printf("Winograd / ATen: %.3fx the time\n", (ours.first + ours.second) / (aten.first + aten.second));
   return 0;
 }

@@ -54,17 +54,21 @@ class Cnn : public Classifier {
       return Linear(x, fc2_->weight, fc2_->bias);
     }
 #endif
-    const bool image_layer = x.is_cpu() && x.scalar_type() == torch::kFloat32 && !x.requires_grad();
-    x = PoolRelu(image_layer ? Conv3x3ImageLayer(x, conv1_->weight, conv1_->bias) : conv1_(x));
-    // Winograd's kernels on a CPU without oneDNN's (the blocked path above has them on AVX-512);
-    // Conv3x3Winograd is ATen's convolution where the CPU lacks AVX2 and FMA.
     const bool cpu = x.is_cpu() && x.scalar_type() == torch::kFloat32;
-    x = PoolRelu(cpu ? Conv3x3Winograd(x, conv2_->weight, conv2_->bias) : conv2_(x));
+    if (cpu && !x.requires_grad()) {
+      // Our own kernels, each pooling as it writes (ops.h): Winograd's for the second on a CPU
+      // without oneDNN's (the blocked path above has them on AVX-512).
+      x = ImageConvPoolRelu(x, conv1_->weight, conv1_->bias);
+      x = ConvPoolRelu(x, conv2_->weight, conv2_->bias);
+    } else {
+      x = PoolRelu(conv1_(x));  // an input that takes a gradient, or a GPU
+      x = cpu ? ConvPoolRelu(x, conv2_->weight, conv2_->bias) : PoolRelu(conv2_(x));
+    }
     return fc2_(torch::relu(fc1_(x.flatten(1))));
   }
 
-  // ATen's convolutions (a GPU, a CPU without AVX-512, or a build without oneDNN). On the CPU our
-  // pooling, on ATen's N x C x H x W as it is: ATen's max-pool is slow there (see ops.h).
+  // After ATen's convolutions: on the CPU our pooling, on ATen's N x C x H x W as it is (ATen's
+  // max-pool is slow there, see ops.h).
   static torch::Tensor PoolRelu(const torch::Tensor& x) {
     if (x.is_cpu() && x.scalar_type() == torch::kFloat32) return MaxPool2x2Relu(x);
     return torch::relu(F::max_pool2d(x, F::MaxPool2dFuncOptions(2)));

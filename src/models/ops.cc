@@ -1,5 +1,7 @@
 #include "models/ops.h"
 
+#include "models/pool_avx2.h"
+
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -17,11 +19,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// Forward: out = relu(max of the window a b / c d), NaN propagating (as ATen), and which of the
-// four gets the window's gradient: the first (0-3, row-major) that equals the output when the
-// output is positive, else none (kNone). Backward scatters the gradient by those bytes alone,
-// without reading the input again. Per channel: a position's 16 channels lie side by side.
-constexpr uint8_t kNone = 4;
+// Forward: out = relu(max of the window a b / c d) and a byte saying which of the four gets the
+// window's gradient (kNoWindow, models/pool_avx2.h); backward scatters the gradient by those
+// bytes alone, without reading the input again.
 
 // B lanes per position: kBlock in the blocked layout (a position's 16 channels side by side), 1 in
 // N x C x H x W (a plane is one channel's H x W).
@@ -36,7 +36,7 @@ void PoolForwardPlanePortable(const float* x, int64_t h, int64_t w, float* out, 
         float m = std::max(std::max(a, b), std::max(c, d));
         if (a != a || b != b || c != c || d != d) m = a + b + c + d;
         *out = m > 0 || m != m ? m : 0.0f;
-        *win = !(m > 0) ? kNone : a == m ? 0 : b == m ? 1 : c == m ? 2 : 3;
+        *win = !(m > 0) ? kNoWindow : a == m ? 0 : b == m ? 1 : c == m ? 2 : 3;
       }
     }
   }
@@ -60,26 +60,9 @@ using BackwardFn = void (*)(const uint8_t*, const float*, int64_t, int64_t, floa
 
 #if defined(__x86_64__)
 // The same with AVX2, a position's 16 channels as two registers of 8; no branches.
-// The winner of 8 windows as 8 int32 lanes.
-__attribute__((target("avx2"))) inline __m256 Forward8(__m256 va, __m256 vb, __m256 vc, __m256 vd,
-                                                       __m256i* win) {
-  __m256 m = _mm256_max_ps(_mm256_max_ps(va, vb), _mm256_max_ps(vc, vd));
-  __m256 nan = _mm256_or_ps(_mm256_cmp_ps(va, vb, _CMP_UNORD_Q), _mm256_cmp_ps(vc, vd, _CMP_UNORD_Q));
-  m = _mm256_blendv_ps(m, _mm256_add_ps(_mm256_add_ps(va, vb), _mm256_add_ps(vc, vd)), nan);
-  m = _mm256_max_ps(_mm256_setzero_ps(), m);  // relu; max returns a NaN second operand
-  // Later candidates first, so that the first equal one is what remains.
-  __m256 k = _mm256_set1_ps(3.0f);
-  k = _mm256_blendv_ps(k, _mm256_set1_ps(2.0f), _mm256_cmp_ps(vc, m, _CMP_EQ_OQ));
-  k = _mm256_blendv_ps(k, _mm256_set1_ps(1.0f), _mm256_cmp_ps(vb, m, _CMP_EQ_OQ));
-  k = _mm256_blendv_ps(k, _mm256_setzero_ps(), _mm256_cmp_ps(va, m, _CMP_EQ_OQ));
-  k = _mm256_blendv_ps(_mm256_set1_ps(kNone), k, _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_GT_OQ));
-  *win = _mm256_cvttps_epi32(k);
-  return m;
-}
-
 __attribute__((target("avx2"))) inline __m256 Forward8(const float* a, const float* b, const float* c,
                                                        const float* d, __m256i* win) {
-  return Forward8(_mm256_loadu_ps(a), _mm256_loadu_ps(b), _mm256_loadu_ps(c), _mm256_loadu_ps(d), win);
+  return MaxPoolRelu8(_mm256_loadu_ps(a), _mm256_loadu_ps(b), _mm256_loadu_ps(c), _mm256_loadu_ps(d), win);
 }
 
 __attribute__((target("avx2"))) void PoolForwardPlaneAvx2(const float* x, int64_t h, int64_t w,
@@ -91,10 +74,8 @@ __attribute__((target("avx2"))) void PoolForwardPlaneAvx2(const float* x, int64_
       __m256i lo, hi;
       _mm256_storeu_ps(out, Forward8(r0 + k, r0 + k + kBlock, r1 + k, r1 + k + kBlock, &lo));
       _mm256_storeu_ps(out + 8, Forward8(r0 + k + 8, r0 + k + kBlock + 8, r1 + k + 8, r1 + k + kBlock + 8, &hi));
-      // 16 int32 to 16 bytes: packing works within 128-bit lanes, the permute restores the order.
-      __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(win),
-                       _mm_packus_epi16(_mm256_castsi256_si128(w16), _mm256_extracti128_si256(w16, 1)));
+      StoreWindows8(lo, win);
+      StoreWindows8(hi, win + 8);
     }
   }
 }
@@ -105,13 +86,10 @@ __attribute__((target("avx2"))) void PoolBackwardPlaneAvx2(const uint8_t* win, c
     const int64_t r0 = 2 * i * w * kBlock, r1 = r0 + w * kBlock;
     for (int64_t k = 0; k < w * kBlock; k += 2 * kBlock, win += kBlock, g += kBlock) {
       for (int64_t l = 0; l < kBlock; l += 8) {
-        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(win + l)));
+        const __m256i v = LoadWindows8(win + l);
         const __m256 gv = _mm256_loadu_ps(g + l);
         float* to[4] = {dx + r0 + k + l, dx + r0 + k + kBlock + l, dx + r1 + k + l, dx + r1 + k + kBlock + l};
-        for (int q = 0; q < 4; ++q) {
-          const __m256 is = _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_set1_epi32(q)));
-          _mm256_storeu_ps(to[q], _mm256_and_ps(is, gv));
-        }
+        for (int q = 0; q < 4; ++q) _mm256_storeu_ps(to[q], WindowGrad8(v, gv, q));
       }
     }
   }
@@ -161,11 +139,9 @@ __attribute__((target("avx2"))) void PoolForwardNchwAvx2(const float* x, int64_t
       __m256i k;
       LoadPairs(r0 + 2 * j, 2 * n, &a, &b);
       LoadPairs(r1 + 2 * j, 2 * n, &c, &d);
-      const __m256 m = Forward8(a, b, c, d, &k);
-      // 8 int32 to 8 bytes.
-      const __m128i k16 = _mm_packs_epi32(_mm256_castsi256_si128(k), _mm256_extracti128_si256(k, 1));
-      alignas(16) uint8_t bytes[16];
-      _mm_store_si128(reinterpret_cast<__m128i*>(bytes), _mm_packus_epi16(k16, k16));
+      const __m256 m = MaxPoolRelu8(a, b, c, d, &k);
+      uint8_t bytes[8];
+      StoreWindows8(k, bytes);
       if (n == 8) {
         _mm256_storeu_ps(out + j, m);
       } else {
@@ -191,9 +167,7 @@ __attribute__((target("avx2"))) void PoolBackwardNchwAvx2(const uint8_t* win, co
       std::memcpy(&bytes, win + j, n);
       const __m256i v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(bytes)));
       __m256 q[4];
-      for (int s = 0; s < 4; ++s) {
-        q[s] = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_set1_epi32(s))), gv);
-      }
+      for (int s = 0; s < 4; ++s) q[s] = WindowGrad8(v, gv, s);
       StorePairs(r0 + 2 * j, 2 * n, q[0], q[1]);
       StorePairs(r1 + 2 * j, 2 * n, q[2], q[3]);
     }
@@ -259,7 +233,7 @@ class PoolFunction : public torch::autograd::Function<PoolFunction> {
   }
 };
 
-// Conv3x3ImageLayer. cols[k][p] for k = 9c + 3i + j: the plane c shifted by (i - 1, j - 1),
+// ImageConvPoolRelu. cols[k][p] for k = 9c + 3i + j: the plane c shifted by (i - 1, j - 1),
 // zero outside it, P = H x W positions.
 void Im2Col3x3(const float* x, int64_t c, int64_t h, int64_t w, float* cols) {
   for (int64_t ch = 0; ch < c; ++ch) {
@@ -394,49 +368,60 @@ const ImageForwardFn kImageForward = ImageForwardPortable;
 const ImageBackwardFn kImageBackward = ImageBackwardPortable;
 #endif
 
-// fn(i, cols) for each of the n images of x (C x H x W each), cols its shifted copies; the images
-// split among LibTorch's threads, a buffer for the copies each.
+// fn(i, cols, y) for each of the n images of x (C x H x W each), cols its shifted copies, y room for
+// o planes of H x W; the images split among LibTorch's threads, buffers for each.
 template <typename Fn>
-void ForEachImageCols(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, const Fn& fn) {
+void ForEachImageCols(const float* x, int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, const Fn& fn) {
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> cols(9 * c * h * w);
+    std::vector<float> cols(9 * c * h * w), y(o * h * w);
     for (int64_t i = begin; i < end; ++i) {
       Im2Col3x3(x + i * c * h * w, c, h, w, cols.data());
-      fn(i, cols.data());
+      fn(i, cols.data(), y.data());
     }
   });
 }
 
-class ImageConvFunction : public torch::autograd::Function<ImageConvFunction> {
+// The convolution's output and its gradient stay in a per-thread buffer (an image's, in the
+// core's L2 cache) between the convolution and the pooling, each way: only the pooled output, the
+// window bytes and the pooled gradient cross the batch in memory.
+class ImageConvPoolFunction : public torch::autograd::Function<ImageConvPoolFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
     x = x.contiguous();
     weight = weight.contiguous();
     bias = bias.contiguous();
     const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), o = weight.size(0);
-    const int64_t k = 9 * c, p = h * w;
-    torch::Tensor y = torch::empty({n, o, h, w}, x.options());
+    const int64_t k = 9 * c, p = h * w, q = p / 4;
+    torch::Tensor y = torch::empty({n, o, h / 2, w / 2}, x.options());
+    torch::Tensor win = torch::empty({n, o, h / 2, w / 2}, torch::kUInt8);
     const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>(), *bp = bias.data_ptr<float>();
     float* yp = y.data_ptr<float>();
-    ForEachImageCols(xp, n, c, h, w, [&](int64_t i, const float* cols) {
-      kImageForward(cols, k, p, wp, bp, o, yp + i * o * p);
+    uint8_t* winp = win.data_ptr<uint8_t>();
+    const ForwardFn pool = kForward[1];
+    ForEachImageCols(xp, n, c, h, w, o, [&](int64_t i, const float* cols, float* conv) {
+      kImageForward(cols, k, p, wp, bp, o, conv);
+      for (int64_t oc = 0; oc < o; ++oc) pool(conv + oc * p, h, w, yp + (i * o + oc) * q, winp + (i * o + oc) * q);
     });
-    ctx->save_for_backward({x});
+    ctx->save_for_backward({x, win});
     return y;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    const torch::Tensor x = ctx->get_saved_variables()[0];
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const uint8_t* winp = saved[1].data_ptr<uint8_t>();
     const torch::Tensor g = grads[0].contiguous();
     const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), o = g.size(1);
-    const int64_t k = 9 * c, p = h * w;
+    const int64_t k = 9 * c, p = h * w, q = p / 4;
     // Each image's share apart, then summed in the images' order: the same result whatever the
     // number of threads.
     torch::Tensor dw = torch::empty({n, o, k}, g.options()), db = torch::empty({n, o}, g.options());
     const float *xp = x.data_ptr<float>(), *gp = g.data_ptr<float>();
     float *dwp = dw.data_ptr<float>(), *dbp = db.data_ptr<float>();
-    ForEachImageCols(xp, n, c, h, w, [&](int64_t i, const float* cols) {
-      kImageBackward(cols, k, p, gp + i * o * p, o, dwp + i * o * k, dbp + i * o);
+    const BackwardFn unpool = kBackward[1];
+    ForEachImageCols(xp, n, c, h, w, o, [&](int64_t i, const float* cols, float* gconv) {
+      for (int64_t oc = 0; oc < o; ++oc) unpool(winp + (i * o + oc) * q, gp + (i * o + oc) * q, h, w, gconv + oc * p);
+      kImageBackward(cols, k, p, gconv, o, dwp + i * o * k, dbp + i * o);
     });
     return {torch::Tensor(), dw.sum(0).view({o, c, 3, 3}), db.sum(0)};
   }
@@ -469,14 +454,15 @@ torch::Tensor MaxPool2x2Relu(const torch::Tensor& x) {
   return PoolFunction::apply(x);
 }
 
-torch::Tensor Conv3x3ImageLayer(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && !x.requires_grad(),
-              "Conv3x3ImageLayer takes an N x C x H x W float CPU tensor that does not require grad");
+torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && !x.requires_grad() &&
+                  x.size(2) % 2 == 0 && x.size(3) % 2 == 0,
+              "ImageConvPoolRelu takes an N x C x H x W float CPU tensor, H and W even, that does not require grad");
   TORCH_CHECK(weight.dim() == 4 && weight.size(1) == x.size(1) && weight.size(2) == 3 && weight.size(3) == 3 &&
                   bias.dim() == 1 && bias.size(0) == weight.size(0) && weight.scalar_type() == torch::kFloat32 &&
                   bias.scalar_type() == torch::kFloat32 && weight.device().is_cpu() && bias.device().is_cpu(),
-              "Conv3x3ImageLayer takes an O x C x 3 x 3 float CPU weight and an O-long bias");
-  return ImageConvFunction::apply(x, weight, bias);
+              "ImageConvPoolRelu takes an O x C x 3 x 3 float CPU weight and an O-long bias");
+  return ImageConvPoolFunction::apply(x, weight, bias);
 }
 
 }  // namespace trainctl::models

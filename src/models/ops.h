@@ -31,26 +31,32 @@ void CheckBlocked(const torch::Tensor& x, const char* what);
 // other order, on a quarter of the elements.
 torch::Tensor MaxPool2x2Relu(const torch::Tensor& x);
 
-// A 3x3 convolution, stride 1, padding 1, with bias, of an input that takes no gradient (the
-// image: a model's first layer) on the CPU in float, autograd for the weight and the bias; equal
-// to torch::conv2d to rounding. For the few input channels of an image (1 for Fashion-MNIST, 3 for
-// CIFAR-10) ATen's oneDNN convolution pads them to a block of 8 (on AVX2) and reorders its
-// 6.4 MB output and gradient between layouts each step: its weight gradient alone took 5 ms a
-// batch of 64 on one core, an eighth of the example CNN's step. Here an image's 9 x C shifted
-// copies (a few KB to 100 KB) stay in cache while each output channel's row is computed from
-// them, and the weight gradient is the dot products of the output's gradient with the same
-// copies; AVX2 and FMA where the CPU has them (portable C++ elsewhere). x must not require grad.
-torch::Tensor Conv3x3ImageLayer(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+// relu(max_pool2d(conv2d(x, weight, bias, stride 1, padding 1), 2)) on the CPU in float, autograd:
+// the CNN's two layers, each a kernel of our own that pools its convolution's output while it is
+// still in cache and builds the convolution's output gradient from the pooled one the same way,
+// so that neither the full-size output nor its gradient crosses the batch in memory (6.4 MB and
+// 3.2 MB a batch of 64 for the example CNN's two layers). Equal to ATen's to rounding; the pooling
+// and its gradient follow MaxPool2x2Relu's rules on the convolution's output. H and W even.
+//
+// ImageConvPoolRelu is the first layer, on an image that takes no gradient (x must not require
+// grad; the weight's and bias's gradients only). For the few input channels of an image (1 for
+// Fashion-MNIST, 3 for CIFAR-10) ATen's oneDNN convolution pads them to a block of 8 (on AVX2)
+// and reorders its 6.4 MB output and gradient between layouts each step: its weight gradient
+// alone took 5 ms a batch of 64 on one core. Here an image's 9 x C shifted copies (a few KB to
+// 100 KB) stay in cache while each output channel's plane is computed from them, and the weight
+// gradient is the dot products of the output's gradient with the same copies; AVX2 and FMA where
+// the CPU has them (portable C++ elsewhere).
+torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
-// A 3x3 convolution, stride 1, padding 1, with bias, on the CPU in float, autograd; equal to
-// torch::conv2d to rounding (Winograd's arithmetic rounds differently: about 1e-6 of the output's
-// scale). C and O must be multiples of 16, H and W even. The forward pass and the input's gradient
-// by Winograd's F(2x2, 3x3) on AVX2 and FMA (models/winograd.cc: 2.25x fewer multiplications);
-// the weight's and the bias's gradients by ATen. Where oneDNN has no Winograd kernels (CPUs
-// without AVX-512) ATen's direct convolution took 10 ms for the example CNN's 32 -> 64 layer on a
-// batch of 64 on one core, this 4.3 ms. torch::conv2d where the CPU lacks AVX2 or FMA.
-torch::Tensor Conv3x3Winograd(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
-// Whether Conv3x3Winograd runs its own kernels on this CPU (AVX2 and FMA).
+// ConvPoolRelu is a hidden layer: C and O multiples of 16. Its convolution is Winograd's
+// F(2x2, 3x3) on AVX2 and FMA (models/winograd.cc: 2.25x fewer multiplications, rounding about
+// 1e-6 of the output's scale differently from ATen's), forward and all three gradients; a
+// Winograd tile's 2 x 2 outputs are one pooling window. Where oneDNN has no Winograd kernels
+// (CPUs without AVX-512) ATen's direct convolution took 10 ms for the example CNN's 32 -> 64
+// layer on a batch of 64 on one core, forward only. Where the CPU lacks AVX2 or FMA it is ATen's
+// convolution and MaxPool2x2Relu.
+torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+// Whether ConvPoolRelu runs its own Winograd kernels on this CPU (AVX2 and FMA).
 bool WinogradConvolutions();
 
 }  // namespace trainctl::models

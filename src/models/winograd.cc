@@ -1,4 +1,5 @@
-// Conv3x3Winograd (models/ops.h): Winograd's F(2x2, 3x3) on AVX2 and FMA.
+// ConvPoolRelu (models/ops.h): a 3x3 convolution by Winograd's F(2x2, 3x3) on AVX2 and FMA, its
+// output max-pooled (2 x 2) and ReLU'd as each tile is transformed back.
 //
 // Each 2 x 2 block of outputs (a tile) comes from the 4 x 4 block of inputs around it. With
 //   Bt = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
@@ -7,9 +8,14 @@
 // positions of the transformed 4 x 4 blocks are 16 independent matrix products
 //   M[p] (tiles x O) = V[p] (tiles x I) * U[p] (I x O),
 // 16 multiplications a tile and channel pair instead of 4 x 9 = 36 (2.25x fewer); the
-// transforms are additions. One image at a time, so that its transformed input (16 x tiles x I)
-// and products (16 x tiles x O) stay in the core's L2 cache.
+// transforms are additions. A tile's 2 x 2 outputs are exactly one pooling window: the output
+// transform pools them in registers, and backward builds the convolution's output gradient from
+// the pooled one and the window bytes straight into the layout its transforms read. One image at
+// a time, so that its transformed input (16 x tiles x I) and products (16 x tiles x O) stay in
+// the core's L2 cache.
 #include "models/ops.h"
+
+#include "models/pool_avx2.h"
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -106,9 +112,18 @@ __attribute__((target("avx2,fma"))) void Gemm(const float* a, int64_t rows, int6
 }
 
 struct Scratch {
-  // The input H x W x I in a zero border, V, M, the output (or its gradient) H x W x O.
-  std::vector<float> hwc, v, m, out;
+  // One image's input H x W x I and its output's gradient H x W x O, each in a zero border; V; M;
+  // an output (or a gradient) with the channels of a position adjacent.
+  std::vector<float> hwc, ghwc, v, m, out;
 };
+
+// (h + 2) x (w + 2) x c floats in buf whose border is zero: resized, and zeroed, only when the
+// shape changes; whoever fills it writes only the inside.
+inline float* Bordered(std::vector<float>* buf, int64_t c, int64_t h, int64_t w) {
+  const size_t size = static_cast<size_t>((h + 2) * (w + 2) * c);
+  if (buf->size() != size) buf->assign(size, 0.0f);
+  return buf->data();
+}
 
 // dst[(r * row_stride + q) * c + ch] = x[(ch * h + r) * w + q]: one image's c x h x w with the
 // channels of a position adjacent, rows `row_stride` positions apart.
@@ -123,25 +138,27 @@ __attribute__((target("avx2,fma"))) inline void ChannelsLast(const float* x, int
   }
 }
 
-// V[p][t][i] = (Bt d B)[p] for each tile t's 4 x 4 block d of input channel i of one image x
-// (in x h x w, h and w even), into s->v.
-__attribute__((target("avx2,fma"))) void TransformInput(const float* x, int64_t in, int64_t h, int64_t w,
+// The inverse for a plane of n positions: dst[ch * n + q] = src[q * c + ch].
+inline void ChannelsFirst(const float* src, int64_t c, int64_t n, float* dst) {
+  for (int64_t ch = 0; ch < c; ++ch) {
+    for (int64_t q = 0; q < n; ++q) dst[ch * n + q] = src[q * c + ch];
+  }
+}
+
+// V[p][t][i] = (Bt d B)[p] for each tile t's 4 x 4 block d of channel i of hwc, an h x w x c
+// plane in a zero border (h and w even), into s->v. 8 channels at a time, whole-register loads.
+__attribute__((target("avx2,fma"))) void TransformTiles(const float* hwc, int64_t c, int64_t h, int64_t w,
                                                         Scratch* s) {
   const int64_t wp = w + 2, th = h / 2, tw = w / 2, tiles = th * tw;
-  // The channels of a position adjacent, in a zero border: each transform below works on 8
-  // channels at a time with whole-register loads. Only the inside is written: the border stays
-  // zero from the first image of this size.
-  if (s->hwc.size() != static_cast<size_t>((h + 2) * wp * in)) s->hwc.assign((h + 2) * wp * in, 0.0f);
-  s->v.resize(16 * tiles * in);
-  float *hwc = s->hwc.data(), *v = s->v.data();
-  ChannelsLast(x, in, h, w, wp, hwc + (wp + 1) * in);
+  s->v.resize(16 * tiles * c);
+  float* v = s->v.data();
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int64_t tx = 0; tx < tw; ++tx) {
       const int64_t t = ty * tw + tx;
-      for (int64_t c = 0; c < in; c += 8) {
+      for (int64_t ch = 0; ch < c; ch += 8) {
         __m256 d[4][4], b[4][4];
         for (int r = 0; r < 4; ++r) {
-          for (int q = 0; q < 4; ++q) d[r][q] = _mm256_loadu_ps(hwc + ((2 * ty + r) * wp + 2 * tx + q) * in + c);
+          for (int q = 0; q < 4; ++q) d[r][q] = _mm256_loadu_ps(hwc + ((2 * ty + r) * wp + 2 * tx + q) * c + ch);
         }
         for (int q = 0; q < 4; ++q) {  // Bt d
           b[0][q] = _mm256_sub_ps(d[0][q], d[2][q]);
@@ -150,74 +167,145 @@ __attribute__((target("avx2,fma"))) void TransformInput(const float* x, int64_t 
           b[3][q] = _mm256_sub_ps(d[1][q], d[3][q]);
         }
         for (int r = 0; r < 4; ++r) {  // (Bt d) B
-          float* vp = v + ((r * 4) * tiles + t) * in + c;
+          float* vp = v + ((r * 4) * tiles + t) * c + ch;
           _mm256_storeu_ps(vp, _mm256_sub_ps(b[r][0], b[r][2]));
-          _mm256_storeu_ps(vp + tiles * in, _mm256_add_ps(b[r][1], b[r][2]));
-          _mm256_storeu_ps(vp + 2 * tiles * in, _mm256_sub_ps(b[r][2], b[r][1]));
-          _mm256_storeu_ps(vp + 3 * tiles * in, _mm256_sub_ps(b[r][1], b[r][3]));
+          _mm256_storeu_ps(vp + tiles * c, _mm256_add_ps(b[r][1], b[r][2]));
+          _mm256_storeu_ps(vp + 2 * tiles * c, _mm256_sub_ps(b[r][2], b[r][1]));
+          _mm256_storeu_ps(vp + 3 * tiles * c, _mm256_sub_ps(b[r][1], b[r][3]));
         }
       }
     }
   }
 }
 
-// One image: x (in x h x w, h and w even) to y (out x h x w), plus bias[o] if bias is given.
-__attribute__((target("avx2,fma"))) void Image(const float* x, int64_t in, int64_t h, int64_t w, const float* u,
-                                               const float* bias, int64_t out, float* y, Scratch* s) {
-  const int64_t th = h / 2, tw = w / 2, tiles = th * tw;
-  TransformInput(x, in, h, w, s);
+// The same for one image's input x (in x h x w), by way of s->hwc.
+__attribute__((target("avx2,fma"))) void TransformInput(const float* x, int64_t in, int64_t h, int64_t w,
+                                                        Scratch* s) {
+  float* hwc = Bordered(&s->hwc, in, h, w);
+  ChannelsLast(x, in, h, w, w + 2, hwc + (w + 3) * in);
+  TransformTiles(hwc, in, h, w, s);
+}
+
+// M[p] (tiles x out) = V[p] (tiles x in) U[p] (in x out) for the 16 positions, into s->m.
+void Products(const float* u, int64_t tiles, int64_t in, int64_t out, Scratch* s) {
   s->m.resize(16 * tiles * out);
-  s->out.resize(h * w * out);
-  float *v = s->v.data(), *m = s->m.data(), *o = s->out.data();
-  for (int64_t p = 0; p < 16; ++p) {  // M[p] (tiles x out) = V[p] (tiles x in) U[p] (in x out)
-    Gemm(v + p * tiles * in, tiles, in, 1, u + p * in * out, in, out, m + p * tiles * out, /*add=*/false);
+  for (int64_t p = 0; p < 16; ++p) {
+    Gemm(s->v.data() + p * tiles * in, tiles, in, 1, u + p * in * out, in, out, s->m.data() + p * tiles * out,
+         /*add=*/false);
   }
-  // The tile's outputs At m A, into H x W x O, then to O x H x W.
+}
+
+// Tile t's 2 x 2 outputs At m A (o[row][column]) for the 8 channels from c, of M (16 x tiles x out).
+__attribute__((target("avx2,fma"))) inline void TileOutputs(const float* m, int64_t tiles, int64_t t, int64_t out,
+                                                             int64_t c, __m256 o[2][2]) {
+  __m256 mm[4][4], a[2][4];
+  for (int r = 0; r < 4; ++r) {
+    for (int q = 0; q < 4; ++q) mm[r][q] = _mm256_loadu_ps(m + ((r * 4 + q) * tiles + t) * out + c);
+  }
+  for (int q = 0; q < 4; ++q) {  // At m
+    a[0][q] = _mm256_add_ps(_mm256_add_ps(mm[0][q], mm[1][q]), mm[2][q]);
+    a[1][q] = _mm256_sub_ps(_mm256_sub_ps(mm[1][q], mm[2][q]), mm[3][q]);
+  }
+  for (int r = 0; r < 2; ++r) {  // (At m) A
+    o[r][0] = _mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), a[r][2]);
+    o[r][1] = _mm256_sub_ps(_mm256_sub_ps(a[r][1], a[r][2]), a[r][3]);
+  }
+}
+
+// One image's convolution, without bias, of what s->v holds (in channels) by u, to y (out x h x w).
+__attribute__((target("avx2,fma"))) void Image(const float* u, int64_t in, int64_t h, int64_t w, int64_t out,
+                                               float* y, Scratch* s) {
+  const int64_t th = h / 2, tw = w / 2, tiles = th * tw;
+  Products(u, tiles, in, out, s);
+  s->out.resize(h * w * out);
+  const float* m = s->m.data();
+  float* o = s->out.data();
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int64_t tx = 0; tx < tw; ++tx) {
-      const int64_t t = ty * tw + tx;
       for (int64_t c = 0; c < out; c += 8) {
-        __m256 mm[4][4], a[2][4];
-        for (int r = 0; r < 4; ++r) {
-          for (int q = 0; q < 4; ++q) mm[r][q] = _mm256_loadu_ps(m + ((r * 4 + q) * tiles + t) * out + c);
-        }
-        for (int q = 0; q < 4; ++q) {  // At m
-          a[0][q] = _mm256_add_ps(_mm256_add_ps(mm[0][q], mm[1][q]), mm[2][q]);
-          a[1][q] = _mm256_sub_ps(_mm256_sub_ps(mm[1][q], mm[2][q]), mm[3][q]);
-        }
-        const __m256 bv = bias ? _mm256_loadu_ps(bias + c) : _mm256_setzero_ps();
-        for (int r = 0; r < 2; ++r) {  // (At m) A
+        __m256 tile[2][2];
+        TileOutputs(m, tiles, ty * tw + tx, out, c, tile);
+        for (int r = 0; r < 2; ++r) {
           float* op = o + ((2 * ty + r) * w + 2 * tx) * out + c;
-          _mm256_storeu_ps(op, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), a[r][2]), bv));
-          _mm256_storeu_ps(op + out, _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(a[r][1], a[r][2]), a[r][3]), bv));
+          _mm256_storeu_ps(op, tile[r][0]);
+          _mm256_storeu_ps(op + out, tile[r][1]);
         }
       }
     }
   }
-  for (int64_t c = 0; c < out; ++c) {
-    float* dst = y + c * h * w;
-    for (int64_t q = 0; q < h * w; ++q) dst[q] = o[q * out + c];
+  ChannelsFirst(o, out, h * w, y);
+}
+
+// One image x (in x h x w) convolved by u, plus bias, each tile's 2 x 2 outputs pooled and
+// ReLU'd: y (out x h/2 x w/2) and the window bytes win (tiles x out).
+__attribute__((target("avx2,fma"))) void ImagePool(const float* x, int64_t in, int64_t h, int64_t w,
+                                                   const float* u, const float* bias, int64_t out, float* y,
+                                                   uint8_t* win, Scratch* s) {
+  const int64_t tiles = h / 2 * (w / 2);
+  TransformInput(x, in, h, w, s);
+  Products(u, tiles, in, out, s);
+  s->out.resize(tiles * out);
+  const float* m = s->m.data();
+  float* o = s->out.data();
+  for (int64_t t = 0; t < tiles; ++t) {
+    for (int64_t c = 0; c < out; c += 8) {
+      __m256 tile[2][2];
+      TileOutputs(m, tiles, t, out, c, tile);
+      const __m256 b = _mm256_loadu_ps(bias + c);
+      __m256i k;
+      _mm256_storeu_ps(o + t * out + c, MaxPoolRelu8(_mm256_add_ps(tile[0][0], b), _mm256_add_ps(tile[0][1], b),
+                                                     _mm256_add_ps(tile[1][0], b), _mm256_add_ps(tile[1][1], b), &k));
+      StoreWindows8(k, win + t * out + c);
+    }
+  }
+  ChannelsFirst(o, out, tiles, y);
+}
+
+// The convolution's output gradient, h x w x out into s->ghwc (in its zero border), from one
+// image's pooled gradient g (out x h/2 x w/2) and window bytes win (tiles x out): each window's
+// gradient where it went, zeros elsewhere. Adds each channel's sum to db.
+__attribute__((target("avx2,fma"))) void Unpool(const float* g, const uint8_t* win, int64_t h, int64_t w,
+                                                int64_t out, float* db, Scratch* s) {
+  const int64_t wp = w + 2, th = h / 2, tw = w / 2, tiles = th * tw;
+  float* ghwc = Bordered(&s->ghwc, out, h, w);
+  s->out.resize(tiles * out);
+  float* gt = s->out.data();
+  ChannelsLast(g, out, 1, tiles, tiles, gt);  // tiles x out
+  for (int64_t c = 0; c < out; c += 8) {
+    __m256 sum = _mm256_loadu_ps(db + c);
+    for (int64_t ty = 0; ty < th; ++ty) {
+      for (int64_t tx = 0; tx < tw; ++tx) {
+        const int64_t t = ty * tw + tx;
+        const __m256i k = LoadWindows8(win + t * out + c);
+        const __m256 gv = _mm256_loadu_ps(gt + t * out + c);
+        sum = _mm256_add_ps(sum, _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(kNoWindow), k)), gv));
+        for (int r = 0; r < 2; ++r) {
+          float* gp = ghwc + ((2 * ty + r + 1) * wp + 2 * tx + 1) * out + c;
+          _mm256_storeu_ps(gp, WindowGrad8(k, gv, 2 * r));
+          _mm256_storeu_ps(gp + out, WindowGrad8(k, gv, 2 * r + 1));
+        }
+      }
+    }
+    _mm256_storeu_ps(db + c, sum);
   }
 }
 
 // One image's share of the transformed weight gradient: du[p] (in x out) += V[p]^T (A gy At)[p],
-// for x (in x h x w) and the output's gradient gy (out x h x w): since y = At (sum U .* V) A per
+// for x (in x h x w) and the output's gradient gy in s->ghwc: since y = At (sum U .* V) A per
 // tile, the gradient of U[p][i][o] is the sum over tiles of V[p][t][i] (A gy_t At)[p][o].
-__attribute__((target("avx2,fma"))) void ImageWeightGrad(const float* x, const float* gy, int64_t in, int64_t h,
-                                                         int64_t w, int64_t out, float* du, Scratch* s) {
-  const int64_t th = h / 2, tw = w / 2, tiles = th * tw;
-  TransformInput(x, in, h, w, s);
-  s->out.resize(h * w * out);
+__attribute__((target("avx2,fma"))) void ImageWeightGrad(const float* x, int64_t in, int64_t h, int64_t w,
+                                                         int64_t out, float* du, Scratch* s) {
+  const int64_t wp = w + 2, th = h / 2, tw = w / 2, tiles = th * tw;
   s->m.resize(16 * tiles * out);
-  float *ghwc = s->out.data(), *m = s->m.data();
-  ChannelsLast(gy, out, 1, h * w, h * w, ghwc);  // no border: the plane as one row
+  const float* ghwc = s->ghwc.data() + (wp + 1) * out;
+  float* m = s->m.data();
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int64_t tx = 0; tx < tw; ++tx) {
       const int64_t t = ty * tw + tx;
       for (int64_t c = 0; c < out; c += 8) {
         __m256 g[2][2], a[4][2];
         for (int r = 0; r < 2; ++r) {
-          for (int q = 0; q < 2; ++q) g[r][q] = _mm256_loadu_ps(ghwc + ((2 * ty + r) * w + 2 * tx + q) * out + c);
+          for (int q = 0; q < 2; ++q) g[r][q] = _mm256_loadu_ps(ghwc + ((2 * ty + r) * wp + 2 * tx + q) * out + c);
         }
         for (int q = 0; q < 2; ++q) {  // A g, A = [1 0; 1 1; 1 -1; 0 -1]
           a[0][q] = g[0][q];
@@ -235,36 +323,17 @@ __attribute__((target("avx2,fma"))) void ImageWeightGrad(const float* x, const f
       }
     }
   }
+  TransformInput(x, in, h, w, s);
   for (int64_t p = 0; p < 16; ++p) {
     // du[p] (in x out) += V[p]^T (in x tiles) G[p] (tiles x out)
     Gemm(s->v.data() + p * tiles * in, in, 1, in, m + p * tiles * out, tiles, out, du + p * in * out, /*add=*/true);
   }
 }
 
-// The weight gradient (out x in x 3 x 3) of the convolution of x by the output's gradient gy.
-// Images in fixed groups, each group's sum apart, then the groups' sums in order: the same result
-// whatever the number of threads.
-torch::Tensor WeightGrad(const torch::Tensor& x, const torch::Tensor& gy) {
-  constexpr int64_t kGroup = 8;
-  const int64_t n = x.size(0), in = x.size(1), h = x.size(2), w = x.size(3), out = gy.size(1);
-  const int64_t groups = (n + kGroup - 1) / kGroup, size = 16 * in * out;
-  std::vector<float> du(std::max<int64_t>(groups, 1) * size, 0.0f);  // zeros for an empty batch
-  const float *xp = x.data_ptr<float>(), *gp = gy.data_ptr<float>();
-  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    thread_local Scratch scratch;
-    for (int64_t k = begin; k < end; ++k) {
-      for (int64_t i = k * kGroup; i < std::min(n, (k + 1) * kGroup); ++i) {
-        ImageWeightGrad(xp + i * in * h * w, gp + i * out * h * w, in, h, w, out, du.data() + k * size, &scratch);
-      }
-    }
-  });
-  for (int64_t k = 1; k < groups; ++k) {
-    for (int64_t e = 0; e < size; ++e) du[e] += du[k * size + e];
-  }
-  // dw = Gt du G for each (o, i); Gt = [1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1].
+// dw (out x in x 3 x 3) = Gt du G for each (o, i) of the transformed weight gradient du
+// (16 x in x out); Gt = [1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1].
+void WeightGradFromTransformed(const float* du, int64_t in, int64_t out, float* dw) {
   static constexpr float kGt[3][4] = {{1, 0.5f, 0.5f, 0}, {0, 0.5f, -0.5f, 0}, {0, 0.5f, 0.5f, 1}};
-  torch::Tensor dw = torch::empty({out, in, 3, 3}, x.options());
-  float* dwp = dw.data_ptr<float>();
   for (int64_t o = 0; o < out; ++o) {
     for (int64_t i = 0; i < in; ++i) {
       float t[3][4] = {};  // Gt du
@@ -277,12 +346,11 @@ torch::Tensor WeightGrad(const torch::Tensor& x, const torch::Tensor& gy) {
         for (int c = 0; c < 3; ++c) {
           float sum = 0;
           for (int b = 0; b < 4; ++b) sum += t[r][b] * kGt[c][b];
-          dwp[((o * in + i) * 3 + r) * 3 + c] = sum;
+          dw[((o * in + i) * 3 + r) * 3 + c] = sum;
         }
       }
     }
   }
-  return dw;
 }
 
 const bool kWinograd = [] {
@@ -290,49 +358,79 @@ const bool kWinograd = [] {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }();
 
-// y = the convolution of x (N x in x H x W) whose transformed kernels are u, plus bias if given.
-torch::Tensor Convolve(const torch::Tensor& x, const std::vector<float>& u, const float* bias, int64_t out) {
-  const int64_t n = x.size(0), in = x.size(1), h = x.size(2), w = x.size(3);
-  torch::Tensor y = torch::empty({n, out, h, w}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    thread_local Scratch scratch;
-    for (int64_t i = begin; i < end; ++i) {
-      Image(xp + i * in * h * w, in, h, w, u.data(), bias, out, yp + i * out * h * w, &scratch);
-    }
-  });
-  return y;
-}
-
-class WinogradFunction : public torch::autograd::Function<WinogradFunction> {
+class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
     x = x.contiguous();
     weight = weight.contiguous();
     bias = bias.contiguous();
-    const int64_t o = weight.size(0), i = weight.size(1);
-    std::vector<float> u(16 * i * o);
-    WeightTransform(weight.data_ptr<float>(), o, i, /*flip=*/false, u.data());
-    ctx->save_for_backward({x, weight});
-    return Convolve(x, u, bias.data_ptr<float>(), o);
+    const int64_t n = x.size(0), in = x.size(1), h = x.size(2), w = x.size(3), out = weight.size(0);
+    const int64_t tiles = h / 2 * (w / 2);
+    std::vector<float> u(16 * in * out);
+    WeightTransform(weight.data_ptr<float>(), out, in, /*flip=*/false, u.data());
+    torch::Tensor y = torch::empty({n, out, h / 2, w / 2}, x.options());
+    // The window bytes in our own order: an image's tiles, a tile's channels adjacent.
+    torch::Tensor win = torch::empty({n, tiles, out}, torch::kUInt8);
+    const float *xp = x.data_ptr<float>(), *bp = bias.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    uint8_t* wp = win.data_ptr<uint8_t>();
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+      thread_local Scratch scratch;
+      for (int64_t i = begin; i < end; ++i) {
+        ImagePool(xp + i * in * h * w, in, h, w, u.data(), bp, out, yp + i * out * tiles, wp + i * tiles * out,
+                  &scratch);
+      }
+    });
+    ctx->save_for_backward({x, weight, win});
+    return y;
   }
 
+  // Images in fixed groups, each group's weight and bias gradients apart, then the groups' sums in
+  // order: the same result whatever the number of threads. An image's output gradient is built
+  // once and serves both the input's gradient and the weight's.
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    constexpr int64_t kGroup = 8;
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];
     const torch::Tensor& weight = saved[1];
+    const uint8_t* winp = saved[2].data_ptr<uint8_t>();
     const torch::Tensor g = grads[0].contiguous();
-    const int64_t o = weight.size(0), i = weight.size(1);
-    torch::Tensor dx;
-    if (ctx->needs_input_grad(0)) {  // the convolution of g with the rotated kernels, o -> i
-      std::vector<float> u(16 * o * i);
-      WeightTransform(weight.data_ptr<float>(), o, i, /*flip=*/true, u.data());
-      dx = Convolve(g, u, nullptr, i);
+    const int64_t n = x.size(0), in = x.size(1), h = x.size(2), w = x.size(3), out = weight.size(0);
+    const int64_t tiles = h / 2 * (w / 2), groups = (n + kGroup - 1) / kGroup, size = 16 * in * out + out;
+    const bool want_dx = ctx->needs_input_grad(0), want_dw = ctx->needs_input_grad(1);
+    torch::Tensor dx = want_dx ? torch::empty({n, in, h, w}, x.options()) : torch::Tensor();
+    std::vector<float> u;  // the convolution of the output's gradient with the rotated kernels, out -> in
+    if (want_dx) {
+      u.resize(16 * out * in);
+      WeightTransform(weight.data_ptr<float>(), out, in, /*flip=*/true, u.data());
     }
-    torch::Tensor dw = ctx->needs_input_grad(1) ? WeightGrad(x, g) : torch::Tensor();
-    torch::Tensor db = ctx->needs_input_grad(2) ? g.sum({0, 2, 3}) : torch::Tensor();
-    return {dx, dw, db};
+    // Per group: du (16 x in x out), then db (out). Zeros for an empty batch.
+    std::vector<float> sums(std::max<int64_t>(groups, 1) * size, 0.0f);
+    const float *xp = x.data_ptr<float>(), *gp = g.data_ptr<float>();
+    float* dxp = want_dx ? dx.data_ptr<float>() : nullptr;
+    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+      thread_local Scratch scratch;
+      for (int64_t k = begin; k < end; ++k) {
+        float* du = sums.data() + k * size;
+        for (int64_t i = k * kGroup; i < std::min(n, (k + 1) * kGroup); ++i) {
+          Unpool(gp + i * out * tiles, winp + i * tiles * out, h, w, out, du + size - out, &scratch);
+          if (want_dx) {
+            TransformTiles(scratch.ghwc.data(), out, h, w, &scratch);
+            Image(u.data(), out, h, w, in, dxp + i * in * h * w, &scratch);
+          }
+          if (want_dw) ImageWeightGrad(xp + i * in * h * w, in, h, w, out, du, &scratch);
+        }
+      }
+    });
+    for (int64_t k = 1; k < groups; ++k) {
+      for (int64_t e = 0; e < size; ++e) sums[e] += sums[k * size + e];
+    }
+    torch::Tensor dw, db = torch::from_blob(sums.data() + size - out, {out}, g.options()).clone();
+    if (want_dw) {
+      dw = torch::empty({out, in, 3, 3}, x.options());
+      WeightGradFromTransformed(sums.data(), in, out, dw.data_ptr<float>());
+    }
+    return {dx, dw, ctx->needs_input_grad(2) ? db : torch::Tensor()};
   }
 };
 #else
@@ -343,19 +441,19 @@ const bool kWinograd = false;
 
 bool WinogradConvolutions() { return kWinograd; }
 
-torch::Tensor Conv3x3Winograd(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   TORCH_CHECK(x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && x.size(1) % 16 == 0 &&
                   x.size(2) % 2 == 0 && x.size(3) % 2 == 0,
-              "Conv3x3Winograd takes an N x C x H x W float CPU tensor, C a multiple of 16, H and W even");
+              "ConvPoolRelu takes an N x C x H x W float CPU tensor, C a multiple of 16, H and W even");
   TORCH_CHECK(weight.dim() == 4 && weight.size(0) % 16 == 0 && weight.size(1) == x.size(1) && weight.size(2) == 3 &&
                   weight.size(3) == 3 && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
                   weight.scalar_type() == torch::kFloat32 && bias.scalar_type() == torch::kFloat32 &&
                   weight.device().is_cpu() && bias.device().is_cpu(),
-              "Conv3x3Winograd takes an O x C x 3 x 3 float CPU weight, O a multiple of 16, and an O-long bias");
+              "ConvPoolRelu takes an O x C x 3 x 3 float CPU weight, O a multiple of 16, and an O-long bias");
 #if defined(__x86_64__)
-  if (kWinograd) return WinogradFunction::apply(x, weight, bias);
+  if (kWinograd) return ConvPoolFunction::apply(x, weight, bias);
 #endif
-  return torch::conv2d(x, weight, bias, 1, 1);
+  return MaxPool2x2Relu(torch::conv2d(x, weight, bias, 1, 1));
 }
 
 }  // namespace trainctl::models

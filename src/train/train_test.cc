@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
+#include <functional>
 #include <thread>
 
 #include "comm/communicator.h"
@@ -85,77 +87,84 @@ TEST(Ops, MaxPool2x2ReluMatchesTorchBitForBitWithTies) {
   EXPECT_THROW(models::MaxPool2x2Relu(torch::randn({1, 16, 8, 8}, torch::kFloat64)), c10::Error);
 }
 
-// The first layer's convolution against ATen's: forward, and the weight's and bias's gradients,
-// to rounding; 1 and 3 channels, positions a multiple of 8 and not (the AVX2 loops' tails), and
-// a batch larger than one thread's share.
-TEST(Ops, Conv3x3ImageLayerMatchesAtensConvolution) {
-  torch::manual_seed(3);
-  const auto close = [](const torch::Tensor& got, const torch::Tensor& want) {
-    return (got - want).abs().max().item<float>() <= 1e-4f * std::max(1.0f, want.abs().max().item<float>());
-  };
-  for (auto [n, c, h, w] : {std::array<int64_t, 4>{64, 1, 28, 28}, {2, 3, 32, 32}, {3, 1, 5, 7}, {1, 3, 2, 2}}) {
-    torch::Tensor x = torch::randn({n, c, h, w});
-    torch::Tensor weight = torch::randn({32, c, 3, 3}) * 0.3;
-    torch::Tensor bias = torch::randn({32});
-    torch::Tensor w1 = weight.clone().requires_grad_(true), b1 = bias.clone().requires_grad_(true);
-    torch::Tensor w2 = weight.clone().requires_grad_(true), b2 = bias.clone().requires_grad_(true);
-    torch::Tensor ours = models::Conv3x3ImageLayer(x, w1, b1);
-    torch::Tensor theirs = torch::conv2d(x, w2, b2, /*stride=*/1, /*padding=*/1);
-    ASSERT_EQ(ours.sizes(), theirs.sizes());
-    EXPECT_TRUE(close(ours, theirs)) << n << "x" << c << "x" << h << "x" << w;
-    torch::Tensor g = torch::randn(ours.sizes());
-    ours.backward(g);
-    theirs.backward(g);
-    EXPECT_TRUE(close(w1.grad(), w2.grad())) << "weight gradient " << n << "x" << c << "x" << h << "x" << w;
-    EXPECT_TRUE(close(b1.grad(), b2.grad())) << "bias gradient " << n << "x" << c << "x" << h << "x" << w;
-  }
-  torch::Tensor x = torch::randn({2, 1, 8, 8});
-  EXPECT_THROW(models::Conv3x3ImageLayer(x.requires_grad_(true), torch::randn({4, 1, 3, 3}), torch::randn({4})),
-               c10::Error);  // no gradient for the input
-  EXPECT_THROW(models::Conv3x3ImageLayer(torch::randn({2, 1, 8, 8}), torch::randn({4, 2, 3, 3}), torch::randn({4})),
-               c10::Error);  // channels differ
+// relu(max_pool2d(conv2d(x, w, b, 1, 1), 2)) by ATen, for the fused layers to match.
+torch::Tensor AtenConvPoolRelu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  return torch::relu(torch::max_pool2d(torch::conv2d(x, w, b, /*stride=*/1, /*padding=*/1), 2));
 }
 
-// Winograd's 3x3 convolution against ATen's: forward and all three gradients, to rounding; the
-// CNN's 32 -> 64 layer, and shapes whose tiles are not a multiple of the kernel's 6 rows, with
-// several images for LibTorch's threads. On a CPU without AVX2 and FMA it is ATen's own.
-TEST(Ops, Conv3x3WinogradMatchesAtensConvolution) {
+// A fused layer (ops.h) against ATen: the output and the gradients of x (where it takes one), the
+// weight and the bias. On random floats to rounding (1e-5, or 1e-4 for the first layer's long dot
+// products, of the largest magnitude); on small integers exactly, where ties inside windows are
+// common (Winograd's arithmetic is exact on them too) and the gradient must go where ATen's does.
+void ExpectConvPoolMatchesAten(
+    const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>& layer,
+    std::array<int64_t, 5> shape, bool input_grad, bool ties, float tolerance) {
+  const auto [n, c, o, h, w] = shape;
+  const std::string name = std::to_string(n) + "x" + std::to_string(c) + "x" + std::to_string(h) + "x" +
+                           std::to_string(w) + " -> " + std::to_string(o) + (ties ? " integers" : "");
+  const auto draw = [&](std::vector<int64_t> sizes, double scale) {
+    return ties ? torch::randint(-2, 3, sizes).to(torch::kFloat32) : torch::randn(sizes) * scale;
+  };
+  torch::Tensor x = draw({n, c, h, w}, 1), weight = draw({o, c, 3, 3}, 0.1), bias = draw({o}, 1);
+  const auto close = [&](const torch::Tensor& got, const torch::Tensor& want) {
+    if (ties) return torch::equal(got, want);
+    return (got - want).abs().max().item<float>() <= tolerance * std::max(1.0f, want.abs().max().item<float>());
+  };
+  torch::Tensor x1 = x.clone().requires_grad_(input_grad), x2 = x.clone().requires_grad_(input_grad);
+  torch::Tensor w1 = weight.clone().requires_grad_(true), b1 = bias.clone().requires_grad_(true);
+  torch::Tensor w2 = weight.clone().requires_grad_(true), b2 = bias.clone().requires_grad_(true);
+  torch::Tensor ours = layer(x1, w1, b1);
+  torch::Tensor theirs = AtenConvPoolRelu(x2, w2, b2);
+  ASSERT_EQ(ours.sizes(), theirs.sizes()) << name;
+  EXPECT_TRUE(close(ours, theirs)) << name;
+  torch::Tensor g = ties ? torch::randint(-3, 4, ours.sizes()).to(torch::kFloat32) : torch::randn(ours.sizes());
+  ours.backward(g);
+  theirs.backward(g);
+  if (input_grad) EXPECT_TRUE(close(x1.grad(), x2.grad())) << "input gradient " << name;
+  EXPECT_TRUE(close(w1.grad(), w2.grad())) << "weight gradient " << name;
+  EXPECT_TRUE(close(b1.grad(), b2.grad())) << "bias gradient " << name;
+}
+
+// The first layer: 1 and 3 channels, positions a multiple of 8 and not (the AVX2 loops' tails),
+// pooled widths that end in a partial block, and a batch larger than one thread's share.
+TEST(Ops, ImageConvPoolReluMatchesAtens) {
+  torch::manual_seed(3);
+  for (auto shape : {std::array<int64_t, 5>{64, 1, 32, 28, 28}, {2, 3, 16, 32, 32}, {3, 1, 8, 6, 10}, {1, 3, 4, 2, 2}}) {
+    for (bool ties : {false, true}) {
+      ExpectConvPoolMatchesAten(models::ImageConvPoolRelu, shape, /*input_grad=*/false, ties, 1e-4f);
+    }
+  }
+  torch::Tensor x = torch::randn({2, 1, 8, 8});
+  EXPECT_THROW(models::ImageConvPoolRelu(x.requires_grad_(true), torch::randn({4, 1, 3, 3}), torch::randn({4})),
+               c10::Error);  // no gradient for the input
+  EXPECT_THROW(models::ImageConvPoolRelu(torch::randn({2, 1, 8, 8}), torch::randn({4, 2, 3, 3}), torch::randn({4})),
+               c10::Error);  // channels differ
+  EXPECT_THROW(models::ImageConvPoolRelu(torch::randn({2, 1, 8, 7}), torch::randn({4, 1, 3, 3}), torch::randn({4})),
+               c10::Error);  // odd width
+}
+
+// The hidden layer by Winograd: the CNN's 32 -> 64, and shapes whose tiles are not a multiple of
+// the kernel's 6 rows, with several images for LibTorch's threads and more than one group of the
+// weight gradient's sum. On a CPU without AVX2 and FMA it is ATen's own.
+TEST(Ops, ConvPoolReluMatchesAtens) {
   if (!models::WinogradConvolutions()) GTEST_LOG_(INFO) << "no AVX2 and FMA here: ATen's convolution is compared with itself";
   torch::manual_seed(5);
-  const auto close = [](const torch::Tensor& got, const torch::Tensor& want) {
-    return (got - want).abs().max().item<float>() <= 1e-5f * std::max(1.0f, want.abs().max().item<float>());
-  };
-  for (auto [n, c, o, h, w] : {std::array<int64_t, 5>{8, 32, 64, 14, 14}, {3, 16, 32, 6, 10}, {2, 48, 16, 2, 2},
-                               {1, 16, 16, 16, 4}}) {
-    const std::string shape = std::to_string(n) + "x" + std::to_string(c) + "x" + std::to_string(h) + "x" +
-                              std::to_string(w) + " -> " + std::to_string(o);
-    torch::Tensor x = torch::randn({n, c, h, w});
-    torch::Tensor weight = torch::randn({o, c, 3, 3}) * 0.1;
-    torch::Tensor bias = torch::randn({o});
-    torch::Tensor x1 = x.clone().requires_grad_(true), x2 = x.clone().requires_grad_(true);
-    torch::Tensor w1 = weight.clone().requires_grad_(true), b1 = bias.clone().requires_grad_(true);
-    torch::Tensor w2 = weight.clone().requires_grad_(true), b2 = bias.clone().requires_grad_(true);
-    torch::Tensor ours = models::Conv3x3Winograd(x1, w1, b1);
-    torch::Tensor theirs = torch::conv2d(x2, w2, b2, /*stride=*/1, /*padding=*/1);
-    ASSERT_EQ(ours.sizes(), theirs.sizes());
-    EXPECT_TRUE(close(ours, theirs)) << shape;
-    torch::Tensor g = torch::randn(ours.sizes());
-    ours.backward(g);
-    theirs.backward(g);
-    EXPECT_TRUE(close(x1.grad(), x2.grad())) << "input gradient " << shape;
-    EXPECT_TRUE(close(w1.grad(), w2.grad())) << "weight gradient " << shape;
-    EXPECT_TRUE(close(b1.grad(), b2.grad())) << "bias gradient " << shape;
+  for (auto shape : {std::array<int64_t, 5>{9, 32, 64, 14, 14}, {3, 16, 32, 6, 10}, {2, 48, 16, 2, 2},
+                     {1, 16, 16, 16, 4}}) {
+    for (bool ties : {false, true}) {
+      ExpectConvPoolMatchesAten(models::ConvPoolRelu, shape, /*input_grad=*/true, ties, 1e-5f);
+    }
   }
   // An empty batch: an empty output, zero gradients.
   torch::Tensor w0 = torch::randn({16, 16, 3, 3}).requires_grad_(true), b0 = torch::randn({16}).requires_grad_(true);
-  torch::Tensor y0 = models::Conv3x3Winograd(torch::randn({0, 16, 4, 4}), w0, b0);
-  EXPECT_EQ(y0.sizes(), torch::IntArrayRef({0, 16, 4, 4}));
+  torch::Tensor y0 = models::ConvPoolRelu(torch::randn({0, 16, 4, 4}), w0, b0);
+  EXPECT_EQ(y0.sizes(), torch::IntArrayRef({0, 16, 2, 2}));
   y0.sum().backward();
   EXPECT_TRUE(w0.grad().eq(0).all().item<bool>());
   EXPECT_TRUE(b0.grad().eq(0).all().item<bool>());
-  EXPECT_THROW(models::Conv3x3Winograd(torch::randn({2, 8, 8, 8}), torch::randn({16, 8, 3, 3}), torch::randn({16})),
+  EXPECT_THROW(models::ConvPoolRelu(torch::randn({2, 8, 8, 8}), torch::randn({16, 8, 3, 3}), torch::randn({16})),
                c10::Error);  // 8 channels
-  EXPECT_THROW(models::Conv3x3Winograd(torch::randn({2, 16, 7, 8}), torch::randn({16, 16, 3, 3}), torch::randn({16})),
+  EXPECT_THROW(models::ConvPoolRelu(torch::randn({2, 16, 7, 8}), torch::randn({16, 16, 3, 3}), torch::randn({16})),
                c10::Error);  // odd height
 }
 
