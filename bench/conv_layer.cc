@@ -2,8 +2,9 @@
 // thread: ATen's convolution (oneDNN's direct kernels on a CPU without AVX-512) followed by the
 // trainer's pooling (models::MaxPool2x2Relu), against the trainer's fused layers
 // (models::ImageConvPoolRelu for the image's 1 -> 32, models::ConvPoolRelu, Winograd, for
-// 32 -> 64); forward and backward, each the median of --reps calls. Built on demand:
-// cmake --build build --target conv_layer; pin it with taskset.
+// 32 -> 64); forward and backward, each the median of --reps calls; then the whole CNN's step
+// (forward, cross-entropy, backward; no optimizer) as the trainer runs it on this CPU. Built on
+// demand: cmake --build build --target conv_layer; pin it with taskset.
 //   build/src/conv_layer [reps, default 50] [batch, default 64]
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -15,6 +16,7 @@
 #include <functional>
 #include <vector>
 
+#include "models/models.h"
 #include "models/ops.h"
 
 namespace {
@@ -31,12 +33,18 @@ std::pair<double, double> Time(const Layer& layer, int reps, int64_t batch, int6
   torch::Tensor w = (torch::randn({out, in, 3, 3}) * 0.1).requires_grad_(true);
   torch::Tensor b = torch::randn({out}).requires_grad_(true);
   torch::Tensor g = torch::randn({batch, out, size / 2, size / 2});
+  // As the model passes it: the first layer's output is channels-last.
+  if (in > 3) x = x.detach().contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true);
   std::vector<double> fwd, bwd;
   for (int r = 0; r < reps + 3; ++r) {  // the first three warm up
     auto t0 = std::chrono::steady_clock::now();
     torch::Tensor y = layer(x, w, b);
     auto t1 = std::chrono::steady_clock::now();
-    y.backward(g);
+    if (y.dim() == 0) {
+      y.backward();  // a loss
+    } else {
+      y.backward(g);
+    }
     auto t2 = std::chrono::steady_clock::now();
     if (x.requires_grad()) x.mutable_grad().reset();
     w.mutable_grad().reset();
@@ -81,5 +89,14 @@ int main(int argc, char** argv) {
     std::printf("%-20s fused / ATen: %.3fx the time\n", c.name,
                 (ours.first + ours.second) / (theirs.first + theirs.second));
   }
+  auto model = trainctl::models::MakeModel("cnn", {});
+  if (!model.ok()) return 1;
+  torch::Tensor images = torch::randn({batch, 1, 28, 28}), labels = torch::randint(0, 10, {batch});
+  const Layer step = [&](const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
+    return torch::cross_entropy_loss((*model)->forward(images), labels);
+  };
+  const auto t = Time(step, reps, batch, 1, 1, 2);
+  std::printf("the CNN's step (forward, loss, backward): %.2f + %.2f = %.2f ms, %.0f samples/s\n", t.first, t.second,
+              t.first + t.second, batch / (t.first + t.second) * 1e3);
   return 0;
 }

@@ -32,31 +32,32 @@ void CheckBlocked(const torch::Tensor& x, const char* what);
 torch::Tensor MaxPool2x2Relu(const torch::Tensor& x);
 
 // relu(max_pool2d(conv2d(x, weight, bias, stride 1, padding 1), 2)) on the CPU in float, autograd:
-// the CNN's two layers, each a kernel of our own that pools its convolution's output while it is
-// still in cache and builds the convolution's output gradient from the pooled one the same way,
-// so that neither the full-size output nor its gradient crosses the batch in memory (6.4 MB and
-// 3.2 MB a batch of 64 for the example CNN's two layers). Equal to ATen's to rounding; the pooling
-// and its gradient follow MaxPool2x2Relu's rules on the convolution's output. H and W even.
+// the CNN's two layers, in kernels of our own on AVX2 and FMA (models/conv_pool.cc) that pool the
+// convolution's output while it is still in cache and build the convolution's output gradient
+// from the pooled one the same way, so that neither the full-size output nor its gradient crosses
+// the batch in memory (6.4 MB and 3.2 MB a batch of 64 for the example CNN's two layers). Equal to
+// ATen's to rounding; the pooling and its gradient follow MaxPool2x2Relu's rules on the
+// convolution's output. H and W even, O a multiple of 16. Where the CPU lacks AVX2 or FMA, ATen's
+// convolution and MaxPool2x2Relu.
 //
 // ImageConvPoolRelu is the first layer, on an image that takes no gradient (x must not require
-// grad; the weight's and bias's gradients only). For the few input channels of an image (1 for
-// Fashion-MNIST, 3 for CIFAR-10) ATen's oneDNN convolution pads them to a block of 8 (on AVX2)
-// and reorders its 6.4 MB output and gradient between layouts each step: its weight gradient
-// alone took 5 ms a batch of 64 on one core. Here an image's 9 x C shifted copies (a few KB to
-// 100 KB) stay in cache while each output channel's plane is computed from them, and the weight
-// gradient is the dot products of the output's gradient with the same copies; AVX2 and FMA where
-// the CPU has them (portable C++ elsewhere).
+// grad: the weight's and bias's gradients only), and leaves its output channels-last (PyTorch's
+// ChannelsLast memory format), as ConvPoolRelu reads it. For the few input channels of an image
+// (1 for Fashion-MNIST, 3 for CIFAR-10) ATen's oneDNN convolution pads them to a block of 8 (on
+// AVX2) and reorders its 6.4 MB output and gradient between layouts each step: its weight
+// gradient alone took 5 ms a batch of 64 on one core. Here an image's 9 x C shifted copies (a few
+// KB to 100 KB) stay in cache for the two matrix products: the output (positions x O) and the
+// weight's gradient.
 torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
-// ConvPoolRelu is a hidden layer: C and O multiples of 16. Its convolution is Winograd's
-// F(2x2, 3x3) on AVX2 and FMA (models/winograd.cc: 2.25x fewer multiplications, rounding about
+// ConvPoolRelu is a hidden layer: C a multiple of 16 too; any memory format in, N x C x H x W
+// out. Its convolution is Winograd's F(2x2, 3x3) (2.25x fewer multiplications, rounding about
 // 1e-6 of the output's scale differently from ATen's), forward and all three gradients; a
 // Winograd tile's 2 x 2 outputs are one pooling window. Where oneDNN has no Winograd kernels
 // (CPUs without AVX-512) ATen's direct convolution took 10 ms for the example CNN's 32 -> 64
-// layer on a batch of 64 on one core, forward only. Where the CPU lacks AVX2 or FMA it is ATen's
-// convolution and MaxPool2x2Relu.
+// layer on a batch of 64 on one core, forward only.
 torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
-// Whether ConvPoolRelu runs its own Winograd kernels on this CPU (AVX2 and FMA).
+// Whether the two run their own kernels on this CPU (AVX2 and FMA): Winograd for ConvPoolRelu.
 bool WinogradConvolutions();
 
 }  // namespace trainctl::models

@@ -1,5 +1,5 @@
 // The 2 x 2 max-pool and ReLU of 8 windows in AVX2 registers, for MaxPool2x2Relu and for the
-// convolutions that pool their own output before writing it (models/ops.cc, models/winograd.cc).
+// convolutions that pool their own output before writing it (models/ops.cc, models/conv_pool.cc).
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,16 @@
-// ConvPoolRelu (models/ops.h): a 3x3 convolution by Winograd's F(2x2, 3x3) on AVX2 and FMA, its
-// output max-pooled (2 x 2) and ReLU'd as each tile is transformed back.
+// The CNN's two convolution layers on the CPU (models/ops.h), each relu(max_pool2d(conv3x3(x) + b,
+// 2)) in kernels of our own on AVX2 and FMA: the convolution's output is pooled while it is still
+// in cache, and backward builds the convolution's output gradient from the pooled one and the
+// window bytes, an image at a time. Between the two layers the activation and its gradient are
+// channels-last (N x H x W x C in memory, PyTorch's ChannelsLast memory format): what both
+// layers' kernels read and write with whole-register loads, 8 channels at a time.
 //
-// Each 2 x 2 block of outputs (a tile) comes from the 4 x 4 block of inputs around it. With
+// The first layer (ImageConvPoolRelu), on an image of 1 or 3 channels: the image's 9 x C shifted
+// copies (cols, a few KB to 100 KB) stay in cache; the output, P positions x O channels, is the
+// matrix product cols^T (P x 9C) W^T (9C x O), the weight's gradient cols (9C x P) G (P x O).
+//
+// The second (ConvPoolRelu) by Winograd's F(2x2, 3x3). Each 2 x 2 block of outputs (a tile) comes
+// from the 4 x 4 block of inputs around it. With
 //   Bt = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1], G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1],
 //   At = [1 1 1 0; 0 1 -1 -1],
 // the tile's output for output channel o is At (sum_i (G w[o][i] Gt) .* (Bt x_i B)) A: the 16
@@ -9,10 +18,8 @@
 //   M[p] (tiles x O) = V[p] (tiles x I) * U[p] (I x O),
 // 16 multiplications a tile and channel pair instead of 4 x 9 = 36 (2.25x fewer); the
 // transforms are additions. A tile's 2 x 2 outputs are exactly one pooling window: the output
-// transform pools them in registers, and backward builds the convolution's output gradient from
-// the pooled one and the window bytes straight into the layout its transforms read. One image at
-// a time, so that its transformed input (16 x tiles x I) and products (16 x tiles x O) stay in
-// the core's L2 cache.
+// transform pools them in registers. One image at a time, so that its transformed input
+// (16 x tiles x I) and products (16 x tiles x O) stay in the core's L2 cache.
 #include "models/ops.h"
 
 #include "models/pool_avx2.h"
@@ -21,6 +28,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -113,8 +121,8 @@ __attribute__((target("avx2,fma"))) void Gemm(const float* a, int64_t rows, int6
 
 struct Scratch {
   // One image's input H x W x I and its output's gradient H x W x O, each in a zero border; V; M;
-  // an output (or a gradient) with the channels of a position adjacent.
-  std::vector<float> hwc, ghwc, v, m, out;
+  // an output (or a gradient) with the channels of a position adjacent; the first layer's cols.
+  std::vector<float> hwc, ghwc, v, m, out, cols;
 };
 
 // (h + 2) x (w + 2) x c floats in buf whose border is zero: resized, and zeroed, only when the
@@ -125,20 +133,14 @@ inline float* Bordered(std::vector<float>* buf, int64_t c, int64_t h, int64_t w)
   return buf->data();
 }
 
-// dst[(r * row_stride + q) * c + ch] = x[(ch * h + r) * w + q]: one image's c x h x w with the
-// channels of a position adjacent, rows `row_stride` positions apart.
-__attribute__((target("avx2,fma"))) inline void ChannelsLast(const float* x, int64_t c, int64_t h, int64_t w,
-                                                             int64_t row_stride, float* dst) {
+// A plane of n positions of c channels from channels-first (src[ch * n + q]) to channels-last
+// (dst[q * c + ch]), and back.
+inline void ChannelsLast(const float* src, int64_t c, int64_t n, float* dst) {
   for (int64_t ch = 0; ch < c; ++ch) {
-    for (int64_t r = 0; r < h; ++r) {
-      const float* src = x + (ch * h + r) * w;
-      float* row = dst + r * row_stride * c + ch;
-      for (int64_t q = 0; q < w; ++q) row[q * c] = src[q];
-    }
+    for (int64_t q = 0; q < n; ++q) dst[q * c + ch] = src[ch * n + q];
   }
 }
 
-// The inverse for a plane of n positions: dst[ch * n + q] = src[q * c + ch].
 inline void ChannelsFirst(const float* src, int64_t c, int64_t n, float* dst) {
   for (int64_t ch = 0; ch < c; ++ch) {
     for (int64_t q = 0; q < n; ++q) dst[ch * n + q] = src[q * c + ch];
@@ -178,11 +180,11 @@ __attribute__((target("avx2,fma"))) void TransformTiles(const float* hwc, int64_
   }
 }
 
-// The same for one image's input x (in x h x w), by way of s->hwc.
+// The same for one image's input x (h x w x in, channels-last), by way of s->hwc.
 __attribute__((target("avx2,fma"))) void TransformInput(const float* x, int64_t in, int64_t h, int64_t w,
                                                         Scratch* s) {
   float* hwc = Bordered(&s->hwc, in, h, w);
-  ChannelsLast(x, in, h, w, w + 2, hwc + (w + 3) * in);
+  for (int64_t r = 0; r < h; ++r) std::memcpy(hwc + ((r + 1) * (w + 2) + 1) * in, x + r * w * in, w * in * sizeof(float));
   TransformTiles(hwc, in, h, w, s);
 }
 
@@ -212,31 +214,29 @@ __attribute__((target("avx2,fma"))) inline void TileOutputs(const float* m, int6
   }
 }
 
-// One image's convolution, without bias, of what s->v holds (in channels) by u, to y (out x h x w).
+// One image's convolution, without bias, of what s->v holds (in channels) by u, to y (h x w x out,
+// channels-last).
 __attribute__((target("avx2,fma"))) void Image(const float* u, int64_t in, int64_t h, int64_t w, int64_t out,
                                                float* y, Scratch* s) {
   const int64_t th = h / 2, tw = w / 2, tiles = th * tw;
   Products(u, tiles, in, out, s);
-  s->out.resize(h * w * out);
   const float* m = s->m.data();
-  float* o = s->out.data();
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int64_t tx = 0; tx < tw; ++tx) {
       for (int64_t c = 0; c < out; c += 8) {
         __m256 tile[2][2];
         TileOutputs(m, tiles, ty * tw + tx, out, c, tile);
         for (int r = 0; r < 2; ++r) {
-          float* op = o + ((2 * ty + r) * w + 2 * tx) * out + c;
+          float* op = y + ((2 * ty + r) * w + 2 * tx) * out + c;
           _mm256_storeu_ps(op, tile[r][0]);
           _mm256_storeu_ps(op + out, tile[r][1]);
         }
       }
     }
   }
-  ChannelsFirst(o, out, h * w, y);
 }
 
-// One image x (in x h x w) convolved by u, plus bias, each tile's 2 x 2 outputs pooled and
+// One image x (h x w x in, channels-last) convolved by u, plus bias, each tile's 2 x 2 outputs pooled and
 // ReLU'd: y (out x h/2 x w/2) and the window bytes win (tiles x out).
 __attribute__((target("avx2,fma"))) void ImagePool(const float* x, int64_t in, int64_t h, int64_t w,
                                                    const float* u, const float* bias, int64_t out, float* y,
@@ -261,16 +261,12 @@ __attribute__((target("avx2,fma"))) void ImagePool(const float* x, int64_t in, i
   ChannelsFirst(o, out, tiles, y);
 }
 
-// The convolution's output gradient, h x w x out into s->ghwc (in its zero border), from one
-// image's pooled gradient g (out x h/2 x w/2) and window bytes win (tiles x out): each window's
-// gradient where it went, zeros elsewhere. Adds each channel's sum to db.
-__attribute__((target("avx2,fma"))) void Unpool(const float* g, const uint8_t* win, int64_t h, int64_t w,
-                                                int64_t out, float* db, Scratch* s) {
-  const int64_t wp = w + 2, th = h / 2, tw = w / 2, tiles = th * tw;
-  float* ghwc = Bordered(&s->ghwc, out, h, w);
-  s->out.resize(tiles * out);
-  float* gt = s->out.data();
-  ChannelsLast(g, out, 1, tiles, tiles, gt);  // tiles x out
+// The convolution's output gradient in dst (h x w x out, rows `row_stride` positions apart) from
+// one image's pooled gradient gt and window bytes win (both tiles x out): each window's gradient
+// where it went, zeros elsewhere. Adds each channel's sum to db.
+__attribute__((target("avx2,fma"))) void Unpool(const float* gt, const uint8_t* win, int64_t h, int64_t w,
+                                                int64_t out, int64_t row_stride, float* dst, float* db) {
+  const int64_t th = h / 2, tw = w / 2;
   for (int64_t c = 0; c < out; c += 8) {
     __m256 sum = _mm256_loadu_ps(db + c);
     for (int64_t ty = 0; ty < th; ++ty) {
@@ -278,9 +274,10 @@ __attribute__((target("avx2,fma"))) void Unpool(const float* g, const uint8_t* w
         const int64_t t = ty * tw + tx;
         const __m256i k = LoadWindows8(win + t * out + c);
         const __m256 gv = _mm256_loadu_ps(gt + t * out + c);
-        sum = _mm256_add_ps(sum, _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(kNoWindow), k)), gv));
+        const __m256 won = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(kNoWindow), k));
+        sum = _mm256_add_ps(sum, _mm256_and_ps(won, gv));
         for (int r = 0; r < 2; ++r) {
-          float* gp = ghwc + ((2 * ty + r + 1) * wp + 2 * tx + 1) * out + c;
+          float* gp = dst + ((2 * ty + r) * row_stride + 2 * tx) * out + c;
           _mm256_storeu_ps(gp, WindowGrad8(k, gv, 2 * r));
           _mm256_storeu_ps(gp + out, WindowGrad8(k, gv, 2 * r + 1));
         }
@@ -291,7 +288,7 @@ __attribute__((target("avx2,fma"))) void Unpool(const float* g, const uint8_t* w
 }
 
 // One image's share of the transformed weight gradient: du[p] (in x out) += V[p]^T (A gy At)[p],
-// for x (in x h x w) and the output's gradient gy in s->ghwc: since y = At (sum U .* V) A per
+// for x (h x w x in, channels-last) and the output's gradient gy in s->ghwc: since y = At (sum U .* V) A per
 // tile, the gradient of U[p][i][o] is the sum over tiles of V[p][t][i] (A gy_t At)[p][o].
 __attribute__((target("avx2,fma"))) void ImageWeightGrad(const float* x, int64_t in, int64_t h, int64_t w,
                                                          int64_t out, float* du, Scratch* s) {
@@ -353,24 +350,163 @@ void WeightGradFromTransformed(const float* du, int64_t in, int64_t out, float* 
   }
 }
 
-const bool kWinograd = [] {
+// The first layer. cols[k][p] for k = 9c + 3i + j: the plane c of x (C x H x W) shifted by
+// (i - 1, j - 1), zero outside it, P = H x W positions.
+void Im2Col3x3(const float* x, int64_t c, int64_t h, int64_t w, float* cols) {
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const float* plane = x + ch * h * w;
+    for (int64_t i = 0; i < 3; ++i) {
+      for (int64_t j = 0; j < 3; ++j, cols += h * w) {
+        for (int64_t r = 0; r < h; ++r) {
+          float* row = cols + r * w;
+          const int64_t sr = r + i - 1;
+          if (sr < 0 || sr >= h) {
+            std::fill(row, row + w, 0.0f);
+            continue;
+          }
+          const float* src = plane + sr * w;
+          if (j == 0) {
+            row[0] = 0.0f;
+            std::copy(src, src + w - 1, row + 1);
+          } else if (j == 1) {
+            std::copy(src, src + w, row);
+          } else {
+            std::copy(src + 1, src + w, row);
+            row[w - 1] = 0.0f;
+          }
+        }
+      }
+    }
+  }
+}
+
+// One image x (c x h x w) through the first layer: the convolution by wt (9c x out, the weight
+// transposed) into s->out (P x out), then bias, pooling and ReLU: y (tiles x out, channels-last)
+// and the window bytes win (tiles x out).
+__attribute__((target("avx2,fma"))) void ImageLayerForward(const float* x, int64_t c, int64_t h, int64_t w,
+                                                           const float* wt, const float* bias, int64_t out,
+                                                           float* y, uint8_t* win, Scratch* s) {
+  const int64_t p = h * w, tw = w / 2;
+  s->cols.resize(9 * c * p);
+  s->out.resize(p * out);
+  Im2Col3x3(x, c, h, w, s->cols.data());
+  Gemm(s->cols.data(), p, 1, p, wt, 9 * c, out, s->out.data(), /*add=*/false);  // cols^T wt
+  const float* conv = s->out.data();
+  for (int64_t t = 0; t < p / 4; ++t) {
+    const float* a = conv + (2 * (t / tw) * w + 2 * (t % tw)) * out;  // the window's top left
+    for (int64_t ch = 0; ch < out; ch += 8) {
+      const __m256 b = _mm256_loadu_ps(bias + ch);
+      __m256i k;
+      const __m256 m = MaxPoolRelu8(
+          _mm256_add_ps(_mm256_loadu_ps(a + ch), b), _mm256_add_ps(_mm256_loadu_ps(a + out + ch), b),
+          _mm256_add_ps(_mm256_loadu_ps(a + w * out + ch), b), _mm256_add_ps(_mm256_loadu_ps(a + (w + 1) * out + ch), b),
+          &k);
+      _mm256_storeu_ps(y + t * out + ch, m);
+      StoreWindows8(k, win + t * out + ch);
+    }
+  }
+}
+
+// One image's share of the first layer's weight and bias gradients: dwt (9c x out) += cols
+// (9c x P) gy (P x out), db += gy's sum per channel, gy unpooled from g (tiles x out,
+// channels-last) by win.
+__attribute__((target("avx2,fma"))) void ImageLayerBackward(const float* x, int64_t c, int64_t h, int64_t w,
+                                                            const float* g, const uint8_t* win, int64_t out,
+                                                            float* dwt, float* db, Scratch* s) {
+  const int64_t p = h * w;
+  s->cols.resize(9 * c * p);
+  s->out.resize(p * out);
+  Im2Col3x3(x, c, h, w, s->cols.data());
+  Unpool(g, win, h, w, out, w, s->out.data(), db);
+  Gemm(s->cols.data(), 9 * c, p, 1, s->out.data(), p, out, dwt, /*add=*/true);
+}
+
+// sum over the n images of fn(i, partial), `size` floats: images in fixed groups of 8 among
+// LibTorch's threads, each group's sum apart, then the groups' sums in order, so that the result
+// is the same whatever the number of threads. Zeros for no images.
+template <typename Fn>
+std::vector<float> SumOverImages(int64_t n, int64_t size, const Fn& fn) {
+  constexpr int64_t kGroup = 8;
+  const int64_t groups = (n + kGroup - 1) / kGroup;
+  std::vector<float> sums(std::max<int64_t>(groups, 1) * size, 0.0f);
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      for (int64_t i = k * kGroup; i < std::min(n, (k + 1) * kGroup); ++i) fn(i, sums.data() + k * size);
+    }
+  });
+  for (int64_t k = 1; k < groups; ++k) {
+    for (int64_t e = 0; e < size; ++e) sums[e] += sums[k * size + e];
+  }
+  sums.resize(size);
+  return sums;
+}
+
+const bool kAvx2Fma = [] {
   __builtin_cpu_init();  // a static initializer may run before libgcc's own
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }();
 
-class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
+torch::Tensor ChannelsLastEmpty(torch::IntArrayRef sizes, const torch::TensorOptions& options) {
+  return torch::empty(sizes, options.memory_format(at::MemoryFormat::ChannelsLast));
+}
+
+class ImageConvPoolFunction : public torch::autograd::Function<ImageConvPoolFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
     x = x.contiguous();
+    bias = bias.contiguous();
+    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), out = weight.size(0);
+    const int64_t tiles = h / 2 * (w / 2);
+    const torch::Tensor wt = weight.reshape({out, 9 * c}).t().contiguous();
+    torch::Tensor y = ChannelsLastEmpty({n, out, h / 2, w / 2}, x.options());
+    torch::Tensor win = torch::empty({n, tiles, out}, torch::kUInt8);  // our order: tiles x channels
+    const float *xp = x.data_ptr<float>(), *wtp = wt.data_ptr<float>(), *bp = bias.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    uint8_t* winp = win.data_ptr<uint8_t>();
+    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+      thread_local Scratch scratch;
+      for (int64_t i = begin; i < end; ++i) {
+        ImageLayerForward(xp + i * c * h * w, c, h, w, wtp, bp, out, yp + i * tiles * out, winp + i * tiles * out,
+                          &scratch);
+      }
+    });
+    ctx->save_for_backward({x, win});
+    return y;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const uint8_t* winp = saved[1].data_ptr<uint8_t>();
+    const torch::Tensor g = grads[0].contiguous(at::MemoryFormat::ChannelsLast);
+    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), out = g.size(1);
+    const int64_t tiles = h / 2 * (w / 2), k = 9 * c;
+    const float *xp = x.data_ptr<float>(), *gp = g.data_ptr<float>();
+    // dwt (9c x out), then db (out).
+    std::vector<float> sums = SumOverImages(n, k * out + out, [&](int64_t i, float* sum) {
+      thread_local Scratch scratch;
+      ImageLayerBackward(xp + i * c * h * w, c, h, w, gp + i * tiles * out, winp + i * tiles * out, out, sum,
+                         sum + k * out, &scratch);
+    });
+    torch::Tensor dwt = torch::from_blob(sums.data(), {k, out}, g.options());
+    torch::Tensor db = torch::from_blob(sums.data() + k * out, {out}, g.options());
+    return {torch::Tensor(), dwt.t().reshape({out, c, 3, 3}).contiguous(), db.clone()};
+  }
+};
+
+class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
+    x = x.contiguous(at::MemoryFormat::ChannelsLast);  // as the first layer leaves it
     weight = weight.contiguous();
     bias = bias.contiguous();
     const int64_t n = x.size(0), in = x.size(1), h = x.size(2), w = x.size(3), out = weight.size(0);
     const int64_t tiles = h / 2 * (w / 2);
     std::vector<float> u(16 * in * out);
     WeightTransform(weight.data_ptr<float>(), out, in, /*flip=*/false, u.data());
+    // N x C x H x W, for the linear layer after it.
     torch::Tensor y = torch::empty({n, out, h / 2, w / 2}, x.options());
-    // The window bytes in our own order: an image's tiles, a tile's channels adjacent.
-    torch::Tensor win = torch::empty({n, tiles, out}, torch::kUInt8);
+    torch::Tensor win = torch::empty({n, tiles, out}, torch::kUInt8);  // our order: tiles x channels
     const float *xp = x.data_ptr<float>(), *bp = bias.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     uint8_t* wp = win.data_ptr<uint8_t>();
@@ -385,47 +521,39 @@ class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
     return y;
   }
 
-  // Images in fixed groups, each group's weight and bias gradients apart, then the groups' sums in
-  // order: the same result whatever the number of threads. An image's output gradient is built
-  // once and serves both the input's gradient and the weight's.
+  // An image's output gradient is built once and serves both the input's gradient and the
+  // weight's.
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
-    constexpr int64_t kGroup = 8;
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];
     const torch::Tensor& weight = saved[1];
     const uint8_t* winp = saved[2].data_ptr<uint8_t>();
     const torch::Tensor g = grads[0].contiguous();
     const int64_t n = x.size(0), in = x.size(1), h = x.size(2), w = x.size(3), out = weight.size(0);
-    const int64_t tiles = h / 2 * (w / 2), groups = (n + kGroup - 1) / kGroup, size = 16 * in * out + out;
+    const int64_t tiles = h / 2 * (w / 2), size = 16 * in * out;
     const bool want_dx = ctx->needs_input_grad(0), want_dw = ctx->needs_input_grad(1);
-    torch::Tensor dx = want_dx ? torch::empty({n, in, h, w}, x.options()) : torch::Tensor();
+    torch::Tensor dx = want_dx ? ChannelsLastEmpty({n, in, h, w}, x.options()) : torch::Tensor();
     std::vector<float> u;  // the convolution of the output's gradient with the rotated kernels, out -> in
     if (want_dx) {
       u.resize(16 * out * in);
       WeightTransform(weight.data_ptr<float>(), out, in, /*flip=*/true, u.data());
     }
-    // Per group: du (16 x in x out), then db (out). Zeros for an empty batch.
-    std::vector<float> sums(std::max<int64_t>(groups, 1) * size, 0.0f);
     const float *xp = x.data_ptr<float>(), *gp = g.data_ptr<float>();
     float* dxp = want_dx ? dx.data_ptr<float>() : nullptr;
-    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-      thread_local Scratch scratch;
-      for (int64_t k = begin; k < end; ++k) {
-        float* du = sums.data() + k * size;
-        for (int64_t i = k * kGroup; i < std::min(n, (k + 1) * kGroup); ++i) {
-          Unpool(gp + i * out * tiles, winp + i * tiles * out, h, w, out, du + size - out, &scratch);
-          if (want_dx) {
-            TransformTiles(scratch.ghwc.data(), out, h, w, &scratch);
-            Image(u.data(), out, h, w, in, dxp + i * in * h * w, &scratch);
-          }
-          if (want_dw) ImageWeightGrad(xp + i * in * h * w, in, h, w, out, du, &scratch);
-        }
+    // du (16 x in x out), then db (out).
+    std::vector<float> sums = SumOverImages(n, size + out, [&](int64_t i, float* du) {
+      thread_local Scratch s;
+      s.out.resize(tiles * out);
+      ChannelsLast(gp + i * out * tiles, out, tiles, s.out.data());
+      float* ghwc = Bordered(&s.ghwc, out, h, w);
+      Unpool(s.out.data(), winp + i * tiles * out, h, w, out, w + 2, ghwc + (w + 3) * out, du + size);
+      if (want_dx) {
+        TransformTiles(ghwc, out, h, w, &s);
+        Image(u.data(), out, h, w, in, dxp + i * in * h * w, &s);
       }
+      if (want_dw) ImageWeightGrad(xp + i * in * h * w, in, h, w, out, du, &s);
     });
-    for (int64_t k = 1; k < groups; ++k) {
-      for (int64_t e = 0; e < size; ++e) sums[e] += sums[k * size + e];
-    }
-    torch::Tensor dw, db = torch::from_blob(sums.data() + size - out, {out}, g.options()).clone();
+    torch::Tensor dw, db = torch::from_blob(sums.data() + size, {out}, g.options()).clone();
     if (want_dw) {
       dw = torch::empty({out, in, 3, 3}, x.options());
       WeightGradFromTransformed(sums.data(), in, out, dw.data_ptr<float>());
@@ -434,12 +562,27 @@ class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
   }
 };
 #else
-const bool kWinograd = false;
+const bool kAvx2Fma = false;
 #endif
 
 }  // namespace
 
-bool WinogradConvolutions() { return kWinograd; }
+bool WinogradConvolutions() { return kAvx2Fma; }
+
+torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && !x.requires_grad() &&
+                  x.size(2) % 2 == 0 && x.size(3) % 2 == 0,
+              "ImageConvPoolRelu takes an N x C x H x W float CPU tensor, H and W even, that does not require grad");
+  TORCH_CHECK(weight.dim() == 4 && weight.size(0) % 16 == 0 && weight.size(1) == x.size(1) && weight.size(2) == 3 &&
+                  weight.size(3) == 3 && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
+                  weight.scalar_type() == torch::kFloat32 && bias.scalar_type() == torch::kFloat32 &&
+                  weight.device().is_cpu() && bias.device().is_cpu(),
+              "ImageConvPoolRelu takes an O x C x 3 x 3 float CPU weight, O a multiple of 16, and an O-long bias");
+#if defined(__x86_64__)
+  if (kAvx2Fma) return ImageConvPoolFunction::apply(x, weight, bias);
+#endif
+  return MaxPool2x2Relu(torch::conv2d(x, weight, bias, 1, 1));
+}
 
 torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   TORCH_CHECK(x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && x.size(1) % 16 == 0 &&
@@ -451,7 +594,7 @@ torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, 
                   weight.device().is_cpu() && bias.device().is_cpu(),
               "ConvPoolRelu takes an O x C x 3 x 3 float CPU weight, O a multiple of 16, and an O-long bias");
 #if defined(__x86_64__)
-  if (kWinograd) return ConvPoolFunction::apply(x, weight, bias);
+  if (kAvx2Fma) return ConvPoolFunction::apply(x, weight, bias);
 #endif
   return MaxPool2x2Relu(torch::conv2d(x, weight, bias, 1, 1));
 }
