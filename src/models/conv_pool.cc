@@ -569,15 +569,28 @@ const bool kAvx2Fma = false;
 
 bool WinogradConvolutions() { return kAvx2Fma; }
 
-torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && !x.requires_grad() &&
-                  x.size(2) % 2 == 0 && x.size(3) % 2 == 0,
-              "ImageConvPoolRelu takes an N x C x H x W float CPU tensor, H and W even, that does not require grad");
+namespace {
+
+// What both layers take; `image`: the first layer (x takes no gradient) rather than a hidden one
+// (C a multiple of 16).
+void CheckConvPool(const char* name, const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                   bool image) {
+  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && x.size(2) % 2 == 0 &&
+                  x.size(3) % 2 == 0 && (image ? !x.requires_grad() : x.size(1) % 16 == 0),
+              name, " takes an N x C x H x W float CPU tensor, H and W even, ",
+              image ? "that does not require grad" : "C a multiple of 16");
   TORCH_CHECK(weight.dim() == 4 && weight.size(0) % 16 == 0 && weight.size(1) == x.size(1) && weight.size(2) == 3 &&
                   weight.size(3) == 3 && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
                   weight.scalar_type() == torch::kFloat32 && bias.scalar_type() == torch::kFloat32 &&
                   weight.device().is_cpu() && bias.device().is_cpu(),
-              "ImageConvPoolRelu takes an O x C x 3 x 3 float CPU weight, O a multiple of 16, and an O-long bias");
+              name, " takes an O x C x 3 x 3 float CPU weight, O a multiple of 16, and an O-long bias");
+}
+
+}  // namespace
+
+// Where the CPU lacks AVX2 or FMA: ATen's convolution, then our pooling.
+torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  CheckConvPool("ImageConvPoolRelu", x, weight, bias, /*image=*/true);
 #if defined(__x86_64__)
   if (kAvx2Fma) return ImageConvPoolFunction::apply(x, weight, bias);
 #endif
@@ -585,14 +598,7 @@ torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& wei
 }
 
 torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && x.size(1) % 16 == 0 &&
-                  x.size(2) % 2 == 0 && x.size(3) % 2 == 0,
-              "ConvPoolRelu takes an N x C x H x W float CPU tensor, C a multiple of 16, H and W even");
-  TORCH_CHECK(weight.dim() == 4 && weight.size(0) % 16 == 0 && weight.size(1) == x.size(1) && weight.size(2) == 3 &&
-                  weight.size(3) == 3 && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
-                  weight.scalar_type() == torch::kFloat32 && bias.scalar_type() == torch::kFloat32 &&
-                  weight.device().is_cpu() && bias.device().is_cpu(),
-              "ConvPoolRelu takes an O x C x 3 x 3 float CPU weight, O a multiple of 16, and an O-long bias");
+  CheckConvPool("ConvPoolRelu", x, weight, bias, /*image=*/false);
 #if defined(__x86_64__)
   if (kAvx2Fma) return ConvPoolFunction::apply(x, weight, bias);
 #endif
