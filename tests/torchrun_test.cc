@@ -108,16 +108,31 @@ TEST(Torchrun, WhatTrainctlCannotHonourIsNamed) {
 }
 
 // An endpoint on IPv6's loopback keeps the job on loopback, as 127.0.0.1 and localhost do: the
-// workers' MASTER_ADDR is 127.0.0.1, not this machine's name or network address.
+// store listens on ::1 alone (not on every interface), a second command on this machine joins it
+// there, and the workers' MASTER_ADDR is 127.0.0.1, not this machine's name or network address.
 TEST(Torchrun, AnIpv6LoopbackEndpointKeepsTheJobOnLoopback) {
   Scratch s;
-  auto r = Trainctl({"torchrun", "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                     "--rdzv-endpoint", "[::1]:" + std::to_string(FreePort()), "--rdzv-id", "v6", "--log-dir",
-                     s.path("out"), "--no-python", "/bin/sh", "-c", "echo \"master at $MASTER_ADDR\""},
-                    s.path(""), seconds(60),
-                    {{"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"TRAINCTL_STATE_DIR", s.path("state")}});
-  EXPECT_EQ(r.exit.code, 0) << r.output;
-  EXPECT_NE(r.output.find("master at 127.0.0.1\n"), std::string::npos) << r.output;
+  const int port = FreePort();
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
+  const std::vector<std::string> argv = {"torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend",
+                                         "c10d", "--rdzv-endpoint", "[::1]:" + std::to_string(port), "--rdzv-id", "v6",
+                                         "--log-dir", s.path("out"), "--no-python", "/bin/sh", "-c",
+                                         "echo \"master at $MASTER_ADDR\""};
+  Background first(argv, s.path(""), s.path("first.log"), env);
+  ASSERT_TRUE(Eventually([&] { return s.Read("first.log").find("serving the job's store") != std::string::npos; }))
+      << s.Read("first.log");
+  EXPECT_NE(s.Read("first.log").find("(on loopback only, with the job's token)"), std::string::npos)
+      << s.Read("first.log");
+  EXPECT_LT(ConnectOnce("127.0.0.1", static_cast<uint16_t>(port), Clock::now() + seconds(1)), 0)
+      << "the store listens beyond ::1";
+  auto second = Trainctl(argv, s.path(""), seconds(60), env);
+  EXPECT_EQ(second.exit.code, 0) << second.output;
+  EXPECT_NE(second.output.find("joining the job's store at [::1]:"), std::string::npos) << second.output;
+  EXPECT_EQ(first.Wait(seconds(60)).code, 0) << s.Read("first.log");
+  for (const char* log : {"out/logs/worker-0.log", "out/logs/worker-1.log"}) {
+    EXPECT_NE(s.Read(log).find("master at 127.0.0.1\n"), std::string::npos) << log << ": " << s.Read(log);
+  }
 }
 
 // One host: the workers get torchrun's environment (and the error file), output as with run.

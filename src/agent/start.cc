@@ -86,6 +86,7 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   }
   // Node 0 hosts the store when no launcher does (a cluster engine started every agent).
   std::unique_ptr<TcpStoreServer> server;
+  std::string served;  // the URL this agent reaches its own store at
   if (f.serve_store && node_rank == 0) {
     std::string host;
     uint16_t port = 0;
@@ -94,7 +95,11 @@ int RunAgentProcess(const AgentProcessOptions& f) {
                     ? InvalidArgument("--serve-store needs a tcp:// store URL, got " + addr)
                     : ParseHostPort(addr.substr(6), &host, &port);
     TcpStoreServerOptions so;
-    so.host = "0.0.0.0";
+    // A loopback endpoint (torchrun's 127.0.0.1, [::1] or localhost) is reached from this machine
+    // only: the store listens there and nowhere else. Any other on every interface (a pod's or
+    // a host's address).
+    const bool loopback = st.ok() && IsLoopbackHost(host);
+    so.host = !loopback ? "0.0.0.0" : host == "localhost" ? "127.0.0.1" : host;
     so.port = port;
     so.token = token;
     if (file_spec) so.max_connections = std::max(so.max_connections, file_spec->store_clients() + 64);
@@ -108,10 +113,14 @@ int RunAgentProcess(const AgentProcessOptions& f) {
       return CodeFor(started.status());
     } else {
       server = std::move(*started);
-      LOG_INFO("serving the job's store at {} (on every interface, with the job's token)", addr.substr(6));
+      const std::string local = loopback ? so.host : "127.0.0.1";
+      served = "tcp://" + (local.find(':') != std::string::npos ? "[" + local + "]" : local) + ":" +
+               std::to_string(server->port());
+      LOG_INFO("serving the job's store at {} ({}, with the job's token)", addr.substr(6),
+               loopback ? "on loopback only" : "on every interface");
     }
   }
-  auto client = OpenStore(server ? "tcp://127.0.0.1:" + std::to_string(server->port()) : addr, token,
+  auto client = OpenStore(server ? served : addr, token,
                           file_spec ? file_spec->timeouts.rendezvous : std::chrono::seconds(30));
   if (!client.ok()) {
     LOG_ERROR("{}", client.status().message());
