@@ -184,7 +184,9 @@ __attribute__((target("avx2,fma"))) void TransformTiles(const float* hwc, int64_
 __attribute__((target("avx2,fma"))) void TransformInput(const float* x, int64_t in, int64_t h, int64_t w,
                                                         Scratch* s) {
   float* hwc = Bordered(&s->hwc, in, h, w);
-  for (int64_t r = 0; r < h; ++r) std::memcpy(hwc + ((r + 1) * (w + 2) + 1) * in, x + r * w * in, w * in * sizeof(float));
+  for (int64_t r = 0; r < h; ++r) {
+    std::memcpy(hwc + ((r + 1) * (w + 2) + 1) * in, x + r * w * in, w * in * sizeof(float));
+  }
   TransformTiles(hwc, in, h, w, s);
 }
 
@@ -288,8 +290,9 @@ __attribute__((target("avx2,fma"))) void Unpool(const float* gt, const uint8_t* 
 }
 
 // One image's share of the transformed weight gradient: du[p] (in x out) += V[p]^T (A gy At)[p],
-// for x (h x w x in, channels-last) and the output's gradient gy in s->ghwc: since y = At (sum U .* V) A per
-// tile, the gradient of U[p][i][o] is the sum over tiles of V[p][t][i] (A gy_t At)[p][o].
+// for x (h x w x in, channels-last) and the output's gradient gy in s->ghwc: since
+// y = At (sum U .* V) A per tile, the gradient of U[p][i][o] is the sum over tiles of
+// V[p][t][i] (A gy_t At)[p][o].
 __attribute__((target("avx2,fma"))) void ImageWeightGrad(const float* x, int64_t in, int64_t h, int64_t w,
                                                          int64_t out, float* du, Scratch* s) {
   const int64_t wp = w + 2, th = h / 2, tw = w / 2, tiles = th * tw;
@@ -397,10 +400,10 @@ __attribute__((target("avx2,fma"))) void ImageLayerForward(const float* x, int64
     for (int64_t ch = 0; ch < out; ch += 8) {
       const __m256 b = _mm256_loadu_ps(bias + ch);
       __m256i k;
-      const __m256 m = MaxPoolRelu8(
-          _mm256_add_ps(_mm256_loadu_ps(a + ch), b), _mm256_add_ps(_mm256_loadu_ps(a + out + ch), b),
-          _mm256_add_ps(_mm256_loadu_ps(a + w * out + ch), b), _mm256_add_ps(_mm256_loadu_ps(a + (w + 1) * out + ch), b),
-          &k);
+      const __m256 m = MaxPoolRelu8(_mm256_add_ps(_mm256_loadu_ps(a + ch), b),
+                                    _mm256_add_ps(_mm256_loadu_ps(a + out + ch), b),
+                                    _mm256_add_ps(_mm256_loadu_ps(a + w * out + ch), b),
+                                    _mm256_add_ps(_mm256_loadu_ps(a + (w + 1) * out + ch), b), &k);
       _mm256_storeu_ps(y + t * out + ch, m);
       StoreWindows8(k, win + t * out + ch);
     }

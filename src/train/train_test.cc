@@ -131,7 +131,8 @@ void ExpectConvPoolMatchesAten(
 // than one group of the weight gradient's sum. On a CPU without AVX2 and FMA it is ATen's own.
 TEST(Ops, ImageConvPoolReluMatchesAtens) {
   torch::manual_seed(3);
-  for (auto shape : {std::array<int64_t, 5>{64, 1, 32, 28, 28}, {2, 3, 16, 32, 32}, {9, 1, 16, 6, 10}, {1, 3, 32, 2, 2}}) {
+  for (auto shape :
+       {std::array<int64_t, 5>{64, 1, 32, 28, 28}, {2, 3, 16, 32, 32}, {9, 1, 16, 6, 10}, {1, 3, 32, 2, 2}}) {
     for (bool ties : {false, true}) {
       ExpectConvPoolMatchesAten(models::ImageConvPoolRelu, shape, /*input_grad=*/false, ties, 1e-4f);
     }
@@ -151,7 +152,9 @@ TEST(Ops, ImageConvPoolReluMatchesAtens) {
 // the kernel's 6 rows, with several images for LibTorch's threads and more than one group of the
 // weight gradient's sum. On a CPU without AVX2 and FMA it is ATen's own.
 TEST(Ops, ConvPoolReluMatchesAtens) {
-  if (!models::WinogradConvolutions()) GTEST_LOG_(INFO) << "no AVX2 and FMA here: ATen's convolution is compared with itself";
+  if (!models::WinogradConvolutions()) {
+    GTEST_LOG_(INFO) << "no AVX2 and FMA here: ATen's convolution is compared with itself";
+  }
   torch::manual_seed(5);
   for (auto shape : {std::array<int64_t, 5>{9, 32, 64, 14, 14}, {3, 16, 32, 6, 10}, {2, 48, 16, 2, 2},
                      {1, 16, 16, 16, 4}}) {
