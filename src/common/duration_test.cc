@@ -25,6 +25,14 @@ TEST(ParseDuration, RejectsJunkWithTheExpectedForm) {
   EXPECT_NE(huge.status().message().find("longer than 30 days"), std::string::npos);
 }
 
+// A failed Result read as if it held a value stops the process naming the status, where an
+// unchecked read would go on with garbage or crash without a word.
+TEST(ResultDeathTest, ReadingAFailedResultAbortsNamingItsStatus) {
+  Result<Duration> failed = ParseDuration("10x");
+  EXPECT_DEATH((void)failed->count(), "failed result was read: invalid argument: .*expected a duration");
+  EXPECT_DEATH((void)*Result<int>(Unavailable("etcd went away")), "unavailable: etcd went away");
+}
+
 TEST(FormatDuration, RoundTripsCommonValues) {
   EXPECT_EQ(FormatDuration(Duration(0)), "0s");
   EXPECT_EQ(FormatDuration(Duration(250)), "250ms");

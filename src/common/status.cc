@@ -1,5 +1,7 @@
 #include "common/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace trainctl {
@@ -32,6 +34,12 @@ Status ErrnoStatus(const std::string& what, int err) {
   if (err == ECONNREFUSED || err == ECONNRESET || err == EPIPE) code = Code::kUnavailable;
   if (err == EADDRINUSE) code = Code::kAlreadyExists;
   return Status(code, what + ": " + std::strerror(err));
+}
+
+void DieReadingFailedResult(const Status& status) {
+  std::fprintf(stderr, "trainctl: internal error: the value of a failed result was read: %s\n",
+               status.ToString().c_str());
+  std::abort();
 }
 
 }  // namespace trainctl

@@ -49,6 +49,10 @@ inline Status Internal(std::string m) { return {Code::kInternal, std::move(m)}; 
 // A Status from errno: "what: strerror(errno)".
 Status ErrnoStatus(const std::string& what, int err);
 
+// Reading the value of a failed Result is a programmer error: it aborts, printing the status,
+// instead of reading an empty value.
+[[noreturn]] void DieReadingFailedResult(const Status& status);
+
 // Result<T>: a value or a non-ok Status.
 template <typename T>
 class Result {
@@ -57,15 +61,19 @@ class Result {
   Result(Status status) : status_(std::move(status)) {}             // NOLINT
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T& operator*() & { return *value_; }
-  const T& operator*() const& { return *value_; }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
+  T& value() & { return Checked(), *value_; }
+  const T& value() const& { return Checked(), *value_; }
+  T&& value() && { return Checked(), std::move(*value_); }
+  T& operator*() & { return Checked(), *value_; }
+  const T& operator*() const& { return Checked(), *value_; }
+  T* operator->() { return Checked(), &*value_; }
+  const T* operator->() const { return Checked(), &*value_; }
 
  private:
+  void Checked() const {
+    if (!value_.has_value()) [[unlikely]] DieReadingFailedResult(status_);
+  }
+
   std::optional<T> value_;
   Status status_;
 };
