@@ -4,6 +4,9 @@
 
 #include <fcntl.h>
 
+#include <fstream>
+
+#include "common/socket.h"
 #include "tests/test_util.h"
 
 namespace trainctl::testing {
@@ -58,6 +61,7 @@ class EtcdCluster {
       }
       pids_.push_back(*pid);
     }
+    WaitUntilListening();
     if (!security_.user.empty()) EnableAuth();
   }
   // A file of the test certificates: ca.pem, client.pem, client.key.
@@ -71,6 +75,8 @@ class EtcdCluster {
     for (int port : client_ports_) out.push_back(host_ + ":" + std::to_string(port));
     return out;
   }
+  // SIGSTOP: the member's sockets still accept connections and requests, it answers none.
+  void Pause(int member) { ::kill(pids_[member], SIGSTOP); }
   void Kill(int member) {
     if (pids_[member] > 0) {
       ::kill(pids_[member], SIGKILL);
@@ -100,6 +106,30 @@ class EtcdCluster {
     auto r = RunCommand(o, std::chrono::seconds(60));
     ASSERT_TRUE(r.ok() && r->exit.success()) << (r.ok() ? r->output : r.status().ToString())
                                              << " (apt-get install openssl)";
+  }
+
+  // Every member listening on its client port; a member that exited instead (a port taken
+  // between FreePort() and etcd's bind, say) fails the test here, with its log's last lines,
+  // rather than later as a lost quorum.
+  void WaitUntilListening() {
+    for (size_t i = 0; i < pids_.size(); ++i) {
+      if (pids_[i] <= 0) continue;
+      bool listening = false;
+      Eventually([&] {
+        int fd = ConnectOnce(host_, static_cast<uint16_t>(client_ports_[i]),
+                             Clock::now() + std::chrono::milliseconds(200));
+        if (fd >= 0) ::close(fd);
+        listening = fd >= 0 && !ProcessGone(pids_[i]);
+        return listening || ProcessGone(pids_[i]);
+      });
+      if (!listening) {
+        std::ifstream log(scratch_.path(Name(static_cast<int>(i)) + ".log"));
+        std::string line, tail;
+        while (std::getline(log, line)) tail = tail.substr(tail.size() > 2000 ? tail.size() - 2000 : 0) + line + "\n";
+        ADD_FAILURE() << "etcd " << Name(static_cast<int>(i)) << " is not listening on port "
+                      << client_ports_[i] << "; its log ends:\n" << tail;
+      }
+    }
   }
 
   // Users, roles and auth through etcd's gateway (Python's urllib: no etcdctl needed).

@@ -18,6 +18,9 @@ namespace {
 
 using nlohmann::json;
 
+// How long one member has to answer an idempotent request before the next is tried.
+constexpr Duration kAttempt = std::chrono::seconds(2);
+
 constexpr const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 // Polls `probe` (true: done) with backoff from 2 ms to 50 ms until `deadline`.
@@ -141,12 +144,9 @@ Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string
       } else {
         client_ = std::make_unique<httplib::Client>(host, port);
       }
-      auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(options_.request_timeout);
-      client_->set_connection_timeout(std::chrono::seconds(2));
+      client_->set_connection_timeout(kAttempt);
       client_->set_keep_alive(true);  // one connection (one TLS handshake) per member, not per request
       client_->set_tcp_nodelay(true);
-      client_->set_read_timeout(timeout);
-      client_->set_write_timeout(timeout);
       if (!options_.user.empty() && path != "auth/authenticate") {
         if (auth_token_.empty()) {
           if (Status st = Authenticate(); st.code() == Code::kPermissionDenied) return st;
@@ -154,6 +154,12 @@ Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string
         client_->set_default_headers({{"Authorization", auth_token_}});
       }
     }
+    // A member that accepts but does not answer (stopped, or cut off from the quorum) is left
+    // after kAttempt for the next one; a transaction, which cannot be resent, waits it out.
+    auto attempt = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::max(Duration(1), idempotent ? std::min(kAttempt, Remaining(deadline)) : Remaining(deadline)));
+    client_->set_read_timeout(attempt);
+    client_->set_write_timeout(attempt);
     auto res = client_->Post(("/v3/" + path).c_str(), body, "application/json");
     if (res && res->status == 200) return res->body;
     if (res && !options_.user.empty() && path != "auth/authenticate" &&

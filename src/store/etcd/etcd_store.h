@@ -30,7 +30,7 @@ struct EtcdStoreOptions {
   std::string cert_file, key_file;                     // a client certificate ("": none)
   std::string user, password;                          // etcd's auth ("": none)
   Duration connect_timeout = std::chrono::seconds(30); // Connect() retries until then
-  Duration request_timeout = std::chrono::seconds(10); // one HTTP request
+  Duration request_timeout = std::chrono::seconds(10); // one request, on whichever members answer
 };
 
 class EtcdStore : public Store {
