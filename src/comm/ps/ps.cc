@@ -665,8 +665,9 @@ Status Client::WaitInitialized() {
     bool all = true;
     for (size_t i = 0; i < fds_.size(); ++i) {
       RETURN_IF_ERROR(Call(i, kInfo, Out().I64(o_.worker).payload()));
-      ASSIGN_OR_RETURN(std::string info, Reply(i, o_.timeout));
-      In in(info);
+      auto info = Reply(i, o_.timeout);
+      if (!info.ok()) return info.status();
+      In in(*info);
       int64_t initialized = 0, version = 0, steps_done = 0, init_step = 0;
       in.I64(&initialized) && in.I64(&version) && in.I64(&steps_done) && in.I64(&init_step);
       all = all && initialized;
@@ -800,8 +801,9 @@ Result<ShardState> Client::FetchState(int64_t count) {
   out.params.resize(count);
   for (int i = 0; i < shards; ++i) {
     auto [begin, end] = ShardRange(count, shards, i);
-    ASSIGN_OR_RETURN(std::string payload, Reply(i, o_.timeout));
-    In in(payload);
+    auto payload = Reply(i, o_.timeout);
+    if (!payload.ok()) return payload.status();
+    In in(*payload);
     int64_t version = 0, steps = 0, nstate = 0;
     bool ok = in.I64(&version) && in.I64(&steps) && in.I64(&nstate) && nstate >= 0 && nstate <= 8;
     std::vector<std::string> names(ok ? nstate : 0);
