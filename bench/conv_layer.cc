@@ -3,8 +3,9 @@
 // trainer's pooling (models::MaxPool2x2Relu), against the trainer's fused layers
 // (models::ImageConvPoolRelu for the image's 1 -> 32, models::ConvPoolRelu, Winograd, for
 // 32 -> 64); forward and backward, each the median of --reps calls; then the whole CNN's step
-// (forward, cross-entropy, backward; no optimizer) as the trainer runs it on this CPU. Built on
-// demand: cmake --build build --target conv_layer; pin it with taskset.
+// (forward, cross-entropy, backward) as the trainer runs it on this CPU, and its optimizer's step
+// against torch.optim.SGD's. Built on demand: cmake --build build --target conv_layer; pin it with
+// taskset.
 //   build/src/conv_layer [reps, default 50] [batch, default 64]
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -18,6 +19,7 @@
 
 #include "models/models.h"
 #include "models/ops.h"
+#include "train/optimizer.h"
 
 namespace {
 
@@ -98,5 +100,37 @@ int main(int argc, char** argv) {
   const auto t = Time(step, reps, batch, 1, 1, 2);
   std::printf("the CNN's step (forward, loss, backward): %.2f + %.2f = %.2f ms, %.0f samples/s\n", t.first, t.second,
               t.first + t.second, batch / (t.first + t.second) * 1e3);
+
+  // The optimizer's step over the CNN's parameters (the example's SGD: momentum, Nesterov, weight
+  // decay; flat buffers as the trainer's): the trainer's one pass against torch.optim.SGD's five
+  // ATen operations on the same flat tensor.
+  int64_t count = 0;
+  for (const auto& p : (*model)->parameters()) count += p.numel();
+  trainctl::OptimizerSpec spec;
+  spec.name = "sgd";
+  spec.lr = 0.1;
+  spec.momentum = 0.9;
+  spec.nesterov = true;
+  spec.weight_decay = 5e-4;
+  torch::Tensor params = torch::randn({count}), grads = torch::randn({count});
+  torch::Tensor theirs = params.clone().requires_grad_(true);
+  theirs.mutable_grad() = grads.clone();
+  trainctl::train::Optimizer ours(spec, params, grads);
+  torch::optim::SGD reference({theirs}, torch::optim::SGDOptions(spec.lr).momentum(spec.momentum)
+                                            .nesterov(true).weight_decay(spec.weight_decay));
+  auto median_ms = [&](const std::function<void()>& fn) {
+    std::vector<double> ms;
+    for (int r = 0; r < reps + 3; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      fn();
+      if (r >= 3) ms.push_back(Ms(std::chrono::steady_clock::now() - t0));
+    }
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    return ms[ms.size() / 2];
+  };
+  const double ours_ms = median_ms([&] { ours.Step(spec.lr); });
+  const double theirs_ms = median_ms([&] { reference.step(); });
+  std::printf("the optimizer's step (SGD, %lld parameters): trainctl %.3f ms, torch.optim.SGD %.3f ms: %.3fx the time\n",
+              static_cast<long long>(count), ours_ms, theirs_ms, ours_ms / theirs_ms);
   return 0;
 }
