@@ -133,19 +133,39 @@ inline float* Bordered(std::vector<float>* buf, int64_t c, int64_t h, int64_t w)
   return buf->data();
 }
 
-// A plane of n positions of c channels from channels-first (src[ch * n + q]) to channels-last
-// (dst[q * c + ch]), and back.
-inline void ChannelsLast(const float* src, int64_t c, int64_t n, float* dst) {
-  for (int64_t ch = 0; ch < c; ++ch) {
-    for (int64_t q = 0; q < n; ++q) dst[q * c + ch] = src[ch * n + q];
+// dst (cols x rows) = src (rows x cols) transposed, dst[j * rows + i] = src[i * cols + j]: 8 x 8
+// blocks in registers, what is left of the edges one by one.
+__attribute__((target("avx2,fma"))) void Transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
+  const int64_t r8 = rows / 8 * 8, c8 = cols / 8 * 8;
+  for (int64_t i = 0; i < r8; i += 8) {
+    for (int64_t j = 0; j < c8; j += 8) {
+      __m256 r[8], t[8], s[8];
+      for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(src + (i + k) * cols + j);
+      for (int k = 0; k < 8; k += 2) {  // rows k, k + 1 interleaved: r0 r1 pairs of columns 0 1 | 4 5, 2 3 | 6 7
+        t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+      }
+      for (int k = 0; k < 8; k += 4) {  // 4 rows' column q | q + 4 in s[k + q]
+        s[k] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        s[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        s[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        s[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+      }
+      for (int q = 0; q < 4; ++q) {
+        _mm256_storeu_ps(dst + (j + q) * rows + i, _mm256_permute2f128_ps(s[q], s[q + 4], 0x20));
+        _mm256_storeu_ps(dst + (j + q + 4) * rows + i, _mm256_permute2f128_ps(s[q], s[q + 4], 0x31));
+      }
+    }
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = i < r8 ? c8 : 0; j < cols; ++j) dst[j * rows + i] = src[i * cols + j];
   }
 }
 
-inline void ChannelsFirst(const float* src, int64_t c, int64_t n, float* dst) {
-  for (int64_t ch = 0; ch < c; ++ch) {
-    for (int64_t q = 0; q < n; ++q) dst[ch * n + q] = src[q * c + ch];
-  }
-}
+// A plane of n positions of c channels from channels-first (src[ch * n + q]) to channels-last
+// (dst[q * c + ch]), and back.
+inline void ChannelsLast(const float* src, int64_t c, int64_t n, float* dst) { Transpose(src, c, n, dst); }
+inline void ChannelsFirst(const float* src, int64_t c, int64_t n, float* dst) { Transpose(src, n, c, dst); }
 
 // V[p][t][i] = (Bt d B)[p] for each tile t's 4 x 4 block d of channel i of hwc, an h x w x c
 // plane in a zero border (h and w even), into s->v. 8 channels at a time, whole-register loads.
@@ -424,6 +444,13 @@ __attribute__((target("avx2,fma"))) void ImageLayerBackward(const float* x, int6
   Gemm(s->cols.data(), 9 * c, p, 1, s->out.data(), p, out, dwt, /*add=*/true);
 }
 
+// dst[e] += src[e] for n floats.
+__attribute__((target("avx2,fma"))) void AddTo(float* dst, const float* src, int64_t n) {
+  int64_t e = 0;
+  for (; e + 8 <= n; e += 8) _mm256_storeu_ps(dst + e, _mm256_add_ps(_mm256_loadu_ps(dst + e), _mm256_loadu_ps(src + e)));
+  for (; e < n; ++e) dst[e] += src[e];
+}
+
 // sum over the n images of fn(i, partial), `size` floats: images in fixed groups of 8 among
 // LibTorch's threads, each group's sum apart, then the groups' sums in order, so that the result
 // is the same whatever the number of threads. Zeros for no images.
@@ -437,9 +464,7 @@ std::vector<float> SumOverImages(int64_t n, int64_t size, const Fn& fn) {
       for (int64_t i = k * kGroup; i < std::min(n, (k + 1) * kGroup); ++i) fn(i, sums.data() + k * size);
     }
   });
-  for (int64_t k = 1; k < groups; ++k) {
-    for (int64_t e = 0; e < size; ++e) sums[e] += sums[k * size + e];
-  }
+  for (int64_t k = 1; k < groups; ++k) AddTo(sums.data(), sums.data() + k * size, size);
   sums.resize(size);
   return sums;
 }
