@@ -125,6 +125,12 @@ struct Scratch {
   std::vector<float> hwc, ghwc, v, m, out, cols;
 };
 
+// Room for n floats in buf, which grows and never shrinks: a buffer that serves two shapes in
+// turn (the backward's 32 and 64 channels) is not refilled with zeros at each change.
+inline void Room(std::vector<float>* buf, size_t n) {
+  if (buf->size() < n) buf->resize(n);
+}
+
 // (h + 2) x (w + 2) x c floats in buf whose border is zero: resized, and zeroed, only when the
 // shape changes; whoever fills it writes only the inside.
 inline float* Bordered(std::vector<float>* buf, int64_t c, int64_t h, int64_t w) {
@@ -172,7 +178,7 @@ inline void ChannelsFirst(const float* src, int64_t c, int64_t n, float* dst) { 
 __attribute__((target("avx2,fma"))) void TransformTiles(const float* hwc, int64_t c, int64_t h, int64_t w,
                                                         Scratch* s) {
   const int64_t wp = w + 2, th = h / 2, tw = w / 2, tiles = th * tw;
-  s->v.resize(16 * tiles * c);
+  Room(&s->v, 16 * tiles * c);
   float* v = s->v.data();
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int64_t tx = 0; tx < tw; ++tx) {
@@ -212,7 +218,7 @@ __attribute__((target("avx2,fma"))) void TransformInput(const float* x, int64_t 
 
 // M[p] (tiles x out) = V[p] (tiles x in) U[p] (in x out) for the 16 positions, into s->m.
 void Products(const float* u, int64_t tiles, int64_t in, int64_t out, Scratch* s) {
-  s->m.resize(16 * tiles * out);
+  Room(&s->m, 16 * tiles * out);
   for (int64_t p = 0; p < 16; ++p) {
     Gemm(s->v.data() + p * tiles * in, tiles, in, 1, u + p * in * out, in, out, s->m.data() + p * tiles * out,
          /*add=*/false);
@@ -266,7 +272,7 @@ __attribute__((target("avx2,fma"))) void ImagePool(const float* x, int64_t in, i
   const int64_t tiles = h / 2 * (w / 2);
   TransformInput(x, in, h, w, s);
   Products(u, tiles, in, out, s);
-  s->out.resize(tiles * out);
+  Room(&s->out, tiles * out);
   const float* m = s->m.data();
   float* o = s->out.data();
   for (int64_t t = 0; t < tiles; ++t) {
@@ -316,7 +322,7 @@ __attribute__((target("avx2,fma"))) void Unpool(const float* gt, const uint8_t* 
 __attribute__((target("avx2,fma"))) void ImageWeightGrad(const float* x, int64_t in, int64_t h, int64_t w,
                                                          int64_t out, float* du, Scratch* s) {
   const int64_t wp = w + 2, th = h / 2, tw = w / 2, tiles = th * tw;
-  s->m.resize(16 * tiles * out);
+  Room(&s->m, 16 * tiles * out);
   const float* ghwc = s->ghwc.data() + (wp + 1) * out;
   float* m = s->m.data();
   for (int64_t ty = 0; ty < th; ++ty) {
@@ -410,8 +416,8 @@ __attribute__((target("avx2,fma"))) void ImageLayerForward(const float* x, int64
                                                            const float* wt, const float* bias, int64_t out,
                                                            float* y, uint8_t* win, Scratch* s) {
   const int64_t p = h * w, tw = w / 2;
-  s->cols.resize(9 * c * p);
-  s->out.resize(p * out);
+  Room(&s->cols, 9 * c * p);
+  Room(&s->out, p * out);
   Im2Col3x3(x, c, h, w, s->cols.data());
   Gemm(s->cols.data(), p, 1, p, wt, 9 * c, out, s->out.data(), /*add=*/false);  // cols^T wt
   const float* conv = s->out.data();
@@ -437,8 +443,8 @@ __attribute__((target("avx2,fma"))) void ImageLayerBackward(const float* x, int6
                                                             const float* g, const uint8_t* win, int64_t out,
                                                             float* dwt, float* db, Scratch* s) {
   const int64_t p = h * w;
-  s->cols.resize(9 * c * p);
-  s->out.resize(p * out);
+  Room(&s->cols, 9 * c * p);
+  Room(&s->out, p * out);
   Im2Col3x3(x, c, h, w, s->cols.data());
   Unpool(g, win, h, w, out, w, s->out.data(), db);
   Gemm(s->cols.data(), 9 * c, p, 1, s->out.data(), p, out, dwt, /*add=*/true);
@@ -571,7 +577,7 @@ class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
     // du (16 x in x out), then db (out).
     std::vector<float> sums = SumOverImages(n, size + out, [&](int64_t i, float* du) {
       thread_local Scratch s;
-      s.out.resize(tiles * out);
+      Room(&s.out, tiles * out);
       ChannelsLast(gp + i * out * tiles, out, tiles, s.out.data());
       float* ghwc = Bordered(&s.ghwc, out, h, w);
       Unpool(s.out.data(), winp + i * tiles * out, h, w, out, w + 2, ghwc + (w + 3) * out, du + size);
