@@ -131,7 +131,12 @@ Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string
   std::string last_error;
   while (true) {
     const std::string& endpoint = options_.endpoints[current_];
-    if (!client_) {
+    // A member that accepts but does not answer (stopped, or cut off from the quorum) is left
+    // after kAttempt for the next one; a transaction, which cannot be resent, waits it out.
+    const auto attempt = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::max(Duration(1), idempotent ? std::min(kAttempt, Remaining(deadline)) : Remaining(deadline)));
+    const bool fresh = !client_;
+    if (fresh) {
       std::string host;
       uint16_t port = 0;
       RETURN_IF_ERROR(ParseHostPort(endpoint, &host, &port));
@@ -147,19 +152,15 @@ Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string
       client_->set_connection_timeout(kAttempt);
       client_->set_keep_alive(true);  // one connection (one TLS handshake) per member, not per request
       client_->set_tcp_nodelay(true);
-      if (!options_.user.empty() && path != "auth/authenticate") {
-        if (auth_token_.empty()) {
-          if (Status st = Authenticate(); st.code() == Code::kPermissionDenied) return st;
-        }
-        client_->set_default_headers({{"Authorization", auth_token_}});
-      }
     }
-    // A member that accepts but does not answer (stopped, or cut off from the quorum) is left
-    // after kAttempt for the next one; a transaction, which cannot be resent, waits it out.
-    auto attempt = std::chrono::duration_cast<std::chrono::microseconds>(
-        std::max(Duration(1), idempotent ? std::min(kAttempt, Remaining(deadline)) : Remaining(deadline)));
     client_->set_read_timeout(attempt);
     client_->set_write_timeout(attempt);
+    if (fresh && !options_.user.empty() && path != "auth/authenticate") {
+      if (auth_token_.empty()) {
+        if (Status st = Authenticate(); st.code() == Code::kPermissionDenied) return st;
+      }
+      client_->set_default_headers({{"Authorization", auth_token_}});
+    }
     auto res = client_->Post(("/v3/" + path).c_str(), body, "application/json");
     if (res && res->status == 200) return res->body;
     if (res && !options_.user.empty() && path != "auth/authenticate" &&
