@@ -53,11 +53,6 @@ Result<int> FreePort(const std::string& host) {
                                           : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
 }
 
-// "host:port" with brackets for an IPv6 address.
-std::string JoinHostPort(const std::string& host, int port) {
-  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
 }  // namespace
 
 struct Agent::Outcome {

@@ -114,8 +114,7 @@ int RunAgentProcess(const AgentProcessOptions& f) {
     } else {
       server = std::move(*started);
       const std::string local = loopback ? so.host : "127.0.0.1";
-      served = "tcp://" + (local.find(':') != std::string::npos ? "[" + local + "]" : local) + ":" +
-               std::to_string(server->port());
+      served = "tcp://" + JoinHostPort(local, server->port());
       LOG_INFO("serving the job's store at {} ({}, with the job's token)", addr.substr(6),
                loopback ? "on loopback only" : "on every interface");
     }

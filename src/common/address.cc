@@ -44,6 +44,10 @@ bool IsThisMachine(const std::string& host) {
   return found;
 }
 
+std::string JoinHostPort(const std::string& host, int port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
 Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port) {
   size_t colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {

@@ -11,6 +11,8 @@ namespace trainctl {
 
 // Parses "host:port" (or "[v6]:port").
 Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port);
+// "host:port", an IPv6 address in brackets: what ParseHostPort reads.
+std::string JoinHostPort(const std::string& host, int port);
 // Whether `host` names this machine's loopback (127.x.y.z, ::1, localhost): only local processes
 // reach a server bound there.
 bool IsLoopbackHost(const std::string& host);

@@ -1,5 +1,6 @@
 #include "monitor/dashboard.h"
 
+#include "common/address.h"
 #include "common/plugin.h"
 #include "monitor/http_service.h"
 
@@ -29,9 +30,7 @@ Dashboard::~Dashboard() = default;
 int Dashboard::port() const { return impl_->service->port(); }
 
 std::string Dashboard::Url() const {
-  const std::string& h = impl_->o.host;
-  const std::string host = h.find(':') != std::string::npos ? "[" + h + "]" : h;
-  return "http://" + host + ":" + std::to_string(port()) + "/?token=" + impl_->o.token;
+  return "http://" + JoinHostPort(impl_->o.host, port()) + "/?token=" + impl_->o.token;
 }
 
 }  // namespace trainctl::monitor

@@ -759,6 +759,12 @@ TEST(ParseHostPort, AcceptsHostsAndRejectsJunk) {
   for (const char* bad : {"", "host", ":1", "h:", "h:0", "h:70000", "h:12x"}) {
     EXPECT_FALSE(ParseHostPort(bad, &host, &port).ok()) << bad;
   }
+  // JoinHostPort writes what ParseHostPort reads: an IPv6 address in brackets.
+  EXPECT_EQ(JoinHostPort("127.0.0.1", 29500), "127.0.0.1:29500");
+  EXPECT_EQ(JoinHostPort("::1", 29500), "[::1]:29500");
+  ASSERT_TRUE(ParseHostPort(JoinHostPort("fe80::1", 8), &host, &port).ok());
+  EXPECT_EQ(host, "fe80::1");
+  EXPECT_EQ(port, 8);
 }
 
 }  // namespace
