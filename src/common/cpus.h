@@ -10,6 +10,10 @@ namespace trainctl {
 // min(CPUs in the affinity mask, the cgroup's quota rounded down), at least 1.
 int UsableCpus();
 
+// Whether this CPU has AVX2 and FMA, what the trainer's own x86 kernels need. Safe to call from
+// a static initializer.
+bool CpuHasAvx2Fma();
+
 // The CPU quota, in CPUs, that applies to the cgroup named by `self_cgroup` (the text of
 // /proc/self/cgroup) under `root` (/sys/fs/cgroup): the smallest cpu.max ("QUOTA PERIOD") from
 // that cgroup up to `root` on cgroup v2, else cgroup v1's cpu/cpu.cfs_quota_us over

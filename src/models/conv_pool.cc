@@ -22,6 +22,7 @@
 // (16 x tiles x I) and products (16 x tiles x O) stay in the core's L2 cache.
 #include "models/ops.h"
 
+#include "common/cpus.h"
 #include "models/pool_avx2.h"
 
 #include <ATen/Parallel.h>
@@ -475,10 +476,7 @@ std::vector<float> SumOverImages(int64_t n, int64_t size, const Fn& fn) {
   return sums;
 }
 
-const bool kAvx2Fma = [] {
-  __builtin_cpu_init();  // a static initializer may run before libgcc's own
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}();
+const bool kAvx2Fma = CpuHasAvx2Fma();
 
 torch::Tensor ChannelsLastEmpty(torch::IntArrayRef sizes, const torch::TensorOptions& options) {
   return torch::empty(sizes, options.memory_format(at::MemoryFormat::ChannelsLast));

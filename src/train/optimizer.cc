@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "common/cpus.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -41,8 +43,6 @@ __attribute__((target("avx2,fma"))) void SgdStep(float* p, const float* g, float
     p[i] = std::fma(d, -lr, p[i]);
   }
 }
-
-bool HaveAvx2Fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #endif
 
 bool FlatCpuFloats(const torch::Tensor& t) {
@@ -61,7 +61,7 @@ Optimizer::Optimizer(const OptimizerSpec& spec, torch::Tensor params, torch::Ten
 void Optimizer::Step(double lr) {
   torch::NoGradGuard no_grad;
 #if defined(__x86_64__)
-  static const bool avx2_fma = HaveAvx2Fma();
+  static const bool avx2_fma = CpuHasAvx2Fma();
   if (spec_.name != "adam" && avx2_fma && FlatCpuFloats(params_) && FlatCpuFloats(grads_) && FlatCpuFloats(buf1_)) {
     SgdStep(params_.data_ptr<float>(), grads_.data_ptr<float>(), buf1_.data_ptr<float>(), params_.numel(),
             static_cast<float>(lr), static_cast<float>(spec_.weight_decay), static_cast<float>(spec_.momentum),
