@@ -27,6 +27,13 @@ using Layer = std::function<torch::Tensor(const torch::Tensor&, const torch::Ten
 
 double Ms(std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
+constexpr int kWarmUp = 3;  // calls before the timed ones
+
+double Median(std::vector<double> ms) {
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return ms[ms.size() / 2];
+}
+
 // Median forward and backward milliseconds of `layer` over `reps` calls, for `in` -> `out`
 // channels on `size` x `size`; the input takes a gradient unless it is the image.
 std::pair<double, double> Time(const Layer& layer, int reps, int64_t batch, int64_t in, int64_t out, int64_t size) {
@@ -38,7 +45,7 @@ std::pair<double, double> Time(const Layer& layer, int reps, int64_t batch, int6
   // As the model passes it: the first layer's output is channels-last.
   if (in > 3) x = x.detach().contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true);
   std::vector<double> fwd, bwd;
-  for (int r = 0; r < reps + 3; ++r) {  // the first three warm up
+  for (int r = 0; r < kWarmUp + reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     torch::Tensor y = layer(x, w, b);
     auto t1 = std::chrono::steady_clock::now();
@@ -51,14 +58,12 @@ std::pair<double, double> Time(const Layer& layer, int reps, int64_t batch, int6
     if (x.requires_grad()) x.mutable_grad().reset();
     w.mutable_grad().reset();
     b.mutable_grad().reset();
-    if (r >= 3) {
+    if (r >= kWarmUp) {
       fwd.push_back(Ms(t1 - t0));
       bwd.push_back(Ms(t2 - t1));
     }
   }
-  std::sort(fwd.begin(), fwd.end());
-  std::sort(bwd.begin(), bwd.end());
-  return {fwd[fwd.size() / 2], bwd[bwd.size() / 2]};
+  return {Median(fwd), Median(bwd)};
 }
 
 }  // namespace
@@ -120,13 +125,12 @@ int main(int argc, char** argv) {
                                             .nesterov(true).weight_decay(spec.weight_decay));
   auto median_ms = [&](const std::function<void()>& fn) {
     std::vector<double> ms;
-    for (int r = 0; r < reps + 3; ++r) {
+    for (int r = 0; r < kWarmUp + reps; ++r) {
       auto t0 = std::chrono::steady_clock::now();
       fn();
-      if (r >= 3) ms.push_back(Ms(std::chrono::steady_clock::now() - t0));
+      if (r >= kWarmUp) ms.push_back(Ms(std::chrono::steady_clock::now() - t0));
     }
-    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-    return ms[ms.size() / 2];
+    return Median(ms);
   };
   const double ours_ms = median_ms([&] { ours.Step(spec.lr); });
   const double theirs_ms = median_ms([&] { reference.step(); });
