@@ -120,10 +120,19 @@ __attribute__((target("avx2,fma"))) void Gemm(const float* a, int64_t rows, int6
   }
 }
 
+// An h x w x c plane in a zero border of 1: zeroed only when its shape changes (not only its
+// size: a plane of 6 x 10 would otherwise keep data where one of 10 x 6 has its border); whoever
+// fills it writes only the inside.
+struct Plane {
+  std::vector<float> data;
+  int64_t c = 0, h = 0, w = 0;
+};
+
 struct Scratch {
-  // One image's input H x W x I and its output's gradient H x W x O, each in a zero border; V; M;
-  // an output (or a gradient) with the channels of a position adjacent; the first layer's cols.
-  std::vector<float> hwc, ghwc, v, m, out, cols;
+  // One image's input H x W x I and its output's gradient H x W x O, each bordered; V; M; an
+  // output (or a gradient) with the channels of a position adjacent; the first layer's cols.
+  Plane hwc, ghwc;
+  std::vector<float> v, m, out, cols;
 };
 
 // Room for n floats in buf, which grows and never shrinks: a buffer that serves two shapes in
@@ -132,12 +141,15 @@ inline void Room(std::vector<float>* buf, size_t n) {
   if (buf->size() < n) buf->resize(n);
 }
 
-// (h + 2) x (w + 2) x c floats in buf whose border is zero: resized, and zeroed, only when the
-// shape changes; whoever fills it writes only the inside.
-inline float* Bordered(std::vector<float>* buf, int64_t c, int64_t h, int64_t w) {
-  const size_t size = static_cast<size_t>((h + 2) * (w + 2) * c);
-  if (buf->size() != size) buf->assign(size, 0.0f);
-  return buf->data();
+// The plane's (h + 2) x (w + 2) x c floats for an h x w x c inside, its border zero.
+inline float* Bordered(Plane* plane, int64_t c, int64_t h, int64_t w) {
+  if (plane->c != c || plane->h != h || plane->w != w) {
+    plane->data.assign(static_cast<size_t>((h + 2) * (w + 2) * c), 0.0f);
+    plane->c = c;
+    plane->h = h;
+    plane->w = w;
+  }
+  return plane->data.data();
 }
 
 // dst (cols x rows) = src (rows x cols) transposed, dst[j * rows + i] = src[i * cols + j]: 8 x 8
@@ -324,7 +336,7 @@ __attribute__((target("avx2,fma"))) void ImageWeightGrad(const float* x, int64_t
                                                          int64_t out, float* du, Scratch* s) {
   const int64_t wp = w + 2, th = h / 2, tw = w / 2, tiles = th * tw;
   Room(&s->m, 16 * tiles * out);
-  const float* ghwc = s->ghwc.data() + (wp + 1) * out;
+  const float* ghwc = s->ghwc.data.data() + (wp + 1) * out;
   float* m = s->m.data();
   for (int64_t ty = 0; ty < th; ++ty) {
     for (int64_t tx = 0; tx < tw; ++tx) {

@@ -150,14 +150,15 @@ TEST(Ops, ImageConvPoolReluMatchesAtens) {
 
 // The hidden layer by Winograd: the CNN's 32 -> 64, and shapes whose tiles are not a multiple of
 // the kernel's 6 rows, with several images for LibTorch's threads and more than one group of the
-// weight gradient's sum. On a CPU without AVX2 and FMA it is ATen's own.
+// weight gradient's sum; 6 x 10 then 10 x 6, planes of one size and another shape in the same
+// threads' scratch buffers. On a CPU without AVX2 and FMA it is ATen's own.
 TEST(Ops, ConvPoolReluMatchesAtens) {
   if (!models::WinogradConvolutions()) {
     GTEST_LOG_(INFO) << "no AVX2 and FMA here: ATen's convolution is compared with itself";
   }
   torch::manual_seed(5);
-  for (auto shape : {std::array<int64_t, 5>{9, 32, 64, 14, 14}, {3, 16, 32, 6, 10}, {2, 48, 16, 2, 2},
-                     {1, 16, 16, 16, 4}}) {
+  for (auto shape : {std::array<int64_t, 5>{9, 32, 64, 14, 14}, {3, 16, 32, 6, 10}, {3, 16, 32, 10, 6},
+                     {2, 48, 16, 2, 2}, {1, 16, 16, 16, 4}}) {
     for (bool ties : {false, true}) {
       ExpectConvPoolMatchesAten(models::ConvPoolRelu, shape, /*input_grad=*/true, ties, 1e-5f);
     }
