@@ -43,31 +43,51 @@ using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
 #if defined(__x86_64__)
+// Room for n floats in buf, which grows and never shrinks: a buffer that serves two shapes in
+// turn (the backward's 32 and 64 channels) is not refilled with zeros at each change.
+inline void Room(std::vector<float>* buf, size_t n) {
+  if (buf->size() < n) buf->resize(n);
+}
+
+// G x for a column x of 3: 4 values, G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1].
+__attribute__((target("avx2,fma"))) inline void KernelColumn(__m256 x0, __m256 x1, __m256 x2, __m256 y[4]) {
+  const __m256 half = _mm256_set1_ps(0.5f);
+  y[0] = x0;
+  y[1] = _mm256_mul_ps(half, _mm256_add_ps(_mm256_add_ps(x0, x1), x2));
+  y[2] = _mm256_mul_ps(half, _mm256_add_ps(_mm256_sub_ps(x0, x1), x2));
+  y[3] = x2;
+}
+
 // U[p][i][o] = (G g Gt)[p] for the 3 x 3 kernel g from input channel i to output channel o of a
 // weight O x I x 3 x 3. For the input gradient (`flip`) the roles swap: the kernel from the
 // output's gradient channel o to input channel i is w[o][i] rotated by 180 degrees, so U is then
 // [p][o][i] (its inputs are the O channels of the gradient).
-void WeightTransform(const float* w, int64_t o_count, int64_t i_count, bool flip, float* u) {
+__attribute__((target("avx2,fma"))) void WeightTransform(const float* w, int64_t o_count, int64_t i_count, bool flip,
+                                                         float* u) {
   const int64_t in = flip ? o_count : i_count, out = flip ? i_count : o_count;
+  // The kernels as rows x 9 taps x columns, so that 8 columns' tap is one load (I and O are
+  // multiples of 16).
+  thread_local std::vector<float> taps;
+  Room(&taps, in * 9 * out);
   for (int64_t o = 0; o < o_count; ++o) {
     for (int64_t i = 0; i < i_count; ++i) {
       const float* k = w + (o * i_count + i) * 9;
-      float g[3][3];
-      for (int r = 0; r < 3; ++r) {
-        for (int c = 0; c < 3; ++c) g[r][c] = flip ? k[(2 - r) * 3 + 2 - c] : k[r * 3 + c];
-      }
-      float t[4][3];  // G g
-      for (int c = 0; c < 3; ++c) {
-        t[0][c] = g[0][c];
-        t[1][c] = 0.5f * (g[0][c] + g[1][c] + g[2][c]);
-        t[2][c] = 0.5f * (g[0][c] - g[1][c] + g[2][c]);
-        t[3][c] = g[2][c];
-      }
       const int64_t row = flip ? o : i, col = flip ? i : o;
-      for (int r = 0; r < 4; ++r) {
-        const float v[4] = {t[r][0], 0.5f * (t[r][0] + t[r][1] + t[r][2]), 0.5f * (t[r][0] - t[r][1] + t[r][2]),
-                            t[r][2]};
-        for (int c = 0; c < 4; ++c) u[((r * 4 + c) * in + row) * out + col] = v[c];
+      for (int e = 0; e < 9; ++e) taps[(row * 9 + e) * out + col] = k[flip ? 8 - e : e];
+    }
+  }
+  for (int64_t row = 0; row < in; ++row) {
+    for (int64_t col = 0; col < out; col += 8) {
+      const float* k = taps.data() + row * 9 * out + col;
+      __m256 t[3][4];  // G g, by columns
+      for (int c = 0; c < 3; ++c) {
+        KernelColumn(_mm256_loadu_ps(k + c * out), _mm256_loadu_ps(k + (3 + c) * out),
+                     _mm256_loadu_ps(k + (6 + c) * out), t[c]);
+      }
+      for (int r = 0; r < 4; ++r) {  // (G g) Gt: row r of G g through G
+        __m256 v[4];
+        KernelColumn(t[0][r], t[1][r], t[2][r], v);
+        for (int c = 0; c < 4; ++c) _mm256_storeu_ps(u + ((r * 4 + c) * in + row) * out + col, v[c]);
       }
     }
   }
@@ -134,12 +154,6 @@ struct Scratch {
   Plane hwc, ghwc;
   std::vector<float> v, m, out, cols;
 };
-
-// Room for n floats in buf, which grows and never shrinks: a buffer that serves two shapes in
-// turn (the backward's 32 and 64 channels) is not refilled with zeros at each change.
-inline void Room(std::vector<float>* buf, size_t n) {
-  if (buf->size() < n) buf->resize(n);
-}
 
 // The plane's (h + 2) x (w + 2) x c floats for an h x w x c inside, its border zero.
 inline float* Bordered(Plane* plane, int64_t c, int64_t h, int64_t w) {
@@ -466,7 +480,9 @@ __attribute__((target("avx2,fma"))) void ImageLayerBackward(const float* x, int6
 // dst[e] += src[e] for n floats.
 __attribute__((target("avx2,fma"))) void AddTo(float* dst, const float* src, int64_t n) {
   int64_t e = 0;
-  for (; e + 8 <= n; e += 8) _mm256_storeu_ps(dst + e, _mm256_add_ps(_mm256_loadu_ps(dst + e), _mm256_loadu_ps(src + e)));
+  for (; e + 8 <= n; e += 8) {
+    _mm256_storeu_ps(dst + e, _mm256_add_ps(_mm256_loadu_ps(dst + e), _mm256_loadu_ps(src + e)));
+  }
   for (; e < n; ++e) dst[e] += src[e];
 }
 
