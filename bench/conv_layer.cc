@@ -19,6 +19,9 @@
 
 #include "models/models.h"
 #include "models/ops.h"
+#if TRAINCTL_HAVE_ONEDNN
+#include "models/onednn.h"
+#endif
 #include "train/optimizer.h"
 
 namespace {
@@ -34,8 +37,34 @@ double Median(std::vector<double> ms) {
   return ms[ms.size() / 2];
 }
 
-// Median forward and backward milliseconds of `layer` over `reps` calls, for `in` -> `out`
-// channels on `size` x `size`; the input takes a gradient unless it is the image.
+// Median forward and backward milliseconds of `forward` (then backward with g, or of the loss it
+// returns) over `reps` calls; the leaves' gradients are dropped after each.
+std::pair<double, double> TimeCalls(int reps, const std::function<torch::Tensor()>& forward, const torch::Tensor& g,
+                                    std::vector<torch::Tensor> leaves) {
+  std::vector<double> fwd, bwd;
+  for (int r = 0; r < kWarmUp + reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    torch::Tensor y = forward();
+    auto t1 = std::chrono::steady_clock::now();
+    if (y.dim() == 0) {
+      y.backward();  // a loss
+    } else {
+      y.backward(g);
+    }
+    auto t2 = std::chrono::steady_clock::now();
+    for (torch::Tensor& t : leaves) {
+      if (t.requires_grad()) t.mutable_grad().reset();
+    }
+    if (r >= kWarmUp) {
+      fwd.push_back(Ms(t1 - t0));
+      bwd.push_back(Ms(t2 - t1));
+    }
+  }
+  return {Median(fwd), Median(bwd)};
+}
+
+// The same for `layer`, for `in` -> `out` channels on `size` x `size`; the input takes a gradient
+// unless it is the image.
 std::pair<double, double> Time(const Layer& layer, int reps, int64_t batch, int64_t in, int64_t out, int64_t size) {
   torch::manual_seed(0);
   torch::Tensor x = torch::randn({batch, in, size, size}).requires_grad_(in > 3);
@@ -44,26 +73,15 @@ std::pair<double, double> Time(const Layer& layer, int reps, int64_t batch, int6
   torch::Tensor g = torch::randn({batch, out, size / 2, size / 2});
   // As the model passes it: the first layer's output is channels-last.
   if (in > 3) x = x.detach().contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true);
-  std::vector<double> fwd, bwd;
-  for (int r = 0; r < kWarmUp + reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    torch::Tensor y = layer(x, w, b);
-    auto t1 = std::chrono::steady_clock::now();
-    if (y.dim() == 0) {
-      y.backward();  // a loss
-    } else {
-      y.backward(g);
-    }
-    auto t2 = std::chrono::steady_clock::now();
-    if (x.requires_grad()) x.mutable_grad().reset();
-    w.mutable_grad().reset();
-    b.mutable_grad().reset();
-    if (r >= kWarmUp) {
-      fwd.push_back(Ms(t1 - t0));
-      bwd.push_back(Ms(t2 - t1));
-    }
-  }
-  return {Median(fwd), Median(bwd)};
+  return TimeCalls(reps, [&] { return layer(x, w, b); }, g, {x, w, b});
+}
+
+// The same for a linear layer `layer` of `in` -> `out` features.
+std::pair<double, double> TimeLinear(const Layer& layer, int reps, int64_t batch, int64_t in, int64_t out) {
+  torch::manual_seed(0);
+  torch::Tensor x = torch::randn({batch, in}).requires_grad_(true);
+  torch::Tensor w = (torch::randn({out, in}) * 0.02).requires_grad_(true), b = torch::randn({out}).requires_grad_(true);
+  return TimeCalls(reps, [&] { return layer(x, w, b); }, torch::randn({batch, out}), {x, w, b});
 }
 
 }  // namespace
@@ -96,13 +114,27 @@ int main(int argc, char** argv) {
     std::printf("%-20s fused / ATen: %.3fx the time\n", c.name,
                 (ours.first + ours.second) / (theirs.first + theirs.second));
   }
+  // The first linear layer, 3136 -> 128: ATen's (OpenBLAS) and, where it is built in, oneDNN's
+  // sgemm (models::Linear), which the CNN runs on the CPU.
+  std::vector<std::pair<const char*, Layer>> linears = {
+      {"ATen", [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+         return torch::linear(x, w, b);
+       }}};
+#if TRAINCTL_HAVE_ONEDNN
+  linears.emplace_back("oneDNN", trainctl::models::Linear);
+#endif
+  const double linear_flop = 3 * 2.0 * batch * 3136 * 128;
+  for (const auto& [name, layer] : linears) {
+    const auto t = TimeLinear(layer, reps, batch, 3136, 128);
+    std::printf("linear 3136 -> 128  %-13s %10.2f %11.2f %10.2f %12.1f\n", name, t.first, t.second, t.first + t.second,
+                linear_flop / (t.first + t.second) / 1e6);
+  }
   auto model = trainctl::models::MakeModel("cnn", {});
   if (!model.ok()) return 1;
   torch::Tensor images = torch::randn({batch, 1, 28, 28}), labels = torch::randint(0, 10, {batch});
-  const Layer step = [&](const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) {
-    return torch::cross_entropy_loss((*model)->forward(images), labels);
-  };
-  const auto t = Time(step, reps, batch, 1, 1, 2);
+  const auto t = TimeCalls(
+      reps, [&] { return torch::cross_entropy_loss((*model)->forward(images), labels); }, torch::Tensor(),
+      (*model)->parameters());
   std::printf("the CNN's step (forward, loss, backward): %.2f + %.2f = %.2f ms, %.0f samples/s\n", t.first, t.second,
               t.first + t.second, batch / (t.first + t.second) * 1e3);
 

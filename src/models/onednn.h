@@ -36,7 +36,8 @@ bool BlockedConvolutions();
 
 // x * weight^T + bias (torch::nn::Linear's layer) on a float CPU batch, autograd, through oneDNN's
 // sgemm: AVX-512 where the CPU has it (Debian's OpenBLAS, which ATen calls, stops at AVX2): the
-// CNN's 3136 -> 128 layer takes half the time forward and backward. Deterministic.
+// CNN's 3136 -> 128 layer takes half the time forward and backward; on AVX2 about 0.8x ATen's
+// (the weight's gradient written once, in its layout; bench/conv_layer). Deterministic.
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
 }  // namespace trainctl::models
