@@ -2,7 +2,8 @@
 // thread: ATen's convolution (oneDNN's direct kernels on a CPU without AVX-512) followed by the
 // trainer's pooling (models::MaxPool2x2Relu), against the trainer's fused layers
 // (models::ImageConvPoolRelu for the image's 1 -> 32, models::ConvPoolRelu, Winograd, for
-// 32 -> 64); forward and backward, each the median of --reps calls; then the whole CNN's step
+// 32 -> 64); forward and backward, each the median of --reps calls; the first linear layer,
+// ATen's (OpenBLAS) against oneDNN's sgemm, which the CNN uses; then the whole CNN's step
 // (forward, cross-entropy, backward) as the trainer runs it on this CPU, and its optimizer's step
 // against torch.optim.SGD's. Built on demand: cmake --build build --target conv_layer; pin it with
 // taskset.
