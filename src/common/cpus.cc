@@ -71,10 +71,18 @@ int UsableCpus() {
   return std::max(1, cpus);
 }
 
-bool CpuHasAvx2Fma() {
+bool CpuHasAvx2() {
 #if defined(__x86_64__)
   __builtin_cpu_init();  // a static initializer may run before libgcc's own, which fills it in
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+
+bool CpuHasAvx2Fma() {
+#if defined(__x86_64__)
+  return CpuHasAvx2() && __builtin_cpu_supports("fma");
 #else
   return false;
 #endif

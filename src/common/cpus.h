@@ -10,8 +10,9 @@ namespace trainctl {
 // min(CPUs in the affinity mask, the cgroup's quota rounded down), at least 1.
 int UsableCpus();
 
-// Whether this CPU has AVX2 and FMA, what the trainer's own x86 kernels need. Safe to call from
-// a static initializer.
+// Whether this CPU has AVX2 (what the pooling kernels need), and AVX2 and FMA (what the trainer's
+// other x86 kernels need). Safe to call from a static initializer.
+bool CpuHasAvx2();
 bool CpuHasAvx2Fma();
 
 // The CPU quota, in CPUs, that applies to the cgroup named by `self_cgroup` (the text of

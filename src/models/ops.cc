@@ -1,5 +1,6 @@
 #include "models/ops.h"
 
+#include "common/cpus.h"
 #include "models/pool_avx2.h"
 
 #include <ATen/Parallel.h>
@@ -174,11 +175,7 @@ __attribute__((target("avx2"))) void PoolBackwardNchwAvx2(const uint8_t* win, co
   }
 }
 
-// A static initializer may run before libgcc's own, which fills in what cpu_supports reads.
-const bool kAvx2 = [] {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") != 0;
-}();
+const bool kAvx2 = CpuHasAvx2();
 // Indexed by layout: [0] blocked, [1] N x C x H x W.
 const ForwardFn kForward[2] = {kAvx2 ? PoolForwardPlaneAvx2 : PoolForwardPlanePortable<kBlock>,
                                kAvx2 ? PoolForwardNchwAvx2 : PoolForwardPlanePortable<1>};
