@@ -124,10 +124,12 @@ int main(int argc, char** argv) {
 #if TRAINCTL_HAVE_ONEDNN
   linears.emplace_back("oneDNN", trainctl::models::Linear);
 #endif
-  const double linear_flop = 3 * 2.0 * batch * 3136 * 128;
+  constexpr int64_t kFeatures = 64 * 7 * 7, kHidden = 128;  // fc1's
+  const double linear_flop = 3 * 2.0 * batch * kFeatures * kHidden;
   for (const auto& [name, layer] : linears) {
-    const auto t = TimeLinear(layer, reps, batch, 3136, 128);
-    std::printf("linear 3136 -> 128  %-13s %10.2f %11.2f %10.2f %12.1f\n", name, t.first, t.second, t.first + t.second,
+    const auto t = TimeLinear(layer, reps, batch, kFeatures, kHidden);
+    std::printf("linear %lld -> %lld  %-13s %10.2f %11.2f %10.2f %12.1f\n", static_cast<long long>(kFeatures),
+                static_cast<long long>(kHidden), name, t.first, t.second, t.first + t.second,
                 linear_flop / (t.first + t.second) / 1e6);
   }
   auto model = trainctl::models::MakeModel("cnn", {});
