@@ -5,9 +5,10 @@
 // channels-last (N x H x W x C in memory, PyTorch's ChannelsLast memory format): what both
 // layers' kernels read and write with whole-register loads, 8 channels at a time.
 //
-// The first layer (ImageConvPoolRelu), on an image of 1 or 3 channels: the image's 9 x C shifted
-// copies (cols, a few KB to 100 KB) stay in cache; the output, P positions x O channels, is the
-// matrix product cols^T (P x 9C) W^T (9C x O), the weight's gradient cols (9C x P) G (P x O).
+// The first layer (ImageConvPoolRelu), on an image of 1 or 3 channels, directly: a window's
+// 2 x 2 outputs for 16 channels are summed over the 9 x C taps in registers and pooled there; the
+// weight's gradient takes each window's gradient only at the position that won it. Neither the
+// convolution's output nor its gradient (P positions x O channels) goes to memory.
 //
 // The second (ConvPoolRelu) by Winograd's F(2x2, 3x3). Each 2 x 2 block of outputs (a tile) comes
 // from the 4 x 4 block of inputs around it. With
@@ -150,9 +151,10 @@ struct Plane {
 
 struct Scratch {
   // One image's input H x W x I and its output's gradient H x W x O, each bordered; V; M; an
-  // output (or a gradient) with the channels of a position adjacent; the first layer's cols.
-  Plane hwc, ghwc;
-  std::vector<float> v, m, out, cols;
+  // output (or a gradient) with the channels of a position adjacent; the first layer's image,
+  // bordered.
+  Plane hwc, ghwc, image;
+  std::vector<float> v, m, out;
 };
 
 // The plane's (h + 2) x (w + 2) x c floats for an h x w x c inside, its border zero.
@@ -406,75 +408,133 @@ void WeightGradFromTransformed(const float* du, int64_t in, int64_t out, float* 
   }
 }
 
-// The first layer. cols[k][p] for k = 9c + 3i + j: the plane c of x (C x H x W) shifted by
-// (i - 1, j - 1), zero outside it, P = H x W positions.
-void Im2Col3x3(const float* x, int64_t c, int64_t h, int64_t w, float* cols) {
+// The first layer, on x (c x h x w, channels-first) as a bordered h x w x c plane in s->image.
+// The tap k = 9 ch + 3 i + j of output position (r, col) is x[ch][r + i - 1][col + j - 1], zero
+// outside: the plane at (r + i, col + j). Every sum below runs over the taps in the order of k
+// (the forward) or over the positions in row-major order (the weight's gradient), each step one
+// FMA from zero or from what the sum held: what the matrix products cols^T W^T and cols G would
+// give, cols the image's 9c shifted copies and G the convolution's output gradient, without
+// either in memory.
+const float* BorderedImage(const float* x, int64_t c, int64_t h, int64_t w, Scratch* s) {
+  float* plane = Bordered(&s->image, c, h, w);
   for (int64_t ch = 0; ch < c; ++ch) {
-    const float* plane = x + ch * h * w;
-    for (int64_t i = 0; i < 3; ++i) {
-      for (int64_t j = 0; j < 3; ++j, cols += h * w) {
-        for (int64_t r = 0; r < h; ++r) {
-          float* row = cols + r * w;
-          const int64_t sr = r + i - 1;
-          if (sr < 0 || sr >= h) {
-            std::fill(row, row + w, 0.0f);
-            continue;
+    for (int64_t r = 0; r < h; ++r) {
+      float* row = plane + ((r + 1) * (w + 2) + 1) * c + ch;
+      const float* src = x + (ch * h + r) * w;
+      for (int64_t col = 0; col < w; ++col) row[col * c] = src[col];
+    }
+  }
+  return plane;
+}
+
+// One image x (c x h x w) through the first layer by wt (9c x out, the weight transposed), for 16
+// output channels at a time: a window's 2 x 2 outputs in registers, plus bias, pooled and ReLU'd:
+// y (tiles x out, channels-last) and the window bytes win (tiles x out). C: the channels when known
+// at compile time (the CNN's 1: the taps' offsets become constants), else 0 and c says.
+template <int C>
+__attribute__((target("avx2,fma"))) void ImageLayerForward(const float* x, int64_t c, int64_t h, int64_t w,
+                                                           const float* wt, const float* bias, int64_t out,
+                                                           float* y, uint8_t* win, Scratch* s) {
+  const int64_t cs = C > 0 ? C : c, wp = w + 2, th = h / 2, tw = w / 2;
+  const float* plane = BorderedImage(x, cs, h, w, s);
+  for (int64_t o = 0; o < out; o += 16) {
+    const __m256 b0 = _mm256_loadu_ps(bias + o), b1 = _mm256_loadu_ps(bias + o + 8);
+    for (int64_t ty = 0; ty < th; ++ty) {
+      for (int64_t tx = 0; tx < tw; ++tx) {
+        __m256 acc[4][2];
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = _mm256_setzero_ps();
+        const float* wk = wt + o;  // tap k's 16 weights, k = 9 ch + 3 i + j
+        for (int64_t ch = 0; ch < cs; ++ch) {
+          // The rows of the window's 4 x 4 inputs: tap (i, j) of output (qy, qx) is row i + qy,
+          // column j + qx.
+          const float* row = plane + (2 * ty * wp + 2 * tx) * cs + ch;
+#pragma GCC unroll 3
+          for (int i = 0; i < 3; ++i, row += wp * cs) {
+#pragma GCC unroll 3
+            for (int j = 0; j < 3; ++j, wk += out) {
+              const __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
+#pragma GCC unroll 4
+              for (int q = 0; q < 4; ++q) {
+                const __m256 xv = _mm256_broadcast_ss(row + (q / 2) * wp * cs + (j + q % 2) * cs);
+                acc[q][0] = _mm256_fmadd_ps(xv, w0, acc[q][0]);
+                acc[q][1] = _mm256_fmadd_ps(xv, w1, acc[q][1]);
+              }
+            }
           }
-          const float* src = plane + sr * w;
-          if (j == 0) {
-            row[0] = 0.0f;
-            std::copy(src, src + w - 1, row + 1);
-          } else if (j == 1) {
-            std::copy(src, src + w, row);
-          } else {
-            std::copy(src + 1, src + w, row);
-            row[w - 1] = 0.0f;
-          }
+        }
+        const int64_t t = ty * tw + tx;
+#pragma GCC unroll 2
+        for (int v = 0; v < 2; ++v) {
+          const __m256 b = v == 0 ? b0 : b1;
+          __m256i k;
+          const __m256 m = MaxPoolRelu8(_mm256_add_ps(acc[0][v], b), _mm256_add_ps(acc[1][v], b),
+                                        _mm256_add_ps(acc[2][v], b), _mm256_add_ps(acc[3][v], b), &k);
+          _mm256_storeu_ps(y + t * out + o + 8 * v, m);
+          StoreWindows8(k, win + t * out + o + 8 * v);
         }
       }
     }
   }
 }
 
-// One image x (c x h x w) through the first layer: the convolution by wt (9c x out, the weight
-// transposed) into s->out (P x out), then bias, pooling and ReLU: y (tiles x out, channels-last)
-// and the window bytes win (tiles x out).
-__attribute__((target("avx2,fma"))) void ImageLayerForward(const float* x, int64_t c, int64_t h, int64_t w,
-                                                           const float* wt, const float* bias, int64_t out,
-                                                           float* y, uint8_t* win, Scratch* s) {
-  const int64_t p = h * w, tw = w / 2;
-  Room(&s->cols, 9 * c * p);
-  Room(&s->out, p * out);
-  Im2Col3x3(x, c, h, w, s->cols.data());
-  Gemm(s->cols.data(), p, 1, p, wt, 9 * c, out, s->out.data(), /*add=*/false);  // cols^T wt
-  const float* conv = s->out.data();
-  for (int64_t t = 0; t < p / 4; ++t) {
-    const float* a = conv + (2 * (t / tw) * w + 2 * (t % tw)) * out;  // the window's top left
-    for (int64_t ch = 0; ch < out; ch += 8) {
-      const __m256 b = _mm256_loadu_ps(bias + ch);
-      __m256i k;
-      const __m256 m = MaxPoolRelu8(_mm256_add_ps(_mm256_loadu_ps(a + ch), b),
-                                    _mm256_add_ps(_mm256_loadu_ps(a + out + ch), b),
-                                    _mm256_add_ps(_mm256_loadu_ps(a + w * out + ch), b),
-                                    _mm256_add_ps(_mm256_loadu_ps(a + (w + 1) * out + ch), b), &k);
-      _mm256_storeu_ps(y + t * out + ch, m);
-      StoreWindows8(k, win + t * out + ch);
-    }
-  }
-}
-
-// One image's share of the first layer's weight and bias gradients: dwt (9c x out) += cols
-// (9c x P) gy (P x out), db += gy's sum per channel, gy unpooled from g (tiles x out,
-// channels-last) by win.
+// One image's share of the first layer's weight and bias gradients: dwt (9c x out) += the sum
+// over positions of each tap times the convolution's output gradient there, db += that gradient's
+// sum per channel, the gradient being g (tiles x out, channels-last) at the position that won
+// each window (win) and zero at the others. 8 channels and one input channel's 9 taps at a time;
+// C as for the forward.
+template <int C>
 __attribute__((target("avx2,fma"))) void ImageLayerBackward(const float* x, int64_t c, int64_t h, int64_t w,
                                                             const float* g, const uint8_t* win, int64_t out,
                                                             float* dwt, float* db, Scratch* s) {
-  const int64_t p = h * w;
-  Room(&s->cols, 9 * c * p);
-  Room(&s->out, p * out);
-  Im2Col3x3(x, c, h, w, s->cols.data());
-  Unpool(g, win, h, w, out, w, s->out.data(), db);
-  Gemm(s->cols.data(), 9 * c, p, 1, s->out.data(), p, out, dwt, /*add=*/true);
+  const int64_t cs = C > 0 ? C : c, wp = w + 2, th = h / 2, tw = w / 2, tiles = th * tw;
+  const float* plane = BorderedImage(x, cs, h, w, s);
+  for (int64_t o = 0; o < out; o += 8) {  // the bias's gradient, windows in order
+    __m256 sum = _mm256_loadu_ps(db + o);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const __m256i k = LoadWindows8(win + t * out + o);
+      const __m256 won = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(kNoWindow), k));
+      sum = _mm256_add_ps(sum, _mm256_and_ps(won, _mm256_loadu_ps(g + t * out + o)));
+    }
+    _mm256_storeu_ps(db + o, sum);
+  }
+  for (int64_t ch = 0; ch < cs; ++ch) {
+    for (int64_t o = 0; o < out; o += 8) {
+      __m256 acc[9];
+#pragma GCC unroll 9
+      for (int k = 0; k < 9; ++k) acc[k] = _mm256_loadu_ps(dwt + (9 * ch + k) * out + o);
+      for (int64_t ty = 0; ty < th; ++ty) {
+        for (int qy = 0; qy < 2; ++qy) {  // positions in row-major order
+          const __m256i first = _mm256_set1_epi32(2 * qy), second = _mm256_set1_epi32(2 * qy + 1);
+          // The window's first tap of the three rows of taps of the positions in row 2 ty + qy.
+          const float* r = plane + (2 * ty + qy) * wp * cs + ch;
+          for (int64_t tx = 0; tx < tw; ++tx, r += 2 * cs) {
+            const int64_t t = ty * tw + tx;
+            const __m256i k = LoadWindows8(win + t * out + o);
+            const __m256 gv = _mm256_loadu_ps(g + t * out + o);
+            // The window's gradient at its two positions in this row, then each tap's two terms
+            // in order: the tap (i, j) of the second position is the tap (i, j + 1) of the first.
+            const __m256 g0 = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, first)), gv);
+            const __m256 g1 = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, second)), gv);
+#pragma GCC unroll 3
+            for (int i = 0; i < 3; ++i) {
+              const float* row = r + i * wp * cs;
+              __m256 left = _mm256_broadcast_ss(row);
+#pragma GCC unroll 3
+              for (int j = 0; j < 3; ++j) {
+                const __m256 right = _mm256_broadcast_ss(row + (j + 1) * cs);
+                acc[3 * i + j] = _mm256_fmadd_ps(left, g0, acc[3 * i + j]);
+                acc[3 * i + j] = _mm256_fmadd_ps(right, g1, acc[3 * i + j]);
+                left = right;
+              }
+            }
+          }
+        }
+      }
+#pragma GCC unroll 9
+      for (int k = 0; k < 9; ++k) _mm256_storeu_ps(dwt + (9 * ch + k) * out + o, acc[k]);
+    }
+  }
 }
 
 // dst[e] += src[e] for n floats.
@@ -526,8 +586,8 @@ class ImageConvPoolFunction : public torch::autograd::Function<ImageConvPoolFunc
     at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
       thread_local Scratch scratch;
       for (int64_t i = begin; i < end; ++i) {
-        ImageLayerForward(xp + i * c * h * w, c, h, w, wtp, bp, out, yp + i * tiles * out, winp + i * tiles * out,
-                          &scratch);
+        (c == 1 ? ImageLayerForward<1> : ImageLayerForward<0>)(xp + i * c * h * w, c, h, w, wtp, bp, out,
+                                                               yp + i * tiles * out, winp + i * tiles * out, &scratch);
       }
     });
     ctx->save_for_backward({x, win});
@@ -545,8 +605,9 @@ class ImageConvPoolFunction : public torch::autograd::Function<ImageConvPoolFunc
     // dwt (9c x out), then db (out).
     std::vector<float> sums = SumOverImages(n, k * out + out, [&](int64_t i, float* sum) {
       thread_local Scratch scratch;
-      ImageLayerBackward(xp + i * c * h * w, c, h, w, gp + i * tiles * out, winp + i * tiles * out, out, sum,
-                         sum + k * out, &scratch);
+      (c == 1 ? ImageLayerBackward<1> : ImageLayerBackward<0>)(xp + i * c * h * w, c, h, w, gp + i * tiles * out,
+                                                                 winp + i * tiles * out, out, sum, sum + k * out,
+                                                                 &scratch);
     });
     torch::Tensor dwt = torch::from_blob(sums.data(), {k, out}, g.options());
     torch::Tensor db = torch::from_blob(sums.data() + k * out, {out}, g.options());
