@@ -331,8 +331,7 @@ __attribute__((target("avx2,fma"))) void Unpool(const float* gt, const uint8_t* 
         const int64_t t = ty * tw + tx;
         const __m256i k = LoadWindows8(win + t * out + c);
         const __m256 gv = _mm256_loadu_ps(gt + t * out + c);
-        const __m256 won = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(kNoWindow), k));
-        sum = _mm256_add_ps(sum, _mm256_and_ps(won, gv));
+        sum = _mm256_add_ps(sum, WonGrad8(k, gv));
         for (int r = 0; r < 2; ++r) {
           float* gp = dst + ((2 * ty + r) * row_stride + 2 * tx) * out + c;
           _mm256_storeu_ps(gp, WindowGrad8(k, gv, 2 * r));
@@ -507,9 +506,7 @@ __attribute__((target("avx2,fma"))) void ImageLayerBackward(const float* x, int6
   for (int64_t o = 0; o < out; o += 8) {  // the bias's gradient, windows in order
     __m256 sum = _mm256_loadu_ps(db + o);
     for (int64_t t = 0; t < tiles; ++t) {
-      const __m256i k = LoadWindows8(win + t * out + o);
-      const __m256 won = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(kNoWindow), k));
-      sum = _mm256_add_ps(sum, _mm256_and_ps(won, _mm256_loadu_ps(g + t * out + o)));
+      sum = _mm256_add_ps(sum, WonGrad8(LoadWindows8(win + t * out + o), _mm256_loadu_ps(g + t * out + o)));
     }
     _mm256_storeu_ps(db + o, sum);
   }
@@ -520,7 +517,6 @@ __attribute__((target("avx2,fma"))) void ImageLayerBackward(const float* x, int6
       for (int k = 0; k < 9; ++k) acc[k] = _mm256_loadu_ps(dwt + (9 * ch + k) * out + o);
       for (int64_t ty = 0; ty < th; ++ty) {
         for (int qy = 0; qy < 2; ++qy) {  // positions in row-major order
-          const __m256i first = _mm256_set1_epi32(2 * qy), second = _mm256_set1_epi32(2 * qy + 1);
           // The window's first tap of the three rows of taps of the positions in row 2 ty + qy.
           const float* r = plane + (2 * ty + qy) * wp * cs + ch;
           for (int64_t tx = 0; tx < tw; ++tx, r += 2 * cs) {
@@ -529,8 +525,7 @@ __attribute__((target("avx2,fma"))) void ImageLayerBackward(const float* x, int6
             const __m256 gv = _mm256_loadu_ps(g + t * out + o);
             // The window's gradient at its two positions in this row, then each tap's two terms
             // in order: the tap (i, j) of the second position is the tap (i, j + 1) of the first.
-            const __m256 g0 = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, first)), gv);
-            const __m256 g1 = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, second)), gv);
+            const __m256 g0 = WindowGrad8(k, gv, 2 * qy), g1 = WindowGrad8(k, gv, 2 * qy + 1);
 #pragma GCC unroll 3
             for (int i = 0; i < 3; ++i) {
               const float* row = r + i * wp * cs;

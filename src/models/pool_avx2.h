@@ -43,6 +43,12 @@ __attribute__((target("avx2"))) inline __m256i LoadWindows8(const uint8_t* src) 
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
 }
 
+// The gradient g of 8 windows' outputs where one of their positions won, 0 elsewhere: each
+// channel's share of the bias's gradient.
+__attribute__((target("avx2"))) inline __m256 WonGrad8(__m256i win, __m256 g) {
+  return _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(kNoWindow), win)), g);
+}
+
 // The gradient g of 8 windows' outputs as it reaches their position q (0-3): g where q won, 0
 // elsewhere.
 __attribute__((target("avx2"))) inline __m256 WindowGrad8(__m256i win, __m256 g, int q) {
