@@ -1,9 +1,6 @@
 #include "agent/agent.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,37 +20,6 @@
 #include "rendezvous/rendezvous.h"
 
 namespace trainctl {
-
-namespace {
-
-// A port that is free on `host` now. The task it is for binds it moments later (torch's TCPStore
-// and TensorFlow's servers use SO_REUSEADDR), as torchrun and Kubeflow do.
-Result<int> FreePort(const std::string& host) {
-  struct addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  struct addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), "0", &hints, &res) != 0) {
-    return InvalidArgument("cannot resolve this node's address " + host);
-  }
-  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int rc = fd < 0 ? -1 : ::bind(fd, res->ai_addr, res->ai_addrlen);
-  ::freeaddrinfo(res);
-  if (rc != 0) {
-    int err = errno;
-    if (fd >= 0) ::close(fd);
-    return ErrnoStatus("cannot find a free port on " + host, err);
-  }
-  struct sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
-                                          : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-}
-
-}  // namespace
 
 struct Agent::Outcome {
   // kEnded: the round ended (failure or membership change, in `end`); kSucceeded: the job is done.
@@ -265,10 +231,8 @@ Result<std::string> Agent::WaitForKey(int round, const std::string& key) {
 
 Result<std::vector<std::string>> Agent::ExchangeTaskAddrs(const Round& r) {
   nlohmann::json mine = nlohmann::json::array();
-  for (size_t i = 0; i < r.mine.size(); ++i) {
-    ASSIGN_OR_RETURN(int port, FreePort(o_.host));
-    mine.push_back(JoinHostPort(o_.host, port));
-  }
+  ASSIGN_OR_RETURN(task_ports_, LeasePorts(o_.host, r.mine.size()));
+  for (int port : task_ports_.ports()) mine.push_back(JoinHostPort(o_.host, port));
   RETURN_IF_ERROR(store_->Set(keys::RoundTaskAddrs(r.round, r.info.group_rank), mine.dump()));
   std::vector<std::string> addrs(r.all.size());
   for (int node = 0; node < r.info.group_world_size; ++node) {
@@ -416,9 +380,10 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
     return error(kExitError, what + ": " + st.ToString());
   };
   if (info.group_rank == 0) {
-    auto port = FreePort(o_.host);
-    if (!port.ok()) return error(kExitError, port.status().message());
-    r.master = JoinHostPort(o_.host, *port);
+    auto lease = LeasePorts(o_.host, 1);
+    if (!lease.ok()) return error(kExitError, lease.status().message());
+    master_port_ = std::move(*lease);
+    r.master = JoinHostPort(o_.host, master_port_.ports().front());
     if (Status st = store_->Set(keys::RoundMaster(round), r.master); !st.ok()) {
       return error(kExitError, "lost the job's store: " + st.ToString());
     }

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <string>
 
+#include "common/address.h"
 #include "job/records.h"
 #include "job/task_env.h"
 #include "job/tasks.h"
@@ -97,6 +98,9 @@ class Agent {
   AgentOptions o_;
   Store* store_;
   std::string node_id_;
+  // The ports handed to this round's tasks (TF_CONFIG) and, on node 0, the master port: held for
+  // the round, so that no other agent on the host hands them out before the tasks bind them.
+  PortLease task_ports_, master_port_;
 };
 
 }  // namespace trainctl

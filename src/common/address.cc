@@ -5,9 +5,16 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
 #include <string_view>
 
 namespace trainctl {
@@ -127,6 +134,119 @@ std::string HostName() {
   char buf[256] = {0};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
   return buf;
+}
+
+namespace {
+
+// The kernel's range for the local ports of outgoing connections (Linux's default 32768-60999).
+std::pair<int, int> EphemeralPorts() {
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  int lo = 32768, hi = 60999;
+  if (!(f >> lo >> hi) || lo < 1 || hi < lo) return {32768, 60999};
+  return {lo, hi};
+}
+
+}  // namespace
+
+PortLease::PortLease(PortLease&& other) noexcept
+    : ports_(std::move(other.ports_)), claims_(std::move(other.claims_)) {
+  other.claims_.clear();
+}
+
+PortLease& PortLease::operator=(PortLease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    ports_ = std::move(other.ports_);
+    claims_ = std::move(other.claims_);
+    other.claims_.clear();
+  }
+  return *this;
+}
+
+PortLease::~PortLease() { Release(); }
+
+void PortLease::Release() {
+  for (int fd : claims_) ::close(fd);
+  claims_.clear();
+  ports_.clear();
+}
+
+Result<PortLease> LeasePorts(const std::string& host, size_t n) {
+  struct addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  struct addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "0", &hints, &res) != 0) {
+    return InvalidArgument("cannot resolve this node's address " + host);
+  }
+  sockaddr_storage addr{};
+  const socklen_t addr_len = res->ai_addrlen;
+  std::memcpy(&addr, res->ai_addr, addr_len);
+  ::freeaddrinfo(res);
+  auto set_port = [&](int port) {
+    if (addr.ss_family == AF_INET6) {
+      reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(static_cast<uint16_t>(port));
+    } else {
+      reinterpret_cast<sockaddr_in*>(&addr)->sin_port = htons(static_cast<uint16_t>(port));
+    }
+  };
+  PortLease lease;
+  std::vector<int> bound;  // the ports' own sockets, held until all are chosen
+  auto fail = [&](const Status& st) {
+    for (int fd : bound) ::close(fd);
+    return st;
+  };
+  // Binds `port` (0: the kernel picks) and claims it; false if either is taken.
+  auto take = [&](int port) -> Result<bool> {
+    int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ErrnoStatus("cannot find a free port on " + host, errno);
+    set_port(port);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EADDRINUSE || err == EACCES) return false;
+      return ErrnoStatus("cannot find a free port on " + host, err);
+    }
+    sockaddr_storage got{};
+    socklen_t len = sizeof got;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&got), &len);
+    const int chosen = ntohs(got.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&got)->sin6_port
+                                                       : reinterpret_cast<sockaddr_in*>(&got)->sin_port);
+    int claim = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un name{};
+    name.sun_family = AF_UNIX;
+    // Abstract (a leading NUL): no file, gone with the process.
+    const int chars = std::snprintf(name.sun_path + 1, sizeof name.sun_path - 1, "trainctl-port-%d", chosen);
+    const socklen_t name_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + chars);
+    if (claim < 0 || ::bind(claim, reinterpret_cast<sockaddr*>(&name), name_len) != 0) {
+      if (claim >= 0) ::close(claim);
+      ::close(fd);
+      return false;  // another agent holds it
+    }
+    bound.push_back(fd);
+    lease.claims_.push_back(claim);
+    lease.ports_.push_back(chosen);
+    return true;
+  };
+  // Below the outgoing range, above the well-known services' (1024-9999).
+  constexpr int kLowest = 10000;
+  const int below = EphemeralPorts().first;
+  if (below - kLowest >= 1024) {
+    std::mt19937 rng{std::random_device{}()};
+    std::uniform_int_distribution<int> pick(kLowest, below - 1);
+    for (size_t tries = 0; lease.ports_.size() < n && tries < 64 * n; ++tries) {
+      auto took = take(pick(rng));
+      if (!took.ok()) return fail(took.status());
+    }
+  }
+  for (size_t tries = 0; lease.ports_.size() < n; ++tries) {
+    auto took = take(0);
+    if (!took.ok()) return fail(took.status());
+    if (!*took && tries >= 64 * n) return fail(Unavailable("cannot find a free port on " + host));
+  }
+  for (int fd : bound) ::close(fd);
+  return lease;
 }
 
 }  // namespace trainctl

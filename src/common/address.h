@@ -34,6 +34,34 @@ struct EtcdUrl {
 Result<EtcdUrl> ParseEtcdUrl(const std::string& url);
 bool IsEtcdUrl(const std::string& url);
 
+// Ports handed to tasks that bind them moments later (torch's TCPStore, TensorFlow's servers; as
+// torchrun and Kubeflow hand them out). Each is free on the host when chosen and drawn at random
+// below the kernel's range for the local ports of outgoing connections
+// (net.ipv4.ip_local_port_range), so that no connection a task opens meanwhile takes one. While
+// the lease lives, each port is also claimed host-wide (an abstract Unix socket named after it,
+// which the kernel drops with the process): other trainctl agents on the host, of this job or
+// another, skip it. Where the range leaves too little room, the kernel's own choices (port 0).
+class PortLease {
+ public:
+  PortLease() = default;
+  PortLease(PortLease&& other) noexcept;
+  PortLease& operator=(PortLease&& other) noexcept;
+  PortLease(const PortLease&) = delete;
+  PortLease& operator=(const PortLease&) = delete;
+  ~PortLease();
+
+  const std::vector<int>& ports() const { return ports_; }
+
+ private:
+  friend Result<PortLease> LeasePorts(const std::string& host, size_t n);
+  void Release();
+  std::vector<int> ports_;
+  std::vector<int> claims_;  // the abstract sockets, one per port
+};
+
+// n distinct ports on `host`.
+Result<PortLease> LeasePorts(const std::string& host, size_t n);
+
 // This machine's host name ("localhost" if it has none).
 std::string HostName();
 
