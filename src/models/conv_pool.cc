@@ -318,12 +318,13 @@ __attribute__((target("avx2,fma"))) void ImagePool(const float* x, int64_t in, i
   ChannelsFirst(o, out, tiles, y);
 }
 
-// The convolution's output gradient in dst (h x w x out, rows `row_stride` positions apart) from
-// one image's pooled gradient gt and window bytes win (both tiles x out): each window's gradient
-// where it went, zeros elsewhere. Adds each channel's sum to db.
+// The convolution's output gradient, inside the bordered plane ghwc ((h + 2) x (w + 2) x out),
+// from one image's pooled gradient gt and window bytes win (both tiles x out): each window's
+// gradient where it went, zeros elsewhere. Adds each channel's sum to db.
 __attribute__((target("avx2,fma"))) void Unpool(const float* gt, const uint8_t* win, int64_t h, int64_t w,
-                                                int64_t out, int64_t row_stride, float* dst, float* db) {
-  const int64_t th = h / 2, tw = w / 2;
+                                                int64_t out, float* ghwc, float* db) {
+  const int64_t th = h / 2, tw = w / 2, wp = w + 2;
+  float* dst = ghwc + (wp + 1) * out;  // the inside's first position
   for (int64_t c = 0; c < out; c += 8) {
     __m256 sum = _mm256_loadu_ps(db + c);
     for (int64_t ty = 0; ty < th; ++ty) {
@@ -333,7 +334,7 @@ __attribute__((target("avx2,fma"))) void Unpool(const float* gt, const uint8_t* 
         const __m256 gv = _mm256_loadu_ps(gt + t * out + c);
         sum = _mm256_add_ps(sum, WonGrad8(k, gv));
         for (int r = 0; r < 2; ++r) {
-          float* gp = dst + ((2 * ty + r) * row_stride + 2 * tx) * out + c;
+          float* gp = dst + ((2 * ty + r) * wp + 2 * tx) * out + c;
           _mm256_storeu_ps(gp, WindowGrad8(k, gv, 2 * r));
           _mm256_storeu_ps(gp + out, WindowGrad8(k, gv, 2 * r + 1));
         }
@@ -677,7 +678,7 @@ class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
       Room(&s.out, tiles * out);
       ChannelsLast(gp + i * out * tiles, out, tiles, s.out.data());
       float* ghwc = Bordered(&s.ghwc, out, h, w);
-      Unpool(s.out.data(), winp + i * tiles * out, h, w, out, w + 2, ghwc + (w + 3) * out, du + size);
+      Unpool(s.out.data(), winp + i * tiles * out, h, w, out, ghwc, du + size);
       if (want_dx) {
         TransformTiles(ghwc, out, h, w, &s);
         Image(u.data(), out, h, w, in, dxp + i * in * h * w, &s);
