@@ -138,12 +138,12 @@ std::string HostName() {
 
 namespace {
 
-// The kernel's range for the local ports of outgoing connections (Linux's default 32768-60999).
-std::pair<int, int> EphemeralPorts() {
+// The first port of the kernel's range for the local ports of outgoing connections (Linux's
+// default range: 32768-60999).
+int FirstEphemeralPort() {
   std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
-  int lo = 32768, hi = 60999;
-  if (!(f >> lo >> hi) || lo < 1 || hi < lo) return {32768, 60999};
-  return {lo, hi};
+  int lo = 32768;
+  return f >> lo && lo >= 1 ? lo : 32768;
 }
 
 }  // namespace
@@ -231,7 +231,7 @@ Result<PortLease> LeasePorts(const std::string& host, size_t n) {
   };
   // Below the outgoing range, above the well-known services' (1024-9999).
   constexpr int kLowest = 10000;
-  const int below = EphemeralPorts().first;
+  const int below = FirstEphemeralPort();
   if (below - kLowest >= 1024) {
     std::mt19937 rng{std::random_device{}()};
     std::uniform_int_distribution<int> pick(kLowest, below - 1);
