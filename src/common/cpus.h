@@ -14,6 +14,8 @@ int UsableCpus();
 // other x86 kernels need). Safe to call from a static initializer.
 bool CpuHasAvx2();
 bool CpuHasAvx2Fma();
+// AVX-512 Foundation (what the trainer's wide matrix products need), with the OS saving its registers.
+bool CpuHasAvx512();
 
 // The CPU quota, in CPUs, that applies to the cgroup named by `self_cgroup` (the text of
 // /proc/self/cgroup) under `root` (/sys/fs/cgroup): the smallest cpu.max ("QUOTA PERIOD") from
