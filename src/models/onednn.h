@@ -1,13 +1,14 @@
-// The CNN's CPU convolutions through oneDNN directly, in oneDNN's blocked layout from the first
-// convolution to the last pooling (models/ops.h pools in that layout). Compiled when CMake finds
-// oneDNN (Debian's libdnnl-dev: the library that Debian's LibTorch runs its CPU convolutions on);
-// TRAINCTL_HAVE_ONEDNN says so.
+// oneDNN called directly: the CNN's second convolution in bf16 on a CPU that multiplies in bf16
+// (trainer.precision: bf16), in oneDNN's blocked layout up to the pooling after it (models/ops.h
+// pools in that layout), and the linear layers' sgemm. Compiled when CMake finds oneDNN (Debian's
+// libdnnl-dev: the library that Debian's LibTorch runs its CPU convolutions on);
+// TRAINCTL_HAVE_ONEDNN says so. In f32 the CNN's convolutions are the trainer's own
+// (models/ops.h): on an AVX-512 Zen 5 its Winograd layer takes 0.75-0.8x the time of Conv3x3's
+// f32 kernels (oneDNN's Winograd there) followed by the pooling pass.
 //
 // Why not ATen's convolution: for every call ATen converts the input, the output and the gradients
 // between PyTorch's N x C x H x W and oneDNN's blocked layout (about 1 ms of a 13 ms Fashion-MNIST
-// CNN step on one core), and it always asks for the direct algorithm, where oneDNN's Winograd
-// kernels do a 3x3 convolution of 32 -> 64 channels in about two thirds of the time forward and
-// four fifths backward.
+// CNN step on one core), and it always asks for the direct algorithm.
 #pragma once
 
 #include "models/ops.h"

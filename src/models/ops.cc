@@ -240,6 +240,12 @@ void CheckBlocked(const torch::Tensor& x, const char* what) {
 
 torch::Tensor ToBlocked(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 4 && x.size(1) % kBlock == 0, "ToBlocked takes N x C x H x W, C a multiple of 16");
+  if (x.is_contiguous(at::MemoryFormat::ChannelsLast)) {  // N x H x W x C in memory: one copy
+    return x.permute({0, 2, 3, 1})
+        .reshape({x.size(0), x.size(2), x.size(3), x.size(1) / kBlock, kBlock})
+        .permute({0, 3, 1, 2, 4})
+        .contiguous();
+  }
   return x.reshape({x.size(0), x.size(1) / kBlock, kBlock, x.size(2), x.size(3)})
       .permute({0, 1, 3, 4, 2})
       .contiguous();

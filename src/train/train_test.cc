@@ -50,6 +50,8 @@ TEST(Ops, BlockedLayoutRoundTrips) {
   EXPECT_EQ(b.sizes().vec(), (std::vector<int64_t>{2, 2, 5, 6, 16}));
   EXPECT_EQ(b[1][1][4][3][7].item<float>(), x[1][16 + 7][4][3].item<float>());  // channel 23
   EXPECT_TRUE(torch::equal(models::FromBlocked(b), x));
+  // Channels-last in memory, as the first layer leaves it: the same blocked tensor.
+  EXPECT_TRUE(torch::equal(models::ToBlocked(x.contiguous(at::MemoryFormat::ChannelsLast)), b));
 }
 
 // In both layouts: blocked (the oneDNN path) and N x C x H x W as ATen's convolutions leave it,
