@@ -43,7 +43,8 @@ class Cnn : public Classifier {
     if (x.is_cpu() && at::autocast::is_cpu_enabled() && !Bf16Convolutions()) f32.emplace(c10::DispatchKey::AutocastCPU);
     const bool bf16 = at::autocast::is_cpu_enabled() && at::autocast::get_autocast_cpu_dtype() == at::kBFloat16 &&
                       Bf16Convolutions();
-    if (bf16 && x.is_cpu() && x.scalar_type() == torch::kFloat32 && !x.requires_grad() && x.size(1) < kBlock) {
+    if (bf16 && x.is_cpu() && x.scalar_type() == torch::kFloat32 && !x.requires_grad() && x.size(1) < kBlock &&
+        BlockedConvolutions()) {
       // Under autocast to bf16 (trainer.precision) on a CPU that multiplies in bf16: the second
       // convolution in oneDNN's bf16 kernels, in its blocked layout up to the last pooling (0.9x
       // the f32 Winograd kernels' time). The first, on the image's one or three channels, is no

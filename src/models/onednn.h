@@ -24,15 +24,15 @@ namespace trainctl::models {
 // where it expects it to be faster), so results match ATen's to rounding, not bit for bit.
 // Deterministic: the same inputs give the same bits.
 // bf16: multiplies in bfloat16 (x, the weight and the output's gradient rounded to it, sums in
-// f32; the output and every gradient f32), with oneDNN's direct algorithm: a third less time for
-// the CNN's 32 -> 64 convolution on a CPU with bf16 instructions (Bf16Convolutions()), which
+// f32; the output and every gradient f32), with oneDNN's direct algorithm: a third less time than
+// f32 for the CNN's 32 -> 64 convolution on a CPU with bf16 instructions (Bf16Convolutions()), which
 // elsewhere oneDNN emulates, slower than f32.
 torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                       bool bf16 = false);
 bool Bf16Convolutions();
 // Whether oneDNN has generated kernels for Conv3x3's layout on this CPU (AVX-512: blocks of 16
 // channels). Elsewhere (AVX2 machines) it would run its reference loops, hundreds of times slower
-// than ATen's convolutions, and the CNN uses ATen's.
+// than ATen's convolutions; the CNN's bf16 path asks first.
 bool BlockedConvolutions();
 
 // x * weight^T + bias (torch::nn::Linear's layer) on a float CPU batch, autograd, through oneDNN's
