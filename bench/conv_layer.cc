@@ -2,9 +2,9 @@
 // thread: ATen's convolution (oneDNN's direct kernels on a CPU without AVX-512) followed by the
 // trainer's pooling (models::MaxPool2x2Relu), against the trainer's fused layers
 // (models::ImageConvPoolRelu for the image's 1 -> 32, models::ConvPoolRelu, Winograd, for
-// 32 -> 64) and, on a CPU with AVX-512, oneDNN's own blocked kernels (models::Conv3x3, Winograd
-// where oneDNN picks it; in bf16 too on a CPU with bf16 instructions) followed by the pooling in
-// that layout; forward and backward, each the median of --reps calls; the first linear layer,
+// 32 -> 64) and, for 32 -> 64 on a CPU with AVX-512, oneDNN's own blocked kernels
+// (models::Conv3x3, Winograd where oneDNN picks it; in bf16 too on a CPU with bf16 instructions)
+// followed by the pooling in that layout; forward and backward, each the median of --reps calls; the first linear layer,
 // ATen's (OpenBLAS) against oneDNN's sgemm, which the CNN uses; then the whole CNN's step
 // (forward, cross-entropy, backward) as the trainer runs it on this CPU, and its optimizer's step
 // against torch.optim.SGD's. Built on demand: cmake --build build --target conv_layer; pin it with
@@ -113,13 +113,13 @@ int main(int argc, char** argv) {
     std::vector<std::pair<const char*, std::pair<double, double>>> rows = {{"ATen conv + MaxPool2x2Relu", theirs},
                                                                             {"trainctl fused", ours}};
 #if TRAINCTL_HAVE_ONEDNN
-    if (trainctl::models::BlockedConvolutions()) {
+    if (trainctl::models::BlockedConvolutions() && c.in >= trainctl::models::kBlock) {
       const Layer blocked = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
         using namespace trainctl::models;
-        return FromBlocked(MaxPool2x2Relu(Conv3x3(x.size(1) < kBlock ? x : ToBlocked(x), w, b)));
+        return FromBlocked(MaxPool2x2Relu(Conv3x3(ToBlocked(x), w, b)));
       };
       rows.emplace_back("oneDNN blocked", Time(blocked, reps, batch, c.in, c.out, c.size));
-      if (trainctl::models::Bf16Convolutions() && c.in >= trainctl::models::kBlock) {
+      if (trainctl::models::Bf16Convolutions()) {
         const Layer bf16 = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
           using namespace trainctl::models;
           return FromBlocked(MaxPool2x2Relu(Conv3x3(ToBlocked(x), w, b, /*bf16=*/true)));

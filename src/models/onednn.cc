@@ -26,38 +26,32 @@ const dnnl::engine& Engine() {
 struct Conv {
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
   dnnl::convolution_forward fwd;
   dnnl::convolution_backward_weights bwd_weights;
-  std::optional<dnnl::convolution_backward_data::primitive_desc> bwd_data_pd;  // blocked input only
-  std::optional<dnnl::convolution_backward_data> bwd_data;
+  dnnl::convolution_backward_data bwd_data;
   memory::desc user_weights;  // O x I x 3 x 3, as torch holds them
   // What the layers around hold in f32: the input, and the gradient of the output (the same as
   // src_desc() and diff_dst_desc() unless bf16).
   memory::desc src_f32, diff_dst_f32;
 };
 
-// batch, input channels, output channels, height, width (input channels < 16 means plain
-// input), bf16.
+// batch, input channels (a multiple of 16), output channels, height, width, bf16.
 using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
 
 std::shared_ptr<const Conv> MakeConv(const ConvKey& key) {
   auto [n, ic, oc, h, w, bf16] = key;
-  const bool blocked_src = ic % kBlock == 0;
   const memory::dims strides{1, 1}, pad{1, 1};
   using DataType = memory::data_type;
   // In bf16, what is multiplied (input, weights, output gradient) is bf16; what is produced
   // (output, gradients of the input, weights and bias) stays f32, accumulated in f32.
   const DataType in = bf16 ? DataType::bf16 : DataType::f32;
-  const Tag src_tag = blocked_src ? Tag::nChw16c : Tag::nchw;
-  memory::desc src({n, ic, h, w}, in, src_tag), diff_src({n, ic, h, w}, DataType::f32, src_tag);
+  memory::desc src({n, ic, h, w}, in, Tag::nChw16c), diff_src({n, ic, h, w}, DataType::f32, Tag::nChw16c);
   memory::desc dst({n, oc, h, w}, DataType::f32, Tag::nChw16c), diff_dst({n, oc, h, w}, in, Tag::nChw16c);
   memory::desc weights({oc, ic, 3, 3}, in, Tag::any), diff_weights({oc, ic, 3, 3}, DataType::f32, Tag::any);
   memory::desc bias({oc}, DataType::f32, Tag::x);
-  // Winograd needs whole blocks of channels; for a network's 1- or 3-channel input the direct
-  // algorithm is several times faster (oneDNN's auto choice would still take Winograd there).
   // oneDNN has no bf16 Winograd.
-  const auto algorithm = blocked_src && !bf16 ? dnnl::algorithm::convolution_auto
-                                              : dnnl::algorithm::convolution_direct;
+  const auto algorithm = bf16 ? dnnl::algorithm::convolution_direct : dnnl::algorithm::convolution_auto;
   const dnnl::engine& e = Engine();
   dnnl::convolution_forward::primitive_desc fwd_pd(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algorithm, src, weights,
@@ -79,17 +73,12 @@ std::shared_ptr<const Conv> MakeConv(const ConvKey& key) {
     }
   }
   const auto bwd_weights_pd = winograd ? *winograd : backward_weights(algorithm);
-  auto conv = std::make_shared<Conv>(Conv{fwd_pd, bwd_weights_pd, dnnl::convolution_forward(fwd_pd),
-                                          dnnl::convolution_backward_weights(bwd_weights_pd), {}, {},
-                                          memory::desc({oc, ic, 3, 3}, DataType::f32, Tag::oihw),
-                                          diff_src, dst});
-  if (blocked_src) {
-    conv->bwd_data_pd.emplace(
-        dnnl::convolution_backward_data::desc(algorithm, diff_src, weights, diff_dst, strides, pad, pad),
-        e, fwd_pd);
-    conv->bwd_data.emplace(*conv->bwd_data_pd);
-  }
-  return conv;
+  const dnnl::convolution_backward_data::primitive_desc bwd_data_pd(
+      dnnl::convolution_backward_data::desc(algorithm, diff_src, weights, diff_dst, strides, pad, pad), e, fwd_pd);
+  return std::make_shared<Conv>(Conv{fwd_pd, bwd_weights_pd, bwd_data_pd, dnnl::convolution_forward(fwd_pd),
+                                     dnnl::convolution_backward_weights(bwd_weights_pd),
+                                     dnnl::convolution_backward_data(bwd_data_pd),
+                                     memory::desc({oc, ic, 3, 3}, DataType::f32, Tag::oihw), diff_src, dst});
 }
 
 // x's convolution with weight (O x I x 3 x 3): the weight says the channels, which a blocked x
@@ -163,11 +152,10 @@ class Conv3x3Function : public torch::autograd::Function<Conv3x3Function> {
     torch::Tensor g = Reorder(s, grads[0].contiguous(), conv->diff_dst_f32, conv->bwd_weights_pd.diff_dst_desc());
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) {
-      TORCH_CHECK(conv->bwd_data, "Conv3x3: the gradient of a plain (N x C x H x W) input");
-      const auto& pd = *conv->bwd_data_pd;
+      const auto& pd = conv->bwd_data_pd;
       torch::Tensor w = Reorder(s, weight, conv->user_weights, pd.weights_desc());
       dx = torch::empty(x.sizes(), torch::kFloat32);
-      conv->bwd_data->execute(s, {{DNNL_ARG_DIFF_DST, Wrap(pd.diff_dst_desc(), g)},
+      conv->bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, Wrap(pd.diff_dst_desc(), g)},
                                   {DNNL_ARG_WEIGHTS, Wrap(pd.weights_desc(), w)},
                                   {DNNL_ARG_DIFF_SRC, Wrap(pd.diff_src_desc(), dx)}});
     }
@@ -238,14 +226,9 @@ bool BlockedConvolutions() {
     // oneDNN names what it chose; "ref:any" is its reference loops.
     auto jit = [](const std::string& impl) { return impl.rfind("ref", 0) != 0; };
     try {
-      for (int64_t ic : {int64_t{1}, kBlock}) {
-        auto conv = MakeConv({1, ic, kBlock, 8, 8, false});
-        if (!jit(conv->fwd_pd.impl_info_str()) || !jit(conv->bwd_weights_pd.impl_info_str()) ||
-            (conv->bwd_data_pd && !jit(conv->bwd_data_pd->impl_info_str()))) {
-          return false;
-        }
-      }
-      return true;
+      auto conv = MakeConv({1, kBlock, kBlock, 8, 8, false});
+      return jit(conv->fwd_pd.impl_info_str()) && jit(conv->bwd_weights_pd.impl_info_str()) &&
+             jit(conv->bwd_data_pd.impl_info_str());
     } catch (const dnnl::error&) {
       return false;
     }
@@ -255,14 +238,8 @@ bool BlockedConvolutions() {
 
 torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                       bool bf16) {
-  if (x.dim() == 5) {
-    CheckBlocked(x, "Conv3x3");
-  } else {
-    TORCH_CHECK(x.dim() == 4 && x.size(1) < kBlock && x.scalar_type() == torch::kFloat32 &&
-                    x.device().is_cpu(),
-                "Conv3x3 takes a blocked tensor or an N x C x H x W float CPU tensor with C < 16");
-  }
-  const int64_t ic = x.dim() == 5 ? x.size(1) * kBlock : x.size(1);
+  CheckBlocked(x, "Conv3x3");
+  const int64_t ic = x.size(1) * kBlock;
   TORCH_CHECK(weight.dim() == 4 && weight.size(1) == ic && weight.size(2) == 3 && weight.size(3) == 3 &&
                   weight.size(0) % kBlock == 0 && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
                   weight.scalar_type() == torch::kFloat32 && bias.scalar_type() == torch::kFloat32,

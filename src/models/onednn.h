@@ -18,10 +18,9 @@
 namespace trainctl::models {
 
 // A 3x3 convolution with stride 1 and padding 1 (weight O x I x 3 x 3 and bias O, as
-// torch::nn::Conv2d holds them), autograd. x is an N x C x H x W float CPU tensor when C < 16
-// (a network's input) or a blocked one (models/ops.h); the result is blocked (O a multiple of
-// 16). With 16 or more input channels oneDNN picks the algorithm (convolution_auto: Winograd
-// where it expects it to be faster), so results match ATen's to rounding, not bit for bit.
+// torch::nn::Conv2d holds them), autograd. x and the result are blocked (models/ops.h; C and O
+// multiples of 16). In f32 oneDNN picks the algorithm (convolution_auto: Winograd where it
+// expects it to be faster), so results match ATen's to rounding, not bit for bit.
 // Deterministic: the same inputs give the same bits.
 // bf16: multiplies in bfloat16 (x, the weight and the output's gradient rounded to it, sums in
 // f32; the output and every gradient f32), with oneDNN's direct algorithm: a third less time than
