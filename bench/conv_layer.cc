@@ -4,10 +4,10 @@
 // (models::ImageConvPoolRelu for the image's 1 -> 32, models::ConvPoolRelu, Winograd, for
 // 32 -> 64) and, for 32 -> 64 on a CPU with AVX-512, oneDNN's own blocked kernels
 // (models::Conv3x3, Winograd where oneDNN picks it; in bf16 too on a CPU with bf16 instructions)
-// followed by the pooling in that layout; forward and backward, each the median of --reps calls; the first linear layer,
-// ATen's (OpenBLAS) against oneDNN's sgemm, which the CNN uses; then the whole CNN's step
-// (forward, cross-entropy, backward) as the trainer runs it on this CPU, and its optimizer's step
-// against torch.optim.SGD's. Built on demand: cmake --build build --target conv_layer; pin it with
+// followed by the pooling in that layout; forward and backward, each the median of --reps calls;
+// the first linear layer, ATen's (OpenBLAS) against oneDNN's sgemm, which the CNN uses; then the
+// whole CNN's step (forward, cross-entropy, backward) as the trainer runs it on this CPU, and its
+// optimizer's step against torch.optim.SGD's. Built on demand: cmake --build build --target conv_layer; pin it with
 // taskset.
 //   build/src/conv_layer [reps, default 50] [batch, default 64]
 #include <ATen/Parallel.h>
@@ -114,17 +114,15 @@ int main(int argc, char** argv) {
                                                                             {"trainctl fused", ours}};
 #if TRAINCTL_HAVE_ONEDNN
     if (trainctl::models::BlockedConvolutions() && c.in >= trainctl::models::kBlock) {
-      const Layer blocked = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-        using namespace trainctl::models;
-        return FromBlocked(MaxPool2x2Relu(Conv3x3(ToBlocked(x), w, b)));
-      };
-      rows.emplace_back("oneDNN blocked", Time(blocked, reps, batch, c.in, c.out, c.size));
-      if (trainctl::models::Bf16Convolutions()) {
-        const Layer bf16 = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+      const auto blocked = [](bool bf16) -> Layer {
+        return [bf16](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
           using namespace trainctl::models;
-          return FromBlocked(MaxPool2x2Relu(Conv3x3(ToBlocked(x), w, b, /*bf16=*/true)));
+          return FromBlocked(MaxPool2x2Relu(Conv3x3(ToBlocked(x), w, b, bf16)));
         };
-        rows.emplace_back("oneDNN blocked bf16", Time(bf16, reps, batch, c.in, c.out, c.size));
+      };
+      rows.emplace_back("oneDNN blocked", Time(blocked(false), reps, batch, c.in, c.out, c.size));
+      if (trainctl::models::Bf16Convolutions()) {
+        rows.emplace_back("oneDNN blocked bf16", Time(blocked(true), reps, batch, c.in, c.out, c.size));
       }
     }
 #endif
