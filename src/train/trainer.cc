@@ -4,6 +4,9 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
@@ -21,6 +24,7 @@
 #include <functional>
 #include <set>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -61,19 +65,24 @@ struct Batch {
 // The training batches in order, from batch `first` of `epoch` on, into the epochs after it (one
 // source for a whole run). For a GPU a thread builds the next ones (at most kDepth ahead), in
 // page-locked memory, while the GPU computes, and an epoch's first batches are ready as the one
-// before ends. On the CPU the worker builds each itself, when it needs it: its cores are busy
-// with the step, so a thread would not overlap anything, and waking it each step preempted the
-// compute threads (about one preemption per step and worker, and in a synchronous job every
-// rank waits for the one preempted). A batch of small images takes microseconds to build.
+// before ends; each batch's copy to the GPU runs on a stream of its own, one step ahead, beside
+// the kernels of the step before it (on the compute stream, a ResNet-50 batch's 38.5 MB would
+// hold up every step's kernels while it crosses the bus). On the CPU the worker builds each
+// itself, when it needs it: its cores are busy with the step, so a thread would not overlap
+// anything, and waking it each step preempted the compute threads (about one preemption per step
+// and worker, and in a synchronous job every rank waits for the one preempted). A batch of small
+// images takes microseconds to build.
 class BatchSource {
  public:
   // The shuffled order of an epoch's samples (this rank's shard).
   using Order = std::function<std::vector<int64_t>(int64_t epoch)>;
   BatchSource(const data::ImageSet& set, const Normalizer& norm, Order order, int64_t steps_per_epoch,
-              int64_t batch, int64_t epoch, int64_t first, bool gpu)
+              int64_t batch, int64_t epoch, int64_t first, const torch::Device& device)
       : set_(set), norm_(norm), order_(std::move(order)), steps_per_epoch_(steps_per_epoch),
-        batch_(batch), epoch_(epoch), next_(first), pinned_(gpu) {
-    if (!gpu) return;
+        batch_(batch), epoch_(epoch), next_(first), device_(device) {
+    if (!device.is_cuda()) return;
+    gpu_.emplace(device.type());
+    copy_stream_ = gpu_->getStreamFromGlobalPool(device);
     thread_ = std::thread([this] {
       while (true) {
         Batch out = Make();
@@ -94,8 +103,39 @@ class BatchSource {
     cv_.notify_all();
     thread_.join();
   }
+  // The next batch; on a GPU, on the device, ready for the kernels queued after this call.
   Batch Next() {
-    if (!thread_.joinable()) return Make();
+    if (!gpu_) return Make();
+    if (!ahead_) ahead_ = Send(Pop());
+    Upload now = std::move(*ahead_);
+    ahead_ = Send(Pop());  // the next step's copy, queued before this step's kernels
+    const c10::Stream compute = gpu_->getStream(device_);
+    now.copied.block(compute);
+    // Allocated for the copy stream: not to be reused before the compute stream is done with them.
+    for (const torch::Tensor* t : {&now.batch.x, &now.batch.y}) {
+      gpu_->recordDataPtrOnStream(t->storage().data_ptr(), compute);
+    }
+    return std::move(now.batch);
+  }
+
+ private:
+  // A batch on its way to the GPU: its copy is queued on copy_stream_ and done when `copied` is.
+  // (The pinned host memory's allocator records the copy too: it reuses it only after.)
+  struct Upload {
+    Upload(const Batch& host, const torch::Device& device, const c10::Stream& stream)
+        : copied(device.type()) {
+      c10::StreamGuard on(stream);
+      batch.x = host.x.to(device, /*non_blocking=*/true);
+      batch.y = host.y.to(device, /*non_blocking=*/true);
+      copied.record(stream);
+    }
+    Batch batch;
+    c10::Event copied;
+  };
+  Upload Send(const Batch& host) { return {host, device_, *copy_stream_}; }
+
+  // The thread's next batch.
+  Batch Pop() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !queue_.empty(); });
     Batch b = std::move(queue_.front());
@@ -104,7 +144,6 @@ class BatchSource {
     return b;
   }
 
- private:
   // The next batch (on the thread, if there is one).
   Batch Make() {
     if (indices_.empty() || next_ == steps_per_epoch_) {
@@ -112,7 +151,7 @@ class BatchSource {
       indices_ = order_(epoch_);
     }
     Batch out;
-    if (pinned_) {
+    if (gpu_) {
       out.x = torch::empty({batch_, set_.channels, set_.rows, set_.cols},
                            torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
       out.y = torch::empty({batch_}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(true));
@@ -129,7 +168,10 @@ class BatchSource {
   const int64_t steps_per_epoch_, batch_;
   int64_t epoch_, next_;  // where the next batch is
   std::vector<int64_t> indices_;  // epoch_'s order
-  const bool pinned_;
+  const torch::Device device_;
+  std::optional<c10::impl::VirtualGuardImpl> gpu_;  // a GPU's streams and events
+  std::optional<c10::Stream> copy_stream_;
+  std::optional<Upload> ahead_;  // the next batch, on its way
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Batch> queue_;
@@ -597,10 +639,6 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     const auto fetch = Clock::now();
     Batch b = batches_->Next();
     window_data += SecondsSince(fetch);
-    if (device_.is_cuda()) {
-      b.x = b.x.to(device_, /*non_blocking=*/true);
-      b.y = b.y.to(device_, /*non_blocking=*/true);
-    }
     if (ChannelsLast()) b.x = b.x.contiguous(torch::MemoryFormat::ChannelsLast);
     reducer_->ZeroGrad();
     torch::Tensor logits;
@@ -712,7 +750,7 @@ Status Trainer::Run() {
   batches_ = std::make_unique<BatchSource>(
       train_set_, norm_,
       [count = train_set_.count, so = Sampling()](int64_t e) { return data::ShardIndices(count, e, so); },
-      steps_per_epoch_, batch_, epoch_, batch_in_epoch_, device_.is_cuda());
+      steps_per_epoch_, batch_, epoch_, batch_in_epoch_, device_);
   while (epoch_ < t_.epochs && !Done()) {
     RETURN_IF_ERROR(TrainEpoch(epoch_, batch_in_epoch_));
     if (batch_in_epoch_ < steps_per_epoch_) break;  // max_steps ended it mid-epoch
