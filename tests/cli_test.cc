@@ -2,9 +2,11 @@
 #include <sys/syscall.h>
 
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "common/cpus.h"
 #include "job/keys.h"
 #include "common/exit_codes.h"
 #include "spec/job_spec.h"
@@ -120,6 +122,38 @@ output_dir: {out}/out
   }
   EXPECT_EQ(ports.size(), 1u) << "every rank must see the same MASTER_PORT";
   EXPECT_EQ(ReadStatus(s)["state"], "succeeded");
+}
+
+// The CPUs of a /proc/PID/status Cpus_allowed_list line ("Cpus_allowed_list:\t0-3,6").
+std::vector<int> AllowedCpus(const std::string& status_line) {
+  std::vector<int> cpus;
+  std::stringstream list(status_line.substr(status_line.find(':') + 1));
+  std::string range;
+  while (std::getline(list, range, ',')) {
+    const size_t dash = range.find('-');
+    const int first = std::stoi(range), last = dash == std::string::npos ? first : std::stoi(range.substr(dash + 1));
+    for (int c = first; c <= last; ++c) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+// cpu_bind: cores gives each of a node's workers its own share of the CPUs (this process's, which
+// the launcher and its agent inherit); without it every worker may run on all of them.
+TEST(Cli, CpuBindCoresGivesEachWorkerItsOwnCpus) {
+  Scratch s;
+  for (const std::string bind : {"none", "cores"}) {
+    WriteSpec(s, "name: bind\nprocs_per_node: 2\ncpu_bind: " + bind +
+                     "\ncommand: [sh, -c, 'grep Cpus_allowed_list /proc/self/status > {out}/" + bind +
+                     "-$LOCAL_RANK.txt']\noutput_dir: {out}/out-" + bind + "\n");
+    auto r = Trainctl({"run", "job.yaml"}, s.path(""));
+    ASSERT_EQ(r.exit.code, 0) << r.output;
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string line = s.Read(bind + "-" + std::to_string(rank) + ".txt");
+      ASSERT_NE(line.find("Cpus_allowed_list:"), std::string::npos) << line;
+      EXPECT_EQ(AllowedCpus(line), bind == "none" ? AffinityCpus() : CpuShare(AffinityCpus(), rank, 2))
+          << bind << ", rank " << rank << ": " << line;
+    }
+  }
 }
 
 TEST(Cli, OutputIsPrefixedPerRankAndSavedPerRank) {

@@ -9,6 +9,7 @@
 
 #include "agent/worker_group.h"
 #include "common/address.h"
+#include "common/cpus.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
 #include "common/log.h"
@@ -88,6 +89,7 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
     int threads = role.resources.cpus >= 1 ? static_cast<int>(role.resources.cpus) : 1;
     SetEnv(&w.env, "OMP_NUM_THREADS", std::to_string(threads));
   }
+  if (s.cpu_bind == "cores") w.cpus = CpuShare(AffinityCpus(), t.local, t.local_size);
   if (!GetEnv(w.env, "PYTHONUNBUFFERED")) SetEnv(&w.env, "PYTHONUNBUFFERED", "1");
   // As torchrun sets them (the older name, and the newer torch's): a NCCL collective that fails
   // or hangs raises in the program instead of blocking it.

@@ -48,6 +48,7 @@ Result<pid_t> WorkerGroup::SpawnOne(const WorkerLaunch& launch) {
   o.argv = launch.argv;
   o.env = launch.env;
   o.cwd = launch.cwd;
+  o.cpus = launch.cpus;
   o.output_fd = fds[1];
   auto pid = Spawn(o);
   ::close(fds[1]);

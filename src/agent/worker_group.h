@@ -27,6 +27,7 @@ struct WorkerLaunch {
   std::string log_path;  // appended to
   std::string log_header;  // written to the log before the worker starts
   std::string error_file;  // its TORCHELASTIC_ERROR_FILE (removed before it starts)
+  std::vector<int> cpus;   // if not empty: the only CPUs it may run on (cpu_bind)
 };
 
 struct WorkerExit {

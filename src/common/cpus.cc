@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 
 #include "common/fs.h"
@@ -56,6 +57,26 @@ std::optional<double> CgroupCpuQuota(const std::string& root, const std::string&
   auto period = ReadFile(root + "/cpu/cpu.cfs_period_us", 4096);
   if (quota.ok() && period.ok()) take(ParseQuota(*quota + " " + *period));
   return best;
+}
+
+std::vector<int> AffinityCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+std::vector<int> CpuShare(const std::vector<int>& cpus, int index, int count) {
+  const int n = static_cast<int>(cpus.size());
+  if (n == 0 || count <= 0 || index < 0 || index >= count) return {};
+  if (n < count) return {cpus[index % n]};
+  // Share i starts at i * n / count rounded up: the sizes differ by at most one, the larger ones first.
+  auto start = [&](int i) { return static_cast<int>((static_cast<int64_t>(i) * n + count - 1) / count); };
+  return std::vector<int>(cpus.begin() + start(index), cpus.begin() + start(index + 1));
 }
 
 int UsableCpus() {

@@ -4,11 +4,19 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace trainctl {
 
 // min(CPUs in the affinity mask, the cgroup's quota rounded down), at least 1.
 int UsableCpus();
+
+// The CPUs in this process's affinity mask, in ascending order.
+std::vector<int> AffinityCpus();
+// Share `index` of `count` (0 <= index < count) of `cpus`, as `cpu_bind: cores` gives a node's
+// tasks: consecutive runs of cpus.size() / count CPUs (the first ones one more where it does not
+// divide); with fewer CPUs than shares, CPU index % size alone, shared with other tasks.
+std::vector<int> CpuShare(const std::vector<int>& cpus, int index, int count);
 
 // Whether this CPU has AVX2 (what the pooling kernels need), and AVX2 and FMA (what the trainer's
 // other x86 kernels need). Safe to call from a static initializer.

@@ -50,6 +50,26 @@ TEST(Cpus, CgroupV1QuotaOverPeriod) {
   EXPECT_FALSE(CgroupCpuQuota(s.path(""), v1).has_value());
 }
 
+// Consecutive shares that cover every CPU once, the larger first; with fewer CPUs than tasks,
+// one CPU each, in turn.
+TEST(Cpus, ASharePerTaskCoversTheCpusOnce) {
+  const std::vector<int> sixteen = [] {
+    std::vector<int> v;
+    for (int c = 0; c < 16; ++c) v.push_back(c);
+    return v;
+  }();
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(CpuShare(sixteen, i, 16), std::vector<int>{i});
+  EXPECT_EQ(CpuShare(sixteen, 1, 4), (std::vector<int>{4, 5, 6, 7}));
+  const std::vector<int> five = {2, 3, 5, 8, 9};  // a mask with holes: its own numbers
+  EXPECT_EQ(CpuShare(five, 0, 2), (std::vector<int>{2, 3, 5}));
+  EXPECT_EQ(CpuShare(five, 1, 2), (std::vector<int>{8, 9}));
+  EXPECT_EQ(CpuShare(five, 0, 1), five);
+  EXPECT_EQ(CpuShare({0, 1}, 2, 3), std::vector<int>{0});
+  EXPECT_EQ(CpuShare({0, 1}, 1, 3), std::vector<int>{1});
+  EXPECT_TRUE(CpuShare({0, 1}, 3, 3).empty());
+  EXPECT_TRUE(CpuShare({}, 0, 1).empty());
+}
+
 // This machine: at least one CPU, and no more than the affinity mask has.
 TEST(Cpus, UsableCpusIsBetweenOneAndTheAffinityMask) {
   cpu_set_t set;

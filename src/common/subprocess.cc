@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
@@ -27,7 +28,7 @@ bool IsExecutableFile(const std::string& path) {
 
 // Only async-signal-safe calls from here on: the parent may have other threads.
 [[noreturn]] void ChildExec(const SpawnOptions& o, const char* path, char** argv, char** envp,
-                            pid_t parent, int err_fd) {
+                            const cpu_set_t* cpus, pid_t parent, int err_fd) {
   auto die = [err_fd](int err) {
     ssize_t ignored = ::write(err_fd, &err, sizeof err);
     (void)ignored;
@@ -50,6 +51,7 @@ bool IsExecutableFile(const std::string& path) {
   if (o.stderr_fd >= 0 && ::dup2(o.stderr_fd, 2) < 0) die(errno);
   if (o.pass_fd > 2 && ::fcntl(o.pass_fd, F_SETFD, 0) != 0) die(errno);
   if (!o.cwd.empty() && ::chdir(o.cwd.c_str()) != 0) die(errno);
+  if (cpus && ::sched_setaffinity(0, sizeof *cpus, cpus) != 0) die(errno);
   ::execve(path, argv, envp);
   die(errno);
   ::_exit(127);
@@ -129,6 +131,12 @@ Result<pid_t> Spawn(const SpawnOptions& o) {
   for (const auto& e : o.env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
 
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int c : o.cpus) {
+    if (c < 0 || c >= CPU_SETSIZE) return InvalidArgument("no CPU " + std::to_string(c) + " to run " + o.argv[0] + " on");
+    CPU_SET(c, &cpus);
+  }
   int err_pipe[2];
   if (::pipe2(err_pipe, O_CLOEXEC) != 0) return ErrnoStatus("pipe", errno);
   pid_t parent = ::getpid();
@@ -144,7 +152,7 @@ Result<pid_t> Spawn(const SpawnOptions& o) {
   }
   if (pid == 0) {
     ::close(err_pipe[0]);
-    ChildExec(o, path.c_str(), argv.data(), envp.data(), parent, err_pipe[1]);
+    ChildExec(o, path.c_str(), argv.data(), envp.data(), o.cpus.empty() ? nullptr : &cpus, parent, err_pipe[1]);
   }
   ::close(err_pipe[1]);
   if (o.new_process_group) ::setpgid(pid, pid);  // also here: no race with an early kill(-pid)

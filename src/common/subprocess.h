@@ -26,6 +26,7 @@ struct SpawnOptions {
   int stdin_fd = -1;                  // if >= 0: becomes stdin; else /dev/null
   int stderr_fd = -1;                 // if >= 0: becomes stderr (after output_fd)
   int pass_fd = -1;                   // if >= 0: stays open in the child, under its number
+  std::vector<int> cpus;              // if not empty: the only CPUs the child may run on
   bool new_process_group = true;      // the child leads its own group (so stops reach its tree)
   // PR_SET_PDEATHSIG: SIGTERM when the parent dies. The kernel ties this to the *thread* that
   // called Spawn(): spawn from a thread that lives as long as the child (the supervisor's).

@@ -775,7 +775,7 @@ class Decoder {
 };
 
 const std::vector<std::string> kTopLevel = {
-    "name",      "nodes",       "procs_per_node", "command",    "args",
+    "name",      "nodes",       "procs_per_node", "cpu_bind",   "command",    "args",
     "env",       "working_dir", "resources",      "restart",    "timeouts",
     "rendezvous", "output_dir", "checkpoint_dir", "trainer",    "cluster",
     "roles"};
@@ -810,6 +810,9 @@ Result<JobSpec> DecodeWith(Decoder& d, const Node& root) {
   if (const Node* n = Decoder::Child(root, "nodes")) d.DecodeNodes(*n, &spec.nodes);
   if (const Node* n = Decoder::Child(root, "procs_per_node")) {
     if (auto v = d.Int(*n, "procs_per_node", 1, kMaxProcsPerNode)) spec.procs_per_node = static_cast<int>(*v);
+  }
+  if (const Node* n = Decoder::Child(root, "cpu_bind")) {
+    if (auto v = d.OneOf(*n, "cpu_bind", {"none", "cores"})) spec.cpu_bind = *v;
   }
 
   const Node* trainer = Decoder::Child(root, "trainer");

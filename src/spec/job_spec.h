@@ -181,6 +181,10 @@ struct JobSpec {
   std::string name;                      // DNS-1123 label: [a-z0-9-], at most 63 chars
   NodesSpec nodes;
   int procs_per_node = 1;
+  // "cores": each of a node's tasks runs on its own share of the CPUs its agent may use
+  // (CpuShare in common/cpus.h), as Slurm's --cpu-bind=cores and mpirun's --bind-to core do;
+  // "none": the scheduler moves them where it likes.
+  std::string cpu_bind = "none";
   std::vector<std::string> command;      // the worker program and its first arguments; empty
                                          // when the built-in trainer runs (trainer.enabled)
   std::vector<std::string> args;         // appended to command

@@ -122,6 +122,7 @@ std::string JobSpecToJson(const JobSpec& s, int indent) {
     j["nodes"] = {{"min", s.nodes.min}, {"max", s.nodes.max}};
   }
   if (s.roles.empty()) j["procs_per_node"] = s.procs_per_node;
+  if (s.cpu_bind != "none") j["cpu_bind"] = s.cpu_bind;
   if (!s.command.empty()) j["command"] = s.command;
   if (!s.args.empty()) j["args"] = s.args;
   if (!s.env.empty()) j["env"] = Env(s.env);

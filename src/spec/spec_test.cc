@@ -80,6 +80,21 @@ TEST(JobSpec, ErrorNamesFileLineFieldAndExpectation) {
             "job.yaml:4: restart.max_restarts: expected a whole number from 0 to 100000, got \"-1\"");
 }
 
+TEST(JobSpec, CpuBindIsNoneOrCores) {
+  EXPECT_EQ(Errors("name: demo\ncommand: [x]\ncpu_bind: core\n"),
+            "job.yaml:3: cpu_bind: expected one of none, cores, got \"core\"; did you mean 'cores'?");
+  auto spec = ParseJobSpec("name: demo\ncommand: [x]\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->cpu_bind, "none");
+  spec = ParseJobSpec("name: demo\ncommand: [x]\ncpu_bind: cores\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->cpu_bind, "cores");
+  // The agents read the spec as the launcher writes it.
+  auto again = JobSpecFromJson(JobSpecToJson(*spec));
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->cpu_bind, "cores");
+}
+
 TEST(JobSpec, UnknownKeysGetADidYouMean) {
   EXPECT_EQ(Errors("name: demo\ncommand: [x]\nprocs_per_nod: 2\n"),
             "job.yaml:3: procs_per_nod: unknown field; did you mean 'procs_per_node'?");

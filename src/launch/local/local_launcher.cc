@@ -253,6 +253,10 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     LOG_ERROR("{}", st.message());
     return kExitError;
   }
+  if (spec.cpu_bind == "cores" && spec.nodes.max > 1 && options.placement == "local") {
+    LOG_WARN("cpu_bind: cores with {} nodes on this one machine: each node's agent shares out the "
+             "same CPUs, so the nodes' tasks run on one another's cores", spec.nodes.max);
+  }
   runs::RunEntry entry = RunEntryFor(spec, run_id, options.placement);
   if (options.placement == "slurm") entry.slurm_job_id = GetEnv(CurrentEnvironment(), "SLURM_JOB_ID").value_or("");
   if (Status st = runs::Register(entry); !st.ok()) {
