@@ -6,12 +6,14 @@
 # ResNet runs' metrics go to $OUT (default /tmp/device-out).
 #
 # usage: bench/device.sh PHASE...
-#   test     the GPU tests (NCCL, the reducer on the GPU, training and resuming on the GPU)
+#   test     the GPU tests (NCCL, the reducer on the GPU, training and resuming on the GPU), and
+#            cpu_bind on these cores
 #   gpu      ResNet-50, trainctl beside PyTorch DDP, plain layout then channels-last + cuDNN benchmark
 #   bf16     the same in bf16 autocast
 #   gpu18    ResNet-18 and the CNN at batch 512
 #   weak     weak scaling of the CPU trainer, 1..16 workers, one run each
-#   weak16   1 and 16 workers, three alternating rounds (the machine's noise)
+#   weak16   1 and 16 workers, $ROUNDS alternating rounds (default 3; the machine's noise)
+#   weak16b  the same with every worker bound to a core of its own (cpu_bind: cores)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -35,7 +37,7 @@ export CMAKE_PREFIX_PATH=/tmp/deb/usr
 stamp "unpacked"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core)'
-PYTHON=python3 BUILD_TESTING=ON scripts/dev gpu-build --target trainctl trainer_test train_test -- -j"$(nproc)" -k 0 \
+PYTHON=python3 BUILD_TESTING=ON scripts/dev gpu-build --target trainctl trainer_test train_test cli_test -- -j"$(nproc)" -k 0 \
   > "$OUT/build.log" 2>&1 || { grep -E "error:|FAILED" "$OUT/build.log" | head -40; exit 1; }
 stamp "built"
 resnet50() {  # precision, then layouts
@@ -60,7 +62,7 @@ for phase in "$@"; do
   case $phase in
     test)
       (cd build-gpu && timeout 150 ctest --output-on-failure \
-        -R "Trainer\.(DeviceCuda|ACheckpointResumesInAnotherMemoryFormat)|Reducer\.FlatGradientsEqualPlainBackwardOnTheGpu|Nccl" 2>&1 |
+        -R "Trainer\.(DeviceCuda|ACheckpointResumesInAnotherMemoryFormat)|Reducer\.FlatGradientsEqualPlainBackwardOnTheGpu|Nccl|Cli\.CpuBind" 2>&1 |
         tail -40) ;;
     gpu) resnet50 fp32 plain tuned ;;
     bf16) resnet50 bf16 plain tuned ;;
@@ -70,9 +72,9 @@ for phase in "$@"; do
     weak)
       timeout 400 python3 bench/weak_scaling.py --trainctl build-gpu/src/trainctl --python python3 \
         --window 50 --windows 4 2>&1 ;;
-    weak16)
+    weak16|weak16b)
       timeout 230 python3 bench/weak_scaling.py --trainctl build-gpu/src/trainctl --python python3 \
-        --workers 1,16 --rounds 3 --window 50 --windows 4 2>&1 ;;
+        --workers 1,16 --rounds "${ROUNDS:-3}" --window 50 --windows 4 $([ "$phase" = weak16b ] && echo --bind) 2>&1 ;;
     *) echo "bench/device.sh: unknown phase $phase" >&2 ;;
   esac
 done

@@ -82,9 +82,21 @@ def trainctl_pair(trainctl, out):
                key=lambda epochs: epochs[0]["epoch_seconds"])
 
 
-def run_peer_ranks(argv, workers, threads):
+def cpu_share(index, count):
+    """Share `index` of `count` of this process's CPUs, as trainctl's cpu_bind: cores gives a
+    node's tasks (common/cpus.h, CpuShare): consecutive runs, the larger first; with fewer CPUs
+    than shares, one CPU each in turn."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < count:
+        return {cpus[index % len(cpus)]}
+    start = lambda i: (i * len(cpus) + count - 1) // count
+    return set(cpus[start(index):start(index + 1)])
+
+
+def run_peer_ranks(argv, workers, threads, bind=False):
     """Runs `workers` copies of the Python command `argv` with the torchrun environment on this
-    host (a free loopback port as MASTER_PORT) and returns the JSON lines rank 0 printed."""
+    host (a free loopback port as MASTER_PORT) and returns the JSON lines rank 0 printed. With
+    `bind`, each rank on its own share of the CPUs (cpu_share), as trainctl's cpu_bind: cores."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -92,8 +104,10 @@ def run_peer_ranks(argv, workers, threads):
     for rank in range(workers):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS=str(threads))
+        cpus = cpu_share(rank, workers) if bind else None
         procs.append(subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True))
+            argv, env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if bind else None))
     out = procs[0].communicate()[0]
     for p in procs[1:]:
         p.wait()

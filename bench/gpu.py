@@ -35,8 +35,9 @@ CONFIGS = {
 
 
 def trainctl_start(trainctl, out, model, data, batch, workers, device, threads, window, windows,
-                   precision="fp32", extra=""):
-    """Starts `trainctl run` of (windows + 1) x window steps; trainctl_rates() reads its result."""
+                   precision="fp32", extra="", cpus=None):
+    """Starts `trainctl run` of (windows + 1) x window steps; trainctl_rates() reads its result.
+    `cpus`: the only CPUs the job (launcher, agent, workers) may run on."""
     if data == "fashion-mnist":
         data_yaml = "{dataset: fashion-mnist}"
     else:
@@ -65,7 +66,8 @@ trainer:
     path = out + ".yaml"
     with open(path, "w") as f:
         f.write(spec)
-    return subprocess.Popen([trainctl, "--log-level", "warn", "run", path], stdout=subprocess.DEVNULL)
+    return subprocess.Popen([trainctl, "--log-level", "warn", "run", path], stdout=subprocess.DEVNULL,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
 
 def trainctl_windows(proc, out):
@@ -82,14 +84,14 @@ def trainctl_rates(proc, out):
 
 
 def peer_rates(python, model, data, batch, workers, device, threads, window, windows,
-               precision="fp32", flags=()):
+               precision="fp32", flags=(), bind=False):
     """PyTorch DDP (bench/ddp_gpu.py) on the same terms; samples/s per window after a warm-up."""
     lines = run_peer_ranks(
         [python, os.path.join(ROOT, "bench", "ddp_gpu.py"), "--device", device, "--model", model,
          "--data", FMNIST if data == "fashion-mnist" else data, "--batch", str(batch),
          "--warmup", str(window), "--window", str(window), "--windows", str(windows)] +
         (["--bf16"] if precision == "bf16" else []) + list(flags),
-        workers, threads=threads)
+        workers, threads=threads, bind=bind)
     return [l["samples_per_s"] for l in lines]
 
 

@@ -20,11 +20,15 @@ A shared VM's cores change speed from minute to minute (one core's rate varied b
 one run on the lent device), so with --rounds R each N runs trainctl and the independent jobs R
 times, alternating, and reports medians; the 1-worker job is re-run in every round as the base.
 
+With --bind every worker runs on a core of its own: trainctl's jobs with `cpu_bind: cores`, each
+independent job on its own core (the same share), the peer's ranks pinned the same way.
+
 Usage: bench/weak_scaling.py [--trainctl PATH] [--python PYTHON] [--workers 1,2,4,8,16] [--rounds R]
+                            [--bind]
 """
 import argparse, os, resource, statistics, subprocess, tempfile
 
-from fashion_mnist import PYTHON
+from fashion_mnist import PYTHON, cpu_share
 from gpu import ROOT, peer_rates, trainctl_rates, trainctl_start, trainctl_windows
 
 
@@ -37,6 +41,7 @@ def main():
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--no-peer", action="store_true", help="trainctl only")
     ap.add_argument("--rounds", type=int, default=1, help="alternating runs of each configuration")
+    ap.add_argument("--bind", action="store_true", help="each worker on a core of its own (cpu_bind: cores)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-weak-")
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -46,6 +51,9 @@ def main():
             print("#", line)
     args = dict(model="cnn", data="fashion-mnist", batch=64, device="cpu", threads=1,
                 window=a.window, windows=a.windows)
+    print("# workers bound to cores (trainctl: cpu_bind: cores; the others pinned the same)" if a.bind
+          else "# workers not bound to cores (cpu_bind: none)")
+    bound = "cpu_bind: cores\n" if a.bind else ""
 
     steps = (a.windows + 1) * a.window
     switches = {}  # (kind, n): [(involuntary, voluntary) context switches per worker per 100 steps]
@@ -63,7 +71,7 @@ def main():
     def ours(n, name):
         out = os.path.join(tmp, name)
         windows = count_switches("trainctl", n, lambda: trainctl_windows(
-            trainctl_start(a.trainctl, out, workers=n, **args), out))
+            trainctl_start(a.trainctl, out, workers=n, extra=bound, **args), out))
         wait = sum(w["comm_seconds"] for w in windows) / sum(w["window_seconds"] for w in windows)
         return statistics.median(w["samples_per_s"] for w in windows), wait
 
@@ -71,7 +79,8 @@ def main():
         outs = [os.path.join(tmp, f"{name}-{k}") for k in range(n)]
         return count_switches("independent", n, lambda: sum(
             statistics.median(trainctl_rates(p, o))
-            for p, o in zip([trainctl_start(a.trainctl, o, workers=1, **args) for o in outs], outs)))
+            for p, o in zip([trainctl_start(a.trainctl, o, workers=1, cpus=cpu_share(k, n) if a.bind else None,
+                                            **args) for k, o in enumerate(outs)], outs)))
 
     print("| workers | trainctl samples/s | trainctl efficiency | waiting | N independent 1-worker jobs, "
           "samples/s together | their efficiency (the machine's floor) | trainctl / independent jobs "
@@ -90,7 +99,7 @@ def main():
         wait = statistics.median(w for _, w in many)
         floor = statistics.median(solo)
         ratio = statistics.median(m[0] / s for m, s in zip(many, solo))
-        peer = None if a.no_peer else statistics.median(peer_rates(a.python, workers=n, **args))
+        peer = None if a.no_peer else statistics.median(peer_rates(a.python, workers=n, bind=a.bind, **args))
         if peer and peer_base is None:
             peer_base = peer
         print(f"| {n} | {rate:.0f} | {rate / (n * base):.3f} | {100 * wait:.1f} % | {floor:.0f} | "
