@@ -36,42 +36,46 @@ class Cnn : public Classifier {
         fc2_(register_module("fc2", torch::nn::Linear(128, s.classes))) {}
 
   torch::Tensor forward(torch::Tensor x) override {
+    const bool cpu = x.is_cpu() && x.scalar_type() == torch::kFloat32;
+    bool bf16 = false;
 #if TRAINCTL_HAVE_ONEDNN
     // Without bf16 instructions the CNN stays f32 on the CPU under autocast (trainer.precision:
     // bf16), as its own kernels below do: ATen would emulate bf16, ten times slower than f32.
     std::optional<c10::impl::ExcludeDispatchKeyGuard> f32;
     if (x.is_cpu() && at::autocast::is_cpu_enabled() && !Bf16Convolutions()) f32.emplace(c10::DispatchKey::AutocastCPU);
-    const bool bf16 = at::autocast::is_cpu_enabled() && at::autocast::get_autocast_cpu_dtype() == at::kBFloat16 &&
-                      Bf16Convolutions();
-    if (bf16 && x.is_cpu() && x.scalar_type() == torch::kFloat32 && !x.requires_grad() && x.size(1) < kBlock &&
-        BlockedConvolutions()) {
-      // Under autocast to bf16 (trainer.precision) on a CPU that multiplies in bf16: the second
-      // convolution in oneDNN's bf16 kernels, in its blocked layout up to the last pooling (0.9x
-      // the f32 Winograd kernels' time). The first, on the image's one or three channels, is no
-      // faster in bf16 and stays ours in f32, as do the linear layers (oneDNN has no bf16 sgemm).
-      x = ToBlocked(ImageConvPoolRelu(x, conv1_->weight, conv1_->bias));
-      x = FromBlocked(MaxPool2x2Relu(Conv3x3(x, conv2_->weight, conv2_->bias, /*bf16=*/true)));
-      x = torch::relu(Linear(x.flatten(1), fc1_->weight, fc1_->bias));
-      return Linear(x, fc2_->weight, fc2_->bias);
-    }
+    bf16 = at::autocast::is_cpu_enabled() && at::autocast::get_autocast_cpu_dtype() == at::kBFloat16 &&
+           Bf16Convolutions() && x.size(1) < kBlock && BlockedConvolutions();
 #endif
-    const bool cpu = x.is_cpu() && x.scalar_type() == torch::kFloat32;
     if (cpu && !x.requires_grad()) {
       // Our own kernels, each pooling as it writes (ops.h): Winograd's for the second, its
-      // products in AVX-512 where the CPU has it (0.8x the time of oneDNN's f32 kernels there).
+      // products in AVX-512 where the CPU has it (0.8x the time of oneDNN's f32 kernels there);
+      // in bf16, where the CPU multiplies in bf16, oneDNN's for the second (Bf16Conv2).
       x = ImageConvPoolRelu(x, conv1_->weight, conv1_->bias);
-      x = ConvPoolRelu(x, conv2_->weight, conv2_->bias);
+      x = bf16 ? Bf16Conv2(x) : ConvPoolRelu(x, conv2_->weight, conv2_->bias);
     } else {
       x = PoolRelu(conv1_(x));  // an input that takes a gradient, or a GPU
       x = cpu ? ConvPoolRelu(x, conv2_->weight, conv2_->bias) : PoolRelu(conv2_(x));
     }
 #if TRAINCTL_HAVE_ONEDNN
     if (cpu) {
-      // oneDNN's sgemm on AVX2 too (onednn.h): the linear layers in about 0.8x ATen's time.
+      // oneDNN's sgemm on AVX2 too (onednn.h): the linear layers in about 0.8x ATen's time (in
+      // f32 under bf16 autocast too: oneDNN has no bf16 sgemm).
       return Linear(torch::relu(Linear(x.flatten(1), fc1_->weight, fc1_->bias)), fc2_->weight, fc2_->bias);
     }
 #endif
     return fc2_(torch::relu(fc1_(x.flatten(1))));
+  }
+
+  // Under autocast to bf16 (trainer.precision) on a CPU that multiplies in bf16: the second
+  // convolution in oneDNN's bf16 kernels, in its blocked layout up to the last pooling (0.9x the
+  // f32 Winograd kernels' time). The first, on the image's one or three channels, is no faster in
+  // bf16 and stays ours in f32.
+  torch::Tensor Bf16Conv2(const torch::Tensor& x) {
+#if TRAINCTL_HAVE_ONEDNN
+    return FromBlocked(MaxPool2x2Relu(Conv3x3(ToBlocked(x), conv2_->weight, conv2_->bias, /*bf16=*/true)));
+#else
+    return ConvPoolRelu(x, conv2_->weight, conv2_->bias);  // not reached: bf16 needs oneDNN
+#endif
   }
 
   // After ATen's convolutions: on the CPU our pooling, on ATen's N x C x H x W as it is (ATen's
