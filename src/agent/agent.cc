@@ -89,7 +89,13 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
     int threads = role.resources.cpus >= 1 ? static_cast<int>(role.resources.cpus) : 1;
     SetEnv(&w.env, "OMP_NUM_THREADS", std::to_string(threads));
   }
-  if (s.cpu_bind == "cores") w.cpus = CpuShare(AffinityCpus(), t.local, t.local_size);
+  if (s.cpu_bind == "cores") {
+    w.cpus = CpuShare(AffinityCpus(), t.local, t.local_size);
+    if (t.local == 0 && role.command.empty() && s.trainer.threads > static_cast<int>(w.cpus.size())) {
+      LOG_WARN("cpu_bind: cores gives each task {} CPU(s), but trainer.threads is {}: each worker's "
+               "threads will take turns on its CPUs", w.cpus.size(), s.trainer.threads);
+    }
+  }
   if (!GetEnv(w.env, "PYTHONUNBUFFERED")) SetEnv(&w.env, "PYTHONUNBUFFERED", "1");
   // As torchrun sets them (the older name, and the newer torch's): a NCCL collective that fails
   // or hangs raises in the program instead of blocking it.
