@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <sstream>
 
 #include "common/fs.h"
@@ -79,17 +80,34 @@ std::vector<int> CpuShare(const std::vector<int>& cpus, int index, int count) {
   return std::vector<int>(cpus.begin() + start(index), cpus.begin() + start(index + 1));
 }
 
+std::optional<double> OwnCpuQuota() {
+  auto self = ReadFile("/proc/self/cgroup", 1 << 16);
+  if (!self.ok()) return std::nullopt;
+  return CgroupCpuQuota("/sys/fs/cgroup", *self);
+}
+
 int UsableCpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  auto self = ReadFile("/proc/self/cgroup", 1 << 16);
-  if (self.ok()) {
-    if (auto quota = CgroupCpuQuota("/sys/fs/cgroup", *self)) {
-      cpus = std::min(cpus, static_cast<int>(std::floor(*quota)));
+  if (auto quota = OwnCpuQuota()) cpus = std::min(cpus, static_cast<int>(std::floor(*quota)));
+  return std::max(1, cpus);
+}
+
+bool EachHasACpuOfItsOwn(const std::vector<std::vector<int>>& masks, std::optional<double> quota) {
+  const size_t n = masks.size();
+  if (quota && std::floor(*quota) < static_cast<double>(n)) return false;
+  if (std::all_of(masks.begin(), masks.end(), [&](const std::vector<int>& m) { return m == masks[0]; })) {
+    return n == 0 || masks[0].size() >= n;
+  }
+  std::set<int> seen;
+  for (const auto& m : masks) {
+    if (m.empty()) return false;
+    for (int c : m) {
+      if (!seen.insert(c).second) return false;  // a CPU two of them may run on
     }
   }
-  return std::max(1, cpus);
+  return true;
 }
 
 bool CpuHasAvx2() {

@@ -10,6 +10,8 @@ namespace trainctl {
 
 // min(CPUs in the affinity mask, the cgroup's quota rounded down), at least 1.
 int UsableCpus();
+// This process's cgroup CPU quota (CgroupCpuQuota of /proc/self/cgroup), if it has one.
+std::optional<double> OwnCpuQuota();
 
 // The CPUs in this process's affinity mask, in ascending order.
 std::vector<int> AffinityCpus();
@@ -17,6 +19,12 @@ std::vector<int> AffinityCpus();
 // tasks: consecutive runs of cpus.size() / count CPUs (the first ones one more where it does not
 // divide); with fewer CPUs than shares, CPU index % size alone, shared with other tasks.
 std::vector<int> CpuShare(const std::vector<int>& cpus, int index, int count);
+
+// Whether processes with these affinity masks (CPU numbers, one list per process) each have a
+// CPU of its own, within a CPU quota of `quota` CPUs (none: no quota): one mask for all with at
+// least as many CPUs as processes (the kernel spreads them), or masks with no CPU in common
+// (cpu_bind: cores). What a waiting process needs to know before it spins.
+bool EachHasACpuOfItsOwn(const std::vector<std::vector<int>>& masks, std::optional<double> quota);
 
 // Whether this CPU has AVX2 (what the pooling kernels need), and AVX2 and FMA (what the trainer's
 // other x86 kernels need). Safe to call from a static initializer.

@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/shm/segment.h"
@@ -46,10 +47,22 @@ constexpr Duration kSpin = std::chrono::milliseconds(1);
 // The most of /dev/shm a SharedAverage takes (two sets of inputs and the result, all ranks).
 constexpr size_t kMaxAverageBytes = size_t{1} << 30;
 
+constexpr int kMaskWords = CPU_SETSIZE / 64;
+
 struct alignas(64) RankState {
   std::atomic<uint32_t> seq;  // barriers this rank has entered
   std::atomic<int32_t> pid;
+  uint64_t cpus[kMaskWords];  // its affinity mask, written before it counts itself mapped
 };
+
+// A rank's affinity mask as its CPU numbers.
+std::vector<int> MaskCpus(const uint64_t (&words)[kMaskWords]) {
+  std::vector<int> cpus;
+  for (int c = 0; c < kMaskWords * 64; ++c) {
+    if (words[c / 64] >> (c % 64) & 1) cpus.push_back(c);
+  }
+  return cpus;
+}
 
 struct Control {
   uint32_t magic;
@@ -106,8 +119,8 @@ class ShmAverage;
 
 class ShmCommunicator : public Communicator {
  public:
-  ShmCommunicator(int rank, int size, Duration timeout, void* base, size_t bytes)
-      : rank_(rank), size_(size), timeout_(timeout), base_(base), bytes_(bytes) {
+  ShmCommunicator(int rank, int size, Duration timeout, void* base, size_t bytes, bool spin)
+      : rank_(rank), size_(size), timeout_(timeout), base_(base), bytes_(bytes), spin_(spin) {
     control_ = static_cast<Control*>(base);
     chunk_ = control_->chunk_floats;
     slots_ = reinterpret_cast<float*>(static_cast<char*>(base) + ControlBytes(size));
@@ -191,8 +204,8 @@ class ShmCommunicator : public Communicator {
 
   // Waits until find_missing(&ranks) leaves `ranks` empty (the ranks this one still waits for).
   // Peers doing the same work arrive within microseconds to a millisecond of each other: when
-  // every rank has a CPU of its own (the affinity mask, and a container's CPU quota, which
-  // spinning would spend) it spins that long (waking from the futex costs ~0.1 ms in a VM), then
+  // every rank has a CPU of its own (their affinity masks, one for all or one each with
+  // cpu_bind: cores, and a container's CPU quota, which spinning would spend) it spins that long (waking from the futex costs ~0.1 ms in a VM), then
   // sleeps on the bell. A missing peer that exited breaks the communicator within about
   // 100 ms; one that stays away past the timeout too, named.
   template <class FindMissing>
@@ -203,7 +216,7 @@ class ShmCommunicator : public Communicator {
       find_missing(missing);
       return !missing.empty();
     };
-    auto spin_until = Clock::now() + (size_ <= cpus_ ? kSpin : Duration::zero());
+    auto spin_until = Clock::now() + (spin_ ? kSpin : Duration::zero());
     while (Clock::now() < spin_until) {
       if (!missing_now()) return Status::Ok();
       CpuRelax();
@@ -255,7 +268,7 @@ class ShmCommunicator : public Communicator {
   float* slots_;
   float* result_;
   uint32_t seq_ = 0;
-  const int cpus_ = UsableCpus();
+  const bool spin_;  // every rank has a CPU of its own: a waiting rank spins before it sleeps
   std::string broken_;
 };
 
@@ -422,6 +435,9 @@ Result<std::unique_ptr<Communicator>> ConnectShm(Store& store, const ShmOptions&
     control->chunk_floats = chunk;
   }
   control->ranks[o.rank].pid.store(::getpid());
+  uint64_t mask[kMaskWords] = {};
+  for (int c : AffinityCpus()) mask[c / 64] |= uint64_t{1} << (c % 64);
+  std::memcpy(control->ranks[o.rank].cpus, mask, sizeof mask);
   auto cleanup = [&](Status st) -> Result<std::unique_ptr<Communicator>> {
     ::munmap(base, bytes);
     if (o.rank == 0) ::unlink(name.c_str());
@@ -443,7 +459,10 @@ Result<std::unique_ptr<Communicator>> ConnectShm(Store& store, const ShmOptions&
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (o.rank == 0) ::unlink(name.c_str());
-  return std::unique_ptr<Communicator>(new ShmCommunicator(o.rank, o.size, o.timeout, base, bytes));
+  std::vector<std::vector<int>> masks;
+  for (int r = 0; r < o.size; ++r) masks.push_back(MaskCpus(control->ranks[r].cpus));
+  const bool spin = EachHasACpuOfItsOwn(masks, OwnCpuQuota());
+  return std::unique_ptr<Communicator>(new ShmCommunicator(o.rank, o.size, o.timeout, base, bytes, spin));
 }
 
 }  // namespace trainctl::comm
