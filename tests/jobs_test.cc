@@ -6,8 +6,10 @@
 #include <map>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <thread>
 
+#include "common/duration.h"
 #include "common/exit_codes.h"
 #include "tests/test_util.h"
 
@@ -140,8 +142,8 @@ TEST(Jobs, PsLogsFollowStatusAndStopFromAnotherTerminal) {
             std::string::npos) << unknown.output;
 }
 
-// top: each worker's CPU, memory and threads, and where the trainer's steps go; then refused
-// for a run that has ended.
+// top: each worker's CPU, memory and threads, where the trainer's steps go and which rank the
+// others wait for; then refused for a run that has ended.
 TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
   Scratch s;
   s.Write("job.yaml", "name: busy-trainer\nprocs_per_node: 2\noutput_dir: " + s.path("out") +
@@ -175,6 +177,39 @@ TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
   EXPECT_TRUE(std::regex_search(gpu.output, std::regex("\n1 +worker-1 +" + std::string(pid[1]) + " .*    0    87     1234\n")))
       << gpu.output;
   EXPECT_TRUE(std::regex_search(gpu.output, std::regex("\n0 +worker-0 .*    -     -        -\n"))) << gpu.output;
+  // A straggler: worker 1 stopped for 1.5 s holds rank 0 in the gradient average, and the
+  // window that holds the stop names rank 1 as the one the others waited for. (Unless the stop
+  // lands while rank 1 itself waits, in the average or in the log window's own collective: then
+  // both ranks' waits hold it, or neither does.)
+  const pid_t worker1 = std::stoi(pid[1]);
+  ASSERT_EQ(::kill(worker1, SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_EQ(::kill(worker1, SIGCONT), 0);
+  const double resumed = WallSeconds();
+  auto records = [&] {
+    std::vector<nlohmann::json> out;
+    std::istringstream lines(s.Read("out/metrics.jsonl"));
+    for (std::string line; std::getline(lines, line);) out.push_back(nlohmann::json::parse(line, nullptr, false));
+    return out;
+  };
+  ASSERT_TRUE(Eventually([&] {
+    auto all = records();
+    return !all.empty() && all.back().is_object() && all.back().value("time", 0.0) > resumed + 1;
+  }, seconds(30)));
+  int windows = 0;
+  for (const auto& j : records()) {
+    if (!j.is_object() || !j.contains("window_seconds")) continue;
+    ++windows;
+    ASSERT_TRUE(j.contains("slowest_rank")) << j.dump();
+    const double least = j["comm_seconds_min"].get<double>(), most = j["comm_seconds_max"].get<double>();
+    EXPECT_LE(least, most) << j.dump();
+    EXPECT_NEAR(j["comm_seconds"].get<double>(), j["slowest_rank"].get<int>() == 0 ? least : most, 1e-6) << j.dump();
+    if (most >= 1.0 && least < 1.0) EXPECT_EQ(j["slowest_rank"].get<int>(), 1) << j.dump();
+  }
+  EXPECT_GT(windows, 3);
+  auto slow = Trainctl({"top", "busy-trainer", "--once", "--interval", "100ms"}, s.path(""), seconds(30), StateIn(s));
+  EXPECT_TRUE(std::regex_search(slow.output, std::regex("; slowest rank [01] \\(waiting \\d+ %, the others up to "
+                                                        "\\d+ %\\)"))) << slow.output;
   EXPECT_EQ(Trainctl({"stop", "busy-trainer"}, s.path(""), seconds(60), StateIn(s)).exit.code, 0);
   EXPECT_EQ(job.Wait(seconds(30)).code, kExitInterrupted);
   auto ended = Trainctl({"top", "busy-trainer", "--once"}, s.path(""), seconds(30), StateIn(s));

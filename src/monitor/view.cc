@@ -231,7 +231,14 @@ std::string StepSplit(const std::string& output_dir) {
                   "%.0f %% communication (rank 0, last %.0f steps)",
                   j.value("step", 0.0), steps / secs, j.value("samples_per_s", 0.0), data,
                   std::max(0.0, 100 - data - comm), comm, steps);
-    return buf;
+    std::string line = buf;
+    if (j.contains("slowest_rank")) {  // the rank the others waited for: the one that waited least
+      std::snprintf(buf, sizeof buf, "; slowest rank %.0f (waiting %.0f %%, the others up to %.0f %%)",
+                    j.value("slowest_rank", 0.0), 100 * j.value("comm_seconds_min", 0.0) / secs,
+                    100 * j.value("comm_seconds_max", 0.0) / secs);
+      line += buf;
+    }
+    return line;
   }
   return "";
 }

@@ -592,23 +592,35 @@ Status Trainer::FinishWithShards() {
 
 Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples,
                         double data_seconds, double comm_seconds) {
-  float buf[2] = {float(loss_sum), float(count)};
-  RETURN_IF_ERROR(comm_->AllReduceSum(buf, 2));
+  // The loss summed over the ranks, and each rank's waiting in its own slot: the rank that waited
+  // least is the one the others waited for (a straggler, `trainctl top`).
+  std::vector<float> buf(2 + world_, 0.0f);
+  buf[0] = float(loss_sum);
+  buf[1] = float(count);
+  buf[2 + rank_] = float(comm_seconds);
+  RETURN_IF_ERROR(comm_->AllReduceSum(buf.data(), buf.size()));
   if (rank_ != 0) return Status::Ok();
   double loss = buf[0] / std::max(1.0f, buf[1]);
   double rate = seconds > 0 ? samples / seconds : 0;
   double eta = rate > 0 ? double(total_steps_ - step_) * batch_ * world_ / rate : 0;
-  RETURN_IF_ERROR(jsonl_->Write({{"step", double(step_)},
-                                 {"epoch", double(epoch_ + 1)},
-                                 {"loss", loss},
-                                 {"lr", lr},
-                                 {"samples_per_s", rate},
-                                 {"restart", double(env_.restart_count)},
-                                 {"window_steps", count},
-                                 {"window_seconds", seconds},
-                                 {"data_seconds", data_seconds},
-                                 {"comm_seconds", comm_seconds},
-                                 {"time", WallSeconds()}}));
+  std::vector<std::pair<std::string, double>> record = {{"step", double(step_)},
+                                                        {"epoch", double(epoch_ + 1)},
+                                                        {"loss", loss},
+                                                        {"lr", lr},
+                                                        {"samples_per_s", rate},
+                                                        {"restart", double(env_.restart_count)},
+                                                        {"window_steps", count},
+                                                        {"window_seconds", seconds},
+                                                        {"data_seconds", data_seconds},
+                                                        {"comm_seconds", comm_seconds}};
+  if (world_ > 1 && !ps_) {
+    const auto [least, most] = std::minmax_element(buf.begin() + 2, buf.end());
+    record.insert(record.end(), {{"comm_seconds_min", *least},
+                                 {"comm_seconds_max", *most},
+                                 {"slowest_rank", double(least - (buf.begin() + 2))}});
+  }
+  record.emplace_back("time", WallSeconds());
+  RETURN_IF_ERROR(jsonl_->Write(record));
   double now = WallSeconds();
   RETURN_IF_ERROR(events_->AddScalar("train/loss", loss, step_, now));
   RETURN_IF_ERROR(events_->AddScalar("train/lr", lr, step_, now));
