@@ -15,6 +15,9 @@ Beside it in the same run:
     data already in memory), its own efficiency the same way.
   - "waiting": the share of trainctl's training time rank 0 spent waiting for the other ranks'
     gradients (metrics.jsonl's comm_seconds / window_seconds): the ranks' steps drifting apart.
+  - "slowest rank": the rank named slowest (the one that waited least) in the most windows, and
+    in how many of them: one rank again and again is a straggler (its core, its data); the name
+    moving from window to window is noise that hits every rank alike.
 
 A shared VM's cores change speed from minute to minute (one core's rate varied by a third within
 one run on the lent device), so with --rounds R each N runs trainctl and the independent jobs R
@@ -73,7 +76,10 @@ def main():
         windows = count_switches("trainctl", n, lambda: trainctl_windows(
             trainctl_start(a.trainctl, out, workers=n, extra=bound, **args), out))
         wait = sum(w["comm_seconds"] for w in windows) / sum(w["window_seconds"] for w in windows)
-        return statistics.median(w["samples_per_s"] for w in windows), wait
+        named = [int(w["slowest_rank"]) for w in windows if "slowest_rank" in w]
+        slowest = max(set(named), key=named.count) if named else None
+        slowest = f"{slowest} ({named.count(slowest)} of {len(named)})" if named else "-"
+        return statistics.median(w["samples_per_s"] for w in windows), wait, slowest
 
     def independent(n, name):
         outs = [os.path.join(tmp, f"{name}-{k}") for k in range(n)]
@@ -82,10 +88,10 @@ def main():
             for p, o in zip([trainctl_start(a.trainctl, o, workers=1, cpus=cpu_share(k, n) if a.bind else None,
                                             **args) for k, o in enumerate(outs)], outs)))
 
-    print("| workers | trainctl samples/s | trainctl efficiency | waiting | N independent 1-worker jobs, "
+    print("| workers | trainctl samples/s | trainctl efficiency | waiting | slowest rank | N independent 1-worker jobs, "
           "samples/s together | their efficiency (the machine's floor) | trainctl / independent jobs "
           "| PyTorch DDP samples/s | DDP efficiency | trainctl / DDP throughput |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     peer_base = None
     for n in [int(v) for v in a.workers.split(",")]:
         one, many, solo = [], [], []
@@ -94,15 +100,16 @@ def main():
                 one.append(ours(1, f"w1-{n}-{r}")[0])
             many.append(ours(n, f"w{n}-{r}"))
             solo.append(independent(n, f"solo{n}-{r}"))
-        base = statistics.median(one or [rate for rate, _ in many])
-        rate = statistics.median(v for v, _ in many)
-        wait = statistics.median(w for _, w in many)
+        base = statistics.median(one or [rate for rate, _, _ in many])
+        rate = statistics.median(v for v, _, _ in many)
+        wait = statistics.median(w for _, w, _ in many)
+        slowest = ", ".join(s for _, _, s in many)
         floor = statistics.median(solo)
         ratio = statistics.median(m[0] / s for m, s in zip(many, solo))
         peer = None if a.no_peer else statistics.median(peer_rates(a.python, workers=n, bind=a.bind, **args))
         if peer and peer_base is None:
             peer_base = peer
-        print(f"| {n} | {rate:.0f} | {rate / (n * base):.3f} | {100 * wait:.1f} % | {floor:.0f} | "
+        print(f"| {n} | {rate:.0f} | {rate / (n * base):.3f} | {100 * wait:.1f} % | {slowest} | {floor:.0f} | "
               f"{floor / (n * base):.3f} | {ratio:.3f} | "
               + (f"{peer:.0f} | {peer / (n * peer_base):.3f} | {rate / peer:.2f}x |" if peer else "- | - | - |"),
               flush=True)
