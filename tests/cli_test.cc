@@ -153,6 +153,10 @@ TEST(Cli, CpuBindCoresGivesEachWorkerItsOwnCpus) {
       EXPECT_EQ(AllowedCpus(line), bind == "none" ? AffinityCpus() : CpuShare(AffinityCpus(), rank, 2))
           << bind << ", rank " << rank << ": " << line;
     }
+    // Where each task runs, said as the job starts.
+    const std::string said = "cpu_bind: cores: worker-0 on CPU " + FormatCpuList(CpuShare(AffinityCpus(), 0, 2)) +
+                             ", worker-1 on CPU " + FormatCpuList(CpuShare(AffinityCpus(), 1, 2));
+    EXPECT_EQ(r.output.find(said) != std::string::npos, bind == "cores") << r.output;
   }
 }
 

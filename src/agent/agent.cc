@@ -408,6 +408,11 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
 
   std::vector<WorkerLaunch> launches;
   for (const auto& t : r.mine) launches.push_back(Launch(r, t, 0));
+  if (s.cpu_bind == "cores") {  // as Slurm's --cpu-bind=verbose says where tasks run
+    std::string where;
+    for (const auto& w : launches) where += (where.empty() ? "" : ", ") + w.label + " on CPU " + FormatCpuList(w.cpus);
+    LOG_INFO("cpu_bind: cores: {}", where);
+  }
   WorkerGroup group(o_.color_output);
   LOG_DEBUG("round {}: node {} of {}, master {}, starting {} tasks", round, info.group_rank,
             info.group_world_size, r.master, launches.size());

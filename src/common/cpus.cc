@@ -80,6 +80,17 @@ std::vector<int> CpuShare(const std::vector<int>& cpus, int index, int count) {
   return std::vector<int>(cpus.begin() + start(index), cpus.begin() + start(index + 1));
 }
 
+std::string FormatCpuList(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(cpus[i]) + (j > i ? "-" + std::to_string(cpus[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
 std::optional<double> OwnCpuQuota() {
   auto self = ReadFile("/proc/self/cgroup", 1 << 16);
   if (!self.ok()) return std::nullopt;

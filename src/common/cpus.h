@@ -20,6 +20,9 @@ std::vector<int> AffinityCpus();
 // divide); with fewer CPUs than shares, CPU index % size alone, shared with other tasks.
 std::vector<int> CpuShare(const std::vector<int>& cpus, int index, int count);
 
+// "0-3,8,10-11": CPU numbers (ascending) as the kernel lists them (Cpus_allowed_list, taskset -c).
+std::string FormatCpuList(const std::vector<int>& cpus);
+
 // Whether processes with these affinity masks (CPU numbers, one list per process) each have a
 // CPU of its own, within a CPU quota of `quota` CPUs (none: no quota): one mask for all with at
 // least as many CPUs as processes (the kernel spreads them), or masks with no CPU in common

@@ -70,6 +70,12 @@ TEST(Cpus, ASharePerTaskCoversTheCpusOnce) {
   EXPECT_TRUE(CpuShare({}, 0, 1).empty());
 }
 
+TEST(Cpus, CpuListsReadAsTheKernelWritesThem) {
+  EXPECT_EQ(FormatCpuList({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(FormatCpuList({5}), "5");
+  EXPECT_EQ(FormatCpuList({}), "");
+}
+
 // Spinning while it waits is safe for a process only where no other one needs its CPU.
 TEST(Cpus, EachHasACpuOfItsOwnWhenTheMasksAllowIt) {
   const std::vector<int> four = {0, 1, 2, 3};
