@@ -37,8 +37,15 @@ export CMAKE_PREFIX_PATH=/tmp/deb/usr
 stamp "unpacked"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core)'
+# A warm machine keeps build-gpu between calls, but the tree copied onto it keeps this side's
+# modification times: a file changed since the last build there may look older than its object,
+# and ninja would rebuild nothing. Files whose contents differ from what the last build saw are
+# touched first.
+sources=build-gpu/.sources.sha1
+[ -f "$sources" ] && sha1sum --check --quiet "$sources" 2>/dev/null | sed -n 's/: FAILED.*$//p' | xargs -r touch
 PYTHON=python3 BUILD_TESTING=ON scripts/dev gpu-build --target trainctl trainer_test train_test cli_test -- -j"$(nproc)" -k 0 \
   > "$OUT/build.log" 2>&1 || { grep -E "error:|FAILED" "$OUT/build.log" | head -40; exit 1; }
+find src tests -type f \( -name '*.cc' -o -name '*.h' -o -name '*.txt' \) -print0 | xargs -0 sha1sum > "$sources"
 stamp "built"
 resnet50() {  # precision, then layouts
   local precision=$1 layout l d
