@@ -98,9 +98,7 @@ std::optional<double> OwnCpuQuota() {
 }
 
 int UsableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  int cpus = static_cast<int>(AffinityCpus().size());
   if (auto quota = OwnCpuQuota()) cpus = std::min(cpus, static_cast<int>(std::floor(*quota)));
   return std::max(1, cpus);
 }

@@ -205,9 +205,10 @@ class ShmCommunicator : public Communicator {
   // Waits until find_missing(&ranks) leaves `ranks` empty (the ranks this one still waits for).
   // Peers doing the same work arrive within microseconds to a millisecond of each other: when
   // every rank has a CPU of its own (their affinity masks, one for all or one each with
-  // cpu_bind: cores, and a container's CPU quota, which spinning would spend) it spins that long (waking from the futex costs ~0.1 ms in a VM), then
-  // sleeps on the bell. A missing peer that exited breaks the communicator within about
-  // 100 ms; one that stays away past the timeout too, named.
+  // cpu_bind: cores, and a container's CPU quota, which spinning would spend) it spins that long
+  // (waking from the futex costs ~0.1 ms in a VM), then sleeps on the bell. A missing peer that
+  // exited breaks the communicator within about 100 ms; one that stays away past the timeout
+  // too, named.
   template <class FindMissing>
   Status Wait(const char* what, FindMissing find_missing) {
     std::vector<int> missing;
