@@ -18,6 +18,8 @@ Beside it in the same run:
   - "slowest rank": the rank named slowest (the one that waited least) in the most windows, and
     in how many of them: one rank again and again is a straggler (its core, its data); the name
     moving from window to window is noise that hits every rank alike.
+  - "steal": the share of the machine's CPU time its hypervisor gave to other guests during the
+    runs (/proc/stat): on a shared VM, a rank that loses its core for a moment stalls them all.
 
 A shared VM's cores change speed from minute to minute (one core's rate varied by a third within
 one run on the lent device), so with --rounds R each N runs trainctl and the independent jobs R
@@ -59,16 +61,20 @@ def main():
     bound = "cpu_bind: cores\n" if a.bind else ""
 
     steps = (a.windows + 1) * a.window
-    switches = {}  # (kind, n): [(involuntary, voluntary) context switches per worker per 100 steps]
+    # (kind, n): [(involuntary, voluntary) context switches per worker per 100 steps, steal share]
+    switches = {}
 
     def count_switches(kind, n, run):
-        """run(), and the context switches of every process it started and waited for."""
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        """run(), the context switches of every process it started and waited for, and the share
+        of the machine's CPU time its hypervisor gave to other guests meanwhile (steal)."""
+        before, cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN), cpu_times()
         result = run()
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        after, cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN), cpu_times()
         per = 100 / (n * steps)
+        total = sum(cpu_after) - sum(cpu_before)
         switches.setdefault((kind, n), []).append(((after.ru_nivcsw - before.ru_nivcsw) * per,
-                                                   (after.ru_nvcsw - before.ru_nvcsw) * per))
+                                                   (after.ru_nvcsw - before.ru_nvcsw) * per,
+                                                   (cpu_after[7] - cpu_before[7]) / total if total else 0))
         return result
 
     def ours(n, name):
@@ -115,13 +121,24 @@ def main():
               flush=True)
     # Whether the ranks' steps drift apart for the scheduler's sake: a worker preempted (an
     # involuntary switch) stalls every rank of a synchronous job, one independent job only.
+    # Steal: time the hypervisor ran other guests on this VM's CPUs; the ranks it hits stall the
+    # synchronous job, where independent jobs lose only their own share.
     print("\n| workers | context switches per worker per 100 steps: trainctl, involuntary | voluntary "
-          "| N independent jobs, involuntary | voluntary |")
-    print("|---|---|---|---|---|")
+          "| N independent jobs, involuntary | voluntary | steal during trainctl's runs | during the "
+          "independent jobs' |")
+    print("|---|---|---|---|---|---|---|")
     for n in sorted({n for _, n in switches}):
-        med = lambda kind, k: statistics.median(v[k] for v in switches.get((kind, n), [(0, 0)]))
+        med = lambda kind, k: statistics.median(v[k] for v in switches.get((kind, n), [(0, 0, 0)]))
         print(f"| {n} | {med('trainctl', 0):.1f} | {med('trainctl', 1):.1f} | {med('independent', 0):.1f} "
-              f"| {med('independent', 1):.1f} |")
+              f"| {med('independent', 1):.1f} | {100 * med('trainctl', 2):.2f} % | "
+              f"{100 * med('independent', 2):.2f} % |")
+
+
+def cpu_times():
+    """The machine's CPU time so far, /proc/stat's first line: user, nice, system, idle, iowait,
+    irq, softirq, steal (guest time is counted in user already)."""
+    with open("/proc/stat") as f:
+        return [int(v) for v in f.readline().split()[1:9]]
 
 
 if __name__ == "__main__":
