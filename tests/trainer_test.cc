@@ -2,6 +2,7 @@
 // processes, real Gloo between them, the real Fashion-MNIST (a few hundred images of it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -63,6 +64,69 @@ TEST(Trainer, AllRanksEndWithBitIdenticalParameters) {
     EXPECT_EQ(Digest(s.Read("out/logs/worker-" + std::to_string(rank) + ".log")), d0) << rank;
   }
   EXPECT_TRUE(Exists(s.path("out/model.safetensors")));
+}
+
+// trainer.timeline_steps: timeline.json holds each rank's row with the steps after the first log
+// window, each step's phases back to back in the order the trainer runs them, and the ranks'
+// clocks agree: no rank's gradient average ends before every rank's backward has (it averages
+// their gradients).
+TEST(Trainer, TheTimelineShowsEachRanksStepsAndTheirPhases) {
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("tl", s.path("out"), R"(  model: cnn
+  data: {limit: 640, test_limit: 100}
+  batch_size: 16
+  max_steps: 12
+  log_every: 4
+  timeline_steps: 5
+  threads: 1
+  eval: false
+)"));
+  auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_NE(r.output.find("timeline of steps 5 to 9 (2 of 2 ranks) written to " + s.path("out/timeline.json")),
+            std::string::npos) << r.output;
+  auto trace = nlohmann::json::parse(s.Read("out/timeline.json"));
+  std::map<int, std::string> rows;
+  // rank -> step -> the step's spans in the order they start
+  std::map<int, std::map<int64_t, std::vector<nlohmann::json>>> spans;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e["name"] == "thread_name") rows[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
+    if (e["ph"] == "X") spans[e["tid"].get<int>()][e["args"]["step"].get<int64_t>()].push_back(e);
+  }
+  EXPECT_EQ(rows, (std::map<int, std::string>{{0, "rank 0"}, {1, "rank 1"}}));
+  ASSERT_EQ(spans.size(), 2u);
+  auto end = [](const nlohmann::json& e) { return e["ts"].get<int64_t>() + e["dur"].get<int64_t>(); };
+  auto find = [](const std::vector<nlohmann::json>& v, const std::string& name) {
+    for (const auto& e : v) if (e["name"] == name) return e;
+    return nlohmann::json();
+  };
+  for (auto& [rank, steps] : spans) {
+    std::vector<int64_t> numbers;
+    for (auto& [step, v] : steps) {
+      numbers.push_back(step);
+      nlohmann::json whole = find(v, "step");
+      ASSERT_FALSE(whole.is_null()) << rank << " " << step;
+      std::vector<nlohmann::json> phases;
+      for (const auto& e : v) if (e["name"] != "step") phases.push_back(e);
+      std::sort(phases.begin(), phases.end(), [](const auto& a, const auto& b) { return a["ts"] < b["ts"]; });
+      std::string names;
+      for (size_t i = 0; i < phases.size(); ++i) {
+        names += (i ? "," : "") + phases[i]["name"].get<std::string>();
+        if (i > 0) EXPECT_EQ(phases[i]["ts"].get<int64_t>(), end(phases[i - 1])) << rank << " " << step;
+      }
+      EXPECT_EQ(names, step == 8 ? "data,forward,backward,gradient average,optimizer,log"
+                                 : "data,forward,backward,gradient average,optimizer");
+      EXPECT_EQ(whole["ts"], phases.front()["ts"]);
+      EXPECT_EQ(end(whole), end(phases.back()));
+    }
+    EXPECT_EQ(numbers, (std::vector<int64_t>{5, 6, 7, 8, 9})) << rank;
+  }
+  for (int64_t step = 5; step <= 9; ++step) {
+    for (int a = 0; a < 2; ++a) {
+      EXPECT_GE(end(find(spans[a][step], "gradient average")), end(find(spans[1 - a][step], "backward")))
+          << "rank " << a << ", step " << step;
+    }
+  }
 }
 
 // trainer.label_smoothing and the one_cycle schedule reach the loss and the optimizer: with a

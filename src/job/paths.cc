@@ -16,6 +16,7 @@ std::string ErrorFile(const std::string& output_dir, const std::string& role, in
 std::string JobJson(const std::string& output_dir) { return output_dir + "/job.json"; }
 std::string StatusJson(const std::string& output_dir) { return output_dir + "/status.json"; }
 std::string MetricsJsonl(const std::string& output_dir) { return output_dir + "/metrics.jsonl"; }
+std::string Timeline(const std::string& output_dir) { return output_dir + "/timeline.json"; }
 std::string TensorBoardDir(const std::string& output_dir) { return output_dir + "/tensorboard"; }
 std::string Model(const std::string& output_dir) { return output_dir + "/model.safetensors"; }
 std::string SnapshotRoot() { return "/dev/shm/trainctl-snapshots-" + std::to_string(::geteuid()); }

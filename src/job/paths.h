@@ -18,6 +18,7 @@ std::string StatusJson(const std::string& output_dir);   // how the run ended
 std::string MetricsJsonl(const std::string& output_dir);
 std::string TensorBoardDir(const std::string& output_dir);
 std::string Model(const std::string& output_dir);        // the exported model.safetensors
+std::string Timeline(const std::string& output_dir);     // timeline.json (trainer.timeline_steps)
 // Where the built-in trainer keeps the in-memory snapshots of this user's runs on this host (on
 // tmpfs): a directory private to the user (job/snapshots.h), one directory per run in it.
 std::string SnapshotRoot();

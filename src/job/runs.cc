@@ -170,7 +170,7 @@ bool HasCheckpoint(const std::string& dir) {
 
 Result<std::string> MovePreviousRunAside(const std::string& output_dir, const std::string& checkpoint_dir) {
   std::vector<std::string> names = {"logs", "job.json", "status.json", "metrics.jsonl", "model.safetensors",
-                                    "tensorboard"};
+                                    "tensorboard", "timeline.json"};
   const bool own_checkpoints = checkpoint_dir == output_dir + "/checkpoints";
   if (own_checkpoints) names.push_back("checkpoints");
   bool any = false;

@@ -1,10 +1,13 @@
 #include "metrics/metrics.h"
+#include "metrics/timeline.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
@@ -92,6 +95,66 @@ TEST(JsonLines, WritesOneParsableObjectPerLineWithExactNumbers) {
 TEST(Progress, ShowsBarPercentAndEta) {
   std::string line = ProgressLine(2, 5, 50, 100, 0.5, 1000, 90, 10);
   EXPECT_EQ(line, "epoch 2/5 [#####.....]  50% 50/100 loss 0.5000 1000 samples/s ETA 1m30s");
+}
+
+// The spans of the steps asked for, back to back, as trace events a trace viewer places on its
+// rank's row; nothing for the other steps.
+TEST(Timeline, RecordsTheStepsAskedForAsTraceEventsOfTheirRank) {
+  Timeline t(3, 4);
+  for (int64_t step = 1; step <= 6; ++step) {
+    Timeline::Step phases(&t, step);
+    phases.End("forward");
+    phases.End("backward");
+  }
+  {
+    Timeline::Step none(nullptr, 3);  // no timeline: nothing to do
+    none.End("forward");
+  }
+  auto events = nlohmann::json::parse(t.Events(1, "10.0.0.7", 5, "worker-4"));
+  std::map<std::string, std::string> names;
+  std::vector<nlohmann::json> spans;
+  for (const auto& e : events) {
+    if (e["ph"] == "M") {
+      names[e["name"].get<std::string>()] = e["args"].dump();
+    } else {
+      ASSERT_EQ(e["ph"], "X");
+      EXPECT_EQ(e["pid"], 1);
+      EXPECT_EQ(e["tid"], 5);
+      spans.push_back(e);
+    }
+  }
+  EXPECT_EQ(names["process_name"], R"j({"name":"node 1 (10.0.0.7)"})j");
+  EXPECT_EQ(names["thread_name"], R"j({"name":"rank 5 (worker-4)"})j");
+  ASSERT_EQ(spans.size(), 6u);  // steps 3 and 4: forward, backward, step
+  std::map<int64_t, std::map<std::string, nlohmann::json>> by_step;
+  for (const auto& s : spans) by_step[s["args"]["step"].get<int64_t>()][s["name"].get<std::string>()] = s;
+  ASSERT_EQ(by_step.size(), 2u);
+  for (auto& [step, s] : by_step) {
+    EXPECT_TRUE(step == 3 || step == 4) << step;
+    auto end = [](const nlohmann::json& e) { return e["ts"].get<int64_t>() + e["dur"].get<int64_t>(); };
+    EXPECT_EQ(s["backward"]["ts"].get<int64_t>(), end(s["forward"]));  // back to back
+    EXPECT_EQ(s["step"]["ts"], s["forward"]["ts"]);
+    EXPECT_EQ(end(s["step"]), end(s["backward"]));
+  }
+  EXPECT_LE(by_step[3]["step"]["ts"].get<int64_t>(), by_step[4]["step"]["ts"].get<int64_t>());
+}
+
+TEST(Timeline, MergesTheRanksIntoOneTraceAndRefusesAPartThatIsNotOne) {
+  Timeline a(1, 1), b(1, 1);
+  { Timeline::Step s(&a, 1); s.End("forward"); }
+  { Timeline::Step s(&b, 1); s.End("forward"); }
+  auto merged = MergeTimelines({a.Events(0, "", 0), b.Events(0, "", 1)});
+  ASSERT_TRUE(merged.ok()) << merged.status().message();
+  auto trace = nlohmann::json::parse(*merged);
+  EXPECT_EQ(trace["displayTimeUnit"], "ms");
+  std::set<int> ranks;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") ranks.insert(e["tid"].get<int>());
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1}));
+  auto bad = MergeTimelines({a.Events(0, "", 0), "{\"truncated\": "});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "timeline part 1 is not a JSON array of trace events");
 }
 
 }  // namespace

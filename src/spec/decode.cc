@@ -194,7 +194,7 @@ class Decoder {
     if (!Section(n, p, {"strategy", "parameter_server", "model", "data", "epochs", "max_steps", "batch_size",
                         "global_batch_size", "optimizer", "schedule", "label_smoothing", "seed", "deterministic",
                         "threads", "device", "memory_format", "cudnn_benchmark", "precision", "backend", "bucket_mb", "checkpoint_every", "keep_last", "snapshot_every",
-                        "log_every", "eval", "eval_every", "resume"})) {
+                        "log_every", "timeline_steps", "eval", "eval_every", "resume"})) {
       return;
     }
     t->enabled = true;
@@ -248,6 +248,7 @@ class Decoder {
     Field(n, p, "keep_last", &t->keep_last, int_in(1, 1000));
     Field(n, p, "snapshot_every", &t->snapshot_every, int_in(0, kBig));
     Field(n, p, "log_every", &t->log_every, int_in(1, kBig));
+    Field(n, p, "timeline_steps", &t->timeline_steps, int_in(0, kMaxTimelineSteps));
     Field(n, p, "eval", &t->eval, boolean);
     Field(n, p, "eval_every", &t->eval_every, int_in(1, 100000));
 

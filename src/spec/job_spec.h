@@ -83,6 +83,10 @@ struct ParameterServerSpec {
                               // updates is dropped (and counted), not applied
 };
 
+// The most steps trainer.timeline_steps may ask for: each rank's timeline (about 0.8 KB a step)
+// travels through the job's store, and etcd keeps values under 1.5 MiB.
+inline constexpr int64_t kMaxTimelineSteps = 1000;
+
 struct TrainerSpec {
   bool enabled = false;
   // allreduce: every worker holds the parameters, gradients are averaged among the workers;
@@ -115,6 +119,9 @@ struct TrainerSpec {
   // the job's run); a restart resumes from the newer of it and the newest checkpoint. 0: off.
   int64_t snapshot_every = 20;
   int64_t log_every = 50;         // steps between metric lines
+  // Steps whose phases every rank records for <output_dir>/timeline.json (a Chrome trace), after
+  // the first log window. 0: off.
+  int64_t timeline_steps = 0;
   bool eval = true;               // test accuracy after every epoch
   int eval_every = 1;             // epochs between evaluations; the last epoch is always evaluated
   // `trainctl run` continues the previous run in output_dir from its newest checkpoint (as

@@ -76,6 +76,7 @@ ordered_json Trainer(const TrainerSpec& t) {
                         {"eval", t.eval},
                         {"eval_every", t.eval_every},
                         {"resume", t.resume}});
+  if (t.timeline_steps > 0) j["timeline_steps"] = t.timeline_steps;
   return j;
 }
 

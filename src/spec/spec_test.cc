@@ -95,6 +95,24 @@ TEST(JobSpec, CpuBindIsNoneOrCores) {
   EXPECT_EQ(again->cpu_bind, "cores");
 }
 
+TEST(JobSpec, TimelineStepsAreBoundedAndReachTheAgents) {
+  EXPECT_EQ(Errors("name: demo\ntrainer:\n  timeline_steps: 5000\n"),
+            "job.yaml:3: trainer.timeline_steps: expected a whole number from 0 to 1000, got \"5000\"");
+  EXPECT_EQ(Errors("name: demo\ntrainer:\n  timeline_step: 5\n"),
+            "job.yaml:3: trainer.timeline_step: unknown field; did you mean 'timeline_steps'?");
+  auto spec = ParseJobSpec("name: demo\ntrainer:\n  timeline_steps: 200\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->trainer.timeline_steps, 200);
+  auto again = JobSpecFromJson(JobSpecToJson(*spec));
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->trainer.timeline_steps, 200);
+  // Off by default, and then not written: rendered manifests stay as they were.
+  spec = ParseJobSpec("name: demo\ntrainer: {}\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->trainer.timeline_steps, 0);
+  EXPECT_EQ(JobSpecToJson(*spec).find("timeline"), std::string::npos);
+}
+
 TEST(JobSpec, UnknownKeysGetADidYouMean) {
   EXPECT_EQ(Errors("name: demo\ncommand: [x]\nprocs_per_nod: 2\n"),
             "job.yaml:3: procs_per_nod: unknown field; did you mean 'procs_per_node'?");

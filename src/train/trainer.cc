@@ -36,6 +36,7 @@
 #include "data/sampler.h"
 #include "checkpoint/meta.h"
 #include "metrics/metrics.h"
+#include "metrics/timeline.h"
 #if TRAINCTL_HAVE_ONEDNN
 #include "models/onednn.h"
 #endif
@@ -228,11 +229,12 @@ double PeakRssMb() {
 class Trainer {
  public:
   // `ps`: the parameter servers, for the parameter_server strategy (then `comm` is a group of
-  // one); null for allreduce.
+  // one); null for allreduce. `store`: the round's key space, where the ranks leave their
+  // timelines (trainer.timeline_steps) for rank 0.
   Trainer(JobSpec spec, const TaskEnv& env, int rank, int world, comm::Communicator* comm,
-          torch::Device device, comm::ps::Client* ps = nullptr)
+          torch::Device device, Store* store, comm::ps::Client* ps = nullptr)
       : spec_(std::move(spec)), t_(spec_.trainer), env_(env), rank_(rank), world_(world), comm_(comm),
-        device_(device), ps_(ps) {}
+        device_(device), store_(store), ps_(ps) {}
 
   Status Run();
 
@@ -250,6 +252,9 @@ class Trainer {
   Status SaveCheckpoint();
   Status SaveSnapshot();
   Status Export();
+  void StartTimeline();
+  void PublishTimeline();
+  void WriteTimeline();
   checkpoint::Checkpoint Snapshot(bool with_optimizer);
   // One metrics line: the window's loss, rate, and where its time went (rank 0's).
   Status LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples,
@@ -267,6 +272,7 @@ class Trainer {
   int rank_, world_;  // among the training tasks
   comm::Communicator* comm_;
   torch::Device device_;
+  Store* store_;
   comm::ps::Client* ps_;      // parameter_server strategy: the shards; else null
   int64_t ps_version_ = 0;    // the shards' version of this worker's parameters
   double ps_wait_seconds_ = 0;  // in PushPull since the last epoch's report
@@ -281,6 +287,8 @@ class Trainer {
   std::unique_ptr<checkpoint::CheckpointDir> snapshots_;  // in memory (/dev/shm); may be null
   std::unique_ptr<metrics::JsonLines> jsonl_;
   std::unique_ptr<metrics::EventWriter> events_;
+  std::unique_ptr<metrics::Timeline> timeline_;  // trainer.timeline_steps; else null
+  bool timeline_published_ = false;
 
   int classes_ = 0;
   int64_t batch_ = 0;           // per rank
@@ -415,6 +423,61 @@ Status Trainer::Export() {
   RETURN_IF_ERROR(AtomicWriteFile(path, bytes));
   LOG_INFO("model exported to {}", path);
   return Status::Ok();
+}
+
+// A rank's timeline in the round's key space; a restart records again, under its own keys.
+std::string TimelineKey(int restart, int rank) {
+  return "timeline/" + std::to_string(restart) + "/" + std::to_string(rank);
+}
+
+// trainer.timeline_steps: the steps after the first log window (whose first steps warm the caches
+// and the allocator up), or the run's last ones when it is too short to skip a window.
+void Trainer::StartTimeline() {
+  const int64_t n = t_.timeline_steps;
+  const int64_t skip = std::clamp<int64_t>(total_steps_ - step_ - n, 0, t_.log_every);
+  timeline_ = std::make_unique<metrics::Timeline>(step_ + skip + 1, step_ + skip + n);
+  if (rank_ == 0) {
+    LOG_INFO("recording the timeline of steps {} to {}", timeline_->first(),
+             std::min(timeline_->last(), total_steps_));
+  }
+}
+
+// Leaves this rank's timeline in the store for rank 0, once: when its last step is done, or
+// when training ends before that.
+void Trainer::PublishTimeline() {
+  if (timeline_published_) return;
+  timeline_published_ = true;
+  const std::string role = spec_.roles.empty() ? "" : env_.role_name + "-" + std::to_string(env_.role_rank);
+  Status st = store_->Set(TimelineKey(env_.restart_count, rank_),
+                          timeline_->Events(env_.group_rank, env_.host, rank_, role));
+  if (!st.ok()) LOG_WARN("this rank's timeline is lost: {}", st.message());
+}
+
+// Rank 0, at the end: every rank's timeline from the store, in one trace. A rank whose part does
+// not come within timeouts.collective is named and the others written: the timeline is an aid to
+// the job, not its result.
+void Trainer::WriteTimeline() {
+  std::vector<std::string> parts;
+  const auto deadline = Clock::now() + spec_.timeouts.collective;
+  for (int r = 0; r < world_; ++r) {
+    const auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+    auto part = store_->Get(TimelineKey(env_.restart_count, r), std::max<Duration>(left, Duration(1)));
+    if (part.ok()) {
+      parts.push_back(std::move(*part));
+    } else {
+      LOG_WARN("the timeline lacks rank {}: {}", r, part.status().message());
+    }
+  }
+  const std::string path = paths::Timeline(spec_.output_dir);
+  auto trace = metrics::MergeTimelines(parts);
+  Status st = trace.ok() ? AtomicWriteFile(path, *trace) : trace.status();
+  if (!st.ok()) {
+    LOG_WARN("no timeline written: {}", st.message());
+    return;
+  }
+  LOG_INFO("timeline of steps {} to {} ({} of {} ranks) written to {}: open it in "
+           "https://ui.perfetto.dev or chrome://tracing",
+           timeline_->first(), std::min(timeline_->last(), step_), parts.size(), world_, path);
 }
 
 // Rank 0 reads the newest valid checkpoint and broadcasts it, so ranks on hosts without the
@@ -648,10 +711,15 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
   // the other ranks' gradients (or the parameter servers), and the rest: compute.
   double window_data = 0, epoch_comm = 0, ps_mark = ps_wait_seconds_;
   for (int64_t i = 0; i < count; ++i) {
+    if (timeline_ && step_ == timeline_->last()) PublishTimeline();  // the steps are all there
+    // On a GPU the phases are the host's: its kernels run behind it, and it waits for them only
+    // where it reads a result (a log line, a checkpoint).
+    metrics::Timeline::Step phases(timeline_.get(), step_ + 1);
     const auto fetch = Clock::now();
     Batch b = batches_->Next();
     window_data += SecondsSince(fetch);
     if (ChannelsLast()) b.x = b.x.contiguous(torch::MemoryFormat::ChannelsLast);
+    phases.End("data");
     reducer_->ZeroGrad();
     torch::Tensor logits;
     {
@@ -661,13 +729,18 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     torch::Tensor loss = torch::nn::functional::cross_entropy(
         logits.to(torch::kFloat32), b.y,
         torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(t_.label_smoothing));
+    phases.End("forward");
     loss.backward();
+    phases.End("backward");
     RETURN_IF_ERROR(reducer_->Finish());
     lr = LearningRate(t_.optimizer, t_.schedule, step_, total_steps_, world_);
     if (ps_) {
       RETURN_IF_ERROR(PsStep());  // the shards apply the optimizer
+      phases.End("push and pull");
     } else {
+      phases.End("gradient average");
       optimizer_->Step(lr);
+      phases.End("optimizer");
     }
     ++step_;
     ++batch_in_epoch_;
@@ -686,11 +759,14 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       loss_count = 0;
       window_samples = 0;
       window_start = Clock::now();
+      phases.End("log");
     }
     if (t_.checkpoint_every > 0 && step_ % t_.checkpoint_every == 0) {
       RETURN_IF_ERROR(SaveCheckpoint());
+      phases.End("checkpoint");
     } else if (snapshots_ && step_ % t_.snapshot_every == 0) {
       RETURN_IF_ERROR(SaveSnapshot());
+      phases.End("snapshot");
     }
     if (env_.tty && rank_ == 0 && Clock::now() - last_status > std::chrono::milliseconds(250)) {
       last_status = Clock::now();
@@ -759,6 +835,7 @@ Status Trainer::Run() {
     }
 #endif
   }
+  if (t_.timeline_steps > 0) StartTimeline();
   batches_ = std::make_unique<BatchSource>(
       train_set_, norm_,
       [count = train_set_.count, so = Sampling()](int64_t e) { return data::ShardIndices(count, e, so); },
@@ -774,8 +851,10 @@ Status Trainer::Run() {
     if (t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
   }
   batches_.reset();
+  if (timeline_) PublishTimeline();
   if (ps_) RETURN_IF_ERROR(FinishWithShards());
   if (!last_saved_) RETURN_IF_ERROR(SaveCheckpoint());
+  if (timeline_ && rank_ == 0) WriteTimeline();
   // Every rank logs a digest of its final parameters: data parallelism keeps them bit-identical,
   // and a rank that drifted is easy to spot.
   torch::Tensor flat = reducer_->ToCanonical(reducer_->flat_params()).cpu();
@@ -930,7 +1009,7 @@ int RunTrainer(const TrainOptions& options) {
   if (Status st = comm::AnnounceRank(comm_store, rank, host); !st.ok()) return fail(st);
 
   try {
-    Trainer trainer(*spec, *env, rank, world, comm->get(), device, ps.get());
+    Trainer trainer(*spec, *env, rank, world, comm->get(), device, &comm_store, ps.get());
     Status st = trainer.Run();
     if (st.code() == Code::kTimeout && !ps) {
       st = comm::NameStalledRanks(comm_store, rank, world, stall_grace, st);
