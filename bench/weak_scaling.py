@@ -18,6 +18,9 @@ Beside it in the same run:
   - "slowest rank": the rank named slowest (the one that waited least) in the most windows, and
     in how many of them: one rank again and again is a straggler (its core, its data); the name
     moving from window to window is noise that hits every rank alike.
+  - the timeline of the second window of every trainctl run of several workers (bench/timeline.py):
+    how far behind the first rank the last one reached each step's gradient average, and in which
+    phase it lost the time (a late start, data, forward, backward), and which ranks were last.
   - "steal": the share of the machine's CPU time its hypervisor gave to other guests during the
     runs (/proc/stat): on a shared VM, a rank that loses its core for a moment stalls them all.
 
@@ -35,6 +38,7 @@ import argparse, os, resource, statistics, subprocess, tempfile
 
 from fashion_mnist import PYTHON, cpu_share
 from gpu import ROOT, peer_rates, trainctl_rates, trainctl_start, trainctl_windows
+import timeline
 
 
 def main():
@@ -77,10 +81,16 @@ def main():
                                                    (cpu_after[7] - cpu_before[7]) / total if total else 0))
         return result
 
+    timelines = []  # (n, the run's timeline summary)
+
     def ours(n, name):
         out = os.path.join(tmp, name)
+        # The second window's steps in a timeline (bench/timeline.py): which rank was last, where.
+        record = f"  timeline_steps: {min(a.window, 1000)}\n" if n > 1 else ""
         windows = count_switches("trainctl", n, lambda: trainctl_windows(
-            trainctl_start(a.trainctl, out, workers=n, extra=bound, **args), out))
+            trainctl_start(a.trainctl, out, workers=n, extra=record + bound, **args), out))
+        if n > 1:
+            timelines.append((n, timeline.summary(os.path.join(out, "timeline.json"))))
         wait = sum(w["comm_seconds"] for w in windows) / sum(w["window_seconds"] for w in windows)
         named = [int(w["slowest_rank"]) for w in windows if "slowest_rank" in w]
         slowest = max(set(named), key=named.count) if named else None
@@ -132,6 +142,11 @@ def main():
         print(f"| {n} | {med('trainctl', 0):.1f} | {med('trainctl', 1):.1f} | {med('independent', 0):.1f} "
               f"| {med('independent', 1):.1f} | {100 * med('trainctl', 2):.2f} % | "
               f"{100 * med('independent', 2):.2f} % |")
+
+
+    # Each step's last rank to reach the gradient average, from the runs' timelines.
+    for n, s in timelines:
+        print(f"\ntimeline, {n} workers: {timeline.describe(s)}")
 
 
 def cpu_times():
