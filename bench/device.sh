@@ -13,6 +13,7 @@
 #   gpu18    ResNet-18 and the CNN at batch 512
 #   weak     weak scaling of the CPU trainer, 1..16 workers, one run each
 #   weak16   1 and 16 workers, $ROUNDS alternating rounds (default 3; the machine's noise)
+#            (trainctl with balance: even and balance: speed side by side)
 #   weak16b  the same with every worker bound to a core of its own (cpu_bind: cores)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -80,8 +81,8 @@ for phase in "$@"; do
       timeout 400 python3 bench/weak_scaling.py --trainctl build-gpu/src/trainctl --python python3 \
         --window 50 --windows 4 2>&1 ;;
     weak16|weak16b)
-      timeout 230 python3 bench/weak_scaling.py --trainctl build-gpu/src/trainctl --python python3 \
-        --workers 1,16 --rounds "${ROUNDS:-3}" --window 50 --windows 4 $([ "$phase" = weak16b ] && echo --bind) 2>&1 ;;
+      timeout 300 python3 bench/weak_scaling.py --trainctl build-gpu/src/trainctl --python python3 \
+        --workers 1,16 --rounds "${ROUNDS:-3}" --window 50 --windows 4 --balance $([ "$phase" = weak16b ] && echo --bind) 2>&1 ;;
     *) echo "bench/device.sh: unknown phase $phase" >&2 ;;
   esac
 done

@@ -28,11 +28,14 @@ A shared VM's cores change speed from minute to minute (one core's rate varied b
 one run on the lent device), so with --rounds R each N runs trainctl and the independent jobs R
 times, alternating, and reports medians; the 1-worker job is re-run in every round as the base.
 
+With --balance every round also runs trainctl with `balance: speed` (the global batch split by the
+workers' measured speed), in its own columns.
+
 With --bind every worker runs on a core of its own: trainctl's jobs with `cpu_bind: cores`, each
 independent job on its own core (the same share), the peer's ranks pinned the same way.
 
 Usage: bench/weak_scaling.py [--trainctl PATH] [--python PYTHON] [--workers 1,2,4,8,16] [--rounds R]
-                            [--bind]
+                            [--bind] [--balance]
 """
 import argparse, os, resource, statistics, subprocess, tempfile
 
@@ -51,6 +54,8 @@ def main():
     ap.add_argument("--no-peer", action="store_true", help="trainctl only")
     ap.add_argument("--rounds", type=int, default=1, help="alternating runs of each configuration")
     ap.add_argument("--bind", action="store_true", help="each worker on a core of its own (cpu_bind: cores)")
+    ap.add_argument("--balance", action="store_true",
+                    help="also trainctl with balance: speed in every round, side by side")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench-weak-")
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -81,16 +86,16 @@ def main():
                                                    (cpu_after[7] - cpu_before[7]) / total if total else 0))
         return result
 
-    timelines = []  # (n, the run's timeline summary)
+    timelines = []  # (n, balance, the run's timeline summary)
 
-    def ours(n, name):
+    def ours(n, name, balance="even"):
         out = os.path.join(tmp, name)
         # The second window's steps in a timeline (bench/timeline.py): which rank was last, where.
-        record = f"  timeline_steps: {min(a.window, 1000)}\n" if n > 1 else ""
+        record = f"  timeline_steps: {min(a.window, 1000)}\n  balance: {balance}\n" if n > 1 else ""
         windows = count_switches("trainctl", n, lambda: trainctl_windows(
             trainctl_start(a.trainctl, out, workers=n, extra=record + bound, **args), out))
         if n > 1:
-            timelines.append((n, timeline.summary(os.path.join(out, "timeline.json"))))
+            timelines.append((n, balance, timeline.summary(os.path.join(out, "timeline.json"))))
         wait = sum(w["comm_seconds"] for w in windows) / sum(w["window_seconds"] for w in windows)
         named = [int(w["slowest_rank"]) for w in windows if "slowest_rank" in w]
         slowest = max(set(named), key=named.count) if named else None
@@ -106,15 +111,19 @@ def main():
 
     print("| workers | trainctl samples/s | trainctl efficiency | waiting | slowest rank | N independent 1-worker jobs, "
           "samples/s together | their efficiency (the machine's floor) | trainctl / independent jobs "
-          "| PyTorch DDP samples/s | DDP efficiency | trainctl / DDP throughput |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| PyTorch DDP samples/s | DDP efficiency | trainctl / DDP throughput |"
+          + (" trainctl, balance: speed, samples/s | its efficiency | its waiting | / independent jobs |"
+             if a.balance else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if a.balance else ""))
     peer_base = None
     for n in [int(v) for v in a.workers.split(",")]:
-        one, many, solo = [], [], []
+        one, many, solo, balanced = [], [], [], []
         for r in range(a.rounds):
             if n > 1:  # the base, in the same rounds
                 one.append(ours(1, f"w1-{n}-{r}")[0])
             many.append(ours(n, f"w{n}-{r}"))
+            if a.balance and n > 1:
+                balanced.append(ours(n, f"w{n}s-{r}", balance="speed"))
             solo.append(independent(n, f"solo{n}-{r}"))
         base = statistics.median(one or [rate for rate, _, _ in many])
         rate = statistics.median(v for v, _, _ in many)
@@ -127,7 +136,12 @@ def main():
             peer_base = peer
         print(f"| {n} | {rate:.0f} | {rate / (n * base):.3f} | {100 * wait:.1f} % | {slowest} | {floor:.0f} | "
               f"{floor / (n * base):.3f} | {ratio:.3f} | "
-              + (f"{peer:.0f} | {peer / (n * peer_base):.3f} | {rate / peer:.2f}x |" if peer else "- | - | - |"),
+              + (f"{peer:.0f} | {peer / (n * peer_base):.3f} | {rate / peer:.2f}x |" if peer else "- | - | - |")
+              + ((f" {statistics.median(v for v, _, _ in balanced):.0f} | "
+                  f"{statistics.median(v for v, _, _ in balanced) / (n * base):.3f} | "
+                  f"{100 * statistics.median(w for _, w, _ in balanced):.1f} % | "
+                  f"{statistics.median(m[0] / s for m, s in zip(balanced, solo)):.3f} |" if balanced else
+                  (" - | - | - | - |" if a.balance else ""))),
               flush=True)
     # Whether the ranks' steps drift apart for the scheduler's sake: a worker preempted (an
     # involuntary switch) stalls every rank of a synchronous job, one independent job only.
@@ -145,8 +159,8 @@ def main():
 
 
     # Each step's last rank to reach the gradient average, from the runs' timelines.
-    for n, s in timelines:
-        print(f"\ntimeline, {n} workers: {timeline.describe(s)}")
+    for n, balance, s in timelines:
+        print(f"\ntimeline, {n} workers, balance: {balance}: {timeline.describe(s)}")
 
 
 def cpu_times():

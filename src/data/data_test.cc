@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <random>
 #include <set>
 
 #include "data/dataset.h"
@@ -165,6 +166,51 @@ TEST(Sampler, NewShuffleEachEpochSameOnEveryRank) {
   EXPECT_EQ(ShardIndices(5, 3, plain), (std::vector<int64_t>{0, 1, 2, 3, 4}));
   SamplerOptions drop{1, 3, 0, false, true};
   EXPECT_EQ(ShardIndices(10, 0, drop), (std::vector<int64_t>{1, 4, 7}));
+}
+
+// A step's global batch is the same items whichever rank reads which: the even shards' step s
+// is the epoch order's block s.
+TEST(Sampler, TheEvenShardsStepsAreTheEpochOrdersBlocks) {
+  const int64_t n = 1000, batch = 8;
+  for (int world : {2, 3}) {
+    std::vector<int64_t> order = EpochOrder(n, 4, {0, world, 9, true, true});
+    for (int64_t step = 0; step < 5; ++step) {
+      std::multiset<int64_t> shards, block(order.begin() + step * batch * world,
+                                           order.begin() + (step + 1) * batch * world);
+      for (int rank = 0; rank < world; ++rank) {
+        auto mine = ShardIndices(n, 4, {rank, world, 9, true, true});
+        shards.insert(mine.begin() + step * batch, mine.begin() + (step + 1) * batch);
+      }
+      EXPECT_EQ(shards, block) << "world " << world << ", step " << step;
+    }
+  }
+}
+
+TEST(Sampler, SplitBatchFollowsTheWeightsAndKeepsTheLeastShare) {
+  EXPECT_EQ(SplitBatch({1, 1}, 128, 8), (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(SplitBatch({2, 1}, 128, 8), (std::vector<int64_t>{85, 43}));   // 85.33, 42.67
+  EXPECT_EQ(SplitBatch({1, 1, 1}, 128, 8), (std::vector<int64_t>{43, 43, 42}));  // ties: lower rank
+  EXPECT_EQ(SplitBatch({100, 1, 100}, 128, 8), (std::vector<int64_t>{60, 8, 60}));  // at least 8
+  EXPECT_EQ(SplitBatch({0, 0}, 10, 1), (std::vector<int64_t>{5, 5}));     // nothing known: even
+  EXPECT_EQ(SplitBatch({5, 0}, 10, 3), (std::vector<int64_t>{7, 3}));
+  EXPECT_EQ(SplitBatch({}, 10, 1), (std::vector<int64_t>{}));
+  // Any rates: the shares sum to the batch, none under the least, the faster never gets fewer.
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<double> rates(1 + rng() % 16);
+    for (double& r : rates) r = std::uniform_real_distribution<double>(0.01, 10)(rng);
+    const int64_t batch = 16 + rng() % 1000, least = rng() % 8;
+    auto shares = SplitBatch(rates, batch, least);
+    int64_t sum = 0;
+    for (size_t r = 0; r < rates.size(); ++r) {
+      sum += shares[r];
+      EXPECT_GE(shares[r], std::min<int64_t>(least, batch / int64_t(rates.size())));
+      for (size_t q = 0; q < rates.size(); ++q) {
+        if (rates[r] > rates[q]) EXPECT_GE(shares[r], shares[q]);
+      }
+    }
+    EXPECT_EQ(sum, batch);
+  }
 }
 
 }  // namespace

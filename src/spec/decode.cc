@@ -191,7 +191,7 @@ class Decoder {
 
   void DecodeTrainer(const Node& n, TrainerSpec* t) {
     const std::string p = "trainer";
-    if (!Section(n, p, {"strategy", "parameter_server", "model", "data", "epochs", "max_steps", "batch_size",
+    if (!Section(n, p, {"strategy", "parameter_server", "model", "data", "epochs", "max_steps", "batch_size", "balance",
                         "global_batch_size", "optimizer", "schedule", "label_smoothing", "seed", "deterministic",
                         "threads", "device", "memory_format", "cudnn_benchmark", "precision", "backend", "bucket_mb", "checkpoint_every", "keep_last", "snapshot_every",
                         "log_every", "timeline_steps", "eval", "eval_every", "resume"})) {
@@ -233,6 +233,17 @@ class Decoder {
                                                   t->strategy == "parameter_server") {
       Error(*m, p + ".memory_format", "channels_last needs strategy: allreduce (the parameter servers keep "
                                       "contiguous shards); expected contiguous");
+    }
+    Field(n, p, "balance", &t->balance, one_of({"even", "speed"}));
+    if (const Node* b = Child(n, "balance"); b && t->balance == "speed") {
+      const char* why = t->deterministic                    ? "it follows the workers' timing, which no two runs share; "
+                                                              "expected even with deterministic: true"
+                        : t->strategy == "parameter_server" ? "it splits the global batch of an allreduce step; expected "
+                                                              "even with strategy: parameter_server"
+                        : t->device == "cuda"               ? "a GPU's batches are prepared ahead, and GPUs run alike; "
+                                                              "expected even with device: cuda"
+                                                            : nullptr;
+      if (why) Error(*b, p + ".balance", std::string("speed: ") + why);
     }
     Field(n, p, "cudnn_benchmark", &t->cudnn_benchmark, boolean);
     Field(n, p, "precision", &t->precision, one_of({"fp32", "bf16"}));

@@ -98,6 +98,9 @@ struct TrainerSpec {
   int epochs = 1;
   int64_t max_steps = 0;          // stop after this many steps; 0: run all epochs
   int batch_size = 64;            // per worker
+  // even: every worker reads batch_size items a step | speed: the global batch is split by the
+  // workers' measured speed (CPU, allreduce), so a worker on a slower core reads fewer.
+  std::string balance = "even";
   int global_batch_size = 0;      // if set: split evenly among workers (wins over batch_size)
   OptimizerSpec optimizer;
   ScheduleSpec schedule;

@@ -77,6 +77,7 @@ ordered_json Trainer(const TrainerSpec& t) {
                         {"eval_every", t.eval_every},
                         {"resume", t.resume}});
   if (t.timeline_steps > 0) j["timeline_steps"] = t.timeline_steps;
+  if (t.balance != "even") j["balance"] = t.balance;
   return j;
 }
 

@@ -113,6 +113,26 @@ TEST(JobSpec, TimelineStepsAreBoundedAndReachTheAgents) {
   EXPECT_EQ(JobSpecToJson(*spec).find("timeline"), std::string::npos);
 }
 
+TEST(JobSpec, BalanceBySpeedOnlyWhereItCanWork) {
+  EXPECT_EQ(Errors("name: demo\ntrainer:\n  balance: fast\n"),
+            "job.yaml:3: trainer.balance: expected one of even, speed, got \"fast\"");
+  EXPECT_EQ(Errors("name: demo\ntrainer:\n  deterministic: true\n  balance: speed\n"),
+            "job.yaml:4: trainer.balance: speed: it follows the workers' timing, which no two runs share; "
+            "expected even with deterministic: true");
+  EXPECT_NE(Errors("name: demo\ntrainer:\n  strategy: parameter_server\n  balance: speed\nroles:\n"
+                   "  - {name: ps}\n  - {name: worker, replicas: 2}\n")
+                .find("job.yaml:4: trainer.balance: speed: it splits the global batch of an allreduce step"),
+            std::string::npos);
+  EXPECT_EQ(Errors("name: demo\ntrainer:\n  device: cuda\n  balance: speed\n"),
+            "job.yaml:4: trainer.balance: speed: a GPU's batches are prepared ahead, and GPUs run alike; "
+            "expected even with device: cuda");
+  auto spec = ParseJobSpec("name: demo\ntrainer:\n  balance: speed\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  auto again = JobSpecFromJson(JobSpecToJson(*spec));
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->trainer.balance, "speed");
+}
+
 TEST(JobSpec, UnknownKeysGetADidYouMean) {
   EXPECT_EQ(Errors("name: demo\ncommand: [x]\nprocs_per_nod: 2\n"),
             "job.yaml:3: procs_per_nod: unknown field; did you mean 'procs_per_node'?");

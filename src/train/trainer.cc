@@ -75,12 +75,15 @@ struct Batch {
 // images takes microseconds to build.
 class BatchSource {
  public:
-  // The shuffled order of an epoch's samples (this rank's shard).
+  // The shuffled order of an epoch's samples: this rank's shard, whose step s is its items
+  // [s x batch, (s + 1) x batch); or, with `stride` > batch, the order every shard is cut from,
+  // whose step s is the global batch [s x stride, (s + 1) x stride), of which the rank reads the
+  // part SetShare() names.
   using Order = std::function<std::vector<int64_t>(int64_t epoch)>;
   BatchSource(const data::ImageSet& set, const Normalizer& norm, Order order, int64_t steps_per_epoch,
-              int64_t batch, int64_t epoch, int64_t first, const torch::Device& device)
+              int64_t batch, int64_t stride, int64_t epoch, int64_t first, const torch::Device& device)
       : set_(set), norm_(norm), order_(std::move(order)), steps_per_epoch_(steps_per_epoch),
-        batch_(batch), epoch_(epoch), next_(first), device_(device) {
+        batch_(batch), stride_(stride), count_(batch), epoch_(epoch), next_(first), device_(device) {
     if (!device.is_cuda()) return;
     gpu_.emplace(device.type());
     copy_stream_ = gpu_->getStreamFromGlobalPool(device);
@@ -104,6 +107,13 @@ class BatchSource {
     cv_.notify_all();
     thread_.join();
   }
+  // The items of the next global batch that Next() reads: `count` from `offset` (the CPU only:
+  // a GPU's batches are made ahead).
+  void SetShare(int64_t offset, int64_t count) {
+    offset_ = offset;
+    count_ = count;
+  }
+
   // The next batch; on a GPU, on the device, ready for the kernels queued after this call.
   Batch Next() {
     if (!gpu_) return Make();
@@ -157,7 +167,7 @@ class BatchSource {
                            torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
       out.y = torch::empty({batch_}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(true));
     }
-    FillBatch(set_, indices_.data() + next_ * batch_, batch_, norm_, &out.x, &out.y);
+    FillBatch(set_, indices_.data() + next_ * stride_ + offset_, count_, norm_, &out.x, &out.y);
     ++next_;
     return out;
   }
@@ -166,7 +176,8 @@ class BatchSource {
   const data::ImageSet& set_;
   const Normalizer& norm_;
   Order order_;
-  const int64_t steps_per_epoch_, batch_;
+  const int64_t steps_per_epoch_, batch_, stride_;
+  int64_t offset_ = 0, count_;  // the part of each step's items this rank reads
   int64_t epoch_, next_;  // where the next batch is
   std::vector<int64_t> indices_;  // epoch_'s order
   const torch::Device device_;
@@ -265,6 +276,10 @@ class Trainer {
   data::SamplerOptions Sampling() const { return {rank_, world_, static_cast<uint64_t>(t_.seed), true, true}; }
   // trainer.memory_format; the spec allows channels_last with the allreduce strategy only.
   bool ChannelsLast() const { return t_.memory_format == "channels_last"; }
+  // trainer.balance: speed (the spec allows it on the CPU with allreduce), with a peer to
+  // balance against.
+  bool Balanced() const { return t_.balance == "speed" && world_ > 1; }
+  Status Rebalance();
 
   JobSpec spec_;
   const TrainerSpec& t_;
@@ -298,6 +313,11 @@ class Trainer {
   int64_t epoch_ = 0;           // current epoch
   int64_t batch_in_epoch_ = 0;  // batches done in the current epoch
   bool last_saved_ = false;
+  // Balanced(): each rank's part of the global batch (batch_ each at first), and this rank's
+  // computing (its batches, forward and backward) since the last Rebalance().
+  std::vector<int64_t> shares_;
+  double work_seconds_ = 0;
+  int64_t work_items_ = 0;
   std::unique_ptr<BatchSource> batches_;  // the training batches; last: it reads train_set_, norm_
 };
 
@@ -682,6 +702,10 @@ Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds
                                  {"comm_seconds_max", *most},
                                  {"slowest_rank", double(least - (buf.begin() + 2))}});
   }
+  if (Balanced()) {  // the parts of the global batch the ranks read now
+    const auto [least, most] = std::minmax_element(shares_.begin(), shares_.end());
+    record.insert(record.end(), {{"batch_min", double(*least)}, {"batch_max", double(*most)}});
+  }
   record.emplace_back("time", WallSeconds());
   RETURN_IF_ERROR(jsonl_->Write(record));
   double now = WallSeconds();
@@ -692,6 +716,32 @@ Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds
                                              steps_per_epoch_, loss, rate, eta)
                           .c_str());
   std::fflush(stdout);
+  return Status::Ok();
+}
+
+// Steps between two splits of the global batch (trainer.balance: speed): often enough to follow a
+// core that slows down for seconds (a shared host's other guests), rare enough that its
+// allreduce of one number per rank costs nothing.
+constexpr int64_t kBalanceEvery = 20;
+
+// Every rank's items per second since the last split, summed into one vector (each rank adds
+// its own slot, so every rank holds the same bits) and split alike on every rank. The new parts
+// go halfway from the old ones to the rates': a core that stays slower is followed within a few
+// splits, and a moment's noise in 20 steps' timing moves the parts half as much.
+Status Trainer::Rebalance() {
+  std::vector<float> rates(world_, 0.0f);
+  rates[rank_] = work_seconds_ > 0 ? float(double(work_items_) / work_seconds_) : 0.0f;
+  RETURN_IF_ERROR(comm_->AllReduceSum(rates.data(), rates.size()));
+  double total = 0;
+  for (float r : rates) total += r;
+  if (total <= 0) return Status::Ok();
+  std::vector<double> weights(world_);
+  for (int r = 0; r < world_; ++r) {
+    weights[r] = 0.5 * double(shares_[r]) / double(batch_ * world_) + 0.5 * rates[r] / total;
+  }
+  shares_ = data::SplitBatch(weights, batch_ * world_, std::max<int64_t>(1, batch_ / 8));
+  work_seconds_ = 0;
+  work_items_ = 0;
   return Status::Ok();
 }
 
@@ -716,6 +766,11 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     // where it reads a result (a log line, a checkpoint).
     metrics::Timeline::Step phases(timeline_.get(), step_ + 1);
     const auto fetch = Clock::now();
+    if (Balanced()) {
+      int64_t offset = 0;
+      for (int r = 0; r < rank_; ++r) offset += shares_[r];
+      batches_->SetShare(offset, shares_[rank_]);
+    }
     Batch b = batches_->Next();
     window_data += SecondsSince(fetch);
     if (ChannelsLast()) b.x = b.x.contiguous(torch::MemoryFormat::ChannelsLast);
@@ -729,9 +784,16 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     torch::Tensor loss = torch::nn::functional::cross_entropy(
         logits.to(torch::kFloat32), b.y,
         torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(t_.label_smoothing));
+    // A rank's loss is the mean over its items; weighted by its part of the global batch, the
+    // ranks' average is the mean over the global batch, as with even parts.
+    if (Balanced() && shares_[rank_] != batch_) loss = loss * (double(shares_[rank_]) / double(batch_));
     phases.End("forward");
     loss.backward();
     phases.End("backward");
+    if (Balanced()) {
+      work_seconds_ += SecondsSince(fetch);
+      work_items_ += b.x.size(0);
+    }
     RETURN_IF_ERROR(reducer_->Finish());
     lr = LearningRate(t_.optimizer, t_.schedule, step_, total_steps_, world_);
     if (ps_) {
@@ -745,6 +807,10 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     ++step_;
     ++batch_in_epoch_;
     last_saved_ = false;
+    if (Balanced() && step_ % kBalanceEvery == 0) {
+      RETURN_IF_ERROR(Rebalance());
+      phases.End("balance");
+    }
     loss_sum.add_(loss.detach());
     loss_count += 1;
     window_samples += batch_ * world_;
@@ -828,6 +894,10 @@ Status Trainer::Run() {
              t_.precision == "bf16" ? " in bf16 mixed precision" : "",
              ChannelsLast() ? ", channels last" : "", world_, batch_, steps_per_epoch_,
              t_.epochs);
+    if (Balanced()) {
+      LOG_INFO("balance: speed: each global batch of {} is split by the workers' speed, every {} steps",
+               batch_ * world_, kBalanceEvery);
+    }
 #if TRAINCTL_HAVE_ONEDNN
     if (t_.precision == "bf16" && device_.is_cpu() && !models::Bf16Convolutions()) {
       LOG_WARN("trainer.precision: bf16, but this CPU has no bf16 instructions (AVX512-BF16 or AMX): "
@@ -836,10 +906,13 @@ Status Trainer::Run() {
 #endif
   }
   if (t_.timeline_steps > 0) StartTimeline();
+  shares_.assign(world_, batch_);
   batches_ = std::make_unique<BatchSource>(
       train_set_, norm_,
-      [count = train_set_.count, so = Sampling()](int64_t e) { return data::ShardIndices(count, e, so); },
-      steps_per_epoch_, batch_, epoch_, batch_in_epoch_, device_);
+      [count = train_set_.count, so = Sampling(), whole = Balanced()](int64_t e) {
+        return whole ? data::EpochOrder(count, e, so) : data::ShardIndices(count, e, so);
+      },
+      steps_per_epoch_, batch_, Balanced() ? batch_ * world_ : batch_, epoch_, batch_in_epoch_, device_);
   while (epoch_ < t_.epochs && !Done()) {
     RETURN_IF_ERROR(TrainEpoch(epoch_, batch_in_epoch_));
     if (batch_in_epoch_ < steps_per_epoch_) break;  // max_steps ended it mid-epoch
