@@ -148,7 +148,7 @@ TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
   Scratch s;
   s.Write("job.yaml", "name: busy-trainer\nprocs_per_node: 2\noutput_dir: " + s.path("out") +
                           "\ntrainer:\n  model: cnn\n  data: {limit: 2048, test_limit: 64}\n  batch_size: 32\n"
-                          "  epochs: 200\n  threads: 1\n  log_every: 5\n  eval: false\n");
+                          "  epochs: 200\n  threads: 1\n  log_every: 5\n  eval: false\n  balance: speed\n");
   Background job({"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
   ASSERT_TRUE(Eventually([&] { return s.Read("out/metrics.jsonl").find("window_seconds") != std::string::npos; },
                          seconds(60))) << job.Output();
@@ -156,6 +156,11 @@ TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
   EXPECT_EQ(top.exit.code, 0) << top.output;
   EXPECT_TRUE(std::regex_search(top.output, std::regex("steps/s, \\d+ samples/s; a step: \\d+ % data, \\d+ % compute, "
                                                        "\\d+ % communication"))) << top.output;
+  // balance: speed: the smallest and the largest part of the global batch of 64.
+  std::smatch parts;
+  ASSERT_TRUE(std::regex_search(top.output, parts, std::regex("; batch split by speed: (\\d+) to (\\d+) a rank")))
+      << top.output;
+  EXPECT_EQ(std::stoi(parts[1]) + std::stoi(parts[2]), 64) << top.output;
   for (int rank = 0; rank < 2; ++rank) {
     std::smatch m;
     ASSERT_TRUE(std::regex_search(top.output, m, std::regex("\n" + std::to_string(rank) + " +worker-" +

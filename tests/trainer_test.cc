@@ -112,6 +112,7 @@ TEST(Trainer, TheTimelineShowsEachRanksStepsAndTheirPhases) {
       numbers.push_back(step);
       nlohmann::json whole = find(v, "step");
       ASSERT_FALSE(whole.is_null()) << rank << " " << step;
+      EXPECT_EQ(whole["args"]["items"], 16);  // the rank's batch
       std::vector<nlohmann::json> phases;
       for (const auto& e : v) if (e["name"] != "step") phases.push_back(e);
       std::sort(phases.begin(), phases.end(), [](const auto& a, const auto& b) { return a["ts"] < b["ts"]; });

@@ -103,6 +103,7 @@ TEST(Timeline, RecordsTheStepsAskedForAsTraceEventsOfTheirRank) {
   Timeline t(3, 4);
   for (int64_t step = 1; step <= 6; ++step) {
     Timeline::Step phases(&t, step);
+    phases.Items(10 + step);
     phases.End("forward");
     phases.End("backward");
   }
@@ -134,6 +135,8 @@ TEST(Timeline, RecordsTheStepsAskedForAsTraceEventsOfTheirRank) {
     auto end = [](const nlohmann::json& e) { return e["ts"].get<int64_t>() + e["dur"].get<int64_t>(); };
     EXPECT_EQ(s["backward"]["ts"].get<int64_t>(), end(s["forward"]));  // back to back
     EXPECT_EQ(s["step"]["ts"], s["forward"]["ts"]);
+    EXPECT_EQ(s["step"]["args"]["items"], 10 + step);  // the batch, on the step's span only
+    EXPECT_FALSE(s["forward"]["args"].contains("items"));
     EXPECT_EQ(end(s["step"]), end(s["backward"]));
   }
   EXPECT_LE(by_step[3]["step"]["ts"].get<int64_t>(), by_step[4]["step"]["ts"].get<int64_t>());

@@ -11,9 +11,9 @@ int64_t Micros(Timeline::Clock::time_point t) {
 
 }  // namespace
 
-void Timeline::Add(const char* name, int64_t step, Clock::time_point start, Clock::time_point end) {
+void Timeline::Add(const char* name, int64_t step, Clock::time_point start, Clock::time_point end, int64_t items) {
   if (!Records(step)) return;
-  spans_.push_back(Span{name, step, Micros(start), std::max<int64_t>(0, Micros(end) - Micros(start))});
+  spans_.push_back(Span{name, step, Micros(start), std::max<int64_t>(0, Micros(end) - Micros(start)), items});
 }
 
 std::string Timeline::Events(int node, const std::string& host, int rank, const std::string& role) const {
@@ -27,8 +27,10 @@ std::string Timeline::Events(int node, const std::string& host, int rank, const 
   events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", node}, {"tid", rank},
                     {"args", {{"sort_index", rank}}}});
   for (const Span& s : spans_) {
+    json args = {{"step", s.step}};
+    if (s.items >= 0) args["items"] = s.items;
     events.push_back({{"name", s.name}, {"cat", "train"}, {"ph", "X"}, {"ts", s.start_us},
-                      {"dur", s.duration_us}, {"pid", node}, {"tid", rank}, {"args", {{"step", s.step}}}});
+                      {"dur", s.duration_us}, {"pid", node}, {"tid", rank}, {"args", args}});
   }
   return events.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -38,7 +40,7 @@ Timeline::Step::Step(Timeline* t, int64_t step) : t_(t && t->Records(step) ? t :
 }
 
 Timeline::Step::~Step() {
-  if (t_) t_->Add("step", step_, start_, last_);
+  if (t_) t_->Add("step", step_, start_, last_, items_);
 }
 
 void Timeline::Step::End(const char* name) {

@@ -32,8 +32,8 @@ class Timeline {
   bool empty() const { return spans_.empty(); }
 
   // A span of phase `name` (a string that outlives the timeline: a literal) in `step`, if the
-  // timeline records that step.
-  void Add(const char* name, int64_t step, Clock::time_point start, Clock::time_point end);
+  // timeline records that step; `items` >= 0: the batch's size, shown with it.
+  void Add(const char* name, int64_t step, Clock::time_point start, Clock::time_point end, int64_t items = -1);
 
   // This rank's spans as a JSON array of trace events: complete events ("ph": "X") on thread
   // `rank` of process `node`, each with its step, and the names of both rows ("node N (host)",
@@ -41,19 +41,21 @@ class Timeline {
   std::string Events(int node, const std::string& host, int rank, const std::string& role = "") const;
 
   // The phases of one step, back to back: each End(name) closes the span that began where the
-  // previous one ended (or at construction), and the destructor adds a "step" span around them.
-  // Costs a branch when the timeline is null or does not record the step.
+  // previous one ended (or at construction), and the destructor adds a "step" span around them,
+  // with the step's items if Items() said. Costs a branch when the timeline is null or does not
+  // record the step.
   class Step {
    public:
     Step(Timeline* t, int64_t step);
     ~Step();
     void End(const char* name);
+    void Items(int64_t items) { items_ = items; }
     Step(const Step&) = delete;
     Step& operator=(const Step&) = delete;
 
    private:
     Timeline* t_;  // null: not recording this step
-    int64_t step_;
+    int64_t step_, items_ = -1;
     Clock::time_point start_, last_;
   };
 
@@ -62,6 +64,7 @@ class Timeline {
     const char* name;
     int64_t step;
     int64_t start_us, duration_us;
+    int64_t items;  // -1: not said
   };
   int64_t first_, last_;
   std::vector<Span> spans_;

@@ -238,6 +238,11 @@ std::string StepSplit(const std::string& output_dir) {
                     100 * j.value("comm_seconds_max", 0.0) / secs);
       line += buf;
     }
+    if (j.contains("batch_max")) {  // trainer.balance: speed
+      std::snprintf(buf, sizeof buf, "; batch split by speed: %.0f to %.0f a rank", j.value("batch_min", 0.0),
+                    j.value("batch_max", 0.0));
+      line += buf;
+    }
     return line;
   }
   return "";

@@ -773,6 +773,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     }
     Batch b = batches_->Next();
     window_data += SecondsSince(fetch);
+    phases.Items(b.x.size(0));
     if (ChannelsLast()) b.x = b.x.contiguous(torch::MemoryFormat::ChannelsLast);
     phases.End("data");
     reducer_->ZeroGrad();
