@@ -898,6 +898,8 @@ Status Trainer::Run() {
     if (Balanced()) {
       LOG_INFO("balance: speed: each global batch of {} is split by the workers' speed, every {} steps",
                batch_ * world_, kBalanceEvery);
+    } else if (t_.balance == "speed") {
+      LOG_WARN("trainer.balance: speed, but this round has one worker: there is nothing to balance");
     }
 #if TRAINCTL_HAVE_ONEDNN
     if (t_.precision == "bf16" && device_.is_cpu() && !models::Bf16Convolutions()) {
