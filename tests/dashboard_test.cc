@@ -45,7 +45,7 @@ class DashboardTest : public ::testing::Test {
     // A finished training run (curves, test accuracy, a model to evaluate)...
     s_.Write("train.yaml", "name: trained\nprocs_per_node: 2\noutput_dir: " + s_.path("trained") +
                                "\ntrainer:\n  model: cnn\n  data: {limit: 1024, test_limit: 200}\n  batch_size: 32\n"
-                               "  epochs: 2\n  threads: 1\n  log_every: 4\n");
+                               "  epochs: 2\n  threads: 1\n  log_every: 4\n  timeline_steps: 4\n");
     auto trained = Trainctl({"run", "train.yaml"}, s_.path(""), seconds(120), env_);
     ASSERT_EQ(trained.exit.code, 0) << trained.output;
     trained_id_ = nlohmann::json::parse(s_.Read("trained/status.json"))["run_id"];
@@ -112,6 +112,16 @@ TEST_F(DashboardTest, ThePageShowsJobsCurvesLogsAndEvalInChromiumAndEscapesWhatR
   const int canvases = CountLines(std::regex_replace(trained, std::regex("<canvas"), "\n@canvas@\n"), "@canvas@");
   EXPECT_EQ(canvases, 24) << "misclassified images";
   EXPECT_GT(fs::file_size(s_.path("trained.png")), 20000u);
+  // Its timeline, a link to save (with the token) and the file behind it; none for the other run.
+  const std::string link = "/api/runs/" + trained_id_ + "/timeline?token=" + url_.token;
+  EXPECT_NE(trained.find("<p id=\"run-timeline\">"), std::string::npos) << trained;
+  EXPECT_NE(trained.find("href=\"" + link + "\""), std::string::npos) << trained;
+  auto timeline = client.Get(link);
+  ASSERT_EQ(timeline->status, 200);
+  EXPECT_EQ(timeline->body, s_.Read("trained/timeline.json"));
+  EXPECT_NE(timeline->get_header_value("Content-Disposition").find(trained_id_ + "-timeline.json"), std::string::npos);
+  EXPECT_EQ(client.Get("/api/runs/" + hostile_id_ + "/timeline?token=" + url_.token)->status, 404);
+  EXPECT_EQ(client.Get("/api/runs/" + trained_id_ + "/timeline")->status, 401);
 
   // The running one: its workers with their CPU and memory, its log with the markup as text.
   const std::string hostile = dom(hostile_id_, s_.path("hostile.png"));
@@ -120,6 +130,7 @@ TEST_F(DashboardTest, ThePageShowsJobsCurvesLogsAndEvalInChromiumAndEscapesWhatR
             std::string::npos) << hostile;
   EXPECT_EQ(hostile.find("<img src=\"x\""), std::string::npos);
   EXPECT_TRUE(std::regex_search(hostile, std::regex("<td>worker-1</td><td>\\d+</td>"))) << hostile;
+  EXPECT_NE(hostile.find("<p id=\"run-timeline\" hidden=\"\">"), std::string::npos) << hostile;
 }
 
 // A run's curves follow its metrics.jsonl as it grows (each poll reads only what was appended: a

@@ -176,7 +176,7 @@ class DashboardServer : public HttplibService {
       for (const auto& e : runs::List()) out.push_back(RunSummary(View(e)));
       res.set_content(out.dump(), "application/json");
     });
-    server.Get(R"(/api/runs/([A-Za-z0-9._-]+)(/logs|/eval)?)", [this](const httplib::Request& req, httplib::Response& res) {
+    server.Get(R"(/api/runs/([A-Za-z0-9._-]+)(/logs|/eval|/timeline)?)", [this](const httplib::Request& req, httplib::Response& res) {
       auto e = runs::Find(req.matches[1]);
       if (!e.ok() || e->run_id != req.matches[1]) {
         res.status = 404;
@@ -192,6 +192,17 @@ class DashboardServer : public HttplibService {
         out = {{"rank", rank}, {"file", files.empty() ? "" : files[0]}, {"text", text}};
       } else if (req.matches[2] == "/eval") {
         out = Eval(v);
+      } else if (req.matches[2] == "/timeline") {  // trainer.timeline_steps' trace, to save and open in Perfetto
+        auto trace = ReadFile(paths::Timeline(v.dir), int64_t{256} << 20);
+        if (!trace.ok()) {
+          res.status = 404;
+          res.set_content(json{{"error", "run " + v.entry.run_id + " has no timeline (trainer.timeline_steps)"}}.dump(),
+                          "application/json");
+          return;
+        }
+        res.set_header("Content-Disposition", "attachment; filename=\"" + v.entry.run_id + "-timeline.json\"");
+        res.set_content(*trace, "application/json");
+        return;
       } else {
         out = RunSummary(v);
         out["status"] = v.status;
@@ -201,6 +212,7 @@ class DashboardServer : public HttplibService {
           out["series"] = series[v.entry.run_id].Update(paths::MetricsJsonl(v.dir));
         }
         out["split"] = StepSplit(v.dir);
+        out["timeline"] = Exists(paths::Timeline(v.dir));
         json tasks = json::array();
         if (v.alive) {
           for (const auto& t : SampleTasks(e->pid, std::chrono::milliseconds(250))) {

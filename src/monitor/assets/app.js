@@ -132,6 +132,9 @@ function renderRun(run) {
   document.getElementById('run').hidden = false;
   document.getElementById('run-title').textContent = run.name + ' \u2014 ' + run.run_id + ' (' + run.state + ')';
   document.getElementById('run-split').textContent = run.split || '';
+  document.getElementById('run-timeline').hidden = !run.timeline;
+  document.getElementById('timeline-link').href =
+    '/api/runs/' + encodeURIComponent(run.run_id) + '/timeline?token=' + encodeURIComponent(token);
   const tr = run.series.train, te = run.series.test;
   lineChart(document.getElementById('chart-loss'), tr.step, tr.loss);
   lineChart(document.getElementById('chart-throughput'), tr.step, tr.samples_per_s);
