@@ -82,7 +82,8 @@ for phase in "$@"; do
         --window 50 --windows 4 2>&1 ;;
     weak16|weak16b)
       timeout 300 python3 bench/weak_scaling.py --trainctl build-gpu/src/trainctl --python python3 \
-        --workers 1,16 --rounds "${ROUNDS:-3}" --window 50 --windows 4 --balance $([ "$phase" = weak16b ] && echo --bind) 2>&1 ;;
+        --workers 1,16 --rounds "${ROUNDS:-3}" --window 50 --windows 4 --balance --keep "$OUT/timelines-$phase" \
+        $([ "$phase" = weak16b ] && echo --bind) 2>&1 ;;
     *) echo "bench/device.sh: unknown phase $phase" >&2 ;;
   esac
 done

@@ -35,9 +35,9 @@ With --bind every worker runs on a core of its own: trainctl's jobs with `cpu_bi
 independent job on its own core (the same share), the peer's ranks pinned the same way.
 
 Usage: bench/weak_scaling.py [--trainctl PATH] [--python PYTHON] [--workers 1,2,4,8,16] [--rounds R]
-                            [--bind] [--balance]
+                            [--bind] [--balance] [--keep DIR]
 """
-import argparse, os, resource, statistics, subprocess, tempfile
+import argparse, os, resource, shutil, statistics, subprocess, tempfile
 
 from fashion_mnist import PYTHON, cpu_share
 from gpu import ROOT, peer_rates, trainctl_rates, trainctl_start, trainctl_windows
@@ -54,6 +54,7 @@ def main():
     ap.add_argument("--no-peer", action="store_true", help="trainctl only")
     ap.add_argument("--rounds", type=int, default=1, help="alternating runs of each configuration")
     ap.add_argument("--bind", action="store_true", help="each worker on a core of its own (cpu_bind: cores)")
+    ap.add_argument("--keep", metavar="DIR", help="copy every multi-worker run's timeline.json here")
     ap.add_argument("--balance", action="store_true",
                     help="also trainctl with balance: speed in every round, side by side")
     a = ap.parse_args()
@@ -96,6 +97,9 @@ def main():
             trainctl_start(a.trainctl, out, workers=n, extra=record + bound, **args), out))
         if n > 1:
             timelines.append((n, balance, timeline.summary(os.path.join(out, "timeline.json"))))
+            if a.keep:
+                os.makedirs(a.keep, exist_ok=True)
+                shutil.copy(os.path.join(out, "timeline.json"), os.path.join(a.keep, f"{name}-{balance}.json"))
         wait = sum(w["comm_seconds"] for w in windows) / sum(w["window_seconds"] for w in windows)
         named = [int(w["slowest_rank"]) for w in windows if "slowest_rank" in w]
         slowest = max(set(named), key=named.count) if named else None
