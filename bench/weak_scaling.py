@@ -130,23 +130,20 @@ def main():
                 balanced.append(ours(n, f"w{n}s-{r}", balance="speed"))
             solo.append(independent(n, f"solo{n}-{r}"))
         base = statistics.median(one or [rate for rate, _, _ in many])
-        rate = statistics.median(v for v, _, _ in many)
-        wait = statistics.median(w for _, w, _ in many)
+        rate, efficiency, wait, ratio = figures(many, solo, n, base)
         slowest = ", ".join(s for _, _, s in many)
         floor = statistics.median(solo)
-        ratio = statistics.median(m[0] / s for m, s in zip(many, solo))
         peer = None if a.no_peer else statistics.median(peer_rates(a.python, workers=n, bind=a.bind, **args))
         if peer and peer_base is None:
             peer_base = peer
-        print(f"| {n} | {rate:.0f} | {rate / (n * base):.3f} | {100 * wait:.1f} % | {slowest} | {floor:.0f} | "
+        speed = " - | - | - | - |" if a.balance else ""
+        if balanced:
+            b_rate, b_efficiency, b_wait, b_ratio = figures(balanced, solo, n, base)
+            speed = f" {b_rate:.0f} | {b_efficiency:.3f} | {100 * b_wait:.1f} % | {b_ratio:.3f} |"
+        print(f"| {n} | {rate:.0f} | {efficiency:.3f} | {100 * wait:.1f} % | {slowest} | {floor:.0f} | "
               f"{floor / (n * base):.3f} | {ratio:.3f} | "
               + (f"{peer:.0f} | {peer / (n * peer_base):.3f} | {rate / peer:.2f}x |" if peer else "- | - | - |")
-              + ((f" {statistics.median(v for v, _, _ in balanced):.0f} | "
-                  f"{statistics.median(v for v, _, _ in balanced) / (n * base):.3f} | "
-                  f"{100 * statistics.median(w for _, w, _ in balanced):.1f} % | "
-                  f"{statistics.median(m[0] / s for m, s in zip(balanced, solo)):.3f} |" if balanced else
-                  (" - | - | - | - |" if a.balance else ""))),
-              flush=True)
+              + speed, flush=True)
     # Whether the ranks' steps drift apart for the scheduler's sake: a worker preempted (an
     # involuntary switch) stalls every rank of a synchronous job, one independent job only.
     # Steal: time the hypervisor ran other guests on this VM's CPUs; the ranks it hits stall the
@@ -165,6 +162,15 @@ def main():
     # Each step's last rank to reach the gradient average, from the runs' timelines.
     for n, balance, s in timelines:
         print(f"\ntimeline, {n} workers, balance: {balance}: {timeline.describe(s)}")
+
+
+def figures(runs, solo, n, base):
+    """Of one configuration's rounds (samples/s, rank 0's waiting, slowest rank) beside the same
+    rounds' independent jobs: the median samples/s, its efficiency against `base` samples/s for
+    one worker, the median waiting, and the median ratio to the independent jobs."""
+    rate = statistics.median(v for v, _, _ in runs)
+    return (rate, rate / (n * base), statistics.median(w for _, w, _ in runs),
+            statistics.median(m[0] / s for m, s in zip(runs, solo)))
 
 
 def cpu_times():
