@@ -26,7 +26,9 @@ def spec(name, out, steps, deterministic, checkpoint_every):
 nodes: 1
 procs_per_node: 2
 output_dir: {out}
-restart: {{max_restarts: 10000}}
+# backoff 0s: the kills come in a row by design, and the restart back-off (1 s, doubling, for
+# failures in a row) would be measured instead of the recovery; torchrun restarts at once too.
+restart: {{max_restarts: 10000, backoff: 0s}}
 trainer:
   model: cnn
   epochs: 1000
