@@ -5,16 +5,134 @@
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
+#include <linux/prctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+
+#include "common/strings.h"
+
+extern char** environ;
 
 namespace trainctl {
+namespace {
+
+// A request on the channel: its argument, directory, CPUs ("0,3") and environment, each ended by
+// a NUL (none of them can hold one), with the output descriptor alongside (SCM_RIGHTS). At most
+// kMaxRequest bytes: below a Unix socket's default send buffer, which bounds one packet.
+constexpr size_t kMaxRequest = 160 << 10;
+
+// The answer: the copy's pid (or -errno when none was made), and 0 or the errno with which
+// setting the copy up failed (it has then exited).
+struct Reply {
+  int32_t pid;
+  int32_t error;
+};
+
+// What /proc/PID/cmdline and /proc/PID/environ show is the memory the kernel noted at exec, not
+// argv and `environ`: end the command line after the copy's own argument (not the placeholder's
+// padding), and point the environment at `env_begin` (a copy's strings, back to back; null: the
+// server's), as checkpoint/restore tools do. PR_SET_MM_MAP takes the whole map, so the rest is
+// passed back as it is (/proc/self/stat, the auxiliary vector).
+int ShowInProc(const char* arg_end, const char* env_begin, const char* env_end) {
+  char stat[2048];
+  int fd = ::open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  ssize_t n = ::read(fd, stat, sizeof stat - 1);
+  ::close(fd);
+  if (n <= 0) return EIO;
+  stat[n] = 0;
+  const char* p = std::strrchr(stat, ')');
+  if (!p) return EIO;
+  uint64_t field[53] = {};  // 1-based, as proc(5) numbers them; the command ends field 2
+  for (int i = 3; i < 53 && *p; ++i) {
+    while (*p && *p != ' ') ++p;
+    while (*p == ' ') ++p;
+    field[i] = std::strtoull(p, nullptr, 10);
+  }
+  uint64_t auxv[128];
+  fd = ::open("/proc/self/auxv", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  ssize_t auxv_size = ::read(fd, auxv, sizeof auxv);
+  ::close(fd);
+  if (auxv_size <= 0) return EIO;
+  prctl_mm_map map{};
+  map.start_code = field[26];
+  map.end_code = field[27];
+  map.start_stack = field[28];
+  map.start_data = field[45];
+  map.end_data = field[46];
+  map.start_brk = field[47];
+  map.brk = static_cast<uint64_t>(::syscall(SYS_brk, 0));
+  map.arg_start = field[48];
+  map.arg_end = reinterpret_cast<uint64_t>(arg_end);
+  map.env_start = env_begin ? reinterpret_cast<uint64_t>(env_begin) : field[50];
+  map.env_end = env_begin ? reinterpret_cast<uint64_t>(env_end) : field[51];
+  map.auxv = reinterpret_cast<__u64*>(auxv);
+  map.auxv_size = static_cast<uint32_t>(auxv_size);
+  map.exe_fd = static_cast<uint32_t>(-1);
+  if (::prctl(PR_SET_MM, PR_SET_MM_MAP, &map, sizeof map, 0) != 0) return errno;
+  return 0;
+}
+
+// In a new copy: what its request asks, its argument written over the placeholder `slot` (of
+// `room` bytes). Returns 0 or the errno it failed with. The strings stay for the copy's life
+// (environ points into them).
+int SetUpCopy(const std::vector<std::string_view>& fields, int output_fd, char* slot, size_t room) {
+  const std::string_view cwd = fields[1], cpus = fields[2];
+  if (output_fd >= 0) {
+    if (::dup2(output_fd, 1) < 0 || ::dup2(output_fd, 2) < 0) return errno;
+    ::close(output_fd);
+  }
+  if (!cwd.empty() && ::chdir(std::string(cwd).c_str()) != 0) return errno;
+  if (!cpus.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (const auto& c : Split(std::string(cpus), ',')) {
+      const int cpu = std::atoi(c.c_str());
+      if (cpu < 0 || cpu >= CPU_SETSIZE) return EINVAL;
+      CPU_SET(cpu, &set);
+    }
+    if (::sched_setaffinity(0, sizeof set, &set) != 0) return errno;
+  }
+  const char* env_begin = nullptr;
+  const char* env_end = nullptr;
+  if (fields.size() > 3) {
+    size_t bytes = 0;
+    for (size_t i = 3; i < fields.size(); ++i) bytes += fields[i].size() + 1;
+    void* block = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (block == MAP_FAILED) return errno;
+    char* text = static_cast<char*>(block);
+    auto* env = new char*[fields.size() - 2];
+    char* at = text;
+    for (size_t i = 3; i < fields.size(); ++i) {
+      std::memcpy(at, fields[i].data(), fields[i].size());
+      at[fields[i].size()] = 0;
+      env[i - 3] = at;
+      at += fields[i].size() + 1;
+    }
+    env[fields.size() - 3] = nullptr;
+    environ = env;
+    env_begin = text;
+    env_end = text + bytes;
+  }
+  ::memset(slot, 0, room);
+  ::memcpy(slot, fields[0].data(), fields[0].size());
+  // Only where the copy has an environment of its own must /proc show it; a command line that
+  // still ends in padding is only untidy.
+  const int err = ShowInProc(slot + fields[0].size() + 1, env_begin, env_end);
+  return env_begin ? err : 0;
+}
+
+}  // namespace
 
 Result<ForkServer> ForkServer::Start(SpawnOptions options) {
   int sv[2];
@@ -54,8 +172,17 @@ ForkServer::~ForkServer() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Result<pid_t> ForkServer::Fork(const std::string& value, Duration timeout) {
+Result<pid_t> ForkServer::Fork(const ForkRequest& request, Duration timeout) {
   if (fd_ < 0) return Unavailable("the fork server failed earlier");
+  const std::string& value = request.argument;
+  std::string message = value + '\0' + request.cwd + '\0';
+  for (size_t i = 0; i < request.cpus.size(); ++i) message += (i ? "," : "") + std::to_string(request.cpus[i]);
+  message += '\0';
+  for (const auto& kv : request.env) message += kv + '\0';
+  if (message.size() > kMaxRequest) {
+    return InvalidArgument("cannot fork " + value + ": its request takes " + std::to_string(message.size()) +
+                           " bytes, more than the fork server's " + std::to_string(kMaxRequest));
+  }
   // Any failure leaves the channel out of step (a late answer would be taken for the next one):
   // it is closed, and the server exits.
   auto fail = [this](Status st) {
@@ -63,11 +190,25 @@ Result<pid_t> ForkServer::Fork(const std::string& value, Duration timeout) {
     fd_ = -1;
     return st;
   };
-  if (::send(fd_, value.data(), value.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(value.size())) {
+  iovec iov{message.data(), message.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (request.output_fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &request.output_fd, sizeof(int));
+  }
+  if (::sendmsg(fd_, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(message.size())) {
     return fail(ErrnoStatus("the fork server", errno));
   }
   const auto deadline = Clock::now() + timeout;
-  int32_t reply = 0;
+  Reply reply{};
   while (true) {
     pollfd p{fd_, POLLIN, 0};
     int rc = ::poll(&p, 1, static_cast<int>(Remaining(deadline).count()));
@@ -78,10 +219,16 @@ Result<pid_t> ForkServer::Fork(const std::string& value, Duration timeout) {
     if (n != sizeof reply) return fail(Unavailable("the fork server ended"));
     break;
   }
-  if (reply <= 0) return ErrnoStatus("cannot fork " + value, -reply);
+  if (reply.pid <= 0) return ErrnoStatus("cannot fork " + value, -reply.pid);
+  if (reply.error != 0) {  // the copy has exited: reap it
+    int status;
+    while (::waitpid(reply.pid, &status, 0) < 0 && errno == EINTR) {}
+    return ErrnoStatus("cannot set up the copy " + value + (request.cwd.empty() ? "" : " in " + request.cwd),
+                       reply.error);
+  }
   // Also here, as Spawn does: no race with an early kill(-pid).
-  ::setpgid(reply, reply);
-  return static_cast<pid_t>(reply);
+  ::setpgid(reply.pid, reply.pid);
+  return static_cast<pid_t>(reply.pid);
 }
 
 std::optional<std::string> ServeForks(int argc, char** argv) {
@@ -106,14 +253,37 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
   const pid_t parent = ::getppid();
   char* slot = argv[argc - 1];
   const size_t room = ::strlen(slot);
+  std::vector<char> request(kMaxRequest);
   while (true) {
-    char request[256];
-    ssize_t n = ::recv(fd, request, sizeof request, 0);
+    iovec iov{request.data(), request.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) std::exit(0);  // the requester closed the channel, or is gone
-    int32_t reply;
-    if (static_cast<size_t>(n) > room) {
-      reply = -E2BIG;
+    if (n <= 0) ::_exit(0);  // the requester closed the channel, or is gone: nothing to flush
+    int output_fd = -1;
+    if (cmsghdr* c = CMSG_FIRSTHDR(&msg); c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      std::memcpy(&output_fd, CMSG_DATA(c), sizeof(int));
+    }
+    std::vector<std::string_view> fields;
+    for (size_t at = 0; at < static_cast<size_t>(n);) {
+      const void* end = std::memchr(request.data() + at, 0, static_cast<size_t>(n) - at);
+      const size_t len = end ? static_cast<const char*>(end) - (request.data() + at) : static_cast<size_t>(n) - at;
+      fields.emplace_back(request.data() + at, len);
+      at += len + 1;
+    }
+    Reply reply{0, 0};
+    int setup[2] = {-1, -1};
+    if (fields.size() < 3 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+      reply.pid = -EPROTO;
+    } else if (fields[0].size() > room) {
+      reply.pid = -E2BIG;
+    } else if (::pipe2(setup, O_CLOEXEC) != 0) {
+      reply.pid = -errno;
     } else {
       // A fork whose child is the requester's: the exit signal is this process's own (SIGCHLD).
       // The raw system call skips glibc's fork handlers, which a process that never started a
@@ -121,16 +291,30 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
       long pid = ::syscall(SYS_clone, CLONE_PARENT, 0, 0, 0, 0);
       if (pid == 0) {
         ::close(fd);
+        ::close(setup[0]);
         ::setpgid(0, 0);
         ::prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (::getppid() != parent) ::_exit(127);  // the requester died meanwhile
-        ::memset(slot, 0, room);
-        ::memcpy(slot, request, static_cast<size_t>(n));
-        return std::string(request, static_cast<size_t>(n));
+        if (int err = SetUpCopy(fields, output_fd, slot, room)) {
+          ssize_t ignored = ::write(setup[1], &err, sizeof err);
+          (void)ignored;
+          ::_exit(127);
+        }
+        ::close(setup[1]);
+        return std::string(fields[0]);
       }
-      reply = pid < 0 ? -errno : static_cast<int32_t>(pid);
+      ::close(setup[1]);
+      reply.pid = pid < 0 ? -errno : static_cast<int32_t>(pid);
+      if (pid > 0) {  // the copy says whether it could be set up: EOF when it could
+        int err = 0;
+        ssize_t got;
+        while ((got = ::read(setup[0], &err, sizeof err)) < 0 && errno == EINTR) {}
+        if (got == sizeof err) reply.error = err;
+      }
+      ::close(setup[0]);
     }
-    if (::send(fd, &reply, sizeof reply, MSG_NOSIGNAL) != sizeof reply) std::exit(0);
+    if (output_fd >= 0) ::close(output_fd);
+    if (::send(fd, &reply, sizeof reply, MSG_NOSIGNAL) != sizeof reply) ::_exit(0);
   }
 }
 

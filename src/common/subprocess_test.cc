@@ -1,13 +1,18 @@
 #include "common/subprocess.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/fork_server.h"
 
 #include "tests/test_util.h"
+
+extern char** environ;
 
 namespace trainctl {
 namespace {
@@ -74,6 +79,20 @@ __attribute__((constructor)) void ServeIfStartedAsAForkServer(int argc, char** a
   if (!std::getenv(kEnvForkServerFd)) return;
   auto request = ServeForks(argc, argv);
   if (!request) ::_exit(100);
+  if (const char* cwd = std::getenv("FORK_TEST_CWD")) {  // a copy given its own environment
+    int failed = 0;
+    if (std::getenv(kEnvRequester)) failed |= 1;  // the server's environment is gone
+    std::vector<std::string> own;
+    for (char** e = environ; *e; ++e) own.emplace_back(*e);
+    if (testing::ProcStrings(::getpid(), "environ") != own) failed |= 2;  // what /proc shows too
+    char here[4096];
+    if (!::getcwd(here, sizeof here) || std::string(here) != cwd) failed |= 4;
+    cpu_set_t set;
+    if (::sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) != 1 || !CPU_ISSET(0, &set)) failed |= 8;
+    std::printf("copy %s in %s\n", request->c_str(), here);
+    std::fflush(stdout);
+    ::_exit(failed);
+  }
   const char* requester = std::getenv(kEnvRequester);
   auto cmdline = testing::ProcStrings(::getpid(), "cmdline");
   while (!cmdline.empty() && cmdline.back().empty()) cmdline.pop_back();
@@ -112,6 +131,57 @@ TEST(ForkServer, CopiesAreTheCallersChildrenWithTheirOwnLastArgument) {
   EXPECT_TRUE(testing::Eventually([&] { return ::waitpid(server_pid, &status, WNOHANG) == server_pid; },
                                   std::chrono::seconds(10)));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+TEST(ForkServer, ACopyTakesTheEnvironmentDirectoryCpusAndOutputItsRequestGives) {
+  SpawnOptions o;
+  o.argv = {SelfExe(), "--gtest_filter=-*", "--------"};
+  o.env = CurrentEnvironment();
+  SetEnv(&o.env, kEnvRequester, std::to_string(::getpid()));
+  auto server = ForkServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  testing::Scratch s;
+  const std::string dir = s.path("copy");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+  ForkRequest r;
+  r.argument = "worker-3";
+  r.env = {"PATH=/usr/bin:/bin", "FORK_TEST_CWD=" + dir, "RANK=3", "EMPTY="};
+  r.cwd = dir;
+  r.cpus = {0};
+  r.output_fd = fds[1];
+  auto pid = server->Fork(r);
+  ::close(fds[1]);
+  ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+  std::string output;
+  char buf[256];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) output.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(*pid, &status, 0), *pid) << "the requester's own child";
+  EXPECT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "bits of the checks that failed in the copy";
+  EXPECT_EQ(output, "copy worker-3 in " + dir + "\n");
+
+  // A directory it cannot enter: the copy is reaped and the error says why; the server goes on.
+  r.cwd = s.path("missing");
+  r.output_fd = -1;
+  auto missing = server->Fork(r);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().message(), "cannot set up the copy worker-3 in " + s.path("missing") +
+                                            ": No such file or directory") << missing.status().ToString();
+  EXPECT_FALSE(server->broken());
+  EXPECT_EQ(::waitpid(-1, &status, WNOHANG), 0) << "no child left to reap but the server";
+  // An argument longer than the placeholder is refused before any copy is made.
+  r.cwd = dir;
+  r.argument = "worker-1000";
+  auto too_long = server->Fork(r);
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.status().message().find("cannot fork worker-1000"), std::string::npos);
+  const pid_t server_pid = server->pid();
+  { ForkServer closing = std::move(*server); }
+  EXPECT_EQ(::waitpid(server_pid, &status, 0), server_pid);
 }
 
 TEST(Subprocess, FindExecutableUsesThePathOfTheGivenEnvironment) {
