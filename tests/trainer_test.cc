@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -482,6 +484,72 @@ TEST(Trainer, AKilledWorkerResumesFromTheInMemorySnapshotExactly) {
   ASSERT_EQ(a.size(), 50u);
   ASSERT_EQ(b.size(), 50u);
   for (int64_t step = 1; step <= 50; ++step) EXPECT_EQ(a[step], b[step]) << "step " << step;
+}
+
+// The parent pid of a process, from /proc/<pid>/stat (0 when it is gone).
+pid_t ParentOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(in, line);
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(line.substr(close + 2));
+  char state;
+  pid_t ppid = 0;
+  rest >> state >> ppid;
+  return ppid;
+}
+
+TEST(Trainer, WorkersCopiedFromAServerWithLibTorchLoadedTrainAsExecdOnes) {
+  Scratch s;
+  const std::string trainer =
+      "  model: cnn\n  data: {limit: 1280}\n  batch_size: 32\n  threads: 1\n"
+      "  deterministic: true\n  epochs: 3\n  max_steps: 40\n  eval: false\n  log_every: 1\n"
+      "  checkpoint_every: 1000\n  snapshot_every: 4\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n";
+  // Each worker exec'd, as without servers.
+  auto execd = Trainctl({"--log-level", "debug", "run", s.Write("a.yaml", Spec("execd", s.path("a"), trainer))},
+                        s.path(""), std::chrono::seconds(120), {{"TRAINCTL_WORKER_SERVER", "0"}});
+  ASSERT_EQ(execd.exit.code, 0) << execd.output;
+  EXPECT_EQ(CountLines(execd.output, "copied from a worker server"), 0) << execd.output;
+
+  Background job({"--log-level", "debug", "run", s.Write("b.yaml", Spec("copied", s.path("b"), trainer))},
+                 s.path(""), s.path("run.log"));
+  ASSERT_TRUE(Eventually([&] { return Losses(Exists(s.path("b/metrics.jsonl")) ? s.Read("b/metrics.jsonl") : "").size() >= 6; },
+                         std::chrono::seconds(60))) << job.Output();
+  // A copy's environment is its own, in /proc as for getenv (top and tools find tasks there).
+  auto rank1 = ProcessesWithEnv({"RANK=1", "LOCAL_RANK=1", "TRAINCTL_JOB_NAME=copied"});
+  ASSERT_EQ(rank1.size(), 1u) << job.Output();
+  auto cmdline = ProcStrings(rank1[0], "cmdline");
+  ASSERT_GE(cmdline.size(), 2u);
+  EXPECT_EQ(cmdline[cmdline.size() - 2], "--task");
+  EXPECT_EQ(cmdline.back(), "worker-1") << "ps shows the copy's own task";
+  // The agent's child, as an exec'd worker is, beside the server it was copied from.
+  const pid_t agent = ParentOf(rank1[0]);
+  auto agent_cmdline = ProcStrings(agent, "cmdline");
+  ASSERT_TRUE(std::find(agent_cmdline.begin(), agent_cmdline.end(), "agent") != agent_cmdline.end());
+  auto servers = LiveProcesses([&](pid_t pid) {
+    auto c = ProcStrings(pid, "cmdline");
+    return ParentOf(pid) == agent && !c.empty() && c.back().rfind("(worker server)", 0) == 0;
+  });
+  ASSERT_EQ(servers.size(), 1u);
+  auto server_env = ProcStrings(servers[0], "environ");
+  EXPECT_TRUE(std::none_of(server_env.begin(), server_env.end(), [](const std::string& kv) {
+    return kv.rfind("RANK=", 0) == 0 || kv.rfind("TRAINCTL_STORE", 0) == 0;
+  })) << "the server holds no task's variables, nor the store's address and token";
+  ASSERT_EQ(::kill(rank1[0], SIGKILL), 0);
+  ExitInfo exit = job.Wait(std::chrono::seconds(120));
+  const std::string out = job.Output();
+  ASSERT_EQ(exit.code, 0) << out;
+  // Both rounds' workers were copies, and the restart resumed them exactly.
+  EXPECT_EQ(CountLines(out, "2 of 2 tasks copied from a worker server"), 2) << out;
+  auto a = Losses(s.Read("a/metrics.jsonl"));
+  auto b = Losses(s.Read("b/metrics.jsonl"));
+  ASSERT_EQ(a.size(), 40u);
+  ASSERT_EQ(b.size(), 40u);
+  for (int64_t step = 1; step <= 40; ++step) EXPECT_EQ(a[step], b[step]) << "step " << step;
+  EXPECT_EQ(Digest(s.Read("b/logs/worker-0.log")), Digest(s.Read("a/logs/worker-0.log")));
+  EXPECT_TRUE(Eventually([&] { return ProcessGone(servers[0]); }, std::chrono::seconds(5)))
+      << "the server outlived its agent";
 }
 
 TEST(Trainer, ResNet18TrainsOnCifarShapedDataWithIdenticalRanks) {

@@ -80,7 +80,8 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
   w.argv.insert(w.argv.end(), role.args.begin(), role.args.end());
   if (role.command.empty()) {  // the built-in trainer: this same binary, `trainctl train`
     bool debug = spdlog::get_level() <= spdlog::level::debug;
-    w.argv = {SelfExe(), "--log-level", debug ? "debug" : "info", "train"};
+    w.argv = {SelfExe(), "--log-level", debug ? "debug" : "info", "train", "--task", w.label};
+    w.fork = true;
   }
   w.env = CurrentEnvironment();
   for (const auto& [k, v] : role.env) SetEnv(&w.env, k, v);
@@ -108,6 +109,7 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
     SetEnv(&w.env, "OMP_WAIT_POLICY", "PASSIVE");
   }
 
+  if (w.fork) w.shared_env = w.env;
   TaskEnv e;
   e.rank = t.rank;
   e.local_rank = t.local;
@@ -413,10 +415,16 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
     for (const auto& w : launches) where += (where.empty() ? "" : ", ") + w.label + " on CPU " + FormatCpuList(w.cpus);
     LOG_INFO("cpu_bind: cores: {}", where);
   }
-  WorkerGroup group(o_.color_output);
+  WorkerGroup group(o_.color_output, &forks_);
   LOG_DEBUG("round {}: node {} of {}, master {}, starting {} tasks", round, info.group_rank,
             info.group_world_size, r.master, launches.size());
-  if (Status st = group.Start(launches); !st.ok()) {
+  const int forked_before = forks_.forked();
+  Status started = group.Start(launches);
+  if (started.ok() && forks_.forked() > forked_before) {
+    LOG_DEBUG("round {}: {} of {} tasks copied from a worker server with LibTorch loaded", round,
+              forks_.forked() - forked_before, launches.size());
+  }
+  if (Status st = started; !st.ok()) {
     FailureRecord rec = NewFailure(FailureKind::kStart, round, info.group_rank);
     rec.restarts = restart;  // no restart follows: the job ends here
     rec.final = true;

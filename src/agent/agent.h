@@ -30,6 +30,7 @@
 #include <atomic>
 #include <string>
 
+#include "agent/worker_forks.h"
 #include "common/address.h"
 #include "job/records.h"
 #include "job/task_env.h"
@@ -97,6 +98,7 @@ class Agent {
 
   AgentOptions o_;
   Store* store_;
+  WorkerForks forks_;  // the built-in trainer's worker servers, across rounds
   std::string node_id_;
   // The ports handed to this round's tasks (TF_CONFIG) and, on node 0, the master port: held for
   // the round, so that no other agent on the host hands them out before the tasks bind them.

@@ -12,7 +12,7 @@
 
 namespace trainctl {
 
-WorkerGroup::WorkerGroup(bool color_output) : color_(color_output) {}
+WorkerGroup::WorkerGroup(bool color_output, WorkerForks* forks) : color_(color_output), forks_(forks) {}
 
 WorkerGroup::~WorkerGroup() { Stop(Duration(0)); }
 
@@ -50,7 +50,7 @@ Result<pid_t> WorkerGroup::SpawnOne(const WorkerLaunch& launch) {
   o.cwd = launch.cwd;
   o.cpus = launch.cpus;
   o.output_fd = fds[1];
-  auto pid = Spawn(o);
+  auto pid = forks_ && launch.fork ? forks_->Start(o, launch.shared_env) : Spawn(o);
   ::close(fds[1]);
   if (!pid.ok()) {
     ::close(fds[0]);
@@ -159,14 +159,18 @@ void WorkerGroup::StopSome(const std::vector<int>& local_ranks, Duration grace) 
 void WorkerGroup::Stop(Duration grace) {
   StopWhere([](const Worker&) { return true; }, grace);
   // Grandchildren orphaned by a worker were reparented to this (subreaper) agent and have just
-  // been sent SIGKILL with their group: reap them, bounded, since one that left the group
-  // (setsid) may live on.
+  // been sent SIGKILL with their group: reap them, bounded. By group: the agent's other children
+  // (a worker server) live on.
   auto reap_deadline = Clock::now() + std::chrono::seconds(1);
-  while (!workers_.empty()) {
-    int status;
-    pid_t r = ::waitpid(-1, &status, WNOHANG);
-    if (r < 0 || Clock::now() >= reap_deadline) break;  // ECHILD: none left
-    if (r == 0) WaitSignal(Duration(10));
+  for (bool left = !workers_.empty(); left && Clock::now() < reap_deadline;) {
+    left = false;
+    for (const auto& w : workers_) {
+      int status;
+      pid_t r;
+      while ((r = ::waitpid(-w.pid, &status, WNOHANG)) > 0) {}
+      left = left || r == 0;  // one of its group has yet to exit; ECHILD: none left
+    }
+    if (left) WaitSignal(Duration(10));
   }
   if (pump_) pump_->Stop();
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "agent/output_pump.h"
+#include "agent/worker_forks.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 
@@ -28,6 +29,10 @@ struct WorkerLaunch {
   std::string log_header;  // written to the log before the worker starts
   std::string error_file;  // its TORCHELASTIC_ERROR_FILE (removed before it starts)
   std::vector<int> cpus;   // if not empty: the only CPUs it may run on (cpu_bind)
+  // The built-in trainer: a copy of a worker server where one can serve (agent/worker_forks.h),
+  // whose environment is `shared_env` (env without the task's own variables).
+  bool fork = false;
+  std::vector<std::string> shared_env;
 };
 
 struct WorkerExit {
@@ -39,7 +44,8 @@ struct WorkerExit {
 
 class WorkerGroup {
  public:
-  explicit WorkerGroup(bool color_output);
+  // `forks`, if given, starts the launches that ask for it and outlives the group.
+  explicit WorkerGroup(bool color_output, WorkerForks* forks = nullptr);
   ~WorkerGroup();  // Stop(0)
 
   // Starts every worker. If one cannot start, stops those already started and returns why.
@@ -70,6 +76,7 @@ class WorkerGroup {
   void StopWhere(Pick pick, Duration grace);
 
   bool color_;
+  WorkerForks* forks_;
   std::vector<Worker> workers_;
   std::unique_ptr<OutputPump> pump_;
 };

@@ -1,11 +1,17 @@
 // `trainctl train` (a worker of the built-in trainer) and `trainctl eval`. Both run code that
 // needs LibTorch, which lives in the plugin trainctl-torch.so next to this binary (or in
 // ../lib/trainctl/), loaded only here: every other verb starts without paying for libtorch.
+#include <dirent.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli/verbs.h"
 #include "common/exit_codes.h"
+#include "common/fork_server.h"
 #include "common/fs.h"
+#include "common/log.h"
 #include "common/plugin.h"
 #include "train/entry.h"
 
@@ -21,16 +27,52 @@ int CallPlugin(const char* verb, const void* options) {
   return (*entry)(verb, options);  // the plugin stays loaded until exit
 }
 
+int ThreadCount() {
+  DIR* dir = ::opendir("/proc/self/task");
+  if (!dir) return -1;
+  int n = 0;
+  while (const dirent* e = ::readdir(dir)) n += e->d_name[0] != '.';
+  ::closedir(dir);
+  return n;
+}
+
+// A worker server (agent/worker_forks.h): load LibTorch once, then make a copy of this process
+// for each worker. Returns in each copy. A server that cannot serve exits, and the agent then
+// starts each worker as a process of its own.
+void ServeWorkersIfAsked(const GlobalFlags& flags) {
+  if (!std::getenv(kEnvForkServerFd)) return;
+  auto entry = PluginFunction<train::PluginEntry>(kTorchPlugin, train::kPluginEntry);
+  if (!entry.ok()) std::exit(kExitError);  // each worker says why, as a process of its own
+  // A copy gets only the thread that forked it: the server must not have more.
+  if (int threads = ThreadCount(); threads != 1) {
+    std::fprintf(stderr, "trainctl train: LibTorch started %d threads as it loaded; starting each worker on its own\n",
+                 threads);
+    std::exit(kExitError);
+  }
+  ServeForks(flags.argc, flags.argv);
+}
+
 }  // namespace
 
 void AddTrain(CLI::App& app, const GlobalFlags& flags, int* code) {
   CLI::App* cmd = app.add_subcommand(
       "train", "Run one worker of the built-in trainer (started by the agent for jobs with a "
                "trainer section; reads the torchrun environment)");
+  // Which task this is, for ps: the agent passes it, and a worker server's copies write theirs
+  // over the server's placeholder.
+  cmd->add_option("--task", "")->group("");
   cmd->callback([&flags, code] {
+    ServeWorkersIfAsked(flags);
     train::TrainOptions o;
     o.log_level = flags.log_level;
-    *code = CallPlugin("train", &o);
+    const int exit_code = CallPlugin("train", &o);
+    // Static destructors would now unregister LibTorch's thousands of operators, writing every
+    // page of its registry: in a worker copied from a server (agent/worker_forks.h), each such
+    // page is a copy-on-write fault, about 1 s of CPU in all on a 2-core VM. The trainer has
+    // closed its files; what is left is the logger's and stdio's buffers.
+    spdlog::default_logger()->flush();
+    std::fflush(nullptr);
+    ::_exit(exit_code);
   });
 }
 
