@@ -548,8 +548,9 @@ TEST(Trainer, WorkersCopiedFromAServerWithLibTorchLoadedTrainAsExecdOnes) {
   ASSERT_EQ(b.size(), 40u);
   for (int64_t step = 1; step <= 40; ++step) EXPECT_EQ(a[step], b[step]) << "step " << step;
   EXPECT_EQ(Digest(s.Read("b/logs/worker-0.log")), Digest(s.Read("a/logs/worker-0.log")));
-  EXPECT_TRUE(Eventually([&] { return ProcessGone(servers[0]); }, std::chrono::seconds(5)))
-      << "the server outlived its agent";
+  EXPECT_NE(std::find(server_env.begin(), server_env.end(), "TRAINCTL_JOB_NAME=copied"), server_env.end());
+  EXPECT_TRUE(Eventually([&] { return ProcessesWithEnv({"TRAINCTL_JOB_NAME=copied"}).empty(); },
+                         std::chrono::seconds(5))) << "the server or a worker outlived the job";
 }
 
 TEST(Trainer, ResNet18TrainsOnCifarShapedDataWithIdenticalRanks) {

@@ -109,7 +109,12 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
     SetEnv(&w.env, "OMP_WAIT_POLICY", "PASSIVE");
   }
 
-  if (w.fork) w.shared_env = w.env;
+  if (w.fork) {
+    w.shared_env = w.env;
+    // So that what finds a job's processes by their environment (ps e, the benchmarks' checks
+    // for processes left behind) finds its worker server too.
+    SetEnv(&w.shared_env, "TRAINCTL_JOB_NAME", s.name);
+  }
   TaskEnv e;
   e.rank = t.rank;
   e.local_rank = t.local;
