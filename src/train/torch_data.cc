@@ -56,21 +56,35 @@ std::vector<std::string> ClassNames(const std::string& dataset, int classes) {
 }
 
 Normalizer Normalizer::Compute(const data::ImageSet& set) {
+  // Pixels are bytes: count each value (exact), and take the sums from the 256 counts. Summing
+  // 47 M doubles one after the other (Fashion-MNIST's training set) was a chain of dependent adds,
+  // 0.12 s of every worker's start.
   Normalizer n;
   const int64_t plane = int64_t{set.rows} * set.cols;
   for (int c = 0; c < set.channels; ++c) {
-    double sum = 0, sq = 0;
+    // Four tables, so that a run of equal pixels (a black background) is not one chain of
+    // increments of the same counter through memory.
+    uint64_t counts[4][256] = {};
     for (int64_t i = 0; i < set.count; ++i) {
       const uint8_t* p = set.image(i) + c * plane;
-      for (int64_t k = 0; k < plane; ++k) {
-        double v = p[k] / 255.0;
-        sum += v;
-        sq += v * v;
+      int64_t k = 0;
+      for (; k + 4 <= plane; k += 4) {
+        ++counts[0][p[k]];
+        ++counts[1][p[k + 1]];
+        ++counts[2][p[k + 2]];
+        ++counts[3][p[k + 3]];
       }
+      for (; k < plane; ++k) ++counts[0][p[k]];
+    }
+    uint64_t sum = 0, sq = 0;  // of the byte values: below 2^64 for any set that fits in memory
+    for (uint64_t v = 0; v < 256; ++v) {
+      const uint64_t n_v = counts[0][v] + counts[1][v] + counts[2][v] + counts[3][v];
+      sum += n_v * v;
+      sq += n_v * v * v;
     }
     double count = std::max<double>(1, double(set.count) * plane);
-    double mean = sum / count;
-    double var = std::max(0.0, sq / count - mean * mean);
+    double mean = double(sum) / 255.0 / count;
+    double var = std::max(0.0, double(sq) / (255.0 * 255.0) / count - mean * mean);
     n.mean.push_back(static_cast<float>(mean));
     n.std.push_back(static_cast<float>(std::max(1e-3, std::sqrt(var))));
   }
