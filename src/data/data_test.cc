@@ -73,6 +73,21 @@ TEST(Idx, RawAndGzipReadTheSame) {
   EXPECT_EQ(raw->labels[4], 4);
 }
 
+TEST(Idx, AGzipFileOfTwoMembersIsReadWhole) {
+  // Read into a buffer sized from the gzip trailer: here the last member's size only, so the
+  // buffer must grow.
+  testing::Scratch s;
+  auto [images, labels] = IdxFiles(500, 500);
+  WriteGzip(s.path("a.gz"), images.substr(0, images.size() - 7));
+  WriteGzip(s.path("b.gz"), images.substr(images.size() - 7));
+  s.Write("i.gz", s.Read("a.gz") + s.Read("b.gz"));
+  s.Write("l", labels);
+  auto set = LoadIdx(s.path("i.gz"), s.path("l"));
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  EXPECT_EQ(set->count, 500);
+  EXPECT_EQ(std::string(set->pixels.begin(), set->pixels.end()), images.substr(16));
+}
+
 TEST(Idx, BadFilesAreNamedWithWhatIsWrong) {
   testing::Scratch s;
   auto [images, labels] = IdxFiles(5, 5);
@@ -206,7 +221,9 @@ TEST(Sampler, SplitBatchFollowsTheWeightsAndKeepsTheLeastShare) {
       sum += shares[r];
       EXPECT_GE(shares[r], std::min<int64_t>(least, batch / int64_t(rates.size())));
       for (size_t q = 0; q < rates.size(); ++q) {
-        if (rates[r] > rates[q]) EXPECT_GE(shares[r], shares[q]);
+        if (rates[r] > rates[q]) {
+          EXPECT_GE(shares[r], shares[q]);
+        }
       }
     }
     EXPECT_EQ(sum, batch);

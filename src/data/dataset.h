@@ -38,6 +38,8 @@ Result<ImageSet> LoadIdx(const std::string& images_path, const std::string& labe
 // The standard Fashion-MNIST/MNIST file names in `dir`: train-images-idx3-ubyte[.gz] and
 // train-labels-idx1-ubyte[.gz], or t10k-* for the test split.
 Result<ImageSet> LoadMnistDir(const std::string& dir, bool train);
+// The two files LoadMnistDir reads: images, labels (each uncompressed where both are there).
+std::vector<std::string> MnistFiles(const std::string& dir, bool train);
 // CIFAR-10 binary batches: records of 1 label byte + 3072 pixel bytes (3 x 32 x 32).
 Result<ImageSet> LoadCifar10(const std::vector<std::string>& batch_paths);
 // Random pixels and labels, reproducible from `seed`.
