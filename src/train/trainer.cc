@@ -247,6 +247,11 @@ class Trainer {
       : spec_(std::move(spec)), t_(spec_.trainer), env_(env), rank_(rank), world_(world), comm_(comm),
         device_(device), store_(store), ps_(ps) {}
 
+  // When RunTrainer began, and when its collectives were connected: for the start's debug line.
+  void SetStartTimes(Clock::time_point begun, Clock::time_point connected) {
+    begun_ = begun;
+    connected_ = connected;
+  }
   Status Run();
 
  private:
@@ -319,6 +324,7 @@ class Trainer {
   double work_seconds_ = 0;
   int64_t work_items_ = 0;
   std::unique_ptr<BatchSource> batches_;  // the training batches; last: it reads train_set_, norm_
+  Clock::time_point begun_ = Clock::now(), connected_ = begun_, loaded_ = begun_;
 };
 
 Status Trainer::Setup() {
@@ -337,6 +343,7 @@ Status Trainer::Setup() {
   total_steps_ = steps_per_epoch_ * t_.epochs;
   if (t_.max_steps > 0) total_steps_ = std::min(total_steps_, t_.max_steps);
   norm_ = Normalizer::Compute(train_set_);
+  loaded_ = Clock::now();
 
   torch::manual_seed(static_cast<uint64_t>(t_.seed));
   classes_ = t_.data.dataset == "synthetic" ? t_.data.classes : train_set_.num_classes;
@@ -888,7 +895,13 @@ Status Trainer::EvalEpoch(int64_t epoch) {
 
 Status Trainer::Run() {
   RETURN_IF_ERROR(Setup());
+  const auto set_up = Clock::now();
   RETURN_IF_ERROR(Resume());
+  auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  LOG_DEBUG("ready to train {:.3f} s after the trainer began: the store, the spec and the collectives {:.3f} s, "
+            "the data {:.3f} s, the model {:.3f} s, resuming {:.3f} s", seconds(begun_, Clock::now()),
+            seconds(begun_, connected_), seconds(connected_, loaded_), seconds(loaded_, set_up),
+            seconds(set_up, Clock::now()));
   if (rank_ == 0) {
     LOG_INFO("training {} on {} ({} images) on {}{}{}, {} workers x batch {}, {} steps per epoch, {} epochs",
              t_.model, t_.data.dataset, train_set_.count, device_.str(),
@@ -942,6 +955,7 @@ Status Trainer::Run() {
 }  // namespace
 
 int RunTrainer(const TrainOptions& options) {
+  const auto begun = Clock::now();
   log::SetLevel(options.log_level);
   auto env = TaskEnv::FromProcess();
   if (!env.ok()) {
@@ -1086,6 +1100,7 @@ int RunTrainer(const TrainOptions& options) {
 
   try {
     Trainer trainer(*spec, *env, rank, world, comm->get(), device, &comm_store, ps.get());
+    trainer.SetStartTimes(begun, Clock::now());
     Status st = trainer.Run();
     if (st.code() == Code::kTimeout && !ps) {
       st = comm::NameStalledRanks(comm_store, rank, world, stall_grace, st);
