@@ -54,6 +54,10 @@ class OutputLock {
   int fd_;
 };
 
+// When run `run_id` began (unix seconds), from the status.json its launcher keeps in
+// `output_dir`; 0 when that file names another run or cannot be read (a cluster engine's job).
+int64_t RunStarted(const std::string& output_dir, const std::string& run_id);
+
 // Whether `dir` holds a checkpoint (a .safetensors file).
 bool HasCheckpoint(const std::string& dir);
 

@@ -22,6 +22,9 @@ struct EvalOptions {
   // the run's final model exists in `metrics_dir` and has been evaluated (or SIGINT/SIGTERM).
   std::string watch;
   std::string metrics_dir;  // watch: test accuracy goes to its metrics.jsonl and tensorboard/eval
+  // watch: a final model written before this (unix seconds) is an earlier run's and does not end
+  // the watch; 0: before the watch began. The evaluator task passes its run's start.
+  int64_t since = 0;
   std::string data_dir;    // "": the directory recorded in the checkpoint
   int64_t limit = 0;       // evaluate the first N test images (0: all)
   std::string format = "text";  // text | json

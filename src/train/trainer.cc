@@ -11,6 +11,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -44,6 +45,7 @@
 #include "job/error_file.h"
 #include "job/keys.h"
 #include "job/paths.h"
+#include "job/runs.h"
 #include "job/snapshots.h"
 #include "job/task_env.h"
 #include <nlohmann/json.hpp>
@@ -997,6 +999,9 @@ int RunTrainer(const TrainOptions& options) {
     watch.metrics_dir = spec->output_dir;
     watch.threads = spec->trainer.threads;
     watch.limit = spec->trainer.data.test_limit;
+    // A final model from before this run is not its end; one written since the run began is,
+    // even if this evaluator started after it (a late start on a busy machine, a restart).
+    watch.since = runs::RunStarted(spec->output_dir, env->run_id);
     return RunEval(watch);
   }
   if (part != "worker" && part != "chief") {
@@ -1167,7 +1172,7 @@ Result<checkpoint::Checkpoint> ReadCheckpoint(const std::string& path) {
 // there (written after its last checkpoint) or a stop signal.
 int RunWatch(const EvalOptions& o) {
   BlockSupervisorSignals();  // a stop ends the watch between two evaluations
-  const auto started = std::filesystem::file_time_type::clock::now();
+  const int64_t since = o.since > 0 ? o.since : static_cast<int64_t>(std::time(nullptr));
   const std::string out = o.metrics_dir.empty()
                               ? std::filesystem::path(o.watch).lexically_normal().parent_path().string()
                               : o.metrics_dir;
@@ -1185,9 +1190,8 @@ int RunWatch(const EvalOptions& o) {
   while (true) {
     // The final model is written after the last checkpoint: look for it first, so that the
     // listing below has every checkpoint it follows. One left from an earlier run does not count.
-    std::error_code ec;
-    const bool final_model = Exists(paths::Model(out)) &&
-                             std::filesystem::last_write_time(paths::Model(out), ec) >= started && !ec;
+    struct stat written{};
+    const bool final_model = ::stat(paths::Model(out).c_str(), &written) == 0 && written.st_mtim.tv_sec >= since;
     for (const auto& path : checkpoint::CheckpointDir(o.watch, 1).List()) {
       if (done.count(path)) continue;
       auto ckpt = ReadCheckpoint(path);
