@@ -67,12 +67,18 @@ WorkerForks::Server* WorkerForks::Find(const SpawnOptions& spawn, const std::vec
   return &servers_.back();
 }
 
+bool WorkerForks::Forkable(const SpawnOptions& spawn) const {
+  return enabled_ && spawn.argv.size() >= 2 && spawn.argv.back().size() <= kPlaceholder.size() &&
+         spawn.new_process_group && spawn.die_with_parent && spawn.stdin_fd < 0 && spawn.stderr_fd < 0 &&
+         spawn.pass_fd < 0;
+}
+
+void WorkerForks::Prepare(const SpawnOptions& spawn, const std::vector<std::string>& shared_env) {
+  if (Forkable(spawn)) Find(spawn, shared_env);
+}
+
 Result<pid_t> WorkerForks::Start(const SpawnOptions& spawn, const std::vector<std::string>& shared_env) {
-  if (!enabled_ || spawn.argv.size() < 2 || spawn.argv.back().size() > kPlaceholder.size() ||
-      !spawn.new_process_group || !spawn.die_with_parent || spawn.stdin_fd >= 0 || spawn.stderr_fd >= 0 ||
-      spawn.pass_fd >= 0) {
-    return Spawn(spawn);
-  }
+  if (!Forkable(spawn)) return Spawn(spawn);
   Server* s = Find(spawn, shared_env);
   if (s->server) {
     ForkRequest r;

@@ -39,6 +39,10 @@ class WorkerForks {
   // variables (what its server is started with). A copy of a server where one can serve it,
   // else Spawn(spawn).
   Result<pid_t> Start(const SpawnOptions& spawn, const std::vector<std::string>& shared_env);
+  // Starts the server Start would use for `spawn`, if none is there yet, without waiting for it:
+  // servers of several kinds of launch (parameter servers, workers, an evaluator) then load at
+  // once instead of one after another.
+  void Prepare(const SpawnOptions& spawn, const std::vector<std::string>& shared_env);
   // How many processes were copies of a server (for the agent's log and the tests).
   int forked() const { return forked_; }
 
@@ -49,6 +53,8 @@ class WorkerForks {
     std::string cwd;
     std::optional<ForkServer> server;  // nullopt: it could not serve
   };
+  // Whether `spawn` may be a copy of a server at all.
+  bool Forkable(const SpawnOptions& spawn) const;
   Server* Find(const SpawnOptions& spawn, const std::vector<std::string>& shared_env);
 
   bool enabled_;

@@ -16,6 +16,15 @@ WorkerGroup::WorkerGroup(bool color_output, WorkerForks* forks) : color_(color_o
 
 WorkerGroup::~WorkerGroup() { Stop(Duration(0)); }
 
+SpawnOptions WorkerGroup::Options(const WorkerLaunch& launch) {
+  SpawnOptions o;
+  o.argv = launch.argv;
+  o.env = launch.env;
+  o.cwd = launch.cwd;
+  o.cpus = launch.cpus;
+  return o;
+}
+
 // Spawns one worker with its output going to the pump (and its log file).
 Result<pid_t> WorkerGroup::SpawnOne(const WorkerLaunch& launch) {
   int fds[2];
@@ -44,11 +53,7 @@ Result<pid_t> WorkerGroup::SpawnOne(const WorkerLaunch& launch) {
     }
     ::unlink(launch.error_file.c_str());
   }
-  SpawnOptions o;
-  o.argv = launch.argv;
-  o.env = launch.env;
-  o.cwd = launch.cwd;
-  o.cpus = launch.cpus;
+  SpawnOptions o = Options(launch);
   o.output_fd = fds[1];
   auto pid = forks_ && launch.fork ? forks_->Start(o, launch.shared_env) : Spawn(o);
   ::close(fds[1]);
@@ -69,6 +74,11 @@ Result<pid_t> WorkerGroup::SpawnOne(const WorkerLaunch& launch) {
 Status WorkerGroup::Start(const std::vector<WorkerLaunch>& launches) {
   pump_ = std::make_unique<OutputPump>(STDOUT_FILENO, color_);
   workers_.clear();
+  if (forks_) {
+    for (const auto& launch : launches) {
+      if (launch.fork) forks_->Prepare(Options(launch), launch.shared_env);
+    }
+  }
   for (const auto& launch : launches) {
     auto pid = SpawnOne(launch);
     if (!pid.ok()) {

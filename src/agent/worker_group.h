@@ -70,6 +70,8 @@ class WorkerGroup {
     pid_t pid = -1;
     bool exited = false;
   };
+  // How `launch` is started, but for its output.
+  static SpawnOptions Options(const WorkerLaunch& launch);
   Result<pid_t> SpawnOne(const WorkerLaunch& launch);
   // SIGTERM to the selected workers' groups, up to `grace`, then SIGKILL; reaps them.
   template <typename Pick>
