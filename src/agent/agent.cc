@@ -114,6 +114,10 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
     // So that what finds a job's processes by their environment (ps e, the benchmarks' checks
     // for processes left behind) finds its worker server too.
     SetEnv(&w.shared_env, "TRAINCTL_JOB_NAME", s.name);
+    // The training ranks' server loads their data once for all its copies.
+    if (s.roles.empty() || t.role == "worker" || t.role == "chief") {
+      SetEnv(&w.shared_env, kEnvPreloadSpec, JobSpecToJson(s));
+    }
   }
   TaskEnv e;
   e.rank = t.rank;

@@ -26,6 +26,9 @@
 namespace trainctl {
 
 inline constexpr const char* kEnvWorkerServer = "TRAINCTL_WORKER_SERVER";
+// In a worker server's environment only: the job spec (JSON) whose training data it loads
+// before it makes copies, so that they share the decoded images instead of each inflating them.
+inline constexpr const char* kEnvPreloadSpec = "TRAINCTL_WORKER_SERVER_SPEC";
 
 class WorkerForks {
  public:

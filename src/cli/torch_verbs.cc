@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "agent/worker_forks.h"
 #include "cli/verbs.h"
 #include "common/exit_codes.h"
 #include "common/fork_server.h"
@@ -43,6 +44,10 @@ void ServeWorkersIfAsked(const GlobalFlags& flags) {
   if (!std::getenv(kEnvForkServerFd)) return;
   auto entry = PluginFunction<train::PluginEntry>(kTorchPlugin, train::kPluginEntry);
   if (!entry.ok()) std::exit(kExitError);  // each worker says why, as a process of its own
+  if (const char* spec = std::getenv(kEnvPreloadSpec)) {
+    const std::string json = spec;
+    (*entry)("preload", &json);
+  }
   // A copy gets only the thread that forked it: the server must not have more.
   if (int threads = ThreadCount(); threads != 1) {
     std::fprintf(stderr, "trainctl train: LibTorch started %d threads as it loaded; starting each worker on its own\n",

@@ -43,8 +43,13 @@ struct PredictOptions {
 };
 int RunPredict(const PredictOptions& options);
 
-// The plugin's one exported symbol: verb is "train" (options: TrainOptions) or "eval"
-// (EvalOptions). Built from the same sources as the binary, so C++ types cross safely.
+// A worker server's preload (agent/worker_forks.h): the splits that the job spec (JSON) trains
+// and tests on, kept in the process for the copies made after it. Returns 0; a split that cannot
+// be loaded is left for the workers to report.
+int RunPreload(const std::string& spec_json);
+
+// The plugin's one exported symbol: verb is "train" (options: TrainOptions), "eval"
+// (EvalOptions), "predict" (PredictOptions) or "preload" (the spec's JSON, a std::string). Built from the same sources as the binary, so C++ types cross safely.
 using PluginEntry = int (*)(const char* verb, const void* options);
 inline constexpr const char* kPluginEntry = "trainctl_torch_entry";
 

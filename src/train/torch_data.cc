@@ -1,5 +1,9 @@
 #include "train/torch_data.h"
 
+#include "train/entry.h"
+
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -18,9 +22,19 @@ data::ImageSet Limit(data::ImageSet set, int64_t limit) {
   return set;
 }
 
-}  // namespace
+// The files a split is read from (none for synthetic data).
+std::vector<std::string> SplitFiles(const DataSpec& spec, bool train) {
+  if (spec.dataset == "synthetic") return {};
+  if (spec.dataset == "cifar10") {
+    if (!train) return {spec.dir + "/test_batch.bin"};
+    std::vector<std::string> files;
+    for (int i = 1; i <= 5; ++i) files.push_back(spec.dir + "/data_batch_" + std::to_string(i) + ".bin");
+    return files;
+  }
+  return data::MnistFiles(spec.dir.empty() ? data::kFashionMnistDir : spec.dir, train);
+}
 
-Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train) {
+Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
   int64_t limit = train ? spec.limit : spec.test_limit;
   if (spec.dataset == "synthetic") {
     int64_t count = train ? spec.samples : std::max<int64_t>(1, spec.samples / 6);
@@ -28,21 +42,68 @@ Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train) {
                                  train ? 1 : 2),
                  limit);
   }
-  if (spec.dataset == "cifar10") {
-    std::vector<std::string> files;
-    if (train) {
-      for (int i = 1; i <= 5; ++i) files.push_back(spec.dir + "/data_batch_" + std::to_string(i) + ".bin");
-    } else {
-      files.push_back(spec.dir + "/test_batch.bin");
-    }
-    ASSIGN_OR_RETURN(auto set, data::LoadCifar10(files));
-    set.num_classes = 10;
-    return Limit(std::move(set), limit);
-  }
-  std::string dir = spec.dir.empty() ? data::kFashionMnistDir : spec.dir;
-  ASSIGN_OR_RETURN(auto set, data::LoadMnistDir(dir, train));
+  const auto files = SplitFiles(spec, train);
+  ASSIGN_OR_RETURN(auto set, spec.dataset == "cifar10" ? data::LoadCifar10(files) : data::LoadIdx(files[0], files[1]));
   set.num_classes = 10;
   return Limit(std::move(set), limit);
+}
+
+// What a split is: its part of the spec, and its files' sizes and modification times (a file
+// replaced since it was preloaded is read again).
+std::string SplitKey(const DataSpec& spec, bool train) {
+  std::string key = spec.dataset + '\n' + spec.dir + '\n' + (train ? "train " : "test ") +
+                    std::to_string(train ? spec.limit : spec.test_limit);
+  if (spec.dataset == "synthetic") {
+    key += ' ' + std::to_string(spec.samples) + ' ' + std::to_string(spec.classes);
+    for (int64_t d : spec.shape) key += ' ' + std::to_string(d);
+  }
+  for (const auto& path : SplitFiles(spec, train)) {
+    struct stat st{};
+    if (::stat(path.c_str(), &st) != 0) return "";  // nothing to match: the worker reports it
+    key += '\n' + path + ' ' + std::to_string(st.st_size) + ' ' + std::to_string(st.st_mtim.tv_sec) + '.' +
+           std::to_string(st.st_mtim.tv_nsec);
+  }
+  return key;
+}
+
+struct Preloaded {
+  std::string key;
+  data::ImageSet set;
+};
+std::vector<Preloaded>& PreloadedSplits() {
+  static std::vector<Preloaded> splits;  // a worker server's, before any copy (one thread)
+  return splits;
+}
+
+}  // namespace
+
+void PreloadSplits(const DataSpec& spec, bool test) {
+  for (bool train : {true, false}) {
+    if (!train && !test) continue;
+    const std::string key = SplitKey(spec, train);
+    auto set = LoadSplitFromFiles(spec, train);
+    if (!key.empty() && set.ok()) PreloadedSplits().push_back({key, std::move(*set)});
+  }
+}
+
+int RunPreload(const std::string& spec_json) {
+  auto spec = JobSpecFromJson(spec_json);
+  if (spec.ok()) PreloadSplits(spec->trainer.data, spec->trainer.eval);
+  return 0;
+}
+
+Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train) {
+  auto& splits = PreloadedSplits();
+  if (!splits.empty()) {
+    const std::string key = SplitKey(spec, train);
+    for (auto it = splits.begin(); it != splits.end(); ++it) {
+      if (it->key != key) continue;
+      data::ImageSet set = std::move(it->set);  // its pages stay shared with the server's
+      splits.erase(it);
+      return set;
+    }
+  }
+  return LoadSplitFromFiles(spec, train);
 }
 
 std::vector<std::string> ClassNames(const std::string& dataset, int classes) {

@@ -15,8 +15,14 @@
 
 namespace trainctl::train {
 
-// Loads the training or test split that `spec` names, cut to spec.limit / spec.test_limit.
+// Loads the training or test split that `spec` names, cut to spec.limit / spec.test_limit. A
+// split preloaded in this process (below) is taken from there, once, if its files are unchanged.
 Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train);
+// Loads the splits a worker will load (the test split too if `test`), to keep in this process:
+// a worker server does, before it makes its copies (agent/worker_forks.h), so that each copy
+// finds the decoded images in its memory, shared with the server's, instead of reading and
+// inflating the files again. A split that cannot be loaded is left for the worker to report.
+void PreloadSplits(const DataSpec& spec, bool test);
 
 // Class names for a dataset ("T-shirt/top", ...; "class 7" when it has none).
 std::vector<std::string> ClassNames(const std::string& dataset, int classes);

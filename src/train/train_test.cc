@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <array>
 #include <functional>
 #include <thread>
@@ -18,6 +21,8 @@
 #include "train/optimizer.h"
 #include "train/reducer.h"
 #include "train/schedule.h"
+#include "train/torch_data.h"
+#include "tests/test_util.h"
 
 namespace trainctl::train {
 namespace {
@@ -495,6 +500,35 @@ void ExpectTwoRanksAverage(const std::string& backend) {
 
 TEST(Reducer, TwoRanksGetTheMeanOfTheirGradientsThroughSharedMemory) { ExpectTwoRanksAverage("shm"); }
 TEST(Reducer, TwoRanksGetTheMeanOfTheirGradientsThroughGloo) { ExpectTwoRanksAverage("gloo"); }
+
+TEST(Data, APreloadedSplitIsTakenFromMemoryOnceAndReadAgainWhenItsFilesChange) {
+  testing::Scratch s;
+  ASSERT_EQ(::mkdir(s.path("d").c_str(), 0755), 0);
+  // Four 2 x 2 images, every pixel `pixel`, labels 0 to 3; the files' times set to `mtime`.
+  auto write = [&](char pixel, time_t mtime) {
+    const std::string be4 = std::string("\0\0\0\x04", 4), be2 = std::string("\0\0\0\x02", 4);
+    s.Write("d/train-images-idx3-ubyte", std::string("\0\0\x08\x03", 4) + be4 + be2 + be2 + std::string(16, pixel));
+    s.Write("d/train-labels-idx1-ubyte", std::string("\0\0\x08\x01", 4) + be4 + std::string("\0\1\2\3", 4));
+    const timespec times[2] = {{mtime, 0}, {mtime, 0}};
+    for (const char* f : {"d/train-images-idx3-ubyte", "d/train-labels-idx1-ubyte"}) {
+      ASSERT_EQ(::utimensat(AT_FDCWD, s.path(f).c_str(), times, 0), 0);
+    }
+  };
+  auto first_pixel = [](const Result<data::ImageSet>& set) { return set.ok() ? int{set->pixels.at(0)} : -1; };
+  DataSpec spec;
+  spec.dataset = "mnist";
+  spec.dir = s.path("d");
+  write(1, 1000000);
+  PreloadSplits(spec, /*test=*/false);
+  // Other pixels behind the same size and time: what comes back is the preloaded copy, once.
+  write(2, 1000000);
+  EXPECT_EQ(first_pixel(LoadSplit(spec, true)), 1);
+  EXPECT_EQ(first_pixel(LoadSplit(spec, true)), 2);
+  // A file changed since the preload is read again.
+  PreloadSplits(spec, false);
+  write(3, 2000000);
+  EXPECT_EQ(first_pixel(LoadSplit(spec, true)), 3);
+}
 
 TEST(Schedule, WarmupStepAndCosine) {
   OptimizerSpec o;
