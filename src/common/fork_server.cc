@@ -286,8 +286,9 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
       reply.pid = -errno;
     } else {
       // A fork whose child is the requester's: the exit signal is this process's own (SIGCHLD).
-      // The raw system call skips glibc's fork handlers, which a process that never started a
-      // thread does not need.
+      // The raw system call skips glibc's fork handlers and those libraries registered (a
+      // worker server has loaded LibTorch): they reset locks and thread pools, which a process
+      // that never started a thread has not taken or made.
       long pid = ::syscall(SYS_clone, CLONE_PARENT, 0, 0, 0, 0);
       if (pid == 0) {
         ::close(fd);
