@@ -553,6 +553,29 @@ TEST(Trainer, WorkersCopiedFromAServerWithLibTorchLoadedTrainAsExecdOnes) {
                          std::chrono::seconds(5))) << "the server or a worker outlived the job";
 }
 
+// An agent SIGKILLed: its worker server and the copies it made go with it, as exec'd workers do
+// (each has PR_SET_PDEATHSIG, the server also ends when its channel closes, and the launcher
+// stops the job).
+TEST(Trainer, AWorkerServerAndItsCopiesEndWithTheirSigkilledAgent) {
+  Scratch s;
+  Background job({"run", s.Write("job.yaml", Spec("orphans", s.path("out"),
+                                                   "  model: cnn\n  data: {limit: 1280}\n  batch_size: 32\n"
+                                                   "  threads: 1\n  epochs: 1000\n  eval: false\n  log_every: 1\n"))},
+                 s.path(""), s.path("run.log"));
+  ASSERT_TRUE(Eventually([&] { return Losses(Exists(s.path("out/metrics.jsonl")) ? s.Read("out/metrics.jsonl") : "").size() >= 2; },
+                         std::chrono::seconds(60))) << job.Output();
+  auto processes = ProcessesWithEnv({"TRAINCTL_JOB_NAME=orphans"});
+  ASSERT_EQ(processes.size(), 3u) << "two workers and their server";
+  const pid_t agent = ParentOf(processes[0]);
+  for (pid_t p : processes) ASSERT_EQ(ParentOf(p), agent);
+  ASSERT_EQ(::kill(agent, SIGKILL), 0);
+  ExitInfo exit = job.Wait(std::chrono::seconds(60));
+  EXPECT_NE(exit.code, 0) << job.Output();
+  for (pid_t p : processes) {
+    EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, std::chrono::seconds(5))) << "pid " << p << " outlived its agent";
+  }
+}
+
 TEST(Trainer, ResNet18TrainsOnCifarShapedDataWithIdenticalRanks) {
   Scratch s;
   std::string spec = s.Write("job.yaml", Spec("resnet", s.path("out"), R"(  model: resnet18
