@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -46,6 +47,28 @@ TEST(Runs, TheIndexKeepsTheNewestEntriesAndEveryLiveOne) {
   EXPECT_EQ(ids(), (std::vector<std::string>{"r5", "r4", "r3", "live"}));
   ::unsetenv("TRAINCTL_STATE_DIR");
   std::filesystem::remove_all(tmpl);
+}
+
+// The evaluator task's "since": its own run's start from status.json, else 0 (its own start).
+TEST(Runs, ARunsStartComesFromItsStatusFileAndNoOthers) {
+  char dir[] = "/tmp/runs-started-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string status = std::string(dir) + "/status.json";
+  auto write = [&](const std::string& text) {
+    FILE* f = std::fopen(status.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  EXPECT_EQ(runs::RunStarted(dir, "job-1"), 0) << "no status.json";
+  write(R"({"job": "job", "run_id": "job-1", "started": 1795764436, "state": "running"})");
+  EXPECT_EQ(runs::RunStarted(dir, "job-1"), 1795764436);
+  EXPECT_EQ(runs::RunStarted(dir, "job-2"), 0) << "another run's status";
+  write(R"({"run_id": "job-1", "started": "yesterday"})");
+  EXPECT_EQ(runs::RunStarted(dir, "job-1"), 0);
+  write("{\"run_id\": \"job-1\", \"sta");
+  EXPECT_EQ(runs::RunStarted(dir, "job-1"), 0) << "a torn file";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TaskEnv, WhatTheAgentWritesATaskReadsBack) {
