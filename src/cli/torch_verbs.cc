@@ -1,7 +1,6 @@
 // `trainctl train` (a worker of the built-in trainer) and `trainctl eval`. Both run code that
 // needs LibTorch, which lives in the plugin trainctl-torch.so next to this binary (or in
 // ../lib/trainctl/), loaded only here: every other verb starts without paying for libtorch.
-#include <dirent.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -28,15 +27,6 @@ int CallPlugin(const char* verb, const void* options) {
   return (*entry)(verb, options);  // the plugin stays loaded until exit
 }
 
-int ThreadCount() {
-  DIR* dir = ::opendir("/proc/self/task");
-  if (!dir) return -1;
-  int n = 0;
-  while (const dirent* e = ::readdir(dir)) n += e->d_name[0] != '.';
-  ::closedir(dir);
-  return n;
-}
-
 // A worker server (agent/worker_forks.h): load LibTorch once, then make a copy of this process
 // for each worker. Returns in each copy. A server that cannot serve exits, and the agent then
 // starts each worker as a process of its own.
@@ -48,13 +38,7 @@ void ServeWorkersIfAsked(const GlobalFlags& flags) {
     const std::string json = spec;
     (*entry)("preload", &json);
   }
-  // A copy gets only the thread that forked it: the server must not have more.
-  if (int threads = ThreadCount(); threads != 1) {
-    std::fprintf(stderr, "trainctl train: LibTorch started %d threads as it loaded; starting each worker on its own\n",
-                 threads);
-    std::exit(kExitError);
-  }
-  ServeForks(flags.argc, flags.argv);
+  ServeForks(flags.argc, flags.argv);  // exits if LibTorch started a thread as it loaded
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "common/fork_server.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -15,9 +16,11 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
+#include "common/exit_codes.h"
 #include "common/strings.h"
 
 extern char** environ;
@@ -81,6 +84,15 @@ int ShowInProc(const char* arg_end, const char* env_begin, const char* env_end) 
   map.exe_fd = static_cast<uint32_t>(-1);
   if (::prctl(PR_SET_MM, PR_SET_MM_MAP, &map, sizeof map, 0) != 0) return errno;
   return 0;
+}
+
+int ThreadCount() {
+  DIR* dir = ::opendir("/proc/self/task");
+  if (!dir) return -1;
+  int n = 0;
+  while (const dirent* e = ::readdir(dir)) n += e->d_name[0] != '.';
+  ::closedir(dir);
+  return n;
 }
 
 // In a new copy: what its request asks, its argument written over the placeholder `slot` (of
@@ -249,6 +261,13 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
   if (fd < 3 || ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET ||
       ::fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 || argc < 2) {
     return std::nullopt;
+  }
+  // A copy gets only the thread that forked it: a server with more (a library that started one
+  // as it loaded) serves no one, and its requesters start their processes on their own.
+  if (const int threads = ThreadCount(); threads != 1) {
+    std::fprintf(stderr, "trainctl: the fork server has %d threads, not 1; starting each process on its own\n",
+                 threads);
+    ::_exit(kExitError);
   }
   const pid_t parent = ::getppid();
   char* slot = argv[argc - 1];

@@ -70,7 +70,8 @@ class ForkServer {
 // In a process that may have been started as a fork server (kEnvForkServerFd set): serves
 // requests until the channel closes, then exits; returns in each copy, with its request's
 // argument. Returns nullopt at once in a process not started as one. Call before starting any
-// thread, and before writing anything to a stdio stream (a copy would inherit the buffer).
+// thread (a server with more than one exits at once, and its requests fail), and before writing
+// anything to a stdio stream (a copy would inherit the buffer).
 std::optional<std::string> ServeForks(int argc, char** argv);
 
 }  // namespace trainctl

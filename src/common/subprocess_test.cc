@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <thread>
+
 #include "common/fork_server.h"
 
 #include "tests/test_util.h"
@@ -77,6 +79,9 @@ TEST(Subprocess, TimeoutKillsTheWholeProcessGroup) {
 constexpr const char* kEnvRequester = "TRAINCTL_FORK_TEST_REQUESTER";
 __attribute__((constructor)) void ServeIfStartedAsAForkServer(int argc, char** argv, char**) {
   if (!std::getenv(kEnvForkServerFd)) return;
+  if (std::getenv("FORK_TEST_THREAD")) {  // a server that has started a thread
+    std::thread([] { ::pause(); }).detach();
+  }
   auto request = ServeForks(argc, argv);
   if (!request) ::_exit(100);
   if (const char* cwd = std::getenv("FORK_TEST_CWD")) {  // a copy given its own environment
@@ -182,6 +187,21 @@ TEST(ForkServer, ACopyTakesTheEnvironmentDirectoryCpusAndOutputItsRequestGives) 
   const pid_t server_pid = server->pid();
   { ForkServer closing = std::move(*server); }
   EXPECT_EQ(::waitpid(server_pid, &status, 0), server_pid);
+}
+
+TEST(ForkServer, AServerWithMoreThanOneThreadServesNoOne) {
+  SpawnOptions o;
+  o.argv = {SelfExe(), "--gtest_filter=-*", "---"};
+  o.env = CurrentEnvironment();
+  SetEnv(&o.env, "FORK_TEST_THREAD", "1");
+  auto server = ForkServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto pid = server->Fork("1");
+  ASSERT_FALSE(pid.ok()) << "a copy of a process with two threads";
+  EXPECT_TRUE(server->broken());
+  int status = 0;
+  ASSERT_EQ(::waitpid(server->pid(), &status, 0), server->pid());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
 }
 
 TEST(Subprocess, FindExecutableUsesThePathOfTheGivenEnvironment) {
