@@ -165,17 +165,25 @@ Result<ImageSet> LoadMnistDir(const std::string& dir, bool train) {
   return LoadIdx(files[0], files[1]);
 }
 
-Status CheckDataDir(const std::string& dataset, const std::string& dir) {
+std::vector<std::string> Cifar10Files(const std::string& dir, bool train) {
+  if (!train) return {dir + "/test_batch.bin"};
   std::vector<std::string> files;
+  for (int i = 1; i <= 5; ++i) files.push_back(dir + "/data_batch_" + std::to_string(i) + ".bin");
+  return files;
+}
+
+Status CheckDataDir(const std::string& dataset, const std::string& dir) {
+  std::vector<std::string> paths;
   if (dataset == "cifar10") {
-    for (int i = 1; i <= 5; ++i) files.push_back("data_batch_" + std::to_string(i) + ".bin");
-    files.push_back("test_batch.bin");
+    paths = Cifar10Files(dir, true);
+    paths.push_back(Cifar10Files(dir, false)[0]);
   } else if (dataset == "mnist" || dataset == "fashion-mnist") {
-    files = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-             "t10k-labels-idx1-ubyte"};
+    for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                          "t10k-labels-idx1-ubyte"}) {
+      paths.push_back(dir + "/" + f);
+    }
   }
-  for (const auto& f : files) {
-    std::string path = dir + "/" + f;
+  for (const auto& path : paths) {
     bool gz_ok = dataset != "cifar10" && Exists(path + ".gz");
     if (!Exists(path) && !gz_ok) {
       return NotFound(path + (dataset == "cifar10" ? "" : "[.gz]") + ": no such file; expected the " +

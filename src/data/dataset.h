@@ -42,6 +42,9 @@ Result<ImageSet> LoadMnistDir(const std::string& dir, bool train);
 std::vector<std::string> MnistFiles(const std::string& dir, bool train);
 // CIFAR-10 binary batches: records of 1 label byte + 3072 pixel bytes (3 x 32 x 32).
 Result<ImageSet> LoadCifar10(const std::vector<std::string>& batch_paths);
+// The batch files of CIFAR-10's training split in `dir` (data_batch_1..5.bin), or of its test
+// split (test_batch.bin).
+std::vector<std::string> Cifar10Files(const std::string& dir, bool train);
 // Random pixels and labels, reproducible from `seed`.
 ImageSet Synthetic(int64_t count, int channels, int rows, int cols, int num_classes, uint64_t seed);
 

@@ -25,12 +25,7 @@ data::ImageSet Limit(data::ImageSet set, int64_t limit) {
 // The files a split is read from (none for synthetic data).
 std::vector<std::string> SplitFiles(const DataSpec& spec, bool train) {
   if (spec.dataset == "synthetic") return {};
-  if (spec.dataset == "cifar10") {
-    if (!train) return {spec.dir + "/test_batch.bin"};
-    std::vector<std::string> files;
-    for (int i = 1; i <= 5; ++i) files.push_back(spec.dir + "/data_batch_" + std::to_string(i) + ".bin");
-    return files;
-  }
+  if (spec.dataset == "cifar10") return data::Cifar10Files(spec.dir, train);
   return data::MnistFiles(spec.dir.empty() ? data::kFashionMnistDir : spec.dir, train);
 }
 
