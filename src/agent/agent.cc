@@ -115,7 +115,7 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
     // for processes left behind) finds its worker server too.
     SetEnv(&w.shared_env, "TRAINCTL_JOB_NAME", s.name);
     // The training ranks' server loads their data once for all its copies.
-    if (s.roles.empty() || t.role == "worker" || t.role == "chief") {
+    if (s.roles.empty() || TrainingRole(t.role)) {
       SetEnv(&w.shared_env, kEnvPreloadSpec, JobSpecToJson(s));
     }
   }
@@ -428,12 +428,12 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   LOG_DEBUG("round {}: node {} of {}, master {}, starting {} tasks", round, info.group_rank,
             info.group_world_size, r.master, launches.size());
   const int forked_before = forks_.forked();
-  Status started = group.Start(launches);
-  if (started.ok() && forks_.forked() > forked_before) {
+  Status st = group.Start(launches);
+  if (st.ok() && forks_.forked() > forked_before) {
     LOG_DEBUG("round {}: {} of {} tasks copied from a worker server with LibTorch loaded", round,
               forks_.forked() - forked_before, launches.size());
   }
-  if (Status st = started; !st.ok()) {
+  if (!st.ok()) {
     FailureRecord rec = NewFailure(FailureKind::kStart, round, info.group_rank);
     rec.restarts = restart;  // no restart follows: the job ends here
     rec.final = true;

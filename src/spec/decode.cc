@@ -766,7 +766,7 @@ class Decoder {
     if (ps_strategy) {
       const RoleSpec* ps = FindRole(spec->roles, "ps");
       bool workers = false;
-      for (const auto& r : spec->roles) workers = workers || (r.command.empty() && (r.name == "worker" || r.name == "chief"));
+      for (const auto& r : spec->roles) workers = workers || (r.command.empty() && TrainingRole(r.name));
       if (!ps || !ps->command.empty() || !workers) {
         Error(roles_node, "roles", "trainer.strategy: parameter_server needs a ps role and a "
                                    "worker (or chief) role of the built-in trainer");

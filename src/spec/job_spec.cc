@@ -29,7 +29,7 @@ int TrainingWorkers(const JobSpec& spec) {
   if (spec.roles.empty()) return spec.world_size();
   int n = 0;
   for (const auto& r : spec.roles) {
-    if (r.command.empty() && (r.name == "chief" || r.name == "worker")) n += r.replicas;
+    if (r.command.empty() && TrainingRole(r.name)) n += r.replicas;
   }
   return n;
 }

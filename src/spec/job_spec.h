@@ -219,6 +219,9 @@ struct JobSpec {
 // The roles a round of `nodes` nodes runs: the spec's roles, or one role `worker` of
 // nodes x procs_per_node tasks running the job's command (or the built-in trainer).
 std::vector<RoleSpec> JobRoles(const JobSpec& spec, int nodes);
+// Whether a role of the built-in trainer trains the model (its chief and workers), as opposed to
+// holding parameters (ps) or evaluating checkpoints (evaluator).
+inline bool TrainingRole(const std::string& role) { return role == "chief" || role == "worker"; }
 // How many tasks train with the built-in trainer: every task of a job without roles, else the
 // tasks of its chief and worker roles that run the trainer.
 int TrainingWorkers(const JobSpec& spec);

@@ -49,7 +49,8 @@ int RunPredict(const PredictOptions& options);
 int RunPreload(const std::string& spec_json);
 
 // The plugin's one exported symbol: verb is "train" (options: TrainOptions), "eval"
-// (EvalOptions), "predict" (PredictOptions) or "preload" (the spec's JSON, a std::string). Built from the same sources as the binary, so C++ types cross safely.
+// (EvalOptions), "predict" (PredictOptions) or "preload" (the spec's JSON, a std::string).
+// Built from the same sources as the binary, so C++ types cross safely.
 using PluginEntry = int (*)(const char* verb, const void* options);
 inline constexpr const char* kPluginEntry = "trainctl_torch_entry";
 

@@ -1004,7 +1004,7 @@ int RunTrainer(const TrainOptions& options) {
     watch.since = runs::RunStarted(spec->output_dir, env->run_id);
     return RunEval(watch);
   }
-  if (part != "worker" && part != "chief") {
+  if (!TrainingRole(part)) {
     return fail(InvalidArgument("the built-in trainer has no part for the role " + part));
   }
   // Training rank: a chief first, then the workers by index.
