@@ -43,8 +43,10 @@ Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
   return Limit(std::move(set), limit);
 }
 
-// What a split is: its part of the spec, and its files' sizes and modification times (a file
-// replaced since it was preloaded is read again).
+// What a split is: its part of the spec, and its files' identities (device and inode), sizes and
+// modification times: a file rewritten or replaced since it was preloaded is read again, a
+// replacement also when it keeps the size and time (rsync -a, an atomic rename). Not its content:
+// hashing 47 MB at every worker's start would give back most of what the preload saves.
 std::string SplitKey(const DataSpec& spec, bool train) {
   std::string key = spec.dataset + '\n' + spec.dir + '\n' + (train ? "train " : "test ") +
                     std::to_string(train ? spec.limit : spec.test_limit);
@@ -55,7 +57,8 @@ std::string SplitKey(const DataSpec& spec, bool train) {
   for (const auto& path : SplitFiles(spec, train)) {
     struct stat st{};
     if (::stat(path.c_str(), &st) != 0) return "";  // nothing to match: the worker reports it
-    key += '\n' + path + ' ' + std::to_string(st.st_size) + ' ' + std::to_string(st.st_mtim.tv_sec) + '.' +
+    key += '\n' + path + ' ' + std::to_string(st.st_dev) + ':' + std::to_string(st.st_ino) + ' ' +
+           std::to_string(st.st_size) + ' ' + std::to_string(st.st_mtim.tv_sec) + '.' +
            std::to_string(st.st_mtim.tv_nsec);
   }
   return key;

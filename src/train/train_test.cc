@@ -528,6 +528,12 @@ TEST(Data, APreloadedSplitIsTakenFromMemoryOnceAndReadAgainWhenItsFilesChange) {
   PreloadSplits(spec, false);
   write(3, 2000000);
   EXPECT_EQ(first_pixel(LoadSplit(spec, true)), 3);
+  // So is one replaced by another of the same size and time (as rsync -a or an atomic rename do).
+  PreloadSplits(spec, false);
+  const std::string images = s.path("d/train-images-idx3-ubyte");
+  ASSERT_EQ(::rename(images.c_str(), s.path("d/old").c_str()), 0);
+  write(4, 2000000);
+  EXPECT_EQ(first_pixel(LoadSplit(spec, true)), 4);
 }
 
 TEST(Schedule, WarmupStepAndCosine) {
