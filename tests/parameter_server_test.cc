@@ -83,6 +83,31 @@ TEST(ParameterServer, PsWorkersChiefAndAnEvaluatorWatchingCheckpoints) {
   EXPECT_TRUE(ProcessesWithEnv({"TRAINCTL_JOB_NAME=tf-layout"}).empty());
 }
 
+// An evaluator that starts only after the final model was exported (late on a busy machine, or
+// restarted) evaluates the run's last checkpoint and ends, instead of watching for a final model
+// newer than its own start until the job's timeout: the model was written in its run. Its command
+// waits for the export, then runs the built-in evaluator.
+TEST(ParameterServer, AnEvaluatorStartedAfterTheExportEvaluatesTheLastCheckpointAndEnds) {
+  Scratch s;
+  const std::string out = s.path("out");
+  auto r = Trainctl({"run", s.Write("job.yaml", "name: late-eval\noutput_dir: " + out + "\n" +
+                                                    Trainer("  max_steps: 8\n  eval: false\n") +
+                                                    "roles:\n  - {name: worker}\n"
+                                                    "  - {name: evaluator, command: [sh, -c, 'while [ ! -e " +
+                                                    out + "/model.safetensors ]; do sleep 0.1; done; sleep 1.1; "
+                                                    "exec \"$0\" train --task evaluator-0', " TRAINCTL_BIN "]}\n")},
+                    s.path(""), seconds(60));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  std::map<int64_t, double> evaluated;
+  for (const auto& line : SplitLines(s.Read("out/metrics.jsonl"))) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("source", "") == "evaluator") evaluated[j["step"]] = j["test_accuracy"];
+  }
+  EXPECT_EQ(evaluated.size(), 1u) << s.Read("out/metrics.jsonl") << s.Read("out/logs/evaluator-0.log");
+  EXPECT_TRUE(evaluated.count(8)) << s.Read("out/logs/evaluator-0.log");
+  EXPECT_EQ(ReadStatus(s, "out")["state"], "succeeded");
+}
+
 // async: a worker SIGKILLed mid-run is restarted alone and goes on from its own step; the others
 // never stop and the job spends no group restart.
 TEST(ParameterServer, AnAsyncWorkerKilledMidRunIsReplacedWithoutAGroupRestart) {
