@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "common/fs.h"
@@ -42,6 +43,20 @@ int64_t Elements(const std::vector<int64_t>& shape) {
     n *= d;
   }
   return n;
+}
+
+// A header's list of whole numbers from 0 to `max` (a shape, byte offsets), or nullopt. Not
+// json::get, which converts a float such as 5e23 to an integer with undefined behaviour.
+std::optional<std::vector<uint64_t>> Naturals(const json& j, uint64_t max) {
+  if (!j.is_array()) return std::nullopt;
+  std::vector<uint64_t> out;
+  for (const auto& v : j) {
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) return std::nullopt;
+    const uint64_t n = v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
+    if (n > max) return std::nullopt;
+    out.push_back(n);
+  }
+  return out;
 }
 
 // The step from "ckpt-<step>.safetensors", or -1.
@@ -137,8 +152,12 @@ Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
       Blob t;
       t.name = name;
       t.dtype = entry.at("dtype").get<std::string>();
-      t.shape = entry.at("shape").get<std::vector<int64_t>>();
-      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      const auto shape = Naturals(entry.at("shape"), INT64_MAX);
+      if (!shape) return bad("tensor " + name + ": its shape is not a list of whole numbers from 0");
+      t.shape.assign(shape->begin(), shape->end());
+      const auto offsets_read = Naturals(entry.at("data_offsets"), UINT64_MAX);
+      if (!offsets_read) return bad("tensor " + name + ": its data_offsets are not whole numbers from 0");
+      const std::vector<uint64_t>& offsets = *offsets_read;
       int size = DtypeSize(t.dtype);
       int64_t elements = Elements(t.shape);
       if (size == 0) return bad("tensor " + name + ": unknown dtype " + t.dtype);

@@ -67,6 +67,35 @@ TEST(Safetensors, EveryKindOfDamageIsCaught) {
   EXPECT_FALSE(Decode(std::string(8, '\xff') + "{}", "len").ok());
 }
 
+// A header whose shape or offsets hold what is not a whole number from 0 (a float out of any
+// integer's range, found by the fuzzer, was converted with undefined behaviour) names the tensor.
+TEST(Safetensors, AShapeOrOffsetThatIsNotAWholeNumberIsALocatedError) {
+  const std::string good = *Encode(Sample(1));
+  uint64_t n = 0;
+  std::memcpy(&n, good.data(), 8);
+  const std::string header = good.substr(8, n), data = good.substr(8 + n);
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"shape\":[1]", "\"shape\":[5.55556e+23]"},
+           {"\"shape\":[1]", "\"shape\":[1.0]"},
+           {"\"shape\":[1]", "\"shape\":[-1]"},
+           {"\"shape\":[1]", "\"shape\":[\"1\"]"},
+           {"\"shape\":[1]", "\"shape\":[18446744073709551615]"},
+           {"\"data_offsets\":[16,24]", "\"data_offsets\":[16,2.4e1]"},
+           {"\"data_offsets\":[16,24]", "\"data_offsets\":[-16,24]"}}) {
+    std::string h = header;
+    const size_t at = h.find(from);
+    ASSERT_NE(at, std::string::npos) << h;
+    h.replace(at, from.size(), to);
+    std::string bytes(8, '\0');
+    const uint64_t size = h.size();
+    std::memcpy(bytes.data(), &size, 8);
+    auto r = Decode(bytes + h + data, "f.safetensors");
+    ASSERT_FALSE(r.ok()) << to;
+    EXPECT_NE(r.status().message().find("f.safetensors: tensor step_count: its"), std::string::npos)
+        << to << ": " << r.status().message();
+  }
+}
+
 TEST(Safetensors, FuzzedFilesNeverCrashTheDecoder) {
   std::string good = *Encode(Sample(5));
   std::mt19937 rng(7);
