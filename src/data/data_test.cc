@@ -104,6 +104,10 @@ TEST(Idx, BadFilesAreNamedWithWhatIsWrong) {
   expect_error(IdxFiles(5, 20).second, labels, "not an idx3 image file (magic 0x00000801, expected 0x00000803)");
   expect_error(images, IdxFiles(5, 4).second, "has 5 images but " + s.path("l") + " has 4 labels");
   expect_error("abc", labels, "shorter than an idx header");
+  // Images of 0 rows: the count (4179886336) would pass every size check (found by dataset_fuzz).
+  expect_error(BigEndian(0x803) + BigEndian(0xf9240100) + BigEndian(0) + BigEndian(0x1800), labels,
+               s.path("i") + ": the header gives dimension 2 of 3 a size of 0");
+  expect_error(images, BigEndian(0x801) + BigEndian(0), s.path("l") + ": the header gives dimension 1 of 1 a size of 0");
   auto missing = LoadIdx(s.path("nope"), s.path("l"));
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find(s.path("nope")), std::string::npos);

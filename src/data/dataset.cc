@@ -96,6 +96,11 @@ Result<std::vector<uint32_t>> IdxHeader(const std::vector<uint8_t>& data, const 
   uint64_t payload = 1;
   for (int d = 0; d < dims; ++d) {
     sizes.push_back(BigEndian32(data, 4 + 4 * static_cast<size_t>(d)));
+    // A size of 0 would let any count through the checks below (and the labels be sized from it).
+    if (sizes.back() == 0) {
+      return InvalidArgument(path + ": the header gives dimension " + std::to_string(d + 1) + " of " +
+                             std::to_string(dims) + " a size of 0");
+    }
     payload *= sizes.back();
     if (payload > static_cast<uint64_t>(kMaxBytes)) return InvalidArgument(path + ": sizes in the header are too large");
   }
