@@ -20,10 +20,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<Figures> runs;
   for (const auto& e : doc["experiments"]) {
     if (!e.is_object()) continue;
-    Figures f = Figures::FromJson(e);
-    Figures again = Figures::FromJson(f.ToJson());
-    if (again.id != f.id || again.state != f.state || again.point != f.point) std::abort();
-    runs.push_back(f);
+    auto f = Figures::FromJson(e);
+    if (!f.ok()) continue;
+    auto again = Figures::FromJson(f->ToJson());
+    if (!again.ok() || again->id != f->id || again->state != f->state || again->point != f->point) std::abort();
+    runs.push_back(*f);
   }
   (void)Aggregates(runs);
   int regressions = 0;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <tuple>
 
 #include "bench/matrix.h"
 #include "common/fs.h"
@@ -150,6 +151,36 @@ TEST(BenchResults, CompareFlagsThroughputDownAndEpochTimeUpPastTheThreshold) {
   EXPECT_NE(table.find("REGRESSION"), std::string::npos);
   Compare(a, a, 0.05, &regressions);
   EXPECT_EQ(regressions, 0);
+}
+
+// A result set written by bench reads back as it was; one edited by hand or written by another
+// tool, with a field of the wrong type, is an error naming the experiment and the field, not a
+// crash (json::value threw; found by bench_fuzz) or a float turned into an int.
+TEST(BenchResults, AResultSetReadsBackAndAMistypedFieldIsNamed) {
+  char dir[] = "/tmp/bench-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  Figures f = Made("trainctl", 2, 6, 180);
+  f.loss = {{1, 2.5}, {2, 2.25}};
+  nlohmann::json doc = {{"experiments", {f.ToJson()}}};
+  ASSERT_TRUE(AtomicWriteFile(std::string(dir) + "/results.json", doc.dump()).ok());
+  auto back = ReadResults(dir);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  ASSERT_EQ(back->size(), 1u);
+  EXPECT_EQ((*back)[0].ToJson(), f.ToJson());
+  for (const auto& [field, value, want] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"state", 3, "\"state\" is number, expected text"},
+           {"samples_per_s", "fast", "\"samples_per_s\" is string, expected a number"},
+           {"repeat", 1e30, "\"repeat\" is 1e+30, expected a whole number"},
+           {"workers", 2.5, "\"workers\" is 2.5, expected a whole number"}}) {
+    nlohmann::json bad = doc;
+    bad["experiments"].push_back(f.ToJson());
+    bad["experiments"][1][field] = value;
+    ASSERT_TRUE(AtomicWriteFile(std::string(dir) + "/results.json", bad.dump()).ok());
+    auto r = ReadResults(dir);
+    ASSERT_FALSE(r.ok()) << field;
+    EXPECT_EQ(r.status().message(), std::string(dir) + "/results.json: experiments[1]: " + want);
+  }
+  RemoveAll(dir);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "bench/results.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -203,29 +204,55 @@ json Figures::ToJson() const {
           {"comm_wait_seconds", comm_wait_seconds}, {"restarts", restarts}, {"loss", loss_json}};
 }
 
-Figures Figures::FromJson(const json& j) {
+Result<Figures> Figures::FromJson(const json& j) {
+  // Typed reads: json::value throws on a field of another type, and converts a float such as
+  // 1e30 to an int with undefined behaviour.
+  std::string bad;
+  auto text = [&](const char* k, const char* fallback) -> std::string {
+    if (!j.contains(k)) return fallback;
+    if (j[k].is_string()) return j[k].get<std::string>();
+    if (bad.empty()) bad = std::string("\"") + k + "\" is " + j[k].type_name() + ", expected text";
+    return fallback;
+  };
+  auto number = [&](const char* k, double fallback) -> double {
+    if (!j.contains(k)) return fallback;
+    if (j[k].is_number()) return j[k].get<double>();
+    if (bad.empty()) bad = std::string("\"") + k + "\" is " + j[k].type_name() + ", expected a number";
+    return fallback;
+  };
+  auto whole = [&](const char* k, int fallback) -> int {
+    if (!j.contains(k)) return fallback;
+    const json& v = j[k];
+    if (v.is_number_unsigned() ? v.get<uint64_t>() <= INT_MAX
+                               : v.is_number_integer() && v.get<int64_t>() >= INT_MIN && v.get<int64_t>() <= INT_MAX) {
+      return static_cast<int>(v.get<int64_t>());
+    }
+    if (bad.empty()) bad = std::string("\"") + k + "\" is " + v.dump().substr(0, 40) + ", expected a whole number";
+    return fallback;
+  };
   Figures f;
-  f.id = j.value("id", "");
-  f.system = j.value("system", "");
-  f.state = j.value("state", "pending");
+  f.id = text("id", "");
+  f.system = text("system", "");
+  f.state = text("state", "pending");
   if (j.contains("point") && j["point"].is_array()) {
     for (const auto& kv : j["point"]) {
       if (kv.is_array() && kv.size() == 2 && kv[0].is_string() && kv[1].is_string()) f.point.emplace_back(kv[0], kv[1]);
     }
   }
-  f.repeat = j.value("repeat", 0);
-  f.workers = j.value("workers", 1);
-  f.exit_code = j.value("exit_code", -1);
-  f.failure = j.value("failure", "");
-  f.started = j.value("started", 0.0);
-  f.wall_seconds = j.value("wall_seconds", -1.0);
-  f.epoch_seconds = j.value("epoch_seconds", -1.0);
-  f.samples_per_s = j.value("samples_per_s", -1.0);
-  f.test_accuracy = j.value("test_accuracy", -1.0);
-  f.time_to_accuracy = j.value("time_to_accuracy", -1.0);
-  f.peak_rss_mb = j.value("peak_rss_mb", -1.0);
-  f.comm_wait_seconds = j.value("comm_wait_seconds", -1.0);
-  f.restarts = j.value("restarts", 0);
+  f.repeat = whole("repeat", 0);
+  f.workers = whole("workers", 1);
+  f.exit_code = whole("exit_code", -1);
+  f.failure = text("failure", "");
+  f.started = number("started", 0.0);
+  f.wall_seconds = number("wall_seconds", -1.0);
+  f.epoch_seconds = number("epoch_seconds", -1.0);
+  f.samples_per_s = number("samples_per_s", -1.0);
+  f.test_accuracy = number("test_accuracy", -1.0);
+  f.time_to_accuracy = number("time_to_accuracy", -1.0);
+  f.peak_rss_mb = number("peak_rss_mb", -1.0);
+  f.comm_wait_seconds = number("comm_wait_seconds", -1.0);
+  f.restarts = whole("restarts", 0);
+  if (!bad.empty()) return InvalidArgument(bad);
   if (j.contains("loss") && j["loss"].is_array()) {
     for (const auto& p : j["loss"]) {
       if (p.is_array() && p.size() == 2 && p[0].is_number() && p[1].is_number()) f.loss.emplace_back(p[0], p[1]);
@@ -479,8 +506,14 @@ Result<std::vector<Figures>> ReadResults(const std::string& dir) {
     return InvalidArgument(dir + "/results.json: not a trainctl bench result set");
   }
   std::vector<Figures> out;
-  for (const auto& e : doc["experiments"]) {
-    if (e.is_object()) out.push_back(Figures::FromJson(e));
+  const json& experiments = doc["experiments"];
+  for (size_t i = 0; i < experiments.size(); ++i) {
+    if (!experiments[i].is_object()) continue;
+    auto f = Figures::FromJson(experiments[i]);
+    if (!f.ok()) {
+      return InvalidArgument(dir + "/results.json: experiments[" + std::to_string(i) + "]: " + f.status().message());
+    }
+    out.push_back(std::move(*f));
   }
   return out;
 }

@@ -34,7 +34,9 @@ struct Figures {
   std::vector<std::pair<double, double>> loss;  // (step, loss), at most 200 points
 
   nlohmann::json ToJson() const;
-  static Figures FromJson(const nlohmann::json& j);
+  // What ToJson wrote; a field of another type (a hand-edited or foreign results.json) is an
+  // error that names it. Fields that are missing take their defaults.
+  static Result<Figures> FromJson(const nlohmann::json& j);
 };
 
 // Reads an experiment's figures from its output directory (metrics.jsonl, status.json); `f`
