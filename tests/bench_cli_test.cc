@@ -292,5 +292,23 @@ TEST(Bench, ABadPointIsRefusedBeforeAnythingRuns) {
   EXPECT_FALSE(fs::exists(s.path("results/bad")) && !fs::is_empty(s.path("results/bad"))) << "nothing ran, nothing kept";
 }
 
+// --resume of a result set edited by hand or written by another tool: a mistyped field is named,
+// trainctl bench does not end on an exception, and nothing in the set is changed.
+TEST(Bench, ResumingAMangledResultSetNamesWhatIsWrongAndChangesNothing) {
+  Scratch s;
+  const std::string mistyped = "{\"matrix\": \"m.yaml\", \"experiments\": [{\"id\": \"a\", \"state\": 7}]}";
+  fs::create_directories(s.path("r"));
+  s.Write("r/results.json", mistyped);
+  auto r = Trainctl({"bench", "--resume", "r"}, s.path(""));
+  EXPECT_EQ(r.exit.code, 2) << r.output;
+  EXPECT_NE(r.output.find("r/results.json: experiments[0]: \"state\" is number, expected text"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(s.Read("r/results.json"), mistyped);
+  s.Write("r/results.json", "{\"matrix\": 5, \"experiments\": []}");
+  r = Trainctl({"bench", "--resume", "r"}, s.path(""));
+  EXPECT_EQ(r.exit.code, 2) << r.output;
+  EXPECT_NE(r.output.find("r/results.json does not name its matrix"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace trainctl::testing

@@ -396,8 +396,14 @@ int RunBench(const BenchFlags& f) {
     if (!prior.ok()) return Fail("bench", prior.status());
     done = *prior;
     auto doc = nlohmann::json::parse(*ReadFile(f.resume + "/results.json"), nullptr, false);
-    if (path.empty()) path = doc.value("matrix", "");
+    if (path.empty() && doc.is_object() && doc.contains("matrix") && doc["matrix"].is_string()) {
+      path = doc["matrix"].get<std::string>();
+    }
     dir = AbsolutePath(f.resume);
+    if (path.empty()) {
+      return Fail("bench", InvalidArgument(f.resume + "/results.json does not name its matrix (\"matrix\": a path); "
+                                           "give it: trainctl bench MATRIX --resume " + f.resume));
+    }
   }
   if (path.empty()) return Fail("bench", InvalidArgument("expected a matrix file (or --resume DIR)"));
   auto m = bench::LoadMatrix(path);
