@@ -67,6 +67,7 @@ std::string SplitKey(const DataSpec& spec, bool train) {
 struct Preloaded {
   std::string key;
   data::ImageSet set;
+  Normalizer norm;  // a training split's
 };
 std::vector<Preloaded>& PreloadedSplits() {
   static std::vector<Preloaded> splits;  // a worker server's, before any copy (one thread)
@@ -80,7 +81,9 @@ void PreloadSplits(const DataSpec& spec, bool test) {
     if (!train && !test) continue;
     const std::string key = SplitKey(spec, train);
     auto set = LoadSplitFromFiles(spec, train);
-    if (!key.empty() && set.ok()) PreloadedSplits().push_back({key, std::move(*set)});
+    if (key.empty() || !set.ok()) continue;
+    Normalizer norm = train ? Normalizer::Compute(*set) : Normalizer{};
+    PreloadedSplits().push_back({key, std::move(*set), std::move(norm)});
   }
 }
 
@@ -90,18 +93,21 @@ int RunPreload(const std::string& spec_json) {
   return 0;
 }
 
-Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train) {
+Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train, Normalizer* norm) {
   auto& splits = PreloadedSplits();
   if (!splits.empty()) {
     const std::string key = SplitKey(spec, train);
     for (auto it = splits.begin(); it != splits.end(); ++it) {
       if (it->key != key) continue;
       data::ImageSet set = std::move(it->set);  // its pages stay shared with the server's
+      if (norm) *norm = it->norm.mean.empty() ? Normalizer::Compute(set) : std::move(it->norm);
       splits.erase(it);
       return set;
     }
   }
-  return LoadSplitFromFiles(spec, train);
+  ASSIGN_OR_RETURN(auto set, LoadSplitFromFiles(spec, train));
+  if (norm) *norm = Normalizer::Compute(set);
+  return set;
 }
 
 std::vector<std::string> ClassNames(const std::string& dataset, int classes) {

@@ -520,10 +520,19 @@ TEST(Data, APreloadedSplitIsTakenFromMemoryOnceAndReadAgainWhenItsFilesChange) {
   spec.dir = s.path("d");
   write(1, 1000000);
   PreloadSplits(spec, /*test=*/false);
-  // Other pixels behind the same size and time: what comes back is the preloaded copy, once.
+  // Other pixels behind the same size and time: what comes back is the preloaded copy, once, with
+  // the normalization the preload computed from it.
   write(2, 1000000);
-  EXPECT_EQ(first_pixel(LoadSplit(spec, true)), 1);
-  EXPECT_EQ(first_pixel(LoadSplit(spec, true)), 2);
+  Normalizer norm;
+  auto preloaded = LoadSplit(spec, true, &norm);
+  EXPECT_EQ(first_pixel(preloaded), 1);
+  ASSERT_TRUE(preloaded.ok());
+  EXPECT_EQ(norm.mean, Normalizer::Compute(*preloaded).mean);
+  EXPECT_EQ(norm.std, Normalizer::Compute(*preloaded).std);
+  EXPECT_NEAR(norm.mean.at(0), 1 / 255.0, 1e-7);
+  auto read = LoadSplit(spec, true, &norm);
+  EXPECT_EQ(first_pixel(read), 2);
+  EXPECT_NEAR(norm.mean.at(0), 2 / 255.0, 1e-7);
   // A file changed since the preload is read again.
   PreloadSplits(spec, false);
   write(3, 2000000);

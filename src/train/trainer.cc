@@ -332,7 +332,7 @@ class Trainer {
 Status Trainer::Setup() {
   batch_ = t_.global_batch_size > 0 ? t_.global_batch_size / world_ : t_.batch_size;
   if (batch_ < 1) return InvalidArgument("trainer.global_batch_size is smaller than the world size");
-  ASSIGN_OR_RETURN(train_set_, LoadSplit(t_.data, /*train=*/true));
+  ASSIGN_OR_RETURN(train_set_, LoadSplit(t_.data, /*train=*/true, &norm_));
   if (t_.eval) {
     ASSIGN_OR_RETURN(test_set_, LoadSplit(t_.data, /*train=*/false));
   }
@@ -344,7 +344,6 @@ Status Trainer::Setup() {
   }
   total_steps_ = steps_per_epoch_ * t_.epochs;
   if (t_.max_steps > 0) total_steps_ = std::min(total_steps_, t_.max_steps);
-  norm_ = Normalizer::Compute(train_set_);
   loaded_ = Clock::now();
 
   torch::manual_seed(static_cast<uint64_t>(t_.seed));
