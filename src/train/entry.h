@@ -44,8 +44,8 @@ struct PredictOptions {
 int RunPredict(const PredictOptions& options);
 
 // A worker server's preload (agent/worker_forks.h): the splits that the job spec (JSON) trains
-// and tests on, kept in the process for the copies made after it. Returns 0; a split that cannot
-// be loaded is left for the workers to report.
+// and tests on, kept in the process for the copies made after it, and one warm-up step of its
+// model. Returns 0; a split that cannot be loaded is left for the workers to report.
 int RunPreload(const std::string& spec_json);
 
 // The plugin's one exported symbol: verb is "train" (options: TrainOptions), "eval"

@@ -76,21 +76,20 @@ std::vector<Preloaded>& PreloadedSplits() {
 
 }  // namespace
 
-void PreloadSplits(const DataSpec& spec, bool test) {
+const data::ImageSet* PreloadSplits(const DataSpec& spec, bool test) {
+  auto& splits = PreloadedSplits();
+  splits.reserve(splits.size() + 2);  // the pointer returned stays valid
+  const data::ImageSet* train_set = nullptr;
   for (bool train : {true, false}) {
     if (!train && !test) continue;
     const std::string key = SplitKey(spec, train);
     auto set = LoadSplitFromFiles(spec, train);
     if (key.empty() || !set.ok()) continue;
     Normalizer norm = train ? Normalizer::Compute(*set) : Normalizer{};
-    PreloadedSplits().push_back({key, std::move(*set), std::move(norm)});
+    splits.push_back({key, std::move(*set), std::move(norm)});
+    if (train) train_set = &splits.back().set;
   }
-}
-
-int RunPreload(const std::string& spec_json) {
-  auto spec = JobSpecFromJson(spec_json);
-  if (spec.ok()) PreloadSplits(spec->trainer.data, spec->trainer.eval);
-  return 0;
+  return train_set;
 }
 
 Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train, Normalizer* norm) {

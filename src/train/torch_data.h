@@ -31,8 +31,8 @@ Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train, Normalizer* n
 // (agent/worker_forks.h), so that each copy finds the decoded images in its memory, shared with
 // the server's, instead of reading and inflating the files again and reading all their pixels
 // for the normalization (75 ms of a copy's start on Fashion-MNIST). A split that cannot be
-// loaded is left for the worker to report.
-void PreloadSplits(const DataSpec& spec, bool test);
+// loaded is left for the worker to report. Returns the preloaded training split, or null.
+const data::ImageSet* PreloadSplits(const DataSpec& spec, bool test);
 
 // Class names for a dataset ("T-shirt/top", ...; "class 7" when it has none).
 std::vector<std::string> ClassNames(const std::string& dataset, int classes);
