@@ -35,8 +35,10 @@ void ServeWorkersIfAsked(const GlobalFlags& flags) {
   auto entry = PluginFunction<train::PluginEntry>(kTorchPlugin, train::kPluginEntry);
   if (!entry.ok()) std::exit(kExitError);  // each worker says why, as a process of its own
   if (const char* spec = std::getenv(kEnvPreloadSpec)) {
-    const std::string json = spec;
-    (*entry)("preload", &json);
+    train::PreloadOptions o;
+    o.spec_json = spec;
+    o.log_level = flags.log_level;
+    (*entry)("preload", &o);
   }
   ServeForks(flags.argc, flags.argv);  // exits if LibTorch started a thread as it loaded
 }

@@ -46,10 +46,14 @@ int RunPredict(const PredictOptions& options);
 // A worker server's preload (agent/worker_forks.h): the splits that the job spec (JSON) trains
 // and tests on, kept in the process for the copies made after it, and one warm-up step of its
 // model. Returns 0; a split that cannot be loaded is left for the workers to report.
-int RunPreload(const std::string& spec_json);
+struct PreloadOptions {
+  std::string spec_json;
+  std::string log_level = "info";  // debug: says what it loaded and how long the warm-up took
+};
+int RunPreload(const PreloadOptions& options);
 
 // The plugin's one exported symbol: verb is "train" (options: TrainOptions), "eval"
-// (EvalOptions), "predict" (PredictOptions) or "preload" (the spec's JSON, a std::string).
+// (EvalOptions), "predict" (PredictOptions) or "preload" (PreloadOptions).
 // Built from the same sources as the binary, so C++ types cross safely.
 using PluginEntry = int (*)(const char* verb, const void* options);
 inline constexpr const char* kPluginEntry = "trainctl_torch_entry";

@@ -18,6 +18,6 @@ extern "C" __attribute__((visibility("default"))) int trainctl_torch_entry(const
   if (std::strcmp(verb, "train") == 0) return RunTrainer(*static_cast<const TrainOptions*>(options));
   if (std::strcmp(verb, "eval") == 0) return RunEval(*static_cast<const EvalOptions*>(options));
   if (std::strcmp(verb, "predict") == 0) return RunPredict(*static_cast<const PredictOptions*>(options));
-  if (std::strcmp(verb, "preload") == 0) return RunPreload(*static_cast<const std::string*>(options));
+  if (std::strcmp(verb, "preload") == 0) return RunPreload(*static_cast<const PreloadOptions*>(options));
   return 1;
 }

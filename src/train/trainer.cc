@@ -231,9 +231,9 @@ class Autocast {
 // serve): one compute thread, the CPU only, and no backward where LibTorch has a GPU backend
 // (its autograd engine starts a thread per GPU at the first backward). The copies reseed. On the
 // 2-core VM the example's first step in a copy took 45-59 ms instead of 124-152.
-void WarmUp(const JobSpec& spec, const data::ImageSet& set) {
+bool WarmUp(const JobSpec& spec, const data::ImageSet& set) {
   const TrainerSpec& t = spec.trainer;
-  if (t.device == "cuda" || set.count < 1) return;
+  if (t.device == "cuda" || set.count < 1) return false;
   bool accelerator = false;
   for (int type = 0; type < static_cast<int>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES); ++type) {
     const auto d = static_cast<c10::DeviceType>(type);
@@ -247,11 +247,11 @@ void WarmUp(const JobSpec& spec, const data::ImageSet& set) {
   // step is a worker's whole step, made before any copy starts: for large inputs (ImageNet's) it
   // would hold the first copies back longer than their first steps gain.
   constexpr int64_t kMaxPixels = int64_t{1} << 20;
-  if (batch * set.image_bytes() > kMaxPixels) return;
+  if (batch * set.image_bytes() > kMaxPixels) return false;
   try {
     at::set_num_threads(1);
     auto model = models::MakeModel(t.model, {set.channels, set.rows, set.cols, classes});
-    if (!model.ok()) return;
+    if (!model.ok()) return false;
     (*model)->train();
     torch::Tensor x = torch::zeros({batch, set.channels, set.rows, set.cols});
     if (t.memory_format == "channels_last") x = x.contiguous(torch::MemoryFormat::ChannelsLast);
@@ -263,9 +263,12 @@ void WarmUp(const JobSpec& spec, const data::ImageSet& set) {
     if (!accelerator) {
       torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), torch::zeros({batch}, torch::kLong)).backward();
     }
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
     // Nothing is lost: each copy makes what it needs on first use, as an exec'd worker does.
+    LOG_DEBUG("worker server: the warm-up step failed: {}", e.what());
+    return false;
   }
+  return true;
 }
 
 std::string JoinFloats(const std::vector<float>& v) {
@@ -1382,10 +1385,22 @@ int RunPredict(const PredictOptions& o) {
   return kExitOk;
 }
 
-int RunPreload(const std::string& spec_json) {
-  auto spec = JobSpecFromJson(spec_json);
+int RunPreload(const PreloadOptions& options) {
+  log::SetLevel(options.log_level);
+  auto spec = JobSpecFromJson(options.spec_json);
   if (!spec.ok()) return 0;
-  if (const data::ImageSet* train = PreloadSplits(spec->trainer.data, spec->trainer.eval)) WarmUp(*spec, *train);
+  const auto start = Clock::now();
+  const data::ImageSet* train = PreloadSplits(spec->trainer.data, spec->trainer.eval);
+  if (!train) {
+    LOG_DEBUG("worker server: the training set did not load; each worker will read it and say why");
+    return 0;
+  }
+  const auto loaded = Clock::now();
+  const bool warmed = WarmUp(*spec, *train);
+  LOG_DEBUG("worker server: {} training images{} loaded in {:.3f} s; {}", train->count,
+            spec->trainer.eval ? " and the test set" : "", SecondsSince(start),
+            warmed ? fmt::format("a warm-up step of {} in {:.3f} s", spec->trainer.model, SecondsSince(loaded))
+                   : std::string("no warm-up step"));
   return 0;
 }
 
