@@ -1395,10 +1395,10 @@ int RunPreload(const PreloadOptions& options) {
     LOG_DEBUG("worker server: the training set did not load; each worker will read it and say why");
     return 0;
   }
+  const double load_seconds = SecondsSince(start);
   const auto loaded = Clock::now();
   const bool warmed = WarmUp(*spec, *train);
-  LOG_DEBUG("worker server: {} training images{} loaded in {:.3f} s; {}", train->count,
-            spec->trainer.eval ? " and the test set" : "", SecondsSince(start),
+  LOG_DEBUG("worker server: the data ({} training images) loaded in {:.3f} s; {}", train->count, load_seconds,
             warmed ? fmt::format("a warm-up step of {} in {:.3f} s", spec->trainer.model, SecondsSince(loaded))
                    : std::string("no warm-up step"));
   return 0;
