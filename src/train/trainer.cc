@@ -224,6 +224,12 @@ class Autocast {
   bool on_, cuda_;
 };
 
+// Each training rank's batch: trainer.global_batch_size split evenly among `world` ranks, else
+// trainer.batch_size. Below 1 when the global batch is smaller than the world.
+int64_t WorkerBatch(const TrainerSpec& t, int world) {
+  return t.global_batch_size > 0 ? t.global_batch_size / world : t.batch_size;
+}
+
 // One forward and backward of the spec's model on a batch of zeros shaped as a worker's, in a
 // worker server before it makes copies: what LibTorch and oneDNN make on first use (oneDNN's
 // primitives and the kernels it generates for them, the dispatcher's caches) is then made once,
@@ -241,8 +247,8 @@ bool WarmUp(const JobSpec& spec, const data::ImageSet& set) {
     if (!cpu_queue && c10::impl::hasDeviceGuardImpl(d)) accelerator = true;
   }
   const int classes = t.data.dataset == "synthetic" ? t.data.classes : set.num_classes;
-  const int world = std::max(1, spec.roles.empty() ? spec.nodes.max * spec.procs_per_node : TrainingWorkers(spec));
-  const int64_t batch = t.global_batch_size > 0 ? std::max<int64_t>(1, t.global_batch_size / world) : t.batch_size;
+  const int64_t batch = WorkerBatch(t, std::max(1, TrainingWorkers(spec)));
+  if (batch < 1) return false;  // the workers refuse such a spec
   // The primitives are made for the batch's shape (a batch of 1 or 8 saved half as much), so the
   // step is a worker's whole step, made before any copy starts: for large inputs (ImageNet's) it
   // would hold the first copies back longer than their first steps gain.
@@ -378,7 +384,7 @@ class Trainer {
 };
 
 Status Trainer::Setup() {
-  batch_ = t_.global_batch_size > 0 ? t_.global_batch_size / world_ : t_.batch_size;
+  batch_ = WorkerBatch(t_, world_);
   if (batch_ < 1) return InvalidArgument("trainer.global_batch_size is smaller than the world size");
   ASSIGN_OR_RETURN(train_set_, LoadSplit(t_.data, /*train=*/true, &norm_));
   if (t_.eval) {
