@@ -383,15 +383,23 @@ TEST(Cli, KillingTrainctlWithSigkillStillStopsEveryWorker) {
 
 // An agent SIGKILLed: its workers get SIGTERM from the kernel (they die with their parent), and
 // what they started in the background comes to trainctl, a subreaper, which stops it. (It used to
-// be reparented to init and outlive the job.)
+// be reparented to init and outlive the job.) The launcher starts the agent again (docs/cli.md,
+// "Killed agent"), and the next round's tasks go with a stop as everything else does.
 TEST(Cli, ASigkilledAgentsWorkersLeaveNothingBehind) {
   Scratch s;
   auto job = StartJobWithGrandchildren(s);
   const std::vector<pid_t> agents = ReadPids(s.path("agents"));
+  const std::vector<pid_t> first = ReadPids(s.path("pids"));
   ASSERT_FALSE(agents.empty());
   ASSERT_EQ(::kill(agents[0], SIGKILL), 0);
+  for (pid_t p : first) {
+    EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(5))) << "pid " << p << " outlived its round";
+  }
+  ASSERT_TRUE(Eventually([&] { return ReadPids(s.path("pids")).size() == 16; })) << job->Output();
+  ::kill(job->pid(), SIGTERM);
   ExitInfo exit = job->Wait(seconds(30));
-  EXPECT_NE(exit.code, 0) << job->Output();
+  EXPECT_EQ(exit.code, kExitInterrupted) << job->Output();
+  EXPECT_EQ(ReadStatus(s)["restarts"], 1);
   for (pid_t p : ReadPids(s.path("pids"))) {
     EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(5))) << "pid " << p << " outlived the job";
   }

@@ -108,21 +108,65 @@ TEST(Elastic, ALostNodeShrinksTheJobAJoiningNodeGrowsItAndTheBudgetIsTheJobs) {
   EXPECT_EQ(Started(s, "3"), 0) << s.Read("rounds");
 }
 
-TEST(Elastic, ALostNodeOfAFixedSizeJobStopsTheJob) {
-  Scratch s;
-  std::string spec = s.Write("job.yaml", Fill(s,
-      "name: fixed\nnodes: 2\ntimeouts: {stop_grace: 2s}\n"
-      "command: [sh, -c, '" + std::string(kWorker) + "']\noutput_dir: {out}/out\n"));
-  Background job({"run", spec}, s.path(""), s.path("run.log"));
-  ASSERT_TRUE(Eventually([&] { return Started(s, "0 0 2 0") + Started(s, "0 1 2 0") == 2; }))
-      << s.Read("rounds") << job.Output();
-  pid_t agent1 = AgentPid(RunId(job.Output()), 1);
-  ASSERT_GT(agent1, 0);
-  ASSERT_EQ(::kill(agent1, SIGKILL), 0);
-  ExitInfo exit = job.Wait(seconds(30));
-  EXPECT_EQ(exit.code, kExitError) << job.Output();
-  EXPECT_NE(job.Output().find("the agent for node 1 died: signal 9 (SIGKILL)"), std::string::npos)
-      << job.Output();
+// The pids of the workers that {out}/rounds says started with `prefix`.
+std::vector<pid_t> WorkerPids(const Scratch& s, const std::string& prefix) {
+  std::vector<pid_t> pids;
+  for (const auto& line : SplitLines(s.Read("rounds"))) {
+    if (line.rfind(prefix + " ", 0) == 0) pids.push_back(std::stoi(line.substr(line.rfind(' ') + 1)));
+  }
+  return pids;
+}
+
+// A fixed-size job's agent killed (the OOM killer, a kill) is started again by the local launcher,
+// as Kubernetes replaces a pod: the launcher ends the round at once (the heartbeat here would take
+// a minute), which spends a restart, and the job goes on with every node in the next round. Once
+// the budget is spent, the next killed agent ends the job, reported as a lost node.
+TEST(Elastic, AKilledAgentOfAFixedSizeJobIsStartedAgainWithinTheRestartBudget) {
+  for (int killed : {0, 1}) {
+    SCOPED_TRACE("the agent of node " + std::to_string(killed) + " killed");
+    Scratch s;
+    std::string spec = s.Write("job.yaml", Fill(s,
+        "name: fixed\nnodes: 2\nrestart: {max_restarts: 1}\ntimeouts: {stop_grace: 2s, heartbeat: 60s}\n"
+        "command: [sh, -c, 'echo \"$TRAINCTL_ROUND $GROUP_RANK $WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $$\" "
+        ">> {out}/rounds; while [ ! -e {out}/done ]; do sleep 0.05; done']\noutput_dir: {out}/out\n"));
+    Background job({"run", spec}, s.path(""), s.path("run.log"));
+    ASSERT_TRUE(Eventually([&] { return Started(s, "0 0 2 0") + Started(s, "0 1 2 0") == 2; }))
+        << s.Read("rounds") << job.Output();
+    const std::string run_id = RunId(job.Output());
+    const std::vector<pid_t> first = WorkerPids(s, "0");
+    pid_t agent = AgentPid(run_id, killed);
+    ASSERT_GT(agent, 0);
+    ASSERT_EQ(::kill(agent, SIGKILL), 0);
+    // Round 1 has both nodes again, and round 0's workers are gone.
+    ASSERT_TRUE(Eventually([&] { return Started(s, "1 0 2 1") + Started(s, "1 1 2 1") == 2; }))
+        << s.Read("rounds") << job.Output();
+    for (pid_t p : first) EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(10))) << p;
+    EXPECT_NE(job.Output().find("the agent for node " + std::to_string(killed) +
+                                " died: signal 9 (SIGKILL); started it again"),
+              std::string::npos) << job.Output();
+    pid_t again = AgentPid(run_id, killed);
+    ASSERT_GT(again, 0);
+    EXPECT_NE(again, agent);
+
+    if (killed == 0) {  // the job goes on to succeed
+      s.Write("done", "");
+      ExitInfo exit = job.Wait(seconds(30));
+      EXPECT_EQ(exit.code, kExitOk) << job.Output();
+      EXPECT_EQ(ReadStatus(s)["restarts"], 1) << s.Read("out/status.json");
+      continue;
+    }
+    // The one restart is spent: the next killed agent ends the job.
+    ASSERT_EQ(::kill(again, SIGKILL), 0);
+    ExitInfo exit = job.Wait(seconds(30));
+    EXPECT_EQ(exit.code, kExitWorkerFailed) << job.Output();
+    EXPECT_NE(job.Output().find("job fixed failed after 1 restart(s) (max_restarts: 1): node 1 ("),
+              std::string::npos) << job.Output();
+    EXPECT_NE(job.Output().find("was lost: its agent died: signal 9 (SIGKILL)"), std::string::npos) << job.Output();
+    auto status = ReadStatus(s);
+    EXPECT_EQ(status["failure"]["kind"], "node_lost") << status;
+    EXPECT_EQ(Started(s, "2"), 0) << s.Read("rounds");
+    for (pid_t p : WorkerPids(s, "1")) EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(10))) << p;
+  }
 }
 
 }  // namespace

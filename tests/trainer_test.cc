@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/cpus.h"
+#include "common/exit_codes.h"
 #include "common/strings.h"
 #include "tests/etcd_server.h"
 #include "tests/test_util.h"
@@ -554,8 +555,8 @@ TEST(Trainer, WorkersCopiedFromAServerWithLibTorchLoadedTrainAsExecdOnes) {
 }
 
 // An agent SIGKILLed: its worker server and the copies it made go with it, as exec'd workers do
-// (each has PR_SET_PDEATHSIG, the server also ends when its channel closes, and the launcher
-// stops the job).
+// (each has PR_SET_PDEATHSIG, and the server also ends when its channel closes). The launcher
+// starts the agent again, whose new server and copies a stop ends in turn.
 TEST(Trainer, AWorkerServerAndItsCopiesEndWithTheirSigkilledAgent) {
   Scratch s;
   Background job({"run", s.Write("job.yaml", Spec("orphans", s.path("out"),
@@ -569,11 +570,19 @@ TEST(Trainer, AWorkerServerAndItsCopiesEndWithTheirSigkilledAgent) {
   const pid_t agent = ParentOf(processes[0]);
   for (pid_t p : processes) ASSERT_EQ(ParentOf(p), agent);
   ASSERT_EQ(::kill(agent, SIGKILL), 0);
-  ExitInfo exit = job.Wait(std::chrono::seconds(60));
-  EXPECT_NE(exit.code, 0) << job.Output();
   for (pid_t p : processes) {
     EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, std::chrono::seconds(5))) << "pid " << p << " outlived its agent";
   }
+  std::vector<pid_t> next;
+  ASSERT_TRUE(Eventually([&] {
+    next = ProcessesWithEnv({"TRAINCTL_JOB_NAME=orphans"});
+    return next.size() == 3 && ParentOf(next[0]) != agent;
+  }, std::chrono::seconds(60))) << job.Output();
+  ::kill(job.pid(), SIGTERM);
+  ExitInfo exit = job.Wait(std::chrono::seconds(60));
+  EXPECT_EQ(exit.code, kExitInterrupted) << job.Output();
+  EXPECT_TRUE(Eventually([] { return ProcessesWithEnv({"TRAINCTL_JOB_NAME=orphans"}).empty(); },
+                         std::chrono::seconds(5))) << "the new server or a worker outlived the job";
 }
 
 TEST(Trainer, ResNet18TrainsOnCifarShapedDataWithIdenticalRanks) {

@@ -44,9 +44,7 @@ struct Agent::Round {
 };
 
 Agent::Agent(AgentOptions options, Store* store) : o_(std::move(options)), store_(store) {
-  // "host:pid", or "host/address:pid" when peers reach this node at another address than loopback.
-  std::string where = o_.host == "127.0.0.1" || o_.host == "::1" ? HostName() : HostName() + "/" + o_.host;
-  node_id_ = where + ":" + std::to_string(::getpid());
+  node_id_ = NodeId(o_.host, ::getpid());
 }
 
 Duration Agent::ByJobSize(Duration per_1000_nodes, Duration least, Duration most) const {
@@ -219,16 +217,15 @@ FailureRecord Agent::NewFailure(FailureKind kind, int round, int group_rank) con
   return rec;
 }
 
-// Records why round `round` ended, unless another agent already did; returns the record that won.
-Result<FailureRecord> Agent::EndRound(int round, const FailureRecord& rec, bool* won) {
+Result<FailureRecord> EndRound(Store& store, int round, const FailureRecord& rec, int max_restarts, bool* won) {
   std::string json = rec.ToJson();
-  ASSIGN_OR_RETURN(std::string now, store_->CompareSet(keys::RoundEnd(round), "", json));
+  ASSIGN_OR_RETURN(std::string now, store.CompareSet(keys::RoundEnd(round), "", json));
   *won = now == json;
   if (*won && rec.failure()) {
-    RETURN_IF_ERROR(store_->Set(keys::kLastFailure, json));
+    RETURN_IF_ERROR(store.Set(keys::kLastFailure, json));
     // Restarts done: a failure past the budget ends the job instead of restarting it.
-    int done = rec.final ? rec.restarts : std::min(rec.restarts, o_.spec.restart.max_restarts);
-    RETURN_IF_ERROR(store_->Set(keys::kRestarts, std::to_string(done)));
+    int done = rec.final ? rec.restarts : std::min(rec.restarts, max_restarts);
+    RETURN_IF_ERROR(store.Set(keys::kRestarts, std::to_string(done)));
   }
   return FailureRecord::FromJson(now);
 }
@@ -281,21 +278,27 @@ Result<std::vector<std::string>> Agent::ExchangeTaskAddrs(const Round& r) {
 // the waiting count and end their round to admit it (see RunRound).
 Agent::Outcome Agent::WaitOutRound(int round, const RoundInfo& full) {
   Outcome out;
-  LOG_INFO("round {} is full ({} of max {} nodes): waiting to join the job at the next round", round,
-           full.group_world_size, o_.spec.nodes.max);
-  if (auto n = store_->Add(keys::RoundWaiting(round), 1); !n.ok()) {
-    out.message = "lost the job's store: " + n.status().ToString();
-    return out;
-  }
+  bool waiting = false;  // said so, and counted (a round that has ended already needs neither)
   while (true) {
-    WaitSignal(std::chrono::milliseconds(200));
     if (Status st = CheckStop(); !st.ok()) return Stopped(st);
     auto end = store_->TryGet(keys::RoundEnd(round));
     if (!end.ok()) {
       out.message = "lost the job's store: " + end.status().ToString();
       return out;
     }
-    if (!end->has_value()) continue;
+    if (!end->has_value()) {
+      if (!waiting) {
+        LOG_INFO("round {} is full ({} of max {} nodes): waiting to join the job at the next round", round,
+                 full.group_world_size, o_.spec.nodes.max);
+        if (auto n = store_->Add(keys::RoundWaiting(round), 1); !n.ok()) {
+          out.message = "lost the job's store: " + n.status().ToString();
+          return out;
+        }
+        waiting = true;
+      }
+      WaitSignal(std::chrono::milliseconds(200));
+      continue;
+    }
     auto rec = FailureRecord::FromJson(**end);
     if (!rec.ok()) {
       out.message = rec.status().message();
@@ -334,7 +337,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
     return out;
   };
   auto ended = [&](FailureRecord rec) {
-    auto won = EndRound(round, rec, &out.reported);
+    auto won = EndRound(*store_, round, rec, s.restart.max_restarts, &out.reported);
     if (!won.ok()) return error(kExitError, "lost the job's store: " + won.status().ToString());
     out.kind = Outcome::kEnded;
     out.end = *won;
@@ -348,6 +351,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   ro.timeout = s.timeouts.rendezvous;
   ro.rank_hint = o_.node_rank;
   ro.node_id = node_id_;
+  ro.replaces = o_.replaces;
   ro.check = [this] { return CheckStop(); };
   ro.check_every = ByJobSize(std::chrono::milliseconds(500), std::chrono::milliseconds(100), std::chrono::milliseconds(500));
   LOG_DEBUG("round {}: joining as {}", round, node_id_);
@@ -549,7 +553,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
           FailureRecord rec = NewFailure(FailureKind::kSucceeded, round, info.group_rank);
           rec.restarts = restart;
           rec.exit = "the job succeeded";
-          auto won = EndRound(round, rec, &out.reported);
+          auto won = EndRound(*store_, round, rec, s.restart.max_restarts, &out.reported);
           if (!won.ok()) return error(kExitError, "lost the job's store: " + won.status().ToString());
           return finish_round(*won);
         }

@@ -48,6 +48,7 @@ struct AgentOptions {
   int node_rank = -1;           // -1: assigned by arrival order
   std::string run_id;
   std::string host = "127.0.0.1";  // this node's address for peers (MASTER_ADDR when rank 0)
+  std::string replaces;         // the id of the dead agent this one replaces (RendezvousOptions)
   std::string store_addr;       // URL, handed to tasks
   std::string store_token;      // handed to tasks
   std::string store_prefix;     // handed to tasks
@@ -59,6 +60,12 @@ struct AgentOptions {
   // 500 ms, since its launcher nudges it to stop (kNudgeSignal).
   Duration poll_interval = std::chrono::milliseconds(50);
 };
+
+// Records why round `round` ended, unless someone already did (compare-and-set), and for a
+// failure the job's last failure and restarts done; returns the record that won, and in `won`
+// whether it was `rec`. The agents end their rounds so; a local launcher ends one for an agent
+// it saw die.
+Result<FailureRecord> EndRound(Store& store, int round, const FailureRecord& rec, int max_restarts, bool* won);
 
 class Agent {
  public:
@@ -73,7 +80,6 @@ class Agent {
   Outcome RunRound(int round, int restarts);
   Outcome WaitOutRound(int round, const RoundInfo& full);
   Outcome Stopped(const Status& why);
-  Result<FailureRecord> EndRound(int round, const FailureRecord& rec, bool* won);
   // Waits for `key`, checking for a stop and for the round's end meanwhile.
   Result<std::string> WaitForKey(int round, const std::string& key);
   // Every task's host:port (by rank), for TF_CONFIG: this node reserves its tasks' ports.

@@ -163,6 +163,7 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   o.run_id = f.run_id;
   o.host = f.host;
   if (o.host == "auto") o.host = HostName();
+  o.replaces = f.replaces;
   o.store_addr = addr;
   o.store_token = token;
   o.store_prefix = prefix;

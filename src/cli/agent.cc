@@ -58,6 +58,11 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_option("--host", f->host, "this node's address for its peers; auto: its host name")
       ->capture_default_str();
   cmd->add_flag("--color", f->color, "colour the [worker-N] prefixes");
+  cmd->add_option("--replaces", f->replaces,
+                  "HOST:PID: the dead agent this one takes the place of (the local launcher starts a "
+                  "killed agent again so): the node rank it still holds in an unfinished round is "
+                  "not a conflict")
+      ->group("");  // the launcher's, not a user's
   cmd->add_option("--metrics-port", f->metrics_port,
                   "serve Prometheus metrics at /metrics on this port, on every interface, with the "
                   "job's token as a bearer token (0: not)")

@@ -1,4 +1,5 @@
 #include "common/subprocess.h"
+#include <algorithm>
 #include <fstream>
 #include <filesystem>
 
@@ -283,13 +284,16 @@ int WaitSignal(Duration timeout) {
 
 namespace trainctl {
 
-void KillChildren(Duration wait) {
+void KillChildren(Duration wait, const std::vector<pid_t>& spare) {
   std::vector<pid_t> children;
   std::error_code ec;
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
     std::ifstream in(task.path() / "children");
-    for (pid_t pid; in >> pid;) children.push_back(pid);
+    for (pid_t pid; in >> pid;) {
+      if (std::find(spare.begin(), spare.end(), pid) == spare.end()) children.push_back(pid);
+    }
   }
+  if (!spare.empty()) wait = Duration(0);
   const pid_t own_group = ::getpgrp();
   for (pid_t pid : children) {
     pid_t group = ::getpgid(pid);

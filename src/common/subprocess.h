@@ -49,8 +49,9 @@ struct ExitInfo {
 };
 
 // Kills every child this process still has, with its process group, and reaps them (waiting up
-// to `wait`): for a subreaper (PR_SET_CHILD_SUBREAPER), also the orphans it adopted.
-void KillChildren(Duration wait);
+// to `wait`): for a subreaper (PR_SET_CHILD_SUBREAPER), also the orphans it adopted. The children
+// in `spare` live on; with any, nothing is reaped (waiting would collect their exits too).
+void KillChildren(Duration wait, const std::vector<pid_t>& spare = {});
 
 // The environment of this process, as "KEY=VALUE" strings.
 std::vector<std::string> CurrentEnvironment();

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/address.h"
 #include "common/strings.h"
 #include "job/keys.h"
 
@@ -198,6 +199,11 @@ Status Close(Store& store, int round, int slots, Clock::time_point deadline, con
 
 }  // namespace
 
+std::string NodeId(const std::string& host, long pid) {
+  const std::string where = host == "127.0.0.1" || host == "::1" ? HostName() : HostName() + "/" + host;
+  return where + ":" + std::to_string(pid);
+}
+
 Result<std::optional<RoundInfo>> PeekRound(Store& store, int round) {
   ASSIGN_OR_RETURN(auto closed, ClosedState(store, round));
   if (closed) return std::optional<RoundInfo>(Info(round, *closed, -1));
@@ -235,6 +241,7 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
   if (closed) return Finish(store, round, *closed, o.node_id);
   if (o.rank_hint >= 0) {
     ASSIGN_OR_RETURN(std::string holder, store.CompareSet(keys::RoundHint(round, o.rank_hint), "", o.node_id));
+    if (holder != o.node_id && !o.replaces.empty() && holder == o.replaces) return std::optional<RoundInfo>();
     if (holder != o.node_id) {
       return InvalidArgument("node rank " + std::to_string(o.rank_hint) + " in round " + std::to_string(round) +
                              " is already taken by " + holder);

@@ -152,6 +152,31 @@ TEST(Rendezvous, HintsOrderTheRanksAndCannotBeTakenTwice) {
   EXPECT_FALSE(JoinRound(store, 2, 0, Opts(2, 2, 2, "d")).ok());  // out of range
 }
 
+// A local launcher starts a killed agent again with the dead one's id: the rank the dead agent
+// still holds in an open round is no conflict for its replacement, which sits that round out;
+// anyone else claiming it is still refused.
+TEST(Rendezvous, AnAgentReplacingADeadOneSitsOutTheRoundWhereTheDeadOneHoldsItsRank) {
+  MemoryStore store;
+  std::thread dead([&] { EXPECT_TRUE(JoinRound(store, 0, 0, Opts(2, 2, 1, "host:41")).ok()); });
+  ASSERT_TRUE(testing::Eventually([&] {
+    auto peek = PeekRound(store, 0);
+    return peek.ok() && peek->has_value();
+  }));
+  RendezvousOptions replacement = Opts(2, 2, 1, "host:42");
+  auto dup = JoinRound(store, 0, 0, replacement);
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("already taken by host:41"), std::string::npos) << dup.status().message();
+  replacement.replaces = "host:41";
+  auto out = JoinRound(store, 0, 0, replacement);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_FALSE(out->has_value());  // not in round 0: it joins the next
+  EXPECT_TRUE(JoinRound(store, 0, 0, Opts(2, 2, 0, "host:40")).ok());
+  dead.join();
+  auto next = JoinAll(store, 1, {Opts(2, 2, 0, "host:40"), replacement});
+  for (auto& r : next) ASSERT_TRUE(r.ok() && r->has_value()) << r.status().ToString();
+  EXPECT_EQ((*next[1])->group_rank, 1);
+}
+
 TEST(Rendezvous, ARoundClosesAtOnceWhenMaxNodesJoin) {
   MemoryStore store;
   auto start = Clock::now();

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/agent.h"
 #include "job/agent_command.h"
 #include "job/keys.h"
 #include "job/paths.h"
@@ -28,6 +29,7 @@
 #include "common/log.h"
 #include "common/random.h"
 #include "common/subprocess.h"
+#include "rendezvous/rendezvous.h"
 #include "store/open_store.h"
 #include "store/tcp/tcp_store.h"
 
@@ -38,7 +40,58 @@ struct AgentProc {
   std::string name;  // "the agent for node N", or "mpirun"/"srun" for all of them
   pid_t pid = -1;
   bool done = false;
+  int node = -1;     // a local job's agent: its node rank
 };
+
+// A local fixed-size job's agent that died of a signal, while the launcher sees to its round.
+struct LostAgent {
+  std::string id;    // its node id in the rounds (host:pid)
+  std::string exit;  // "signal 9 (SIGKILL)"
+  int seen_round;    // the newest closed round when it died (-1: none): it is in that one or the next
+};
+
+// The newest round that has closed; -1 when none has (round 0 is still open) or the store cannot say.
+int NewestClosedRound(Store& store) {
+  auto round = CurrentRound(store);
+  if (!round.ok()) return -1;
+  auto info = PeekRound(store, *round);
+  return info.ok() && info->has_value() && (*info)->closed ? *round : *round - 1;
+}
+
+// What ending a lost agent's round gave.
+struct LostRound {
+  bool settled = false;       // its round has ended (or a round after it closed without it)
+  bool budget_spent = false;  // and that end leaves no restart: the job ends with it
+};
+
+// Ends the newest round if `lost` is a member and it has not ended yet, as its peers would once
+// they missed its heartbeat (timeouts.heartbeat later); that spends a restart, as a lost node
+// does. An agent that died while joining is in no closed round yet: not settled, looked at again.
+Result<LostRound> EndRoundOfLostAgent(Store& store, const JobSpec& spec, const LostAgent& lost) {
+  ASSIGN_OR_RETURN(int round, CurrentRound(store));
+  ASSIGN_OR_RETURN(auto info, PeekRound(store, round));
+  LostRound out;
+  if (!info || !info->closed) return out;
+  auto member = std::find(info->nodes.begin(), info->nodes.end(), lost.id);
+  if (member == info->nodes.end()) {
+    out.settled = round > lost.seen_round;
+    return out;
+  }
+  FailureRecord rec;
+  rec.kind = FailureKind::kNodeLost;
+  rec.round = round;
+  rec.restarts = info->restarts + 1;
+  rec.node_rank = static_cast<int>(member - info->nodes.begin());
+  rec.host = lost.id;
+  rec.exit = "its agent died: " + lost.exit;
+  bool won = false;
+  ASSIGN_OR_RETURN(FailureRecord end, EndRound(store, round, rec, spec.restart.max_restarts, &won));
+  // A round that had ended already (the agent died on its way to the next one) leaves it to that
+  // next round, unless that one closed too.
+  out.settled = won || round > lost.seen_round;
+  out.budget_spent = end.failure() && (end.final || end.restarts > spec.restart.max_restarts);
+  return out;
+}
 
 // The command that starts every agent at once: srun, one per node of the Slurm allocation; or
 // mpirun, one per host (or nodes.max agents here). The store's address and token travel in the
@@ -372,7 +425,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
       begin_stop("could not start every agent", kExitError);
       break;
     }
-    agents.push_back({name, *pid, false});
+    agents.push_back({name, *pid, false, one ? -1 : node});
   }
   forks.reset();  // it exits; the loop below reaps it with the orphans
   if (!stopping) {
@@ -386,6 +439,17 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   const bool elastic = spec.nodes.min < spec.nodes.max;
   bool any_succeeded = false;
   int lost_code = kExitOk;
+  // A fixed-size job's agent that dies of a signal (the OOM killer, a kill) is started again, as
+  // Kubernetes replaces a pod: the launcher ends its round at once, which spends a restart, and the
+  // new agent joins the next round with the node's rank. At most max_restarts times in all, so an
+  // agent that dies before it ever joins a round cannot go round for ever.
+  std::vector<LostAgent> lost;
+  int replaced = 0;
+  auto see_to_lost = [&](const LostAgent& l) -> LostRound {
+    auto r = EndRoundOfLostAgent(store, spec, l);
+    if (!r.ok()) LOG_WARN("cannot end the round of a lost agent ({}): {}", l.id, r.status().message());
+    return r.ok() ? *r : LostRound{};
+  };
   while (true) {
     // An agent's exit (SIGCHLD) and a stop signal end the wait at once; the rest are deadlines.
     Duration wait = std::chrono::seconds(1);
@@ -404,6 +468,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
                  kExitJobTimeout);
     }
     int status = 0;
+    bool killed_agent = false;
     for (pid_t p; (p = ::waitpid(-1, &status, WNOHANG)) > 0;) {
       // Not an agent: an orphan that a dead agent's worker left, adopted by this subreaper.
       auto it = std::find_if(agents.begin(), agents.end(), [p](const AgentProc& a) { return a.pid == p; });
@@ -412,8 +477,37 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
         AgentProc& a = *it;
         a.done = true;
         ExitInfo exit = ExitInfo::FromWaitStatus(status);
+        killed_agent |= exit.signaled;
         if (exit.success()) {
           any_succeeded = true;
+        } else if (exit.signaled && !one && !elastic && !stopping) {
+          LostAgent l{NodeId(AgentOptions().host, a.pid), exit.Describe(), NewestClosedRound(store)};
+          const LostRound now = see_to_lost(l);
+          if (now.budget_spent) {  // its peers end the job (no restarts left) and report it
+            LOG_ERROR("{} died: {}; no restarts left (max_restarts: {})", a.name, exit.Describe(),
+                      spec.restart.max_restarts);
+          } else if (replaced >= spec.restart.max_restarts) {
+            LOG_ERROR("{} died: {}, after it was started again {} time(s) (max_restarts: {})", a.name,
+                      exit.Describe(), replaced, spec.restart.max_restarts);
+            begin_stop(a.name + " died: " + exit.Describe(), kExitError);
+          } else {
+            AgentCommand agent = LaunchedAgent(options, run_id, std::to_string(a.node));
+            agent.replaces = l.id;
+            SpawnOptions o;
+            o.argv = agent.Argv();
+            o.env = env;
+            Result<pid_t> pid = Spawn(o);
+            if (!pid.ok()) {
+              LOG_ERROR("{} died: {}; cannot start it again: {}", a.name, exit.Describe(), pid.status().message());
+              begin_stop(a.name + " died and could not be started again", kExitError);
+            } else {
+              ++replaced;
+              LOG_WARN("{} died: {}; started it again (pid {}), to rejoin the job at its next round", a.name,
+                       exit.Describe(), *pid);
+              if (!now.settled) lost.push_back(l);
+              agents.push_back({a.name, *pid, false, a.node});
+            }
+          }
         } else if (exit.signaled && elastic && !stopping) {
           // An elastic job goes on without the node: its peers miss its heartbeat and start
           // a new round with the nodes that are left.
@@ -435,6 +529,17 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
         }
       }
     }
+    // A killed agent's workers came to this subreaper (they die with their agent, but what they
+    // started need not): they belonged to its round, which has ended, so they go now, not with the job.
+    if (killed_agent && !one) {
+      std::vector<pid_t> live;
+      for (const AgentProc& a : agents) {
+        if (!a.done) live.push_back(a.pid);
+      }
+      KillChildren(Duration(0), live);
+    }
+    // A lost agent that had not joined a round yet: end the round it is in once that closes.
+    std::erase_if(lost, [&](const LostAgent& l) { return stopping || see_to_lost(l).settled; });
     const bool all_done =
         std::all_of(agents.begin(), agents.end(), [](const AgentProc& a) { return a.done; });
     if (all_done) {
