@@ -6,6 +6,8 @@ batch 64, one thread each) under SIGKILL.
             step completed by the restarted group (metrics.jsonl: a step record with the next
             restart count). Repeated --kills times; reports p50, p99 and max.
             Targets: p50 <= 2 s, p99 <= 5 s over at least 20 kills.
+            --kill agent: a random node's agent instead (the launcher starts it again; with
+            --nodes 2 the other node's agent stays), the same measure.
   soak:     --minutes of training with a random worker SIGKILLed every --every seconds, then the
             same job (same seed, same step count, deterministic) without kills. Checks: the job
             completes, final test accuracy within 0.5 points of the uninterrupted run, every
@@ -21,10 +23,10 @@ import argparse, glob, json, os, random, shutil, signal, statistics, subprocess,
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def spec(name, out, steps, deterministic, checkpoint_every):
+def spec(name, out, steps, deterministic, checkpoint_every, nodes=1):
     return f"""name: {name}
-nodes: 1
-procs_per_node: 2
+nodes: {nodes}
+procs_per_node: {2 // nodes}
 output_dir: {out}
 # backoff 0s: the kills come in a row by design, and the restart back-off (1 s, doubling, for
 # failures in a row) would be measured instead of the recovery; torchrun restarts at once too.
@@ -106,6 +108,24 @@ def kill_random_worker(name, restart):
     return t
 
 
+def kill_random_agent(name):
+    """SIGKILLs one of the agents of the job `name` (by their command line: agent --run-id NAME-...)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            argv = open(f"/proc/{d}/cmdline", "rb").read().decode().split("\0")
+        except OSError:
+            continue
+        if "agent" in argv and "--run-id" in argv and argv[argv.index("--run-id") + 1].startswith(name + "-"):
+            pids.append(int(d))
+    pid = random.choice(pids)
+    t = time.time()
+    os.kill(pid, signal.SIGKILL)
+    return t
+
+
 def wait_trained(m, restart, n):
     """Waits until attempt `restart` of the job has completed `n` training steps."""
     def trained():
@@ -117,13 +137,13 @@ def wait_trained(m, restart, n):
 def recovery(a):
     tmp = tempfile.mkdtemp(prefix="bench-recovery-")
     out = os.path.join(tmp, "job")
-    proc = start(a.trainctl, spec("bench-recovery", out, 10**7, False, 50), out)
+    proc = start(a.trainctl, spec("bench-recovery", out, 10**7, False, 50, a.nodes), out)
     m = Metrics(os.path.join(out, "metrics.jsonl"))
     times = []
     for i in range(a.kills):
         wait_trained(m, i, 5)
         time.sleep(random.uniform(0, 1))
-        t = kill_random_worker("bench-recovery", i)
+        t = kill_random_agent("bench-recovery") if a.kill == "agent" else kill_random_worker("bench-recovery", i)
         wait_for(lambda: any(r["restart"] == i + 1 for r in (m.poll() or m.steps)), 60,
                  f"restart {i + 1}")
         first = next(r for r in m.steps if r["restart"] == i + 1)
@@ -135,7 +155,8 @@ def recovery(a):
     left = job_pids("bench-recovery")
     times.sort()
     p = lambda q: times[min(len(times) - 1, int(round(q * (len(times) - 1))))]
-    print(f"recovery, SIGKILL of a worker to the next completed step, {len(times)} kills: "
+    print(f"recovery, SIGKILL of {'an agent' if a.kill == 'agent' else 'a worker'} ({a.nodes} node(s) x "
+          f"{2 // a.nodes} worker(s)) to the next completed step, {len(times)} kills: "
           f"p50 {statistics.median(times):.2f} s, p99 {p(0.99):.2f} s, max {times[-1]:.2f} s, "
           f"min {times[0]:.2f} s (targets: p50 <= 2 s, p99 <= 5 s); "
           f"processes left after the job: {len(left)}")
@@ -235,6 +256,8 @@ def main():
     ap.add_argument("--timeout", type=int, default=0, help="hang: timeouts.collective (0: default)")
     ap.add_argument("--trainctl", default=os.path.join(ROOT, "build", "src", "trainctl"))
     ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--kill", choices=["worker", "agent"], default="worker", help="recovery: what is killed")
+    ap.add_argument("--nodes", type=int, choices=[1, 2], default=1, help="recovery: nodes (x 2/nodes workers)")
     ap.add_argument("--steps", type=int, default=468 * 60, help="soak: training steps")
     ap.add_argument("--every", type=float, default=30, help="soak: seconds between kills")
     ap.add_argument("--checkpoint-every", type=int, default=100)
