@@ -280,5 +280,32 @@ TEST(Jobs, ARunWhoseLauncherWasKilledIsShownAsLost) {
   EXPECT_EQ(next.exit.code, 0) << next.output;
 }
 
+// A run's files are in the user's output directory, where anything may be: a status.json,
+// metrics.jsonl or job.json with fields of other types (edited, another version's) shows as
+// unknown, and every verb that reads them still answers. (ps, status and logs ended on an
+// uncaught type_error: "terminate called ... type must be string, but is number".)
+TEST(Jobs, FieldsOfAnotherTypeInARunsFilesShowAsUnknownNotACrash) {
+  Scratch s;
+  WriteSpec(s, "name: mangled\nprocs_per_node: 2\ncommand: [sh, -c, 'echo hello']\noutput_dir: {out}/out\n");
+  auto run = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30), StateIn(s));
+  ASSERT_EQ(run.exit.code, 0) << run.output;
+  const std::string id = ReadStatus(s)["run_id"];
+  s.Write("out/status.json", "{\"run_id\": \"" + id + "\", \"state\": 5, \"elapsed\": [1], \"restarts\": \"x\", "
+                             "\"failure\": {\"role\": 1, \"rank\": \"a\", \"task_index\": 1e300, \"exit\": {}}}\n");
+  s.Write("out/metrics.jsonl", "{\"epoch\": \"1\", \"step\": \"x\", \"loss\": null, \"window_seconds\": \"z\"}\n[1, 2]\n"
+                               "{\"step\": 5, \"window_seconds\": 1, \"window_steps\": \"many\", \"slowest_rank\": []}\n");
+  s.Write("out/job.json", "{\"roles\": [1, {\"name\": 2, \"replicas\": \"x\"}], \"trainer\": 3}\n");
+  for (const std::vector<std::string>& verb : std::vector<std::vector<std::string>>{
+           {"ps"}, {"status", "mangled"}, {"logs", "mangled"}, {"top", "mangled", "--once"}}) {
+    auto r = Trainctl(verb, s.path(""), seconds(30), StateIn(s));
+    EXPECT_FALSE(r.exit.signaled) << verb[0] << ": " << r.output;
+    EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << verb[0] << ": " << r.output;
+    if (verb[0] == "ps" || verb[0] == "status") {
+      EXPECT_NE(r.output.find("unknown"), std::string::npos) << verb[0] << ": " << r.output;
+    }
+    if (verb[0] == "logs") EXPECT_NE(r.output.find("hello"), std::string::npos) << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace trainctl::testing

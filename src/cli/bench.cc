@@ -18,6 +18,7 @@
 #include "bench/results.h"
 #include "bench/upload.h"
 #include "cli/verbs.h"
+#include "common/json_field.h"
 #include "common/duration.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
@@ -196,7 +197,7 @@ class BenchRun {
       if (e.system == "trainctl") {
         auto status = ReadFile(paths::StatusJson(out), 1 << 20);
         auto j = status.ok() ? nlohmann::json::parse(*status, nullptr, false) : nlohmann::json();
-        const std::string state = j.is_object() ? j.value("state", "") : "";
+        const std::string state = JsonField(j, "state", "");
         f.state = state.empty() ? "pending" : state == "succeeded" ? "succeeded" : state == "running" ? "interrupted" : "failed";
         f.exit_code = f.state == "succeeded" ? 0 : -1;
       } else {

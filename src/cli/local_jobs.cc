@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/verbs.h"
+#include "common/json_field.h"
 #include "common/address.h"
 #include "common/duration.h"
 #include "common/exit_codes.h"
@@ -248,12 +249,13 @@ int LocalStatus(const std::string& job, bool as_json) {
     std::printf("  elapsed   %s\n", Elapsed(v).c_str());
     std::printf("  progress  %s\n", Progress(v.dir).c_str());
     if (v.status.is_object() && v.status.contains("restarts")) {
-      std::printf("  restarts  %d\n", v.status.value("restarts", 0));
+      std::printf("  restarts  %d\n", JsonField(v.status, "restarts", 0));
     }
     if (v.status.is_object() && v.status.contains("failure") && v.status["failure"].is_object()) {
       const json& f = v.status["failure"];
-      std::printf("  failure   %s %d (rank %d on %s): %s\n", f.value("role", "").c_str(), f.value("task_index", 0),
-                  f.value("rank", -1), f.value("host", "").c_str(), f.value("exit", "").c_str());
+      std::printf("  failure   %s %d (rank %d on %s): %s\n", JsonField(f, "role", "").c_str(),
+                  JsonField(f, "task_index", 0), JsonField(f, "rank", -1), JsonField(f, "host", "").c_str(),
+                  JsonField(f, "exit", "").c_str());
     }
     std::printf("  output    %s\n  logs      trainctl logs %s\n", v.dir.c_str(), e->run_id.c_str());
   }

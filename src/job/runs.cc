@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_field.h"
 #include "common/address.h"
 #include "common/fs.h"
 #include "common/subprocess.h"
@@ -132,7 +133,7 @@ bool Alive(const RunEntry& e) {
   if (!e.host.empty() && e.host != HostName()) {
     auto text = ReadFile(paths::StatusJson(e.output_dir), 1 << 20);
     auto j = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
-    return j.is_object() && j.value("run_id", "") == e.run_id && j.value("state", "") == "running";
+    return JsonField(j, "run_id", "") == e.run_id && JsonField(j, "state", "") == "running";
   }
   return e.pid > 0 && e.start_ticks > 0 && StartTicks(e.pid) == e.start_ticks;
 }

@@ -3,12 +3,15 @@
 #include <sys/stat.h>
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <deque>
 #include <map>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_field.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
@@ -40,14 +43,12 @@ class Series {
  public:
   json Update(const std::string& path) {
     file_.Read(path, [this] { train_.clear(), test_.clear(); }, [this](const json& j) {
-      if (!j.contains("step") || !j["step"].is_number()) return;
-      const double step = j["step"].get<double>();
-      if (j.contains("loss") && j["loss"].is_number()) {
-        Keep(&train_, {step, j["loss"].get<double>(), j.value("samples_per_s", 0.0)});
-      }
-      if (j.contains("test_accuracy") && j["test_accuracy"].is_number()) {
-        Keep(&test_, {step, j["test_accuracy"].get<double>(), 0});
-      }
+      const double none = std::numeric_limits<double>::quiet_NaN();  // JSON has no NaN: missing
+      const double step = JsonField(j, "step", none), loss = JsonField(j, "loss", none),
+                   accuracy = JsonField(j, "test_accuracy", none);
+      if (std::isnan(step)) return;
+      if (!std::isnan(loss)) Keep(&train_, {step, loss, JsonField(j, "samples_per_s", 0.0)});
+      if (!std::isnan(accuracy)) Keep(&test_, {step, accuracy, 0});
     });
     json train = {{"step", json::array()}, {"loss", json::array()}, {"samples_per_s", json::array()}};
     json test = {{"step", json::array()}, {"accuracy", json::array()}};
@@ -120,10 +121,12 @@ class DashboardServer : public HttplibService {
     if (!result.is_object()) return {{"error", "trainctl eval failed on " + model}};
     // Misclassified test images, with the model's answer: Fashion-MNIST and MNIST (idx files).
     const json spec = ReadJson(paths::JobJson(v.dir));
-    const json data = spec.is_object() && spec.contains("trainer") ? spec["trainer"].value("data", json::object()) : json();
-    const std::string dataset = data.is_object() ? data.value("dataset", "fashion-mnist") : "";
+    const json data = spec.is_object() && spec.contains("trainer") && spec["trainer"].is_object()
+                          ? spec["trainer"].value("data", json::object())
+                          : json();
+    const std::string dataset = data.is_object() ? JsonField(data, "dataset", "fashion-mnist") : "";
     if (dataset == "fashion-mnist" || dataset == "mnist") {
-      std::string dir = data.value("dir", "");
+      std::string dir = JsonField(data, "dir", "");
       if (dir.empty()) dir = data::kFashionMnistDir;
       auto test = data::LoadMnistDir(dir, /*train=*/false);
       std::string images = dir + "/t10k-images-idx3-ubyte";

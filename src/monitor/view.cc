@@ -12,6 +12,7 @@
 #include <map>
 #include <thread>
 
+#include "common/json_field.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "job/paths.h"
@@ -115,7 +116,7 @@ json ReadJson(const std::string& path) {
 
 RunView View(const runs::RunEntry& e) {
   RunView v{e, ReadJson(paths::StatusJson(e.output_dir)), "", runs::Alive(e), e.output_dir};
-  const bool ours = v.status.is_object() && v.status.value("run_id", "") == e.run_id;
+  const bool ours = JsonField(v.status, "run_id", "") == e.run_id;
   if (!ours) {
     const std::string moved = e.output_dir + "/previous/" + e.run_id;
     if (v.alive || !IsDirectory(moved)) {
@@ -124,11 +125,11 @@ RunView View(const runs::RunEntry& e) {
     }
     v.dir = moved;
     v.status = ReadJson(paths::StatusJson(moved));
-    v.state = v.status.is_object() ? v.status.value("state", "unknown") : "unknown";
+    v.state = JsonField(v.status, "state", "unknown");
     if (v.state == "running") v.state = "lost";
     return v;
   }
-  v.state = v.status.value("state", "unknown");
+  v.state = JsonField(v.status, "state", "unknown");
   if (v.state == "running" && !v.alive) v.state = "lost";  // killed before it could say how it ended
   return v;
 }
@@ -137,7 +138,7 @@ std::string Elapsed(const RunView& v) {
   if (v.state == "running" || v.state == "starting") {
     return FormatDuration(std::chrono::seconds(std::max<int64_t>(0, std::time(nullptr) - v.entry.started)));
   }
-  return v.status.is_object() ? v.status.value("elapsed", "-") : "-";
+  return JsonField(v.status, "elapsed", "-");
 }
 
 // "epoch 3 step 1200 loss 0.412 acc 0.91" from the end of metrics.jsonl (the built-in trainer).
@@ -146,11 +147,10 @@ std::string Progress(const std::string& output_dir) {
   double epoch = -1, step = -1, loss = -1, acc = -1;
   for (const auto& line : SplitLines(tail)) {
     auto j = json::parse(line, nullptr, false);
-    if (!j.is_object()) continue;
-    if (j.contains("epoch") && j["epoch"].is_number()) epoch = j["epoch"].get<double>();
-    if (j.contains("step") && j["step"].is_number()) step = j["step"].get<double>();
-    if (j.contains("loss") && j["loss"].is_number()) loss = j["loss"].get<double>();
-    if (j.contains("test_accuracy") && j["test_accuracy"].is_number()) acc = j["test_accuracy"].get<double>();
+    epoch = JsonField(j, "epoch", epoch);
+    step = JsonField(j, "step", step);
+    loss = JsonField(j, "loss", loss);
+    acc = JsonField(j, "test_accuracy", acc);
   }
   if (epoch < 0) return "-";
   char buf[128];
@@ -180,8 +180,8 @@ std::vector<std::string> LogFiles(const std::string& dir, const std::string& rol
   int next = 0;
   if (spec.is_object() && spec.contains("roles") && spec["roles"].is_array()) {
     for (const auto& r : spec["roles"]) {
-      first_rank[r.value("name", "")] = next;
-      next += r.value("replicas", 1);
+      first_rank[JsonField(r, "name", "")] = next;
+      next += JsonField(r, "replicas", 1);
     }
   }
   auto rank_of = [&](const std::pair<std::string, int>& task) {
@@ -223,24 +223,24 @@ std::string StepSplit(const std::string& output_dir) {
   for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
     auto j = json::parse(*it, nullptr, false);
     if (!j.is_object() || !j.contains("window_seconds")) continue;
-    const double secs = j.value("window_seconds", 0.0), steps = j.value("window_steps", 0.0);
+    auto num = [&j](const char* key) { return JsonField(j, key, 0.0); };
+    const double secs = num("window_seconds"), steps = num("window_steps");
     if (secs <= 0 || steps <= 0) continue;
-    const double data = 100 * j.value("data_seconds", 0.0) / secs, comm = 100 * j.value("comm_seconds", 0.0) / secs;
+    const double data = 100 * num("data_seconds") / secs, comm = 100 * num("comm_seconds") / secs;
     char buf[256];
     std::snprintf(buf, sizeof buf, "step %.0f: %.1f steps/s, %.0f samples/s; a step: %.0f %% data, %.0f %% compute, "
                   "%.0f %% communication (rank 0, last %.0f steps)",
-                  j.value("step", 0.0), steps / secs, j.value("samples_per_s", 0.0), data,
+                  num("step"), steps / secs, num("samples_per_s"), data,
                   std::max(0.0, 100 - data - comm), comm, steps);
     std::string line = buf;
     if (j.contains("slowest_rank")) {  // the rank the others waited for: the one that waited least
       std::snprintf(buf, sizeof buf, "; slowest rank %.0f (waiting %.0f %%, the others up to %.0f %%)",
-                    j.value("slowest_rank", 0.0), 100 * j.value("comm_seconds_min", 0.0) / secs,
-                    100 * j.value("comm_seconds_max", 0.0) / secs);
+                    num("slowest_rank"), 100 * num("comm_seconds_min") / secs, 100 * num("comm_seconds_max") / secs);
       line += buf;
     }
     if (j.contains("batch_max")) {  // trainer.balance: speed
-      std::snprintf(buf, sizeof buf, "; batch split by speed: %.0f to %.0f a rank", j.value("batch_min", 0.0),
-                    j.value("batch_max", 0.0));
+      std::snprintf(buf, sizeof buf, "; batch split by speed: %.0f to %.0f a rank", num("batch_min"),
+                    num("batch_max"));
       line += buf;
     }
     return line;
