@@ -287,7 +287,10 @@ Agent::Outcome Agent::WaitOutRound(int round, const RoundInfo& full) {
       return out;
     }
     if (!end->has_value()) {
-      if (!waiting) {
+      if (!waiting && !full.closed) {  // a dead agent this one replaces holds this node's rank there
+        LOG_INFO("round {} holds this node's rank for the agent it replaces: waiting to join the job at the "
+                 "next round", round);
+      } else if (!waiting) {
         LOG_INFO("round {} is full ({} of max {} nodes): waiting to join the job at the next round", round,
                  full.group_world_size, o_.spec.nodes.max);
         if (auto n = store_->Add(keys::RoundWaiting(round), 1); !n.ok()) {

@@ -48,7 +48,7 @@ struct AgentOptions {
   int node_rank = -1;           // -1: assigned by arrival order
   std::string run_id;
   std::string host = "127.0.0.1";  // this node's address for peers (MASTER_ADDR when rank 0)
-  std::string replaces;         // the id of the dead agent this one replaces (RendezvousOptions)
+  std::vector<std::string> replaces;  // the ids of the dead agents this one replaces (RendezvousOptions)
   std::string store_addr;       // URL, handed to tasks
   std::string store_token;      // handed to tasks
   std::string store_prefix;     // handed to tasks

@@ -17,7 +17,7 @@ struct AgentProcessOptions {
   std::string task;                // "ROLE:INDEX": the node that runs that one task (pod per task)
   std::string run_id;
   std::string host = "127.0.0.1";  // this node's address for peers; "auto": its host name
-  std::string replaces;            // the id of a dead agent this one replaces (AgentOptions)
+  std::vector<std::string> replaces;  // the ids of the dead agents this one replaces (AgentOptions)
   std::string spec_file;           // "" : the spec from the store
   const JobSpec* spec = nullptr;   // instead of spec_file (trainctl torchrun builds it in memory)
   bool serve_store = false;        // node 0 serves the store (needs spec_file)

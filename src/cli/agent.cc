@@ -59,9 +59,11 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
       ->capture_default_str();
   cmd->add_flag("--color", f->color, "colour the [worker-N] prefixes");
   cmd->add_option("--replaces", f->replaces,
-                  "HOST:PID: the dead agent this one takes the place of (the local launcher starts a "
-                  "killed agent again so): the node rank it still holds in an unfinished round is "
-                  "not a conflict")
+                  "HOST:PID[,...]: the dead agents of this node that this one takes the place of (the "
+                  "local launcher starts a killed agent again so): a node rank one of them still holds "
+                  "in an unfinished round is not a conflict")
+      ->delimiter(',')
+      ->allow_extra_args(false)
       ->group("");  // the launcher's, not a user's
   cmd->add_option("--metrics-port", f->metrics_port,
                   "serve Prometheus metrics at /metrics on this port, on every interface, with the "

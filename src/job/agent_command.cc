@@ -1,5 +1,7 @@
 #include "job/agent_command.h"
 
+#include "common/strings.h"
+
 namespace trainctl {
 
 std::vector<std::string> AgentCommand::Argv() const {
@@ -14,7 +16,7 @@ std::vector<std::string> AgentCommand::Argv() const {
     argv.insert(argv.end(), {"--node-rank", node_rank.empty() ? "-1" : node_rank});
   }
   if (!host.empty()) argv.insert(argv.end(), {"--host", host});
-  if (!replaces.empty()) argv.insert(argv.end(), {"--replaces", replaces});
+  if (!replaces.empty()) argv.insert(argv.end(), {"--replaces", Join(replaces, ",")});
   if (serve_store) argv.push_back("--serve-store");
   if (color) argv.push_back("--color");
   if (metrics_port > 0) argv.insert(argv.end(), {"--metrics-port", std::to_string(metrics_port)});

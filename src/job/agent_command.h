@@ -20,7 +20,7 @@ struct AgentCommand {
   std::string run_id;                 // the run's id, or "$(VAR)"
   std::string host;                   // "" leaves the default (127.0.0.1); "auto"; "$(POD_IP)"
   std::string spec_file;              // --spec: agents a cluster engine starts read it there
-  std::string replaces;               // --replaces: the id (host:pid) of the dead agent it replaces
+  std::vector<std::string> replaces;  // --replaces: the ids (host:pid) of the dead agents it replaces
   bool serve_store = false;           // --serve-store (needs spec_file)
   bool color = false;                 // --color
   int metrics_port = 0;               // --metrics-port: serve /metrics there (0: not)

@@ -241,7 +241,9 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
   if (closed) return Finish(store, round, *closed, o.node_id);
   if (o.rank_hint >= 0) {
     ASSIGN_OR_RETURN(std::string holder, store.CompareSet(keys::RoundHint(round, o.rank_hint), "", o.node_id));
-    if (holder != o.node_id && !o.replaces.empty() && holder == o.replaces) return std::optional<RoundInfo>();
+    if (holder != o.node_id && std::find(o.replaces.begin(), o.replaces.end(), holder) != o.replaces.end()) {
+      return std::optional<RoundInfo>();
+    }
     if (holder != o.node_id) {
       return InvalidArgument("node rank " + std::to_string(o.rank_hint) + " in round " + std::to_string(round) +
                              " is already taken by " + holder);

@@ -39,10 +39,11 @@ struct RendezvousOptions {
   Duration timeout = std::chrono::minutes(5);  // the whole join, from the first call
   int rank_hint = -1;       // the launcher's node index (Slurm, Kubernetes); -1: none
   std::string node_id;      // "host:pid", unique per agent (NodeId); shown in errors
-  // The id of a dead agent that this one replaces (a local launcher starts a killed node's agent
-  // again): the rank hint it still holds in an unfinished round is no conflict; this agent waits
-  // for that round's end instead, as a node that found it full.
-  std::string replaces;
+  // The ids of the dead agents that this one replaces (a local launcher starts a killed node's
+  // agent again, and that one may be killed in turn): a rank hint one of them still holds in an
+  // unfinished round is no conflict; this agent waits for that round's end instead, as a node
+  // that found it full.
+  std::vector<std::string> replaces;
   Duration poll = std::chrono::milliseconds(100);  // an elastic round's count, read this often
   // Called between waits for the round to close, at least this often; a non-ok status ends the
   // join with that status (a stop request). The wait itself ends as the round closes.
@@ -67,9 +68,10 @@ std::string NodeId(const std::string& host, long pid);
 
 // Joins round `round`, creating its state with `restarts` if this agent is the first.
 // Returns the round once it is closed with this agent in it, or std::nullopt when it closed
-// without this agent (it was full, or the agent it replaces holds its rank hint). Errors: kTimeout when fewer than min nodes joined in time,
-// naming who joined and the missing hinted ranks; kInvalidArgument when the hint is out of range
-// or taken by another node; kAborted (or whatever `check` returned) on a stop.
+// without this agent (it was full, or an agent it replaces holds its rank hint). Errors: kTimeout
+// when fewer than min nodes joined in time, naming who joined and the missing hinted ranks;
+// kInvalidArgument when the hint is out of range or taken by another node; kAborted (or whatever
+// `check` returned) on a stop.
 Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts,
                                            const RendezvousOptions& options);
 

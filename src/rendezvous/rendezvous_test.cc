@@ -166,7 +166,7 @@ TEST(Rendezvous, AnAgentReplacingADeadOneSitsOutTheRoundWhereTheDeadOneHoldsItsR
   auto dup = JoinRound(store, 0, 0, replacement);
   ASSERT_FALSE(dup.ok());
   EXPECT_NE(dup.status().message().find("already taken by host:41"), std::string::npos) << dup.status().message();
-  replacement.replaces = "host:41";
+  replacement.replaces = {"host:39", "host:41"};  // a replacement of a replacement knows both
   auto out = JoinRound(store, 0, 0, replacement);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   EXPECT_FALSE(out->has_value());  // not in round 0: it joins the next

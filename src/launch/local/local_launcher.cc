@@ -45,6 +45,7 @@ struct AgentProc {
 
 // A local fixed-size job's agent that died of a signal, while the launcher sees to its round.
 struct LostAgent {
+  int node;          // its node rank
   std::string id;    // its node id in the rounds (host:pid)
   std::string exit;  // "signal 9 (SIGKILL)"
   int seen_round;    // the newest closed round when it died (-1: none): it is in that one or the next
@@ -481,7 +482,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
         if (exit.success()) {
           any_succeeded = true;
         } else if (exit.signaled && !one && !elastic && !stopping) {
-          LostAgent l{NodeId(AgentOptions().host, a.pid), exit.Describe(), NewestClosedRound(store)};
+          LostAgent l{a.node, NodeId(AgentOptions().host, a.pid), exit.Describe(), NewestClosedRound(store)};
           const LostRound now = see_to_lost(l);
           if (now.budget_spent) {  // its peers end the job (no restarts left) and report it
             LOG_ERROR("{} died: {}; no restarts left (max_restarts: {})", a.name, exit.Describe(),
@@ -492,7 +493,11 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
             begin_stop(a.name + " died: " + exit.Describe(), kExitError);
           } else {
             AgentCommand agent = LaunchedAgent(options, run_id, std::to_string(a.node));
-            agent.replaces = l.id;
+            // It and the node's earlier agents that may still hold its rank in an open round.
+            agent.replaces = {l.id};
+            for (const LostAgent& before : lost) {
+              if (before.node == l.node) agent.replaces.push_back(before.id);
+            }
             SpawnOptions o;
             o.argv = agent.Argv();
             o.env = env;
