@@ -443,7 +443,8 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   // A fixed-size job's agent that dies of a signal (the OOM killer, a kill) is started again, as
   // Kubernetes replaces a pod: the launcher ends its round at once, which spends a restart, and the
   // new agent joins the next round with the node's rank. At most max_restarts times in all, so an
-  // agent that dies before it ever joins a round cannot go round for ever.
+  // agent that dies before it ever joins a round cannot go round for ever. An elastic job's round
+  // is ended at once too, and the job goes on without the node.
   std::vector<LostAgent> lost;
   int replaced = 0;
   auto see_to_lost = [&](const LostAgent& l) -> LostRound {
@@ -514,11 +515,15 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
             }
           }
         } else if (exit.signaled && elastic && !stopping) {
-          // An elastic job goes on without the node: its peers miss its heartbeat and start
-          // a new round with the nodes that are left.
+          // An elastic job goes on without the node, in a new round with the nodes that are
+          // left: a local agent's round is ended now, others' when their peers miss its heartbeat.
           LOG_WARN("{} died: {}; the job goes on with the other nodes (nodes.min: {})", a.name,
                    exit.Describe(), spec.nodes.min);
           if (lost_code == kExitOk) lost_code = kExitError;
+          if (!one) {
+            LostAgent l{a.node, NodeId(AgentOptions().host, a.pid), exit.Describe(), NewestClosedRound(store)};
+            if (!see_to_lost(l).settled) lost.push_back(l);
+          }
         } else {
           int code = exit.signaled ? kExitError : exit.code;
           std::string why = a.name + " ended with " + exit.Describe();
