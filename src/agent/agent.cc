@@ -290,6 +290,7 @@ Agent::Outcome Agent::WaitOutRound(int round, const RoundInfo& full) {
       if (!waiting && !full.closed) {  // a dead agent this one replaces holds this node's rank there
         LOG_INFO("round {} holds this node's rank for the agent it replaces: waiting to join the job at the "
                  "next round", round);
+        waiting = true;
       } else if (!waiting) {
         LOG_INFO("round {} is full ({} of max {} nodes): waiting to join the job at the next round", round,
                  full.group_world_size, o_.spec.nodes.max);

@@ -43,7 +43,7 @@ struct AgentProc {
   int node = -1;     // a local job's agent: its node rank
 };
 
-// A local fixed-size job's agent that died of a signal, while the launcher sees to its round.
+// A local job's agent that died of a signal, while the launcher sees to its round.
 struct LostAgent {
   int node;          // its node rank
   std::string id;    // its node id in the rounds (host:pid)
@@ -447,6 +447,9 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   // is ended at once too, and the job goes on without the node.
   std::vector<LostAgent> lost;
   int replaced = 0;
+  auto lost_agent = [&](const AgentProc& a, const ExitInfo& exit) {
+    return LostAgent{a.node, NodeId(AgentOptions().host, a.pid), exit.Describe(), NewestClosedRound(store)};
+  };
   auto see_to_lost = [&](const LostAgent& l) -> LostRound {
     auto r = EndRoundOfLostAgent(store, spec, l);
     if (!r.ok()) LOG_WARN("cannot end the round of a lost agent ({}): {}", l.id, r.status().message());
@@ -483,7 +486,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
         if (exit.success()) {
           any_succeeded = true;
         } else if (exit.signaled && !one && !elastic && !stopping) {
-          LostAgent l{a.node, NodeId(AgentOptions().host, a.pid), exit.Describe(), NewestClosedRound(store)};
+          const LostAgent l = lost_agent(a, exit);
           const LostRound now = see_to_lost(l);
           if (now.budget_spent) {  // its peers end the job (no restarts left) and report it
             LOG_ERROR("{} died: {}; no restarts left (max_restarts: {})", a.name, exit.Describe(),
@@ -521,7 +524,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
                    exit.Describe(), spec.nodes.min);
           if (lost_code == kExitOk) lost_code = kExitError;
           if (!one) {
-            LostAgent l{a.node, NodeId(AgentOptions().host, a.pid), exit.Describe(), NewestClosedRound(store)};
+            const LostAgent l = lost_agent(a, exit);
             if (!see_to_lost(l).settled) lost.push_back(l);
           }
         } else {
