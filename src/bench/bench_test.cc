@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <tuple>
 
 #include "bench/matrix.h"
@@ -156,6 +157,22 @@ TEST(BenchResults, CompareFlagsThroughputDownAndEpochTimeUpPastTheThreshold) {
 // A result set written by bench reads back as it was; one edited by hand or written by another
 // tool, with a field of the wrong type, is an error naming the experiment and the field, not a
 // crash (json::value threw; found by bench_fuzz) or a float turned into an int.
+// An experiment's status.json is the run's, in its output directory: a failure record with fields
+// of other types still gives a report, from what is there (this threw type_error).
+TEST(BenchResults, AFailureWithFieldsOfOtherTypesIsReportedFromWhatIsThere) {
+  char dir[] = "/tmp/bench-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  ASSERT_TRUE(AtomicWriteFile(std::string(dir) + "/status.json",
+                              R"({"restarts": 2, "failure": {"kind": 3, "role": "worker", "rank": "one",)"
+                              R"( "exit": "exit code 1", "error": ["x"]}})")
+                  .ok());
+  Figures f;
+  ReadFigures(dir, 0, &f);
+  EXPECT_EQ(f.failure, "task failure: worker rank -1, exit code 1");
+  EXPECT_EQ(f.restarts, 2);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(BenchResults, AResultSetReadsBackAndAMistypedFieldIsNamed) {
   char dir[] = "/tmp/bench-test-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 
+#include "common/json_field.h"
 #include "common/fs.h"
 #include "common/strings.h"
 #include "job/paths.h"
@@ -301,9 +302,9 @@ void ReadFigures(const std::string& output_dir, double target_accuracy, Figures*
     if (f->failure.empty() && s.contains("failure") && s["failure"].is_object()) {
       // The run's failure record (job/records.h): which task, how it ended, its last words.
       const json& r = s["failure"];
-      f->failure = r.value("kind", "task") + " failure: " + r.value("role", "worker") + " rank " +
-                   std::to_string(r.value("rank", -1)) + ", " + r.value("exit", std::string("?"));
-      const std::string error = r.value("error", "");
+      f->failure = JsonField(r, "kind", "task") + " failure: " + JsonField(r, "role", "worker") + " rank " +
+                   std::to_string(JsonField(r, "rank", -1)) + ", " + JsonField(r, "exit", "?");
+      const std::string error = JsonField(r, "error", "");
       if (!error.empty()) f->failure += ": " + error;
       if (error.empty() && r.contains("last_lines") && r["last_lines"].is_array() && !r["last_lines"].empty()) {
         f->failure += ": " + r["last_lines"].back().dump();

@@ -66,6 +66,8 @@ TEST(Runs, ARunsStartComesFromItsStatusFileAndNoOthers) {
   EXPECT_EQ(runs::RunStarted(dir, "job-2"), 0) << "another run's status";
   write(R"({"run_id": "job-1", "started": "yesterday"})");
   EXPECT_EQ(runs::RunStarted(dir, "job-1"), 0);
+  write(R"({"run_id": 7, "started": 1795764436})");
+  EXPECT_EQ(runs::RunStarted(dir, "job-1"), 0) << "a run id of another type (this threw type_error)";
   write("{\"run_id\": \"job-1\", \"sta");
   EXPECT_EQ(runs::RunStarted(dir, "job-1"), 0) << "a torn file";
   std::filesystem::remove_all(dir);

@@ -165,11 +165,7 @@ int64_t RunStarted(const std::string& output_dir, const std::string& run_id) {
   auto status = ReadFile(paths::StatusJson(output_dir), 1 << 20);
   if (!status.ok()) return 0;
   auto j = nlohmann::json::parse(*status, nullptr, false);
-  if (!j.is_object() || j.value("run_id", std::string()) != run_id || !j.contains("started") ||
-      !j["started"].is_number_integer()) {
-    return 0;
-  }
-  return j["started"].get<int64_t>();
+  return JsonField(j, "run_id", "") == run_id ? JsonField(j, "started", int64_t{0}) : 0;
 }
 
 bool HasCheckpoint(const std::string& dir) {
