@@ -50,4 +50,20 @@ inline std::string JsonField(const nlohmann::json& j, const char* key, const cha
   return JsonField<std::string>(j, key, std::string(fallback));
 }
 
+// The JSON document that a command printed after whatever lines came before it (a library's
+// warning, such as LibTorch's "[W NNPACK.cpp:64] Could not initialize NNPACK!"): the first line
+// that starts with '{' or '[' and from which the rest parses; null when there is none.
+inline nlohmann::json JsonAfterOtherLines(const std::string& output) {
+  for (size_t at = 0; at < output.size();) {
+    if (output[at] == '{' || output[at] == '[') {
+      auto j = nlohmann::json::parse(output.begin() + static_cast<long>(at), output.end(), nullptr, false);
+      if (!j.is_discarded()) return j;
+    }
+    const size_t eol = output.find('\n', at);
+    if (eol == std::string::npos) break;
+    at = eol + 1;
+  }
+  return nlohmann::json();
+}
+
 }  // namespace trainctl

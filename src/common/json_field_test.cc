@@ -40,5 +40,15 @@ TEST(JsonField, AnIntegerOutOfRangeOrNotWholeIsTheFallback) {
   EXPECT_EQ(JsonField(j, "i32over", int64_t{0}), 2147483648);
 }
 
+TEST(JsonAfterOtherLines, TheDocumentAfterALibrarysWarningLines) {
+  EXPECT_EQ(JsonAfterOtherLines("{\"a\": 1}\n"), json({{"a", 1}}));
+  EXPECT_EQ(JsonAfterOtherLines("[W NNPACK.cpp:64] Could not initialize NNPACK! Reason: Unsupported hardware.\n"
+                                "[{\"top\": [1]}]\n"),
+            json::parse(R"([{"top": [1]}])"));
+  EXPECT_EQ(JsonAfterOtherLines("note: {not json}\n{\"ok\": true}"), json({{"ok", true}}));
+  EXPECT_TRUE(JsonAfterOtherLines("[W] only a warning\n").is_null());
+  EXPECT_TRUE(JsonAfterOtherLines("").is_null());
+}
+
 }  // namespace
 }  // namespace trainctl

@@ -74,12 +74,6 @@ class Series {
   std::deque<Point> train_, test_;
 };
 
-// The first JSON value in a command's output (LibTorch may print warnings before it).
-json ParseOutput(const std::string& output) {
-  const size_t at = output.find_first_of("[{");
-  return at == std::string::npos ? json() : json::parse(output.substr(at), nullptr, false);
-}
-
 class DashboardServer : public HttplibService {
  public:
   explicit DashboardServer(const DashboardOptions& options) : o(options) {}
@@ -115,7 +109,7 @@ class DashboardServer : public HttplibService {
       so.env = CurrentEnvironment();
       auto r = RunCommand(so, std::chrono::seconds(300));
       if (!r.ok() || r->exit.code != 0) return json();
-      return ParseOutput(r->output);
+      return JsonAfterOtherLines(r->output);
     };
     json result = run({"eval", "--checkpoint", model, "-o", "json"});
     if (!result.is_object()) return {{"error", "trainctl eval failed on " + model}};
