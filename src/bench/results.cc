@@ -8,8 +8,8 @@
 #include <limits>
 #include <set>
 
-#include "common/json_field.h"
 #include "common/fs.h"
+#include "common/json_field.h"
 #include "common/strings.h"
 #include "job/paths.h"
 

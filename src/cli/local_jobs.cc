@@ -13,11 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/verbs.h"
-#include "common/json_field.h"
 #include "common/address.h"
 #include "common/duration.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
+#include "common/json_field.h"
+#include "common/random.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
@@ -25,7 +26,6 @@
 #include "monitor/dashboard.h"
 #include "monitor/gpu.h"
 #include "monitor/view.h"
-#include "common/random.h"
 
 namespace trainctl::cli {
 

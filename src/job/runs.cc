@@ -14,9 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/json_field.h"
 #include "common/address.h"
 #include "common/fs.h"
+#include "common/json_field.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
 

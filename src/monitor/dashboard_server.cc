@@ -4,15 +4,15 @@
 
 #include <array>
 #include <cmath>
-#include <limits>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
 
-#include "common/json_field.h"
 #include "common/fs.h"
+#include "common/json_field.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "data/dataset.h"

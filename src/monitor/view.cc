@@ -12,8 +12,8 @@
 #include <map>
 #include <thread>
 
-#include "common/json_field.h"
 #include "common/fs.h"
+#include "common/json_field.h"
 #include "common/strings.h"
 #include "job/paths.h"
 
