@@ -165,6 +165,9 @@ TEST(Elastic, AKilledAgentOfAFixedSizeJobIsStartedAgainWithinTheRestartBudget) {
     EXPECT_NE(job.Output().find("was lost: its agent died: signal 9 (SIGKILL)"), std::string::npos) << job.Output();
     auto status = ReadStatus(s);
     EXPECT_EQ(status["failure"]["kind"], "node_lost") << status;
+    auto shown = Trainctl({"status", run_id}, s.path(""), seconds(30));
+    EXPECT_NE(shown.output.find("failure   node 1 ("), std::string::npos) << shown.output;
+    EXPECT_NE(shown.output.find("was lost: its agent died: signal 9 (SIGKILL)"), std::string::npos) << shown.output;
     EXPECT_EQ(Started(s, "2"), 0) << s.Read("rounds");
     for (pid_t p : WorkerPids(s, "1")) EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(10))) << p;
   }

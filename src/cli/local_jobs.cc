@@ -22,6 +22,7 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
+#include "job/records.h"
 #include "job/runs.h"
 #include "monitor/dashboard.h"
 #include "monitor/gpu.h"
@@ -252,10 +253,15 @@ int LocalStatus(const std::string& job, bool as_json) {
       std::printf("  restarts  %d\n", JsonField(v.status, "restarts", 0));
     }
     if (v.status.is_object() && v.status.contains("failure") && v.status["failure"].is_object()) {
+      // As the job's own report said it ("node 1 (host:pid) was lost: ..." for a node, not a
+      // task); a record this version cannot read, from what is there.
       const json& f = v.status["failure"];
-      std::printf("  failure   %s %d (rank %d on %s): %s\n", JsonField(f, "role", "").c_str(),
-                  JsonField(f, "task_index", 0), JsonField(f, "rank", -1), JsonField(f, "host", "").c_str(),
-                  JsonField(f, "exit", "").c_str());
+      auto rec = FailureRecord::FromJson(f.dump());
+      const std::string what = rec.ok() ? rec->Summary()
+                                        : JsonField(f, "role", "task") + " " + std::to_string(JsonField(f, "task_index", 0)) +
+                                              " (rank " + std::to_string(JsonField(f, "rank", -1)) + " on " +
+                                              JsonField(f, "host", "?") + "): " + JsonField(f, "exit", "");
+      std::printf("  failure   %s\n", what.c_str());
     }
     std::printf("  output    %s\n  logs      trainctl logs %s\n", v.dir.c_str(), e->run_id.c_str());
   }
