@@ -20,6 +20,8 @@ Prints lines for bench/RESULTS.md. Usage: bench/faults.py recovery|soak|hang [--
 """
 import argparse, glob, json, os, random, shutil, signal, statistics, subprocess, sys, tempfile, time
 
+from hardening import job_pids as run_pids  # a run's processes by --run-id: its agents
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -99,31 +101,22 @@ def wait_for(cond, timeout, what):
         time.sleep(0.01)
 
 
-def kill_random_worker(name, restart):
-    pids = job_pids(name, [f"TORCHELASTIC_RESTART_COUNT={restart}", "LOCAL_RANK=0"]) + \
-           job_pids(name, [f"TORCHELASTIC_RESTART_COUNT={restart}", "LOCAL_RANK=1"])
+def kill_one(pids):
+    """SIGKILLs one of `pids`, chosen at random; returns when."""
     pid = random.choice(pids)
     t = time.time()
     os.kill(pid, signal.SIGKILL)
     return t
+
+
+def kill_random_worker(name, restart):
+    return kill_one(job_pids(name, [f"TORCHELASTIC_RESTART_COUNT={restart}", "LOCAL_RANK=0"]) +
+                    job_pids(name, [f"TORCHELASTIC_RESTART_COUNT={restart}", "LOCAL_RANK=1"]))
 
 
 def kill_random_agent(name):
-    """SIGKILLs one of the agents of the job `name` (by their command line: agent --run-id NAME-...)."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            argv = open(f"/proc/{d}/cmdline", "rb").read().decode().split("\0")
-        except OSError:
-            continue
-        if "agent" in argv and "--run-id" in argv and argv[argv.index("--run-id") + 1].startswith(name + "-"):
-            pids.append(int(d))
-    pid = random.choice(pids)
-    t = time.time()
-    os.kill(pid, signal.SIGKILL)
-    return t
+    """SIGKILLs one of the agents of the job `name` (their command line: agent --run-id NAME-...)."""
+    return kill_one(run_pids(name + "-"))
 
 
 def wait_trained(m, restart, n):
