@@ -333,6 +333,72 @@ TEST(Trainer, AResumedRunHasTheSameLossesAsAnUninterruptedOne) {
   ExpectResumedLossesEqualUninterrupted(s);
 }
 
+// The layers of a model declared in the spec: the fast recipe's batch-norm CNN (issue 48), with a
+// residual block so that every kind of parameter-holding layer is in it.
+const char* kDeclaredLayers = R"(  model:
+    layers:
+      - conv: {channels: 16, padding: 1}
+      - maxpool: 2
+      - batchnorm
+      - relu
+      - residual:
+          - conv: {channels: 16, padding: 1, bias: false}
+          - batchnorm
+      - conv: {channels: 32, stride: 2, padding: 1}
+      - batchnorm
+      - relu
+      - flatten
+      - dropout: 0.1
+      - linear
+)";
+
+std::string DeclaredTrainer(int max_steps) {
+  std::string t = ResumableTrainer(max_steps);
+  return t.replace(t.find("  model: cnn\n"), 13, kDeclaredLayers);
+}
+
+// A declared model trains, resumes exactly from its checkpoint, and is evaluated and used for
+// predictions from the exported file alone (the layers travel in its metadata); a checkpoint of
+// another declaration is refused, not loaded into the wrong layers.
+TEST(Trainer, ADeclaredModelTrainsResumesExactlyAndIsEvaluatedFromItsFile) {
+  Scratch s;
+  const std::string spec_a = s.Write("a.yaml", Spec("whole", s.path("a"), DeclaredTrainer(14)));
+  auto valid = Trainctl({"validate", spec_a}, s.path(""));
+  ASSERT_EQ(valid.exit.code, 0) << valid.output;
+  EXPECT_NE(valid.output.find("model: 1x28x28 images in, 10 classes out"), std::string::npos) << valid.output;
+  EXPECT_NE(valid.output.find("4.0  block1.conv1  conv 3x3 pad 1, 16, no bias"), std::string::npos) << valid.output;
+  EXPECT_NE(valid.output.find("total parameters: 22,922"), std::string::npos) << valid.output;
+  auto whole = Trainctl({"run", spec_a}, s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(whole.exit.code, 0) << whole.output;
+  EXPECT_NE(whole.output.find("a declared model of 11 layers"), std::string::npos) << whole.output;
+  auto first = Trainctl({"run", s.Write("b1.yaml", Spec("part", s.path("b"), DeclaredTrainer(7)))},
+                        s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(first.exit.code, 0) << first.output;
+  auto second = Trainctl({"run", "--resume", s.Write("b2.yaml", Spec("part", s.path("b"), DeclaredTrainer(14)))},
+                         s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(second.exit.code, 0) << second.output;
+  EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
+  ExpectResumedLossesEqualUninterrupted(s);
+
+  auto eval = Trainctl({"eval", "--checkpoint", s.path("a/model.safetensors"), "--limit", "200", "-o", "json"},
+                       s.path(""), std::chrono::seconds(60));
+  ASSERT_EQ(eval.exit.code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("\"accuracy\""), std::string::npos) << eval.output;
+  auto predict = Trainctl({"predict", "--checkpoint", s.path("a/model.safetensors"),
+                           "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz", "--top", "1"},
+                          s.path(""), std::chrono::seconds(60));
+  ASSERT_EQ(predict.exit.code, 0) << predict.output.substr(0, 2000);
+  EXPECT_NE(predict.output.find("t10k-images-idx3-ubyte.gz[9999]:"), std::string::npos);
+
+  // The same output directory, one more channel in the last convolution: not this model's state.
+  std::string other = DeclaredTrainer(14);
+  other.replace(other.find("channels: 32"), 12, "channels: 48");
+  auto refused = Trainctl({"run", "--resume", s.Write("c.yaml", Spec("part", s.path("b"), other))}, s.path(""),
+                          std::chrono::seconds(120));
+  EXPECT_EQ(refused.exit.code, kExitInvalidSpec) << refused.output;  // no restart spent on it
+  EXPECT_NE(refused.output.find("holds another declared model"), std::string::npos) << refused.output;
+}
+
 // trainer.memory_format: checkpoints hold each tensor in its own order whatever the layout, so a
 // run stopped at step 7 in channels_last and resumed in contiguous follows
 // the uninterrupted contiguous run, step for step. Saved as laid out, the momentum buffer would

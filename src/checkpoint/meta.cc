@@ -71,11 +71,15 @@ bool ParseFloats(const std::string& text, std::vector<float>* out) {
 Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source) {
   ModelMeta m;
   m.model = c.Meta("model");
-  if (m.model != "cnn" && m.model != "resnet18" && m.model != "resnet50") {
+  if (m.model != "cnn" && m.model != "resnet18" && m.model != "resnet50" && m.model != "layers") {
     if (m.model.empty() && c.Meta("norm_mean").empty()) {
       return InvalidArgument(source + ": not a trainctl model (its metadata lacks model and norm_mean)");
     }
-    return Bad(source, "model", m.model, "cnn, resnet18 or resnet50");
+    return Bad(source, "model", m.model, "cnn, resnet18, resnet50 or layers");
+  }
+  if (m.model == "layers") {
+    m.layers = c.Meta("layers");
+    if (m.layers.empty()) return Bad(source, "layers", m.layers, "the declared model's layers (JSON)");
   }
   m.dataset = c.Meta("dataset");
   if (m.dataset != "fashion-mnist" && m.dataset != "mnist" && m.dataset != "cifar10" && m.dataset != "synthetic") {

@@ -13,7 +13,8 @@
 namespace trainctl::checkpoint {
 
 struct ModelMeta {
-  std::string model;            // cnn | resnet18 | resnet50
+  std::string model;            // cnn | resnet18 | resnet50 | layers
+  std::string layers;           // layers: the declared model's layers, as the spec's JSON writes them
   std::string dataset, data_dir;
   int channels = 0, rows = 0, cols = 0;  // 1 to 4096 each
   int classes = 0;              // 2 to 256

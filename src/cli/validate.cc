@@ -79,6 +79,15 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
     } else {
       std::printf("%s: valid: job %s, %s\n", Join(spec_flags->Sources().files, " + ").c_str(),
                   spec->name.c_str(), DescribeTasks(*spec).c_str());
+      // A declared model's layer table, as Keras's summary() prints it.
+      const TrainerSpec& t = spec->trainer;
+      if (t.enabled && t.model == "layers") {
+        auto summary = SummarizeModel(t.layers, ImageShape(t.data), ClassCount(t.data));
+        if (summary.ok()) {
+          std::printf("model: %s images in, %d classes out\n%s", ShapeText(ImageShape(t.data)).c_str(),
+                      ClassCount(t.data), FormatSummary(*summary).c_str());
+        }
+      }
     }
     *code = kExitOk;
   });

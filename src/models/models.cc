@@ -175,9 +175,14 @@ class ResNet : public Classifier {
 
 }  // namespace
 
-Result<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const InputShape& s) {
+Result<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const InputShape& s,
+                                              const std::vector<LayerSpec>& layers) {
   if (s.channels < 1 || s.rows < 1 || s.cols < 1 || s.classes < 2) {
     return InvalidArgument("model " + name + ": invalid input shape");
+  }
+  if (name == "layers") {
+    RETURN_IF_ERROR(SummarizeModel(layers, {s.channels, s.rows, s.cols}, s.classes).status());
+    return MakeDeclared(layers, s);
   }
   if (name == "cnn") {
     if (s.rows % 4 != 0 || s.cols % 4 != 0) {
@@ -189,7 +194,7 @@ Result<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const Inp
   }
   if (name == "resnet18") return std::shared_ptr<Classifier>(std::make_shared<ResNet>(s, std::array<int, 4>{2, 2, 2, 2}, false));
   if (name == "resnet50") return std::shared_ptr<Classifier>(std::make_shared<ResNet>(s, std::array<int, 4>{3, 4, 6, 3}, true));
-  return InvalidArgument("unknown model " + name + "; expected cnn, resnet18 or resnet50");
+  return InvalidArgument("unknown model " + name + "; expected cnn, resnet18, resnet50 or declared layers");
 }
 
 }  // namespace trainctl::models

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "spec/layers.h"
 
 namespace trainctl::models {
 
@@ -23,8 +24,12 @@ struct InputShape {
   int classes = 10;
 };
 
-// "cnn", "resnet18" or "resnet50". kInvalidArgument for an unknown name or a shape the model
-// cannot take (the CNN needs rows and cols divisible by 4).
-Result<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const InputShape& shape);
+// "cnn", "resnet18" or "resnet50", or "layers": the model `layers` declares (named, and checked
+// against `shape` by SummarizeModel; spec/layers.h). kInvalidArgument for an unknown name or a
+// shape the model cannot take (the CNN needs rows and cols divisible by 4).
+Result<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const InputShape& shape,
+                                              const std::vector<LayerSpec>& layers = {});
+// The declared model (models/declared.cc); MakeModel checks the layers first.
+std::shared_ptr<Classifier> MakeDeclared(const std::vector<LayerSpec>& layers, const InputShape& shape);
 
 }  // namespace trainctl::models

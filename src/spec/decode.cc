@@ -1,6 +1,7 @@
 // Turns the layered tree into a JobSpec, collecting every problem with its origin.
 #include <algorithm>
 #include <cctype>
+#include <functional>
 #include <climits>
 #include <optional>
 #include <tuple>
@@ -31,6 +32,7 @@ const nlohmann::json kScalar = {{"type", {"string", "number", "boolean"}}};
 class Decoder {
  public:
   std::vector<std::pair<Origin, std::string>> errors;
+  const Node* model_node_ = nullptr;  // trainer.model, when it declares layers
   // Schema mode (JobSpecSchema): each accessor notes here, by path, what it takes.
   nlohmann::json* schema = nullptr;
 
@@ -189,6 +191,168 @@ class Decoder {
     }
   }
 
+  // trainer.model: a model's name, or {layers: [...]} (spec/layers.h).
+  void DecodeModel(const Node& n, const std::string& path, TrainerSpec* t) {
+    if (schema) return;  // JobSpecSchemaJson describes it
+    if (n.kind == Kind::kScalar) {
+      if (auto v = OneOf(n, path, {"cnn", "resnet18", "resnet50"})) t->model = *v;
+      return;
+    }
+    if (n.kind != Kind::kMap) {
+      Error(n, path, std::string("expected cnn, resnet18, resnet50 or {layers: [...]}, got ") + n.KindName());
+      return;
+    }
+    CheckKeys(n, path, {"layers"});
+    const Node* layers = Child(n, "layers");
+    if (!layers) {
+      Error(n, path, "expected cnn, resnet18, resnet50 or {layers: [...]}, got a mapping without layers");
+      return;
+    }
+    std::vector<LayerSpec> out;
+    if (DecodeLayers(*layers, path + ".layers", 0, &out)) {
+      t->model = "layers";
+      t->layers = std::move(out);
+      model_node_ = &n;
+    }
+  }
+
+  bool DecodeLayers(const Node& n, const std::string& path, int depth, std::vector<LayerSpec>* out) {
+    if (n.kind != Kind::kSeq || n.seq.empty()) {
+      Error(n, path, std::string("expected a list of layers such as [{conv: 16}, relu, flatten, linear], got ") +
+                         (n.kind == Kind::kSeq ? "an empty list" : n.KindName()));
+      return false;
+    }
+    if (depth >= 8) {
+      Error(n, path, "residual blocks nested more than 8 deep");
+      return false;
+    }
+    bool ok = true;
+    for (size_t i = 0; i < n.seq.size(); ++i) {
+      LayerSpec l;
+      if (DecodeLayer(n.seq[i], path + "[" + std::to_string(i) + "]", depth, &l)) {
+        out->push_back(std::move(l));
+      } else {
+        ok = false;
+      }
+    }
+    return ok;
+  }
+
+  // A layer: its kind alone (relu), a kind and its size ({conv: 16}), or a kind and its fields
+  // ({conv: {channels: 16, stride: 2}}); a residual block's body as {residual: [layers]}.
+  bool DecodeLayer(const Node& n, const std::string& path, int depth, LayerSpec* l) {
+    using LK = LayerSpec::Kind;
+    l->origin = n.origin.ToString();
+    std::string kind;
+    const Node* args = nullptr;
+    if (n.kind == Kind::kScalar) {
+      kind = n.scalar;
+    } else if (n.kind == Kind::kMap && n.map.size() == 1) {
+      kind = n.map[0].first;
+      args = n.map[0].second.kind == Kind::kNull ? nullptr : &n.map[0].second;
+    } else {
+      Error(n, path, "expected a layer: its kind (relu), or a mapping of one kind to its size or fields "
+                     "({conv: 16}, {conv: {channels: 16, stride: 2}}), got " +
+                         (n.kind == Kind::kMap ? "a mapping of " + std::to_string(n.map.size()) + " keys"
+                                               : std::string(n.KindName())));
+      return false;
+    }
+    const std::vector<std::string> kinds = LayerKindNames();
+    const auto k = LayerKindFromName(kind);
+    if (!k) {
+      const std::string guess = ClosestMatch(kind, kinds);
+      Error(n, path, "unknown layer " + Quote(kind) + "; " +
+                         (guess.empty() ? "expected one of " + Join(kinds, ", ") : "did you mean '" + guess + "'?"));
+      return false;
+    }
+    l->kind = *k;
+    const std::string lp = path + "." + kind;
+    const size_t before = errors.size();
+    auto size_of = [&](const Node& v) {
+      switch (*k) {
+        case LK::kConv: if (auto x = Int(v, lp, 1, 1 << 16)) l->out = *x; break;
+        case LK::kLinear: if (auto x = Int(v, lp, 1, 1 << 24)) l->out = *x; break;
+        case LK::kMaxPool:
+        case LK::kAvgPool: if (auto x = Int(v, lp, 1, 1024)) l->kernel = *x; break;
+        case LK::kDropout: if (auto x = Double(v, lp, 0, 0.999)) l->p = *x; break;
+        default: Error(v, lp, kind + " takes no size; expected " + kind + " alone"); break;
+      }
+    };
+    std::vector<std::string> fields;
+    switch (*k) {
+      case LK::kConv: fields = {"channels", "kernel", "stride", "padding", "groups", "bias", "name"}; break;
+      case LK::kLinear: fields = {"features", "bias", "name"}; break;
+      case LK::kMaxPool:
+      case LK::kAvgPool: fields = {"kernel", "stride", "padding"}; break;
+      case LK::kBatchNorm: fields = {"name"}; break;
+      case LK::kDropout: fields = {"p"}; break;
+      case LK::kResidual: fields = {"layers", "projection", "name"}; break;
+      default: break;
+    }
+    if (!args) {
+      if (*k == LK::kConv) Error(n, path, "conv needs its output channels; expected {conv: 16} or {conv: {channels: 16}}");
+      if (*k == LK::kResidual) Error(n, path, "expected {residual: [layers]}, the block's body");
+    } else if (args->kind == Kind::kScalar) {
+      size_of(*args);
+    } else if (args->kind == Kind::kSeq && *k == LK::kResidual) {
+      DecodeLayers(*args, lp, depth + 1, &l->body);
+    } else if (fields.empty()) {
+      Error(*args, lp, kind + " takes no fields; expected " + kind + " alone");
+    } else if (Section(*args, lp, fields)) {
+      const Node& a = *args;
+      auto int_in = [this](long long lo, long long hi) {
+        return [this, lo, hi](const Node& c, const std::string& fp) { return Int(c, fp, lo, hi); };
+      };
+      Field(a, lp, "channels", &l->out, int_in(1, 1 << 16));
+      Field(a, lp, "features", &l->out, int_in(1, 1 << 24));
+      Field(a, lp, "kernel", &l->kernel, int_in(1, 1024));
+      Field(a, lp, "stride", &l->stride, int_in(1, 1024));
+      Field(a, lp, "padding", &l->padding, int_in(0, 1024));
+      Field(a, lp, "groups", &l->groups, int_in(1, 1 << 16));
+      Field(a, lp, "bias", &l->bias, [this](const Node& c, const std::string& fp) { return Bool(c, fp); });
+      Field(a, lp, "p", &l->p, [this](const Node& c, const std::string& fp) { return Double(c, fp, 0, 0.999); });
+      Field(a, lp, "projection", &l->projection, [this](const Node& c, const std::string& fp) {
+        return OneOf(c, fp, {"auto", "conv", "none"});
+      });
+      if (const Node* nm = Child(a, "name")) {
+        if (auto v = String(*nm, lp + ".name")) {
+          const bool ok = !v->empty() && v->front() != '.' && v->back() != '.' && v->find("..") == std::string::npos &&
+                          std::all_of(v->begin(), v->end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; });
+          if (ok) l->name = *v;
+          else Error(*nm, lp + ".name", "expected letters, digits, _ and dots between them (layer1.0), got " + Quote(*v));
+        }
+      }
+      if (*k == LK::kConv && !Child(a, "channels")) Error(a, lp + ".channels", "required; expected the output channels");
+      if (*k == LK::kResidual) {
+        if (const Node* body = Child(a, "layers")) DecodeLayers(*body, lp + ".layers", depth + 1, &l->body);
+        else Error(a, lp + ".layers", "required; expected the block's body, a list of layers");
+      }
+    }
+    return errors.size() == before;
+  }
+
+  // After the trainer's data is known: a declared model's names, and its shapes checked.
+  void CheckModel(TrainerSpec* t) {
+    if (t->model != "layers" || !model_node_) return;
+    NameLayers(&t->layers);
+    std::vector<std::string> names;
+    std::function<void(const std::vector<LayerSpec>&)> collect = [&](const std::vector<LayerSpec>& ls) {
+      for (const auto& l : ls) {
+        if (!l.name.empty()) {
+          if (std::find(names.begin(), names.end(), l.name) != names.end()) {
+            errors.emplace_back(model_node_->origin, l.origin + ": trainer.model.layers: two layers are named " +
+                                                         Quote(l.name) + "; expected each name once");
+          }
+          names.push_back(l.name);
+        }
+        collect(l.body);
+      }
+    };
+    collect(t->layers);
+    auto summary = SummarizeModel(t->layers, ImageShape(t->data), ClassCount(t->data));
+    if (!summary.ok()) errors.emplace_back(model_node_->origin, summary.status().message());
+  }
+
   void DecodeTrainer(const Node& n, TrainerSpec* t) {
     const std::string p = "trainer";
     if (!Section(n, p, {"strategy", "parameter_server", "model", "data", "epochs", "max_steps", "batch_size", "balance",
@@ -217,7 +381,7 @@ class Decoder {
         Field(*ps, pp, "max_staleness", &t->parameter_server.max_staleness, int_in(0, 1 << 20));
       }
     }
-    Field(n, p, "model", &t->model, one_of({"cnn", "resnet18", "resnet50"}));
+    if (const Node* m = Child(n, "model")) DecodeModel(*m, p + ".model", t);
     Field(n, p, "epochs", &t->epochs, int_in(1, 100000));
     Field(n, p, "max_steps", &t->max_steps, int_in(0, kBig));
     Field(n, p, "batch_size", &t->batch_size, int_in(1, 1 << 20));
@@ -331,6 +495,7 @@ class Decoder {
         }
       }
     }
+    CheckModel(t);
   }
 
   // A program and its first arguments: a list, or one word.
@@ -951,6 +1116,14 @@ Result<JobSpec> Decode(const Node& root) {
   return DecodeWith(d, root);
 }
 
+Result<std::vector<LayerSpec>> DecodeLayerList(const Node& n, const std::string& path) {
+  Decoder d;
+  std::vector<LayerSpec> layers;
+  d.DecodeLayers(n, path, 0, &layers);
+  if (!d.errors.empty()) return InvalidArgument(d.Report());
+  return layers;
+}
+
 namespace {
 
 Node MapNode() {
@@ -1023,6 +1196,41 @@ nlohmann::json JobSpecSchemaJson() {
       {"anyOf", {{{"type", "integer"}, {"minimum", 1}, {"maximum", kMaxNodes}},
                  {{"type", "string"}, {"pattern", "^[0-9]+:[0-9]+$"}},
                  range}}};
+  // trainer.model: a name, or a declared model whose layers nest (a residual block's body).
+  nlohmann::json layers = {{"type", "array"}, {"minItems", 1}, {"items", {{"$ref", "#/definitions/layer"}}}};
+  auto fields = [](nlohmann::json props) {
+    return nlohmann::json{{"type", "object"}, {"additionalProperties", false}, {"properties", std::move(props)}};
+  };
+  const nlohmann::json count = {{"type", "integer"}, {"minimum", 1}};
+  const nlohmann::json name = {{"type", "string"}, {"pattern", "^[A-Za-z0-9_]+(\\.[A-Za-z0-9_]+)*$"},
+                               {"description", "the parameters' prefix in checkpoints (conv1, layer1.0)"}};
+  const nlohmann::json window = fields({{"kernel", count}, {"stride", count},
+                                        {"padding", {{"type", "integer"}, {"minimum", 0}}}});
+  nlohmann::json kinds = nlohmann::json::array();
+  kinds.push_back({{"enum", {"relu", "gelu", "flatten", "global_avgpool", "batchnorm", "dropout", "maxpool",
+                             "avgpool", "linear"}},
+                   {"description", "a layer with its defaults (linear: the classes, as the last layer)"}});
+  auto one = [&](const std::string& kind, nlohmann::json shorthand, nlohmann::json object) {
+    nlohmann::json alt = {{"type", "object"}, {"additionalProperties", false}, {"required", {kind}}, {"minProperties", 1},
+                          {"maxProperties", 1}};
+    alt["properties"][kind] = {{"anyOf", {std::move(shorthand), std::move(object)}}};
+    kinds.push_back(std::move(alt));
+  };
+  one("conv", count, fields({{"channels", count}, {"kernel", count}, {"stride", count},
+                             {"padding", {{"type", "integer"}, {"minimum", 0}}}, {"groups", count},
+                             {"bias", {{"type", "boolean"}}}, {"name", name}}));
+  one("linear", count, fields({{"features", count}, {"bias", {{"type", "boolean"}}}, {"name", name}}));
+  one("maxpool", count, window);
+  one("avgpool", count, window);
+  one("batchnorm", {{"type", "null"}}, fields({{"name", name}}));
+  one("dropout", {{"type", "number"}, {"minimum", 0}, {"exclusiveMaximum", 1}},
+      fields({{"p", {{"type", "number"}, {"minimum", 0}, {"exclusiveMaximum", 1}}}}));
+  one("residual", layers, fields({{"layers", layers}, {"projection", {{"enum", {"auto", "conv", "none"}}}}, {"name", name}}));
+  schema["definitions"]["layer"] = {{"anyOf", kinds}};
+  schema["properties"]["trainer"]["properties"]["model"] = {
+      {"description", "cnn, resnet18, resnet50, or a model declared as a list of layers (docs/trainer.md)"},
+      {"anyOf", {{{"enum", {"cnn", "resnet18", "resnet50"}}},
+                 fields({{"layers", layers}})}}};
   schema["required"] = {"name"};
   schema["$schema"] = "http://json-schema.org/draft-07/schema#";
   schema["$id"] = "https://trainctl.dev/schema/job-spec.json";

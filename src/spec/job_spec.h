@@ -9,6 +9,7 @@
 
 #include "common/duration.h"
 #include "common/status.h"
+#include "spec/layers.h"
 
 namespace trainctl {
 
@@ -93,7 +94,10 @@ struct TrainerSpec {
   // parameter_server: the parameters and optimizer state are sharded over the ps role's tasks.
   std::string strategy = "allreduce";
   ParameterServerSpec parameter_server;
-  std::string model = "cnn";  // cnn | resnet18 | resnet50
+  // cnn | resnet18 | resnet50, or "layers": the model that `layers` declares (trainer.model:
+  // {layers: [...]}), named (NameLayers) and checked against the data's shape when decoded.
+  std::string model = "cnn";
+  std::vector<LayerSpec> layers;
   DataSpec data;
   int epochs = 1;
   int64_t max_steps = 0;          // stop after this many steps; 0: run all epochs
@@ -222,6 +226,15 @@ std::vector<RoleSpec> JobRoles(const JobSpec& spec, int nodes);
 // Whether a role of the built-in trainer trains the model (its chief and workers), as opposed to
 // holding parameters (ps) or evaluating checkpoints (evaluator).
 inline bool TrainingRole(const std::string& role) { return role == "chief" || role == "worker"; }
+// The images a dataset holds (channels, rows, cols), and its classes: what a declared model takes
+// and outputs.
+std::vector<int64_t> ImageShape(const DataSpec& data);
+int ClassCount(const DataSpec& data);
+// A declared model's layers as the spec's JSON writes them (every field, names included), and
+// back, checked as a spec's are: checkpoints record them so eval and predict rebuild the model.
+std::string LayersToJson(const std::vector<LayerSpec>& layers);
+Result<std::vector<LayerSpec>> LayersFromJson(const std::string& json, const std::string& source);
+
 // How many tasks train with the built-in trainer: every task of a job without roles, else the
 // tasks of its chief and worker roles that run the trainer.
 int TrainingWorkers(const JobSpec& spec);

@@ -8,6 +8,7 @@
 
 namespace trainctl::spec {
 Result<JobSpec> Decode(const Node& root);
+Result<std::vector<LayerSpec>> DecodeLayerList(const Node& n, const std::string& path);
 }  // namespace trainctl::spec
 
 namespace trainctl {
@@ -35,6 +36,41 @@ void SetIf(ordered_json& j, const char* key, const std::string& value) {
   if (!value.empty()) j[key] = value;
 }
 
+ordered_json Layers(const std::vector<LayerSpec>& layers) {
+  ordered_json out = ordered_json::array();
+  for (const LayerSpec& in : layers) {
+    using K = LayerSpec::Kind;
+    const LayerSpec l = WithDefaults(in);
+    ordered_json f = ordered_json::object();
+    switch (l.kind) {
+      case K::kConv:
+        f = {{"channels", l.out}, {"kernel", l.kernel}, {"stride", l.stride}, {"padding", l.padding},
+             {"groups", l.groups}, {"bias", l.bias}};
+        break;
+      case K::kLinear:
+        if (l.out > 0) f["features"] = l.out;
+        f["bias"] = l.bias;
+        break;
+      case K::kMaxPool:
+      case K::kAvgPool:
+        f = {{"kernel", l.kernel}, {"stride", l.stride}, {"padding", l.padding}};
+        break;
+      case K::kDropout:
+        f = {{"p", l.p}};
+        break;
+      case K::kResidual:
+        f = {{"layers", Layers(l.body)}, {"projection", l.projection}};
+        break;
+      default:
+        break;
+    }
+    if (!l.name.empty()) f["name"] = l.name;
+    if (f.empty()) out.push_back(LayerKindName(l.kind));
+    else out.push_back({{LayerKindName(l.kind), f}});
+  }
+  return out;
+}
+
 ordered_json Trainer(const TrainerSpec& t) {
   ordered_json data = {{"dataset", t.data.dataset}, {"limit", t.data.limit},
                        {"test_limit", t.data.test_limit}, {"samples", t.data.samples},
@@ -51,7 +87,7 @@ ordered_json Trainer(const TrainerSpec& t) {
   ordered_json j = {{"strategy", t.strategy},
                     {"parameter_server", {{"mode", t.parameter_server.mode},
                                           {"max_staleness", t.parameter_server.max_staleness}}},
-                    {"model", t.model},
+                    {"model", t.model == "layers" ? ordered_json{{"layers", Layers(t.layers)}} : ordered_json(t.model)},
                     {"data", data},
                     {"epochs", t.epochs},
                     {"max_steps", t.max_steps},
@@ -192,6 +228,19 @@ Status JsonTree(const ordered_json& j, int depth, spec::Node* out) {
 }
 
 }  // namespace
+
+std::string LayersToJson(const std::vector<LayerSpec>& layers) { return Layers(layers).dump(); }
+
+Result<std::vector<LayerSpec>> LayersFromJson(const std::string& text, const std::string& source) {
+  const ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument(source + ": the model's layers are not JSON");
+  spec::Node root;
+  if (Status st = JsonTree(j, 0, &root); !st.ok()) return InvalidArgument(source + ": the model's layers: " + st.message());
+  auto layers = spec::DecodeLayerList(root, "layers");
+  if (!layers.ok()) return InvalidArgument(source + ": " + layers.status().message());
+  NameLayers(&*layers);
+  return layers;
+}
 
 Result<JobSpec> JobSpecFromJson(const std::string& text) {
   auto invalid = [](const std::string& why) { return InvalidArgument("the resolved job spec is not valid: " + why); };

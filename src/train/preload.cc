@@ -38,7 +38,7 @@ bool WarmUp(const JobSpec& spec, const data::ImageSet& set) {
   if (batch * set.image_bytes() > kMaxPixels) return false;
   try {
     at::set_num_threads(1);
-    auto model = models::MakeModel(t.model, {set.channels, set.rows, set.cols, classes});
+    auto model = models::MakeModel(t.model, {set.channels, set.rows, set.cols, classes}, t.layers);
     if (!model.ok()) return false;
     (*model)->train();
     torch::Tensor x = torch::zeros({batch, set.channels, set.rows, set.cols});

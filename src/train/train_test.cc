@@ -8,11 +8,13 @@
 
 #include <array>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "comm/communicator.h"
 #include "common/cpus.h"
 #include "models/models.h"
+#include "spec/job_spec.h"
 #include "models/ops.h"
 #if TRAINCTL_HAVE_ONEDNN
 #include "models/onednn.h"
@@ -330,6 +332,129 @@ void CompareWithTorch(const OptimizerSpec& spec, std::unique_ptr<torch::optim::O
   if (bitwise) {
     EXPECT_TRUE(torch::equal(ours, theirs.detach())) << (ours - theirs.detach()).abs().max().item<float>();
   }
+}
+
+// The declared model's layers computed again with ATen's functional operations alone, on the
+// model's own parameters by name: the reference its fused kernels are held to.
+torch::Tensor Reference(const std::vector<LayerSpec>& layers, torch::Tensor x, torch::nn::Module& m, int classes) {
+  namespace F = torch::nn::functional;
+  auto params = m.named_parameters();
+  auto buffers = m.named_buffers();
+  auto p = [&](const std::string& name) { return params.contains(name) ? params[name] : torch::Tensor(); };
+  for (const LayerSpec& in : layers) {
+    const LayerSpec l = WithDefaults(in);
+    using K = LayerSpec::Kind;
+    switch (l.kind) {
+      case K::kConv:
+        x = torch::conv2d(x, p(l.name + ".weight"), p(l.name + ".bias"), l.stride, l.padding, 1, l.groups);
+        break;
+      case K::kBatchNorm:
+        x = torch::batch_norm(x, p(l.name + ".weight"), p(l.name + ".bias"), buffers[l.name + ".running_mean"].clone(),
+                              buffers[l.name + ".running_var"].clone(), true, 0.1, 1e-5, false);
+        break;
+      case K::kRelu: x = torch::relu(x); break;
+      case K::kGelu: x = torch::gelu(x); break;
+      case K::kMaxPool: x = torch::max_pool2d(x, l.kernel, l.stride, l.padding); break;
+      case K::kAvgPool: x = torch::avg_pool2d(x, l.kernel, l.stride, l.padding); break;
+      case K::kGlobalAvgPool: x = torch::adaptive_avg_pool2d(x, {1, 1}); break;
+      case K::kFlatten: x = x.flatten(1); break;
+      case K::kLinear: x = torch::linear(x, p(l.name + ".weight"), p(l.name + ".bias")); break;
+      case K::kDropout: break;  // p: 0 in these tests
+      case K::kResidual: {
+        torch::Tensor y = Reference(l.body, x, m, classes);
+        if (params.contains(l.name + ".downsample.0.weight")) {
+          int64_t stride = 1;  // the 1x1 convolution's stride that takes x's size to y's
+          while ((x.size(2) - 1) / stride + 1 != y.size(2) || (x.size(3) - 1) / stride + 1 != y.size(3)) ++stride;
+          torch::Tensor sc = torch::conv2d(x, p(l.name + ".downsample.0.weight"), {}, stride);
+          const std::string bn = l.name + ".downsample.1";
+          sc = torch::batch_norm(sc, p(bn + ".weight"), p(bn + ".bias"), buffers[bn + ".running_mean"].clone(),
+                                 buffers[bn + ".running_var"].clone(), true, 0.1, 1e-5, false);
+          x = y + sc;
+        } else {
+          x = y + x;
+        }
+        break;
+      }
+    }
+  }
+  return x;
+}
+
+std::vector<LayerSpec> ParseLayers(const std::string& json) {
+  auto layers = LayersFromJson(json, "test");
+  EXPECT_TRUE(layers.ok()) << layers.status().message();
+  return layers.ok() ? *layers : std::vector<LayerSpec>{};
+}
+
+// Declared models against ATen's operations on random shapes: the fused convolution, pooling and
+// ReLU kernels where they serve (16-channel multiples, 3x3, even sizes), ATen elsewhere; the
+// outputs and every parameter's gradient agree to rounding, in training mode (batch norm on the
+// batch's statistics).
+TEST(Models, DeclaredLayersMatchAtensOperationsForwardAndBackward) {
+  torch::manual_seed(11);
+  const std::vector<std::pair<std::string, std::array<int64_t, 4>>> cases = {
+      // The recipe's CNN: conv+pool+relu fused on the image, then ATen's strided convolutions.
+      {R"([{"conv": {"channels": 16, "padding": 1}}, {"maxpool": 2}, "batchnorm", "relu",
+          {"conv": {"channels": 48, "stride": 2, "padding": 1}}, "batchnorm", "relu", "flatten", "linear"])",
+       {8, 1, 28, 28}},
+      // The example CNN's order (conv, pool, relu twice): both layers fused, the second by Winograd.
+      {R"([{"conv": {"channels": 16, "padding": 1}}, {"maxpool": 2}, "relu", {"conv": {"channels": 32, "padding": 1}},
+          "relu", {"maxpool": 2}, "flatten", {"linear": 24}, "gelu", "linear"])",
+       {3, 3, 12, 20}},
+      // Odd sizes, groups, average pooling, a residual block with a projection, batch norm on features.
+      {R"([{"conv": {"channels": 12, "kernel": 5, "padding": 2, "groups": 3}}, {"maxpool": 2}, "relu",
+          {"residual": [{"conv": {"channels": 24, "stride": 2, "padding": 1, "bias": false}}, "batchnorm"]},
+          {"avgpool": {"kernel": 3, "stride": 1, "padding": 1}}, "global_avgpool", "flatten", {"linear": 16},
+          "batchnorm", "relu", "linear"])",
+       {4, 3, 15, 17}},
+  };
+  for (const auto& [json, shape] : cases) {
+    SCOPED_TRACE(json);
+    const std::vector<LayerSpec> layers = ParseLayers(json);
+    ASSERT_FALSE(layers.empty());
+    const int classes = 7;
+    auto model = models::MakeModel("layers", {int(shape[1]), int(shape[2]), int(shape[3]), classes}, layers);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    (*model)->train();
+    torch::Tensor x = torch::randn({shape[0], shape[1], shape[2], shape[3]});
+    torch::Tensor out = (*model)->forward(x);
+    ASSERT_EQ(out.sizes().vec(), (std::vector<int64_t>{shape[0], classes}));
+    torch::Tensor g = torch::randn_like(out);
+    out.backward(g);
+    std::map<std::string, torch::Tensor> grads;
+    for (const auto& p : (*model)->named_parameters()) grads[p.key()] = p.value().grad().clone();
+    (*model)->zero_grad();
+    torch::Tensor ref = Reference(layers, x, **model, classes);
+    ref.backward(g);
+    EXPECT_TRUE(torch::allclose(out, ref, 1e-4, 1e-4)) << (out - ref).abs().max().item<float>();
+    for (const auto& p : (*model)->named_parameters()) {
+      const torch::Tensor& want = p.value().grad();
+      EXPECT_TRUE(torch::allclose(grads[p.key()], want, 1e-3, 1e-4))
+          << p.key() << ": " << (grads[p.key()] - want).abs().max().item<float>();
+    }
+  }
+}
+
+// Parameter names are PyTorch's: a declared model's state loads into torch.nn modules of the same
+// names, and a residual block named as torchvision names its blocks holds torchvision's names.
+TEST(Models, DeclaredLayersAreNamedAsInPyTorch) {
+  const auto layers = ParseLayers(R"([{"conv": {"channels": 16, "padding": 1, "bias": false}}, "batchnorm", "relu",
+      {"residual": {"name": "layer1.0", "layers": [{"conv": {"channels": 32, "stride": 2, "padding": 1,
+        "bias": false}}, "batchnorm"]}}, "global_avgpool", "flatten", {"linear": {"name": "fc"}}])");
+  auto model = models::MakeModel("layers", {3, 8, 8, 10}, layers);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  std::vector<std::string> names;
+  for (const auto& p : (*model)->named_parameters()) names.push_back(p.key());
+  EXPECT_EQ(names, (std::vector<std::string>{"conv1.weight", "bn1.weight", "bn1.bias", "layer1.0.conv1.weight",
+                                             "layer1.0.bn1.weight", "layer1.0.bn1.bias",
+                                             "layer1.0.downsample.0.weight", "layer1.0.downsample.1.weight",
+                                             "layer1.0.downsample.1.bias", "fc.weight", "fc.bias"}));
+  EXPECT_TRUE((*model)->named_buffers().contains("layer1.0.bn1.running_mean"));
+  // A shape the declaration cannot take is an error, before any module is made.
+  auto wrong = models::MakeModel("layers", {3, 1, 1, 10}, ParseLayers(R"([{"conv": 16}, "flatten", "linear"])"));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("trainer.model.layers[0] (conv)"), std::string::npos)
+      << wrong.status().message();
 }
 
 TEST(Optimizer, SgdMatchesTorch) {

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 #include <sstream>
 
@@ -106,11 +107,17 @@ Status Trainer::Setup() {
   loaded_ = Clock::now();
 
   torch::manual_seed(static_cast<uint64_t>(t_.seed));
+  std::function<bool(const std::vector<LayerSpec>&)> random = [&](const std::vector<LayerSpec>& layers) {
+    return std::any_of(layers.begin(), layers.end(), [&](const LayerSpec& l) {
+      return (l.kind == LayerSpec::Kind::kDropout && l.p > 0) || random(l.body);
+    });
+  };
+  random_layers_ = t_.model == "layers" && random(t_.layers);
   classes_ = t_.data.dataset == "synthetic" ? t_.data.classes : train_set_.num_classes;
   train_set_.num_classes = test_set_.num_classes = classes_;
   models::InputShape shape{train_set_.channels, train_set_.rows, train_set_.cols, classes_};
   try {
-    ASSIGN_OR_RETURN(s_.model, models::MakeModel(t_.model, shape));
+    ASSIGN_OR_RETURN(s_.model, models::MakeModel(t_.model, shape, t_.layers));
   } catch (const std::exception& e) {
     return InvalidArgument(std::string("cannot build the model: ") + e.what());
   }
@@ -154,6 +161,7 @@ checkpoint::Checkpoint Trainer::Snapshot(bool with_optimizer) {
                 {"norm_mean", JoinFloats(norm_.mean)},
                 {"norm_std", JoinFloats(norm_.std)}};
   c.metadata["classes"] = std::to_string(classes_);
+  if (t_.model == "layers") c.metadata["layers"] = LayersToJson(t_.layers);
   c.metadata["run_id"] = env_.run_id;  // a snapshot is read only by the run that wrote it
   if (with_optimizer) {
     for (auto& [name, t] : s_.optimizer->State()) {
@@ -278,6 +286,11 @@ Status Trainer::LoadNewest(ResumePoint* p, int64_t* opt_steps) {
         return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) + " holds model '" +
                                ckpt->Meta("model") + "', the spec trains '" + t_.model +
                                "'; use another checkpoint_dir or remove it");
+      }
+      if (t_.model == "layers" && ckpt->Meta("layers") != LayersToJson(t_.layers)) {
+        return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) + " holds another declared model (" +
+                               ckpt->Meta("layers") + ") than the spec's trainer.model.layers; use another "
+                               "checkpoint_dir or remove it");
       }
       // The training position; an exported model (weights only) in checkpoint_dir lacks it.
       ASSIGN_OR_RETURN(checkpoint::Position position, checkpoint::ReadPosition(*ckpt, from->PathFor(ckpt->step)));
@@ -408,6 +421,12 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     if (ChannelsLast()) b.x = b.x.contiguous(torch::MemoryFormat::ChannelsLast);
     phases.End("data");
     s_.reducer->ZeroGrad();
+    // Dropout's masks come from the generator: seeded from the step and rank, so a resumed run
+    // draws what the uninterrupted one drew (the generator's state is in no checkpoint).
+    if (random_layers_) {
+      torch::manual_seed(static_cast<uint64_t>(t_.seed) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(s_.step) * 65537u +
+                         static_cast<uint64_t>(s_.rank));
+    }
     torch::Tensor logits;
     {
       Autocast autocast(t_.precision == "bf16", s_.device);
@@ -521,7 +540,8 @@ Status Trainer::Run() {
             seconds(set_up, Clock::now()));
   if (s_.rank == 0) {
     LOG_INFO("training {} on {} ({} images) on {}{}{}, {} workers x batch {}, {} steps per epoch, {} epochs",
-             t_.model, t_.data.dataset, train_set_.count, s_.device.str(),
+             t_.model == "layers" ? "a declared model of " + std::to_string(t_.layers.size()) + " layers" : t_.model,
+             t_.data.dataset, train_set_.count, s_.device.str(),
              t_.precision == "bf16" ? " in bf16 mixed precision" : "",
              ChannelsLast() ? ", channels last" : "", s_.world, s_.batch, s_.steps_per_epoch,
              t_.epochs);

@@ -171,6 +171,7 @@ class Trainer : private StateSource {
   bool timeline_published_ = false;
 
   int classes_ = 0;
+  bool random_layers_ = false;  // the model draws from the generator when training (dropout)
   bool last_saved_ = false;
   // Balanced(): each rank's part of the global batch (batch each at first), and this rank's
   // computing (its batches, forward and backward) since the last Rebalance().

@@ -25,6 +25,18 @@
 namespace trainctl::train {
 namespace {
 
+// The model a checkpoint's metadata names (its declared layers, for a declared one).
+Result<std::shared_ptr<models::Classifier>> MakeSavedModel(const checkpoint::ModelMeta& meta,
+                                                           const models::InputShape& in, const std::string& path) {
+  std::vector<LayerSpec> layers;
+  if (meta.model == "layers") {
+    ASSIGN_OR_RETURN(layers, LayersFromJson(meta.layers, path));
+  }
+  auto model = models::MakeModel(meta.model, in, layers);
+  if (!model.ok()) return InvalidArgument(path + ": " + model.status().message());
+  return model;
+}
+
 // Evaluates checkpoints on the test set they name, loading that set once.
 class CheckpointEvaluator {
  public:
@@ -51,7 +63,7 @@ class CheckpointEvaluator {
                              ", the model was trained on " + ckpt.Meta("shape"));
     }
     try {
-      ASSIGN_OR_RETURN(auto model, models::MakeModel(meta.model, in));
+      ASSIGN_OR_RETURN(auto model, MakeSavedModel(meta, in, path));
       if (Status st = LoadModuleState(*model, ckpt); !st.ok()) return InvalidArgument(path + ": " + st.message());
       Normalizer norm{meta.mean, meta.std};
       Confusion c = Evaluate(*model, test_, 0, test_.count, norm, o_.batch);
@@ -199,7 +211,7 @@ int RunPredict(const PredictOptions& o) {
   const int top = std::min(std::max(1, o.top), meta->classes);
   nlohmann::json all = nlohmann::json::array();
   try {
-    auto model = models::MakeModel(meta->model, {meta->channels, meta->rows, meta->cols, meta->classes});
+    auto model = MakeSavedModel(*meta, {meta->channels, meta->rows, meta->cols, meta->classes}, o.checkpoint);
     if (!model.ok()) return fail(model.status().message());
     if (Status st = LoadModuleState(**model, *ckpt); !st.ok()) return fail(o.checkpoint + ": " + st.message());
     (*model)->eval();

@@ -1,0 +1,263 @@
+// A model declared in the spec as a list of layers (spec/layers.h), built from torch::nn's
+// modules and run by the trainer's own kernels wherever they serve (models/ops.h):
+//   - conv 3x3 (stride 1, padding 1, a bias, output channels a multiple of 16) followed by
+//     maxpool 2 and relu, in either order: one pass that pools the convolution's output while it
+//     is in cache (ImageConvPoolRelu on the model's input image, ConvPoolRelu on a hidden layer of
+//     a multiple of 16 channels: Winograd's F(2x2, 3x3));
+//   - maxpool 2 followed by relu: MaxPool2x2Relu, branch-free;
+//   - linear (with a bias) on the CPU: oneDNN's sgemm where this build has oneDNN;
+// and everything else, every shape and device, by ATen. The first forward pass says, at debug
+// level, which layer ran where.
+#include "models/models.h"
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/dropout.h>
+#include <torch/nn/functional/pooling.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
+#include <optional>
+
+#include "common/log.h"
+#include "common/strings.h"
+#include "models/ops.h"
+#if TRAINCTL_HAVE_ONEDNN
+#include "models/onednn.h"
+#endif
+
+namespace trainctl::models {
+namespace {
+
+namespace F = torch::nn::functional;
+using Kind = LayerSpec::Kind;
+
+// Registers `module` under a dotted name ("layer1.0.conv1"), making the plain modules on its way,
+// so its parameters are named as in PyTorch ("layer1.0.conv1.weight").
+template <typename M>
+M RegisterAt(torch::nn::Module& root, const std::string& name, M module) {
+  torch::nn::Module* at = &root;
+  size_t start = 0;
+  for (size_t dot = name.find('.'); dot != std::string::npos; start = dot + 1, dot = name.find('.', start)) {
+    const std::string part = name.substr(start, dot - start);
+    std::shared_ptr<torch::nn::Module> next;
+    for (const auto& child : at->named_children()) {
+      if (child.key() == part) next = child.value();
+    }
+    if (!next) next = at->register_module(part, std::make_shared<torch::nn::Module>());
+    at = next.get();
+  }
+  return at->register_module(name.substr(start), module);
+}
+
+// A layer, built.
+struct Built {
+  LayerSpec spec;  // with its defaults
+  std::vector<int64_t> in;  // the input's shape (channels, rows, cols or features), per image
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn2{nullptr};
+  torch::nn::BatchNorm1d bn1{nullptr};
+  torch::nn::Linear linear{nullptr};
+  std::vector<Built> body;                       // residual
+  torch::nn::Sequential projection{nullptr};     // residual: conv 1x1 and batch norm, or none
+};
+
+bool IsPool2(const LayerSpec& l) {
+  return l.kind == Kind::kMaxPool && l.kernel == 2 && l.stride == 2 && l.padding == 0;
+}
+
+class Declared : public Classifier {
+ public:
+  Declared(const std::vector<LayerSpec>& layers, const InputShape& s) {
+    std::vector<int64_t> shape = {s.channels, s.rows, s.cols};
+    layers_ = Build(layers, &shape, s.classes);
+  }
+
+  torch::Tensor forward(torch::Tensor x) override {
+    std::optional<c10::impl::ExcludeDispatchKeyGuard> f32;
+#if TRAINCTL_HAVE_ONEDNN
+    // Without bf16 instructions the model stays f32 on the CPU under autocast (trainer.precision:
+    // bf16), as the trainer's own kernels do: ATen would emulate bf16, ten times slower than f32.
+    if (x.is_cpu() && at::autocast::is_cpu_enabled() && !Bf16Convolutions()) f32.emplace(c10::DispatchKey::AutocastCPU);
+#endif
+    const bool say = !said_;
+    said_ = true;
+    std::vector<std::string> where;
+    x = Run(layers_, x, /*input=*/true, "", say ? &where : nullptr);
+    if (say) LOG_DEBUG("the declared model's layers run on: {}", Join(where, "; "));
+    return x;
+  }
+
+ private:
+  std::vector<Built> Build(const std::vector<LayerSpec>& layers, std::vector<int64_t>* shape, int classes) {
+    std::vector<Built> out;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      Built b;
+      b.spec = WithDefaults(layers[i]);
+      b.in = *shape;
+      const LayerSpec& l = b.spec;
+      switch (l.kind) {
+        case Kind::kConv:
+          b.conv = RegisterAt(*this, l.name, torch::nn::Conv2d(torch::nn::Conv2dOptions((*shape)[0], l.out, l.kernel)
+                                                                    .stride(l.stride).padding(l.padding)
+                                                                    .groups(l.groups).bias(l.bias)));
+          *shape = {l.out, Slide((*shape)[1], l), Slide((*shape)[2], l)};
+          break;
+        case Kind::kBatchNorm:
+          if (shape->size() == 3) b.bn2 = RegisterAt(*this, l.name, torch::nn::BatchNorm2d((*shape)[0]));
+          else b.bn1 = RegisterAt(*this, l.name, torch::nn::BatchNorm1d((*shape)[0]));
+          break;
+        case Kind::kLinear: {
+          const int64_t features = l.out > 0 ? l.out : classes;
+          b.linear = RegisterAt(*this, l.name, torch::nn::Linear(torch::nn::LinearOptions((*shape)[0], features).bias(l.bias)));
+          *shape = {features};
+          break;
+        }
+        case Kind::kMaxPool:
+        case Kind::kAvgPool:
+          *shape = {(*shape)[0], Slide((*shape)[1], l), Slide((*shape)[2], l)};
+          break;
+        case Kind::kGlobalAvgPool:
+          *shape = {(*shape)[0], 1, 1};
+          break;
+        case Kind::kFlatten: {
+          int64_t n = 1;
+          for (int64_t d : *shape) n *= d;
+          *shape = {n};
+          break;
+        }
+        case Kind::kResidual: {
+          std::vector<int64_t> in = *shape;
+          b.body = Build(l.body, shape, classes);
+          if (l.projection == "conv" || (l.projection == "auto" && *shape != in)) {
+            int64_t stride = 1;
+            while (stride < std::max(in[1], in[2]) && ((in[1] - 1) / stride + 1 != (*shape)[1] ||
+                                                       (in[2] - 1) / stride + 1 != (*shape)[2])) {
+              ++stride;
+            }
+            b.projection = RegisterAt(
+                *this, l.name + ".downsample",
+                torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(in[0], (*shape)[0], 1).stride(stride).bias(false)),
+                                      torch::nn::BatchNorm2d((*shape)[0])));
+          }
+          break;
+        }
+        default:
+          break;
+      }
+      out.push_back(std::move(b));
+    }
+    return out;
+  }
+
+  static int64_t Slide(int64_t size, const LayerSpec& l) { return (size + 2 * l.padding - l.kernel) / l.stride + 1; }
+
+  // Whether layers[i] is a 3x3 convolution that the trainer's kernels can fuse with the maxpool 2
+  // and relu after it (in either order), on this input.
+  static bool Fusable(const std::vector<Built>& layers, size_t i, const torch::Tensor& x, bool input) {
+    if (i + 2 >= layers.size()) return false;
+    const LayerSpec& c = layers[i].spec;
+    const LayerSpec& a = layers[i + 1].spec;
+    const LayerSpec& b = layers[i + 2].spec;
+    const bool pool_relu = (IsPool2(a) && b.kind == Kind::kRelu) || (a.kind == Kind::kRelu && IsPool2(b));
+    if (c.kind != Kind::kConv || !pool_relu || c.kernel != 3 || c.stride != 1 || c.padding != 1 || c.groups != 1 ||
+        !c.bias || c.out % 16 != 0 || !WinogradConvolutions()) {
+      return false;
+    }
+    if (!x.is_cpu() || x.scalar_type() != torch::kFloat32 || x.dim() != 4 || x.size(2) % 2 || x.size(3) % 2) return false;
+    return input ? !x.requires_grad() : x.size(1) % 16 == 0;
+  }
+
+  torch::Tensor Run(std::vector<Built>& layers, torch::Tensor x, bool input, const std::string& prefix,
+                    std::vector<std::string>* where) {
+    auto note = [&](size_t i, const char* how) {
+      if (where) where->push_back(prefix + std::to_string(i) + " " + LayerKindName(layers[i].spec.kind) + ": " + how);
+    };
+    for (size_t i = 0; i < layers.size(); ++i) {
+      Built& b = layers[i];
+      const LayerSpec& l = b.spec;
+      const bool cpu_f32 = x.is_cpu() && x.scalar_type() == torch::kFloat32;
+      switch (l.kind) {
+        case Kind::kConv:
+          if (Fusable(layers, i, x, input && i == 0)) {
+            const bool image = input && i == 0;
+            x = image ? ImageConvPoolRelu(x, b.conv->weight, b.conv->bias) : ConvPoolRelu(x, b.conv->weight, b.conv->bias);
+            note(i, image ? "ours (conv+maxpool+relu, image)" : "ours (conv+maxpool+relu, Winograd)");
+            i += 2;
+          } else {
+            x = b.conv->forward(x);
+            note(i, "ATen");
+          }
+          break;
+        case Kind::kBatchNorm:
+          x = b.bn2 ? b.bn2->forward(x) : b.bn1->forward(x);
+          note(i, "ATen");
+          break;
+        case Kind::kRelu:
+          x = torch::relu(x);
+          note(i, "ATen");
+          break;
+        case Kind::kGelu:
+          x = torch::gelu(x);
+          note(i, "ATen");
+          break;
+        case Kind::kMaxPool:
+          if (IsPool2(l) && i + 1 < layers.size() && layers[i + 1].spec.kind == Kind::kRelu && cpu_f32 &&
+              x.size(2) % 2 == 0 && x.size(3) % 2 == 0) {
+            x = MaxPool2x2Relu(x);
+            note(i, "ours (maxpool+relu)");
+            ++i;
+          } else {
+            x = F::max_pool2d(x, F::MaxPool2dFuncOptions(l.kernel).stride(l.stride).padding(l.padding));
+            note(i, "ATen");
+          }
+          break;
+        case Kind::kAvgPool:
+          x = F::avg_pool2d(x, F::AvgPool2dFuncOptions(l.kernel).stride(l.stride).padding(l.padding));
+          note(i, "ATen");
+          break;
+        case Kind::kGlobalAvgPool:
+          x = F::adaptive_avg_pool2d(x, F::AdaptiveAvgPool2dFuncOptions(1));
+          note(i, "ATen");
+          break;
+        case Kind::kFlatten:
+          x = x.flatten(1);
+          break;
+        case Kind::kLinear:
+#if TRAINCTL_HAVE_ONEDNN
+          if (cpu_f32 && l.bias) {
+            x = Linear(x.contiguous(), b.linear->weight, b.linear->bias);
+            note(i, "oneDNN");
+            break;
+          }
+#endif
+          x = b.linear->forward(x);
+          note(i, "ATen");
+          break;
+        case Kind::kDropout:
+          x = F::dropout(x, F::DropoutFuncOptions().p(l.p).training(is_training()));
+          break;
+        case Kind::kResidual: {
+          torch::Tensor y = Run(b.body, x, false, prefix + std::to_string(i) + ".", where);
+          x = y + (b.projection ? b.projection->forward(x) : x);
+          break;
+        }
+      }
+    }
+    return x;
+  }
+
+  std::vector<Built> layers_;
+  bool said_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<Classifier> MakeDeclared(const std::vector<LayerSpec>& layers, const InputShape& shape) {
+  return std::make_shared<Declared>(layers, shape);
+}
+
+}  // namespace trainctl::models
