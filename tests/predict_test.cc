@@ -1,11 +1,16 @@
 // `trainctl predict`: a model trained here tried on images made from the Fashion-MNIST test set,
 // as PGM, PNG and PPM files and as the idx file itself; its answers agree with `trainctl eval`.
 #include <gtest/gtest.h>
+#include <turbojpeg.h>
 #include <zlib.h>
+
+#include <algorithm>
+#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
 #include "common/exit_codes.h"
+#include "common/strings.h"
 #include "data/dataset.h"
 #include "tests/test_util.h"
 
@@ -116,12 +121,124 @@ TEST(Predict, AnswersForImageFilesAgreeWithEvalOnTheTestSet) {
   s.Write("torn.png", torn.substr(0, torn.size() / 2));
   for (const auto& [file, message] : std::vector<std::pair<std::string, std::string>>{
            {"big.pgm", "big.pgm: the image is 32x32 pixels; the model takes 28x28"},
-           {"notes.txt", "notes.txt: not a PNG, PGM or PPM image"},
+           {"notes.txt", "notes.txt: not a PNG, JPEG, PGM or PPM image"},
            {"torn.png", "torn.png: "}}) {
     auto r = Trainctl({"predict", "--checkpoint", model, s.path(file)}, s.path(""));
     EXPECT_EQ(r.exit.code, kExitError) << r.output;
     EXPECT_NE(r.output.find("trainctl predict: " + s.path(message)), std::string::npos) << r.output;
   }
+}
+
+// Fashion-MNIST as a user's own folder of images (torchvision's ImageFolder layout, named
+// classes, PNG files, some JPEGs in colour, a broken file and a note among them) trains a declared
+// model to the accuracy the idx files give it, and predict names the folders' classes.
+TEST(ImageFolder, FashionMnistAsAFolderOfPngsTrainsAsTheIdxFilesDo) {
+  Scratch s;
+  namespace fs = std::filesystem;
+  auto train = data::LoadMnistDir(data::kFashionMnistDir, /*train=*/true);
+  auto test = data::LoadMnistDir(data::kFashionMnistDir, /*train=*/false);
+  ASSERT_TRUE(train.ok() && test.ok());
+  const auto& names = data::FashionMnistClasses();
+  auto folder = [](const std::string& name) {  // "T-shirt/top" -> "T-shirt_top"
+    std::string f = name;
+    std::replace(f.begin(), f.end(), '/', '_');
+    return f;
+  };
+  constexpr int kTrain = 3000, kTest = 500;
+  for (const auto& split : {"train", "test"}) {
+    for (const auto& n : names) fs::create_directories(s.path(std::string(split) + "/" + folder(n)));
+  }
+  tjhandle jpeg = tjInitCompress();
+  for (int i = 0; i < kTrain; ++i) {
+    const std::string dir = "train/" + folder(names[train->labels[i]]) + "/";
+    if (i % 50 == 7) {  // some in colour, as JPEG at full quality: the trainer takes them grey
+      std::vector<uint8_t> rgb(28 * 28 * 3);
+      for (int p = 0; p < 28 * 28; ++p) rgb[3 * p] = rgb[3 * p + 1] = rgb[3 * p + 2] = train->image(i)[p];
+      unsigned char* out = nullptr;
+      unsigned long size = 0;
+      ASSERT_EQ(tjCompress2(jpeg, rgb.data(), 28, 0, 28, TJPF_RGB, &out, &size, TJSAMP_444, 100, 0), 0);
+      s.Write(dir + std::to_string(i) + ".jpg", std::string(reinterpret_cast<char*>(out), size));
+      tjFree(out);
+    } else {
+      s.Write(dir + std::to_string(i) + ".png", Png(train->image(i), 28, 28, false));
+    }
+  }
+  tjDestroy(jpeg);
+  s.Write("train/Bag/truncated.png", Png(train->image(0), 28, 28, false).substr(0, 40));
+  s.Write("train/Bag/notes.txt", "where these came from");
+  for (int i = 0; i < kTest; ++i) {
+    s.Write("test/" + folder(names[test->labels[i]]) + "/" + std::to_string(i) + ".png", Png(test->image(i), 28, 28, false));
+  }
+  const std::string trainer = R"(  model:
+    layers:
+      - conv: {channels: 16, padding: 1}
+      - maxpool: 2
+      - batchnorm
+      - relu
+      - conv: {channels: 32, stride: 2, padding: 1}
+      - batchnorm
+      - relu
+      - flatten
+      - linear
+  batch_size: 50
+  epochs: 2
+  threads: 1
+  deterministic: true
+  optimizer: {name: sgd, lr: 0.1, momentum: 0.9}
+)";
+  auto job = [&](const std::string& name, const std::string& data) {
+    return s.Write(name + ".yaml", "name: " + name + "\nprocs_per_node: 1\noutput_dir: " + s.path(name) +
+                                       "\ntrainer:\n" + trainer + "  data: " + data + "\n");
+  };
+  const std::string folder_spec = job("folder", "{dataset: imagefolder, dir: " + s.path("train") + ", test_dir: " +
+                                                    s.path("test") + ", shape: [1, 28, 28]}");
+  auto valid = Trainctl({"validate", folder_spec}, s.path(""));
+  ASSERT_EQ(valid.exit.code, 0) << valid.output;
+  EXPECT_NE(valid.output.find("model: 1x28x28 images in, 10 classes out"), std::string::npos) << valid.output;
+  auto env = std::vector<std::pair<std::string, std::string>>{{"TRAINCTL_STATE_DIR", s.path("state")}};
+  auto from_folder = Trainctl({"run", folder_spec}, s.path(""), seconds(180), env);
+  ASSERT_EQ(from_folder.exit.code, 0) << from_folder.output;
+  EXPECT_NE(from_folder.output.find("1 file(s) skipped"), std::string::npos) << from_folder.output;
+  EXPECT_NE(from_folder.output.find("truncated.png"), std::string::npos) << from_folder.output;
+  auto from_idx = Trainctl({"run", job("idx", "{limit: " + std::to_string(kTrain) + ", test_limit: " +
+                                                  std::to_string(kTest) + "}")},
+                           s.path(""), seconds(180), env);
+  ASSERT_EQ(from_idx.exit.code, 0) << from_idx.output;
+  auto accuracy = [&](const std::string& out) {
+    double acc = -1;
+    for (const auto& line : SplitLines(s.Read(out + "/metrics.jsonl"))) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("test_accuracy")) acc = j["test_accuracy"].get<double>();
+    }
+    return acc;
+  };
+  const double a = accuracy("folder"), b = accuracy("idx");
+  EXPECT_GT(a, 0.7);
+  EXPECT_NEAR(a, b, 0.05) << "the same images, in another order";
+
+  // eval and predict name the folders' classes, from the model file alone.
+  auto eval = Trainctl({"eval", "--checkpoint", s.path("folder/model.safetensors")}, s.path(""));
+  ASSERT_EQ(eval.exit.code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("T-shirt_top"), std::string::npos) << eval.output;
+  auto predict = Trainctl({"predict", "--checkpoint", s.path("folder/model.safetensors"), "-o", "json",
+                           s.path("train/" + folder(names[train->labels[7]]) + "/7.jpg")},
+                          s.path(""));
+  ASSERT_EQ(predict.exit.code, 0) << predict.output;
+  EXPECT_NE(predict.output.find("\"name\": \"" + folder(names[train->labels[7]]) + "\""), std::string::npos)
+      << predict.output;
+
+  // bad_images: fail refuses the folder before training, naming the file; no restart is spent.
+  const std::string strict = job("strict", "{dataset: imagefolder, dir: " + s.path("train") +
+                                               ", shape: [1, 28, 28], bad_images: fail}");
+  auto refused = Trainctl({"run", strict}, s.path(""), seconds(60), env);
+  EXPECT_EQ(refused.exit.code, kExitInvalidSpec) << refused.output;
+  EXPECT_NE(refused.output.find("truncated.png"), std::string::npos) << refused.output;
+  // A folder that is not there is a pre-flight error.
+  auto missing = Trainctl({"validate", job("missing", "{dataset: imagefolder, dir: " + s.path("nowhere") +
+                                                        ", shape: [1, 28, 28]}")},
+                          s.path(""));
+  EXPECT_EQ(missing.exit.code, kExitInvalidSpec) << missing.output;
+  EXPECT_NE(missing.output.find(s.path("nowhere")), std::string::npos) << missing.output;
 }
 
 }  // namespace

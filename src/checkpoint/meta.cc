@@ -82,8 +82,9 @@ Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source) 
     if (m.layers.empty()) return Bad(source, "layers", m.layers, "the declared model's layers (JSON)");
   }
   m.dataset = c.Meta("dataset");
-  if (m.dataset != "fashion-mnist" && m.dataset != "mnist" && m.dataset != "cifar10" && m.dataset != "synthetic") {
-    return Bad(source, "dataset", m.dataset, "fashion-mnist, mnist, cifar10 or synthetic");
+  if (m.dataset != "fashion-mnist" && m.dataset != "mnist" && m.dataset != "cifar10" && m.dataset != "synthetic" &&
+      m.dataset != "imagefolder") {
+    return Bad(source, "dataset", m.dataset, "fashion-mnist, mnist, cifar10, imagefolder or synthetic");
   }
   m.data_dir = c.Meta("data_dir");
   std::vector<int64_t> shape;
@@ -96,6 +97,30 @@ Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source) 
   m.cols = static_cast<int>(shape[2]);
   ASSIGN_OR_RETURN(int64_t classes, Count(c, source, "classes", 2, 256));
   m.classes = static_cast<int>(classes);
+  if (m.dataset == "imagefolder") {
+    // The names, one per class, each on its own line (a folder's name has no newline).
+    const std::string names = c.Meta("class_names");
+    size_t start = 0;
+    while (start <= names.size() && !names.empty() && m.class_names.size() <= 256) {
+      size_t end = names.find('\n', start);
+      if (end == std::string::npos) end = names.size();
+      m.class_names.push_back(names.substr(start, end - start));
+      start = end + 1;
+    }
+    if (static_cast<int>(m.class_names.size()) != m.classes ||
+        std::any_of(m.class_names.begin(), m.class_names.end(), [](const std::string& n) { return n.empty() || n.size() > 255; })) {
+      return Bad(source, "class_names", names, std::to_string(m.classes) + " names, one per line");
+    }
+    m.test_dir = c.Meta("test_dir");
+    const std::string holdout = c.Meta("holdout");
+    if (m.test_dir.empty()) {
+      char* end = nullptr;
+      m.holdout = std::strtod(holdout.c_str(), &end);
+      if (holdout.empty() || end != holdout.c_str() + holdout.size() || !(m.holdout >= 0 && m.holdout <= 0.9)) {
+        return Bad(source, "holdout", holdout, "a fraction from 0 to 0.9 (or a test_dir)");
+      }
+    }
+  }
   for (const char* field : {"norm_mean", "norm_std"}) {
     std::vector<float>& v = std::string(field) == "norm_mean" ? m.mean : m.std;
     const bool std_field = std::string(field) == "norm_std";

@@ -16,6 +16,11 @@ struct ModelMeta {
   std::string model;            // cnn | resnet18 | resnet50 | layers
   std::string layers;           // layers: the declared model's layers, as the spec's JSON writes them
   std::string dataset, data_dir;
+  // imagefolder: its classes' names (index = label), and where its test images are: test_dir, or
+  // the fraction holdout of data_dir's.
+  std::vector<std::string> class_names;
+  std::string test_dir;
+  double holdout = 0;
   int channels = 0, rows = 0, cols = 0;  // 1 to 4096 each
   int classes = 0;              // 2 to 256
   std::vector<float> mean, std; // one per channel; finite; std > 0

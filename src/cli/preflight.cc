@@ -26,6 +26,11 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file) {
       if (Status st = data::CheckDataDir(d.dataset, dir); !st.ok()) {
         problems.push_back(spec_file + ": trainer.data: " + st.message());
       }
+      if (!d.test_dir.empty()) {
+        if (Status st = data::CheckDataDir(d.dataset, d.test_dir); !st.ok()) {
+          problems.push_back(spec_file + ": trainer.data.test_dir: " + st.message());
+        }
+      }
       continue;
     }
     std::vector<std::string> env = CurrentEnvironment();

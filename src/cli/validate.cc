@@ -6,6 +6,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "data/dataset.h"
 
 namespace trainctl::cli {
 
@@ -82,11 +83,19 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
       // A declared model's layer table, as Keras's summary() prints it.
       const TrainerSpec& t = spec->trainer;
       if (t.enabled && t.model == "layers") {
-        auto summary = SummarizeModel(t.layers, ImageShape(t.data), ClassCount(t.data));
-        if (summary.ok()) {
-          std::printf("model: %s images in, %d classes out\n%s", ShapeText(ImageShape(t.data)).c_str(),
-                      ClassCount(t.data), FormatSummary(*summary).c_str());
+        int classes = ClassCount(t.data);
+        if (t.data.dataset == "imagefolder" && !*fields_only) {  // its class folders, checked above
+          auto folders = data::FolderClasses(t.data.dir);
+          if (folders.ok()) classes = static_cast<int>(folders->size());
         }
+        auto summary = SummarizeModel(t.layers, ImageShape(t.data), classes);
+        if (!summary.ok()) {
+          std::fprintf(stderr, "%s\n", summary.status().message().c_str());
+          *code = kExitInvalidSpec;
+          return;
+        }
+        std::printf("model: %s images in, %d classes out\n%s", ShapeText(ImageShape(t.data)).c_str(), classes,
+                    FormatSummary(*summary).c_str());
       }
     }
     *code = kExitOk;

@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
+#include <turbojpeg.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <set>
@@ -232,6 +234,137 @@ TEST(Sampler, SplitBatchFollowsTheWeightsAndKeepsTheLeastShare) {
     }
     EXPECT_EQ(sum, batch);
   }
+}
+
+}  // namespace
+}  // namespace trainctl::data
+
+namespace trainctl::data {
+namespace {
+
+std::string Pgm(int rows, int cols, uint8_t value) {
+  return "P5\n" + std::to_string(cols) + " " + std::to_string(rows) + "\n255\n" + std::string(rows * cols, char(value));
+}
+
+// tjCompress2's JPEG of `pixels` (H x W x channels, interleaved).
+std::string Jpeg(const std::vector<uint8_t>& pixels, int rows, int cols, int channels) {
+  tjhandle h = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  const int rc = tjCompress2(h, pixels.data(), cols, 0, rows, channels == 1 ? TJPF_GRAY : TJPF_RGB, &out, &size,
+                             channels == 1 ? TJSAMP_GRAY : TJSAMP_444, 100, 0);
+  std::string bytes = rc == 0 ? std::string(reinterpret_cast<char*>(out), size) : "";
+  tjFree(out);
+  tjDestroy(h);
+  return bytes;
+}
+
+TEST(ImageFile, JpegGreyAndColourDecodeToTheirPixels) {
+  std::vector<uint8_t> grey(12 * 16);
+  for (int i = 0; i < 12 * 16; ++i) grey[i] = static_cast<uint8_t>(i % 16 * 16);
+  auto g = DecodeImage(Jpeg(grey, 12, 16, 1), "g.jpg");
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_EQ(g->channels, 1);
+  EXPECT_EQ(g->rows, 12);
+  EXPECT_EQ(g->cols, 16);
+  for (int i = 0; i < 12 * 16; ++i) EXPECT_NEAR(g->pixels[i], grey[i], 3) << i;
+  std::vector<uint8_t> rgb(8 * 8 * 3);
+  for (int p = 0; p < 64; ++p) rgb[p * 3] = 200, rgb[p * 3 + 1] = 40, rgb[p * 3 + 2] = 90;
+  auto c = DecodeImage(Jpeg(rgb, 8, 8, 3), "c.jpg");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->channels, 3);
+  EXPECT_NEAR(c->pixels[0], 200, 3);       // red plane
+  EXPECT_NEAR(c->pixels[64 + 5], 40, 3);   // green
+  EXPECT_NEAR(c->pixels[128 + 63], 90, 3);  // blue
+  auto bad = DecodeImage(std::string("\xff\xd8\xff\xe0 not really", 15), "bad.jpg");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message().rfind("bad.jpg: ", 0), 0u) << bad.status().message();  // its header, or its size
+}
+
+TEST(ImageFile, ChannelsAndResizeCropAsTorchvisionWould) {
+  ImageSet red;
+  red.count = 1, red.channels = 3, red.rows = 1, red.cols = 1, red.labels = {0};
+  red.pixels = {255, 0, 0};
+  EXPECT_EQ(ToChannels(red, 1).pixels, std::vector<uint8_t>{76});  // BT.601 luma of pure red
+  ImageSet grey = ToChannels(red, 1);
+  EXPECT_EQ(ToChannels(grey, 3).pixels, (std::vector<uint8_t>{76, 76, 76}));
+  // A wide image keeps its height and loses the columns at both ends (CenterCrop).
+  ImageSet wide;
+  wide.count = 1, wide.channels = 1, wide.rows = 2, wide.cols = 4, wide.labels = {0};
+  wide.pixels = {0, 100, 200, 250, 0, 100, 200, 250};
+  EXPECT_EQ(ResizeCrop(wide, 2, 2).pixels, (std::vector<uint8_t>{100, 200, 100, 200}));
+  // Halved: each output pixel between two inputs (half-pixel centres).
+  ImageSet halved = ResizeCrop(wide, 1, 2);
+  EXPECT_EQ(halved.pixels, (std::vector<uint8_t>{50, 225}));
+  // Enlarged, a flat image stays flat.
+  ImageSet flat;
+  flat.count = 1, flat.channels = 1, flat.rows = 3, flat.cols = 5, flat.labels = {0};
+  flat.pixels.assign(15, 7);
+  ImageSet big = ResizeCrop(flat, 32, 32);
+  EXPECT_EQ(big.rows, 32);
+  EXPECT_TRUE(std::all_of(big.pixels.begin(), big.pixels.end(), [](uint8_t v) { return v == 7; }));
+}
+
+TEST(ImageFolder, AFolderPerClassWithItsLabelsHoldoutAndBadFiles) {
+  testing::Scratch s;
+  namespace fs = std::filesystem;
+  for (const char* cls : {"cat", "dog", "emu"}) fs::create_directories(s.path(std::string("train/") + cls));
+  fs::create_directories(s.path(".hidden"));
+  for (int i = 0; i < 30; ++i) {
+    const char* cls = i % 3 == 0 ? "cat" : i % 3 == 1 ? "dog" : "emu";
+    // Sizes of their own: each is resized and cropped to the folder's 4x4.
+    s.Write(std::string("train/") + cls + "/" + std::to_string(i) + ".pgm", Pgm(4 + i % 5, 6, uint8_t(i % 3 * 100)));
+  }
+  s.Write("train/cat/readme.txt", "not an image, and not named as one");
+  s.Write("train/dog/broken.png", "\x89PNG\r\n\x1a\n and then nothing");
+  FolderOptions o;
+  o.channels = 1, o.rows = 4, o.cols = 4;
+  auto f = LoadImageFolder(s.path("train"), o);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f->classes, (std::vector<std::string>{"cat", "dog", "emu"}));
+  EXPECT_EQ(f->set.class_names, f->classes);
+  EXPECT_EQ(f->set.count, 30);
+  EXPECT_EQ(f->set.num_classes, 3);
+  ASSERT_EQ(f->skipped.size(), 1u);
+  EXPECT_NE(f->skipped[0].find("broken.png"), std::string::npos);
+  for (int64_t i = 0; i < f->set.count; ++i) {  // each image's pixels say its class
+    EXPECT_EQ(f->set.image(i)[5], f->set.labels[i] * 100) << i;
+  }
+  // The classes are mixed in the order (a limit keeps some of each).
+  o.limit = 9;
+  auto some = LoadImageFolder(s.path("train"), o);
+  ASSERT_TRUE(some.ok());
+  EXPECT_EQ(std::set<uint8_t>(some->set.labels.begin(), some->set.labels.end()).size(), 3u);
+  o.limit = 0;
+  // Holdout: a split by path, the same each time, the parts disjoint and whole.
+  o.holdout = 0.3;
+  auto train = LoadImageFolder(s.path("train"), o);
+  o.test = true;
+  auto test = LoadImageFolder(s.path("train"), o);
+  auto again = LoadImageFolder(s.path("train"), o);
+  ASSERT_TRUE(train.ok() && test.ok() && again.ok());
+  EXPECT_EQ(train->set.count + test->set.count, 30);
+  EXPECT_GT(test->set.count, 2);
+  EXPECT_EQ(test->set.pixels, again->set.pixels);
+  // bad_images: fail names the file; a test folder with a class the training one lacks is refused.
+  o = FolderOptions{};
+  o.channels = 1, o.rows = 4, o.cols = 4, o.skip_bad = false;
+  auto strict = LoadImageFolder(s.path("train"), o);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_NE(strict.status().message().find("train/dog/broken.png"), std::string::npos) << strict.status().message();
+  fs::create_directories(s.path("test/cat"));
+  fs::create_directories(s.path("test/fox"));
+  s.Write("test/fox/1.pgm", Pgm(4, 4, 1));
+  o.skip_bad = true;
+  o.classes = f->classes;
+  auto fox = LoadImageFolder(s.path("test"), o);
+  ASSERT_FALSE(fox.ok());
+  EXPECT_NE(fox.status().message().find("test/fox: a class the training folder does not have"), std::string::npos)
+      << fox.status().message();
+  auto one = FolderClasses(s.path("test/cat"));
+  ASSERT_FALSE(one.ok());
+  EXPECT_NE(one.status().message().find("0 class folder(s)"), std::string::npos) << one.status().message();
+  EXPECT_FALSE(FolderClasses(s.path("nowhere")).ok());
 }
 
 }  // namespace

@@ -178,6 +178,7 @@ std::vector<std::string> Cifar10Files(const std::string& dir, bool train) {
 }
 
 Status CheckDataDir(const std::string& dataset, const std::string& dir) {
+  if (dataset == "imagefolder") return FolderClasses(dir).status();
   std::vector<std::string> paths;
   if (dataset == "cifar10") {
     paths = Cifar10Files(dir, true);

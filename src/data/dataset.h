@@ -20,6 +20,7 @@ struct ImageSet {
   int num_classes = 0;          // 1 + the largest label
   std::vector<uint8_t> pixels;  // count * channels * rows * cols, image-major, then C, H, W
   std::vector<uint8_t> labels;  // count
+  std::vector<std::string> class_names;  // an image folder's, index = label; else empty
 
   int64_t image_bytes() const { return int64_t{channels} * rows * cols; }
   const uint8_t* image(int64_t i) const { return pixels.data() + i * image_bytes(); }
@@ -47,6 +48,41 @@ Result<ImageSet> LoadCifar10(const std::vector<std::string>& batch_paths);
 std::vector<std::string> Cifar10Files(const std::string& dir, bool train);
 // Random pixels and labels, reproducible from `seed`.
 ImageSet Synthetic(int64_t count, int channels, int rows, int cols, int num_classes, uint64_t seed);
+
+// torchvision's ImageFolder: a folder per class in `dir` (the classes in name order), each holding
+// PNG, JPEG, PGM or PPM files (other files and hidden ones are passed over). Every image is
+// brought to `channels` (grey <-> RGB), resized so its shorter side fits and centre-cropped to
+// rows x cols (torchvision's Resize then CenterCrop), and decoded once into memory. The images
+// come in an order fixed by their paths, mixing the classes (so `limit` keeps some of each).
+struct FolderOptions {
+  int channels = 3, rows = 32, cols = 32;
+  // A file that is not a decodable image: skipped, and named in Folder::skipped; else the load
+  // fails naming it.
+  bool skip_bad = true;
+  // With holdout > 0 the folder is split by a hash of each image's path: the fraction `holdout`
+  // is the test split (test: true), the rest the training split. The same folder splits the same
+  // way on every worker and every run.
+  double holdout = 0;
+  bool test = false;
+  // The classes the labels index; empty: the folder's own. A test folder takes the training
+  // folder's, and a class it lacks is an error.
+  std::vector<std::string> classes;
+  int64_t limit = 0;  // keep the first N images (0: all)
+};
+struct Folder {
+  ImageSet set;
+  std::vector<std::string> classes;
+  std::vector<std::string> skipped;  // "path: why"
+};
+Result<Folder> LoadImageFolder(const std::string& dir, const FolderOptions& options);
+// The class folders of `dir`, in name order; an error naming dir when it is no folder or holds
+// fewer than 2 of them.
+Result<std::vector<std::string>> FolderClasses(const std::string& dir);
+// One image set's images with `channels` (1: luma, ITU-R BT.601; 3: grey repeated).
+ImageSet ToChannels(const ImageSet& set, int channels);
+// The image resized (bilinear, half-pixel centres) so that it covers rows x cols, then cropped
+// to it around its centre.
+ImageSet ResizeCrop(const ImageSet& one, int rows, int cols);
 
 // Checks, without reading them, that the files a dataset needs are in `dir` ("fashion-mnist" and
 // "mnist": the four idx files, raw or gzipped; "cifar10": data_batch_1..5.bin and test_batch.bin),

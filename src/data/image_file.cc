@@ -1,6 +1,8 @@
-// One image from a file, for `trainctl predict`: PNG through libpng, PGM/PPM parsed here. The
-// bytes come from users: every size is checked before it is used.
+// One image from a file, for `trainctl predict` and image folders: PNG through libpng, JPEG through
+// libjpeg-turbo, PGM/PPM parsed here. The bytes come from users: every size is checked before it
+// is used.
 #include <png.h>
+#include <turbojpeg.h>
 
 #include <cctype>
 #include <cstring>
@@ -113,6 +115,34 @@ Result<ImageSet> ReadPng(const std::string& path, const std::string& bytes) {
   return OneImage(channels, rows, cols, hwc);
 }
 
+// Baseline and progressive JPEG, grey or colour (RGB out; CMYK is refused by name).
+Result<ImageSet> ReadJpeg(const std::string& path, const std::string& bytes) {
+  tjhandle h = tjInitDecompress();
+  if (!h) return Bad(path, "cannot start the JPEG decoder");
+  struct Closer {
+    tjhandle h;
+    ~Closer() { tjDestroy(h); }
+  } closer{h};
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  const auto size = static_cast<unsigned long>(bytes.size());
+  int cols = 0, rows = 0, subsampling = 0, colorspace = 0;
+  if (tjDecompressHeader3(h, data, size, &cols, &rows, &subsampling, &colorspace) != 0) {
+    return Bad(path, std::string("not a JPEG libjpeg-turbo can read: ") + tjGetErrorStr2(h));
+  }
+  if (!SizeOk(cols, rows)) {
+    return Bad(path, "an image of " + std::to_string(cols) + "x" + std::to_string(rows) + " pixels is not supported");
+  }
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) return Bad(path, "a CMYK JPEG is not supported; expected RGB or grey");
+  const bool grey = colorspace == TJCS_GRAY;
+  const int channels = grey ? 1 : 3;
+  std::vector<uint8_t> hwc(static_cast<size_t>(cols) * rows * channels);
+  if (tjDecompress2(h, data, size, hwc.data(), cols, 0, rows, grey ? TJPF_GRAY : TJPF_RGB, 0) != 0 &&
+      tjGetErrorCode(h) == TJERR_FATAL) {
+    return Bad(path, std::string("cannot decode the JPEG: ") + tjGetErrorStr2(h));
+  }
+  return OneImage(channels, rows, cols, hwc);
+}
+
 }  // namespace
 
 Result<ImageSet> ReadImageFile(const std::string& path) {
@@ -125,7 +155,8 @@ Result<ImageSet> DecodeImage(const std::string& bytes, const std::string& path) 
   if (bytes.size() >= 2 && bytes[0] == 'P' && std::strchr("2356", bytes[1]) && bytes[1] != '\0') {
     return ReadNetpbm(path, bytes);
   }
-  return Bad(path, "not a PNG, PGM or PPM image (for idx files, give the images file itself)");
+  if (bytes.size() >= 3 && std::memcmp(bytes.data(), "\xff\xd8\xff", 3) == 0) return ReadJpeg(path, bytes);
+  return Bad(path, "not a PNG, JPEG, PGM or PPM image (for idx files, give the images file itself)");
 }
 
 }  // namespace trainctl::data

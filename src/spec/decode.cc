@@ -429,13 +429,19 @@ class Decoder {
 
     if (const Node* d = Child(n, "data")) {
       const std::string dp = p + ".data";
-      if (Section(*d, dp, {"dataset", "dir", "limit", "test_limit", "samples", "shape", "classes"})) {
+      if (Section(*d, dp, {"dataset", "dir", "test_dir", "holdout", "bad_images", "limit", "test_limit", "samples",
+                           "shape", "classes"})) {
         DataSpec& ds = t->data;
         Field(*d, dp, "dataset", &ds.dataset,
-              one_of({"fashion-mnist", "mnist", "cifar10", "synthetic"}));
+              one_of({"fashion-mnist", "mnist", "cifar10", "imagefolder", "synthetic"}));
         Field(*d, dp, "dir", &ds.dir, [this](const Node& c, const std::string& path) {
           return String(c, path);
         });
+        Field(*d, dp, "test_dir", &ds.test_dir, [this](const Node& c, const std::string& path) {
+          return String(c, path);
+        });
+        Field(*d, dp, "holdout", &ds.holdout, num_in(0, 0.9));
+        Field(*d, dp, "bad_images", &ds.bad_images, one_of({"skip", "fail"}));
         Field(*d, dp, "limit", &ds.limit, int_in(0, kBig));
         Field(*d, dp, "test_limit", &ds.test_limit, int_in(0, kBig));
         Field(*d, dp, "samples", &ds.samples, int_in(1, kBig));
@@ -455,11 +461,25 @@ class Decoder {
             if (shape.size() == 3) ds.shape = shape;
           }
         }
-        bool needs_dir = ds.dataset == "mnist" || ds.dataset == "cifar10";
+        const bool folder = ds.dataset == "imagefolder";
+        if (folder && !Child(*d, "shape")) {
+          Error(*d, dp + ".shape", "required for imagefolder: the size every image is brought to (resized and "
+                                   "centre-cropped), such as [3, 32, 32]");
+        }
+        for (const char* key : {"test_dir", "holdout", "bad_images"}) {
+          if (const Node* k = Child(*d, key); k && !folder) {
+            Error(*k, dp + "." + key, "goes with dataset: imagefolder");
+          }
+        }
+        if (const Node* k = Child(*d, "holdout"); k && !ds.test_dir.empty()) {
+          Error(*k, dp + ".holdout", "goes without test_dir: the test images come from test_dir, or are held out of dir");
+        }
+        bool needs_dir = ds.dataset == "mnist" || ds.dataset == "cifar10" || folder;
         if (needs_dir && ds.dir.empty()) {
           Error(*d, dp + ".dir", "required for " + ds.dataset + "; expected the directory with " +
-                                     (ds.dataset == "mnist" ? "the idx files"
-                                                            : "data_batch_N.bin and test_batch.bin"));
+                                     (ds.dataset == "mnist"  ? "the idx files"
+                                      : folder               ? "a folder per class of images"
+                                                             : "data_batch_N.bin and test_batch.bin"));
         }
       }
     }

@@ -26,12 +26,15 @@ std::vector<RoleSpec> JobRoles(const JobSpec& spec, int nodes) {
 }
 
 std::vector<int64_t> ImageShape(const DataSpec& data) {
-  if (data.dataset == "synthetic") return data.shape;
+  if (data.dataset == "synthetic" || data.dataset == "imagefolder") return data.shape;
   if (data.dataset == "cifar10") return {3, 32, 32};
   return {1, 28, 28};  // fashion-mnist, mnist
 }
 
-int ClassCount(const DataSpec& data) { return data.dataset == "synthetic" ? data.classes : 10; }
+int ClassCount(const DataSpec& data) {
+  if (data.dataset == "imagefolder") return 0;  // its class folders, known once it is read
+  return data.dataset == "synthetic" ? data.classes : 10;
+}
 
 int TrainingWorkers(const JobSpec& spec) {
   if (spec.roles.empty()) return spec.world_size();

@@ -50,12 +50,17 @@ struct TimeoutsSpec {
 // The built-in trainer (`trainer:` in a spec, instead of `command:`). docs/job-spec.md lists the
 // fields; the trainer itself lives in src/train/.
 struct DataSpec {
-  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | cifar10 | synthetic
+  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | cifar10 | imagefolder | synthetic
   std::string dir;                        // "": Debian's Fashion-MNIST for fashion-mnist
+  // imagefolder (a folder per class, torchvision's layout): the test images' folder; without it
+  // the fraction `holdout` of dir's images, chosen by a hash of their paths, is the test split.
+  std::string test_dir;
+  double holdout = 0.1;
+  std::string bad_images = "skip";        // imagefolder: a file that does not decode: skip | fail
   int64_t limit = 0;                      // use the first N training images (0: all)
   int64_t test_limit = 0;                 // use the first N test images (0: all)
   int64_t samples = 10000;                // synthetic: images in the training set
-  std::vector<int64_t> shape = {1, 28, 28};  // synthetic: channels, rows, cols
+  std::vector<int64_t> shape = {1, 28, 28};  // synthetic, imagefolder: channels, rows, cols
   int classes = 10;                       // synthetic
 };
 

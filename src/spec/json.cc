@@ -76,6 +76,11 @@ ordered_json Trainer(const TrainerSpec& t) {
                        {"test_limit", t.data.test_limit}, {"samples", t.data.samples},
                        {"shape", t.data.shape}, {"classes", t.data.classes}};
   SetIf(data, "dir", t.data.dir);
+  if (t.data.dataset == "imagefolder") {
+    SetIf(data, "test_dir", t.data.test_dir);
+    if (t.data.test_dir.empty()) data["holdout"] = t.data.holdout;
+    data["bad_images"] = t.data.bad_images;
+  }
   const OptimizerSpec& o = t.optimizer;
   ordered_json optimizer = {{"name", o.name},   {"lr", o.lr},       {"momentum", o.momentum},
                             {"weight_decay", o.weight_decay},       {"nesterov", o.nesterov},

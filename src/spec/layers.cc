@@ -47,7 +47,7 @@ std::string Describe(const LayerSpec& l) {
     case Kind::kAvgPool:
       return std::string(LayerKindName(l.kind)) + " " + Window(l);
     case Kind::kLinear:
-      return "linear, " + std::to_string(l.out) + (l.bias ? "" : ", no bias");
+      return "linear, " + (l.out > 0 ? std::to_string(l.out) : std::string("the classes")) + (l.bias ? "" : ", no bias");
     case Kind::kDropout: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "dropout %g", l.p);
@@ -264,7 +264,7 @@ Result<ModelSummary> SummarizeModel(const std::vector<LayerSpec>& layers, const 
   Summarizer s(classes);
   std::vector<int64_t> shape = input;
   RETURN_IF_ERROR(s.Follow(layers, "", &shape, true));
-  if (shape != std::vector<int64_t>{classes}) {
+  if (classes > 0 ? shape != std::vector<int64_t>{classes} : shape.size() != 1) {
     const LayerSpec& l = layers.back();
     return InvalidArgument((l.origin.empty() ? "" : l.origin + ": ") + "trainer.model.layers: the model outputs " +
                            ShapeText(shape) + ", expected the " + std::to_string(classes) +

@@ -70,7 +70,8 @@ struct ModelSummary {
 
 // Follows `input` (channels, rows, cols) through named layers (NameLayers) and checks each
 // fits: a mismatch is kInvalidArgument naming the layer's index, origin, kind and both shapes,
-// and the output must be `classes` features.
+// and the output must be `classes` features (`classes` 0: not known yet, as for an image folder
+// before it is read; the last linear layer's size is then left open).
 Result<ModelSummary> SummarizeModel(const std::vector<LayerSpec>& layers, const std::vector<int64_t>& input,
                                     int classes);
 // Keras's summary(): one row per layer with its output shape and parameters, then the total.

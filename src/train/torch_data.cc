@@ -31,6 +31,28 @@ std::vector<std::string> SplitFiles(const DataSpec& spec, bool train) {
 
 Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
   int64_t limit = train ? spec.limit : spec.test_limit;
+  if (spec.dataset == "imagefolder") {
+    data::FolderOptions o;
+    o.channels = static_cast<int>(spec.shape[0]);
+    o.rows = static_cast<int>(spec.shape[1]);
+    o.cols = static_cast<int>(spec.shape[2]);
+    o.skip_bad = spec.bad_images != "fail";
+    o.limit = limit;
+    std::string dir = spec.dir;
+    if (spec.test_dir.empty()) {
+      o.holdout = spec.holdout;
+      o.test = !train;
+    } else if (!train) {
+      ASSIGN_OR_RETURN(o.classes, data::FolderClasses(spec.dir));  // the labels the model learnt
+      dir = spec.test_dir;
+    }
+    ASSIGN_OR_RETURN(data::Folder folder, data::LoadImageFolder(dir, o));
+    if (!folder.skipped.empty()) {
+      std::fprintf(stderr, "%s: %zu file(s) skipped, not images that decode (data.bad_images: skip), first: %s\n",
+                   dir.c_str(), folder.skipped.size(), folder.skipped[0].c_str());
+    }
+    return std::move(folder.set);
+  }
   if (spec.dataset == "synthetic") {
     int64_t count = train ? spec.samples : std::max<int64_t>(1, spec.samples / 6);
     return Limit(data::Synthetic(count, spec.shape[0], spec.shape[1], spec.shape[2], spec.classes,
@@ -50,9 +72,12 @@ Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
 std::string SplitKey(const DataSpec& spec, bool train) {
   std::string key = spec.dataset + '\n' + spec.dir + '\n' + (train ? "train " : "test ") +
                     std::to_string(train ? spec.limit : spec.test_limit);
-  if (spec.dataset == "synthetic") {
+  if (spec.dataset == "synthetic" || spec.dataset == "imagefolder") {
     key += ' ' + std::to_string(spec.samples) + ' ' + std::to_string(spec.classes);
     for (int64_t d : spec.shape) key += ' ' + std::to_string(d);
+  }
+  if (spec.dataset == "imagefolder") {
+    key += '\n' + spec.test_dir + ' ' + std::to_string(spec.holdout) + ' ' + spec.bad_images;
   }
   for (const auto& path : SplitFiles(spec, train)) {
     struct stat st{};
@@ -109,7 +134,8 @@ Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train, Normalizer* n
   return set;
 }
 
-std::vector<std::string> ClassNames(const std::string& dataset, int classes) {
+std::vector<std::string> ClassNames(const std::string& dataset, int classes, const std::vector<std::string>& own) {
+  if (static_cast<int>(own.size()) == classes) return own;
   if (dataset == "fashion-mnist" && classes == 10) return data::FashionMnistClasses();
   if (dataset == "cifar10" && classes == 10) return kCifar10Classes;
   std::vector<std::string> names;

@@ -34,8 +34,9 @@ Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train, Normalizer* n
 // loaded is left for the worker to report. Returns the preloaded training split, or null.
 const data::ImageSet* PreloadSplits(const DataSpec& spec, bool test);
 
-// Class names for a dataset ("T-shirt/top", ...; "class 7" when it has none).
-std::vector<std::string> ClassNames(const std::string& dataset, int classes);
+// Class names for a dataset ("T-shirt/top", ...; "class 7" when it has none); `own`, an image
+// folder's, when it names every class.
+std::vector<std::string> ClassNames(const std::string& dataset, int classes, const std::vector<std::string>& own = {});
 
 // Gathers images `indices[0..n)` into x (n x C x H x W float, normalized) and y (n, int64),
 // resizing them if needed. The only per-step copy of the data.

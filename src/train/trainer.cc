@@ -15,6 +15,7 @@
 #include "checkpoint/meta.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/strings.h"
 #if TRAINCTL_HAVE_ONEDNN
 #include "models/onednn.h"
 #endif
@@ -161,6 +162,14 @@ checkpoint::Checkpoint Trainer::Snapshot(bool with_optimizer) {
                 {"norm_mean", JoinFloats(norm_.mean)},
                 {"norm_std", JoinFloats(norm_.std)}};
   c.metadata["classes"] = std::to_string(classes_);
+  if (t_.data.dataset == "imagefolder") {
+    c.metadata["class_names"] = Join(train_set_.class_names, "\n");
+    if (t_.data.test_dir.empty()) {
+      c.metadata["holdout"] = fmt::format("{}", t_.data.holdout);
+    } else {
+      c.metadata["test_dir"] = t_.data.test_dir;
+    }
+  }
   if (t_.model == "layers") c.metadata["layers"] = LayersToJson(t_.layers);
   c.metadata["run_id"] = env_.run_id;  // a snapshot is read only by the run that wrote it
   if (with_optimizer) {

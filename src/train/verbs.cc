@@ -50,7 +50,14 @@ class CheckpointEvaluator {
     ds.test_limit = o_.limit;
     ds.shape = {meta.channels, meta.rows, meta.cols};
     ds.classes = meta.classes;
-    const std::string key = ds.dataset + "\n" + ds.dir + "\n" + ckpt.Meta("shape") + "\n" + ckpt.Meta("classes");
+    if (ds.dataset == "imagefolder") {
+      // --data names a folder of test images; else the test split the model was trained beside.
+      ds.dir = meta.data_dir;
+      ds.test_dir = o_.data_dir.empty() ? meta.test_dir : o_.data_dir;
+      ds.holdout = meta.holdout;
+    }
+    const std::string key = ds.dataset + "\n" + ds.dir + "\n" + ds.test_dir + "\n" + ckpt.Meta("shape") + "\n" +
+                            ckpt.Meta("classes");
     if (key != test_key_) {
       ASSIGN_OR_RETURN(test_, LoadSplit(ds, /*train=*/false));
       test_key_ = key;
@@ -68,7 +75,7 @@ class CheckpointEvaluator {
       Normalizer norm{meta.mean, meta.std};
       Confusion c = Evaluate(*model, test_, 0, test_.count, norm, o_.batch);
       if (accuracy) *accuracy = c.accuracy();
-      auto names = ClassNames(ds.dataset, ds.classes);
+      auto names = ClassNames(ds.dataset, ds.classes, meta.class_names);
       return o_.format == "json" ? FormatReportJson(c, names) : FormatReport(c, names);
     } catch (const std::exception& e) {
       return Internal(std::string("LibTorch: ") + e.what());
@@ -207,7 +214,7 @@ int RunPredict(const PredictOptions& o) {
   if (!ckpt.ok()) return fail(ckpt.status().message());
   auto meta = checkpoint::ReadModelMeta(*ckpt, o.checkpoint);
   if (!meta.ok()) return fail(meta.status().message());
-  const auto names = ClassNames(meta->dataset, meta->classes);
+  const auto names = ClassNames(meta->dataset, meta->classes, meta->class_names);
   const int top = std::min(std::max(1, o.top), meta->classes);
   nlohmann::json all = nlohmann::json::array();
   try {
