@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -318,19 +319,25 @@ void ExpectResumedLossesEqualUninterrupted(const Scratch& s) {
   EXPECT_NE(a[1], a[14]);  // it did learn something
 }
 
+// In b/: the trainer `trainer(steps)` stopped at step 7 and resumed to 14, whose losses are those
+// of the uninterrupted run already in a/.
+void StopAndResume(const Scratch& s, const std::function<std::string(int)>& trainer) {
+  auto first = Trainctl({"run", s.Write("b1.yaml", Spec("part", s.path("b"), trainer(7)))}, s.path(""),
+                        std::chrono::seconds(120));
+  ASSERT_EQ(first.exit.code, 0) << first.output;
+  auto second = Trainctl({"run", "--resume", s.Write("b2.yaml", Spec("part", s.path("b"), trainer(14)))},
+                         s.path(""), std::chrono::seconds(120));
+  ASSERT_EQ(second.exit.code, 0) << second.output;
+  EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
+  ExpectResumedLossesEqualUninterrupted(s);
+}
+
 TEST(Trainer, AResumedRunHasTheSameLossesAsAnUninterruptedOne) {
   Scratch s;
   auto whole = Trainctl({"run", s.Write("a.yaml", Spec("whole", s.path("a"), ResumableTrainer(14)))},
                         s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(whole.exit.code, 0) << whole.output;
-  auto first = Trainctl({"run", s.Write("b1.yaml", Spec("part", s.path("b"), ResumableTrainer(7)))},
-                        s.path(""), std::chrono::seconds(120));
-  ASSERT_EQ(first.exit.code, 0) << first.output;
-  auto second = Trainctl({"run", "--resume", s.Write("b2.yaml", Spec("part", s.path("b"), ResumableTrainer(14)))},
-                         s.path(""), std::chrono::seconds(120));
-  ASSERT_EQ(second.exit.code, 0) << second.output;
-  EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
-  ExpectResumedLossesEqualUninterrupted(s);
+  StopAndResume(s, [](int steps) { return ResumableTrainer(steps); });
 }
 
 // The layers of a model declared in the spec: the fast recipe's batch-norm CNN (issue 48), with a
@@ -371,14 +378,7 @@ TEST(Trainer, ADeclaredModelTrainsResumesExactlyAndIsEvaluatedFromItsFile) {
   auto whole = Trainctl({"run", spec_a}, s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(whole.exit.code, 0) << whole.output;
   EXPECT_NE(whole.output.find("a declared model of 11 layers"), std::string::npos) << whole.output;
-  auto first = Trainctl({"run", s.Write("b1.yaml", Spec("part", s.path("b"), DeclaredTrainer(7)))},
-                        s.path(""), std::chrono::seconds(120));
-  ASSERT_EQ(first.exit.code, 0) << first.output;
-  auto second = Trainctl({"run", "--resume", s.Write("b2.yaml", Spec("part", s.path("b"), DeclaredTrainer(14)))},
-                         s.path(""), std::chrono::seconds(120));
-  ASSERT_EQ(second.exit.code, 0) << second.output;
-  EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
-  ExpectResumedLossesEqualUninterrupted(s);
+  StopAndResume(s, DeclaredTrainer);
 
   auto eval = Trainctl({"eval", "--checkpoint", s.path("a/model.safetensors"), "--limit", "200", "-o", "json"},
                        s.path(""), std::chrono::seconds(60));
