@@ -59,11 +59,21 @@ def peer(a):
             nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(64 * 7 * 7, 10))
+    elif a.model == "recipe":  # issue 48's recipe; examples/your-model.yaml declares the same layers
+        model = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.MaxPool2d(2), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 48, 3, stride=2, padding=1), nn.BatchNorm2d(48), nn.ReLU(),
+            nn.Conv2d(48, 96, 3, stride=2, padding=1), nn.BatchNorm2d(96), nn.ReLU(),
+            nn.Flatten(), nn.Linear(96 * 4 * 4, 10))
     else:  # trainctl's example CNN, layer for layer (docs/job-spec.md, trainer.model: cnn)
         model = nn.Sequential(
             nn.Conv2d(1, 32, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
             nn.Conv2d(32, 64, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
             nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+    if a.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        xtr = xtr.contiguous(memory_format=torch.channels_last)
+        xte = xte.contiguous(memory_format=torch.channels_last)
     steps_per_epoch = len(xtr) // a.batch
     total = steps_per_epoch * a.epochs
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
@@ -111,21 +121,32 @@ def main():
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--model", choices=["bn", "example"], default="bn",
+    p.add_argument("--model", choices=["bn", "example", "recipe"], default="bn",
                    help="bn: a CNN with batch norm (the fastest recipe on AVX-512 with bf16); example: "
-                        "trainctl's example CNN (the fastest found in fp32 on an AVX2 CPU)")
+                        "trainctl's example CNN (the fastest found in fp32 on an AVX2 CPU); recipe: issue 48's "
+                        "3-convolution batch-norm CNN, channels-last (examples/your-model.yaml's layers)")
     p.add_argument("--lr", type=float, help="the peak of the one-cycle schedule (0.1 for bn, 0.2 for example)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                    help="the peer's autocast: auto is bf16 where the CPU has bf16 instructions, else fp32")
+    p.add_argument("--channels-last", dest="channels_last", type=int, choices=[0, 1],
+                   help="the peer's model and batches channels-last (default: 1 for recipe, else 0)")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--trainctl", default=os.path.join(ROOT, "build/src/trainctl"))
     p.add_argument("--spec", default=os.path.join(ROOT, "examples/fashion-mnist.yaml"))
     a = p.parse_args()
     if a.lr is None:
         a.lr = 0.1 if a.model == "bn" else 0.2
+    if a.channels_last is None:
+        a.channels_last = a.model == "recipe"
     if a.peer:
         return peer(a)
+    # The peer as PyTorch's speed guides run it: tcmalloc preloaded where the machine has it.
+    peer_env = dict(os.environ)
+    for lib in ("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4", "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"):
+        if os.path.exists(lib):
+            peer_env["LD_PRELOAD"] = lib
+            break
     results = {"trainctl": [], "pytorch": []}
     accuracy = {"trainctl": [], "pytorch": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,7 +161,7 @@ def main():
             results["trainctl"].append(secs if acc[-1] >= TARGET else None)
             secs, proc = timed([PYTHON, os.path.abspath(__file__), "--peer", "--seed", str(run), "--epochs", str(a.epochs),
                                 "--batch", str(a.batch), "--lr", str(a.lr), "--data", a.data, "--precision", a.precision,
-                                "--model", a.model])
+                                "--model", a.model, "--channels-last", str(int(a.channels_last))], env=peer_env)
             if proc.returncode != 0:
                 sys.exit(f"the PyTorch peer failed:\n{proc.stderr}")
             acc = json.loads(proc.stdout.strip().splitlines()[-1])["test_accuracy"]
