@@ -399,6 +399,38 @@ TEST(Trainer, ADeclaredModelTrainsResumesExactlyAndIsEvaluatedFromItsFile) {
   EXPECT_NE(refused.output.find("holds another declared model"), std::string::npos) << refused.output;
 }
 
+// A model from PyTorch (trainer.model: {torchscript: ...}, a batch-norm CNN that Debian's PyTorch
+// scripted) trains on two ranks with identical parameters, resumes exactly, and is evaluated from
+// the model file.
+TEST(Trainer, ATorchScriptModelTrainsResumesExactlyAndIsEvaluated) {
+  Scratch s;
+  auto made = RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py", s.path("models")},
+                         s.path(""));
+  ASSERT_EQ(made.exit.code, 0) << made.output;
+  auto trainer = [&](int steps) {
+    std::string t = ResumableTrainer(steps);
+    return t.replace(t.find("  model: cnn\n"), 13, "  model: {torchscript: " + s.path("models/bn_cnn.pt") + "}\n");
+  };
+  auto whole = Trainctl({"run", s.Write("a.yaml", Spec("whole", s.path("a"), trainer(14)))}, s.path(""),
+                        std::chrono::seconds(120));
+  ASSERT_EQ(whole.exit.code, 0) << whole.output;
+  EXPECT_NE(whole.output.find("training the TorchScript module"), std::string::npos) << whole.output;
+  EXPECT_EQ(Digest(s.Read("a/logs/worker-1.log")), Digest(s.Read("a/logs/worker-0.log")));
+  StopAndResume(s, trainer);
+  auto eval = Trainctl({"eval", "--checkpoint", s.path("a/model.safetensors"), "--limit", "100"}, s.path(""),
+                       std::chrono::seconds(60));
+  ASSERT_EQ(eval.exit.code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("Accuracy of the network on the 100 test images"), std::string::npos) << eval.output;
+  // A file that is not a module is a pre-flight error: no worker starts, no restart is spent.
+  s.Write("notes.pt", "not a module");
+  std::string t = ResumableTrainer(2);
+  t.replace(t.find("  model: cnn\n"), 13, "  model: {torchscript: " + s.path("notes.pt") + "}\n");
+  auto refused = Trainctl({"run", s.Write("c.yaml", Spec("bad", s.path("c"), t))}, s.path(""));
+  EXPECT_EQ(refused.exit.code, kExitInvalidSpec) << refused.output;
+  EXPECT_NE(refused.output.find("trainer.model.torchscript: " + s.path("notes.pt") + ": not a TorchScript module"),
+            std::string::npos) << refused.output;
+}
+
 // trainer.memory_format: checkpoints hold each tensor in its own order whatever the layout, so a
 // run stopped at step 7 in channels_last and resumed in contiguous follows
 // the uninterrupted contiguous run, step for step. Saved as laid out, the momentum buffer would

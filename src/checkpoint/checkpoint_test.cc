@@ -153,7 +153,7 @@ TEST(Metadata, CraftedValuesAreLocatedErrors) {
            {"norm_std", "0", "'norm_std' is '0', expected 1 finite number(s), one per channel, each above 0"},
            {"norm_mean", "nan", "'norm_mean' is 'nan'"},
            {"norm_mean", "0.1,0.2", "'norm_mean' is '0.1,0.2'"},
-           {"model", "resnet1000", "'model' is 'resnet1000', expected cnn, resnet18, resnet50 or layers"},
+           {"model", "resnet1000", "'model' is 'resnet1000', expected cnn, resnet18, resnet50, layers or torchscript"},
            {"model", "layers", "'layers' is missing, expected the declared model's layers (JSON)"},
            {"dataset", "imagenet", "'dataset' is 'imagenet'"}}) {
     Checkpoint ck = ModelSample();

@@ -71,11 +71,16 @@ bool ParseFloats(const std::string& text, std::vector<float>* out) {
 Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source) {
   ModelMeta m;
   m.model = c.Meta("model");
-  if (m.model != "cnn" && m.model != "resnet18" && m.model != "resnet50" && m.model != "layers") {
+  if (m.model != "cnn" && m.model != "resnet18" && m.model != "resnet50" && m.model != "layers" &&
+      m.model != "torchscript") {
     if (m.model.empty() && c.Meta("norm_mean").empty()) {
       return InvalidArgument(source + ": not a trainctl model (its metadata lacks model and norm_mean)");
     }
-    return Bad(source, "model", m.model, "cnn, resnet18, resnet50 or layers");
+    return Bad(source, "model", m.model, "cnn, resnet18, resnet50, layers or torchscript");
+  }
+  if (m.model == "torchscript") {
+    m.torchscript = c.Meta("torchscript");
+    if (m.torchscript.empty()) return Bad(source, "torchscript", m.torchscript, "the TorchScript module's path");
   }
   if (m.model == "layers") {
     m.layers = c.Meta("layers");

@@ -13,8 +13,9 @@
 namespace trainctl::checkpoint {
 
 struct ModelMeta {
-  std::string model;            // cnn | resnet18 | resnet50 | layers
+  std::string model;            // cnn | resnet18 | resnet50 | layers | torchscript
   std::string layers;           // layers: the declared model's layers, as the spec's JSON writes them
+  std::string torchscript;      // torchscript: the module's file (absolute), which eval and predict load
   std::string dataset, data_dir;
   // imagefolder: its classes' names (index = label), and where its test images are: test_dir, or
   // the fraction holdout of data_dir's.

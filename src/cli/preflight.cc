@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "cli/verbs.h"
 #include "common/fs.h"
@@ -22,6 +23,20 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file) {
       if (data_checked) continue;
       data_checked = true;
       const DataSpec& d = spec.trainer.data;
+      if (const std::string& ts = spec.trainer.torchscript; !ts.empty()) {
+        // A TorchScript module is a zip archive: what LibTorch reads is checked when a worker loads it.
+        char head[2] = {};
+        std::ifstream in(ts, std::ios::binary);
+        if (!in || IsDirectory(ts)) {
+          problems.push_back(spec_file + ": trainer.model.torchscript: " + ts + ": " +
+                             (in ? "a directory" : std::strerror(errno)) +
+                             "; expected a file saved with torch.jit.script(model).save(path)");
+        } else if (!in.read(head, 2) || head[0] != 'P' || head[1] != 'K') {
+          problems.push_back(spec_file + ": trainer.model.torchscript: " + ts +
+                             ": not a TorchScript module (a zip archive); expected a file saved with "
+                             "torch.jit.script(model).save(path)");
+        }
+      }
       std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
       if (Status st = data::CheckDataDir(d.dataset, dir); !st.ok()) {
         problems.push_back(spec_file + ": trainer.data: " + st.message());

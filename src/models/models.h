@@ -27,8 +27,14 @@ struct InputShape {
 // "cnn", "resnet18" or "resnet50", or "layers": the model `layers` declares (named, and checked
 // against `shape` by SummarizeModel; spec/layers.h). kInvalidArgument for an unknown name or a
 // shape the model cannot take (the CNN needs rows and cols divisible by 4).
+// "torchscript": the module at `torchscript` (LoadScripted).
 Result<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const InputShape& shape,
-                                              const std::vector<LayerSpec>& layers = {});
+                                              const std::vector<LayerSpec>& layers = {},
+                                              const std::string& torchscript = "");
+// A module saved by PyTorch with torch.jit.script(model).save(path) (models/scripted.cc), its
+// parameters and buffers under their PyTorch names; checked on a batch of `shape`'s images (one
+// score per class). kInvalidArgument naming the file otherwise.
+Result<std::shared_ptr<Classifier>> LoadScripted(const std::string& path, const InputShape& shape);
 // The declared model (models/declared.cc); MakeModel checks the layers first.
 std::shared_ptr<Classifier> MakeDeclared(const std::vector<LayerSpec>& layers, const InputShape& shape);
 

@@ -199,13 +199,28 @@ class Decoder {
       return;
     }
     if (n.kind != Kind::kMap) {
-      Error(n, path, std::string("expected cnn, resnet18, resnet50 or {layers: [...]}, got ") + n.KindName());
+      Error(n, path, std::string("expected cnn, resnet18, resnet50, {layers: [...]} or {torchscript: model.pt}, got ") +
+                         n.KindName());
       return;
     }
-    CheckKeys(n, path, {"layers"});
+    CheckKeys(n, path, {"layers", "torchscript"});
     const Node* layers = Child(n, "layers");
+    if (const Node* ts = Child(n, "torchscript")) {
+      if (layers) {
+        Error(*ts, path + ".torchscript", "goes without layers: a model is declared or loaded, not both");
+      } else if (auto v = String(*ts, path + ".torchscript")) {
+        if (v->empty()) {
+          Error(*ts, path + ".torchscript", "expected the path of a module saved with torch.jit.script(model).save(path)");
+        } else {
+          t->model = "torchscript";
+          t->torchscript = *v;
+        }
+      }
+      return;
+    }
     if (!layers) {
-      Error(n, path, "expected cnn, resnet18, resnet50 or {layers: [...]}, got a mapping without layers");
+      Error(n, path, "expected cnn, resnet18, resnet50, {layers: [...]} or {torchscript: model.pt}, got a mapping "
+                     "without either");
       return;
     }
     std::vector<LayerSpec> out;
@@ -1248,9 +1263,10 @@ nlohmann::json JobSpecSchemaJson() {
   one("residual", layers, fields({{"layers", layers}, {"projection", {{"enum", {"auto", "conv", "none"}}}}, {"name", name}}));
   schema["definitions"]["layer"] = {{"anyOf", kinds}};
   schema["properties"]["trainer"]["properties"]["model"] = {
-      {"description", "cnn, resnet18, resnet50, or a model declared as a list of layers (docs/trainer.md)"},
+      {"description", "cnn, resnet18, resnet50, a model declared as a list of layers, or a TorchScript module's "
+                      "path (docs/trainer.md)"},
       {"anyOf", {{{"enum", {"cnn", "resnet18", "resnet50"}}},
-                 fields({{"layers", layers}})}}};
+                 fields({{"layers", layers}, {"torchscript", {{"type", "string"}, {"minLength", 1}}}})}}};
   schema["required"] = {"name"};
   schema["$schema"] = "http://json-schema.org/draft-07/schema#";
   schema["$id"] = "https://trainctl.dev/schema/job-spec.json";

@@ -103,6 +103,9 @@ struct TrainerSpec {
   // {layers: [...]}), named (NameLayers) and checked against the data's shape when decoded.
   std::string model = "cnn";
   std::vector<LayerSpec> layers;
+  // "torchscript" (trainer.model: {torchscript: path}): a module PyTorch saved with
+  // torch.jit.script(model).save(path); the path as given (relative: to where trainctl runs).
+  std::string torchscript;
   DataSpec data;
   int epochs = 1;
   int64_t max_steps = 0;          // stop after this many steps; 0: run all epochs

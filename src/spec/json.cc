@@ -92,7 +92,9 @@ ordered_json Trainer(const TrainerSpec& t) {
   ordered_json j = {{"strategy", t.strategy},
                     {"parameter_server", {{"mode", t.parameter_server.mode},
                                           {"max_staleness", t.parameter_server.max_staleness}}},
-                    {"model", t.model == "layers" ? ordered_json{{"layers", Layers(t.layers)}} : ordered_json(t.model)},
+                    {"model", t.model == "layers"        ? ordered_json{{"layers", Layers(t.layers)}}
+                              : t.model == "torchscript" ? ordered_json{{"torchscript", t.torchscript}}
+                                                         : ordered_json(t.model)},
                     {"data", data},
                     {"epochs", t.epochs},
                     {"max_steps", t.max_steps},

@@ -182,6 +182,20 @@ TEST(DeclaredModel, TheResolvedSpecAndCheckpointsCarryTheLayersWhole) {
   }
 }
 
+TEST(DeclaredModel, ATorchScriptModuleIsNamedByItsPathAndGoesWithoutLayers) {
+  auto spec = ParseJobSpec("name: ts\ntrainer:\n  model: {torchscript: nets/mynet.pt}\n", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->trainer.model, "torchscript");
+  EXPECT_EQ(spec->trainer.torchscript, "nets/mynet.pt");
+  auto again = JobSpecFromJson(JobSpecToJson(*spec));
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->trainer.torchscript, "nets/mynet.pt");
+  std::string e = Errors("name: ts\ntrainer:\n  model: {torchscript: a.pt, layers: [relu]}\n");
+  EXPECT_NE(e.find("trainer.model.torchscript: goes without layers"), std::string::npos) << e;
+  e = Errors("name: ts\ntrainer:\n  model: {torchscript: \"\"}\n");
+  EXPECT_NE(e.find("trainer.model.torchscript: expected the path of a module"), std::string::npos) << e;
+}
+
 TEST(DeclaredModel, TheSchemaDescribesTheLayerList) {
   const std::string schema = JobSpecSchema(2);
   EXPECT_NE(schema.find("\"layer\""), std::string::npos);

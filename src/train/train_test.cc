@@ -11,6 +11,8 @@
 #include <map>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/communicator.h"
 #include "common/cpus.h"
 #include "models/models.h"
@@ -455,6 +457,53 @@ TEST(Models, DeclaredLayersAreNamedAsInPyTorch) {
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find("trainer.model.layers[0] (conv)"), std::string::npos)
       << wrong.status().message();
+}
+
+// A model scripted by Debian's PyTorch (tests/python/scripted_models.py: a batch-norm CNN and a
+// small ResNet): its parameters and buffers under PyTorch's names, in its order, and on the same
+// batch in training mode the same loss and gradients as PyTorch computed.
+TEST(Models, ATorchScriptModuleTrainsAsPyTorchComputesIt) {
+  testing::Scratch s;
+  auto made = testing::RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py",
+                                   s.path("models")}, s.path(""));
+  ASSERT_EQ(made.exit.code, 0) << made.output;
+  torch::Tensor x = torch::linspace(-1, 1, 8 * 28 * 28).reshape({8, 1, 28, 28});
+  torch::Tensor y = torch::arange(8, torch::kLong) % 10;
+  for (const char* name : {"bn_cnn", "resnet"}) {
+    SCOPED_TRACE(name);
+    const auto want = nlohmann::json::parse(s.Read(std::string("models/") + name + ".json"));
+    auto model = models::MakeModel("torchscript", {1, 28, 28, 10}, {}, s.path(std::string("models/") + name + ".pt"));
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    std::vector<std::string> names, buffers;
+    for (const auto& p : (*model)->named_parameters()) names.push_back(p.key());
+    for (const auto& b : (*model)->named_buffers()) buffers.push_back(b.key());
+    EXPECT_EQ(names, want["names"].get<std::vector<std::string>>());
+    EXPECT_EQ(buffers, want["buffers"].get<std::vector<std::string>>());
+    (*model)->train();
+    torch::Tensor loss = torch::nn::functional::cross_entropy((*model)->forward(x), y);
+    loss.backward();
+    EXPECT_NEAR(loss.item<double>(), want["loss"].get<double>(), 1e-5);
+    size_t i = 0;
+    for (const auto& p : (*model)->named_parameters()) {
+      const double sum = p.value().grad().to(torch::kDouble).sum().item<double>();
+      EXPECT_NEAR(sum, want["grad_sums"][i].get<double>(), 1e-4 + 1e-4 * std::abs(sum)) << p.key();
+      ++i;
+    }
+  }
+  // The wrong file, or a module that does not fit the data, is an error naming the file.
+  s.Write("notes.pt", "not a module");
+  auto bad = models::MakeModel("torchscript", {1, 28, 28, 10}, {}, s.path("notes.pt"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("notes.pt: not a TorchScript module LibTorch can load"), std::string::npos)
+      << bad.status().message();
+  auto classes = models::MakeModel("torchscript", {1, 28, 28, 7}, {}, s.path("models/bn_cnn.pt"));
+  ASSERT_FALSE(classes.ok());
+  EXPECT_NE(classes.status().message().find("expected [2, 7], one score per class"), std::string::npos)
+      << classes.status().message();
+  auto shape = models::MakeModel("torchscript", {3, 32, 32, 10}, {}, s.path("models/bn_cnn.pt"));
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(shape.status().message().find("cannot take a batch of 3x32x32 images"), std::string::npos)
+      << shape.status().message();
 }
 
 TEST(Optimizer, SgdMatchesTorch) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <functional>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include "checkpoint/meta.h"
@@ -113,12 +114,13 @@ Status Trainer::Setup() {
       return (l.kind == LayerSpec::Kind::kDropout && l.p > 0) || random(l.body);
     });
   };
-  random_layers_ = t_.model == "layers" && random(t_.layers);
+  // A TorchScript module may hold dropout too: its layers are not known here.
+  random_layers_ = (t_.model == "layers" && random(t_.layers)) || t_.model == "torchscript";
   classes_ = t_.data.dataset == "synthetic" ? t_.data.classes : train_set_.num_classes;
   train_set_.num_classes = test_set_.num_classes = classes_;
   models::InputShape shape{train_set_.channels, train_set_.rows, train_set_.cols, classes_};
   try {
-    ASSIGN_OR_RETURN(s_.model, models::MakeModel(t_.model, shape, t_.layers));
+    ASSIGN_OR_RETURN(s_.model, models::MakeModel(t_.model, shape, t_.layers, t_.torchscript));
   } catch (const std::exception& e) {
     return InvalidArgument(std::string("cannot build the model: ") + e.what());
   }
@@ -171,6 +173,7 @@ checkpoint::Checkpoint Trainer::Snapshot(bool with_optimizer) {
     }
   }
   if (t_.model == "layers") c.metadata["layers"] = LayersToJson(t_.layers);
+  if (t_.model == "torchscript") c.metadata["torchscript"] = std::filesystem::absolute(t_.torchscript).lexically_normal().string();
   c.metadata["run_id"] = env_.run_id;  // a snapshot is read only by the run that wrote it
   if (with_optimizer) {
     for (auto& [name, t] : s_.optimizer->State()) {
@@ -549,7 +552,9 @@ Status Trainer::Run() {
             seconds(set_up, Clock::now()));
   if (s_.rank == 0) {
     LOG_INFO("training {} on {} ({} images) on {}{}{}, {} workers x batch {}, {} steps per epoch, {} epochs",
-             t_.model == "layers" ? "a declared model of " + std::to_string(t_.layers.size()) + " layers" : t_.model,
+             t_.model == "layers"        ? "a declared model of " + std::to_string(t_.layers.size()) + " layers"
+             : t_.model == "torchscript" ? "the TorchScript module " + t_.torchscript
+                                         : t_.model,
              t_.data.dataset, train_set_.count, s_.device.str(),
              t_.precision == "bf16" ? " in bf16 mixed precision" : "",
              ChannelsLast() ? ", channels last" : "", s_.world, s_.batch, s_.steps_per_epoch,

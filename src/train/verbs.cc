@@ -32,7 +32,7 @@ Result<std::shared_ptr<models::Classifier>> MakeSavedModel(const checkpoint::Mod
   if (meta.model == "layers") {
     ASSIGN_OR_RETURN(layers, LayersFromJson(meta.layers, path));
   }
-  auto model = models::MakeModel(meta.model, in, layers);
+  auto model = models::MakeModel(meta.model, in, layers, meta.torchscript);
   if (!model.ok()) return InvalidArgument(path + ": " + model.status().message());
   return model;
 }
