@@ -227,6 +227,17 @@ TEST(ImageFolder, FashionMnistAsAFolderOfPngsTrainsAsTheIdxFilesDo) {
   EXPECT_NE(predict.output.find("\"name\": \"" + folder(names[train->labels[7]]) + "\""), std::string::npos)
       << predict.output;
 
+  // An image of another size is resized and cropped as the folder's were (other models refuse it).
+  std::vector<uint8_t> doubled(56 * 56);
+  for (int r = 0; r < 56; ++r) {
+    for (int c = 0; c < 56; ++c) doubled[r * 56 + c] = test->image(0)[(r / 2) * 28 + c / 2];
+  }
+  auto larger = Trainctl({"predict", "--checkpoint", s.path("folder/model.safetensors"),
+                          s.Write("large.png", Png(doubled.data(), 56, 56, false))},
+                         s.path(""));
+  EXPECT_EQ(larger.exit.code, 0) << larger.output;
+  EXPECT_NE(larger.output.find("large.png: "), std::string::npos) << larger.output;
+
   // bad_images: fail refuses the folder before training, naming the file; no restart is spent.
   const std::string strict = job("strict", "{dataset: imagefolder, dir: " + s.path("train") +
                                                ", shape: [1, 28, 28], bad_images: fail}");

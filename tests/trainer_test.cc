@@ -359,9 +359,11 @@ const char* kDeclaredLayers = R"(  model:
       - linear
 )";
 
+// With augmentation: the resumed run must draw each image's shift and mirror as the uninterrupted one.
 std::string DeclaredTrainer(int max_steps) {
   std::string t = ResumableTrainer(max_steps);
-  return t.replace(t.find("  model: cnn\n"), 13, kDeclaredLayers);
+  t.replace(t.find("  model: cnn\n"), 13, kDeclaredLayers);
+  return t.replace(t.find("test_limit: 300}"), 16, "test_limit: 300, augment: {crop_padding: 2, flip: true}}");
 }
 
 // A declared model trains, resumes exactly from its checkpoint, and is evaluated and used for

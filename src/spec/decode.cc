@@ -444,8 +444,8 @@ class Decoder {
 
     if (const Node* d = Child(n, "data")) {
       const std::string dp = p + ".data";
-      if (Section(*d, dp, {"dataset", "dir", "test_dir", "holdout", "bad_images", "limit", "test_limit", "samples",
-                           "shape", "classes"})) {
+      if (Section(*d, dp, {"dataset", "dir", "test_dir", "holdout", "bad_images", "augment", "limit", "test_limit",
+                           "samples", "shape", "classes"})) {
         DataSpec& ds = t->data;
         Field(*d, dp, "dataset", &ds.dataset,
               one_of({"fashion-mnist", "mnist", "cifar10", "imagefolder", "synthetic"}));
@@ -457,6 +457,13 @@ class Decoder {
         });
         Field(*d, dp, "holdout", &ds.holdout, num_in(0, 0.9));
         Field(*d, dp, "bad_images", &ds.bad_images, one_of({"skip", "fail"}));
+        if (const Node* a = Child(*d, "augment")) {
+          const std::string ap = dp + ".augment";
+          if (Section(*a, ap, {"crop_padding", "flip"})) {
+            Field(*a, ap, "crop_padding", &ds.crop_padding, int_in(0, 256));
+            Field(*a, ap, "flip", &ds.flip, boolean);
+          }
+        }
         Field(*d, dp, "limit", &ds.limit, int_in(0, kBig));
         Field(*d, dp, "test_limit", &ds.test_limit, int_in(0, kBig));
         Field(*d, dp, "samples", &ds.samples, int_in(1, kBig));

@@ -57,6 +57,10 @@ struct DataSpec {
   std::string test_dir;
   double holdout = 0.1;
   std::string bad_images = "skip";        // imagefolder: a file that does not decode: skip | fail
+  // augment: training images shifted by up to crop_padding pixels each way, and mirrored half the
+  // time (torchvision's RandomCrop with padding, RandomHorizontalFlip); any dataset.
+  int crop_padding = 0;
+  bool flip = false;
   int64_t limit = 0;                      // use the first N training images (0: all)
   int64_t test_limit = 0;                 // use the first N test images (0: all)
   int64_t samples = 10000;                // synthetic: images in the training set

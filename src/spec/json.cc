@@ -76,6 +76,7 @@ ordered_json Trainer(const TrainerSpec& t) {
                        {"test_limit", t.data.test_limit}, {"samples", t.data.samples},
                        {"shape", t.data.shape}, {"classes", t.data.classes}};
   SetIf(data, "dir", t.data.dir);
+  if (t.data.crop_padding > 0 || t.data.flip) data["augment"] = {{"crop_padding", t.data.crop_padding}, {"flip", t.data.flip}};
   if (t.data.dataset == "imagefolder") {
     SetIf(data, "test_dir", t.data.test_dir);
     if (t.data.test_dir.empty()) data["holdout"] = t.data.holdout;

@@ -196,6 +196,44 @@ TEST(DeclaredModel, ATorchScriptModuleIsNamedByItsPathAndGoesWithoutLayers) {
   EXPECT_NE(e.find("trainer.model.torchscript: expected the path of a module"), std::string::npos) << e;
 }
 
+TEST(ImageData, AFolderOfImagesAndAugmentationAreCheckedAndRoundTrip) {
+  auto spec = ParseJobSpec(R"(name: photos
+trainer:
+  data:
+    dataset: imagefolder
+    dir: photos/train
+    shape: [3, 32, 32]
+    holdout: 0.2
+    augment: {crop_padding: 4, flip: true}
+)", "job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  const DataSpec& d = spec->trainer.data;
+  EXPECT_EQ(d.dataset, "imagefolder");
+  EXPECT_DOUBLE_EQ(d.holdout, 0.2);
+  EXPECT_EQ(d.crop_padding, 4);
+  EXPECT_TRUE(d.flip);
+  EXPECT_EQ(ImageShape(d), (std::vector<int64_t>{3, 32, 32}));
+  EXPECT_EQ(ClassCount(d), 0);  // the class folders, known when they are read
+  auto again = JobSpecFromJson(JobSpecToJson(*spec));
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*spec));
+  EXPECT_NE(JobSpecToJson(*spec).find("\"holdout\":0.2"), std::string::npos) << JobSpecToJson(*spec);
+  // A declared model's last layer is left open until the classes are known.
+  auto open = ParseJobSpec("name: p\ntrainer:\n  data: {dataset: imagefolder, dir: d, shape: [1, 8, 8]}\n"
+                           "  model: {layers: [flatten, linear]}\n", "job.yaml");
+  ASSERT_TRUE(open.ok()) << open.status().message();
+  std::string e = Errors("name: p\ntrainer:\n  data: {dataset: imagefolder, dir: d}\n");
+  EXPECT_NE(e.find("trainer.data.shape: required for imagefolder"), std::string::npos) << e;
+  e = Errors("name: p\ntrainer:\n  data: {dataset: imagefolder, shape: [1, 8, 8]}\n");
+  EXPECT_NE(e.find("trainer.data.dir: required for imagefolder"), std::string::npos) << e;
+  e = Errors("name: p\ntrainer:\n  data: {test_dir: t}\n");
+  EXPECT_NE(e.find("trainer.data.test_dir: goes with dataset: imagefolder"), std::string::npos) << e;
+  e = Errors("name: p\ntrainer:\n  data: {dataset: imagefolder, dir: d, test_dir: t, holdout: 0.1, shape: [1, 8, 8]}\n");
+  EXPECT_NE(e.find("trainer.data.holdout: goes without test_dir"), std::string::npos) << e;
+  e = Errors("name: p\ntrainer:\n  data: {augment: {crop_padding: 4, flop: true}}\n");
+  EXPECT_NE(e.find("trainer.data.augment.flop: unknown field; did you mean 'flip'?"), std::string::npos) << e;
+}
+
 TEST(DeclaredModel, TheSchemaDescribesTheLayerList) {
   const std::string schema = JobSpecSchema(2);
   EXPECT_NE(schema.find("\"layer\""), std::string::npos);

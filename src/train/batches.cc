@@ -7,9 +7,10 @@ namespace trainctl::train {
 
 BatchSource::BatchSource(const data::ImageSet& set, const Normalizer& norm, Order order,
                          int64_t steps_per_epoch, int64_t batch, int64_t stride, int64_t epoch,
-                         int64_t first, const torch::Device& device)
+                         int64_t first, const torch::Device& device, Augment augment)
     : set_(set), norm_(norm), order_(std::move(order)), steps_per_epoch_(steps_per_epoch),
-      batch_(batch), stride_(stride), count_(batch), epoch_(epoch), next_(first), device_(device) {
+      batch_(batch), stride_(stride), augment_(augment), count_(batch), epoch_(epoch), next_(first),
+      device_(device) {
   if (!device.is_cuda()) return;
   gpu_.emplace(device.type());
   copy_stream_ = gpu_->getStreamFromGlobalPool(device);
@@ -77,7 +78,8 @@ Batch BatchSource::Make() {
                          torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
     out.y = torch::empty({batch_}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(true));
   }
-  FillBatch(set_, indices_.data() + next_ * stride_ + offset_, count_, norm_, &out.x, &out.y);
+  augment_.epoch = epoch_;
+  FillBatch(set_, indices_.data() + next_ * stride_ + offset_, count_, norm_, &out.x, &out.y, &augment_);
   ++next_;
   return out;
 }

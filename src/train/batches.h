@@ -45,8 +45,10 @@ class BatchSource {
   // whose step s is the global batch [s x stride, (s + 1) x stride), of which the rank reads the
   // part SetShare() names.
   using Order = std::function<std::vector<int64_t>(int64_t epoch)>;
+  // `augment`: the training batches' augmentation (its epoch is set here).
   BatchSource(const data::ImageSet& set, const Normalizer& norm, Order order, int64_t steps_per_epoch,
-              int64_t batch, int64_t stride, int64_t epoch, int64_t first, const torch::Device& device);
+              int64_t batch, int64_t stride, int64_t epoch, int64_t first, const torch::Device& device,
+              Augment augment = {});
   ~BatchSource();
   BatchSource(const BatchSource&) = delete;
   BatchSource& operator=(const BatchSource&) = delete;
@@ -78,6 +80,7 @@ class BatchSource {
   const Normalizer& norm_;
   Order order_;
   const int64_t steps_per_epoch_, batch_, stride_;
+  Augment augment_;
   int64_t offset_ = 0, count_;  // the part of each step's items this rank reads
   int64_t epoch_, next_;  // where the next batch is
   std::vector<int64_t> indices_;  // epoch_'s order

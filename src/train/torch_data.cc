@@ -182,7 +182,7 @@ Normalizer Normalizer::Compute(const data::ImageSet& set) {
 }
 
 void FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
-               const Normalizer& norm, torch::Tensor* x, torch::Tensor* y) {
+               const Normalizer& norm, torch::Tensor* x, torch::Tensor* y, const Augment* augment) {
   if (!x->defined() || x->size(0) != n) {
     *x = torch::empty({n, set.channels, set.rows, set.cols}, torch::kFloat32);
     *y = torch::empty({n}, torch::kInt64);
@@ -195,11 +195,35 @@ void FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
   const int64_t plane = int64_t{set.rows} * set.cols;
   float* out = x->data_ptr<float>();
   int64_t* labels = y->data_ptr<int64_t>();
+  const bool augmented = augment && augment->on();
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t* src = set.image(indices[i]);
-    for (int c = 0; c < set.channels; ++c) {
-      const float* table = lut.data() + c * 256;
-      for (int64_t k = 0; k < plane; ++k) *out++ = table[src[c * plane + k]];
+    if (augmented) {
+      // splitmix64 of the image's place in the run: its shift and its flip.
+      uint64_t h = augment->seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(augment->epoch) << 40) ^
+                   static_cast<uint64_t>(indices[i]);
+      h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+      h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+      h ^= h >> 31;
+      const int p = augment->crop_padding, span = 2 * p + 1;
+      const int dy = static_cast<int>((h >> 8) % span) - p, dx = static_cast<int>((h >> 24) % span) - p;
+      const bool flip = augment->flip && (h & 1);
+      for (int c = 0; c < set.channels; ++c) {
+        const float* table = lut.data() + c * 256;
+        for (int r = 0; r < set.rows; ++r) {
+          const int sr = r + dy;
+          for (int col = 0; col < set.cols; ++col) {
+            const int sc = (flip ? set.cols - 1 - col : col) + dx;
+            const bool inside = sr >= 0 && sr < set.rows && sc >= 0 && sc < set.cols;
+            *out++ = table[inside ? src[c * plane + int64_t{sr} * set.cols + sc] : 0];
+          }
+        }
+      }
+    } else {
+      for (int c = 0; c < set.channels; ++c) {
+        const float* table = lut.data() + c * 256;
+        for (int64_t k = 0; k < plane; ++k) *out++ = table[src[c * plane + k]];
+      }
     }
     labels[i] = set.labels[indices[i]];
   }

@@ -38,10 +38,24 @@ const data::ImageSet* PreloadSplits(const DataSpec& spec, bool test);
 // folder's, when it names every class.
 std::vector<std::string> ClassNames(const std::string& dataset, int classes, const std::vector<std::string>& own = {});
 
+// Training-time augmentation (trainer.data.augment), as torchvision's RandomCrop(size,
+// padding=crop_padding) then RandomHorizontalFlip(): each image shifted by up to crop_padding
+// pixels each way (what comes in from outside is black, pixel 0, as torchvision pads) and mirrored
+// with probability 1/2. Drawn from a hash of (seed, epoch, the image's index), not a generator's
+// state: a resumed run, or another world size, augments each image of an epoch as the
+// uninterrupted run did.
+struct Augment {
+  int crop_padding = 0;
+  bool flip = false;
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  bool on() const { return crop_padding > 0 || flip; }
+};
+
 // Gathers images `indices[0..n)` into x (n x C x H x W float, normalized) and y (n, int64),
-// resizing them if needed. The only per-step copy of the data.
+// augmented when `augment` says so. The only per-step copy of the data.
 void FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
-               const Normalizer& norm, torch::Tensor* x, torch::Tensor* y);
+               const Normalizer& norm, torch::Tensor* x, torch::Tensor* y, const Augment* augment = nullptr);
 
 // Tensors <-> safetensors blobs (CPU, contiguous copies).
 checkpoint::Blob ToBlob(const std::string& name, const torch::Tensor& t);

@@ -9,6 +9,7 @@
 #include <array>
 #include <functional>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -504,6 +505,62 @@ TEST(Models, ATorchScriptModuleTrainsAsPyTorchComputesIt) {
   ASSERT_FALSE(shape.ok());
   EXPECT_NE(shape.status().message().find("cannot take a batch of 3x32x32 images"), std::string::npos)
       << shape.status().message();
+}
+
+// trainer.data.augment: each image shifted by at most crop_padding pixels (black coming in) and
+// mirrored half the time, the same for the same (seed, epoch, image), other in another epoch.
+TEST(Data, AugmentationShiftsAndMirrorsEachImageAsItsHashSays) {
+  data::ImageSet set;
+  set.count = 64, set.channels = 1, set.rows = 6, set.cols = 5, set.num_classes = 2;
+  for (int64_t i = 0; i < set.count; ++i) {
+    for (int k = 0; k < 30; ++k) set.pixels.push_back(static_cast<uint8_t>(1 + (i * 30 + k) % 250));
+    set.labels.push_back(static_cast<uint8_t>(i % 2));
+  }
+  const Normalizer norm{{0.0f}, {1.0f / 255.0f}};  // the batch's values are the pixels themselves
+  std::vector<int64_t> idx(64);
+  for (int64_t i = 0; i < 64; ++i) idx[i] = i;
+  Augment a{2, true, 7, 0};
+  torch::Tensor x, y, x2, y2, x3, y3;
+  FillBatch(set, idx.data(), 64, norm, &x, &y, &a);
+  FillBatch(set, idx.data(), 64, norm, &x2, &y2, &a);
+  EXPECT_TRUE(torch::equal(x, x2));
+  a.epoch = 1;
+  FillBatch(set, idx.data(), 64, norm, &x3, &y3, &a);
+  EXPECT_FALSE(torch::equal(x, x3));
+  int flipped = 0;
+  std::set<std::pair<int, int>> shifts;
+  for (int64_t i = 0; i < 64; ++i) {
+    const uint8_t* src = set.image(i);
+    bool found = false;
+    for (int flip = 0; flip < 2 && !found; ++flip) {
+      for (int dy = -2; dy <= 2 && !found; ++dy) {
+        for (int dx = -2; dx <= 2 && !found; ++dx) {
+          bool same = true;
+          for (int r = 0; r < 6 && same; ++r) {
+            for (int c = 0; c < 5 && same; ++c) {
+              const int sr = r + dy, sc = (flip ? 4 - c : c) + dx;
+              const float want = (sr >= 0 && sr < 6 && sc >= 0 && sc < 5) ? src[sr * 5 + sc] : 0;
+              same = std::abs(x[i][0][r][c].item<float>() - want) < 1e-3f;
+            }
+          }
+          if (same) {
+            found = true;
+            flipped += flip;
+            shifts.insert({dy, dx});
+          }
+        }
+      }
+    }
+    EXPECT_TRUE(found) << "image " << i << " is no shift or mirror of its source";
+    EXPECT_EQ(y[i].item<int64_t>(), set.labels[i]);
+  }
+  EXPECT_GT(flipped, 16);
+  EXPECT_LT(flipped, 48);
+  EXPECT_GT(shifts.size(), 12u);  // of the 25
+  // Off: the images as they are.
+  Augment off;
+  FillBatch(set, idx.data(), 64, norm, &x2, &y2, &off);
+  EXPECT_NEAR(x2[3][0][1][2].item<float>(), set.image(3)[1 * 5 + 2], 1e-3f);
 }
 
 TEST(Optimizer, SgdMatchesTorch) {

@@ -579,7 +579,8 @@ Status Trainer::Run() {
       [count = train_set_.count, so = Sampling(), whole = Balanced()](int64_t e) {
         return whole ? data::EpochOrder(count, e, so) : data::ShardIndices(count, e, so);
       },
-      s_.steps_per_epoch, s_.batch, Balanced() ? s_.batch * s_.world : s_.batch, s_.epoch, s_.batch_in_epoch, s_.device);
+      s_.steps_per_epoch, s_.batch, Balanced() ? s_.batch * s_.world : s_.batch, s_.epoch, s_.batch_in_epoch, s_.device,
+      Augment{static_cast<int>(t_.data.crop_padding), t_.data.flip, static_cast<uint64_t>(t_.seed), 0});
   while (s_.epoch < t_.epochs && !Done()) {
     RETURN_IF_ERROR(TrainEpoch(s_.epoch, s_.batch_in_epoch));
     if (s_.batch_in_epoch < s_.steps_per_epoch) break;  // max_steps ended it mid-epoch

@@ -180,28 +180,15 @@ Result<data::ImageSet> LoadImagesFor(const std::string& path, const checkpoint::
   // An idx3 image file, or a gzipped one (the Debian packages ship them so).
   const bool idx = std::memcmp(magic, "\0\0\x08\x03", 4) == 0 || std::memcmp(magic, "\x1f\x8b", 2) == 0;
   ASSIGN_OR_RETURN(data::ImageSet set, idx ? data::LoadIdxImages(path) : data::ReadImageFile(path));
+  set = data::ToChannels(set, meta.channels);
+  // A model trained on an image folder saw every image resized and cropped to its size: so are these.
+  if (meta.dataset == "imagefolder" && set.count == 1) return data::ResizeCrop(set, meta.rows, meta.cols);
   if (set.rows != meta.rows || set.cols != meta.cols) {
     return InvalidArgument(path + ": the image is " + std::to_string(set.cols) + "x" + std::to_string(set.rows) +
                            " pixels; the model takes " + std::to_string(meta.cols) + "x" +
                            std::to_string(meta.rows));
   }
-  if (set.channels == meta.channels) return set;
-  const int64_t plane = int64_t{set.rows} * set.cols;
-  data::ImageSet out = set;
-  out.channels = meta.channels;
-  out.pixels.resize(set.count * meta.channels * plane);
-  for (int64_t i = 0; i < set.count; ++i) {
-    const uint8_t* src = set.image(i);
-    uint8_t* dst = out.pixels.data() + i * meta.channels * plane;
-    for (int64_t k = 0; k < plane; ++k) {
-      if (meta.channels == 1) {  // RGB to luma (ITU-R BT.601)
-        dst[k] = static_cast<uint8_t>((299 * src[k] + 587 * src[plane + k] + 114 * src[2 * plane + k] + 500) / 1000);
-      } else {
-        for (int c = 0; c < meta.channels; ++c) dst[c * plane + k] = src[k];
-      }
-    }
-  }
-  return out;
+  return set;
 }
 
 int RunPredict(const PredictOptions& o) {
