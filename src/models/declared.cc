@@ -9,6 +9,7 @@
 // and everything else, every shape and device, by ATen. The first forward pass says, at debug
 // level, which layer ran where.
 #include "models/models.h"
+#include "models/module_tree.h"
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -39,18 +40,8 @@ using Kind = LayerSpec::Kind;
 // so its parameters are named as in PyTorch ("layer1.0.conv1.weight").
 template <typename M>
 M RegisterAt(torch::nn::Module& root, const std::string& name, M module) {
-  torch::nn::Module* at = &root;
-  size_t start = 0;
-  for (size_t dot = name.find('.'); dot != std::string::npos; start = dot + 1, dot = name.find('.', start)) {
-    const std::string part = name.substr(start, dot - start);
-    std::shared_ptr<torch::nn::Module> next;
-    for (const auto& child : at->named_children()) {
-      if (child.key() == part) next = child.value();
-    }
-    if (!next) next = at->register_module(part, std::make_shared<torch::nn::Module>());
-    at = next.get();
-  }
-  return at->register_module(name.substr(start), module);
+  const auto [path, leaf] = SplitLast(name);
+  return ModuleAt(root, path).register_module(leaf, module);
 }
 
 // A layer, built.

@@ -7,11 +7,10 @@
 #include <torch/script.h>
 
 #include "models/models.h"
+#include "models/module_tree.h"
 
 namespace trainctl::models {
-namespace {
 
-// The plain module at the dotted path `prefix` under `root` ("layer1.0"), made where missing.
 torch::nn::Module& ModuleAt(torch::nn::Module& root, const std::string& prefix) {
   torch::nn::Module* at = &root;
   size_t start = 0;
@@ -30,21 +29,23 @@ torch::nn::Module& ModuleAt(torch::nn::Module& root, const std::string& prefix) 
   return *at;
 }
 
-std::pair<std::string, std::string> Split(const std::string& name) {
+std::pair<std::string, std::string> SplitLast(const std::string& name) {
   const size_t dot = name.rfind('.');
   if (dot == std::string::npos) return {"", name};
   return {name.substr(0, dot), name.substr(dot + 1)};
 }
 
+namespace {
+
 class Scripted : public Classifier {
  public:
   explicit Scripted(torch::jit::Module module) : module_(std::move(module)) {
     for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
-      const auto [prefix, leaf] = Split(p.name);
+      const auto [prefix, leaf] = SplitLast(p.name);
       ModuleAt(*this, prefix).register_parameter(leaf, p.value, p.value.requires_grad());
     }
     for (const auto& b : module_.named_buffers(/*recurse=*/true)) {
-      const auto [prefix, leaf] = Split(b.name);
+      const auto [prefix, leaf] = SplitLast(b.name);
       ModuleAt(*this, prefix).register_buffer(leaf, b.value);
     }
   }
