@@ -227,6 +227,15 @@ TEST(ImageFolder, FashionMnistAsAFolderOfPngsTrainsAsTheIdxFilesDo) {
   EXPECT_NE(predict.output.find("\"name\": \"" + folder(names[train->labels[7]]) + "\""), std::string::npos)
       << predict.output;
 
+  // eval --data: another folder of the same classes, on a machine without the training folder.
+  fs::rename(s.path("train"), s.path("train-away"));
+  auto elsewhere = Trainctl({"eval", "--checkpoint", s.path("folder/model.safetensors"), "--data", s.path("test"),
+                             "-o", "json"},
+                            s.path(""));
+  fs::rename(s.path("train-away"), s.path("train"));
+  ASSERT_EQ(elsewhere.exit.code, 0) << elsewhere.output;
+  EXPECT_NE(elsewhere.output.find(std::to_string(kTest)), std::string::npos) << elsewhere.output;
+
   // An image of another size is resized and cropped as the folder's were (other models refuse it).
   std::vector<uint8_t> doubled(56 * 56);
   for (int r = 0; r < 56; ++r) {

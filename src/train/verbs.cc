@@ -58,7 +58,19 @@ class CheckpointEvaluator {
     }
     const std::string key = ds.dataset + "\n" + ds.dir + "\n" + ds.test_dir + "\n" + ckpt.Meta("shape") + "\n" +
                             ckpt.Meta("classes");
-    if (key != test_key_) {
+    if (key != test_key_ && ds.dataset == "imagefolder" && !ds.test_dir.empty()) {
+      // A folder of test images, labelled by the class names the model file records (the
+      // training folder need not be on this machine).
+      data::FolderOptions fo;
+      fo.channels = meta.channels;
+      fo.rows = meta.rows;
+      fo.cols = meta.cols;
+      fo.classes = meta.class_names;
+      fo.limit = o_.limit;
+      ASSIGN_OR_RETURN(data::Folder folder, data::LoadImageFolder(ds.test_dir, fo));
+      test_ = std::move(folder.set);
+      test_key_ = key;
+    } else if (key != test_key_) {
       ASSIGN_OR_RETURN(test_, LoadSplit(ds, /*train=*/false));
       test_key_ = key;
     }
