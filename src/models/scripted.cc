@@ -83,8 +83,8 @@ Result<std::shared_ptr<Classifier>> LoadScripted(const std::string& path, const 
     torch::Tensor out = model->forward(torch::zeros({2, s.channels, s.rows, s.cols}));
     model->train();
     if (out.dim() != 2 || out.size(0) != 2 || out.size(1) != s.classes) {
-      return InvalidArgument(path + ": the module makes " + std::string(out.sizes().vec().empty() ? "a scalar" : "") +
-                             c10::str(out.sizes()) + " of a batch of 2 images of " + std::to_string(s.channels) + "x" +
+      return InvalidArgument(path + ": the module makes " + (out.dim() == 0 ? "a scalar" : c10::str(out.sizes())) +
+                             " of a batch of 2 images of " + std::to_string(s.channels) + "x" +
                              std::to_string(s.rows) + "x" + std::to_string(s.cols) + "; expected [2, " +
                              std::to_string(s.classes) + "], one score per class");
     }
