@@ -92,6 +92,11 @@ TEST(Torchrun, WhatTrainctlCannotHonourIsNamed) {
            {{"-m", "--no-python", "t"}, "-m, --no-python and --run-path exclude each other"},
            {{"--nproc-per-node", "2"}, "give the training script (or -m MODULE) and its arguments"},
            {{"--no-python", "/nonexistent/prog"}, "/nonexistent/prog"},
+           // A flag torchrun does not have is a typo, not the script (nor the job's name).
+           {{"--nproc-per-nodes", "2", "t.py"}, "unknown flag \"--nproc-per-nodes\"; did you mean --nproc-per-node?"},
+           {{"--nproc_per_nodes=2", "t.py"}, "did you mean --nproc_per_node?"},
+           {{"--bogus-flag", "t.py"}, "unknown flag \"--bogus-flag\"; the script (and its arguments) come after"},
+           {{"--local-ranks-filter", "0", "t.py"}, "trainctl does not take \"--local-ranks-filter\": every rank's output"},
        }) {
     std::vector<std::string> argv = {"torchrun"};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -105,6 +110,30 @@ TEST(Torchrun, WhatTrainctlCannotHonourIsNamed) {
                      "--rdzv-id", "x", "--no-python", "/bin/true"}, s.path(""), seconds(30), {{"TRAINCTL_TOKEN", ""}});
   EXPECT_EQ(r.exit.code, kExitInvalidSpec);
   EXPECT_NE(r.output.find("needs its token in TRAINCTL_TOKEN"), std::string::npos) << r.output;
+}
+
+// The help shows the script after the flags, as torchrun's usage does.
+TEST(Torchrun, HelpShowsTheScriptAndItsArguments) {
+  auto r = Trainctl({"torchrun", "--help"}, "/tmp");
+  EXPECT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_NE(r.output.find("trainctl torchrun [OPTIONS] SCRIPT [ARGS...]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("SCRIPT [ARGS...]: the training script"), std::string::npos) << r.output;
+}
+
+// Without --log-dir, as torchrun without it: nothing is written into the working directory; the
+// run's logs are in trainctl's state directory, where logs and ps find them.
+TEST(Torchrun, WithoutLogDirTheWorkingDirectoryStaysClean) {
+  Scratch s;
+  ASSERT_TRUE(MakeDirs(s.path("cwd")).ok());
+  const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+  auto r = Trainctl({"torchrun", "--nproc-per-node", "2", "--no-python", "/bin/sh", "-c", "echo hi from $RANK"},
+                    s.path("cwd"), seconds(60), env);
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::is_empty(s.path("cwd")));
+  EXPECT_TRUE(Exists(s.path("state/torchrun/sh/logs/worker-1.log")));
+  auto logs = Trainctl({"logs", "sh"}, s.path("cwd"), seconds(30), env);
+  EXPECT_EQ(logs.exit.code, 0) << logs.output;
+  EXPECT_NE(logs.output.find("[worker-1] hi from 1"), std::string::npos) << logs.output;
 }
 
 // An endpoint on IPv6's loopback keeps the job on loopback, as 127.0.0.1 and localhost do: the
@@ -260,6 +289,27 @@ TEST(Torchrun, AJobOfSeveralHostsIsInPsAndStops) {
   EXPECT_EQ(status["state"], "interrupted") << status;
   EXPECT_TRUE(std::regex_search(Trainctl({"ps", "--all"}, s.path(""), seconds(30), env).output,
                                 std::regex(id + " +interrupted ")));
+}
+
+// SIGTERM and Ctrl-C end the wait for the other hosts (the store served, no peer yet) at once, with
+// exit 130 and nothing left behind, not after the rendezvous timeout (finding 6 of issue 49).
+TEST(Torchrun, AStopSignalEndsTheWaitForPeers) {
+  Scratch s;
+  const std::string endpoint = "127.0.0.1:" + std::to_string(FreePort());
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
+  for (int sig : {SIGTERM, SIGINT}) {
+    const std::string log = "alone-" + std::to_string(sig) + ".log";
+    Background alone({"torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                      endpoint, "--rdzv-id", "alone", "--log-dir", s.path("out"), "--no-python", "/bin/true"},
+                     s.path(""), s.path(log), env);
+    ASSERT_TRUE(Eventually([&] { return s.Read(log).find("serving the job's store") != std::string::npos; }))
+        << s.Read(log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // into the rendezvous wait
+    ::kill(alone.pid(), sig);
+    EXPECT_EQ(alone.Wait(seconds(10)).code, kExitInterrupted) << s.Read(log);
+    EXPECT_TRUE(ProcessesWithEnv({"TORCHELASTIC_RUN_ID=alone-alone"}).empty());
+  }
 }
 
 // --rdzv-backend etcd: two commands meet on a real etcd (no store of trainctl's, no token).

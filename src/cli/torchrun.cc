@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -203,8 +204,15 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
     std::fputs(yaml.c_str(), stdout);
     return kExitOk;
   }
+  if (f.log_dir.empty()) {
+    // As torchrun keeps its logs out of the working directory: in trainctl's state directory,
+    // where ps, logs and status find them.
+    spec->output_dir = std::filesystem::path(runs::IndexDir()).parent_path() / "torchrun" / spec->name;
+    spec->checkpoint_dir = spec->output_dir + "/checkpoints";
+  }
   spec->output_dir = AbsolutePath(spec->output_dir);
   spec->checkpoint_dir = AbsolutePath(spec->checkpoint_dir);
+  ResolveProgramPaths(&*spec, AbsolutePath("."));
   if (Status st = Preflight(*spec, "torchrun command line"); !st.ok()) return bad(st.message());
   BlockSupervisorSignals();
   if (spec->nodes.max == 1 || f.standalone) {  // one host: as `trainctl run` does
@@ -282,6 +290,27 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
   return run_here();
 }
 
+// `trainctl torchrun --help`'s first line shows what follows the flags: the script and its arguments.
+class TorchrunUsage : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    std::string usage = CLI::Formatter::make_usage(app, std::move(name));
+    const size_t end = usage.find_last_not_of('\n') + 1;
+    return usage.substr(0, end) + " SCRIPT [ARGS...]" + usage.substr(end);
+  }
+};
+
+// Flags of torchrun's that trainctl does not take, and what to do instead.
+std::string NotTaken(const std::string& flag) {
+  std::string f = flag.substr(0, flag.find('='));
+  std::replace(f.begin(), f.end(), '_', '-');
+  if (f == "--local-ranks-filter") {
+    return "every rank's output is shown, prefixed with its rank; trainctl logs JOB --rank N shows one rank's";
+  }
+  if (f == "--logs-specs") return "every rank's output goes to <--log-dir>/logs/";
+  return "";
+}
+
 }  // namespace
 
 void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code) {
@@ -320,8 +349,25 @@ void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_flag("--no-python,--no_python", f.no_python, "run SCRIPT as a program, not through python3");
   cmd->add_flag("--run-path,--run_path", f.run_path, "run SCRIPT as a Python file (the default)");
   cmd->add_flag("--print-spec", f.print_spec, "print the job spec this command line means, as YAML, and exit");
+  cmd->formatter(std::make_shared<TorchrunUsage>());
+  cmd->footer(std::string("SCRIPT [ARGS...]: the training script (a Python file; with -m a module, with --no-python a "
+                          "program) and its arguments, which it gets unchanged. Every torchrun flag comes before it.\n\n") +
+              kExitCodesHelp + "\n\nDocs: docs/torchrun.md");
   cmd->callback([&flags, cmd, code] {
     f.program = cmd->remaining();  // SCRIPT and everything after it
+    if (!f.program.empty() && f.program[0] == "--") f.program.erase(f.program.begin());
+    if (!f.program.empty() && f.program[0].size() > 1 && f.program[0][0] == '-') {
+      // A flag before the script that is none of torchrun's: a typo, not the script's name.
+      const std::string& flag = f.program[0];
+      const std::string instead = NotTaken(flag), near = NearestFlag(*cmd, flag);
+      std::fprintf(stderr, "trainctl torchrun: %s %s%s\nRun 'trainctl torchrun --help' for its flags.\n",
+                   instead.empty() ? "unknown flag" : "trainctl does not take", Quote(flag).c_str(),
+                   !instead.empty() ? (": " + instead).c_str()
+                   : near.empty()   ? "; the script (and its arguments) come after the flags"
+                                    : ("; did you mean " + near + "?").c_str());
+      *code = kExitInvalidSpec;
+      return;
+    }
     *code = Torchrun(f, flags);
   });
 }
