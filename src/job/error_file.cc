@@ -70,6 +70,10 @@ Result<std::optional<TaskError>> ReadErrorFile(const std::string& path) {
   if (!S_ISREG(st.st_mode)) return InvalidArgument(path + ": not a regular file");
   ASSIGN_OR_RETURN(std::string bytes, ReadFile(path, kMaxErrorFileBytes));
   ASSIGN_OR_RETURN(TaskError e, ParseErrorFile(bytes, path));
+  // torch writes whole seconds; the file was written in that second, so its time is the finer one.
+  constexpr int64_t kNs = 1'000'000'000;
+  e.time_ns = e.timestamp * kNs;
+  if (e.timestamp > 0 && st.st_mtim.tv_sec == e.timestamp) e.time_ns += st.st_mtim.tv_nsec;
   return std::optional<TaskError>(e);
 }
 

@@ -22,6 +22,9 @@ struct TaskError {
   std::string message;    // "ValueError: bad input"
   std::string traceback;  // Python's formatted traceback, or ""
   int64_t timestamp = 0;  // unix seconds when the program wrote it; 0 when the file has none
+  // The same, finer where the file tells more (its modification time, when it lies in that second),
+  // so failures of one second are told apart; 0 when timestamp is.
+  int64_t time_ns = 0;
 };
 
 inline constexpr int64_t kMaxErrorFileBytes = 1 << 20;

@@ -1,5 +1,6 @@
 #include "job/records.h"
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 
 #include "common/strings.h"
@@ -30,7 +31,7 @@ std::string FailureRecord::ToJson() const {
               {"local_rank", local_rank},     {"role", role},          {"task_index", task_index},
               {"pid", pid},                   {"exit", exit},          {"log_path", log_path},
               {"last_lines", last_lines}, {"error", error},    {"traceback", traceback},
-              {"error_time", error_time}}
+              {"error_time", error_time}, {"error_time_ns", error_time_ns}, {"exited_ns", exited_ns}}
       .dump();
 }
 
@@ -60,10 +61,20 @@ Result<FailureRecord> FailureRecord::FromJson(const std::string& text) {
     r.error = j.value("error", "");
     r.traceback = j.value("traceback", "");
     r.error_time = j.value("error_time", int64_t{0});
+    r.error_time_ns = j.value("error_time_ns", int64_t{0});
+    r.exited_ns = j.value("exited_ns", int64_t{0});
     return r;
   } catch (const json::exception& e) {
     return Internal(std::string("malformed failure record: ") + e.what());
   }
+}
+
+bool FailureRecord::Before(const FailureRecord& o) const {
+  auto when = [](const FailureRecord& r) { return r.error_time_ns > 0 ? r.error_time_ns : r.error_time * 1'000'000'000; };
+  if (when(*this) != when(o)) return when(*this) < when(o);
+  auto seen = [](const FailureRecord& r) { return r.exited_ns > 0 ? r.exited_ns : INT64_MAX; };
+  if (seen(*this) != seen(o)) return seen(*this) < seen(o);
+  return rank < o.rank;
 }
 
 std::string FailureRecord::Summary() const {

@@ -43,6 +43,10 @@ struct FailureRecord {
   std::string error;       // "ValueError: bad input"
   std::string traceback;
   int64_t error_time = 0;  // unix seconds; 0: unknown
+  int64_t error_time_ns = 0;  // the same, finer where the error file tells (TaskError::time_ns)
+  int64_t exited_ns = 0;      // when its agent saw it exit (unix ns); 0: stopped, or not seen
+  // Which of two failures came first: by error time, then by the exits the agents saw, then rank.
+  bool Before(const FailureRecord& other) const;
 
   std::string ToJson() const;
   // kInternal for text that is not a record (the store is the job's own, so that is a bug).
