@@ -173,5 +173,21 @@ TEST(Elastic, AKilledAgentOfAFixedSizeJobIsStartedAgainWithinTheRestartBudget) {
   }
 }
 
+// A task that is stopped (SIGSTOP, a debugger) is named as the failure within seconds, with its
+// last line, instead of by its peers' collective timeout a minute later (finding 8 of issue 49).
+TEST(Elastic, AStoppedTaskIsNamedWithinSeconds) {
+  Scratch s;
+  s.Write("job.yaml", "name: stuck\nprocs_per_node: 2\nrestart: {max_restarts: 0}\noutput_dir: " + s.path("out") +
+                          "\ncommand: [sh, -c, 'echo rank $RANK working; if [ $RANK = 1 ]; then kill -STOP $$; fi; "
+                          "sleep 120']\n");
+  const auto start = Clock::now();
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""), seconds(60));
+  EXPECT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
+  EXPECT_LT(SecondsSince(start), 40) << r.output;  // not the minute of a collective timeout
+  EXPECT_NE(r.output.find("worker 1 (rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("from trainctl: it was stopped (SIGSTOP, or a debugger) for 5"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1 working"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace trainctl::testing

@@ -61,6 +61,40 @@ TEST(TorchClient, RecordErrorFilesNameTheRootCauseBeforeTheFirstExit) {
   EXPECT_EQ(file["message"]["message"], "ValueError: rank 1 failed first");
 }
 
+// torch 1.13 writes whole-second timestamps: two ranks failing within one second tie. The file's
+// finer time names the one that failed first (rank 1, which exits later), not the lower rank.
+TEST(TorchClient, ErrorFilesOfTheSameSecondNameTheFirstFailure) {
+  Scratch s;
+  s.Write("job.yaml", "name: tie\nprocs_per_node: 2\nrestart: {max_restarts: 0}\nenv: {SAME_SECOND: \"1\"}\n"
+                      "command: [" + std::string(TRAINCTL_TEST_PYTHON) + ", " + TRAINCTL_SOURCE_DIR +
+                      "/tests/python/record_failure.py]\noutput_dir: " + s.path("out") + "\n");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""), std::chrono::seconds(120));
+  EXPECT_EQ(r.exit.code, 3) << r.output;
+  auto status = nlohmann::json::parse(s.Read("out/status.json"));
+  ASSERT_EQ(status["root_cause"]["error_time"], status["failure"]["error_time"]) << "not one second:\n" << r.output;
+  EXPECT_EQ(status["root_cause"]["rank"], 1) << r.output;
+  EXPECT_NE(r.output.find("root cause (first observed failure, by the tasks' error files): worker 1 (rank 1"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("error: ValueError: rank 1 failed"), std::string::npos) << r.output;
+}
+
+// torch's file timers, served as torchrun's agent serves them (TORCHELASTIC_ENABLE_FILE_TIMER=1):
+// a rank whose expires() block outlives its timer is ended within seconds and named as the
+// failure, with the timer's scope (finding 8 of issue 49).
+TEST(TorchClient, AnExpiredFileTimerEndsItsRankAndNamesIt) {
+  Scratch s;
+  s.Write("job.yaml", "name: timer\nprocs_per_node: 2\nrestart: {max_restarts: 0}\n"
+                      "env: {TORCHELASTIC_ENABLE_FILE_TIMER: \"1\"}\ncommand: [" + std::string(TRAINCTL_TEST_PYTHON) +
+                      ", " + TRAINCTL_SOURCE_DIR + "/tests/python/file_timer.py]\noutput_dir: " + s.path("out") + "\n");
+  const auto start = Clock::now();
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""), std::chrono::seconds(120));
+  EXPECT_EQ(r.exit.code, 3) << r.output;
+  EXPECT_LT(SecondsSince(start), 60) << r.output;
+  EXPECT_NE(r.output.find("rank 1 has a timer file"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("worker 1 (rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("past its file timer \"the hanging call\""), std::string::npos) << r.output;
+}
+
 // Error files that are not torch's JSON, or too large, are ignored with a warning naming them;
 // the report falls back to the output's last lines; nothing crashes or waits.
 TEST(TorchClient, BadErrorFilesAreNamedAndIgnored) {

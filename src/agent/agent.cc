@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,7 @@
 #include "common/exit_codes.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/error_file.h"
 #include "job/keys.h"
@@ -21,6 +23,14 @@
 #include "rendezvous/rendezvous.h"
 
 namespace trainctl {
+
+namespace {
+// How long a task may be stopped (state T), or in uninterruptible sleep (D: a hung device or
+// file system, where a checkpoint on a slow NFS server may legitimately wait a while), before it
+// is killed and named as the job's failure.
+constexpr Duration kStoppedFor = std::chrono::seconds(5);
+constexpr Duration kBlockedFor = std::chrono::seconds(30);
+}  // namespace
 
 struct Agent::Outcome {
   // kEnded: the round ended (failure or membership change, in `end`); kSucceeded: the job is done.
@@ -45,6 +55,22 @@ struct Agent::Round {
 
 Agent::Agent(AgentOptions options, Store* store) : o_(std::move(options)), store_(store) {
   node_id_ = NodeId(o_.host, ::getpid());
+  // As torchrun's agent: with TORCHELASTIC_ENABLE_FILE_TIMER=1 it serves the workers' file timers
+  // at TORCHELASTIC_TIMER_FILE (the one given, or a FIFO of its own).
+  std::string enabled = GetEnv(CurrentEnvironment(), "TORCHELASTIC_ENABLE_FILE_TIMER").value_or("");
+  std::string path = GetEnv(CurrentEnvironment(), "TORCHELASTIC_TIMER_FILE").value_or("");
+  for (const auto& [k, v] : o_.spec.env) {
+    if (k == "TORCHELASTIC_ENABLE_FILE_TIMER") enabled = v;
+    if (k == "TORCHELASTIC_TIMER_FILE") path = v;
+  }
+  if (enabled == "1") {
+    auto timers = FileTimerServer::Start(path);
+    if (timers.ok()) {
+      timers_ = std::move(*timers);
+    } else {
+      LOG_WARN("no file timers for this node's workers: {}", timers.status().message());
+    }
+  }
 }
 
 Duration Agent::ByJobSize(Duration per_1000_nodes, Duration least, Duration most) const {
@@ -117,6 +143,7 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
       SetEnv(&w.shared_env, kEnvPreloadSpec, JobSpecToJson(s));
     }
   }
+  if (timers_) SetEnv(&w.env, "TORCHELASTIC_TIMER_FILE", timers_->path());
   TaskEnv e;
   e.rank = t.rank;
   e.local_rank = t.local;
@@ -170,6 +197,7 @@ void Agent::AddTaskError(const Round& r, const Task& t, int task_restarts, Failu
   rec->error = (*read)->message;
   rec->traceback = (*read)->traceback;
   rec->error_time = (*read)->timestamp;
+  rec->error_time_ns = (*read)->time_ns;
 }
 
 void Agent::PostRootCause(const Round& r, const std::vector<int>& task_restarts, const FailureRecord* failed) {
@@ -185,25 +213,23 @@ void Agent::PostRootCause(const Round& r, const std::vector<int>& task_restarts,
       rec.error = failed->error;
       rec.traceback = failed->traceback;
       rec.error_time = failed->error_time;
+      rec.error_time_ns = failed->error_time_ns;
+      rec.exited_ns = failed->exited_ns;
     } else {
       AddTaskError(r, t, task_restarts[t.local], &rec);
     }
     if (rec.error.empty() || rec.error_time <= 0) continue;
     rec.exit = "raised " + rec.error;
-    if (!first || rec.error_time < first->error_time) first = rec;
+    if (!first || rec.Before(*first)) first = rec;
   }
   if (!first) return;
-  // Earlier time first; between tasks of the same second, the lower rank.
-  auto earlier = [](const FailureRecord& a, const FailureRecord& b) {
-    return a.error_time != b.error_time ? a.error_time < b.error_time : a.rank < b.rank;
-  };
   const std::string mine = first->ToJson();
   std::string expected;
   for (int tries = 0; tries < 16; ++tries) {
     auto now = store_->CompareSet(keys::RoundRootCause(r.round), expected, mine);
     if (!now.ok() || *now == mine) return;
     auto theirs = FailureRecord::FromJson(*now);
-    if (!theirs.ok() || !earlier(*first, *theirs)) return;
+    if (!theirs.ok() || !first->Before(*theirs)) return;
     expected = *now;
   }
 }
@@ -526,6 +552,10 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   auto all_exited = [&] {
     return std::all_of(r.mine.begin(), r.mine.end(), [&](const Task& t) { return group.Exited(t.local); });
   };
+  // A task that cannot make progress (stopped, or stuck in the kernel) is killed and so named as
+  // the failure, rather than found by its peers' collective timeout a minute later.
+  std::map<int, std::string> stuck;  // local rank -> why it was killed
+  auto next_stuck_check = Clock::now() + std::chrono::seconds(1);
   while (true) {
     if (all_exited()) {
       const Duration wait = std::clamp<Duration>(Remaining(next_beat), Duration(1), quiet);
@@ -542,6 +572,27 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       group.Stop(s.timeouts.stop_grace);
       if (st.code() == Code::kAborted) return Stopped(st);
       return error(kExitError, "lost the job's store: " + st.ToString());
+    }
+    if (Clock::now() >= next_stuck_check) {
+      next_stuck_check = Clock::now() + std::chrono::seconds(1);
+      for (const auto& [local, why] : group.KillStuck(kStoppedFor, kBlockedFor)) {
+        const Task& t = r.mine[local];
+        LOG_WARN("{} {} (rank {}) was {}: killed, so that the job goes on without waiting for it", t.role, t.index,
+                 t.rank, why);
+        stuck[local] = why;
+      }
+    }
+    if (timers_) {
+      const std::vector<pid_t> pids = group.Pids();
+      for (const auto& x : timers_->Poll(pids)) {
+        for (size_t local = 0; local < pids.size(); ++local) {
+          if (pids[local] != x.pid && ::getpgid(x.pid) != pids[local]) continue;
+          const Task& t = r.mine[local];
+          const std::string why = "past its file timer " + Quote(x.scope) + " (torch's expires(), TORCHELASTIC_TIMER_FILE)";
+          LOG_WARN("{} {} (rank {}) is {}: sent signal {}", t.role, t.index, t.rank, why, x.signal);
+          stuck[static_cast<int>(local)] = why;
+        }
+      }
     }
     for (const WorkerExit& e : group.ReapExited()) {
       const Task& t = r.mine[e.local_rank];
@@ -573,7 +624,13 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       rec.role = t.role;
       rec.task_index = t.index;
       rec.pid = e.pid;
+      rec.exited_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
       rec.exit = e.exit.Describe();
+      if (auto it = stuck.find(e.local_rank); it != stuck.end()) {
+        rec.exit += " from trainctl: it was " + it->second;
+        stuck.erase(it);
+      }
       rec.log_path = launches[e.local_rank].log_path;
       rec.last_lines = group.Tail(e.local_rank, std::chrono::milliseconds(500));
       AddTaskError(r, t, task_restarts[e.local_rank], &rec);

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <string>
 
+#include "agent/file_timer.h"
 #include "agent/worker_forks.h"
 #include "common/address.h"
 #include "job/records.h"
@@ -109,6 +110,8 @@ class Agent {
   // The ports handed to this round's tasks (TF_CONFIG) and, on node 0, the master port: held for
   // the round, so that no other agent on the host hands them out before the tasks bind them.
   PortLease task_ports_, master_port_;
+  // torch's file timers (TORCHELASTIC_ENABLE_FILE_TIMER=1 in the job's or the agent's environment).
+  std::unique_ptr<FileTimerServer> timers_;
 };
 
 }  // namespace trainctl

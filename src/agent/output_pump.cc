@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+
+#include "common/strings.h"
 
 namespace trainctl {
 namespace {
@@ -14,16 +17,19 @@ namespace {
 constexpr size_t kMaxLine = 64 * 1024;  // longer lines are cut into pieces
 constexpr size_t kAtomicWrite = 4096;   // PIPE_BUF: writes up to this never interleave
 
-void WriteFully(int fd, const char* p, size_t n) {
+// Returns 0, or the errno of a failed write (stdout gone, a full disk): the pipes are drained all
+// the same, so that workers never block.
+int WriteFully(int fd, const char* p, size_t n) {
   while (n > 0) {
     ssize_t w = ::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      return;  // stdout gone: keep draining the pipes so workers never block
+      return errno;
     }
     p += w;
     n -= static_cast<size_t>(w);
   }
+  return 0;
 }
 
 }  // namespace
@@ -76,7 +82,7 @@ std::string OutputPump::Consume(Stream& s, const char* data, size_t n, bool flus
       } else if (nl + 1 == s.partial.size() && !flush_partial) {
         break;  // the '\n' of a "\r\n" may come with the next read
       } else {
-        out += "\r\033[K" + s.prefix + s.partial.substr(start, nl - start);
+        out += "\r\033[K" + s.prefix + SafeForTerminal(std::string_view(s.partial).substr(start, nl - start), true);
         status_shown_ = true;
         start = nl + 1;
         continue;
@@ -100,16 +106,21 @@ std::string OutputPump::Consume(Stream& s, const char* data, size_t n, bool flus
     }
     if (s.log_fd >= 0) {
       std::string raw = line + "\n";
-      WriteFully(s.log_fd, raw.data(), raw.size());
+      if (int err = WriteFully(s.log_fd, raw.data(), raw.size()); err != 0 && !s.log_failed) {
+        // Said once, where it is seen: the log file lacks what follows (a full disk, say).
+        s.log_failed = true;
+        out += s.prefix + "trainctl: its log file is incomplete from here on: " + std::strerror(err) + "\n";
+      }
     }
-    std::string shown = (status_shown_ ? "\r\033[K" : "") + s.prefix + line + "\n";
+    // On a terminal, shown as text: a worker's escape sequences do not drive it (colours pass).
+    std::string shown = (status_shown_ ? "\r\033[K" : "") + s.prefix + (color_ ? SafeForTerminal(line, true) : line) + "\n";
     status_shown_ = false;
     if (!out.empty() && out.size() + shown.size() > kAtomicWrite) {
       WriteOut(out);
       out.clear();
     }
     out += shown;
-    s.tail.push_back(std::move(line));
+    s.tail.push_back(SafeForTerminal(line, false));  // for failure reports: plain text
     if (s.tail.size() > kTailLines) s.tail.pop_front();
   }
   s.partial.erase(0, start);

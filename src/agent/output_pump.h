@@ -49,6 +49,7 @@ class OutputPump {
     std::string partial;
     std::deque<std::string> tail;
     bool eof = false;
+    bool log_failed = false;    // a write to log_fd failed (said once)
   };
   void Loop();
   // Handles freshly read bytes; returns the prefixed text to write to out_fd_.

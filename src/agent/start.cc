@@ -8,6 +8,7 @@
 
 #include "agent/agent.h"
 #include "common/address.h"
+#include "common/cgroup.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
 #include "common/log.h"
@@ -55,6 +56,11 @@ int CodeFor(const Status& st) { return st.code() == Code::kInvalidArgument ? kEx
 }  // namespace
 
 int RunAgentProcess(const AgentProcessOptions& f) {
+  if (const char* cgroup = std::getenv(kEnvCgroup)) {
+    // Into the job's cgroup before anything starts, so that all it starts is in it.
+    if (Status st = EnterCgroup(cgroup); !st.ok()) LOG_WARN("{}", st.message());
+    ::unsetenv(kEnvCgroup);
+  }
   const char* addr_env = std::getenv(kEnvStoreAddr);
   const char* token_env = std::getenv(kEnvStoreToken);
   if (!addr_env) {
@@ -62,6 +68,12 @@ int RunAgentProcess(const AgentProcessOptions& f) {
     return kExitInvalidSpec;
   }
   const std::string addr = addr_env, token = token_env ? token_env : "";
+  if (addr.rfind("etcd", 0) != 0 && token.size() < 16) {
+    // A guessable token opens the job's store (and with it the workers' commands) to its network.
+    std::fprintf(stderr, "trainctl agent: %s must hold the job's token, at least 16 characters (for example "
+                         "openssl rand -hex 32); it has %zu\n", kEnvStoreToken, token.size());
+    return kExitInvalidSpec;
+  }
   // The token must not leak into the tasks' environment under this name.
   ::unsetenv(kEnvStoreToken);
   ::unsetenv(kEnvStoreAddr);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "common/duration.h"
 #include "common/fs.h"
 
 namespace trainctl {
@@ -193,6 +194,41 @@ std::vector<std::string> WorkerGroup::Tail(int local_rank, Duration drain) {
     return pump_->Tail(w.launch.rank);
   }
   return {};
+}
+
+std::vector<std::pair<int, std::string>> WorkerGroup::KillStuck(Duration stopped, Duration blocked) {
+  std::vector<std::pair<int, std::string>> out;
+  const auto now = Clock::now();
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = workers_[i];
+    if (w.exited || w.pid <= 0) continue;
+    auto stat = ReadFile("/proc/" + std::to_string(w.pid) + "/stat", 1 << 14);
+    const size_t close = stat.ok() ? stat->rfind(')') : std::string::npos;
+    const char state = close != std::string::npos && close + 2 < stat->size() ? (*stat)[close + 2] : 0;
+    if (state != w.state) {
+      w.state = state;
+      w.state_since = now;
+      continue;
+    }
+    const Duration in_state = std::chrono::duration_cast<Duration>(now - w.state_since);
+    std::string why;
+    if ((state == 'T' || state == 't') && in_state >= stopped) {
+      why = "stopped (SIGSTOP, or a debugger) for " + FormatDuration(in_state);
+    } else if (state == 'D' && in_state >= blocked) {
+      why = "in uninterruptible sleep (state D: a hung device or file system) for " + FormatDuration(in_state);
+    }
+    if (why.empty()) continue;
+    ::kill(-w.pid, SIGKILL);
+    ::kill(w.pid, SIGKILL);
+    out.emplace_back(static_cast<int>(i), why);
+  }
+  return out;
+}
+
+std::vector<pid_t> WorkerGroup::Pids() const {
+  std::vector<pid_t> out;
+  for (const auto& w : workers_) out.push_back(w.exited ? 0 : w.pid);
+  return out;
 }
 
 }  // namespace trainctl

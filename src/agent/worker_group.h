@@ -13,6 +13,7 @@
 
 #include "agent/output_pump.h"
 #include "agent/worker_forks.h"
+#include "common/duration.h"
 #include "common/status.h"
 #include "common/subprocess.h"
 
@@ -55,12 +56,19 @@ class WorkerGroup {
   // Reaps workers that have exited since the last call; never blocks.
   std::vector<WorkerExit> ReapExited();
   bool AllExited() const;
+  // Each live worker's pid, by local rank (0 for one that has exited).
+  std::vector<pid_t> Pids() const;
   bool Exited(int local_rank) const;
   // Stop() for the workers at `local_ranks` only; the others go on.
   void StopSome(const std::vector<int>& local_ranks, Duration grace);
   // SIGTERM to every live worker's process group, up to `grace` for them to exit, then SIGKILL;
   // returns once all are reaped. Also kills whatever the workers left in their groups.
   void Stop(Duration grace);
+  // Workers that cannot make progress, seen in /proc: stopped (state T: SIGSTOP, a debugger) for
+  // `stopped` or longer, or in uninterruptible sleep (D) for `blocked` or longer. Each is killed
+  // (its process group, SIGKILL), so that it is reaped as a failure; returns local rank -> why
+  // ("stopped (SIGSTOP or a debugger) for 5s"). Call every second or so.
+  std::vector<std::pair<int, std::string>> KillStuck(Duration stopped, Duration blocked);
   // The last lines of a worker's output, after giving its pipe up to `drain` to reach EOF.
   std::vector<std::string> Tail(int local_rank, Duration drain);
 
@@ -69,6 +77,8 @@ class WorkerGroup {
     WorkerLaunch launch;
     pid_t pid = -1;
     bool exited = false;
+    char state = 0;                   // its /proc state when last looked at
+    Clock::time_point state_since{};  // since when it has been in it
   };
   // How `launch` is started, but for its output.
   static SpawnOptions Options(const WorkerLaunch& launch);

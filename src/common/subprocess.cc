@@ -262,7 +262,20 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 }  // namespace
 
-int StopSignal() { return g_stop_signal.load(); }
+int StopSignal() {
+  if (int sig = g_stop_signal.load()) return sig;
+  // One that came while this process waited on something else (a socket, a peer) is still
+  // pending: taken now, so that every waiting loop that asks ends within its own period.
+  sigset_t stops;
+  sigemptyset(&stops);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, s);
+  const struct timespec zero = {0, 0};
+  if (int sig = ::sigtimedwait(&stops, nullptr, &zero); sig > 0) {
+    int none = 0;
+    g_stop_signal.compare_exchange_strong(none, sig);
+  }
+  return g_stop_signal.load();
+}
 
 bool IsStopSignal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP; }
 

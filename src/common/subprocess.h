@@ -95,7 +95,7 @@ void BlockSupervisorSignals();
 int WaitSignal(Duration timeout);
 // SIGINT, SIGTERM or SIGHUP: what WaitSignal() returned asks the process to stop.
 bool IsStopSignal(int sig);
-// The first stop signal WaitSignal() took, or 0.
+// The first stop signal WaitSignal() took, or one pending now (taken by this call), or 0.
 int StopSignal();
 
 }  // namespace trainctl

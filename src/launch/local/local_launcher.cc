@@ -23,6 +23,7 @@
 #include "job/records.h"
 #include "job/runs.h"
 #include "common/address.h"
+#include "common/cgroup.h"
 #include "common/exit_codes.h"
 #include "common/fork_server.h"
 #include "common/fs.h"
@@ -312,6 +313,17 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
              "same CPUs, so the nodes' tasks run on one another's cores", spec.nodes.max);
   }
   runs::RunEntry entry = RunEntryFor(spec, run_id, options.placement);
+  // The job's own cgroup, where the system allows one: what its processes start, daemons that
+  // double-forked away included, ends with it (at the end of this function, or by `trainctl
+  // stop`/`ps` should this launcher be killed).
+  struct CgroupGuard {
+    std::string dir;
+    ~CgroupGuard() {
+      if (!dir.empty()) KillJobCgroup(dir);
+    }
+  } cgroup{options.placement == "local" ? MakeJobCgroup(run_id) : ""};
+  entry.cgroup = cgroup.dir;
+  if (cgroup.dir.empty()) LOG_DEBUG("no cgroup of its own for this job (no cgroup2 this user may write)");
   if (options.placement == "slurm") entry.slurm_job_id = GetEnv(CurrentEnvironment(), "SLURM_JOB_ID").value_or("");
   if (Status st = runs::Register(entry); !st.ok()) {
     LOG_WARN("trainctl ps will not list this run: {}", st.message());
@@ -367,6 +379,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   std::vector<std::string> env = CurrentEnvironment();
   SetEnv(&env, kEnvStoreAddr, store_url);
   SetEnv(&env, kEnvStoreToken, token);
+  if (!cgroup.dir.empty()) SetEnv(&env, kEnvCgroup, cgroup.dir);  // each agent moves into it first
   const bool one = options.placement != "local";  // one srun or mpirun starts every agent
   std::vector<AgentProc> agents;
   int final_code = kExitOk;
@@ -617,7 +630,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
           std::optional<FailureRecord> cause;
           if (root.ok() && root->has_value()) {
             if (auto c = FailureRecord::FromJson(**root); c.ok() && c->rank != rec->rank &&
-                                                           (rec->error_time == 0 || c->error_time <= rec->error_time)) {
+                                                           (rec->error_time == 0 || c->Before(*rec))) {
               cause = *c;
               status["root_cause"] = nlohmann::json::parse(**root);
             }
@@ -651,7 +664,12 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   }
   status["state"] = StateOfExit(final_code);
   if (Status st = AtomicWriteFile(paths::StatusJson(spec.output_dir), status.dump(2) + "\n"); !st.ok()) {
-    LOG_WARN("{}", st.message());
+    // A full disk, say: the file written over the "running" one, whose blocks exist already, in
+    // its shortest form, so that `trainctl status` does not call a finished run lost.
+    const nlohmann::json brief = {{"job", spec.name}, {"run_id", run_id}, {"state", status["state"]},
+                                  {"exit_code", final_code}};
+    const Status over = OverwriteFile(paths::StatusJson(spec.output_dir), brief.dump() + "\n");
+    LOG_ERROR("{}; {}", st.message(), over.ok() ? "wrote its short form over the old one" : over.message());
   }
   RemoveAll(paths::SnapshotDir(run_id));  // agents remove it too, unless they were killed
   // What a killed agent's workers left behind came to this subreaper: nothing outlives the job.
