@@ -69,6 +69,7 @@ TEST(Cli, ValidateReportsFileLineAndField) {
   EXPECT_NE(r.output.find("job.yaml:4: nodes: expected a positive integer, got \"two\""), std::string::npos) << r.output;
 
   s.Write("ok.yaml", "name: demo\ncommand: [python3, t.py]\n");
+  s.Write("t.py", "print('the script validate looks for next to the spec')\n");
   s.Write("prod.yaml", "nodes: 3\n");
   auto ok = Trainctl({"validate", "ok.yaml", "-f", "prod.yaml", "--set", "procs_per_node=2"}, s.path(""));
   EXPECT_EQ(ok.exit.code, 0) << ok.output;
@@ -258,7 +259,9 @@ TEST(Cli, AStartFailureAfterARestartIsCountedOnce) {
   WriteSpec(s, "name: gone\ncommand: [./prog.sh]\nrestart: {max_restarts: 3, backoff: 10ms}\noutput_dir: {out}/out\n");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""));
   EXPECT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
-  EXPECT_NE(r.output.find("could not start: ./prog.sh is not an executable file"), std::string::npos) << r.output;
+  // Named as it was found: next to the spec (a relative program path is the spec's directory's).
+  EXPECT_NE(r.output.find("could not start: " + s.path("prog.sh") + " is not an executable file"), std::string::npos)
+      << r.output;
   auto status = nlohmann::json::parse(s.Read("out/status.json"));
   EXPECT_EQ(status["restarts"], 1) << status.dump();
   EXPECT_EQ(status["failure"]["restarts"], 1) << status.dump();
@@ -701,10 +704,14 @@ TEST_F(AgentTest, ATaskThatCannotStartSpendsNoRestart) {
 
 TEST_F(AgentTest, AWrongTokenIsRefused) {
   Publish("name: auth\ncommand: [\"true\"]\noutput_dir: " + scratch_.path("out") + "\n");
-  auto r = RunAgent("not-the-token");
+  auto r = RunAgent("not-the-token-at-all");
   EXPECT_EQ(r.exit.code, kExitError) << r.output;
   EXPECT_NE(r.output.find("refused the token"), std::string::npos) << r.output;
   EXPECT_FALSE(store_->TryGet("round/0/joined")->has_value()) << "nothing was written";
+  // A token too short to be secret is refused before it is tried.
+  auto guessable = RunAgent("secret");
+  EXPECT_EQ(guessable.exit.code, kExitInvalidSpec) << guessable.output;
+  EXPECT_NE(guessable.output.find("at least 16 characters"), std::string::npos) << guessable.output;
 }
 
 // Agents and every verb start without cpp-httplib and OpenSSL (a third of a process start, paid

@@ -127,6 +127,29 @@ TEST(Predict, AnswersForImageFilesAgreeWithEvalOnTheTestSet) {
     EXPECT_EQ(r.exit.code, kExitError) << r.output;
     EXPECT_NE(r.output.find("trainctl predict: " + s.path(message)), std::string::npos) << r.output;
   }
+
+  // An 8192x8192 RGB PNG of zeros (about 200 KB; 200 MB decoded) is refused by its header, its
+  // pixels never decoded: predict's peak memory is that of a 28x28 image's (finding 5, issue 49).
+  {
+    std::string raw(size_t{8192} * (1 + 8192 * 3), '\0');
+    uLongf size = compressBound(raw.size());
+    std::string z(size, '\0');
+    compress2(reinterpret_cast<Bytef*>(z.data()), &size, reinterpret_cast<const Bytef*>(raw.data()), raw.size(), 9);
+    z.resize(size);
+    const std::string ihdr = {0, 0, 0x20, 0, 0, 0, 0x20, 0, 8, 2, 0, 0, 0};
+    s.Write("huge.png", std::string("\x89PNG\r\n\x1a\n", 8) + Chunk("IHDR", ihdr) + Chunk("IDAT", z) + Chunk("IEND", ""));
+  }
+  auto peak_kib = [&](const std::string& image) {
+    auto r = RunProgram({TRAINCTL_TEST_PYTHON, "-c",
+                         "import resource, subprocess, sys\nsubprocess.run(sys.argv[1:], capture_output=True)\n"
+                         "print('peak', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
+                         TRAINCTL_BIN, "predict", "--checkpoint", model, image}, s.path(""));
+    return std::atol(r.output.c_str() + r.output.find("peak ") + 5);
+  };
+  auto huge = Trainctl({"predict", "--checkpoint", model, s.path("huge.png")}, s.path(""));
+  EXPECT_NE(huge.output.find("huge.png: the image is 8192x8192 pixels; the model takes 28x28"), std::string::npos)
+      << huge.output;
+  EXPECT_LT(peak_kib(s.path("huge.png")) - peak_kib(pgms[0]), 50 << 10) << "KiB more for the huge image";
 }
 
 // Fashion-MNIST as a user's own folder of images (torchvision's ImageFolder layout, named

@@ -1,5 +1,13 @@
 #include "checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+
 #include <charconv>
 
 #include <zlib.h>
@@ -129,12 +137,37 @@ Result<std::string> Encode(const Checkpoint& c) {
   return out + text + data;
 }
 
+namespace {
+// How deep a header's JSON nests, counted without parsing it (strings skipped): a safetensors
+// header is 3 deep; 30 MB of "[[[[..." would cost a parser gigabytes.
+int JsonDepth(std::string_view text) {
+  int depth = 0, most = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      most = std::max(most, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return most;
+}
+constexpr int kMaxHeaderDepth = 8;
+}  // namespace
+
 Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
   auto bad = [&source](const std::string& why) { return InvalidArgument(source + ": " + why); };
   if (bytes.size() < 8) return bad("truncated: shorter than a safetensors header");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
   if (n > kMaxHeaderBytes || n > bytes.size() - 8) return bad("truncated or corrupt: header length " + std::to_string(n));
+  if (JsonDepth(std::string_view(bytes).substr(8, n)) > kMaxHeaderDepth) return bad("corrupt header: nested too deep");
   json header;
   try {
     header = json::parse(bytes.substr(8, n));
@@ -196,6 +229,61 @@ Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
   return c;
 }
 
+Result<Checkpoint> ReadCheckpointFile(const std::string& path) {
+  auto bad = [&path](const std::string& why) { return InvalidArgument(path + ": " + why); };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return NotFound(path + ": " + std::strerror(errno));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return Internal(path + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return bad("not a regular file; expected a .safetensors model or checkpoint");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  auto read_at = [&](std::string* out, uint64_t offset, uint64_t n) {
+    out->resize(n);
+    for (uint64_t done = 0; done < n;) {
+      const ssize_t got = ::pread(fd, out->data() + done, n - done, static_cast<off_t>(offset + done));
+      if (got <= 0) return false;
+      done += static_cast<uint64_t>(got);
+    }
+    return true;
+  };
+  std::string head;
+  if (size < 8 || !read_at(&head, 0, 8)) return bad("truncated: shorter than a safetensors header");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(head[i])) << (8 * i);
+  if (n > kMaxHeaderBytes || n > size - 8) return bad("truncated or corrupt: header length " + std::to_string(n));
+  std::string header_text;
+  if (!read_at(&header_text, 8, n)) return bad("truncated: the header is cut short");
+  // The data the tensors declare must be the rest of the file: checked before it is read.
+  if (JsonDepth(header_text) > kMaxHeaderDepth) return bad("corrupt header: nested too deep");
+  uint64_t declared = 0;
+  const json header = json::parse(header_text, nullptr, /*allow_exceptions=*/false);
+  if (!header.is_object()) return bad("corrupt header: not a JSON object");
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    const auto offsets = entry.is_object() && entry.contains("data_offsets") ? Naturals(entry["data_offsets"], UINT64_MAX)
+                                                                            : std::nullopt;
+    if (!offsets || offsets->size() != 2) return bad("tensor " + name + ": its data_offsets are not two whole numbers");
+    declared = std::max(declared, (*offsets)[1]);
+  }
+  if (declared != size - 8 - n) {
+    return bad("truncated or corrupt: the header declares " + std::to_string(declared) + " bytes of tensor data, the file holds " +
+               std::to_string(size - 8 - n));
+  }
+  try {
+    std::string bytes = head + header_text;
+    std::string data;
+    if (!read_at(&data, 8 + n, declared)) return bad("truncated: the file shrank while it was read");
+    bytes += data;
+    return Decode(bytes, path);
+  } catch (const std::bad_alloc&) {
+    return Internal(path + ": not enough memory to read its " + std::to_string(size) + " bytes");
+  }
+}
+
 std::string CheckpointDir::PathFor(int64_t step) const {
   char name[64];
   std::snprintf(name, sizeof name, "%s%010lld%s", kPrefix, static_cast<long long>(step), kSuffix);
@@ -230,8 +318,7 @@ Status CheckpointDir::Save(const Checkpoint& c) {
 Result<Checkpoint> CheckpointDir::LoadLatest(std::vector<std::string>* skipped) const {
   std::vector<std::string> all = List();
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    auto bytes = ReadFile(*it, int64_t{64} << 30);
-    Result<Checkpoint> c = bytes.ok() ? Decode(*bytes, *it) : Result<Checkpoint>(bytes.status());
+    Result<Checkpoint> c = ReadCheckpointFile(*it);
     if (c.ok()) return c;
     if (skipped) skipped->push_back(c.status().message());
   }

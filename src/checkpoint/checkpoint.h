@@ -43,6 +43,11 @@ Result<std::string> Encode(const Checkpoint& checkpoint);
 // Validates everything (header, offsets, sizes, checksum); `source` names the bytes in errors.
 Result<Checkpoint> Decode(const std::string& bytes, const std::string& source);
 
+// Reads and decodes the file at `path`, checking the header first: its length, then the data
+// size its tensors declare against the file's size, before reading (or allocating for) the rest.
+// Not a regular file (a device, a FIFO), or no memory for it: an error naming the file.
+Result<Checkpoint> ReadCheckpointFile(const std::string& path);
+
 class CheckpointDir {
  public:
   // Files are written with `file_mode` (0600 for what only this user may read).

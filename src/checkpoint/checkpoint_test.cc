@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <cstring>
+#include <fstream>
 #include <filesystem>
 #include <random>
 
@@ -41,6 +44,47 @@ TEST(Safetensors, RoundTripsTensorsStepAndMetadata) {
   uint64_t header = 0;
   std::memcpy(&header, bytes->data(), 8);
   EXPECT_EQ((8 + header) % 8, 0u) << "data section 8-byte aligned";
+}
+
+// A file is checked by its header before the rest is read: a 1.5 GB file of zeros, a header that
+// declares more data than the file holds, a device: errors at once, with memory to spare (finding
+// 5 of issue 49: the whole file was read first, and /dev/zero ended in bad_alloc).
+TEST(Safetensors, AFileIsCheckedByItsHeaderBeforeTheRestIsRead) {
+  testing::Scratch s;
+  auto rss_mb = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return u.ru_maxrss / 1024;
+  };
+  const long before = rss_mb();
+  {
+    std::ofstream(s.path("zeros.safetensors"));
+    std::filesystem::resize_file(s.path("zeros.safetensors"), uint64_t{1536} << 20);  // sparse
+  }
+  auto zeros = ReadCheckpointFile(s.path("zeros.safetensors"));
+  ASSERT_FALSE(zeros.ok());
+  EXPECT_NE(zeros.status().message().find("corrupt header"), std::string::npos) << zeros.status().message();
+  std::string good = *Encode(Sample(3));
+  s.Write("cut.safetensors", good.substr(0, good.size() - 4));
+  auto cut = ReadCheckpointFile(s.path("cut.safetensors"));
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().message().find("the header declares 24 bytes of tensor data, the file holds 20"),
+            std::string::npos) << cut.status().message();
+  auto device = ReadCheckpointFile("/dev/zero");
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().message(), "/dev/zero: not a regular file; expected a .safetensors model or checkpoint");
+  // A header of 3 MB nested a million deep: refused before it is parsed.
+  std::string nested = std::string(1 << 20, '[') + std::string(1 << 20, ']') + std::string(1 << 20, ' ');
+  std::string header(8, '\0');
+  for (int i = 0; i < 8; ++i) header[i] = static_cast<char>((uint64_t{nested.size()} >> (8 * i)) & 0xff);
+  auto deep = Decode(header + nested, "deep");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.status().message(), "deep: corrupt header: nested too deep");
+  EXPECT_LT(rss_mb() - before, 100) << "MiB read for nothing";
+  s.Write("good.safetensors", good);
+  auto back = ReadCheckpointFile(s.path("good.safetensors"));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->step, 3);
 }
 
 TEST(Safetensors, EncodeRejectsBlobsThatDoNotMatchTheirShape) {

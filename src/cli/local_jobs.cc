@@ -14,6 +14,7 @@
 
 #include "cli/verbs.h"
 #include "common/address.h"
+#include "common/cgroup.h"
 #include "common/duration.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
@@ -45,8 +46,20 @@ void Row(const std::vector<std::string>& cells, const std::vector<size_t>& width
   std::printf("%s\n", line.c_str());
 }
 
+// What a run whose launcher is gone (SIGKILLed) left in its cgroup: ended, and said so.
+void EndOrphans(const runs::RunEntry& e) {
+  if (e.cgroup.empty() || runs::Alive(e) || !CgroupPopulated(e.cgroup)) return;
+  const int n = KillJobCgroup(e.cgroup);
+  if (n > 0) {
+    std::fprintf(stderr, "trainctl: run %s's launcher is gone; ended %d process(es) it left behind (its cgroup %s)\n",
+                 e.run_id.c_str(), n, e.cgroup.c_str());
+  }
+}
+
 int Ps(bool all, bool as_json) {
+  if (Status st = runs::CheckIndex(); !st.ok()) return Fail("ps", st);
   auto entries = runs::List();
+  for (const auto& e : entries) EndOrphans(e);
   std::vector<std::vector<std::string>> rows;
   json out = json::array();
   std::map<std::string, int> shown;  // without --all: the newest run of each job, and live ones
@@ -99,6 +112,18 @@ int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role
     std::string partial;
   };
   std::map<std::string, Tail> tails;
+  if (rank >= 0 || !role.empty()) {
+    // A rank or role the run does not have is a mistake, not an empty log.
+    const auto all = LogFiles(dir, "", -1, spec);
+    if (!all.empty() && LogFiles(dir, role, rank, spec).empty()) {
+      std::vector<std::string> tasks;
+      for (const auto& path : all) tasks.push_back(fs::path(path).stem().string());
+      const std::string asked = (rank >= 0 ? "rank " + std::to_string(rank) : "") +
+                                (!role.empty() ? (rank >= 0 ? " in role " : "role ") + role : "");
+      return Fail("logs", InvalidArgument("run " + e.run_id + " has no task of " + asked + "; its " +
+                                          std::to_string(all.size()) + " tasks, by rank: " + Join(tasks, ", ")));
+    }
+  }
   // Prints what each file gained since the last pass, whole lines only, each once.
   auto pass = [&](bool last) {
     for (const auto& path : LogFiles(dir, role, rank, spec)) {
@@ -184,12 +209,34 @@ int Top(const runs::RunEntry& e, bool once, Duration interval) {
   }
 }
 
+// Whether `e`'s pid is that run's trainctl launcher: its start time (runs::Alive), its executable
+// (trainctl's), its owner (the caller, unless root calls). A run file names any pid it likes.
+Status IsLauncher(const runs::RunEntry& e) {
+  const std::string proc = "/proc/" + std::to_string(e.pid);
+  std::error_code ec;
+  const std::string exe = fs::read_symlink(proc + "/exe", ec).filename().string();
+  struct stat st{};
+  if (ec || ::stat(proc.c_str(), &st) != 0) return PermissionDenied("cannot inspect pid " + std::to_string(e.pid));
+  if (exe.rfind("trainctl", 0) != 0) {
+    return PermissionDenied("pid " + std::to_string(e.pid) + ", which run " + e.run_id + "'s file names, is " +
+                            Quote(exe) + ", not a trainctl launcher; not signalling it (a planted or stale run file?)");
+  }
+  if (::geteuid() != 0 && st.st_uid != ::geteuid()) {
+    return PermissionDenied("pid " + std::to_string(e.pid) + " belongs to user " + std::to_string(st.st_uid));
+  }
+  return Status::Ok();
+}
+
 int Stop(const runs::RunEntry& e, Duration wait) {
   if (!runs::Alive(e)) {
     return Fail("stop", InvalidArgument("run " + e.run_id + " of job " + e.name + " is not running (" +
                                         View(e).state + ")"));
   }
   const auto deadline = Clock::now() + wait;
+  if (!e.slurm_job_id.empty() && e.slurm_job_id.find_first_not_of("0123456789") != std::string::npos) {
+    return Fail("stop", InvalidArgument("run " + e.run_id + ": its Slurm job id " + Quote(e.slurm_job_id) +
+                                        " is not a number; not passing it to scancel"));
+  }
   if (!e.slurm_job_id.empty()) {
     // Slurm's way: SIGTERM to the batch script (`exec trainctl run`) and its steps, the
     // allocation released; from whichever host of the cluster this runs on.
@@ -215,15 +262,19 @@ int Stop(const runs::RunEntry& e, Duration wait) {
     return Fail("stop", InvalidArgument("run " + e.run_id + " of job " + e.name + " runs on " + e.host +
                                         ", not here: stop it there (trainctl stop " + e.run_id + ")"));
   }
+  if (Status st = IsLauncher(e); !st.ok()) return Fail("stop", st);
   std::printf("stopping run %s (launcher pid %lld)\n", e.run_id.c_str(), static_cast<long long>(e.pid));
   ::kill(static_cast<pid_t>(e.pid), SIGTERM);
   while (runs::Alive(e) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (runs::Alive(e)) {
     ::kill(static_cast<pid_t>(e.pid), SIGKILL);  // its agents and workers die with it (PDEATHSIG)
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    std::printf("run %s did not stop within %s: killed\n", e.run_id.c_str(), FormatDuration(wait).c_str());
+    const int left = KillJobCgroup(e.cgroup);  // and what they started, daemons included
+    std::printf("run %s did not stop within %s: killed%s\n", e.run_id.c_str(), FormatDuration(wait).c_str(),
+                left > 0 ? (" with the " + std::to_string(left) + " processes left in its cgroup").c_str() : "");
     return kExitError;
   }
+  EndOrphans(e);
   std::printf("run %s stopped (%s)\n", e.run_id.c_str(), View(e).state.c_str());
   return kExitOk;
 }

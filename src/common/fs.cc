@@ -69,6 +69,19 @@ bool IsDirectory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+Status OverwriteFile(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open " + path, errno);
+  Status st;
+  if (::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    st = ErrnoStatus("cannot write " + path, errno);
+  } else if (::ftruncate(fd, static_cast<off_t>(text.size())) != 0) {
+    st = ErrnoStatus("cannot cut " + path, errno);
+  }
+  ::close(fd);
+  return st;
+}
+
 std::string ReadFrom(const std::string& path, int64_t offset) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return "";

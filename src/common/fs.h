@@ -24,6 +24,9 @@ std::string ReadFrom(const std::string& path, int64_t offset);
 std::string ReadTail(const std::string& path, int64_t bytes);
 // mkdir -p.
 Status MakeDirs(const std::string& path);
+// Writes `text` over the existing regular file at `path`, in place (no new file: for when the
+// disk is full and an atomic write cannot make its temporary), then cuts it to that length.
+Status OverwriteFile(const std::string& path, const std::string& text);
 // rm -rf, best effort (for cleanup: errors are ignored).
 void RemoveAll(const std::string& path);
 // Raises this process's soft limit of open files to at least `wanted` (up to the hard limit), for

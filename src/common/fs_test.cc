@@ -37,6 +37,17 @@ TEST(Fs, FailedAtomicWriteKeepsTheOldFile) {
   EXPECT_EQ(Entries(s), 2u);  // spec.json and blocker: no temporary left behind
 }
 
+// In place, for a full disk: shorter text leaves nothing of the old behind; no file, no link.
+TEST(Fs, OverwriteFileWritesInPlace) {
+  testing::Scratch s;
+  s.Write("status.json", "{\"state\": \"running\", \"padding\": \"................\"}\n");
+  ASSERT_TRUE(OverwriteFile(s.path("status.json"), "{\"state\": \"succeeded\"}\n").ok());
+  EXPECT_EQ(s.Read("status.json"), "{\"state\": \"succeeded\"}\n");
+  EXPECT_FALSE(OverwriteFile(s.path("none.json"), "x").ok());
+  fs::create_symlink(s.path("status.json"), s.path("link.json"));
+  EXPECT_FALSE(OverwriteFile(s.path("link.json"), "x").ok());
+}
+
 TEST(Fs, ReadFileBoundsAndErrors) {
   testing::Scratch s;
   std::string path = s.path("big");

@@ -1,14 +1,19 @@
 // One image from a file, for `trainctl predict` and image folders: PNG through libpng, JPEG through
 // libjpeg-turbo, PGM/PPM parsed here. The bytes come from users: every size is checked before it
 // is used.
+#include <fcntl.h>
 #include <png.h>
 #include <turbojpeg.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstring>
 
 #include "common/fs.h"
 #include "data/dataset.h"
+#include "data/image_header.h"
 
 namespace trainctl::data {
 
@@ -156,6 +161,82 @@ Result<ImageSet> DecodeImage(const std::string& bytes, const std::string& path) 
     return ReadNetpbm(path, bytes);
   }
   if (bytes.size() >= 3 && std::memcmp(bytes.data(), "\xff\xd8\xff", 3) == 0) return ReadJpeg(path, bytes);
+  return Bad(path, "not a PNG, JPEG, PGM or PPM image (for idx files, give the images file itself)");
+}
+
+Result<ImageHeader> ReadImageHeader(const std::string& path) {
+  // The first 64 KiB hold every header these formats have (a JPEG's frame header after its
+  // metadata segments, as a rule; one further on is read whole, within the usual cap).
+  std::string head;
+  {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NotFound(path + ": " + std::strerror(errno));
+    head.resize(65536);
+    const ssize_t n = ::pread(fd, head.data(), head.size(), 0);
+    ::close(fd);
+    head.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  auto be32 = [](const std::string& b, size_t at) {
+    return (int64_t{static_cast<uint8_t>(b[at])} << 24) | (int64_t{static_cast<uint8_t>(b[at + 1])} << 16) |
+           (int64_t{static_cast<uint8_t>(b[at + 2])} << 8) | int64_t{static_cast<uint8_t>(b[at + 3])};
+  };
+  ImageHeader h;
+  if (head.size() >= 24 && std::memcmp(head.data(), "\x89PNG\r\n\x1a\n", 8) == 0 && head.compare(12, 4, "IHDR") == 0) {
+    h.cols = be32(head, 16);
+    h.rows = be32(head, 20);
+    return h;
+  }
+  if (head.size() >= 4 && (std::memcmp(head.data(), "\0\0\x08\x03", 4) == 0 || std::memcmp(head.data(), "\x1f\x8b", 2) == 0)) {
+    gzFile gz = ::gzopen(path.c_str(), "rb");  // plain or gzipped: only the first 16 bytes inflated
+    if (gz == nullptr) return NotFound(path + ": cannot open");
+    std::string idx(16, '\0');
+    const int got = ::gzread(gz, idx.data(), 16);
+    ::gzclose(gz);
+    if (got != 16 || std::memcmp(idx.data(), "\0\0\x08\x03", 4) != 0) return Bad(path, "not an idx3 image file");
+    h.count = be32(idx, 4);
+    h.rows = be32(idx, 8);
+    h.cols = be32(idx, 12);
+    return h;
+  }
+  if (head.size() >= 2 && head[0] == 'P' && std::strchr("2356", head[1]) && head[1] != '\0') {
+    size_t at = 2;
+    auto field = [&](int64_t* out) {
+      while (at < head.size() && (head[at] == '#' || std::isspace(static_cast<unsigned char>(head[at])))) {
+        if (head[at] == '#') {
+          while (at < head.size() && head[at] != '\n') ++at;
+        } else {
+          ++at;
+        }
+      }
+      int64_t v = 0;
+      size_t digits = 0;
+      for (; at < head.size() && std::isdigit(static_cast<unsigned char>(head[at])) && digits < 10; ++at, ++digits) {
+        v = v * 10 + (head[at] - '0');
+      }
+      *out = v;
+      return digits > 0;
+    };
+    if (!field(&h.cols) || !field(&h.rows)) return Bad(path, "a PGM/PPM header needs width and height");
+    return h;
+  }
+  if (head.size() >= 3 && std::memcmp(head.data(), "\xff\xd8\xff", 3) == 0) {
+    tjhandle t = tjInitDecompress();
+    if (!t) return Bad(path, "cannot start the JPEG decoder");
+    int cols = 0, rows = 0, subsampling = 0, colorspace = 0;
+    int rc = tjDecompressHeader3(t, reinterpret_cast<const unsigned char*>(head.data()), head.size(), &cols, &rows,
+                                 &subsampling, &colorspace);
+    if (rc != 0) {  // a frame header past the first 64 KiB
+      auto whole = ReadFile(path, kMaxFileBytes);
+      rc = whole.ok() ? tjDecompressHeader3(t, reinterpret_cast<const unsigned char*>(whole->data()), whole->size(),
+                                            &cols, &rows, &subsampling, &colorspace)
+                      : -1;
+    }
+    tjDestroy(t);
+    if (rc != 0) return Bad(path, "not a JPEG libjpeg-turbo can read");
+    h.cols = cols;
+    h.rows = rows;
+    return h;
+  }
   return Bad(path, "not a PNG, JPEG, PGM or PPM image (for idx files, give the images file itself)");
 }
 

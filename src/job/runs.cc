@@ -1,12 +1,14 @@
 #include "job/runs.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -28,15 +30,77 @@ std::string IndexDir() {
   const auto env = CurrentEnvironment();
   if (auto d = GetEnv(env, "TRAINCTL_STATE_DIR"); d && !d->empty()) return *d + "/runs";
   if (auto d = GetEnv(env, "XDG_STATE_HOME"); d && !d->empty()) return *d + "/trainctl/runs";
-  auto home = GetEnv(env, "HOME");
-  return (home && !home->empty() ? *home : std::string("/tmp")) + "/.local/state/trainctl/runs";
+  std::string home = GetEnv(env, "HOME").value_or("");
+  if (home.empty()) {  // the user's own home from the password database, never a shared /tmp
+    if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && pw->pw_dir != nullptr) home = pw->pw_dir;
+  }
+  return home.empty() ? std::string() : home + "/.local/state/trainctl/runs";
+}
+
+namespace {
+
+// Whether a file or directory is the caller's own (or root's) and none but its owner can write it.
+Status Trusted(const struct stat& st, const std::string& path, bool directory) {
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0) {
+    return PermissionDenied(path + " belongs to user " + std::to_string(st.st_uid) +
+                            ", not to you; trainctl trusts only run files of yours");
+  }
+  if (directory && (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return PermissionDenied("the run index " + path + " can be written by other users (mode " + mode +
+                            "), who could plant runs in it for stop to signal; make it yours alone (chmod go-w " +
+                            path + ") or set TRAINCTL_STATE_DIR to a directory of your own");
+  }
+  return Status::Ok();
+}
+
+// The index directory, checked: kNotFound when there is none yet.
+Result<std::string> CheckedIndexDir() {
+  const std::string dir = IndexDir();
+  if (dir.empty()) return InvalidArgument("no state directory: set HOME or TRAINCTL_STATE_DIR");
+  struct stat st{};
+  if (::lstat(dir.c_str(), &st) != 0) return NotFound(dir + ": no runs yet");
+  if (!S_ISDIR(st.st_mode)) return PermissionDenied(dir + " is not a directory (a link?); trainctl will not use it");
+  RETURN_IF_ERROR(Trusted(st, dir, true));
+  return dir;
+}
+
+// One entry of the index, read without blocking (a FIFO), following no link, a regular file of
+// the caller's own, at most 64 KiB.
+Result<std::string> ReadEntry(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return NotFound(path + ": " + std::strerror(errno));
+  struct stat st{};
+  Status ok = ::fstat(fd, &st) != 0              ? Internal(path + ": " + std::strerror(errno))
+              : !S_ISREG(st.st_mode)             ? PermissionDenied(path + ": not a regular file")
+              : st.st_size > (int64_t{1} << 16)  ? InvalidArgument(path + ": larger than a run entry")
+                                                 : Trusted(st, path, false);
+  std::string text;
+  if (ok.ok()) {
+    text.resize(static_cast<size_t>(st.st_size));
+    const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
+    if (n < 0) ok = Internal(path + ": " + std::strerror(errno));
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  ::close(fd);
+  if (!ok.ok()) return ok;
+  return text;
+}
+
+}  // namespace
+
+Status CheckIndex() {
+  auto dir = CheckedIndexDir();
+  return dir.ok() || dir.status().code() == Code::kNotFound ? Status::Ok() : dir.status();
 }
 
 std::string RunEntry::ToJson() const {
   return nlohmann::json{{"name", name}, {"run_id", run_id}, {"output_dir", output_dir}, {"host", host},
                         {"target", target}, {"nodes", nodes}, {"procs_per_node", procs_per_node},
                         {"tasks", tasks}, {"pid", pid}, {"start_ticks", start_ticks}, {"started", started},
-                        {"slurm_job_id", slurm_job_id}}
+                        {"slurm_job_id", slurm_job_id}, {"cgroup", cgroup}}
       .dump();
 }
 
@@ -57,6 +121,7 @@ Result<RunEntry> RunEntry::FromJson(const std::string& text) {
     e.start_ticks = j.value("start_ticks", int64_t{0});
     e.started = j.value("started", int64_t{0});
     e.slurm_job_id = j.value("slurm_job_id", "");
+    e.cgroup = j.value("cgroup", "");
   } catch (const nlohmann::json::exception& ex) {
     return InvalidArgument(std::string("not a run entry: ") + ex.what());
   }
@@ -65,10 +130,12 @@ Result<RunEntry> RunEntry::FromJson(const std::string& text) {
 
 std::vector<RunEntry> List() {
   std::vector<RunEntry> out;
+  auto dir = CheckedIndexDir();
+  if (!dir.ok()) return out;
   std::error_code ec;
-  for (const auto& f : fs::directory_iterator(IndexDir(), ec)) {
+  for (const auto& f : fs::directory_iterator(*dir, ec)) {
     if (f.path().extension() != ".json") continue;
-    auto text = ReadFile(f.path().string(), 1 << 16);
+    auto text = ReadEntry(f.path().string());
     if (!text.ok()) continue;
     if (auto e = RunEntry::FromJson(*text); e.ok()) out.push_back(*e);
   }
@@ -81,7 +148,11 @@ std::vector<RunEntry> List() {
 
 Status Register(const RunEntry& entry, size_t keep) {
   const std::string dir = IndexDir();
+  if (dir.empty()) return InvalidArgument("no state directory: set HOME or TRAINCTL_STATE_DIR");
+  const bool made = !Exists(dir);
   RETURN_IF_ERROR(MakeDirs(dir));
+  if (made) ::chmod(dir.c_str(), 0700);  // the index is this user's alone, whatever the umask
+  RETURN_IF_ERROR(CheckedIndexDir().status());
   RETURN_IF_ERROR(AtomicWriteFile(dir + "/" + entry.run_id + ".json", entry.ToJson() + "\n", 0600));
   // Counting the entries is enough until there are more than `keep`: reading and parsing them all
   // is for the pruning only.
@@ -97,6 +168,7 @@ Status Register(const RunEntry& entry, size_t keep) {
 }
 
 Result<RunEntry> Find(const std::string& job) {
+  RETURN_IF_ERROR(CheckIndex());
   auto all = List();
   for (const auto& e : all) {
     if (e.run_id == job) return e;

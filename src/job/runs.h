@@ -19,6 +19,7 @@ std::string IndexDir();
 struct RunEntry {
   std::string name, run_id, output_dir, host, target;
   std::string slurm_job_id;  // a run that a Slurm batch job launched: its job id (scancel stops it)
+  std::string cgroup;        // the job's own cgroup (common/cgroup.h), "" when it has none
   int nodes = 0, procs_per_node = 0, tasks = 0;
   int64_t pid = 0;          // the launcher
   int64_t start_ticks = 0;  // its start time (/proc/PID/stat field 22): a reused pid is not it
@@ -26,6 +27,11 @@ struct RunEntry {
   std::string ToJson() const;
   static Result<RunEntry> FromJson(const std::string& json);
 };
+
+// Whether the index can be trusted: a directory of the caller's own (or root's) that no other user
+// can write; kPermissionDenied says how to fix it. A missing index is fine (no runs yet). List
+// skips an untrusted index, and every entry that is not a regular file of the caller's own.
+Status CheckIndex();
 
 // Writes the entry into the index (atomically), pruning the oldest past `keep` entries.
 Status Register(const RunEntry& entry, size_t keep = 500);

@@ -1,4 +1,4 @@
-// The dashboard's HTTP side (monitor/dashboard.h): its page, JSON API and /metrics, on cpp-httplib.
+// The dashboard's HTTP side (monitor/dashboard.h): its page, JSON API and /metrics (monitor/http_server.h).
 // Built into trainctl-http.so.
 #include <sys/stat.h>
 
@@ -6,6 +6,7 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -19,7 +20,7 @@
 #include "job/paths.h"
 #include "monitor/assets.h"
 #include "monitor/dashboard.h"
-#include "monitor/httplib_service.h"
+#include "monitor/http_server.h"
 #include "monitor/prometheus.h"
 #include "monitor/view.h"
 
@@ -74,7 +75,7 @@ class Series {
   std::deque<Point> train_, test_;
 };
 
-class DashboardServer : public HttplibService {
+class DashboardServer : public HttpServer {
  public:
   explicit DashboardServer(const DashboardOptions& options) : o(options) {}
   ~DashboardServer() override { Stop(); }
@@ -86,7 +87,7 @@ class DashboardServer : public HttplibService {
   std::mutex series_mu;
   std::map<std::string, Series> series;  // run id -> its curves so far
 
-  bool Authorized(const httplib::Request& req) const {
+  bool Authorized(const HttpRequest& req) const {
     if (req.has_param("token") && ConstantTimeEquals(req.get_param_value("token"), o.token)) return true;
     const std::string auth = req.get_header_value("Authorization");
     return auth.rfind("Bearer ", 0) == 0 && ConstantTimeEquals(auth.substr(7), o.token);
@@ -97,7 +98,15 @@ class DashboardServer : public HttplibService {
   json Eval(const RunView& v) {
     const std::string model = paths::Model(v.dir);
     struct stat st{};
-    if (::stat(model.c_str(), &st) != 0) return {{"error", "no model yet: " + model + " appears when the run ends"}};
+    if (::stat(model.c_str(), &st) != 0) {
+      const json job = ReadJson(paths::JobJson(v.dir));
+      if (job.is_object() && !job.contains("trainer")) {
+        return {{"error", "nothing to evaluate: this job runs its own program, not the built-in trainer"}};
+      }
+      if (v.alive) return {{"error", "no model yet: " + model + " appears when the run ends"}};
+      return {{"error", "no model: the run " + v.state + " before it wrote " + model +
+                            (v.state == "failed" ? "; its failure is above, its logs below" : "")}};
+    }
     const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
     std::lock_guard<std::mutex> lock(eval_mu);
     auto cached = evals.find(v.entry.run_id);
@@ -143,37 +152,37 @@ class DashboardServer : public HttplibService {
   }
 
   void Routes() {
-    httplib::Server& server = this->server();
+    HttpServer& server = *this;
     auto asset = [&server](const char* path, const char* type, const char* body) {
-      server.Get(path, [type, body](const httplib::Request&, httplib::Response& res) {
+      server.Get(path, [type, body](const HttpRequest&, HttpResponse& res) {
         res.set_content(body, type);
         res.set_header("Cache-Control", "no-store");
       });
     };
     asset("/app.js", "text/javascript", kDashboardJs);
     asset("/app.css", "text/css", kDashboardCss);
-    server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    server.Before([this](const HttpRequest& req, HttpResponse& res) {
       // Nothing but the page's own assets loads, and no page elsewhere may frame it.
       res.set_header("Content-Security-Policy",
                      "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                      "img-src 'self' data:; frame-ancestors 'none'");
       res.set_header("X-Content-Type-Options", "nosniff");
-      if (req.path == "/app.js" || req.path == "/app.css" || Authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+      if (req.path == "/app.js" || req.path == "/app.css" || Authorized(req)) return false;
       res.status = 401;
       res.set_content("trainctl dashboard: this needs the token in the URL that `trainctl dashboard` printed\n",
                       "text/plain");
-      return httplib::Server::HandlerResponse::Handled;
+      return true;
     });
-    server.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(kDashboardHtml, "text/html"); });
-    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    server.Get("/", [](const HttpRequest&, HttpResponse& res) { res.set_content(kDashboardHtml, "text/html"); });
+    server.Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
       res.set_content(metrics.Render(runs::List()), "text/plain; version=0.0.4; charset=utf-8");
     });
-    server.Get("/api/runs", [](const httplib::Request&, httplib::Response& res) {
+    server.Get("/api/runs", [](const HttpRequest&, HttpResponse& res) {
       json out = json::array();
       for (const auto& e : runs::List()) out.push_back(RunSummary(View(e)));
       res.set_content(out.dump(), "application/json");
     });
-    server.Get(R"(/api/runs/([A-Za-z0-9._-]+)(/logs|/eval|/timeline)?)", [this](const httplib::Request& req, httplib::Response& res) {
+    server.Get(R"(/api/runs/([A-Za-z0-9._-]+)(/logs|/eval|/timeline)?)", [this](const HttpRequest& req, HttpResponse& res) {
       auto e = runs::Find(req.matches[1]);
       if (!e.ok() || e->run_id != req.matches[1]) {
         res.status = 404;
@@ -219,6 +228,15 @@ class DashboardServer : public HttplibService {
         }
         out["workers"] = tasks;
         out["ranks"] = e->tasks;
+        // Each rank's task (ps-0, worker-0...), from its log file: the log view opens on the first
+        // worker's (or chief's), not on a parameter server's.
+        json names = json::array();
+        const json job = ReadJson(paths::JobJson(v.dir));
+        if (job.is_object()) out["trainer"] = job.contains("trainer");
+        for (const auto& f : LogFiles(paths::LogsDir(v.dir), "", -1, job)) {
+          names.push_back(std::filesystem::path(f).stem().string());
+        }
+        out["task_names"] = names;
       }
       res.set_content(out.dump(), "application/json");
     });

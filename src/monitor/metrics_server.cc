@@ -1,14 +1,13 @@
-// The agents' /metrics server (MetricsServer, monitor/prometheus.h) on cpp-httplib. Built into
-// trainctl-http.so.
+// The agents' /metrics server (MetricsServer, monitor/prometheus.h). Built into trainctl-http.so.
 #include "common/strings.h"
-#include "monitor/httplib_service.h"
+#include "monitor/http_server.h"
 
 extern "C" __attribute__((visibility("default"))) void trainctl_serve_metrics(
     const std::string& host, int port, const std::string& token, std::function<std::string()> render,
     trainctl::monitor::ServiceResult* out) {
   using namespace trainctl::monitor;
-  auto service = std::make_unique<HttplibService>();
-  service->server().Get("/metrics", [token, render](const httplib::Request& req, httplib::Response& res) {
+  auto service = std::make_unique<HttpServer>();
+  service->Get("/metrics", [token, render](const HttpRequest& req, HttpResponse& res) {
     const std::string auth = req.get_header_value("Authorization");
     if (auth.rfind("Bearer ", 0) != 0 || !trainctl::ConstantTimeEquals(auth.substr(7), token)) {
       res.status = 401;

@@ -173,6 +173,8 @@ std::vector<std::string> LogFiles(const std::string& dir, const std::string& rol
     const std::string stem = f.path().stem().string();
     const size_t dash = stem.rfind('-');
     if (f.path().extension() != ".log" || dash == std::string::npos) continue;
+    // What trainctl wrote: a regular file, not a link planted to show another file (/etc/shadow).
+    if (!fs::is_regular_file(f.symlink_status(ec))) continue;
     found.push_back({{stem.substr(0, dash), std::atoi(stem.c_str() + dash + 1)}, f.path().string()});
   }
   // Ranks number the tasks role by role (spec order), then by index.

@@ -10,6 +10,7 @@
 #include <cctype>
 #include <map>
 #include <sstream>
+#include <unordered_set>
 
 namespace trainctl::spec {
 namespace {
@@ -75,6 +76,7 @@ class TreeBuilder : public YAML::EventHandler {
     bool have_key = false;
     std::string key;
     Origin key_origin;
+    std::unordered_set<std::string> keys;  // the mapping's keys so far: a duplicate found in O(1)
   };
 
   [[noreturn]] void Fail(const std::string& message) { throw SpecError{InvalidArgument(message)}; }
@@ -125,7 +127,7 @@ class TreeBuilder : public YAML::EventHandler {
     }
     if (!parent.have_key) {
       if (n.kind != Node::Kind::kScalar) Fail(n.origin.ToString() + ": keys must be plain names");
-      if (parent.node.Find(n.scalar)) Fail(n.origin.ToString() + ": " + n.scalar + ": duplicate key");
+      if (!parent.keys.insert(n.scalar).second) Fail(n.origin.ToString() + ": " + n.scalar + ": duplicate key");
       parent.have_key = true;
       parent.key = n.scalar;
       parent.key_origin = n.origin;

@@ -16,6 +16,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/subprocess.h"
+#include "data/image_header.h"
 #include "job/paths.h"
 #include "metrics/metrics.h"
 #include "train/entry.h"
@@ -100,10 +101,7 @@ class CheckpointEvaluator {
   data::ImageSet test_;
 };
 
-Result<checkpoint::Checkpoint> ReadCheckpoint(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path, int64_t{8} << 30));
-  return checkpoint::Decode(bytes, path);
-}
+Result<checkpoint::Checkpoint> ReadCheckpoint(const std::string& path) { return checkpoint::ReadCheckpointFile(path); }
 
 // The evaluator: each new checkpoint in o.watch, as it appears, until the run's final model is
 // there (written after its last checkpoint) or a stop signal.
@@ -191,15 +189,20 @@ Result<data::ImageSet> LoadImagesFor(const std::string& path, const checkpoint::
   std::ifstream(path, std::ios::binary).read(magic, sizeof magic);
   // An idx3 image file, or a gzipped one (the Debian packages ship them so).
   const bool idx = std::memcmp(magic, "\0\0\x08\x03", 4) == 0 || std::memcmp(magic, "\x1f\x8b", 2) == 0;
+  // The size its header declares, checked before any pixel is decoded (or inflated).
+  auto size_error = [&](int64_t rows, int64_t cols) {
+    return InvalidArgument(path + ": the image is " + std::to_string(cols) + "x" + std::to_string(rows) +
+                           " pixels; the model takes " + std::to_string(meta.cols) + "x" + std::to_string(meta.rows));
+  };
+  if (meta.dataset != "imagefolder") {
+    auto header = data::ReadImageHeader(path);
+    if (header.ok() && (header->rows != meta.rows || header->cols != meta.cols)) return size_error(header->rows, header->cols);
+  }
   ASSIGN_OR_RETURN(data::ImageSet set, idx ? data::LoadIdxImages(path) : data::ReadImageFile(path));
   set = data::ToChannels(set, meta.channels);
   // A model trained on an image folder saw every image resized and cropped to its size: so are these.
   if (meta.dataset == "imagefolder" && set.count == 1) return data::ResizeCrop(set, meta.rows, meta.cols);
-  if (set.rows != meta.rows || set.cols != meta.cols) {
-    return InvalidArgument(path + ": the image is " + std::to_string(set.cols) + "x" + std::to_string(set.rows) +
-                           " pixels; the model takes " + std::to_string(meta.cols) + "x" +
-                           std::to_string(meta.rows));
-  }
+  if (set.rows != meta.rows || set.cols != meta.cols) return size_error(set.rows, set.cols);
   return set;
 }
 
