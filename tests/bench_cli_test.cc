@@ -58,8 +58,10 @@ TEST(Bench, AMatrixRunsItsExperimentsAndTheReportDrawsThemInChromium) {
   s.Write("m.yaml", "name: tiny\nspec: " + kSrc + "/examples/fashion-mnist.yaml\n"
                     "set: {trainer.epochs: 2, trainer.data.limit: 512, trainer.data.test_limit: 128, trainer.log_every: 4}\n"
                     "axes: {procs_per_node: [1, 2]}\ntarget_accuracy: 0.2\n"
-                    "peers:\n  - name: broken\n    command: [sh, -c, 'echo disk full on {procs_per_node} >&2; exit 3']\n");
-  auto r = Trainctl({"bench", "m.yaml", "--results", "results"}, s.path(""), seconds(240));
+                    "peers:\n  - name: broken\n    command: [sh, -c, 'echo disk full on {procs_per_node} >&2; "
+                    "echo =====; exit 3']\n");
+  const std::vector<std::pair<std::string, std::string>> state = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+  auto r = Trainctl({"bench", "m.yaml", "--results", "results"}, s.path(""), seconds(240), state);
   EXPECT_EQ(r.exit.code, 1) << "a failed experiment fails the bench\n" << r.output;
   const std::string dir = ResultSet(s, "tiny");
   ASSERT_FALSE(dir.empty()) << r.output;
@@ -69,7 +71,11 @@ TEST(Bench, AMatrixRunsItsExperimentsAndTheReportDrawsThemInChromium) {
   EXPECT_EQ(states["broken-procs_per_node_2"], "failed");
   const std::string csv = *ReadFile(dir + "/results.csv");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5) << csv;  // header + 4
-  EXPECT_NE(csv.find("exit code 3: disk full on 2"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("exit code 3: disk full on 2"), std::string::npos) << "its words, not its banner\n" << csv;
+  // The experiments ran as jobs of the bench's own name, not as the spec's (fashion-mnist).
+  auto listed = json::parse(Trainctl({"ps", "--all", "--json"}, s.path(""), seconds(30), state).output);
+  ASSERT_EQ(listed.size(), 2u) << listed;
+  for (const auto& run : listed) EXPECT_EQ(run["name"], "bench-tiny") << run;
   // The job's own records: its resolved spec and its metrics, and figures read from them.
   EXPECT_TRUE(fs::exists(dir + "/experiments/trainctl-procs_per_node_2/config/job.json"));
   EXPECT_TRUE(fs::exists(dir + "/experiments/trainctl-procs_per_node_2/output/metrics.jsonl"));
@@ -94,6 +100,26 @@ TEST(Bench, AMatrixRunsItsExperimentsAndTheReportDrawsThemInChromium) {
   }
   const std::string loss = page.output.substr(page.output.find("<svg id=\"loss\""));
   EXPECT_EQ(Occurrences(loss.substr(0, loss.find("</svg>")), "<polyline"), 2) << "a loss curve per trainctl experiment";
+  // Charts a reader can trust: workers ticked at whole numbers, labels whole, one colour per
+  // series in every chart, and no "± 0.00" where a single run has no spread.
+  auto chart = [&](const std::string& id) {
+    const std::string from = page.output.substr(page.output.find("<svg id=\"" + id + "\""));
+    return from.substr(0, from.find("</svg>"));
+  };
+  auto all = [](const std::string& text, const std::string& pattern) {
+    std::vector<std::string> out;
+    const std::regex re(pattern);
+    for (std::sregex_iterator it(text.begin(), text.end(), re), end; it != end; ++it) out.push_back((*it)[1]);
+    return out;
+  };
+  EXPECT_EQ(all(chart("throughput"), "class=\"tick xtick\">([^<]*)<"), (std::vector<std::string>{"1", "2"}));
+  EXPECT_EQ(all(chart("efficiency"), "class=\"tick barlabel\">([^<]*)<"),
+            (std::vector<std::string>{"trainctl procs_per_node=1", "trainctl procs_per_node=2"}));
+  EXPECT_EQ(all(chart("efficiency"), "class=\"bar\"[^>]*fill=\"([^\"]*)\""), all(chart("tta"), "class=\"bar\"[^>]*fill=\"([^\"]*)\""));
+  const auto loss_colors = all(chart("loss"), "<polyline[^>]*stroke=\"([^\"]*)\"");
+  EXPECT_EQ(loss_colors, all(chart("tta"), "class=\"bar\"[^>]*fill=\"([^\"]*)\""));
+  const std::string summary = *ReadFile(dir + "/summary.md");
+  EXPECT_EQ(summary.substr(summary.find("|---")).find("±"), std::string::npos) << "single runs have no spread\n" << summary;
   EXPECT_GT(fs::file_size(s.path("report.png")), 10000u);
   // A result set compared with itself: no regression.
   auto same = Trainctl({"bench", "compare", dir, dir}, s.path(""));
@@ -156,7 +182,7 @@ TEST(Bench, TheResultSetIsUploadedToS3WithSignedRequests) {
   };
   ASSERT_TRUE(Eventually([&] { return get("none").find("ERROR HTTP Error 404") != std::string::npos; }, seconds(30)))
       << s.Read("s3rver.log");
-  s.Write("m.yaml", "name: shared\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
+  s.Write("m.yaml", "name: shared\nspec: {name: quick, command: [sh, -c, 'echo done, secret [$AWS_SECRET_ACCESS_KEY]']}\n"
                     "upload: {url: s3://team-results/nightly/, endpoint: '" + endpoint + "', region: eu-west-1}\n");
   const std::vector<std::pair<std::string, std::string>> keys = {{"AWS_ACCESS_KEY_ID", "S3RVER"},
                                                                  {"AWS_SECRET_ACCESS_KEY", "S3RVER"}};
@@ -173,6 +199,9 @@ TEST(Bench, TheResultSetIsUploadedToS3WithSignedRequests) {
     EXPECT_EQ(get("nightly/shared/" + stamp + "/" + rel), *ReadFile(e.path().string())) << rel;
   }
   EXPECT_GE(files, 7);  // results.json/csv, summary.md, report.html, point.yaml, job.json, bench.log...
+  // The experiments never saw the upload's secret, so no log of theirs carries it to the bucket.
+  EXPECT_NE(ReadFile(dir + "/experiments/trainctl/output/logs/worker-0.log")->find("done, secret []"), std::string::npos);
+  EXPECT_EQ(r.output.find("plain http"), std::string::npos) << "loopback is not the network\n" << r.output;
   EXPECT_NE(r.output.find("uploaded " + std::to_string(files) + " files"), std::string::npos) << r.output;
 
   // An access key the server does not know: refused; the bench fails, its results stay here.

@@ -233,7 +233,8 @@ TEST(Slurm, BenchRunsEachExperimentAsABatchJob) {
   // The trainctl job ran under srun on both nodes: its batch output is in its output folder.
   std::string batch;
   for (const auto& e : fs::directory_iterator(dir + "/experiments/trainctl-procs_per_node_2/output")) {
-    if (e.path().filename().string().rfind("sj-", 0) == 0) batch = *ReadFile(e.path().string());
+    // The bench's job name, not the spec's: bench-<matrix name>-<Slurm job id>.out
+    if (e.path().filename().string().rfind("bench-onslurm-", 0) == 0) batch = *ReadFile(e.path().string());
   }
   EXPECT_NE(batch.find("under srun"), std::string::npos) << batch;
   EXPECT_EQ(CountLines(batch, "on slurm node 1"), 2) << batch;

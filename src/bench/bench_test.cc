@@ -85,6 +85,17 @@ TEST(BenchMatrix, ErrorsNameTheLineAndTheField) {
   EXPECT_NE(ParseMatrix("name: b\nspec: {name: j}\npeers: [x]\n", "m.yaml").status().message().find(
                 "m.yaml:3: peers[0]: expected {name, command}"), std::string::npos);
   EXPECT_FALSE(ParseMatrix("name: b\nspec: {name: j}\naxes: {[a]: [1]}\n", "m.yaml").ok());
+  // A peer's placeholder that names no axis would reach it as literal text: refused, with the nearest.
+  auto holes = ParseMatrix("name: b\nspec: {name: j}\naxes: {trainer.batch_size: [32]}\npeers:\n"
+                           "  - {name: p, command: [x, '--bs={trainer.batchsize}', '{repeat}', '{nope}', '{}']}\n",
+                           "m.yaml");
+  ASSERT_FALSE(holes.ok());
+  const std::string h = holes.status().message();
+  EXPECT_NE(h.find("m.yaml:5: peers[0].command[1]: {trainer.batchsize} names no axis of the matrix; did you mean "
+                   "{trainer.batch_size}?"), std::string::npos) << h;
+  EXPECT_NE(h.find("peers[0].command[3]: {nope} names no axis"), std::string::npos) << h;
+  EXPECT_EQ(h.find("command[2]"), std::string::npos) << h;
+  EXPECT_EQ(h.find("command[4]"), std::string::npos) << h;
 }
 
 Figures Made(const std::string& system, int workers, double epoch, double rate, const std::string& state = "succeeded") {
@@ -149,6 +160,10 @@ TEST(BenchResults, CompareFlagsThroughputDownAndEpochTimeUpPastTheThreshold) {
   const std::string table = Compare(a, b, 0.05, &regressions);
   EXPECT_EQ(regressions, 1) << table;
   EXPECT_NE(table.find("procs_per_node=2"), std::string::npos);
+  // A long point is shown whole, never cut.
+  std::vector<Figures> wide = {Made("trainctl", 1, 10, 100)};
+  wide[0].point.emplace_back("trainer.optimizer.weight_decay_of_a_long_name", "0.000128");
+  EXPECT_NE(Compare(wide, wide, 0.05, &regressions).find("weight_decay_of_a_long_name=0.000128 "), std::string::npos);
   EXPECT_NE(table.find("REGRESSION"), std::string::npos);
   Compare(a, a, 0.05, &regressions);
   EXPECT_EQ(regressions, 0);

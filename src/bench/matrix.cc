@@ -3,10 +3,13 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <regex>
 #include <set>
 
 #include "common/fs.h"
+#include "common/strings.h"
 
 namespace trainctl::bench {
 namespace {
@@ -178,6 +181,24 @@ Result<Matrix> Parse(const std::string& text, const std::string& path) {
       m.target = n.Scalar();
     }
   }
+  // A peer's {field} must be a field the points give a value (or {repeat}); anything else would
+  // reach the peer as literal text.
+  std::vector<std::string> fields = {"repeat"};
+  for (const auto& [k, v] : m.axes) fields.push_back(k);
+  for (const auto& p : m.include) {
+    for (const auto& [k, v] : p) fields.push_back(k);
+  }
+  auto check_holes = [&](const YAML::Node& at, const std::string& field, const std::string& text) {
+    static const std::regex hole(R"(\{([A-Za-z_][A-Za-z0-9_.\[\]-]*)\})");
+    for (std::sregex_iterator it(text.begin(), text.end(), hole), end; it != end; ++it) {
+      const std::string name = (*it)[1];
+      if (std::find(fields.begin(), fields.end(), name) != fields.end()) continue;
+      const std::string near = ClosestMatch(name, fields);
+      error(at, field, "{" + name + "} names no axis of the matrix" +
+                           (near.empty() ? "" : "; did you mean {" + near + "}?") + " (placeholders: {" +
+                           Join(fields, "}, {") + "})");
+    }
+  };
   if (const YAML::Node n = root["peers"]) {
     if (!n.IsSequence()) error(n, "peers", "expected a list of {name, command}");
     std::set<std::string> names = {"trainctl"};
@@ -197,12 +218,16 @@ Result<Matrix> Parse(const std::string& text, const std::string& path) {
         error(n[i], field + ".command", "expected the program and its arguments as a list");
       } else {
         for (const auto& a : c) p.command.push_back(a.IsScalar() ? a.Scalar() : Text(a));
+        for (size_t j = 0; j < c.size(); ++j) {
+          check_holes(c[j], field + ".command[" + std::to_string(j) + "]", p.command[j]);
+        }
       }
       if (const YAML::Node w = n[i]["workers"]) {
         int count = 0;
         if (w.IsScalar() && (w.Scalar().find('{') != std::string::npos ||
                              (YAML::convert<int>::decode(w, count) && count >= 1 && count <= 1000000))) {
           p.workers = w.Scalar();
+          check_holes(w, field + ".workers", p.workers);
         } else {
           error(w, field + ".workers", "expected the peer's number of worker processes, or \"{field}\"");
         }
@@ -300,6 +325,12 @@ Result<JobSpec> ExperimentSpec(const Matrix& m, const std::string& base_file, co
   YAML::Emitter quoted;
   quoted << YAML::DoubleQuoted << output_dir;
   src.sets.push_back(std::string("output_dir=") + quoted.c_str());
+  // Its own job name, so `ps` and `logs JOB` keep the spec's name for the user's own runs.
+  std::string name = "bench-";
+  for (char c : m.name) name += std::isalnum(static_cast<unsigned char>(c)) ? static_cast<char>(std::tolower(c)) : '-';
+  name = name.substr(0, 63);
+  while (name.back() == '-') name.pop_back();
+  src.sets.push_back("name=" + name);
   ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(src));
   spec.trainer.seed += repeat;
   return spec;

@@ -96,9 +96,29 @@ std::string ShortLabel(const std::string& system, const Point& p, bool workers =
 
 const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
 
+// One colour per series (by its label: a system and point), the same in every chart of the
+// report, in the order they first appear.
+class Palette {
+ public:
+  const char* operator()(const std::string& label) {
+    auto [it, fresh] = index_.try_emplace(label, index_.size());
+    return kColors[it->second % 8];
+  }
+
+ private:
+  std::map<std::string, size_t> index_;
+};
+
 struct Series {
   std::string name;
+  const char* color;
   std::vector<std::pair<double, double>> xy;
+};
+
+struct Bar {
+  std::string label;
+  double value;
+  const char* color;
 };
 
 // An SVG line chart with its axes, ticks and legend.
@@ -116,6 +136,18 @@ std::string LineChart(const std::string& id, const std::string& title, const std
   if (x1 == x0) x0 -= 1, x1 += 1;
   if (y1 <= y0) y1 = y0 + 1;
   y1 *= 1.05;
+  // Ticks on x: at the data's own values when they are a few whole numbers (workers: 1, 2, 4),
+  // else at five even steps.
+  std::set<double> xs;
+  for (const auto& s : series) {
+    for (auto [x, y] : s.xy) xs.insert(x);
+  }
+  const bool whole = xs.size() <= 12 && std::all_of(xs.begin(), xs.end(), [](double x) { return x == std::floor(x); });
+  std::vector<double> xticks(xs.begin(), xs.end());
+  if (!whole || xs.empty()) {
+    xticks.clear();
+    for (int i = 0; i <= 4; ++i) xticks.push_back(x0 + (x1 - x0) * i / 4);
+  }
   auto X = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
   auto Y = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
   std::string svg = "<svg id=\"" + id + "\" class=\"chart\" viewBox=\"0 0 640 320\" width=\"640\" height=\"320\" "
@@ -125,10 +157,12 @@ std::string LineChart(const std::string& id, const std::string& title, const std
          "\" y2=\"" + Fmt(H - B, "%.0f") + "\" class=\"axis\"/>";
   svg += "<line x1=\"" + Fmt(L, "%.0f") + "\" y1=\"" + Fmt(T, "%.0f") + "\" x2=\"" + Fmt(L, "%.0f") + "\" y2=\"" +
          Fmt(H - B, "%.0f") + "\" class=\"axis\"/>";
-  for (int i = 0; i <= 4; ++i) {
-    const double xv = x0 + (x1 - x0) * i / 4, yv = y0 + (y1 - y0) * i / 4;
+  for (double xv : xticks) {
     svg += "<text x=\"" + Fmt(X(xv), "%.1f") + "\" y=\"" + Fmt(H - B + 16, "%.0f") +
-           "\" text-anchor=\"middle\" class=\"tick\">" + Fmt(xv, "%.4g") + "</text>";
+           "\" text-anchor=\"middle\" class=\"tick xtick\">" + Fmt(xv, "%.4g") + "</text>";
+  }
+  for (int i = 0; i <= 4; ++i) {
+    const double yv = y0 + (y1 - y0) * i / 4;
     svg += "<text x=\"" + Fmt(L - 6, "%.0f") + "\" y=\"" + Fmt(Y(yv) + 4, "%.1f") +
            "\" text-anchor=\"end\" class=\"tick\">" + Fmt(yv, "%.4g") + "</text>";
   }
@@ -137,7 +171,7 @@ std::string LineChart(const std::string& id, const std::string& title, const std
   svg += "<text x=\"14\" y=\"" + Fmt((T + H - B) / 2, "%.0f") + "\" transform=\"rotate(-90 14 " +
          Fmt((T + H - B) / 2, "%.0f") + ")\" text-anchor=\"middle\" class=\"label\">" + Html(ylabel) + "</text>";
   for (size_t i = 0; i < series.size(); ++i) {
-    const char* color = kColors[i % 8];
+    const char* color = series[i].color;
     std::string pts;
     for (auto [x, y] : series[i].xy) pts += Fmt(X(x), "%.1f") + "," + Fmt(Y(y), "%.1f") + " ";
     svg += "<polyline class=\"series\" fill=\"none\" stroke=\"" + std::string(color) + "\" stroke-width=\"2\" points=\"" +
@@ -156,30 +190,35 @@ std::string LineChart(const std::string& id, const std::string& title, const std
   return svg + "</svg>";
 }
 
-// An SVG bar chart, one bar per label.
+// An SVG bar chart, one bar per label; the labels stand upright under their bars, whole: the
+// chart grows as tall as the longest needs.
 std::string BarChart(const std::string& id, const std::string& title, const std::string& ylabel,
-                     const std::vector<std::pair<std::string, double>>& bars) {
-  const double W = 640, H = 320, L = 60, T = 30, B = 90;
+                     const std::vector<Bar>& bars) {
+  size_t longest = 0;
+  for (const auto& b : bars) longest = std::max(longest, b.label.size());
+  const double W = 640, T = 30, L = 60, B = 16 + 6.0 * static_cast<double>(std::min<size_t>(longest, 120)), H = 230 + B;
   double top = 0;
-  for (const auto& b : bars) top = std::max(top, b.second);
+  for (const auto& b : bars) top = std::max(top, b.value);
   if (top <= 0) top = 1;
   top *= 1.1;
   const double slot = (W - L - 20) / std::max<size_t>(1, bars.size());
-  std::string svg = "<svg id=\"" + id + "\" class=\"chart\" viewBox=\"0 0 640 320\" width=\"640\" height=\"320\" "
-                    "xmlns=\"http://www.w3.org/2000/svg\" role=\"img\" aria-label=\"" + Html(title) + "\">";
+  const std::string height = Fmt(H, "%.0f");
+  std::string svg = "<svg id=\"" + id + "\" class=\"chart\" viewBox=\"0 0 640 " + height + "\" width=\"640\" height=\"" +
+                    height + "\" xmlns=\"http://www.w3.org/2000/svg\" role=\"img\" aria-label=\"" + Html(title) + "\">";
   svg += "<text x=\"320\" y=\"18\" text-anchor=\"middle\" class=\"title\">" + Html(title) + "</text>";
   svg += "<line x1=\"60\" y1=\"" + Fmt(H - B, "%.0f") + "\" x2=\"620\" y2=\"" + Fmt(H - B, "%.0f") + "\" class=\"axis\"/>";
   svg += "<text x=\"14\" y=\"" + Fmt((T + H - B) / 2, "%.0f") + "\" transform=\"rotate(-90 14 " +
          Fmt((T + H - B) / 2, "%.0f") + ")\" text-anchor=\"middle\" class=\"label\">" + Html(ylabel) + "</text>";
   for (size_t i = 0; i < bars.size(); ++i) {
-    const double h = bars[i].second / top * (H - T - B), x = L + slot * i + slot * 0.15;
+    const double h = bars[i].value / top * (H - T - B), x = L + slot * i + slot * 0.15;
     svg += "<rect class=\"bar\" x=\"" + Fmt(x, "%.1f") + "\" y=\"" + Fmt(H - B - h, "%.1f") + "\" width=\"" +
-           Fmt(slot * 0.7, "%.1f") + "\" height=\"" + Fmt(h, "%.1f") + "\" fill=\"" + kColors[i % 8] + "\"/>";
+           Fmt(slot * 0.7, "%.1f") + "\" height=\"" + Fmt(h, "%.1f") + "\" fill=\"" + bars[i].color + "\"/>";
     svg += "<text x=\"" + Fmt(x + slot * 0.35, "%.1f") + "\" y=\"" + Fmt(H - B - h - 4, "%.1f") +
-           "\" text-anchor=\"middle\" class=\"tick\">" + Fmt(bars[i].second, "%.3g") + "</text>";
-    const double lx = x + slot * 0.35, ly = H - B + 12;
-    svg += "<text x=\"" + Fmt(lx, "%.1f") + "\" y=\"" + Fmt(ly, "%.1f") + "\" transform=\"rotate(30 " +
-           Fmt(lx, "%.1f") + " " + Fmt(ly, "%.1f") + ")\" class=\"tick\">" + Html(bars[i].first.substr(0, 40)) + "</text>";
+           "\" text-anchor=\"middle\" class=\"tick\">" + Fmt(bars[i].value, "%.3g") + "</text>";
+    const double lx = x + slot * 0.35 + 3, ly = H - B + 6;
+    svg += "<text x=\"" + Fmt(lx, "%.1f") + "\" y=\"" + Fmt(ly, "%.1f") + "\" transform=\"rotate(-90 " +
+           Fmt(lx, "%.1f") + " " + Fmt(ly, "%.1f") + ")\" text-anchor=\"end\" class=\"tick barlabel\">" +
+           Html(bars[i].label.substr(0, 120)) + "</text>";
   }
   return svg + "</svg>";
 }
@@ -415,10 +454,13 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
   }
   RETURN_IF_ERROR(AtomicWriteFile(dir + "/results.csv", csv));
   // summary.md
-  auto pm = [](double mean, double sd, const char* f) { return mean < 0 ? std::string("-") : Fmt(mean, f) + " ± " + Fmt(sd, f); };
+  // A mean, ± its standard deviation when there is more than one run to have one.
+  auto pm = [](double mean, double sd, const char* f, int runs) {
+    return mean < 0 ? std::string("-") : runs < 2 ? Fmt(mean, f) : Fmt(mean, f) + " ± " + Fmt(sd, f);
+  };
   // The time to accuracy, and how many runs missed the target: "13.02 ± 0.15 (1/5 missed)".
   auto tta_text = [&](const Aggregate& a) {
-    std::string t = pm(a.tta_mean, a.tta_std, "%.2f");
+    std::string t = pm(a.tta_mean, a.tta_std, "%.2f", a.runs);
     if (a.missed > 0) t += " (" + std::to_string(a.missed) + "/" + std::to_string(a.runs) + " missed)";
     return t;
   };
@@ -432,9 +474,9 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
                    "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& a : aggs) {
     md += "| " + a.system + " | " + PointText(a.point) + " | " + std::to_string(a.workers) + " | " +
-          std::to_string(a.succeeded) + "/" + std::to_string(a.runs) + " | " + pm(a.wall_mean, a.wall_std, "%.2f") +
-          " | " + pm(a.epoch_mean, a.epoch_std, "%.3f") +
-          " | " + pm(a.rate_mean, a.rate_std, "%.0f") + " | " + (a.efficiency < 0 ? "-" : Fmt(a.efficiency, "%.3f")) +
+          std::to_string(a.succeeded) + "/" + std::to_string(a.runs) + " | " + pm(a.wall_mean, a.wall_std, "%.2f", a.succeeded) +
+          " | " + pm(a.epoch_mean, a.epoch_std, "%.3f", a.succeeded) +
+          " | " + pm(a.rate_mean, a.rate_std, "%.0f", a.succeeded) + " | " + (a.efficiency < 0 ? "-" : Fmt(a.efficiency, "%.3f")) +
           " | " + (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + " | " +
           tta_text(a) + " | " + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + " | " +
           (a.comm_mean < 0 ? "-" : Fmt(a.comm_mean, "%.3f")) + " |\n";
@@ -455,23 +497,27 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
   for (const auto& a : aggs) {
     h += "<tr><td class=\"l\">" + Html(a.system) + "</td><td class=\"l\">" + Html(PointText(a.point)) + "</td><td>" +
          std::to_string(a.workers) + "</td><td>" + std::to_string(a.succeeded) + "/" + std::to_string(a.runs) +
-         "</td><td>" + Html(pm(a.wall_mean, a.wall_std, "%.2f")) + "</td><td>" + Html(pm(a.epoch_mean, a.epoch_std, "%.3f")) + "</td><td>" + Html(pm(a.rate_mean, a.rate_std, "%.0f")) +
+         "</td><td>" + Html(pm(a.wall_mean, a.wall_std, "%.2f", a.succeeded)) + "</td><td>" +
+         Html(pm(a.epoch_mean, a.epoch_std, "%.3f", a.succeeded)) + "</td><td>" + Html(pm(a.rate_mean, a.rate_std, "%.0f", a.succeeded)) +
          "</td><td>" + (a.efficiency < 0 ? "-" : Fmt(a.efficiency)) + "</td><td>" +
          (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + "</td><td>" + Html(tta_text(a)) +
          "</td><td>" + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + "</td></tr>";
   }
   h += "</table><div class=\"charts\">";
   // Throughput against workers, one line per system and group.
+  Palette color;
   std::map<std::string, Series> lines;
-  std::vector<std::pair<std::string, double>> eff, tta;
+  std::vector<Bar> eff, tta;
   for (const auto& a : aggs) {
     if (a.rate_mean > 0) {
       Series& s = lines[GroupOf(a.system, a.point)];
       s.name = ShortLabel(a.system, a.point, false);
+      s.color = color(s.name);
       s.xy.emplace_back(a.workers, a.rate_mean);
     }
-    if (a.efficiency >= 0) eff.emplace_back(ShortLabel(a.system, a.point), a.efficiency);
-    if (a.tta_mean > 0) tta.emplace_back(ShortLabel(a.system, a.point), a.tta_mean);
+    const std::string label = ShortLabel(a.system, a.point);
+    if (a.efficiency >= 0) eff.push_back({label, a.efficiency, color(label)});
+    if (a.tta_mean > 0) tta.push_back({label, a.tta_mean, color(label)});
   }
   std::vector<Series> tput;
   for (auto& [g, s] : lines) {
@@ -482,7 +528,7 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
   h += BarChart("efficiency", "Scaling efficiency (per-worker throughput vs. the fewest workers)", "efficiency", eff);
   std::vector<Series> loss;
   for (const auto& f : experiments) {
-    if (f.repeat == 0 && !f.loss.empty()) loss.push_back({ShortLabel(f.system, f.point), f.loss});
+    if (f.repeat == 0 && !f.loss.empty()) loss.push_back({ShortLabel(f.system, f.point), color(ShortLabel(f.system, f.point)), f.loss});
   }
   h += LineChart("loss", "Training loss", "step", "loss", loss);
   if (m.target_accuracy > 0) {
@@ -524,8 +570,11 @@ std::string Compare(const std::vector<Figures>& a, const std::vector<Figures>& b
   *regressions = 0;
   const auto aa = Aggregates(a), bb = Aggregates(b);
   std::string out;
-  char line[512];
-  std::snprintf(line, sizeof line, "%-48s %12s %12s %8s %12s %12s %8s\n", "system point", "A samples/s",
+  // The first column as wide as the longest system and point: never cut ("batch_size=128").
+  int width = 12;
+  for (const auto& x : bb) width = std::max(width, static_cast<int>(x.key.size()));
+  char line[1024];
+  std::snprintf(line, sizeof line, "%-*s %12s %12s %8s %12s %12s %8s\n", width, "system point", "A samples/s",
                 "B samples/s", "B/A", "A epoch s", "B epoch s", "B/A");
   out += line;
   for (const auto& x : bb) {
@@ -539,7 +588,7 @@ std::string Compare(const std::vector<Figures>& a, const std::vector<Figures>& b
     const bool worse = (rr > 0 && rr < 1 - threshold) || (er > 0 && er > 1 + threshold) ||
                        (it->succeeded > 0 && x.succeeded == 0);
     if (worse) ++*regressions;
-    std::snprintf(line, sizeof line, "%-48s %12s %12s %8s %12s %12s %8s%s\n", x.key.substr(0, 48).c_str(),
+    std::snprintf(line, sizeof line, "%-*s %12s %12s %8s %12s %12s %8s%s\n", width, x.key.substr(0, 900).c_str(),
                   Fmt(it->rate_mean, "%.1f").c_str(), Fmt(x.rate_mean, "%.1f").c_str(), Fmt(rr, "%.3f").c_str(),
                   Fmt(it->epoch_mean).c_str(), Fmt(x.epoch_mean).c_str(), Fmt(er, "%.3f").c_str(),
                   worse ? "  REGRESSION" : "");

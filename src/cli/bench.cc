@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,7 @@
 #include "bench/results.h"
 #include "bench/upload.h"
 #include "cli/verbs.h"
+#include "common/address.h"
 #include "common/duration.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
@@ -63,6 +65,22 @@ void PeerMetrics(const std::string& out) {
   (void)AtomicWriteFile(paths::MetricsJsonl(out), jsonl);
 }
 
+// Why a run failed, from the end of its output: the last exception or error line (Python's
+// "ValueError: ...", torchrun's "error: ..."), else the last line with words in it, not a
+// banner of "====" that torchrun prints after the error. ": LINE", or "" for no output.
+std::string Why(const std::string& log) {
+  static const std::regex error(R"(^\s*(\w+\.)*\w*(Error|Exception|Interrupt)\b.*:|\berror\b|\bERROR\b)", std::regex::icase);
+  const auto lines = SplitLines(ReadTail(log, 8000));
+  std::string words;
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    // torchrun's own exception, after its workers' (which is what failed), says only that they did.
+    if (it->find("ChildFailedError") != std::string::npos) continue;
+    if (std::regex_search(*it, error)) return ": " + *it;
+    if (words.empty() && std::any_of(it->begin(), it->end(), [](unsigned char c) { return std::isalnum(c); })) words = *it;
+  }
+  return words.empty() ? "" : ": " + words;
+}
+
 class BenchRun {
  public:
   BenchRun(bench::Matrix m, std::string dir, std::string base_file)
@@ -93,6 +111,7 @@ class BenchRun {
           errors += "point {" + key + "}:\n" + spec.status().message() + "\n";
           workers[key] = 0;
         } else {
+          ResolveProgramPaths(&*spec, ProgramBase(*spec, base_));
           if (first) {
             if (Status st = Preflight(*spec, base_); !st.ok()) errors += "point {" + key + "}:\n" + st.message() + "\n";
             workers[key] = spec->world_size();
@@ -205,10 +224,7 @@ class BenchRun {
         f.state = !code.ok() ? "pending" : std::atoi(code->c_str()) == 0 ? "succeeded" : "failed";
         f.exit_code = code.ok() ? std::atoi(code->c_str()) : -1;
         PeerMetrics(out);
-        if (f.state == "failed") {
-          auto lines = SplitLines(ReadTail(out + "/stdout.log", 2000));
-          f.failure = "exit code " + std::to_string(f.exit_code) + (lines.empty() ? "" : ": " + lines.back());
-        }
+        if (f.state == "failed") f.failure = "exit code " + std::to_string(f.exit_code) + Why(out + "/stdout.log");
       }
       bench::ReadFigures(out, m_.target_accuracy, &f);
     }
@@ -256,6 +272,12 @@ class BenchRun {
     }
     SpawnOptions so;
     so.env = CurrentEnvironment();
+    if (!m_.upload.url.empty()) {
+      // The upload's credentials are bench's, not the experiments': what they print is uploaded.
+      so.env.erase(std::remove_if(so.env.begin(), so.env.end(), [](const std::string& kv) {
+                     return kv.rfind("AWS_SECRET_ACCESS_KEY=", 0) == 0 || kv.rfind("AWS_SESSION_TOKEN=", 0) == 0;
+                   }), so.env.end());
+    }
     const std::string config = dir_ + "/experiments/" + e.id + "/config";
     std::string log = out + (e.system == "trainctl" ? "/bench.log" : "/stdout.log");
     if (m_.target == "slurm") {
@@ -323,8 +345,7 @@ class BenchRun {
     if (f.state == "failed" && f.failure.empty()) {  // no failure record (a peer): its last line
       std::string log = out + (e.system == "trainctl" ? "/bench.log" : "/stdout.log");
       if (m_.target == "slurm" && e.system == "trainctl") log = out + "/sbatch.log";
-      auto lines = SplitLines(ReadTail(log, 2000));
-      f.failure = exit.Describe() + (lines.empty() ? "" : ": " + lines.back());
+      f.failure = exit.Describe() + Why(log);
     }
     std::fprintf(stderr, "trainctl bench: %s %s in %.1f s\n", e.id.c_str(), f.state.c_str(), f.wall_seconds);
     (void)bench::WriteResults(dir_, m_, figures_);
@@ -414,6 +435,17 @@ int RunBench(const BenchFlags& f) {
   const bool argo = f.format == "argo" || (m->target == "k8s" && f.collect.empty());
   if (!m->upload.url.empty() && !argo) {
     if (Status st = bench::CheckUpload(m->upload); !st.ok()) return Fail("bench", st);
+    const std::string& ep = m->upload.endpoint;
+    if (ep.rfind("http://", 0) == 0) {
+      const std::string host_port = ep.substr(7, ep.find('/', 7) == std::string::npos ? std::string::npos : ep.find('/', 7) - 7);
+      const std::string host = host_port[0] == '[' ? host_port.substr(1, host_port.find(']') - 1)
+                                                   : host_port.substr(0, host_port.rfind(':'));
+      if (!IsLoopbackHost(host)) {
+        std::fprintf(stderr, "trainctl bench: warning: upload.endpoint %s is plain http: the results and your access "
+                             "key id cross the network unencrypted (requests are signed; the secret key is not "
+                             "sent); use https://\n", ep.c_str());
+      }
+    }
   }
   if (m->target == "slurm" && !argo && f.collect.empty() && !FindExecutable("sbatch", CurrentEnvironment()).ok()) {
     return Fail("bench", InvalidArgument("target slurm submits each experiment with sbatch, which is not on the PATH"));
