@@ -131,6 +131,10 @@ TEST_F(DashboardTest, ThePageShowsJobsCurvesLogsAndEvalInChromiumAndEscapesWhatR
   EXPECT_EQ(hostile.find("<img src=\"x\""), std::string::npos);
   EXPECT_TRUE(std::regex_search(hostile, std::regex("<td>worker-1</td><td>\\d+</td>"))) << hostile;
   EXPECT_NE(hostile.find("<p id=\"run-timeline\" hidden=\"\">"), std::string::npos) << hostile;
+  // A run of its own program has no curves: each chart says so instead of drawing empty axes.
+  EXPECT_EQ(CountLines(std::regex_replace(hostile, std::regex("class=\"empty\">none: this job runs its own program"),
+                                          "\n@empty@\n"), "@empty@"), 3) << hostile;
+  EXPECT_EQ(trained.find("class=\"empty\""), std::string::npos) << trained;
 }
 
 // A run's curves follow its metrics.jsonl as it grows (each poll reads only what was appended: a
@@ -183,6 +187,9 @@ TEST_F(DashboardTest, MetricsPassPromtoolAndARealPrometheusScrapesThem) {
   s_.Write("metrics.txt", metrics->body);
   auto checked = RunProgram({"sh", "-c", "promtool check metrics < metrics.txt"}, s_.path(""));
   EXPECT_EQ(checked.exit.code, 0) << checked.output << metrics->body;
+  // Bucket bounds as written (the shortest form that reads back), not as doubles print at 17 digits.
+  EXPECT_NE(metrics->body.find(",le=\"0.005\"}"), std::string::npos) << metrics->body;
+  EXPECT_EQ(metrics->body.find("00000000"), std::string::npos) << metrics->body;
   // What the run's own records say it did.
   int steps = 0;
   for (const auto& line : SplitLines(s_.Read("trained/metrics.jsonl"))) {
@@ -224,6 +231,50 @@ TEST_F(DashboardTest, MetricsPassPromtoolAndARealPrometheusScrapesThem) {
   EXPECT_EQ(j["data"]["result"][0]["metric"]["job"], "trained") << "the run's job label (honor_labels)\n" << answer;
   ::kill(*prometheus, SIGTERM);
   ::waitpid(*prometheus, nullptr, 0);
+}
+
+}  // namespace
+}  // namespace trainctl::testing
+
+namespace trainctl::testing {
+namespace {
+
+// A failed job of roles (a parameter server and a worker) of its own program: the log view opens
+// on the worker's log, not the parameter server's; the eval view says why there is no model; a
+// test accuracy of one point is drawn as a point on a scale around it, not from below zero.
+TEST(DashboardViews, AFailedJobOfRolesShowsItsWorkerAndWhyThereIsNoModel) {
+  Scratch s;
+  const Env env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+  s.Write("roles.yaml", "name: roles\nrestart: {max_restarts: 0}\ntimeouts: {stop_grace: 2s}\noutput_dir: " +
+                            s.path("out") + "\nroles:\n  - {name: ps, command: [sh, -c, 'echo serving; sleep 60']}\n"
+                            "  - {name: worker, command: [sh, -c, 'echo training here; sleep 1; exit 1']}\n");
+  auto r = Trainctl({"run", "roles.yaml"}, s.path(""), seconds(60), env);
+  ASSERT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
+  s.Write("out/metrics.jsonl", "{\"step\": 1, \"loss\": 2.0}\n{\"step\": 5, \"test_accuracy\": 0.92}\n");
+  const std::string id = nlohmann::json::parse(s.Read("out/status.json"))["run_id"];
+  Background dashboard({"dashboard"}, s.path(""), s.path("dash.log"), env);
+  const Url url = WaitForUrl(s, "dash.log");
+  httplib::Client client(url.host, url.port);
+  auto run = nlohmann::json::parse(client.Get("/api/runs/" + id + "?token=" + url.token)->body);
+  EXPECT_EQ(run["task_names"], nlohmann::json({"ps-0", "worker-0"})) << run;
+  auto page = RunProgram({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu",
+                          "--virtual-time-budget=10000", "--dump-dom",
+                          "http://" + url.host + ":" + std::to_string(url.port) + "/?token=" + url.token + "#" + id},
+                         s.path(""));
+  ASSERT_EQ(page.exit.code, 0) << page.output;
+  const std::string& dom = page.output;
+  EXPECT_NE(dom.find("training here"), std::string::npos) << "the worker's log\n" << dom;
+  EXPECT_EQ(dom.find("serving"), std::string::npos) << "the ps log\n" << dom;
+  EXPECT_NE(dom.find("rank 1 (worker-0)"), std::string::npos) << dom;
+  EXPECT_NE(dom.find("nothing to evaluate: this job runs its own program"), std::string::npos) << dom;
+  const size_t chart = dom.find("id=\"chart-accuracy\"");
+  ASSERT_NE(chart, std::string::npos);
+  const std::string accuracy = dom.substr(chart, dom.find("</svg>", chart) - chart);
+  EXPECT_NE(accuracy.find("class=\"point\""), std::string::npos) << accuracy;
+  EXPECT_NE(accuracy.find(">0.966<"), std::string::npos) << accuracy;
+  EXPECT_NE(accuracy.find(">0.874<"), std::string::npos) << accuracy;
+  ::kill(dashboard.pid(), SIGTERM);
+  EXPECT_EQ(dashboard.Wait(seconds(30)).code, 0);
 }
 
 }  // namespace

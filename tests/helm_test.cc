@@ -144,6 +144,7 @@ TEST(Helm, ChartFilesLabelsTokenAndPackage) {
   EXPECT_EQ(values["name"].as<std::string>(), "fashion-mnist");
   EXPECT_EQ(values["resources"]["memory"].as<std::string>(), "2Gi");
   EXPECT_FALSE(values["timeouts"]) << "defaults stay out of the values";
+  EXPECT_NE(ReadFile(chart + "/values.yaml")->find("lr: 0.05\n"), std::string::npos) << "no float noise";
   YAML::Node meta = YAML::LoadFile(chart + "/Chart.yaml");
   EXPECT_EQ(meta["apiVersion"].as<std::string>(), "v2");
   EXPECT_EQ(meta["name"].as<std::string>(), "fashion-mnist");

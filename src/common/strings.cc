@@ -1,6 +1,9 @@
 #include "common/strings.h"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 
@@ -31,6 +34,38 @@ std::string ClosestMatch(std::string_view word, const std::vector<std::string>& 
     }
   }
   return best;
+}
+
+std::string SafeForTerminal(std::string_view line, bool keep_colors) {
+  std::string out;
+  out.reserve(line.size());
+  for (size_t i = 0; i < line.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(line[i]);
+    if (c == 0x1b && keep_colors && i + 1 < line.size() && line[i + 1] == '[') {
+      size_t j = i + 2;  // SGR: digits and ';' then 'm'
+      while (j < line.size() && (std::isdigit(static_cast<unsigned char>(line[j])) || line[j] == ';')) ++j;
+      if (j < line.size() && line[j] == 'm') {
+        out.append(line.substr(i, j - i + 1));
+        i = j;
+        continue;
+      }
+    }
+    if ((c < 0x20 && c != '\t') || c == 0x7f) {
+      out += '^';
+      out += static_cast<char>(c == 0x7f ? '?' : c + 0x40);
+      continue;
+    }
+    out += static_cast<char>(c);
+  }
+  return out;
+}
+
+std::string ShortestNumber(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
 }
 
 std::string Join(const std::vector<std::string>& parts, std::string_view sep) {

@@ -166,13 +166,16 @@ std::string ProgressLine(int64_t epoch, int64_t epochs, int64_t step, int64_t st
   int64_t filled = steps > 0 ? std::min<int64_t>(width, step * width / steps) : 0;
   std::string bar(filled, '#');
   bar.append(width - filled, '.');
-  char buf[256];
+  // The bar covers this epoch, and so does its ETA; the whole job's follows when more epochs come.
+  auto text = [](double s) { return FormatDuration(std::chrono::milliseconds(int64_t(std::max(0.0, s) * 1000))); };
+  const int64_t left_here = std::max<int64_t>(0, steps - step), left_after = std::max<int64_t>(0, epochs - epoch) * steps;
+  const double epoch_eta = left_here + left_after > 0 ? eta_seconds * double(left_here) / double(left_here + left_after) : 0;
+  const std::string eta = left_after > 0 ? text(epoch_eta) + " (job " + text(eta_seconds) + ")" : text(eta_seconds);
+  char buf[320];
   std::snprintf(buf, sizeof buf, "epoch %lld/%lld [%s] %3lld%% %lld/%lld loss %.4f %.0f samples/s ETA %s",
                 (long long)epoch, (long long)epochs, bar.c_str(),
                 (long long)(steps > 0 ? step * 100 / steps : 0), (long long)step, (long long)steps,
-                loss, samples_per_s,
-                FormatDuration(std::chrono::milliseconds(int64_t(std::max(0.0, eta_seconds) * 1000)))
-                    .c_str());
+                loss, samples_per_s, eta.c_str());
   return buf;
 }
 

@@ -94,7 +94,10 @@ TEST(JsonLines, WritesOneParsableObjectPerLineWithExactNumbers) {
 
 TEST(Progress, ShowsBarPercentAndEta) {
   std::string line = ProgressLine(2, 5, 50, 100, 0.5, 1000, 90, 10);
-  EXPECT_EQ(line, "epoch 2/5 [#####.....]  50% 50/100 loss 0.5000 1000 samples/s ETA 1m30s");
+  // 50 steps left in this epoch, 300 in the job: the bar's ETA is this epoch's, the job's follows.
+  EXPECT_EQ(line, "epoch 2/5 [#####.....]  50% 50/100 loss 0.5000 1000 samples/s ETA 12.857s (job 1m30s)");
+  EXPECT_EQ(ProgressLine(5, 5, 50, 100, 0.5, 1000, 30, 10),
+            "epoch 5/5 [#####.....]  50% 50/100 loss 0.5000 1000 samples/s ETA 30s");
 }
 
 // The spans of the steps asked for, back to back, as trace events a trace viewer places on its

@@ -18,11 +18,7 @@ namespace {
 // Upper bounds of the step-duration histogram, in seconds.
 const std::vector<double> kBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 
-std::string Number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
+std::string Number(double v) { return ShortestNumber(v); }
 
 }  // namespace
 

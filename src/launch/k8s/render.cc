@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/duration.h"
+#include "common/strings.h"
 #include "job/agent_command.h"
 #include "job/paths.h"
 
@@ -630,7 +631,7 @@ void Emit(YAML::Emitter& out, const json& j) {
     case json::value_t::boolean: out << j.get<bool>(); return;
     case json::value_t::number_integer: out << j.get<int64_t>(); return;
     case json::value_t::number_unsigned: out << j.get<uint64_t>(); return;
-    case json::value_t::number_float: out << j.get<double>(); return;
+    case json::value_t::number_float: out << ShortestNumber(j.get<double>()); return;
     default: out << YAML::Null; return;
   }
 }

@@ -7,7 +7,7 @@ const token = new URLSearchParams(location.search).get('token') || '';
 const SVG = 'http://www.w3.org/2000/svg';
 let selected = decodeURIComponent(location.hash.slice(1));
 let shownEval = '';
-let logRank = 0;
+let logRank = -1;  // -1: not chosen yet for this run
 
 function api(path) {
   return fetch(path + (path.includes('?') ? '&' : '?') + 'token=' + encodeURIComponent(token))
@@ -31,25 +31,35 @@ function svgEl(tag, attrs) {
   return e;
 }
 
-// A line chart of ys against xs in an SVG of 420 x 220 user units.
-function lineChart(svg, xs, ys) {
+// A line chart of ys against xs in an SVG of 420 x 220 user units; `empty` says why there are none.
+function lineChart(svg, xs, ys, empty) {
   const parts = [];
   const L = 46, R = 410, T = 10, B = 195;
   parts.push(svgEl('line', { class: 'axis', x1: L, y1: B, x2: R, y2: B }));
   parts.push(svgEl('line', { class: 'axis', x1: L, y1: T, x2: L, y2: B }));
-  if (xs.length > 0) {
+  const label = (x, y, text, anchor, cls) => {
+    const t = svgEl('text', { x, y, 'text-anchor': anchor });
+    if (cls) t.setAttribute('class', cls);
+    t.textContent = text;
+    return t;
+  };
+  if (xs.length === 0) {
+    parts.push(label((L + R) / 2, (T + B) / 2, empty, 'middle', 'empty'));
+  } else {
     const x0 = Math.min(...xs), x1 = Math.max(...xs);
     let y0 = Math.min(...ys), y1 = Math.max(...ys);
-    if (y1 === y0) { y1 += 1; y0 -= 1; }
+    if (y1 === y0) {  // one value: a band around it, not a range from below zero
+      const pad = Math.abs(y0) * 0.05 || 0.05;
+      y1 += pad;
+      y0 -= pad;
+    }
     const sx = (x) => L + (x1 === x0 ? 0.5 : (x - x0) / (x1 - x0)) * (R - L);
     const sy = (y) => B - ((y - y0) / (y1 - y0)) * (B - T);
     const d = xs.map((x, i) => (i ? 'L' : 'M') + sx(x).toFixed(1) + ' ' + sy(ys[i]).toFixed(1)).join(' ');
     parts.push(svgEl('path', { class: 'curve', d }));
-    const label = (x, y, text, anchor) => {
-      const t = svgEl('text', { x, y, 'text-anchor': anchor });
-      t.textContent = text;
-      return t;
-    };
+    if (xs.length <= 30) {  // points a reader can see, a single one included
+      xs.forEach((x, i) => parts.push(svgEl('circle', { class: 'point', cx: sx(x).toFixed(1), cy: sy(ys[i]).toFixed(1), r: 3 })));
+    }
     parts.push(label(L - 4, T + 8, y1.toPrecision(3), 'end'));
     parts.push(label(L - 4, B, y0.toPrecision(3), 'end'));
     parts.push(label(L, B + 14, 'step ' + x0, 'start'));
@@ -136,9 +146,13 @@ function renderRun(run) {
   document.getElementById('timeline-link').href =
     '/api/runs/' + encodeURIComponent(run.run_id) + '/timeline?token=' + encodeURIComponent(token);
   const tr = run.series.train, te = run.series.test;
-  lineChart(document.getElementById('chart-loss'), tr.step, tr.loss);
-  lineChart(document.getElementById('chart-throughput'), tr.step, tr.samples_per_s);
-  lineChart(document.getElementById('chart-accuracy'), te.step, te.accuracy);
+  const none = run.trainer === false
+    ? 'none: this job runs its own program (the built-in trainer records these)'
+    : run.alive ? 'none yet' : 'none recorded';
+  lineChart(document.getElementById('chart-loss'), tr.step, tr.loss, none);
+  lineChart(document.getElementById('chart-throughput'), tr.step, tr.samples_per_s, none);
+  lineChart(document.getElementById('chart-accuracy'), te.step, te.accuracy,
+            run.trainer === false || !run.alive ? none : 'none yet: measured at the end of each epoch');
   document.getElementById('no-workers').hidden = run.workers.length > 0;
   fillTable(document.querySelector('#workers tbody'), run.workers.map((w) => {
     const row = el('tr');
@@ -154,11 +168,17 @@ function renderRun(run) {
       (failure.last_lines && failure.last_lines.length ? '\n' + failure.last_lines.join('\n') : '');
   }
   const select = document.getElementById('log-rank');
+  const names = run.task_names || [];
   if (select.options.length !== run.ranks) {
-    select.replaceChildren(...Array.from({ length: run.ranks }, (_, i) => el('option', 'rank ' + i)));
+    select.replaceChildren(...Array.from({ length: run.ranks }, (_, i) =>
+      el('option', 'rank ' + i + (names[i] ? ' (' + names[i] + ')' : ''))));
+    if (logRank < 0) {  // a new run: its first chief's or worker's log, not a parameter server's
+      const first = names.findIndex((n) => /^(chief|worker)-/.test(n));
+      logRank = first >= 0 ? first : 0;
+    }
     select.selectedIndex = Math.min(logRank, run.ranks - 1);
   }
-  api('/api/runs/' + encodeURIComponent(run.run_id) + '/logs?rank=' + logRank).then((l) => {
+  api('/api/runs/' + encodeURIComponent(run.run_id) + '/logs?rank=' + Math.max(logRank, 0)).then((l) => {
     const pre = document.getElementById('log');
     const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
     pre.textContent = l.text;
@@ -186,7 +206,7 @@ function refresh() {
 
 window.addEventListener('hashchange', () => {
   selected = decodeURIComponent(location.hash.slice(1));
-  logRank = 0;
+  logRank = -1;
   document.getElementById('log-rank').replaceChildren();
   refresh();
 });
