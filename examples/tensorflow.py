@@ -1,14 +1,15 @@
 """A program that follows TensorFlow's distributed conventions and reads nothing but TF_CONFIG.
 
-TensorFlow is not installable here, so this stands in for a TF program the way Kubeflow's TFJob
-runs one: each task learns its type, its index and every peer's host:port from TF_CONFIG, serves
-on its own address, and talks to its peers over TCP.
+It stands in for your TensorFlow train.py (TensorFlow is not a Debian package) and runs the way
+Kubeflow's TFJob runs one: each task learns its type, its index and every peer's host:port from
+TF_CONFIG, serves on its own address, and talks to its peers over TCP. The standard library only.
+Results go to standard output, and to files in $OUT when it is set.
 
 - ps:        serves forever: answers each connection with "ps <index>".
 - worker:    asks every ps who it is, reports "worker <index> saw <ps answers>" to the chief,
              then serves forever (as a TF worker server does) until the job is over.
-- chief:     collects one report from every worker, writes them to $OUT/chief.txt, exits 0.
-- evaluator: checks that it is outside the cluster map, writes $OUT/evaluator.txt, exits 0.
+- chief:     collects one report from every worker, prints them (and writes $OUT/chief.txt), exits 0.
+- evaluator: checks that it is outside the cluster map, says so (and writes $OUT/evaluator.txt), exits 0.
 """
 import json
 import os
@@ -20,7 +21,14 @@ config = json.loads(os.environ["TF_CONFIG"])
 cluster = config["cluster"]
 kind = config["task"]["type"]
 index = config["task"]["index"]
-out = os.environ["OUT"]
+out = os.environ.get("OUT")
+
+
+def report(name, text):
+    print(text, end="", flush=True)
+    if out:
+        with open(os.path.join(out, name), "w") as f:
+            f.write(text)
 
 
 def split(addr):
@@ -60,8 +68,7 @@ def serve(server, answer):
 deadline = time.monotonic() + 60
 if kind == "evaluator":
     assert "evaluator" not in cluster, cluster
-    with open(os.path.join(out, "evaluator.txt"), "w") as f:
-        f.write("evaluator %d saw %s\n" % (index, ",".join(sorted(cluster))))
+    report("evaluator.txt", "evaluator %d saw %s\n" % (index, ",".join(sorted(cluster))))
 elif kind == "ps":
     serve(listen(cluster["ps"][index]), lambda request: "ps %d" % index)
 elif kind == "worker":
@@ -77,7 +84,6 @@ elif kind == "chief":
         with conn:
             reports.append(conn.makefile().readline().strip())
             conn.sendall(b"ok\n")
-    with open(os.path.join(out, "chief.txt"), "w") as f:
-        f.write("\n".join(sorted(reports)) + "\n")
+    report("chief.txt", "\n".join(sorted(reports)) + "\n")
 else:
     sys.exit("unknown task type " + kind)

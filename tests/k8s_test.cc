@@ -116,7 +116,7 @@ TEST(K8s, AProgramTrainctlsImageLacksIsWarnedAbout) {
   auto ddp = Trainctl({"render", "examples/ddp.yaml", "-o", s.path("ddp")}, kSrc);
   EXPECT_EQ(ddp.exit.code, 0) << ddp.output;
   EXPECT_NE(ddp.output.find("warning: examples/ddp.yaml: command: runs /usr/bin/python3, which trainctl's own image "
-                            "(trainctl:latest) does not have, and examples/ddp.py is a file on this machine, which "
+                            "(trainctl:latest) does not have, and ddp.py is a file on this machine, which "
                             "the pods do not see; set cluster.image"), std::string::npos) << ddp.output;
   EXPECT_NE(ddp.output.find("(docs/own-program.md)"), std::string::npos) << ddp.output;
   auto tf = Trainctl({"render", "examples/tensorflow.yaml", "-o", s.path("tf"), "--set",

@@ -24,7 +24,7 @@ class TfConfig : public ::testing::TestWithParam<int> {};
 TEST_P(TfConfig, AClientThatReadsOnlyTfConfigFindsItsPeers) {
   Scratch s;
   WriteSpec(s, "name: tf\nnodes: " + std::to_string(GetParam()) + R"(
-command: [)" TRAINCTL_TEST_PYTHON R"(, )" TRAINCTL_SOURCE_DIR R"(/tests/python/tf_config_client.py]
+command: [)" TRAINCTL_TEST_PYTHON R"(, )" TRAINCTL_SOURCE_DIR R"(/examples/tensorflow.py]
 env: {OUT: {out}}
 roles:
   - {name: ps, replicas: 2}

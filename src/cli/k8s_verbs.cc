@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@
 #include "common/random.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
+#include "job/runs.h"
 #include "launch/k8s/render.h"
 
 namespace trainctl::cli {
@@ -64,12 +66,29 @@ struct Common {
   std::string format = "job";
 };
 
-void AddCommon(CLI::App* cmd, Common* c) {
-  c->spec.Add(cmd);
+void AddCommon(CLI::App* cmd, Common* c, bool local_too = false) {
+  if (local_too) {
+    c->spec.Add(cmd, "job", "a job run on this machine, by its name (its newest run) or run id (trainctl ps lists "
+                     "them); or a Kubernetes job's spec file");
+  } else {
+    c->spec.Add(cmd);
+  }
   cmd->add_option("--format", c->format,
                   "what was submitted: job (Indexed Jobs), pytorchjob, tfjob, mpijob or trainjob")
       ->capture_default_str()
       ->check(CLI::IsMember(k8s::kFormats));
+}
+
+// status and logs without a job: which jobs there are to name (as kubectl logs wants its pod).
+Status NoJobGiven() {
+  std::vector<std::string> names;
+  for (const auto& e : runs::List()) {
+    if (std::find(names.begin(), names.end(), e.name) == names.end() && names.size() < 8) names.push_back(e.name);
+  }
+  return InvalidArgument("name the job: a job run on this machine by its name or run id (" +
+                         (names.empty() ? std::string("trainctl ps lists them; none has run yet")
+                                        : "recent: " + Join(names, ", ")) +
+                         "), or a Kubernetes job by its spec file");
 }
 
 std::string Selector(const JobSpec& s, const std::string& component = "") {
@@ -194,9 +213,13 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   static bool status_json = false;
   auto* status = app.add_subcommand("status", "A job's state (exit 3 if it failed): a job on this machine by its "
                                               "name or run id, or a submitted Kubernetes job by its spec and its pods");
-  AddCommon(status, &status_c);
+  AddCommon(status, &status_c, true);
   status->add_flag("--json", status_json, "print JSON");
   status->callback([code] {
+    if (status_c.spec.file.empty() && status_c.spec.files.empty()) {
+      *code = Fail("status", NoJobGiven());
+      return;
+    }
     if (IsLocalJob(status_c.spec)) {
       *code = LocalStatus(status_c.spec.file, status_json);
       return;
@@ -212,7 +235,7 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   static std::string component = "worker";
   auto* logs = app.add_subcommand("logs", "A job's output, each line prefixed with its task (a job on this "
                                           "machine by its name or run id) or its pod (a Kubernetes job by its spec)");
-  AddCommon(logs, &logs_c);
+  AddCommon(logs, &logs_c, true);
   logs->add_flag("--follow", follow, "keep streaming until the job ends (a -f without a file is --follow)");
   logs->add_option("--rank", log_rank, "a job on this machine: only this rank's output");
   logs->add_option("--role", log_role, "a job on this machine: only this role's tasks");
@@ -221,6 +244,10 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
       ->capture_default_str()
       ->check(CLI::IsMember({"worker", "stage", "eval", "tensorboard", "etcd"}));
   logs->callback([code] {
+    if (logs_c.spec.file.empty() && logs_c.spec.files.empty()) {
+      *code = Fail("logs", NoJobGiven());
+      return;
+    }
     if (IsLocalJob(logs_c.spec)) {
       *code = LocalLogs(logs_c.spec.file, follow, log_rank, log_role, log_since);
       return;

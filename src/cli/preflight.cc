@@ -12,7 +12,62 @@
 
 namespace trainctl::cli {
 
-Status Preflight(const JobSpec& spec, const std::string& spec_file) {
+namespace {
+
+// Where in `command` the script an interpreter runs is (python3 -u train.py, bash run.sh): its
+// index, or 0 when it runs none (python3 -c, python3 -m, sh -c) or is no interpreter.
+size_t ScriptIndex(const std::vector<std::string>& command) {
+  if (command.empty()) return 0;
+  const std::string exe = std::filesystem::path(command[0]).filename().string();
+  const bool python = exe.rfind("python", 0) == 0, shell = exe == "sh" || exe == "bash" || exe == "dash";
+  if (!python && !shell) return 0;
+  for (size_t i = 1; i < command.size(); ++i) {
+    const std::string& a = command[i];
+    if (a == "-c" || (python && a == "-m") || a == "-" || a == "--") return 0;
+    if (a.empty() || a[0] != '-') return i;
+    if ((python && (a == "-W" || a == "-X")) || (shell && a == "-o")) ++i;  // the option's value
+  }
+  return 0;
+}
+
+// `path` against `base`: "" when it is absolute, a bare name (a program on the PATH) or empty.
+std::string Against(const std::string& base, const std::string& path, bool bare_is_path) {
+  if (path.empty() || path[0] == '/' || (bare_is_path && path.find('/') == std::string::npos)) return "";
+  return (std::filesystem::path(base) / path).lexically_normal().string();
+}
+
+}  // namespace
+
+std::string ProgramBase(const JobSpec& spec, const std::string& spec_file) {
+  if (!spec.working_dir.empty()) return AbsolutePath(spec.working_dir);
+  if (spec_file.empty() || spec_file == "-" || !Exists(spec_file)) return AbsolutePath(".");
+  return std::filesystem::path(AbsolutePath(spec_file)).parent_path().string();
+}
+
+void ResolveProgramPaths(JobSpec* spec, const std::string& base) {
+  auto resolve = [&](std::vector<std::string>& command) {
+    if (command.empty()) return;
+    if (std::string p = Against(base, command[0], true); !p.empty()) command[0] = p;
+    if (size_t i = ScriptIndex(command); i > 0) {
+      if (std::string p = Against(base, command[i], false); !p.empty()) command[i] = p;
+    }
+  };
+  resolve(spec->command);
+  for (auto& role : spec->roles) resolve(role.command);
+}
+
+Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::vector<std::string>& sets) {
+  // Where a field's value came from: the --set that gave it (or a part of it), else the spec file.
+  auto source = [&](const std::string& field) {
+    for (auto it = sets.rbegin(); it != sets.rend(); ++it) {
+      const std::string key = it->substr(0, it->find('='));
+      auto within = [](const std::string& a, const std::string& b) {  // a is b or inside it
+        return a.rfind(b, 0) == 0 && (a.size() == b.size() || a[b.size()] == '.' || a[b.size()] == '[');
+      };
+      if (within(key, field) || within(field, key)) return "--set " + *it;
+    }
+    return spec_file;
+  };
   std::vector<std::string> problems;
   bool data_checked = false;
   const auto roles = JobRoles(spec, spec.nodes.max);
@@ -28,34 +83,35 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file) {
         char head[2] = {};
         std::ifstream in(ts, std::ios::binary);
         if (!in || IsDirectory(ts)) {
-          problems.push_back(spec_file + ": trainer.model.torchscript: " + ts + ": " +
+          problems.push_back(source("trainer.model.torchscript") + ": trainer.model.torchscript: " + ts + ": " +
                              (in ? "a directory" : std::strerror(errno)) +
                              "; expected a file saved with torch.jit.script(model).save(path)");
         } else if (!in.read(head, 2) || head[0] != 'P' || head[1] != 'K') {
-          problems.push_back(spec_file + ": trainer.model.torchscript: " + ts +
+          problems.push_back(source("trainer.model.torchscript") + ": trainer.model.torchscript: " + ts +
                              ": not a TorchScript module (a zip archive); expected a file saved with "
                              "torch.jit.script(model).save(path)");
         }
       }
       std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
       if (Status st = data::CheckDataDir(d.dataset, dir); !st.ok()) {
-        problems.push_back(spec_file + ": trainer.data: " + st.message());
+        problems.push_back(source("trainer.data") + ": trainer.data: " + st.message());
       }
       if (!d.test_dir.empty()) {
         if (Status st = data::CheckDataDir(d.dataset, d.test_dir); !st.ok()) {
-          problems.push_back(spec_file + ": trainer.data.test_dir: " + st.message());
+          problems.push_back(source("trainer.data.test_dir") + ": trainer.data.test_dir: " + st.message());
         }
       }
       continue;
     }
     std::vector<std::string> env = CurrentEnvironment();
     for (const auto& [k, v] : role.env) SetEnv(&env, k, v);
-    std::string program = role.command[0];
-    if (program.find('/') != std::string::npos && program[0] != '/' && !spec.working_dir.empty()) {
-      program = spec.working_dir + "/" + program;
-    }
-    if (auto found = FindExecutable(program, env); !found.ok()) {
-      problems.push_back(spec_file + ": " + field + ": " + found.status().message());
+    // Paths relative to the spec file's directory (or working_dir): ResolveProgramPaths.
+    if (auto found = FindExecutable(role.command[0], env); !found.ok()) {
+      problems.push_back(source(field) + ": " + field + ": " + found.status().message());
+    } else if (size_t i = ScriptIndex(role.command); i > 0 && !Exists(role.command[i])) {
+      problems.push_back(source(field) + ": " + field + "[" + std::to_string(i) + "]: " + role.command[i] + ": no such " +
+                         "script (" + (spec.working_dir.empty() ? "a relative path is relative to the spec file's directory"
+                                                                : "a relative path is relative to working_dir") + ")");
     }
   }
   // Directories the job writes: a file in the way, or a place it cannot write, would fail only
@@ -67,16 +123,16 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file) {
     while (!at.empty() && !Exists(at)) at = std::filesystem::path(at).parent_path().string();
     if (at.empty()) at = ".";
     if (at == dir && !IsDirectory(dir)) {
-      problems.push_back(spec_file + ": " + field + ": " + dir + " is a file, expected a directory");
+      problems.push_back(source(field) + ": " + field + ": " + dir + " is a file, expected a directory");
     } else if (IsDirectory(at) && ::access(at.c_str(), W_OK | X_OK) != 0) {
-      problems.push_back(spec_file + ": " + field + ": cannot write in " + at + " (" + std::strerror(errno) + ")");
+      problems.push_back(source(field) + ": " + field + ": cannot write in " + at + " (" + std::strerror(errno) + ")");
     } else if (!IsDirectory(at)) {
-      problems.push_back(spec_file + ": " + field + ": " + at + " is a file, expected a directory");
+      problems.push_back(source(field) + ": " + field + ": " + at + " is a file, expected a directory");
     }
   }
 #if !TRAINCTL_BUILT_WITH_NCCL
   if (spec.trainer.enabled && spec.trainer.device == "cuda") {
-    problems.push_back(spec_file + ": trainer.device: cuda needs a trainctl built with CUDA and NCCL "
+    problems.push_back(source("trainer.device") + ": trainer.device: cuda needs a trainctl built with CUDA and NCCL "
                                    "(scripts/dev gpu-build, see docs/trainer.md); this one is CPU-only");
   }
 #endif

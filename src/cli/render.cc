@@ -77,10 +77,11 @@ std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string&
     if (role.command.empty() || InTrainctlImage(role.command[0])) continue;  // the built-in trainer, or sh
     if (std::find(seen.begin(), seen.end(), role.command[0]) != seen.end()) continue;
     seen.push_back(role.command[0]);
-    std::string local;  // a script named by a relative path that exists only here
+    std::string local;  // a script named by a relative path that exists only here (next to the spec)
+    const std::string base = ProgramBase(spec, spec_file);
     for (size_t a = 1; a < role.command.size() + role.args.size(); ++a) {
       const std::string& arg = a < role.command.size() ? role.command[a] : role.args[a - role.command.size()];
-      if (!arg.empty() && arg[0] != '/' && arg[0] != '-' && Exists(arg) && !IsDirectory(arg)) {
+      if (!arg.empty() && arg[0] != '/' && arg[0] != '-' && Exists(base + "/" + arg) && !IsDirectory(base + "/" + arg)) {
         local = ", and " + arg + " is a file on this machine, which the pods do not see";
         break;
       }
@@ -94,11 +95,20 @@ std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string&
   return warnings;
 }
 
+// What `kubectl apply` of rendered manifests needs first: the store token's Secret, which no
+// manifest holds (trainctl submit and the Helm chart make it themselves). docs/cluster.md.
+static std::string TokenSecretHint(const JobSpec& s) {
+  const std::string secret = s.cluster.token_secret.empty() ? s.name + "-token" : s.cluster.token_secret;
+  return "before kubectl apply, create the store token's Secret once (trainctl submit does this itself):\n"
+         "  kubectl create secret generic " + secret + " -n " + s.cluster.namespace_ +
+         " --from-literal=token=\"$(openssl rand -hex 32)\"\n";
+}
+
 void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
-      "render", "Write what runs the job on a cluster engine: Kubernetes manifests (an Indexed "
-                "Job, or the Kubeflow PyTorchJob kind), a kustomize base with one overlay per "
-                "environment, or a Slurm batch script. Nothing is contacted; see docs/cluster.md");
+      "render", "Write what runs the job on a cluster engine: Kubernetes manifests (Indexed Jobs, or "
+                "Kubeflow's PyTorchJob, TFJob, MPIJob or TrainJob), a kustomize base with one overlay per "
+                "environment, a Helm chart, or a Slurm batch script. Nothing is contacted; see docs/cluster.md");
   struct Flags {
     SpecFlags spec;
     std::string target = "k8s";
@@ -220,7 +230,7 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
         *code = kExitError;
         return;
       }
-      std::printf("wrote %s/%s.yaml\n", f->out.c_str(), spec->name.c_str());
+      std::printf("wrote %s/%s.yaml\n%s", f->out.c_str(), spec->name.c_str(), TokenSecretHint(*spec).c_str());
       return;
     }
     if (f->out.empty()) {
@@ -256,8 +266,8 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
       return;
     }
     std::printf("wrote %zu files under %s: base/ and %zu overlay(s); apply one with "
-                "kubectl apply -k %s/overlays/NAME\n", files.size(), f->out.c_str(), envs.size(),
-                f->out.c_str());
+                "kubectl apply -k %s/overlays/NAME\n%s", files.size(), f->out.c_str(), envs.size(),
+                f->out.c_str(), TokenSecretHint(*spec).c_str());
   });
   (void)flags;
 }

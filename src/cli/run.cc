@@ -81,9 +81,10 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
     }
     spec->output_dir = AbsolutePath(spec->output_dir);
     spec->checkpoint_dir = AbsolutePath(spec->checkpoint_dir);
+    ResolveProgramPaths(&*spec, ProgramBase(*spec, spec_flags->Sources().files[0]));
     spec->working_dir = AbsolutePath(spec->working_dir);
     // A program that cannot start is a spec error, found now rather than as N worker crashes.
-    if (Status st = Preflight(*spec, spec_flags->Sources().files[0]); !st.ok()) {
+    if (Status st = Preflight(*spec, spec_flags->Sources().files[0], spec_flags->sets); !st.ok()) {
       std::fprintf(stderr, "%s\n", st.message().c_str());
       *code = kExitInvalidSpec;
       return;

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <nlohmann/json.hpp>
+
 #include "agent/worker_forks.h"
 #include "cli/verbs.h"
 #include "common/exit_codes.h"
@@ -13,6 +15,8 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/plugin.h"
+#include "job/paths.h"
+#include "job/runs.h"
 #include "train/entry.h"
 
 namespace trainctl::cli {
@@ -41,6 +45,34 @@ void ServeWorkersIfAsked(const GlobalFlags& flags) {
     (*entry)("preload", &o);
   }
   ServeForks(flags.argc, flags.argv);  // exits if LibTorch started a thread as it loaded
+}
+
+// A model as users name it: a model or checkpoint file, a checkpoint directory, a run's output
+// directory (its model.safetensors, else its checkpoints), or a job run here by its name or run id
+// (trainctl ps), as kubectl names a pod.
+Result<std::string> ModelPath(const std::string& arg) {
+  std::string dir = arg;
+  if (!Exists(arg)) {
+    auto run = runs::Find(arg);
+    if (!run.ok()) {
+      return NotFound(arg + ": no such model file or directory, nor a job run on this machine (trainctl ps lists "
+                      "them)");
+    }
+    dir = run->output_dir;
+  } else if (!IsDirectory(arg)) {
+    return arg;
+  }
+  if (Exists(paths::Model(dir))) return paths::Model(dir);
+  // A run's output directory whose run has not exported its model yet: its newest checkpoint.
+  std::string checkpoints;
+  if (auto job = ReadFile(paths::JobJson(dir), 1 << 20); job.ok()) {
+    auto j = nlohmann::json::parse(*job, nullptr, false);
+    if (j.is_object() && j.contains("checkpoint_dir") && j["checkpoint_dir"].is_string()) {
+      checkpoints = j["checkpoint_dir"].get<std::string>();
+    }
+  }
+  if (checkpoints.empty() || !IsDirectory(checkpoints)) checkpoints = dir + "/checkpoints";
+  return IsDirectory(checkpoints) ? checkpoints : dir;
 }
 
 }  // namespace
@@ -72,16 +104,22 @@ void AddEval(CLI::App& app, const GlobalFlags& flags, int* code) {
   CLI::App* cmd = app.add_subcommand(
       "eval", "Evaluate a trained model on its test set: overall and per-class accuracy and the "
               "confusion matrix");
+  auto* job = cmd->add_option("job", o->checkpoint,
+                              "a job run on this machine, by name or run id (trainctl ps): its model, or its newest "
+                              "checkpoint while it trains; the same as --checkpoint JOB");
   auto* checkpoint = cmd->add_option(
       "--checkpoint", o->checkpoint,
       "a model or checkpoint (.safetensors: <output_dir>/model.safetensors, or a "
-      "checkpoint file), or a checkpoint directory (its newest valid checkpoint)");
+      "checkpoint file), a checkpoint directory (its newest valid checkpoint), a run's output "
+      "directory, or a job's name or run id");
+  job->excludes(checkpoint);
   auto* watch = cmd->add_option(
       "--watch", o->watch,
       "a checkpoint directory: evaluate each checkpoint as it appears (a sidecar evaluator), "
       "appending test accuracy to metrics.jsonl and tensorboard/eval/ in --metrics-dir; ends "
       "once the run's final model.safetensors appears there, or on Ctrl-C");
   checkpoint->excludes(watch);
+  job->excludes(watch);
   cmd->add_option("--metrics-dir", o->metrics_dir,
                   "--watch: the run's output directory (default: the checkpoint directory's parent)")
       ->needs(watch);
@@ -99,10 +137,18 @@ void AddEval(CLI::App& app, const GlobalFlags& flags, int* code) {
       ->check(CLI::PositiveNumber);
   cmd->callback([o, code] {
     if (o->checkpoint.empty() == o->watch.empty()) {
-      std::fprintf(stderr, "trainctl eval: give a model with --checkpoint, or a checkpoint directory to "
-                           "follow with --watch\n");
+      std::fprintf(stderr, "trainctl eval: give a job (trainctl eval JOB) or a model with --checkpoint, or a "
+                           "checkpoint directory to follow with --watch\n");
       *code = kExitInvalidSpec;
       return;
+    }
+    if (!o->checkpoint.empty()) {
+      auto model = ModelPath(o->checkpoint);
+      if (!model.ok()) {
+        *code = Fail("eval", model.status());
+        return;
+      }
+      o->checkpoint = *model;
     }
     if (!o->watch.empty() && !IsDirectory(o->watch)) {
       std::fprintf(stderr, "trainctl eval: --watch %s: not a directory\n", o->watch.c_str());
@@ -119,7 +165,8 @@ void AddPredict(CLI::App& app, const GlobalFlags& flags, int* code) {
   CLI::App* cmd = app.add_subcommand(
       "predict", "Try a trained model on images: the most likely classes of each, with their probabilities");
   cmd->add_option("--checkpoint", o->checkpoint,
-                  "a model or checkpoint (.safetensors), or a checkpoint directory (its newest valid checkpoint)")
+                  "a model or checkpoint (.safetensors), a checkpoint directory (its newest valid checkpoint), "
+                  "a run's output directory, or a job run on this machine by name or run id (trainctl ps)")
       ->required();
   cmd->add_option("images", o->images,
                   "PNG, PGM or PPM files of the model's size (grey and colour converted as the model needs), "
@@ -131,7 +178,15 @@ void AddPredict(CLI::App& app, const GlobalFlags& flags, int* code) {
       ->capture_default_str()
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--threads", o->threads, "compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
-  cmd->callback([o, code] { *code = CallPlugin("predict", o.get()); });
+  cmd->callback([o, code] {
+    auto model = ModelPath(o->checkpoint);
+    if (!model.ok()) {
+      *code = Fail("predict", model.status());
+      return;
+    }
+    o->checkpoint = *model;
+    *code = CallPlugin("predict", o.get());
+  });
 }
 
 }  // namespace trainctl::cli

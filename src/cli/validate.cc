@@ -15,8 +15,8 @@ int Fail(const std::string& verb, const Status& st) {
   return st.code() == Code::kNotFound || st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
 }
 
-void SpecFlags::Add(CLI::App* cmd) {
-  cmd->add_option("spec", file, "the job spec (YAML)");
+void SpecFlags::Add(CLI::App* cmd, const std::string& name, const std::string& what) {
+  cmd->add_option(name, file, what);
   cmd->add_option("-f,--file", files,
                   "more spec files, layered in order over the first (maps merge, the rest "
                   "replaces, null deletes)")
@@ -32,6 +32,18 @@ SpecSources SpecFlags::Sources() const {
   s.files.insert(s.files.end(), files.begin(), files.end());
   s.sets = sets;
   return s;
+}
+
+std::string NearestFlag(const CLI::App& cmd, const std::string& arg) {
+  const std::string word = arg.substr(0, arg.find('='));
+  std::vector<std::string> flags;
+  for (const CLI::App* at = &cmd; at != nullptr; at = at->get_parent()) {
+    for (const CLI::Option* o : at->get_options()) {
+      for (const auto& l : o->get_lnames()) flags.push_back("--" + l);
+      for (const auto& s : o->get_snames()) flags.push_back("-" + s);
+    }
+  }
+  return ClosestMatch(word, flags);
 }
 
 std::string AbsolutePath(const std::string& path) {
@@ -70,7 +82,9 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = kExitInvalidSpec;
       return;
     }
-    if (Status st = *fields_only ? Status::Ok() : Preflight(*spec, spec_flags->Sources().files[0]); !st.ok()) {
+    const std::string spec_file = spec_flags->Sources().files[0];
+    if (!*fields_only) ResolveProgramPaths(&*spec, ProgramBase(*spec, spec_file));
+    if (Status st = *fields_only ? Status::Ok() : Preflight(*spec, spec_file, spec_flags->sets); !st.ok()) {
       std::fprintf(stderr, "%s\n", st.message().c_str());
       *code = kExitInvalidSpec;
       return;

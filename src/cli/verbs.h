@@ -40,7 +40,7 @@ struct SpecFlags {
   std::string file;
   std::vector<std::string> files;
   std::vector<std::string> sets;
-  void Add(CLI::App* cmd);
+  void Add(CLI::App* cmd, const std::string& name = "spec", const std::string& what = "the job spec (YAML)");
   SpecSources Sources() const;
 };
 
@@ -55,12 +55,25 @@ bool IsLocalJob(const SpecFlags& flags);
 int LocalStatus(const std::string& job, bool as_json);
 int LocalLogs(const std::string& job, bool follow, int rank, const std::string& role, const std::string& since);
 
+// The flag of `cmd` (or of trainctl itself) nearest to `arg` ("--sett" or "--sett=x": "--set"); ""
+// when none is near.
+std::string NearestFlag(const CLI::App& cmd, const std::string& arg);
+
 // `path` made absolute against the current directory and normalized; "" stays "".
 std::string AbsolutePath(const std::string& path);
 
+// The directory relative paths in a spec's commands are resolved against: working_dir when the
+// spec sets one (the workers run there), else the directory of the spec file (`spec_file`; the
+// current directory for "-" or a command line).
+std::string ProgramBase(const JobSpec& spec, const std::string& spec_file);
+// Makes each command's program and script (python3 train.py, sh run.sh) absolute against `base`
+// (ProgramBase), as a local run starts them; a command looked up on the PATH stays as it is.
+void ResolveProgramPaths(JobSpec* spec, const std::string& base);
+
 // What can never succeed, found before anything starts: a program that cannot be run, a missing
 // dataset. Every problem, one per line, each starting with `spec_file`.
-Status Preflight(const JobSpec& spec, const std::string& spec_file);
+// A problem with a field that a --set in `sets` gave is blamed on that --set.
+Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::vector<std::string>& sets = {});
 
 // What renders for Kubernetes but would not run there: a program that trainctl's own image lacks
 // (python3, torchrun...), a script that is a file on this machine only. One line each, to print

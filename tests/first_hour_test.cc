@@ -1,0 +1,176 @@
+// A new user's first hour, from a directory other than the checkout: every example runs as
+// shipped, jobs are named as kubectl names pods (logs, status, eval, predict), mistakes are named
+// with what was meant, and trainctl installs onto PATH. docs/cli.md, README's Quick start.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/exit_codes.h"
+#include "tests/test_util.h"
+
+namespace trainctl::testing {
+namespace {
+
+using std::chrono::seconds;
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+const std::string kSrc = TRAINCTL_SOURCE_DIR;
+
+// Each example as shipped, run from a scratch directory (its program paths are relative to the
+// spec's own directory, not to where trainctl runs), made brief with --set; the trained ones then
+// evaluated and tried by their job's name.
+TEST(FirstHour, EveryExampleRunsAsShippedFromAnotherDirectory) {
+  Scratch s;
+  const Env env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+  const std::vector<std::string> brief_training = {
+      "--set", "trainer.epochs=1", "--set", "trainer.data.limit=256", "--set", "trainer.data.test_limit=64",
+      "--set", "trainer.threads=1"};
+  struct Example {
+    std::string file;
+    std::vector<std::string> sets;
+    std::string shows;  // a line of its output
+  };
+  std::vector<Example> examples = {
+      {"hello.yaml", {}, "hello from rank 3 of 4"},
+      {"ddp.yaml", {"--set", "env.STEPS=3", "--set", "nodes=1"}, "step   2  loss"},
+      {"tensorflow.yaml", {"--set", "roles[1].replicas=2"}, "worker 1 saw ps 0,ps 1"},
+      {"fashion-mnist.yaml", brief_training, "test accuracy"},
+      {"your-model.yaml", brief_training, "test accuracy"},
+      {"parameter-server.yaml", brief_training, "[chief-0]"},
+  };
+  std::vector<std::string> shipped;
+  for (const auto& e : std::filesystem::directory_iterator(kSrc + "/examples")) {
+    if (e.path().extension() == ".yaml") shipped.push_back(e.path().filename());
+  }
+  EXPECT_EQ(shipped.size(), examples.size()) << "an example without a test here";
+  for (const auto& e : examples) {
+    std::vector<std::string> argv = {"run", kSrc + "/examples/" + e.file};
+    argv.insert(argv.end(), e.sets.begin(), e.sets.end());
+    auto v = Trainctl({"validate", kSrc + "/examples/" + e.file}, s.path(""), seconds(60), env);
+    EXPECT_EQ(v.exit.code, 0) << e.file << "\n" << v.output;
+    auto r = Trainctl(argv, s.path(""), seconds(300), env);
+    EXPECT_EQ(r.exit.code, 0) << e.file << "\n" << r.output;
+    EXPECT_NE(r.output.find(e.shows), std::string::npos) << e.file << "\n" << r.output;
+  }
+  // Trained models by their job's name: the final model, as eval and predict take it.
+  auto eval = Trainctl({"eval", "fashion-mnist", "--limit", "32"}, s.path(""), seconds(120), env);
+  EXPECT_EQ(eval.exit.code, 0) << eval.output;
+  EXPECT_NE(eval.output.find("Accuracy of the network on the 32 test images"), std::string::npos) << eval.output;
+  auto by_dir = Trainctl({"eval", "--checkpoint", "runs/your-model", "--limit", "32", "-o", "json"}, s.path(""),
+                         seconds(120), env);
+  EXPECT_EQ(by_dir.exit.code, 0) << "a run's output directory\n" << by_dir.output;
+  // The README's own images, shipped with the examples.
+  auto predicted = Trainctl({"predict", "--checkpoint", "fashion-mnist", kSrc + "/examples/images/ankle-boot.png",
+                             kSrc + "/examples/images/pullover.png"}, s.path(""), seconds(120), env);
+  EXPECT_EQ(predicted.exit.code, 0) << predicted.output;
+  EXPECT_NE(predicted.output.find("ankle-boot.png: "), std::string::npos) << predicted.output;
+  EXPECT_NE(predicted.output.find("pullover.png: "), std::string::npos) << predicted.output;
+  auto nosuch = Trainctl({"eval", "no-such-job"}, s.path(""), seconds(30), env);
+  EXPECT_EQ(nosuch.exit.code, kExitInvalidSpec);
+  EXPECT_NE(nosuch.output.find("no-such-job: no such model file or directory, nor a job run on this machine"),
+            std::string::npos) << nosuch.output;
+}
+
+// A program or script that is not there is a spec error before anything starts (no restart
+// spent), in validate and run alike, named with the path it was looked for at.
+TEST(FirstHour, AMissingScriptIsASpecErrorAndSpendsNoRestart) {
+  Scratch s;
+  ASSERT_TRUE(MakeDirs(s.path("specs")).ok());
+  s.Write("specs/job.yaml", "name: nosuch\ncommand: [python3, train.py]\nrestart: {max_restarts: 3}\n");
+  for (const char* verb : {"validate", "run"}) {
+    auto r = Trainctl({verb, "specs/job.yaml"}, s.path(""), seconds(60), {{"TRAINCTL_STATE_DIR", s.path("state")}});
+    EXPECT_EQ(r.exit.code, kExitInvalidSpec) << verb << "\n" << r.output;
+    EXPECT_NE(r.output.find("specs/job.yaml: command[1]: " + s.path("specs/train.py") +
+                            ": no such script (a relative path is relative to the spec file's directory)"),
+              std::string::npos) << verb << "\n" << r.output;
+    EXPECT_EQ(r.output.find("restart"), std::string::npos) << r.output;
+  }
+  // Next to the spec, it runs, in the directory trainctl runs in.
+  s.Write("specs/train.py", "import os\nprint('ran in', os.getcwd())\n");
+  auto ok = Trainctl({"run", "specs/job.yaml"}, s.path(""), seconds(60), {{"TRAINCTL_STATE_DIR", s.path("state")}});
+  EXPECT_EQ(ok.exit.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("ran in " + std::filesystem::path(s.path("")).parent_path().string() + "\n"),
+            std::string::npos) << ok.output;
+}
+
+// Mistakes named with what was meant: a flag's typo, a value given by --set, no verb at all.
+TEST(FirstHour, MistakesAreNamedWithWhatWasMeant) {
+  Scratch s;
+  s.Write("job.yaml", "name: j\ncommand: ['true']\n");
+  auto plain = Trainctl({}, s.path(""));
+  EXPECT_EQ(plain.exit.code, 0) << plain.output;
+  EXPECT_NE(plain.output.find("torchrun"), std::string::npos) << "the verbs\n" << plain.output;
+  auto typo = Trainctl({"validate", "job.yaml", "--sett", "a=b"}, s.path(""));
+  EXPECT_EQ(typo.exit.code, kExitInvalidSpec);
+  EXPECT_NE(typo.output.find("trainctl validate: unknown flag \"--sett\"; did you mean --set?"), std::string::npos)
+      << typo.output;
+  auto set = Trainctl({"validate", kSrc + "/examples/fashion-mnist.yaml", "--set", "trainer.data.dir=/nonexistent"},
+                      s.path(""));
+  EXPECT_EQ(set.exit.code, kExitInvalidSpec);
+  EXPECT_NE(set.output.find("--set trainer.data.dir=/nonexistent: trainer.data: "), std::string::npos) << set.output;
+  // Each verb's help: the job exit codes where the verb runs a job, not on ps or schema.
+  EXPECT_NE(Trainctl({"run", "--help"}, s.path("")).output.find("Exit codes:"), std::string::npos);
+  for (const char* verb : {"ps", "schema", "logs"}) {
+    EXPECT_EQ(Trainctl({verb, "--help"}, s.path("")).output.find("Exit codes:"), std::string::npos) << verb;
+  }
+  EXPECT_NE(Trainctl({"--help"}, s.path("")).output.find("MPIJob"), std::string::npos) << "render's formats";
+}
+
+// logs and status as kubectl's: a job by name, -f before or after it, a rank it does not have is
+// an error; without a job, which ones there are.
+TEST(FirstHour, LogsAndStatusTakeAJobAsKubectlTakesAPod) {
+  Scratch s;
+  const Env env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+  auto none = Trainctl({"logs"}, s.path(""), seconds(30), env);
+  EXPECT_EQ(none.exit.code, kExitInvalidSpec);
+  EXPECT_NE(none.output.find("name the job: a job run on this machine by its name or run id (trainctl ps lists them"),
+            std::string::npos) << none.output;
+  s.Write("two.yaml", "name: two\nprocs_per_node: 2\ncommand: [sh, -c, 'echo line of $RANK']\n");
+  ASSERT_EQ(Trainctl({"run", "two.yaml"}, s.path(""), seconds(60), env).exit.code, 0);
+  for (const std::vector<std::string>& argv : {std::vector<std::string>{"logs", "-f", "two"}, {"logs", "two", "-f"}}) {
+    auto r = Trainctl(argv, s.path(""), seconds(30), env);
+    EXPECT_EQ(r.exit.code, 0) << argv[1] << "\n" << r.output;
+    EXPECT_NE(r.output.find("[worker-1] line of 1"), std::string::npos) << r.output;
+  }
+  auto rank = Trainctl({"logs", "two", "--rank", "7"}, s.path(""), seconds(30), env);
+  EXPECT_EQ(rank.exit.code, kExitInvalidSpec) << rank.output;
+  EXPECT_NE(rank.output.find("has no task of rank 7; its 2 tasks, by rank: worker-0, worker-1"), std::string::npos)
+      << rank.output;
+  auto listed = Trainctl({"status"}, s.path(""), seconds(30), env);
+  EXPECT_NE(listed.output.find("recent: two"), std::string::npos) << listed.output;
+  for (const char* verb : {"status", "logs"}) {
+    auto help = Trainctl({verb, "--help"}, s.path(""));
+    EXPECT_NE(help.output.find("a job run on this machine, by its name"), std::string::npos) << help.output;
+    EXPECT_EQ(help.output.find("the job spec (YAML)"), std::string::npos) << help.output;
+  }
+}
+
+// kubectl apply of rendered manifests needs the store token's Secret: render says how to make it.
+TEST(FirstHour, RenderSaysHowToMakeTheTokenSecret) {
+  Scratch s;
+  auto r = Trainctl({"render", kSrc + "/examples/hello.yaml", "-o", s.path("out")}, s.path(""));
+  EXPECT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_NE(r.output.find("kubectl create secret generic hello-token -n default --from-literal=token="),
+            std::string::npos) << r.output;
+}
+
+// cmake --install (what scripts/dev install runs) puts trainctl in PREFIX/bin and its plugins where
+// it finds them: the installed binary reaches LibTorch's part.
+TEST(FirstHour, InstallPutsTrainctlAndItsPluginsUnderThePrefix) {
+  Scratch s;
+  const std::string build = std::filesystem::path(TRAINCTL_BIN).parent_path().parent_path();
+  auto installed = RunProgram({"cmake", "--install", build, "--prefix", s.path("prefix")}, s.path(""));
+  ASSERT_EQ(installed.exit.code, 0) << installed.output;
+  const std::string exe = s.path("prefix/bin/trainctl");
+  ASSERT_TRUE(Exists(exe));
+  EXPECT_TRUE(Exists(s.path("prefix/lib/trainctl/trainctl-torch.so")));
+  s.Write("garbage.safetensors", "not a model");
+  auto r = RunProgram({exe, "eval", "--checkpoint", s.path("garbage.safetensors")}, s.path(""));
+  EXPECT_NE(r.exit.code, 0);
+  EXPECT_EQ(r.output.find("the LibTorch part of trainctl"), std::string::npos) << "the plugin was found\n" << r.output;
+  EXPECT_NE(r.output.find("garbage.safetensors"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace trainctl::testing
