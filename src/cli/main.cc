@@ -2,12 +2,13 @@
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <new>
 
 #include "cli/verbs.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include <cstdio>
 
 namespace {
 
@@ -130,6 +131,9 @@ int main(int argc, char** argv) {
     app.parse(reversed);
   } catch (const CLI::ExtrasError& e) {
     return UnexpectedArguments(app);
+  } catch (const std::bad_alloc&) {  // a message, never SIGABRT (issue 49)
+    std::fprintf(stderr, "trainctl %s: out of memory\n", verb.c_str());
+    return trainctl::kExitError;
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? trainctl::kExitOk : trainctl::kExitInvalidSpec;

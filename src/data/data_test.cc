@@ -120,6 +120,13 @@ TEST(Idx, BadFilesAreNamedWithWhatIsWrong) {
   auto cut = LoadIdx(s.path("cut.gz"), s.path("l"));
   ASSERT_FALSE(cut.ok());
   EXPECT_NE(cut.status().message().find(s.path("cut.gz")), std::string::npos) << cut.status().message();
+  // A few gzipped bytes whose header declares 100000 images of 28x28 (78 MB): refused by the
+  // header, before anything is inflated (issue 49, finding 5).
+  WriteGzip(s.path("liar.gz"), BigEndian(0x803) + BigEndian(100000) + BigEndian(28) + BigEndian(28) + "xyz");
+  auto liar = LoadIdx(s.path("liar.gz"), s.path("l"));
+  ASSERT_FALSE(liar.ok());
+  EXPECT_NE(liar.status().message().find(s.path("liar.gz") + ": its header declares 78400016 bytes, more than"),
+            std::string::npos) << liar.status().message();
 }
 
 TEST(Cifar10, ReadsBatchesAndRejectsBrokenOnes) {

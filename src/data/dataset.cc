@@ -48,6 +48,34 @@ Status ReadMaybeGzip(const std::string& path, std::vector<uint8_t>* out) {
   ::gzbuffer(f, 1 << 20);
   out->resize(std::max<size_t>(hint + 1, 1 << 16));  // one more: EOF is seen without growing
   size_t size = 0;
+  // An idx file says how large it is in its first bytes: checked before the rest is inflated. A
+  // gzip stream holds at most 1032 bytes per compressed byte (deflate's limit), so a header that
+  // declares more than its file can hold is refused at once, and nothing past it is read.
+  size_t declared = 0;
+  {
+    const int n = ::gzread(f, out->data(), 16);
+    if (n > 0) size = static_cast<size_t>(n);
+    if (size >= 8 && (*out)[0] == 0 && (*out)[1] == 0 && (*out)[2] == 0x08 && (*out)[3] >= 1 && (*out)[3] <= 3 &&
+        size >= 4 + 4 * static_cast<size_t>((*out)[3])) {
+      const int dims = (*out)[3];
+      uint64_t bytes = 1;
+      for (int d = 0; d < dims && bytes <= static_cast<uint64_t>(kMaxBytes); ++d) {
+        const size_t at = 4 + 4 * static_cast<size_t>(d);
+        bytes *= uint64_t{(*out)[at]} << 24 | uint64_t{(*out)[at + 1]} << 16 | uint64_t{(*out)[at + 2]} << 8 | (*out)[at + 3];
+      }
+      bytes += 4 + 4 * static_cast<uint64_t>(dims);
+      const bool gz = ::gzdirect(f) == 0;
+      if (gz && bytes > static_cast<uint64_t>(st.st_size) * 1032 + (1 << 20)) {
+        ::gzclose(f);
+        return InvalidArgument(path + ": its header declares " + std::to_string(bytes) + " bytes, more than " +
+                               std::to_string(st.st_size) + " compressed bytes can hold");
+      }
+      if (bytes <= static_cast<uint64_t>(kMaxBytes)) {
+        declared = static_cast<size_t>(bytes);
+        out->resize(declared + 1);
+      }
+    }
+  }
   while (true) {
     if (size == out->size()) out->resize(out->size() + out->size() / 2);
     const unsigned want = static_cast<unsigned>(std::min<size_t>(out->size() - size, 1u << 30));
@@ -60,6 +88,7 @@ Status ReadMaybeGzip(const std::string& path, std::vector<uint8_t>* out) {
     }
     if (n == 0) break;
     size += static_cast<size_t>(n);
+    if (declared > 0 && size > declared) break;  // longer than it says: IdxHeader names it
     if (static_cast<int64_t>(size) > kMaxBytes) {
       ::gzclose(f);
       return InvalidArgument(path + ": larger than 4 GiB uncompressed; not a dataset file trainctl reads");
