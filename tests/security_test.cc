@@ -363,7 +363,7 @@ TEST(Security, TheDashboardServesItsUserWhileHostileClientsAreConnected) {
 TEST(Security, WhatAKilledLauncherLeftIsEndedByTheNextPs) {
   Scratch s;
   const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
-  s.Write("daemon.yaml", "name: daemon\noutput_dir: " + s.path("out") +
+  s.Write("daemon.yaml", "name: daemon\ntimeouts: {stop_grace: 2s}\noutput_dir: " + s.path("out") +
                              "\ncommand: [sh, -c, 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo started; sleep 300']\n");
   Background run({"run", "daemon.yaml"}, s.path(""), s.path("run.log"), env);
   ASSERT_TRUE(Eventually([&] { return s.Read("out/logs/worker-0.log").find("started") != std::string::npos; }))
@@ -374,8 +374,9 @@ TEST(Security, WhatAKilledLauncherLeftIsEndedByTheNextPs) {
   const std::string cgroup = entry["cgroup"];
   ::kill(run.pid(), SIGKILL);
   run.Wait(seconds(10));
-  ASSERT_TRUE(Eventually([&] { return ProcessesWithEnv({"TORCHELASTIC_RUN_ID=" + id}).size() == 1; }, seconds(10)))
-      << "the daemon alone outlives the launcher, its agent and its worker";
+  ASSERT_TRUE(Eventually([&] { return ProcessesWithEnv({"TORCHELASTIC_RUN_ID=" + id}).size() == 1; }, seconds(30)))
+      << "the daemon alone outlives the launcher, its agent and its worker: "
+      << ProcessesWithEnv({"TORCHELASTIC_RUN_ID=" + id}).size() << " processes";
   auto ps = Trainctl({"ps"}, s.path(""), seconds(30), env);
   EXPECT_EQ(ps.exit.code, 0) << ps.output;
   EXPECT_NE(ps.output.find("run " + id + "'s launcher is gone; ended 1 process(es) it left behind"), std::string::npos)

@@ -1,5 +1,6 @@
 // The environment contract with a real client: Debian's python3-torch initialises a gloo
 // process group from env:// under trainctl and runs an allreduce whose result it checks.
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
@@ -65,7 +66,9 @@ TEST(TorchClient, RecordErrorFilesNameTheRootCauseBeforeTheFirstExit) {
 // finer time names the one that failed first (rank 1, which exits later), not the lower rank.
 TEST(TorchClient, ErrorFilesOfTheSameSecondNameTheFirstFailure) {
   Scratch s;
-  s.Write("job.yaml", "name: tie\nprocs_per_node: 2\nrestart: {max_restarts: 0}\nenv: {SAME_SECOND: \"1\"}\n"
+  // One second for both ranks, far enough ahead for both to have imported torch on a busy machine.
+  const std::string second = std::to_string(::time(nullptr) + 12);
+  s.Write("job.yaml", "name: tie\nprocs_per_node: 2\nrestart: {max_restarts: 0}\nenv: {SAME_SECOND: \"" + second + "\"}\n"
                       "command: [" + std::string(TRAINCTL_TEST_PYTHON) + ", " + TRAINCTL_SOURCE_DIR +
                       "/tests/python/record_failure.py]\noutput_dir: " + s.path("out") + "\n");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""), std::chrono::seconds(120));

@@ -1,8 +1,9 @@
 """A program decorated with torch's real @record (torch.distributed.elastic): each rank raises.
 Rank 1 raises first but exits late (an atexit handler keeps it alive), rank 0 raises a few
 seconds later and exits at once: the first to exit is not the first to fail.
-With SAME_SECOND=1 both raise within one second of the clock (rank 1 at .1 s, still exiting late;
-rank 0 at .4 s), so torch's whole-second timestamps tie and only finer times tell which failed first."""
+With SAME_SECOND=<unix second> both raise within that second of the clock (rank 1 at .1 s, still
+exiting late; rank 0 at .4 s), so torch's whole-second timestamps tie and only finer times tell
+which failed first."""
 import atexit
 import os
 import time
@@ -13,9 +14,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 @record
 def main():
     rank = int(os.environ["RANK"])
-    if os.environ.get("SAME_SECOND") == "1":
-        now = time.time()
-        time.sleep(int(now) + 1 - now + (0.1 if rank == 1 else 0.4))
+    if "SAME_SECOND" in os.environ:
+        second = int(os.environ["SAME_SECOND"])
+        time.sleep(max(0.0, second + (0.1 if rank == 1 else 0.4) - time.time()))
         if rank == 1:
             atexit.register(time.sleep, 30)
         raise (ValueError if rank == 1 else RuntimeError)(f"rank {rank} failed")
