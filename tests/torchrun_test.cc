@@ -312,6 +312,21 @@ TEST(Torchrun, AStopSignalEndsTheWaitForPeers) {
   }
 }
 
+// The same for an agent a cluster engine starts (`agent --serve-store`, node 0 of 2, alone).
+TEST(Torchrun, AStopSignalEndsAnAgentsWaitForItsPeers) {
+  Scratch s;
+  const std::string endpoint = "127.0.0.1:" + std::to_string(FreePort());
+  s.Write("job.yaml", "name: waits\nnodes: 2\ncommand: ['true']\noutput_dir: " + s.path("out") + "\n");
+  Background agent({"agent", "--run-id", "waits-1", "--node-rank", "0", "--serve-store", "--spec", s.path("job.yaml")},
+                   s.path(""), s.path("agent.log"),
+                   {{"TRAINCTL_AGENT_STORE", "tcp://" + endpoint}, {"TRAINCTL_AGENT_TOKEN", "0123456789abcdef0123"}});
+  ASSERT_TRUE(Eventually([&] { return s.Read("agent.log").find("serving the job's store") != std::string::npos; }))
+      << s.Read("agent.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // into the rendezvous wait
+  ::kill(agent.pid(), SIGTERM);
+  EXPECT_EQ(agent.Wait(seconds(10)).code, kExitInterrupted) << s.Read("agent.log");
+}
+
 // --rdzv-backend etcd: two commands meet on a real etcd (no store of trainctl's, no token).
 TEST(Torchrun, TwoCommandsMeetOnEtcd) {
   const std::string endpoint = SharedEtcd().endpoints()[0];
