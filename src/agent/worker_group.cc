@@ -212,8 +212,9 @@ std::vector<std::pair<int, std::string>> WorkerGroup::KillStuck(Duration stopped
     }
     const Duration in_state = std::chrono::duration_cast<Duration>(now - w.state_since);
     std::string why;
-    if ((state == 'T' || state == 't') && in_state >= stopped) {
-      why = "stopped (SIGSTOP, or a debugger) for " + FormatDuration(in_state);
+    // T: stopped by a signal. Not t: a debugger's stop, which its user means.
+    if (state == 'T' && in_state >= stopped) {
+      why = "stopped (SIGSTOP) for " + FormatDuration(in_state);
     } else if (state == 'D' && in_state >= blocked) {
       why = "in uninterruptible sleep (state D: a hung device or file system) for " + FormatDuration(in_state);
     }

@@ -64,10 +64,11 @@ class WorkerGroup {
   // SIGTERM to every live worker's process group, up to `grace` for them to exit, then SIGKILL;
   // returns once all are reaped. Also kills whatever the workers left in their groups.
   void Stop(Duration grace);
-  // Workers that cannot make progress, seen in /proc: stopped (state T: SIGSTOP, a debugger) for
+  // Workers that cannot make progress, seen in /proc: stopped by a signal (state T, not a
+  // debugger's t) for
   // `stopped` or longer, or in uninterruptible sleep (D) for `blocked` or longer. Each is killed
   // (its process group, SIGKILL), so that it is reaped as a failure; returns local rank -> why
-  // ("stopped (SIGSTOP or a debugger) for 5s"). Call every second or so.
+  // ("stopped (SIGSTOP) for 5s"). Call every second or so.
   std::vector<std::pair<int, std::string>> KillStuck(Duration stopped, Duration blocked);
   // The last lines of a worker's output, after giving its pipe up to `drain` to reach EOF.
   std::vector<std::string> Tail(int local_rank, Duration drain);
