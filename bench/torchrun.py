@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""trainctl torchrun against Debian's torchrun (python3-torch), side by side in one run (issue 23):
-the same DDP worker (bench/torchrun_worker.py, 2 workers, gloo) under each launcher.
+"""trainctl torchrun against Debian's torchrun (python3-torch), side by side in one run (issues 23,
+53): the same DDP worker (bench/torchrun_worker.py, gloo) under each launcher.
 
-- start-up: from starting the launcher to the worker's first line (printed before it imports torch);
-- recovery: a worker is SIGKILLed while training; from the kill to the restarted group's first step.
-  KILLS kills per launcher, in one job each (max restarts = KILLS).
+recovery (the default): 2 workers; a worker is SIGKILLed while training; from the kill to the
+  restarted group's first step. KILLS kills per launcher, in one job each (max restarts = KILLS).
+  Also start-up: from starting the launcher to the worker's first line (before it imports torch).
+startup: from starting the launcher to every rank's first training step, for 2 and 8 workers, and
+  the memory (PSS, summed over the launcher's processes) once every rank has stepped.
 
-Both run with their defaults otherwise (torchrun's --monitor_interval is 5 s in torch 1.13).
-Usage: bench/torchrun.py [--kills 10] [--trainctl build/src/trainctl]
+Launchers: Debian's torchrun with --monitor_interval MI (default 0.1 s: torchrun polls its workers
+every MI seconds, 5 s by default in torch 1.13), trainctl torchrun, and trainctl torchrun --preload
+torch (workers forked from a warm interpreter, docs/own-program.md).
+Usage: bench/torchrun.py [recovery|startup] [--kills 10] [--monitor-interval 0.1] [--trainctl PATH]
 """
 import argparse
 import os
@@ -34,7 +38,7 @@ def launch(argv, env):
 RANK1 = {}  # restart count -> pid of rank 1, from every line that went by
 
 
-def wait_for(lines, pattern, timeout=120):
+def wait_for(lines, pattern, timeout=180):
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -50,11 +54,33 @@ def wait_for(lines, pattern, timeout=120):
     raise RuntimeError("timed out waiting for " + pattern)
 
 
-def measure(name, argv, kills):
-    env = dict(os.environ, PATH="/usr/bin:/bin:" + os.environ.get("PATH", ""))
+def environment():
+    return dict(os.environ, PATH="/usr/bin:/bin:" + os.environ.get("PATH", ""))
+
+
+def stop(proc):
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+
+
+def session_pss(sid):
+    """PSS in MiB of every process of session `sid` (the launcher started one)."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getsid(int(pid)) != sid:
+                continue
+            with open("/proc/%s/smaps_rollup" % pid) as f:
+                total += sum(int(l.split()[1]) for l in f if l.startswith("Pss:"))
+        except OSError:
+            pass
+    return total / 1024
+
+
+def recovery(name, argv, kills):
     RANK1.clear()
     t0 = time.time()
-    proc, lines = launch(argv, env)
+    proc, lines = launch(argv, environment())
     _, m = wait_for(lines, r"started ([0-9.]+) pid (\d+) rank 0 restart 0")
     startup = float(m.group(1)) - t0
     recoveries = []
@@ -66,25 +92,55 @@ def measure(name, argv, kills):
         os.kill(victim, signal.SIGKILL)
         _, m = wait_for(lines, r"step 0 restart %d ([0-9.]+)" % (k + 1))
         recoveries.append(float(m.group(1)) - killed)
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=60)
-    print("%-18s start-up %.3f s; recovery median %.3f s, min %.3f, max %.3f (%d kills)"
-          % (name, startup, statistics.median(recoveries), min(recoveries), max(recoveries), kills))
+    stop(proc)
+    print("%-32s start-up %.3f s; recovery median %.3f s, min %.3f, max %.3f (%d kills)"
+          % (name, startup, statistics.median(recoveries), min(recoveries), max(recoveries), kills), flush=True)
     return startup, statistics.median(recoveries)
+
+
+def first_steps(name, argv, workers):
+    t0 = time.time()
+    proc, lines = launch(argv, environment())
+    last = 0
+    for _ in range(workers):
+        t, _ = wait_for(lines, r"first step rank \d+ restart 0")
+        last = max(last, t)
+    pss = session_pss(proc.pid)
+    stop(proc)
+    print("%-32s %d workers: every rank's first step %.3f s; PSS %.0f MiB" % (name, workers, last - t0, pss), flush=True)
+    return last - t0, pss
+
+
+def launchers(args, nproc, restarts):
+    common = ["--standalone", "--nproc_per_node", str(nproc), "--max_restarts", str(restarts), "--redirects", "1",
+              "--tee", "1"]
+    return [
+        ("torchrun (Debian) mi %s" % args.monitor_interval,
+         ["/usr/bin/python3", "-m", "torch.distributed.run", "--monitor_interval", str(args.monitor_interval)] + common + [WORKER]),
+        ("trainctl torchrun", [args.trainctl, "torchrun"] + common + [WORKER]),
+        ("trainctl torchrun --preload torch", [args.trainctl, "torchrun", "--preload", "torch,torch.distributed"] + common + [WORKER]),
+    ]
 
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("what", nargs="?", default="recovery", choices=["recovery", "startup"])
     ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--monitor-interval", type=float, default=0.1)
+    ap.add_argument("--workers", default="2,8", help="startup: worker counts")
     ap.add_argument("--trainctl", default=os.path.join(ROOT, "build/src/trainctl"))
     args = ap.parse_args()
-    k = str(args.kills)
-    torchrun = measure("torchrun (Debian)", ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
-                                             "--nproc_per_node", "2", "--max_restarts", k, "--redirects", "1",
-                                             "--tee", "1", WORKER], args.kills)
-    ours = measure("trainctl torchrun", [args.trainctl, "torchrun", "--standalone", "--nproc_per_node", "2",
-                                         "--max_restarts", k, "--redirects", "1", "--tee", "1", WORKER], args.kills)
-    print("ratio trainctl / torchrun: start-up %.3f, recovery %.3f" % (ours[0] / torchrun[0], ours[1] / torchrun[1]))
+    if args.what == "recovery":
+        results = [recovery(name, argv, args.kills) for name, argv in launchers(args, 2, args.kills)]
+        base = results[0]
+        for (name, _), r in zip(launchers(args, 2, 0)[1:], results[1:]):
+            print("ratio %s / torchrun: start-up %.3f, recovery %.3f" % (name, r[0] / base[0], r[1] / base[1]))
+    else:
+        for n in (int(w) for w in args.workers.split(",")):
+            results = [first_steps(name, argv, n) for name, argv in launchers(args, n, 0)]
+            for (name, _), r in zip(launchers(args, n, 0)[1:], results[1:]):
+                print("ratio %s / torchrun, %d workers: first steps %.3f, PSS %.3f"
+                      % (name, n, r[0] / results[0][0], r[1] / results[0][1]))
 
 
 if __name__ == "__main__":

@@ -20,4 +20,6 @@ for step in range(1000000):
     opt.step()
     if dist.get_rank() == 0:
         print("step %d restart %s %.6f" % (step, restart, time.time()), flush=True)
+    if step == 0:  # every rank's first step (bench/torchrun.py start-up)
+        print("first step rank %d restart %s %.6f" % (dist.get_rank(), restart, time.time()), flush=True)
     time.sleep(0.05)

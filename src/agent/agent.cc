@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/warm_python.h"
 #include "agent/worker_group.h"
 #include "common/address.h"
 #include "common/cpus.h"
@@ -106,6 +107,9 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
     bool debug = spdlog::get_level() <= spdlog::level::debug;
     w.argv = {SelfExe(), "--log-level", debug ? "debug" : "info", "train", "--task", w.label};
     w.fork = true;
+  } else if (!s.preload.empty() && IsPythonInterpreter(role.command[0])) {  // a copy of a warm interpreter
+    w.fork = true;
+    w.preload = s.preload;
   }
   w.env = CurrentEnvironment();
   for (const auto& [k, v] : role.env) SetEnv(&w.env, k, v);
@@ -139,7 +143,7 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
     // for processes left behind) finds its worker server too.
     SetEnv(&w.shared_env, "TRAINCTL_JOB_NAME", s.name);
     // The training ranks' server loads their data once for all its copies.
-    if (s.roles.empty() || TrainingRole(t.role)) {
+    if (role.command.empty() && (s.roles.empty() || TrainingRole(t.role))) {
       SetEnv(&w.shared_env, kEnvPreloadSpec, JobSpecToJson(s));
     }
   }
@@ -464,7 +468,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   const int forked_before = forks_.forked();
   Status st = group.Start(launches);
   if (st.ok() && forks_.forked() > forked_before) {
-    LOG_DEBUG("round {}: {} of {} tasks copied from a worker server with LibTorch loaded", round,
+    LOG_DEBUG("round {}: {} of {} tasks copied from a worker server (LibTorch, or preloaded Python modules)", round,
               forks_.forked() - forked_before, launches.size());
   }
   if (!st.ok()) {
@@ -585,13 +589,10 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
     if (timers_) {
       const std::vector<pid_t> pids = group.Pids();
       for (const auto& x : timers_->Poll(pids)) {
-        for (size_t local = 0; local < pids.size(); ++local) {
-          if (pids[local] != x.pid && ::getpgid(x.pid) != pids[local]) continue;
-          const Task& t = r.mine[local];
-          const std::string why = "past its file timer " + Quote(x.scope) + " (torch's expires(), TORCHELASTIC_TIMER_FILE)";
-          LOG_WARN("{} {} (rank {}) is {}: sent signal {}", t.role, t.index, t.rank, why, x.signal);
-          stuck[static_cast<int>(local)] = why;
-        }
+        const Task& t = r.mine[x.worker];
+        const std::string why = "past its file timer " + Quote(x.scope) + " (torch's expires(), TORCHELASTIC_TIMER_FILE)";
+        LOG_WARN("{} {} (rank {}) is {}: sent signal {}", t.role, t.index, t.rank, why, x.signal);
+        stuck[static_cast<int>(x.worker)] = why;
       }
     }
     for (const WorkerExit& e : group.ReapExited()) {

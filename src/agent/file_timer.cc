@@ -80,17 +80,22 @@ std::vector<FileTimerServer::Expired> FileTimerServer::Poll(const std::vector<pi
     auto it = earliest.find(key.first);
     if (it == earliest.end() || t.expires < it->second) {
       earliest[key.first] = t.expires;
-      due[key.first] = {key.first, key.second, t.signal};
+      due[key.first] = {key.first, key.second, t.signal, 0};
     }
   }
-  // A worker, or a process in its process group (each worker leads one: `sh -c "python3 ..."`).
-  auto ours = [&](pid_t pid) {
+  // The worker that is `pid`, or whose process group it is in (each worker leads one: `sh -c
+  // "python3 ..."`): its index, or workers.size().
+  auto worker_of = [&](pid_t pid) {
     const pid_t group = ::getpgid(pid);
-    return std::any_of(workers.begin(), workers.end(), [&](pid_t w) { return w > 0 && (w == pid || w == group); });
+    return static_cast<size_t>(std::find_if(workers.begin(), workers.end(),
+                                            [&](pid_t w) { return w > 0 && (w == pid || w == group); }) -
+                               workers.begin());
   };
+  auto ours = [&](pid_t pid) { return worker_of(pid) < workers.size(); };
   std::vector<Expired> out;
-  for (const auto& [pid, e] : due) {
-    if (!ours(pid)) continue;  // not the agent's: never signalled
+  for (auto [pid, e] : due) {
+    e.worker = worker_of(pid);
+    if (e.worker >= workers.size()) continue;  // not the agent's: never signalled
     ::kill(pid, e.signal);
     out.push_back(e);
     for (auto it = timers_.begin(); it != timers_.end();) it = it->first.first == pid ? timers_.erase(it) : std::next(it);

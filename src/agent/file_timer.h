@@ -33,6 +33,7 @@ class FileTimerServer {
     pid_t pid;
     std::string scope;
     int signal;
+    size_t worker;  // the index in `workers` of the worker it is, or whose process group it is in
   };
   // Takes the requests written since the last call; signals each pid that is one of `workers` or in
   // one's process group whose timer has expired (with the signal of its earliest expired timer

@@ -4,9 +4,12 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 
+#include "agent/warm_python.h"
 #include "common/log.h"
+#include "common/strings.h"
 
 namespace trainctl {
 namespace {
@@ -16,8 +19,10 @@ namespace {
 const std::string kPlaceholder = "(worker server)" + std::string(17, ' ');
 
 // How long a request may wait for a server that is still loading LibTorch (0.75 s alone; several
-// agents' servers loading at once on a busy machine take longer).
+// agents' servers loading at once on a busy machine take longer), or a warm interpreter importing
+// its modules (import torch alone: 1.7 s).
 constexpr Duration kLoadTimeout = std::chrono::seconds(30);
+constexpr Duration kImportTimeout = std::chrono::seconds(90);
 
 }  // namespace
 
@@ -46,15 +51,14 @@ WorkerForks::~WorkerForks() {
   }
 }
 
-WorkerForks::Server* WorkerForks::Find(const SpawnOptions& spawn, const std::vector<std::string>& shared_env) {
-  const std::vector<std::string> argv(spawn.argv.begin(), spawn.argv.end() - 1);
+WorkerForks::Server* WorkerForks::Find(const Plan& plan, const SpawnOptions& spawn,
+                                      const std::vector<std::string>& shared_env) {
   for (auto& s : servers_) {
-    if (s.argv == argv && s.env == shared_env && s.cwd == spawn.cwd) return &s;
+    if (s.argv == plan.server_argv && s.env == shared_env && s.cwd == spawn.cwd) return &s;
   }
-  Server s{argv, shared_env, spawn.cwd, std::nullopt};
+  Server s{plan.server_argv, shared_env, spawn.cwd, plan.load_timeout, std::nullopt};
   SpawnOptions o;
-  o.argv = argv;
-  o.argv.push_back(kPlaceholder);
+  o.argv = plan.server_argv;
   o.env = shared_env;
   o.cwd = spawn.cwd;  // its output: the agent's own (a server that cannot serve says why there)
   auto started = ForkServer::Start(o);
@@ -67,33 +71,53 @@ WorkerForks::Server* WorkerForks::Find(const SpawnOptions& spawn, const std::vec
   return &servers_.back();
 }
 
-bool WorkerForks::Forkable(const SpawnOptions& spawn) const {
-  return enabled_ && spawn.argv.size() >= 2 && spawn.argv.back().size() <= kPlaceholder.size() &&
-         spawn.new_process_group && spawn.die_with_parent && spawn.stdin_fd < 0 && spawn.stderr_fd < 0 &&
-         spawn.pass_fd < 0;
+std::optional<WorkerForks::Plan> WorkerForks::PlanFor(const SpawnOptions& spawn,
+                                                      const std::vector<std::string>& preload) {
+  if (!enabled_ || !spawn.new_process_group || !spawn.die_with_parent || spawn.stdin_fd >= 0 ||
+      spawn.stderr_fd >= 0 || spawn.pass_fd >= 0) {
+    return std::nullopt;
+  }
+  if (!preload.empty()) {
+    auto warm = PlanWarmPython(spawn.argv, preload, spawn.cwd);
+    if (!warm.ok()) {
+      if (std::find(said_.begin(), said_.end(), warm.status().message()) == said_.end()) {
+        LOG_INFO("preload: {}; it starts its own interpreter", warm.status().message());
+        said_.push_back(warm.status().message());
+      }
+      return std::nullopt;
+    }
+    return Plan{std::move(warm->server_argv), std::move(warm->argument), kImportTimeout};
+  }
+  if (spawn.argv.size() < 2 || spawn.argv.back().size() > kPlaceholder.size()) return std::nullopt;
+  Plan plan{{spawn.argv.begin(), spawn.argv.end() - 1}, spawn.argv.back(), kLoadTimeout};
+  plan.server_argv.push_back(kPlaceholder);
+  return plan;
 }
 
-void WorkerForks::Prepare(const SpawnOptions& spawn, const std::vector<std::string>& shared_env) {
-  if (Forkable(spawn)) Find(spawn, shared_env);
+void WorkerForks::Prepare(const SpawnOptions& spawn, const std::vector<std::string>& shared_env,
+                          const std::vector<std::string>& preload) {
+  if (auto plan = PlanFor(spawn, preload)) Find(*plan, spawn, shared_env);
 }
 
-Result<pid_t> WorkerForks::Start(const SpawnOptions& spawn, const std::vector<std::string>& shared_env) {
-  if (!Forkable(spawn)) return Spawn(spawn);
-  Server* s = Find(spawn, shared_env);
+Result<pid_t> WorkerForks::Start(const SpawnOptions& spawn, const std::vector<std::string>& shared_env,
+                                 const std::vector<std::string>& preload) {
+  auto plan = PlanFor(spawn, preload);
+  if (!plan) return Spawn(spawn);
+  Server* s = Find(*plan, spawn, shared_env);
   if (s->server) {
     ForkRequest r;
-    r.argument = spawn.argv.back();
+    r.argument = plan->argument;
     r.env = spawn.env;
     r.cwd = spawn.cwd;
     r.cpus = spawn.cpus;
     r.output_fd = spawn.output_fd;
-    auto pid = s->server->Fork(r, kLoadTimeout);
+    auto pid = s->server->Fork(r, s->load_timeout);
     if (pid.ok()) {
       ++forked_;
       return pid;
     }
     LOG_DEBUG("the worker server (pid {}) could not start {}: {}; starting each worker on its own",
-              s->server->pid(), r.argument, pid.status().message());
+              s->server->pid(), Join(spawn.argv, " "), pid.status().message());
     const pid_t server = s->server->pid();
     s->server.reset();
     ::kill(-server, SIGKILL);

@@ -56,7 +56,7 @@ Result<pid_t> WorkerGroup::SpawnOne(const WorkerLaunch& launch) {
   }
   SpawnOptions o = Options(launch);
   o.output_fd = fds[1];
-  auto pid = forks_ && launch.fork ? forks_->Start(o, launch.shared_env) : Spawn(o);
+  auto pid = forks_ && launch.fork ? forks_->Start(o, launch.shared_env, launch.preload) : Spawn(o);
   ::close(fds[1]);
   if (!pid.ok()) {
     ::close(fds[0]);
@@ -77,7 +77,7 @@ Status WorkerGroup::Start(const std::vector<WorkerLaunch>& launches) {
   workers_.clear();
   if (forks_) {
     for (const auto& launch : launches) {
-      if (launch.fork) forks_->Prepare(Options(launch), launch.shared_env);
+      if (launch.fork) forks_->Prepare(Options(launch), launch.shared_env, launch.preload);
     }
   }
   for (const auto& launch : launches) {

@@ -30,10 +30,12 @@ struct WorkerLaunch {
   std::string log_header;  // written to the log before the worker starts
   std::string error_file;  // its TORCHELASTIC_ERROR_FILE (removed before it starts)
   std::vector<int> cpus;   // if not empty: the only CPUs it may run on (cpu_bind)
-  // The built-in trainer: a copy of a worker server where one can serve (agent/worker_forks.h),
-  // whose environment is `shared_env` (env without the task's own variables).
+  // The built-in trainer, or a Python program with `preload`: a copy of a worker server where one
+  // can serve (agent/worker_forks.h), whose environment is `shared_env` (env without the task's
+  // own variables), a warm interpreter that has imported `preload` if that is not empty.
   bool fork = false;
   std::vector<std::string> shared_env;
+  std::vector<std::string> preload;
 };
 
 struct WorkerExit {

@@ -1,10 +1,12 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "agent/warm_python.h"
 #include "cli/verbs.h"
 #include "common/fs.h"
 #include "common/subprocess.h"
@@ -113,6 +115,11 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::v
                          "script (" + (spec.working_dir.empty() ? "a relative path is relative to the spec file's directory"
                                                                 : "a relative path is relative to working_dir") + ")");
     }
+  }
+  if (!spec.preload.empty() &&
+      std::none_of(roles.begin(), roles.end(), [](const RoleSpec& r) { return !r.command.empty() && IsPythonInterpreter(r.command[0]); })) {
+    problems.push_back(source("preload") + ": preload: no task runs a Python interpreter, so nothing would be " +
+                       "preloaded; preload serves commands such as [python3, train.py] and [python3, -m, package.module]");
   }
   // Directories the job writes: a file in the way, or a place it cannot write, would fail only
   // once a worker saves its first checkpoint, an epoch in.

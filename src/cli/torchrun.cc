@@ -51,6 +51,7 @@ struct TorchrunFlags {
   int master_port = 29500;
   bool module = false, no_python = false, run_path = false;
   bool print_spec = false;
+  std::string preload;               // MODULE[,MODULE...]
   std::vector<std::string> program;  // SCRIPT (or MODULE) and its arguments
 };
 
@@ -118,6 +119,13 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
                          // torchrun restarts at once; a spec's restarts back off (restart.backoff)
                          {"restart", {{"max_restarts", f.max_restarts}, {"backoff", "0s"}}}};
   if (!f.log_dir.empty()) spec["output_dir"] = f.log_dir;
+  if (!f.preload.empty()) {
+    if (f.no_python) {
+      return InvalidArgument("--preload imports Python modules into a warm interpreter, but --no-python runs a "
+                             "program that is not Python");
+    }
+    spec["preload"] = Split(f.preload, ',');
+  }
   // --rdzv-conf: torchrun's timeouts (seconds).
   nlohmann::json timeouts = nlohmann::json::object();
   for (const auto& kv : Split(f.rdzv_conf, ',')) {
@@ -348,6 +356,9 @@ void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_flag("-m,--module", f.module, "run SCRIPT as a Python module (python -m)");
   cmd->add_flag("--no-python,--no_python", f.no_python, "run SCRIPT as a program, not through python3");
   cmd->add_flag("--run-path,--run_path", f.run_path, "run SCRIPT as a Python file (the default)");
+  cmd->add_option("--preload", f.preload,
+                  "MODULE[,MODULE...]: import these once per host in a warm interpreter and fork each worker "
+                  "from it (restarts too), instead of each importing them (see docs/own-program.md)");
   cmd->add_flag("--print-spec", f.print_spec, "print the job spec this command line means, as YAML, and exit");
   cmd->formatter(std::make_shared<TorchrunUsage>());
   cmd->footer(std::string("SCRIPT [ARGS...]: the training script (a Python file; with -m a module, with --no-python a "

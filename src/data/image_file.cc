@@ -45,31 +45,34 @@ ImageSet OneImage(int channels, int64_t rows, int64_t cols, const std::vector<ui
   return set;
 }
 
+// A PGM/PPM header field at `*at` in `bytes`: the number after whitespace and '#' comments (at
+// most 10 digits); false when there is none. Moves `*at` past it.
+bool PnmField(const std::string& bytes, size_t* at, int64_t* out) {
+  size_t i = *at;
+  while (i < bytes.size() && (bytes[i] == '#' || std::isspace(static_cast<unsigned char>(bytes[i])))) {
+    if (bytes[i] == '#') {
+      while (i < bytes.size() && bytes[i] != '\n') ++i;
+    } else {
+      ++i;
+    }
+  }
+  int64_t v = 0;
+  size_t digits = 0;
+  for (; i < bytes.size() && std::isdigit(static_cast<unsigned char>(bytes[i])) && digits < 10; ++i, ++digits) {
+    v = v * 10 + (bytes[i] - '0');
+  }
+  *at = i;
+  *out = v;
+  return digits > 0;
+}
+
 // PGM (P2, P5) and PPM (P3, P6): whitespace-separated header fields, '#' comments.
 Result<ImageSet> ReadNetpbm(const std::string& path, const std::string& bytes) {
   const char kind = bytes[1];
   const bool plain = kind == '2' || kind == '3';
   const int channels = kind == '2' || kind == '5' ? 1 : 3;
   size_t at = 2;
-  auto field = [&](int64_t* out) -> bool {
-    while (at < bytes.size()) {
-      if (bytes[at] == '#') {
-        while (at < bytes.size() && bytes[at] != '\n') ++at;
-      } else if (std::isspace(static_cast<unsigned char>(bytes[at]))) {
-        ++at;
-      } else {
-        break;
-      }
-    }
-    int64_t v = 0;
-    size_t digits = 0;
-    while (at < bytes.size() && std::isdigit(static_cast<unsigned char>(bytes[at])) && digits < 10) {
-      v = v * 10 + (bytes[at++] - '0');
-      ++digits;
-    }
-    *out = v;
-    return digits > 0;
-  };
+  auto field = [&](int64_t* out) { return PnmField(bytes, &at, out); };
   int64_t cols = 0, rows = 0, maxval = 0;
   if (!field(&cols) || !field(&rows) || !field(&maxval)) return Bad(path, "a PGM/PPM header needs width, height and maxval");
   if (!SizeOk(cols, rows)) {
@@ -200,22 +203,7 @@ Result<ImageHeader> ReadImageHeader(const std::string& path) {
   }
   if (head.size() >= 2 && head[0] == 'P' && std::strchr("2356", head[1]) && head[1] != '\0') {
     size_t at = 2;
-    auto field = [&](int64_t* out) {
-      while (at < head.size() && (head[at] == '#' || std::isspace(static_cast<unsigned char>(head[at])))) {
-        if (head[at] == '#') {
-          while (at < head.size() && head[at] != '\n') ++at;
-        } else {
-          ++at;
-        }
-      }
-      int64_t v = 0;
-      size_t digits = 0;
-      for (; at < head.size() && std::isdigit(static_cast<unsigned char>(head[at])) && digits < 10; ++at, ++digits) {
-        v = v * 10 + (head[at] - '0');
-      }
-      *out = v;
-      return digits > 0;
-    };
+    auto field = [&](int64_t* out) { return PnmField(head, &at, out); };
     if (!field(&h.cols) || !field(&h.rows)) return Bad(path, "a PGM/PPM header needs width and height");
     return h;
   }

@@ -26,6 +26,24 @@ constexpr int kMaxNodes = 10000;
 constexpr int kMaxProcsPerNode = 1024;
 constexpr int kMaxRestarts = 100000;
 
+// A dotted Python module name: torch, torchvision.models, _private.
+bool IsPythonModuleName(const std::string& name) {
+  if (name.empty()) return false;
+  bool start = true;
+  for (char c : name) {
+    if (c == '.') {
+      if (start) return false;
+      start = true;
+    } else if (std::isalpha(static_cast<unsigned char>(c)) || c == '_' ||
+               (!start && std::isdigit(static_cast<unsigned char>(c)))) {
+      start = false;
+    } else {
+      return false;
+    }
+  }
+  return !start;
+}
+
 // What a scalar field takes: the decoder reads any YAML scalar as text.
 const nlohmann::json kScalar = {{"type", {"string", "number", "boolean"}}};
 
@@ -997,7 +1015,7 @@ const std::vector<std::string> kTopLevel = {
     "name",      "nodes",       "procs_per_node", "cpu_bind",   "command",    "args",
     "env",       "working_dir", "resources",      "restart",    "timeouts",
     "rendezvous", "output_dir", "checkpoint_dir", "trainer",    "cluster",
-    "roles"};
+    "roles",     "preload"};
 
 }  // namespace
 
@@ -1057,6 +1075,17 @@ Result<JobSpec> DecodeWith(Decoder& d, const Node& root) {
   if (const Node* n = Decoder::Child(root, "env")) d.DecodeEnv(*n, "env", &spec.env);
   if (const Node* n = Decoder::Child(root, "working_dir")) {
     if (auto s = d.String(*n, "working_dir")) spec.working_dir = *s;
+  }
+  if (const Node* n = Decoder::Child(root, "preload")) {
+    if (auto list = d.StringList(*n, "preload")) {
+      for (size_t i = 0; i < list->size(); ++i) {
+        if (!IsPythonModuleName((*list)[i])) {
+          d.Error(n->seq[i], "preload[" + std::to_string(i) + "]",
+                  "expected a Python module name such as torch or torchvision.models, got " + Quote((*list)[i]));
+        }
+      }
+      spec.preload = *list;
+    }
   }
   if (const Node* n = Decoder::Child(root, "resources")) d.DecodeResources(*n, "resources", &spec.resources);
 

@@ -216,6 +216,9 @@ struct JobSpec {
   std::vector<std::string> args;         // appended to command
   std::vector<std::pair<std::string, std::string>> env;  // in spec order
   std::string working_dir;               // empty: where trainctl runs
+  // Python modules a warm interpreter per node imports once; the job's Python workers are forked
+  // from it (agent/warm_python.h). Empty: each worker starts its own interpreter.
+  std::vector<std::string> preload;
   ResourcesSpec resources;
   RestartSpec restart;
   TimeoutsSpec timeouts;

@@ -173,6 +173,7 @@ std::string JobSpecToJson(const JobSpec& s, int indent) {
   if (!s.args.empty()) j["args"] = s.args;
   if (!s.env.empty()) j["env"] = Env(s.env);
   SetIf(j, "working_dir", s.working_dir);
+  if (!s.preload.empty()) j["preload"] = s.preload;
   j["resources"] = Resources(s.resources);
   j["restart"] = {{"max_restarts", s.restart.max_restarts}, {"backoff", FormatDuration(s.restart.backoff)},
                   {"backoff_max", FormatDuration(s.restart.backoff_max)}};
