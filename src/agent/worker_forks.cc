@@ -116,8 +116,13 @@ Result<pid_t> WorkerForks::Start(const SpawnOptions& spawn, const std::vector<st
       ++forked_;
       return pid;
     }
-    LOG_DEBUG("the worker server (pid {}) could not start {}: {}; starting each worker on its own",
-              s->server->pid(), Join(spawn.argv, " "), pid.status().message());
+    if (!preload.empty() && pid.status().code() != Code::kUnavailable) {  // else the interpreter said why as it ended
+      LOG_INFO("preload: the warm interpreter (pid {}) could not start {}: {}; each worker starts its own interpreter",
+               s->server->pid(), Join(spawn.argv, " "), pid.status().message());
+    } else {
+      LOG_DEBUG("the worker server (pid {}) could not start {}: {}; starting each worker on its own",
+                s->server->pid(), Join(spawn.argv, " "), pid.status().message());
+    }
     const pid_t server = s->server->pid();
     s->server.reset();
     ::kill(-server, SIGKILL);
