@@ -148,14 +148,17 @@ TEST(Preload, AWarmInterpreterThatCannotServeSaysWhyAndTheJobRunsWithoutIt) {
   EXPECT_FALSE(Probe(s, "threads", 0, 0)["preloaded"]);
 }
 
-// A real DDP program (examples/ddp.py, gloo, 2 workers) and a program with DataLoader worker
-// processes and a multiprocessing spawn pool compute the same numbers, to the bit, from copies.
+// A real DDP program (examples/ddp.py, gloo, 2 workers), a program with DataLoader worker
+// processes and a multiprocessing spawn pool, and a DDP program that resumes from its step
+// checkpoint after a rank's failure compute the same numbers, to the bit, from copies.
 TEST(Preload, RealProgramsGiveTheSameResultsFromAWarmInterpreter) {
   Scratch s;
   auto job = [&](const std::string& name, const std::string& script, const std::string& preload) {
+    MakeDirs(s.path(name));
     s.Write(name + ".yaml", "name: " + name + "\nprocs_per_node: 2\ncommand: [" + std::string(TRAINCTL_TEST_PYTHON) +
                                 ", " + script + "]\nenv: {STEPS: \"40\", RESULT_DIR: " + s.path(name) + "}\n" +
-                                (preload.empty() ? "" : "preload: [" + preload + "]\n") + "output_dir: " + s.path(name) + "\n");
+                                (preload.empty() ? "" : "preload: [" + preload + "]\n") + "output_dir: " + s.path(name) +
+                                "\nrestart: {max_restarts: 1, backoff: 0s}\n");
     auto r = Trainctl({"run", name + ".yaml"}, s.path(""), std::chrono::seconds(180));
     EXPECT_EQ(r.exit.code, 0) << r.output;
     return r.output;
@@ -183,6 +186,18 @@ TEST(Preload, RealProgramsGiveTheSameResultsFromAWarmInterpreter) {
     EXPECT_EQ(w["batches"], f["batches"]);
     EXPECT_EQ(w["spawned"], f["spawned"]);
   }
+  // Checkpoints every 5 steps; a rank fails at step 12; the group resumes from step 10.
+  const std::string ckpt = std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/ckpt_ddp.py";
+  job("ckpt-fresh", ckpt, "");
+  job("ckpt-warm", ckpt, "torch, torch.distributed, xml.dom.minidom");
+  auto f = nlohmann::json::parse(s.Read("ckpt-fresh/weights.json"));
+  auto w = nlohmann::json::parse(s.Read("ckpt-warm/weights.json"));
+  EXPECT_FALSE(f["preloaded"]);
+  EXPECT_TRUE(w["preloaded"]);
+  EXPECT_EQ(f["resumed_from"], 10);
+  EXPECT_EQ(w["resumed_from"], 10);
+  EXPECT_EQ(w["weights"].size(), 161u);
+  EXPECT_EQ(w["weights"], f["weights"]);
 }
 
 // What can never be served is a spec error before anything starts; torchrun's --preload is the
