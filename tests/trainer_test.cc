@@ -796,6 +796,33 @@ timeouts: {collective: 2s, stop_grace: 2s}
   EXPECT_TRUE(ProcessGone(rank1[0])) << "the stopped worker was left behind";
 }
 
+// A rank that hangs while computing (neither stopped nor blocked in the kernel, which the agent
+// sees in /proc) is named by the others' progress watchdogs within seconds of the bound (10x the
+// slowest step, at least 5 s), not at timeouts.collective (60 s): with its host, pid and phase.
+TEST(Trainer, ARankThatHangsComputingIsNamedLongBeforeTheCollectiveTimeout) {
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("hang", s.path("out"), R"(  model: cnn
+  data: {limit: 640, test_limit: 100}
+  batch_size: 8
+  threads: 1
+  log_every: 1
+  eval: false
+restart: {max_restarts: 0}
+)"));
+  const auto start = Clock::now();
+  auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120), {{"TRAINCTL_FAULT_HANG", "1:12"}});
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(r.exit.code, 3) << r.output;
+  EXPECT_NE(r.output.find("TRAINCTL_FAULT_HANG: rank 1 hangs at step 12"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no training step for "), std::string::npos) << r.output;
+  const size_t named = r.output.find("rank 1 on ");
+  ASSERT_NE(named, std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(", pid ", named), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("is stuck in the forward pass for ", named), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("after 12 steps", named), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 45) << "not named before the collective timeout (60 s):\n" << r.output;
+}
+
 TEST(Trainer, TrainingGoesOnWhenOneOfThreeEtcdMembersIsKilled) {
   EtcdCluster etcd(3);
   Scratch s;

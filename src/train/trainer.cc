@@ -10,10 +10,13 @@
 #include <algorithm>
 #include <functional>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <filesystem>
 #include <sstream>
 
 #include "checkpoint/meta.h"
+#include "comm/progress.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
@@ -78,11 +81,21 @@ std::string TimelineKey(int restart, int rank) {
 
 Trainer::Trainer(TrainerOptions o, std::unique_ptr<StepStrategy> strategy)
     : spec_(std::move(o.spec)), t_(spec_.trainer), env_(std::move(o.env)), store_(o.store),
-      strategy_(std::move(strategy)), begun_(o.begun), connected_(o.connected), loaded_(o.connected) {
+      strategy_(std::move(strategy)), begun_(o.begun), connected_(o.connected), loaded_(o.connected),
+      watchdog_(o.watchdog) {
   s_.rank = o.rank;
   s_.world = o.world;
   s_.device = o.device;
   s_.comm = o.comm;
+  if (const char* hang = std::getenv("TRAINCTL_FAULT_HANG")) {
+    int rank = -1;
+    long long step = -1;
+    if (std::sscanf(hang, "%d:%lld", &rank, &step) == 2 && rank == o.rank) hang_at_step_ = step;
+  }
+}
+
+void Trainer::Enter(comm::Phase phase) {
+  if (watchdog_) watchdog_->Enter(phase);
 }
 
 Trainer::~Trainer() = default;
@@ -189,6 +202,7 @@ checkpoint::Checkpoint Trainer::Snapshot(bool with_optimizer) {
 }
 
 Status Trainer::SaveCheckpoint() {
+  Enter(comm::Phase::kCheckpoint);
   RETURN_IF_ERROR(s_.SyncBuffers());
   last_saved_ = true;
   if (s_.rank != 0) return Status::Ok();
@@ -203,6 +217,7 @@ Status Trainer::SaveCheckpoint() {
 // node hosts rank 0 after a restart finds one there. A failure to write it costs only that speed,
 // so it is logged, not fatal.
 Status Trainer::SaveSnapshot() {
+  Enter(comm::Phase::kCheckpoint);
   RETURN_IF_ERROR(s_.SyncBuffers());
   if (env_.local_rank != 0) return Status::Ok();
   if (Status st = snapshots_->Save(Snapshot(/*with_optimizer=*/true)); !st.ok()) {
@@ -417,11 +432,15 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
   // the other ranks' gradients (or the parameter servers), and the rest: compute.
   double window_data = 0, epoch_comm = 0;
   for (int64_t i = 0; i < count; ++i) {
-    if (timeline_ && s_.step == timeline_->last()) PublishTimeline();  // the steps are all there
+    if (timeline_ && s_.step == timeline_->last()) {  // the steps are all there
+      Enter(comm::Phase::kRecording);
+      PublishTimeline();
+    }
     // On a GPU the phases are the host's: its kernels run behind it, and it waits for them only
     // where it reads a result (a log line, a checkpoint).
     metrics::Timeline::Step phases(timeline_.get(), s_.step + 1);
     const auto fetch = Clock::now();
+    Enter(comm::Phase::kData);
     if (Balanced()) {
       int64_t offset = 0;
       for (int r = 0; r < s_.rank; ++r) offset += shares_[r];
@@ -440,6 +459,11 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
                          static_cast<uint64_t>(s_.rank));
     }
     torch::Tensor logits;
+    Enter(comm::Phase::kForward);
+    if (s_.step == hang_at_step_) {
+      LOG_WARN("TRAINCTL_FAULT_HANG: rank {} hangs at step {}", s_.rank, s_.step);
+      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
     {
       Autocast autocast(t_.precision == "bf16", s_.device);
       logits = s_.model->forward(b.x);
@@ -451,13 +475,16 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     // ranks' average is the mean over the global batch, as with even parts.
     if (Balanced() && shares_[s_.rank] != s_.batch) loss = loss * (double(shares_[s_.rank]) / double(s_.batch));
     phases.End("forward");
+    Enter(comm::Phase::kBackward);
     loss.backward();
     phases.End("backward");
     if (Balanced()) {
       work_seconds_ += SecondsSince(fetch);
       work_items_ += b.x.size(0);
     }
+    Enter(comm::Phase::kGradients);
     RETURN_IF_ERROR(s_.reducer->Finish());
+    Enter(comm::Phase::kApply);
     lr = LearningRate(t_.optimizer, t_.schedule, s_.step, s_.total_steps, s_.world);
     if (strategy_->Collective()) phases.End("gradient average");
     RETURN_IF_ERROR(strategy_->Apply(s_, lr));
@@ -465,7 +492,9 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     ++s_.step;
     ++s_.batch_in_epoch;
     last_saved_ = false;
+    if (watchdog_) watchdog_->StepDone(SecondsSince(fetch));
     if (Balanced() && s_.step % kBalanceEvery == 0) {
+      Enter(comm::Phase::kCollective);
       RETURN_IF_ERROR(Rebalance());
       phases.End("balance");
     }
@@ -473,6 +502,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     loss_count += 1;
     window_samples += s_.batch * s_.world;
     if (s_.step % t_.log_every == 0) {
+      Enter(comm::Phase::kCollective);
       const double comm = strategy_->TakeWaitSeconds(s_);
       epoch_comm += comm;
       RETURN_IF_ERROR(LogStep(loss_sum.item<double>(), loss_count, lr, SecondsSince(window_start),
@@ -518,6 +548,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
 }
 
 Status Trainer::EvalEpoch(int64_t epoch) {
+  Enter(comm::Phase::kEvaluating);
   RETURN_IF_ERROR(s_.SyncBuffers());
   // Without collectives among the workers rank 0 evaluates alone.
   const bool together = strategy_->Collective();

@@ -36,6 +36,11 @@
 #include "train/reducer.h"
 #include "train/torch_data.h"
 
+namespace trainctl::comm {
+class ProgressWatchdog;
+enum class Phase : int;
+}  // namespace trainctl::comm
+
 namespace trainctl::train {
 
 // Each training rank's batch: trainer.global_batch_size split evenly among `world` ranks, else
@@ -118,6 +123,8 @@ struct TrainerOptions {
   Store* store = nullptr;
   // When RunTrainer began, and when its collectives were connected: for the start's debug line.
   Clock::time_point begun = Clock::now(), connected = begun;
+  // Told each phase of the training loop and each step's time (comm/progress.h); may be null.
+  comm::ProgressWatchdog* watchdog = nullptr;
 };
 
 // Everything one training process holds.
@@ -173,6 +180,11 @@ class Trainer : private StateSource {
   int classes_ = 0;
   bool random_layers_ = false;  // the model draws from the generator when training (dropout)
   bool last_saved_ = false;
+  comm::ProgressWatchdog* watchdog_;
+  // TRAINCTL_FAULT_HANG=RANK:STEP (for tests of the watchdog): that rank hangs at that step's
+  // forward pass, neither stopped nor blocked in the kernel (which the agent sees in /proc).
+  int64_t hang_at_step_ = -1;
+  void Enter(comm::Phase phase);
   // Balanced(): each rank's part of the global batch (batch each at first), and this rank's
   // computing (its batches, forward and backward) since the last Rebalance().
   std::vector<int64_t> shares_;

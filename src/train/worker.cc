@@ -6,9 +6,11 @@
 
 #include <cstdio>
 #include <ctime>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include "comm/progress.h"
 #include "common/exit_codes.h"
 #include "common/fs.h"
 #include "common/log.h"
@@ -169,6 +171,26 @@ int RunTrainer(const TrainOptions& options) {
   }
   if (!comm.ok()) return fail(comm.status());
   if (Status st = comm::AnnounceRank(comm_store, rank, host); !st.ok()) return fail(st);
+  // A rank that stops making progress is named within seconds, not at the collective timeout: the
+  // others end the group (comm/progress.h). Its own store client: the loop's is not shared.
+  std::unique_ptr<comm::ProgressWatchdog> watchdog;
+  if (!ps && world > 1) {
+    if (auto own = OpenStore(env->store_addr, env->store_token); own.ok()) {
+      comm::ProgressOptions po;
+      po.rank = rank;
+      po.size = world;
+      po.limit = comm_timeout;
+      watchdog = std::make_unique<comm::ProgressWatchdog>(
+          std::make_unique<PrefixStore>(std::move(*own), env->store_prefix + keys::CommPrefix(env->round)), po,
+          [fail](const Status& st) {
+            const int code = fail(st);
+            std::fflush(nullptr);
+            ::_exit(code);
+          });
+    } else {
+      LOG_WARN("no progress watchdog: {}", own.status().message());
+    }
+  }
 
   try {
     TrainerOptions o;
@@ -181,6 +203,7 @@ int RunTrainer(const TrainOptions& options) {
     o.store = &comm_store;
     o.begun = begun;
     o.connected = Clock::now();
+    o.watchdog = watchdog.get();
     Trainer trainer(std::move(o), ps ? ParameterServerStrategy(ps.get()) : AllreduceStrategy());
     Status st = trainer.Run();
     if (st.code() == Code::kTimeout && !ps) {
