@@ -16,6 +16,7 @@
 
 #include "comm/shm/segment.h"
 #include "common/address.h"
+#include "common/strings.h"
 #include "common/socket.h"
 
 namespace trainctl::comm::ps {
@@ -311,7 +312,7 @@ void Server::Serve(int fd) {
     int64_t w = -1;
     if (!ReadMessage(fd, kMaxHelloBytes, &op, &payload) || op != kHello) return;
     In hello(payload);
-    if (!hello.Str(&token) || !hello.I64(&w) || token != o_.token) {
+    if (!hello.Str(&token) || !hello.I64(&w) || !ConstantTimeEquals(token, o_.token)) {
       WriteAll(fd, Out().Str("wrong token").Message(kUnauthorized));
       return;
     }
