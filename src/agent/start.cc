@@ -63,11 +63,12 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   }
   const char* addr_env = std::getenv(kEnvStoreAddr);
   const char* token_env = std::getenv(kEnvStoreToken);
-  if (!addr_env) {
+  const std::string addr = !f.store_addr.empty() ? f.store_addr : addr_env ? addr_env : "";
+  const std::string token = !f.store_token.empty() ? f.store_token : token_env ? token_env : "";
+  if (addr.empty()) {
     std::fprintf(stderr, "trainctl agent: %s must be set to the job's store URL\n", kEnvStoreAddr);
     return kExitInvalidSpec;
   }
-  const std::string addr = addr_env, token = token_env ? token_env : "";
   if (addr.rfind("etcd", 0) != 0 && token.size() < 16) {
     // A guessable token opens the job's store (and with it the workers' commands) to its network.
     std::fprintf(stderr, "trainctl agent: %s must hold the job's token, at least 16 characters (for example "

@@ -16,6 +16,9 @@ struct AgentProcessOptions {
   int node_rank = -1;              // -1: by arrival
   std::string task;                // "ROLE:INDEX": the node that runs that one task (pod per task)
   std::string run_id;
+  // The job's store (URL) and token; empty: from the environment (kEnvStoreAddr, kEnvStoreToken),
+  // where a launcher or a cluster engine's manifest puts them for `trainctl agent`.
+  std::string store_addr, store_token;
   std::string host = "127.0.0.1";  // this node's address for peers; "auto": its host name
   std::vector<std::string> replaces;  // the ids of the dead agents this one replaces (AgentOptions)
   std::string spec_file;           // "" : the spec from the store

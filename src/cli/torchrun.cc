@@ -23,7 +23,6 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
-#include "job/agent_command.h"
 #include "job/paths.h"
 #include "launch/k8s/render.h"
 #include "launch/local/local_launcher.h"
@@ -256,7 +255,7 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
   a.color = ::isatty(STDOUT_FILENO) != 0;
   if (!spec->rendezvous.empty()) {  // etcd: every host's agent meets there, ranks by arrival
     a.host = !f.local_addr.empty() ? f.local_addr : "auto";
-    ::setenv(kEnvStoreAddr, spec->rendezvous.c_str(), 1);
+    a.store_addr = spec->rendezvous;
     LOG_INFO("joining job {} on {}", spec->name, spec->rendezvous);
     return run_here();
   }
@@ -286,8 +285,8 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
   a.serve_store = serve;
   a.join_if_served = f.rdzv_backend != "static" && !is_host;
   a.node_rank = f.rdzv_backend == "static" ? f.node_rank : (serve ? 0 : -1);
-  ::setenv(kEnvStoreAddr, ("tcp://" + endpoint).c_str(), 1);
-  ::setenv(kEnvStoreToken, token, 1);
+  a.store_addr = "tcp://" + endpoint;
+  a.store_token = token;
   ::unsetenv("TRAINCTL_TOKEN");  // not into the workers' environment
   // The node that serves says so once the store is up (or that it joins, if another command here
   // took the port first).
