@@ -78,6 +78,25 @@ void Flush(Conn* c) {
 }  // namespace
 
 struct TcpStoreServer::State {
+  // The serving thread's event loop (Serve): epoll over the listener, the wake-up pipe and the
+  // connections; a turn costs what happened in it, not a pass over every connection (thousands
+  // of agents each waiting on a key).
+  TcpStoreServer* server = nullptr;
+  int ep = -1;
+  int max_connections = 0;
+  bool listening = true;
+  std::set<int> strangers;                // connections that have not presented the token yet
+  Clock::time_point accept_again{};       // at the open-file limit: accept nothing until then
+  char buf[65536];
+
+  bool Watch(int op, int fd, uint32_t events);
+  void ReadFrom(Conn* c);
+  bool CloseOldestStranger();
+  void Settle();
+  Clock::time_point ExpireStrangers(Clock::time_point now, Clock::time_point until);
+  void AcceptAll();
+  void Run();  // until Stop() writes to the wake-up pipe, or epoll fails
+
   KvTable table;
   std::map<int, Conn> conns;
   // A waiting connection is listed under one key it still lacks; a change to that key looks at it
@@ -399,174 +418,185 @@ int FdRoom(int wanted) {
 
 }  // namespace
 
-void TcpStoreServer::Serve() {
-  State& s = *state_;
-  char buf[65536];
-  const int max_connections = FdRoom(options_.max_connections);
-  // epoll: a turn costs what happened in it, not a pass over every connection (thousands of
-  // agents each waiting on a key).
-  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
-  if (ep < 0) {
-    LOG_ERROR("store server: epoll_create1 failed: {}", std::strerror(errno));
+bool TcpStoreServer::State::Watch(int op, int fd, uint32_t events) {
+  struct epoll_event e{};
+  e.events = events;
+  e.data.fd = fd;
+  return ::epoll_ctl(ep, op, fd, &e) == 0;
+}
+
+// Reads what `c` has sent and runs it (a hello, the requests after it). Before the token, no more
+// than a hello's worth is ever buffered.
+void TcpStoreServer::State::ReadFrom(Conn* c) {
+  touched.insert(c->fd);
+  const size_t room = c->authed ? sizeof buf : std::min(sizeof buf, wire::kMaxHelloBytes + 4 - std::min<size_t>(c->in.size(), wire::kMaxHelloBytes + 4));
+  if (room == 0) {
+    c->dead = true;
     return;
   }
-  auto watch = [ep](int op, int fd, uint32_t events) {
-    struct epoll_event e{};
-    e.events = events;
-    e.data.fd = fd;
-    return ::epoll_ctl(ep, op, fd, &e) == 0;
-  };
-  watch(EPOLL_CTL_ADD, wake_read_, EPOLLIN);
-  watch(EPOLL_CTL_ADD, listen_fd_, EPOLLIN);
-  bool listening = true;
-  std::set<int> strangers;  // connections that have not presented the token yet
-  // Reads what `c` has sent and runs it (a hello, the requests after it). Before the token, no
-  // more than a hello's worth is ever buffered.
-  auto read_from = [&](Conn* c) {
-    s.touched.insert(c->fd);
-    const size_t room = c->authed ? sizeof buf : std::min(sizeof buf, wire::kMaxHelloBytes + 4 - std::min<size_t>(c->in.size(), wire::kMaxHelloBytes + 4));
-    if (room == 0) {
-      c->dead = true;
+  ssize_t n = ::recv(c->fd, buf, room, 0);
+  if (n > 0) {
+    c->in.append(buf, static_cast<size_t>(n));
+    ProcessBuffered(c, server->options_.token);
+  } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+    c->dead = true;
+  }
+}
+
+// Closes the oldest connection that has not said hello, to make room for a newcomer. A hello may
+// be waiting in a stranger's socket, unread (a server behind on its reading, hundreds of agents
+// connecting at once): it is read first, and a stranger that sent the token stays.
+bool TcpStoreServer::State::CloseOldestStranger() {
+  std::vector<Conn*> order;
+  for (int fd : strangers) {
+    Conn* c = Find(fd);
+    if (c && !c->authed && !c->dead) order.push_back(c);
+  }
+  std::sort(order.begin(), order.end(), [](const Conn* a, const Conn* b) { return a->accepted < b->accepted; });
+  for (Conn* c : order) {
+    if (!c->closing) ReadFrom(c);
+    if (c->authed) {
+      strangers.erase(c->fd);
+      continue;
+    }
+    c->dead = true;  // closed by Settle, without a reply: it never said who it is
+    strangers.erase(c->fd);
+    return true;
+  }
+  return false;
+}
+
+// Runs what the touched connections have buffered, sends their replies, and closes the dead.
+void TcpStoreServer::State::Settle() {
+  while (!touched.empty()) {
+    const int fd = *touched.begin();
+    touched.erase(touched.begin());
+    Conn* c = Find(fd);
+    if (!c) continue;
+    ProcessBuffered(c, server->options_.token);  // a completed wait may have left requests behind it
+    Flush(c);
+    if (c->authed) strangers.erase(fd);
+    if (c->dead || (c->closing && c->out.empty())) {
+      if (c->waiting) deadlines.erase({c->deadline, fd});
+      strangers.erase(fd);
+      ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+      ::close(fd);
+      conns.erase(fd);
+      continue;
+    }
+    uint32_t events = 0;
+    if (!c->waiting && !c->closing) events |= EPOLLIN;
+    if (!c->out.empty()) events |= EPOLLOUT;
+    if (events != c->events && Watch(EPOLL_CTL_MOD, fd, events)) c->events = events;
+  }
+}
+
+// Refuses the strangers whose time to present the token has passed; returns `until`, or the
+// earliest such time to come.
+Clock::time_point TcpStoreServer::State::ExpireStrangers(Clock::time_point now, Clock::time_point until) {
+  for (int fd : strangers) {
+    Conn* c = Find(fd);
+    if (!c || c->closing) continue;
+    if (now >= c->accepted + server->options_.auth_timeout) {
+      SendError(c, Reply::kUnauthorized, "no token presented in time");
+      c->closing = true;
+      touched.insert(fd);
+    } else {
+      until = std::min(until, c->accepted + server->options_.auth_timeout);
+    }
+  }
+  return until;
+}
+
+// Takes the connections waiting on the listener, while there is room.
+void TcpStoreServer::State::AcceptAll() {
+  int live = static_cast<int>(conns.size());
+  while (true) {
+    int cfd = ::accept4(server->listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (cfd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: make room by dropping the oldest stranger, and wait a little rather
+        // than watch a listener that stays readable (a spin at 100 % of a core).
+        if (!CloseOldestStranger()) accept_again = Clock::now() + std::chrono::milliseconds(100);
+      }
       return;
     }
-    ssize_t n = ::recv(c->fd, buf, room, 0);
-    if (n > 0) {
-      c->in.append(buf, static_cast<size_t>(n));
-      s.ProcessBuffered(c, options_.token);
-    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-      c->dead = true;
+    if (server->unix_name_.empty()) {
+      int one = 1;
+      ::setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    } else if (!OwnUsersProcess(cfd)) {
+      // A Unix socket names its peer: another user's process is closed before it can try a token
+      // (the abstract namespace has no file permissions to keep it out).
+      ::close(cfd);
+      continue;
     }
-  };
-  // Closes the oldest connection that has not said hello, to make room for a newcomer. A hello
-  // may be waiting in a stranger's socket, unread (a server behind on its reading, hundreds of
-  // agents connecting at once): it is read first, and a stranger that sent the token stays.
-  auto close_oldest_unauthenticated = [&] {
-    std::vector<Conn*> order;
-    for (int fd : strangers) {
-      Conn* c = s.Find(fd);
-      if (c && !c->authed && !c->dead) order.push_back(c);
+    if ((static_cast<int>(strangers.size()) >= server->options_.max_unauthenticated || live >= max_connections) &&
+        CloseOldestStranger()) {
+      --live;
     }
-    std::sort(order.begin(), order.end(), [](const Conn* a, const Conn* b) { return a->accepted < b->accepted; });
-    for (Conn* c : order) {
-      if (!c->closing) read_from(c);
-      if (c->authed) {
-        strangers.erase(c->fd);
-        continue;
-      }
-      c->dead = true;  // closed below, without a reply: it never said who it is
-      strangers.erase(c->fd);
-      return true;
+    if (live >= max_connections) {  // full of the job's own clients: no room
+      ::close(cfd);
+      return;
     }
-    return false;
-  };
-  // Runs what the touched connections have buffered, sends their replies, and closes the dead.
-  auto settle = [&] {
-    while (!s.touched.empty()) {
-      const int fd = *s.touched.begin();
-      s.touched.erase(s.touched.begin());
-      Conn* c = s.Find(fd);
-      if (!c) continue;
-      s.ProcessBuffered(c, options_.token);  // a completed wait may have left requests behind it
-      Flush(c);
-      if (c->authed) strangers.erase(fd);
-      if (c->dead || (c->closing && c->out.empty())) {
-        if (c->waiting) s.deadlines.erase({c->deadline, fd});
-        strangers.erase(fd);
-        ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
-        ::close(fd);
-        s.conns.erase(fd);
-        continue;
-      }
-      uint32_t events = 0;
-      if (!c->waiting && !c->closing) events |= EPOLLIN;
-      if (!c->out.empty()) events |= EPOLLOUT;
-      if (events != c->events && watch(EPOLL_CTL_MOD, fd, events)) c->events = events;
-    }
-  };
-  Clock::time_point accept_again{};  // at the open-file limit: accept nothing until then
+    Conn& c = conns[cfd];
+    c.fd = cfd;
+    c.accepted = Clock::now();
+    c.events = EPOLLIN;
+    Watch(EPOLL_CTL_ADD, cfd, EPOLLIN);
+    ReadFrom(&c);  // its hello, when it came with the connection (the job's clients)
+    if (!c.authed) strangers.insert(cfd);
+    if (++live >= max_connections && strangers.empty()) return;
+  }
+}
+
+void TcpStoreServer::State::Run() {
+  Watch(EPOLL_CTL_ADD, server->wake_read_, EPOLLIN);
+  Watch(EPOLL_CTL_ADD, server->listen_fd_, EPOLLIN);
   std::vector<struct epoll_event> ready(1024);
   while (true) {
-    auto now = Clock::now();
-    Clock::time_point until = s.ExpireWaiters(now, now + std::chrono::seconds(1));
-    for (int fd : strangers) {
-      Conn* c = s.Find(fd);
-      if (!c || c->closing) continue;
-      if (now >= c->accepted + options_.auth_timeout) {
-        SendError(c, Reply::kUnauthorized, "no token presented in time");
-        c->closing = true;
-        s.touched.insert(fd);
-      } else {
-        until = std::min(until, c->accepted + options_.auth_timeout);
-      }
-    }
-    settle();
-    const int live = static_cast<int>(s.conns.size());
+    const auto now = Clock::now();
+    Clock::time_point until = ExpireStrangers(now, ExpireWaiters(now, now + std::chrono::seconds(1)));
+    Settle();
     // Full: accept only to replace a stranger (a connection without the token) with a newcomer.
-    const bool accepting = (live < max_connections || !strangers.empty()) && now >= accept_again;
+    const bool accepting =
+        (static_cast<int>(conns.size()) < max_connections || !strangers.empty()) && now >= accept_again;
     if (now < accept_again) until = std::min(until, accept_again);
-    if (accepting != listening && watch(EPOLL_CTL_MOD, listen_fd_, accepting ? uint32_t{EPOLLIN} : 0u)) listening = accepting;
+    if (accepting != listening && Watch(EPOLL_CTL_MOD, server->listen_fd_, accepting ? uint32_t{EPOLLIN} : 0u)) {
+      listening = accepting;
+    }
     const int rc = ::epoll_wait(ep, ready.data(), static_cast<int>(ready.size()),
                                 static_cast<int>(Remaining(until).count()) + 1);
     if (rc < 0 && errno != EINTR) {
       LOG_ERROR("store server: epoll_wait failed: {}", std::strerror(errno));
-      break;
+      return;
     }
-    bool stop = false;
     for (int i = 0; i < std::max(rc, 0); ++i) {
       const int fd = ready[i].data.fd;
-      if (fd == wake_read_) {
-        stop = true;  // Stop()
-        break;
-      }
-      if (fd == listen_fd_) {
-        int now_live = static_cast<int>(s.conns.size());
-        while (true) {
-          int cfd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-          if (cfd < 0) {
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-              // Out of descriptors: make room by dropping the oldest stranger, and wait a little
-              // rather than watch a listener that stays readable (a spin at 100 % of a core).
-              if (!close_oldest_unauthenticated()) accept_again = Clock::now() + std::chrono::milliseconds(100);
-            }
-            break;
-          }
-          if (unix_name_.empty()) {
-            int one = 1;
-            ::setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-          } else if (!OwnUsersProcess(cfd)) {
-            // A Unix socket names its peer: another user's process is closed before it can try a
-            // token (the abstract namespace has no file permissions to keep it out).
-            ::close(cfd);
-            continue;
-          }
-          if ((static_cast<int>(strangers.size()) >= options_.max_unauthenticated || now_live >= max_connections) &&
-              close_oldest_unauthenticated()) {
-            --now_live;
-          }
-          if (now_live >= max_connections) {  // full of the job's own clients: no room
-            ::close(cfd);
-            break;
-          }
-          Conn& c = s.conns[cfd];
-          c.fd = cfd;
-          c.accepted = Clock::now();
-          c.events = EPOLLIN;
-          watch(EPOLL_CTL_ADD, cfd, EPOLLIN);
-          read_from(&c);  // its hello, when it came with the connection (the job's clients)
-          if (!c.authed) strangers.insert(cfd);
-          if (++now_live >= max_connections && strangers.empty()) break;
-        }
+      if (fd == server->wake_read_) return;  // Stop()
+      if (fd == server->listen_fd_) {
+        AcceptAll();
         continue;
       }
-      Conn* c = s.Find(fd);
+      Conn* c = Find(fd);
       if (!c || c->dead) continue;
-      s.touched.insert(fd);
-      if (ready[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read_from(c);
+      touched.insert(fd);
+      if (ready[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ReadFrom(c);
     }
-    if (stop) break;
-    settle();
+    Settle();
   }
-  ::close(ep);
+}
+
+void TcpStoreServer::Serve() {
+  State& s = *state_;
+  s.server = this;
+  s.max_connections = FdRoom(options_.max_connections);
+  s.ep = ::epoll_create1(EPOLL_CLOEXEC);
+  if (s.ep < 0) {
+    LOG_ERROR("store server: epoll_create1 failed: {}", std::strerror(errno));
+    return;
+  }
+  s.Run();
+  ::close(s.ep);
 }
 
 }  // namespace trainctl
