@@ -231,8 +231,9 @@ struct JobSpec {
 
   // Every task of the job at full size (nodes.max).
   int world_size() const;
-  // The most clients the job's store has at once: an agent per node and a task per worker.
-  int store_clients() const { return nodes.max + world_size(); }
+  // The most clients the job's store has at once: an agent per node and a client per task; a
+  // built-in trainer's task has a second, its progress watchdog's (comm/progress.h).
+  int store_clients() const { return nodes.max + world_size() * (trainer.enabled ? 2 : 1); }
 };
 
 // The roles a round of `nodes` nodes runs: the spec's roles, or one role `worker` of
