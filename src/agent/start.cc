@@ -53,6 +53,73 @@ Result<int> TaskNodeRank(const JobSpec& spec, const std::string& task) {
 
 int CodeFor(const Status& st) { return st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError; }
 
+// The job's store URL and token: the options', else the environment's (unset then: the token must
+// not reach the tasks under this name).
+Result<std::pair<std::string, std::string>> StoreCredentials(const AgentProcessOptions& f) {
+  const char* addr_env = std::getenv(kEnvStoreAddr);
+  const char* token_env = std::getenv(kEnvStoreToken);
+  std::string addr = !f.store_addr.empty() ? f.store_addr : addr_env ? addr_env : "";
+  std::string token = !f.store_token.empty() ? f.store_token : token_env ? token_env : "";
+  ::unsetenv(kEnvStoreToken);
+  ::unsetenv(kEnvStoreAddr);
+  if (addr.empty()) return InvalidArgument(std::string(kEnvStoreAddr) + " must be set to the job's store URL");
+  if (addr.rfind("etcd", 0) != 0 && token.size() < 16) {
+    // A guessable token opens the job's store (and with it the workers' commands) to its network.
+    return InvalidArgument(std::string(kEnvStoreToken) + " must hold the job's token, at least 16 characters (for "
+                           "example openssl rand -hex 32); it has " + std::to_string(token.size()));
+  }
+  return std::make_pair(std::move(addr), std::move(token));
+}
+
+// Serves the job's store on node 0 as `addr` (tcp://HOST:PORT) says: on loopback only when it
+// names loopback (torchrun's 127.0.0.1, [::1] or localhost), else on every interface (a pod's or a
+// host's address). Fills `*server` and `*served` (the URL this agent reaches it at), or, when this
+// machine serves it already and `join_if_served`, sets `*node_rank` to -1 (by arrival). Returns the
+// exit code when it can do neither.
+std::optional<int> ServeStore(const AgentProcessOptions& f, const std::optional<JobSpec>& spec, const std::string& addr,
+                              const std::string& token, int* node_rank, std::unique_ptr<TcpStoreServer>* server,
+                              std::string* served) {
+  std::string host;
+  uint16_t port = 0;
+  Status st = !spec ? InvalidArgument("--serve-store needs --spec")
+              : addr.rfind("tcp://", 0) != 0
+                  ? InvalidArgument("--serve-store needs a tcp:// store URL, got " + addr)
+                  : ParseHostPort(addr.substr(6), &host, &port);
+  TcpStoreServerOptions so;
+  const bool loopback = st.ok() && IsLoopbackHost(host);
+  so.host = !loopback ? "0.0.0.0" : host == "localhost" ? "127.0.0.1" : host;
+  so.port = port;
+  so.token = token;
+  if (spec) so.max_connections = std::max(so.max_connections, spec->store_clients() + 64);
+  RaiseOpenFileLimit(so.max_connections + 256);
+  auto started = st.ok() ? TcpStoreServer::Start(so) : Result<std::unique_ptr<TcpStoreServer>>(st);
+  if (!started.ok() && f.join_if_served && started.status().code() == Code::kAlreadyExists) {
+    LOG_INFO("joining the job's store at {}: this machine serves it already (port {} in use)", addr.substr(6), port);
+    *node_rank = -1;  // by arrival, as every other joining node
+    return std::nullopt;
+  }
+  if (!started.ok()) {
+    LOG_ERROR("cannot serve the job's store: {}", started.status().message());
+    return CodeFor(started.status());
+  }
+  *server = std::move(*started);
+  *served = "tcp://" + JoinHostPort(loopback ? so.host : "127.0.0.1", (*server)->port());
+  LOG_INFO("serving the job's store at {} ({}, with the job's token)", addr.substr(6),
+           loopback ? "on loopback only" : "on every interface");
+  return std::nullopt;
+}
+
+// Until every agent that started has exited, or `within` has passed.
+void WaitForTheOtherAgents(Store& store, Duration within) {
+  const auto deadline = Clock::now() + within;
+  while (Clock::now() < deadline) {
+    auto all = store.Add(keys::kAgentsStarted, 0);
+    auto done = store.Add(keys::kAgentsExited, 0);
+    if (!all.ok() || !done.ok() || *done >= *all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 }  // namespace
 
 int RunAgentProcess(const AgentProcessOptions& f) {
@@ -61,23 +128,12 @@ int RunAgentProcess(const AgentProcessOptions& f) {
     if (Status st = EnterCgroup(cgroup); !st.ok()) LOG_WARN("{}", st.message());
     ::unsetenv(kEnvCgroup);
   }
-  const char* addr_env = std::getenv(kEnvStoreAddr);
-  const char* token_env = std::getenv(kEnvStoreToken);
-  const std::string addr = !f.store_addr.empty() ? f.store_addr : addr_env ? addr_env : "";
-  const std::string token = !f.store_token.empty() ? f.store_token : token_env ? token_env : "";
-  if (addr.empty()) {
-    std::fprintf(stderr, "trainctl agent: %s must be set to the job's store URL\n", kEnvStoreAddr);
+  auto credentials = StoreCredentials(f);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "trainctl agent: %s\n", credentials.status().message().c_str());
     return kExitInvalidSpec;
   }
-  if (addr.rfind("etcd", 0) != 0 && token.size() < 16) {
-    // A guessable token opens the job's store (and with it the workers' commands) to its network.
-    std::fprintf(stderr, "trainctl agent: %s must hold the job's token, at least 16 characters (for example "
-                         "openssl rand -hex 32); it has %zu\n", kEnvStoreToken, token.size());
-    return kExitInvalidSpec;
-  }
-  // The token must not leak into the tasks' environment under this name.
-  ::unsetenv(kEnvStoreToken);
-  ::unsetenv(kEnvStoreAddr);
+  const auto& [addr, token] = *credentials;
   std::optional<JobSpec> file_spec;
   if (f.spec) file_spec = *f.spec;
   if (!f.spec_file.empty()) {
@@ -101,36 +157,7 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   std::unique_ptr<TcpStoreServer> server;
   std::string served;  // the URL this agent reaches its own store at
   if (f.serve_store && node_rank == 0) {
-    std::string host;
-    uint16_t port = 0;
-    Status st = !file_spec ? InvalidArgument("--serve-store needs --spec")
-                : addr.rfind("tcp://", 0) != 0
-                    ? InvalidArgument("--serve-store needs a tcp:// store URL, got " + addr)
-                    : ParseHostPort(addr.substr(6), &host, &port);
-    TcpStoreServerOptions so;
-    // A loopback endpoint (torchrun's 127.0.0.1, [::1] or localhost) is reached from this machine
-    // only: the store listens there and nowhere else. Any other on every interface (a pod's or
-    // a host's address).
-    const bool loopback = st.ok() && IsLoopbackHost(host);
-    so.host = !loopback ? "0.0.0.0" : host == "localhost" ? "127.0.0.1" : host;
-    so.port = port;
-    so.token = token;
-    if (file_spec) so.max_connections = std::max(so.max_connections, file_spec->store_clients() + 64);
-    RaiseOpenFileLimit(so.max_connections + 256);
-    auto started = st.ok() ? TcpStoreServer::Start(so) : Result<std::unique_ptr<TcpStoreServer>>(st);
-    if (!started.ok() && f.join_if_served && started.status().code() == Code::kAlreadyExists) {
-      LOG_INFO("joining the job's store at {}: this machine serves it already (port {} in use)", addr.substr(6), port);
-      node_rank = -1;  // by arrival, as every other joining node
-    } else if (!started.ok()) {
-      LOG_ERROR("cannot serve the job's store: {}", started.status().message());
-      return CodeFor(started.status());
-    } else {
-      server = std::move(*started);
-      const std::string local = loopback ? so.host : "127.0.0.1";
-      served = "tcp://" + JoinHostPort(local, server->port());
-      LOG_INFO("serving the job's store at {} ({}, with the job's token)", addr.substr(6),
-               loopback ? "on loopback only" : "on every interface");
-    }
+    if (auto code = ServeStore(f, file_spec, addr, token, &node_rank, &server, &served)) return *code;
   }
   auto client = OpenStore(server ? served : addr, token,
                           file_spec ? file_spec->timeouts.rendezvous : std::chrono::seconds(30));
@@ -185,16 +212,8 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   Agent agent(o, &store);
   const int code = agent.Run();
   auto exited = store.Add(keys::kAgentsExited, 1);
-  if (server && started.ok() && exited.ok()) {
-    // The store goes when this process does: first let the other agents see how the job ended.
-    const auto deadline = Clock::now() + spec->timeouts.stop_grace + std::chrono::seconds(5);
-    while (Clock::now() < deadline) {
-      auto all = store.Add(keys::kAgentsStarted, 0);
-      auto done = store.Add(keys::kAgentsExited, 0);
-      if (!all.ok() || !done.ok() || *done >= *all) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
+  // The store goes when this process does: first let the other agents see how the job ended.
+  if (server && started.ok() && exited.ok()) WaitForTheOtherAgents(store, spec->timeouts.stop_grace + std::chrono::seconds(5));
   return code;
 }
 
