@@ -379,6 +379,10 @@ TEST(Security, WhatAKilledLauncherLeftIsEndedByTheNextPs) {
     return std::find(argv.begin(), argv.end(), "agent") != argv.end() && std::find(argv.begin(), argv.end(), id) != argv.end();
   });
   ASSERT_FALSE(agents.empty());
+  // Stopped first: an agent that saw its launcher die (its death signal) before its own SIGKILL
+  // came would end the job's cgroup, the daemon with it (seen under load in CI).
+  ::kill(run.pid(), SIGSTOP);
+  for (pid_t a : agents) ::kill(a, SIGSTOP);
   ::kill(run.pid(), SIGKILL);
   for (pid_t a : agents) ::kill(a, SIGKILL);
   run.Wait(seconds(10));
