@@ -12,6 +12,7 @@
 #include "common/json_field.h"
 #include "common/strings.h"
 #include "job/paths.h"
+#include "job/run_status.h"
 
 namespace trainctl::bench {
 namespace {
@@ -334,21 +335,15 @@ void ReadFigures(const std::string& output_dir, double target_accuracy, Figures*
   const size_t step = std::max<size_t>(1, (loss.size() + 199) / 200);
   f->loss.clear();
   for (size_t i = 0; i < loss.size(); i += step) f->loss.push_back(loss[i]);
-  auto status = ReadFile(paths::StatusJson(output_dir), 1 << 20);
-  auto s = status.ok() ? json::parse(*status, nullptr, false) : json();
-  if (s.is_object()) {
-    if (s.contains("restarts") && s["restarts"].is_number_integer()) f->restarts = s["restarts"];
-    if (f->failure.empty() && s.contains("failure") && s["failure"].is_object()) {
-      // The run's failure record (job/records.h): which task, how it ended, its last words.
-      const json& r = s["failure"];
-      f->failure = JsonField(r, "kind", "task") + " failure: " + JsonField(r, "role", "worker") + " rank " +
-                   std::to_string(JsonField(r, "rank", -1)) + ", " + JsonField(r, "exit", "?");
-      const std::string error = JsonField(r, "error", "");
-      if (!error.empty()) f->failure += ": " + error;
-      if (error.empty() && r.contains("last_lines") && r["last_lines"].is_array() && !r["last_lines"].empty()) {
-        f->failure += ": " + r["last_lines"].back().dump();
-      }
-    }
+  const RunStatus s = ReadRunStatus(output_dir);
+  if (s.restarts) f->restarts = *s.restarts;
+  if (f->failure.empty() && s.failure) {
+    // The run's failure record (job/records.h): which task, how it ended, its last words.
+    const FailureRecord& r = *s.failure;
+    f->failure = std::string(FailureKindName(r.kind)) + " failure: " + (r.role.empty() ? "worker" : r.role) +
+                 " rank " + std::to_string(r.rank) + ", " + (r.exit.empty() ? "?" : r.exit);
+    if (!r.error.empty()) f->failure += ": " + r.error;
+    if (r.error.empty() && !r.last_lines.empty()) f->failure += ": " + json(r.last_lines.back()).dump();
   }
 }
 

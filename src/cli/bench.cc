@@ -28,6 +28,7 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
+#include "job/run_status.h"
 #include "launch/k8s/render.h"
 #include "launch/slurm/sbatch.h"
 
@@ -214,9 +215,7 @@ class BenchRun {
       Figures& f = figures_[i];
       const std::string out = Out(e);
       if (e.system == "trainctl") {
-        auto status = ReadFile(paths::StatusJson(out), 1 << 20);
-        auto j = status.ok() ? nlohmann::json::parse(*status, nullptr, false) : nlohmann::json();
-        const std::string state = JsonField(j, "state", "");
+        const std::string state = ReadRunStatus(out).state;
         f.state = state.empty() ? "pending" : state == "succeeded" ? "succeeded" : state == "running" ? "interrupted" : "failed";
         f.exit_code = f.state == "succeeded" ? 0 : -1;
       } else {

@@ -290,7 +290,7 @@ int LocalStatus(const std::string& job, bool as_json) {
   if (!e.ok()) return Fail("status", e.status());
   RunView v = View(*e);
   if (as_json) {
-    json out = v.status.is_object() ? v.status : json::object();
+    json out = v.status.ToJson();
     out["state"] = v.state;
     out["run_id"] = e->run_id;
     out["output_dir"] = v.dir;
@@ -300,20 +300,9 @@ int LocalStatus(const std::string& job, bool as_json) {
     std::printf("  tasks     %s on %s (%s)\n", Tasks(*e).c_str(), e->host.c_str(), e->target.c_str());
     std::printf("  elapsed   %s\n", Elapsed(v).c_str());
     std::printf("  progress  %s\n", Progress(v.dir).c_str());
-    if (v.status.is_object() && v.status.contains("restarts")) {
-      std::printf("  restarts  %d\n", JsonField(v.status, "restarts", 0));
-    }
-    if (v.status.is_object() && v.status.contains("failure") && v.status["failure"].is_object()) {
-      // As the job's own report said it ("node 1 (host:pid) was lost: ..." for a node, not a
-      // task); a record this version cannot read, from what is there.
-      const json& f = v.status["failure"];
-      auto rec = FailureRecord::FromJson(f.dump());
-      const std::string what = rec.ok() ? rec->Summary()
-                                        : JsonField(f, "role", "task") + " " + std::to_string(JsonField(f, "task_index", 0)) +
-                                              " (rank " + std::to_string(JsonField(f, "rank", -1)) + " on " +
-                                              JsonField(f, "host", "?") + "): " + JsonField(f, "exit", "");
-      std::printf("  failure   %s\n", what.c_str());
-    }
+    if (v.status.restarts) std::printf("  restarts  %d\n", *v.status.restarts);
+    // As the job's own report said it ("node 1 (host:pid) was lost: ..." for a node, not a task).
+    if (v.status.failure) std::printf("  failure   %s\n", v.status.failure->Summary().c_str());
     std::printf("  output    %s\n  logs      trainctl logs %s\n", v.dir.c_str(), e->run_id.c_str());
   }
   if (v.state == "failed" || v.state == "lost" || v.state == "error") return kExitWorkerFailed;

@@ -24,6 +24,7 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
+#include "job/run_status.h"
 #include "launch/k8s/render.h"
 #include "launch/local/local_launcher.h"
 
@@ -243,12 +244,13 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
     if (st.ok()) st = WriteRunningStatus(entry);
     if (!st.ok()) LOG_WARN("trainctl ps will not list this run: {}", st.message());
     const int code = RunAgentProcess(a);
-    const nlohmann::json end = {{"job", spec->name}, {"run_id", a.run_id}, {"exit_code", code},
-                                {"elapsed", Elapsed(start)},
-                                {"state", StateOfExit(code)}};
-    if (Status w = AtomicWriteFile(paths::StatusJson(spec->output_dir), end.dump(2) + "\n"); !w.ok()) {
-      LOG_WARN("{}", w.message());
-    }
+    RunStatus end;
+    end.job = spec->name;
+    end.run_id = a.run_id;
+    end.exit_code = code;
+    end.elapsed = Elapsed(start);
+    end.state = StateOfExit(code);
+    if (Status w = WriteRunStatus(spec->output_dir, end); !w.ok()) LOG_WARN("{}", w.message());
     return code;
   };
   a.spec = &*spec;

@@ -11,6 +11,7 @@
 #include "common/subprocess.h"
 #include "job/agent_command.h"
 #include "job/records.h"
+#include "job/run_status.h"
 #include "job/runs.h"
 #include "job/task_env.h"
 #include "job/tasks.h"
@@ -191,6 +192,62 @@ TEST(Records, FailureAndStopRecordsRoundTrip) {
   EXPECT_EQ(parsed.reason, stop.reason);
   EXPECT_EQ(parsed.code, 130);
   EXPECT_FALSE(StopRecord::FromJson("plain text", &parsed));
+}
+
+// status.json: what the launcher writes, ps/status/bench/the dashboard read back the same, and a
+// file that a user edited or another version wrote is read for what it holds, never thrown on.
+TEST(RunStatus, WhatIsWrittenIsReadBackAndABadFieldIsAsIfMissing) {
+  char tmpl[] = "/tmp/run-status-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  EXPECT_FALSE(ReadRunStatus(dir).known());  // no file yet
+
+  RunStatus s;
+  s.job = "mnist";
+  s.run_id = "mnist-1a2b";
+  s.state = StateOfExit(3);
+  s.exit_code = 3;
+  s.restarts = 2;
+  s.elapsed = "1m30s";
+  s.task_restarts = 0;
+  FailureRecord f;
+  f.kind = FailureKind::kNodeLost;
+  f.round = 2;
+  f.host = "h:9";
+  f.exit = "its agent died: signal 9 (SIGKILL)";
+  s.failure = f;
+  ASSERT_TRUE(WriteRunStatus(dir, s).ok());
+  const RunStatus back = ReadRunStatus(dir);
+  EXPECT_EQ(back.ToJson(), s.ToJson());
+  EXPECT_EQ(back.state, "failed");
+  ASSERT_TRUE(back.failure.has_value());
+  EXPECT_EQ(back.failure->Summary(), "node 0 (h:9) was lost: its agent died: signal 9 (SIGKILL)");
+  EXPECT_EQ(back.task_restarts, 0);  // present and zero is not absent
+  EXPECT_FALSE(back.ignored_failures.has_value());
+  EXPECT_FALSE(back.ToJson().contains("pid"));  // absent fields are left out
+
+  // Another version's file: a number as text, a record with fields missing and one mistyped.
+  const auto odd = RunStatus::FromJson(nlohmann::json::parse(R"({
+    "job": "j", "run_id": "r", "state": "failed", "exit_code": "3", "restarts": 1.5, "started": 17,
+    "failure": {"kind": "from-the-future", "rank": "two", "host": "h", "exit": "exit code 1",
+                "last_lines": ["x", 7, "y"]},
+    "root_cause": "not an object", "extra": true})"));
+  EXPECT_EQ(odd.run_id, "r");
+  EXPECT_FALSE(odd.exit_code.has_value());
+  EXPECT_FALSE(odd.restarts.has_value());
+  EXPECT_EQ(odd.started, 17);
+  ASSERT_TRUE(odd.failure.has_value());
+  EXPECT_EQ(odd.failure->kind, FailureKind::kTask);
+  EXPECT_EQ(odd.failure->rank, -1);
+  EXPECT_EQ(odd.failure->last_lines, (std::vector<std::string>{"x", "y"}));
+  EXPECT_FALSE(odd.root_cause.has_value());
+  EXPECT_FALSE(RunStatus::FromJson(nlohmann::json::array()).known());
+
+  EXPECT_EQ(StateOfExit(0), "succeeded");
+  EXPECT_EQ(StateOfExit(130), "interrupted");
+  EXPECT_EQ(StateOfExit(5), "timed-out");
+  EXPECT_EQ(StateOfExit(77), "error");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Tasks, OneRoleIsTorchrunsLayout) {

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 
+#include "common/json_field.h"
 #include "common/strings.h"
 
 namespace trainctl {
@@ -25,48 +26,61 @@ const char* FailureKindName(FailureKind kind) {
   return "task";
 }
 
-std::string FailureRecord::ToJson() const {
+json FailureRecord::ToJsonValue() const {
   return json{{"kind", FailureKindName(kind)}, {"round", round},        {"restarts", restarts},
               {"final", final},               {"node_rank", node_rank},       {"host", host},          {"rank", rank},
               {"local_rank", local_rank},     {"role", role},          {"task_index", task_index},
               {"pid", pid},                   {"exit", exit},          {"log_path", log_path},
               {"last_lines", last_lines}, {"error", error},    {"traceback", traceback},
-              {"error_time", error_time}, {"error_time_ns", error_time_ns}, {"exited_ns", exited_ns}}
-      .dump();
+              {"error_time", error_time}, {"error_time_ns", error_time_ns}, {"exited_ns", exited_ns}};
+}
+
+std::string FailureRecord::ToJson() const { return ToJsonValue().dump(); }
+
+FailureRecord FailureRecord::FromJsonValue(const json& j) {
+  FailureRecord r;
+  const std::string kind = JsonField(j, "kind", std::string("task"));
+  for (const auto& [k, name] : kKinds) {
+    if (kind == name) r.kind = k;
+  }
+  r.round = JsonField(j, "round", 0);
+  r.restarts = JsonField(j, "restarts", 0);
+  r.final = JsonField(j, "final", false);
+  r.node_rank = JsonField(j, "node_rank", 0);
+  r.host = JsonField(j, "host", std::string());
+  r.rank = JsonField(j, "rank", -1);
+  r.local_rank = JsonField(j, "local_rank", -1);
+  r.role = JsonField(j, "role", std::string());
+  r.task_index = JsonField(j, "task_index", -1);
+  r.pid = JsonField(j, "pid", 0);
+  r.exit = JsonField(j, "exit", std::string());
+  r.log_path = JsonField(j, "log_path", std::string());
+  if (auto it = j.find("last_lines"); it != j.end() && it->is_array()) {
+    for (const auto& line : *it) {
+      if (line.is_string()) r.last_lines.push_back(line.get<std::string>());
+    }
+  }
+  r.error = JsonField(j, "error", std::string());
+  r.traceback = JsonField(j, "traceback", std::string());
+  r.error_time = JsonField(j, "error_time", int64_t{0});
+  r.error_time_ns = JsonField(j, "error_time_ns", int64_t{0});
+  r.exited_ns = JsonField(j, "exited_ns", int64_t{0});
+  return r;
 }
 
 Result<FailureRecord> FailureRecord::FromJson(const std::string& text) {
-  try {
-    json j = json::parse(text);
-    FailureRecord r;
-    const std::string kind = j.at("kind").get<std::string>();
-    bool known = false;
-    for (const auto& [k, name] : kKinds) {
-      if (kind == name) r.kind = k, known = true;
-    }
-    if (!known) return Internal("malformed failure record: unknown kind " + kind);
-    r.round = j.at("round").get<int>();
-    r.restarts = j.at("restarts").get<int>();
-    r.final = j.at("final").get<bool>();
-    r.node_rank = j.at("node_rank").get<int>();
-    r.host = j.at("host").get<std::string>();
-    r.rank = j.at("rank").get<int>();
-    r.local_rank = j.at("local_rank").get<int>();
-    r.role = j.at("role").get<std::string>();
-    r.task_index = j.at("task_index").get<int>();
-    r.pid = j.at("pid").get<int>();
-    r.exit = j.at("exit").get<std::string>();
-    r.log_path = j.at("log_path").get<std::string>();
-    r.last_lines = j.at("last_lines").get<std::vector<std::string>>();
-    r.error = j.value("error", "");
-    r.traceback = j.value("traceback", "");
-    r.error_time = j.value("error_time", int64_t{0});
-    r.error_time_ns = j.value("error_time_ns", int64_t{0});
-    r.exited_ns = j.value("exited_ns", int64_t{0});
-    return r;
-  } catch (const json::exception& e) {
-    return Internal(std::string("malformed failure record: ") + e.what());
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return Internal("malformed failure record: not a JSON object");
+  // The fields every version has written; the error file's are optional.
+  for (const char* key : {"kind", "round", "restarts", "final", "node_rank", "host", "rank", "local_rank", "role",
+                          "task_index", "pid", "exit", "log_path", "last_lines"}) {
+    if (!j.contains(key)) return Internal(std::string("malformed failure record: no ") + key);
   }
+  const std::string kind = JsonField(j, "kind", std::string());
+  bool known = false;
+  for (const auto& [k, name] : kKinds) known = known || kind == name;
+  if (!known) return Internal("malformed failure record: unknown kind " + kind);
+  return FromJsonValue(j);
 }
 
 bool FailureRecord::Before(const FailureRecord& o) const {

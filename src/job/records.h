@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "common/status.h"
 
 namespace trainctl {
@@ -49,8 +51,12 @@ struct FailureRecord {
   bool Before(const FailureRecord& other) const;
 
   std::string ToJson() const;
+  nlohmann::json ToJsonValue() const;
   // kInternal for text that is not a record (the store is the job's own, so that is a bug).
   static Result<FailureRecord> FromJson(const std::string& json);
+  // A record as a file holds it (status.json, which a user may edit or another version wrote):
+  // what is there, a missing or mistyped field left at its default, an unknown kind read as kTask.
+  static FailureRecord FromJsonValue(const nlohmann::json& j);
   // "worker 2 (rank 2, node 0 on host, local rank 2, pid 41) failed: exit code 1"
   std::string Summary() const;
   // Summary plus the log path and the last lines, indented, for the final report.

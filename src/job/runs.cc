@@ -21,6 +21,7 @@
 #include "common/json_field.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
+#include "job/run_status.h"
 
 namespace trainctl::runs {
 
@@ -203,9 +204,8 @@ int64_t StartTicks(int64_t pid) {
 
 bool Alive(const RunEntry& e) {
   if (!e.host.empty() && e.host != HostName()) {
-    auto text = ReadFile(paths::StatusJson(e.output_dir), 1 << 20);
-    auto j = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
-    return JsonField(j, "run_id", "") == e.run_id && JsonField(j, "state", "") == "running";
+    const RunStatus s = ReadRunStatus(e.output_dir);
+    return s.run_id == e.run_id && s.state == "running";
   }
   return e.pid > 0 && e.start_ticks > 0 && StartTicks(e.pid) == e.start_ticks;
 }
@@ -234,10 +234,8 @@ Result<std::unique_ptr<OutputLock>> OutputLock::Acquire(const std::string& outpu
 OutputLock::~OutputLock() { ::close(fd_); }
 
 int64_t RunStarted(const std::string& output_dir, const std::string& run_id) {
-  auto status = ReadFile(paths::StatusJson(output_dir), 1 << 20);
-  if (!status.ok()) return 0;
-  auto j = nlohmann::json::parse(*status, nullptr, false);
-  return JsonField(j, "run_id", "") == run_id ? JsonField(j, "started", int64_t{0}) : 0;
+  const RunStatus s = ReadRunStatus(output_dir);
+  return s.run_id == run_id ? s.started : 0;
 }
 
 bool HasCheckpoint(const std::string& dir) {
@@ -259,11 +257,7 @@ Result<std::string> MovePreviousRunAside(const std::string& output_dir, const st
   const bool checkpoints = !own_checkpoints && HasCheckpoint(checkpoint_dir);
   if (!any && !checkpoints) return std::string();
   // Its run id, from its status.json; else when it was written.
-  std::string id;
-  if (auto status = ReadFile(paths::StatusJson(output_dir), 1 << 20); status.ok()) {
-    auto j = nlohmann::json::parse(*status, nullptr, false);
-    if (j.is_object() && j.contains("run_id") && j["run_id"].is_string()) id = j["run_id"].get<std::string>();
-  }
+  std::string id = ReadRunStatus(output_dir).run_id;
   if (id.empty() || id.find('/') != std::string::npos || id[0] == '.') {
     id = "run-" + std::to_string(static_cast<int64_t>(std::time(nullptr)));
   }

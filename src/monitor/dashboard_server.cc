@@ -211,7 +211,7 @@ class DashboardServer : public HttpServer {
         return;
       } else {
         out = RunSummary(v);
-        out["status"] = v.status;
+        out["status"] = v.status.ToJson();
         {
           std::lock_guard<std::mutex> lock(series_mu);
           if (series.size() >= 64 && !series.count(v.entry.run_id)) series.erase(series.begin());  // bounded; read again if asked

@@ -97,9 +97,7 @@ std::string MetricsExporter::Render(const std::vector<runs::RunEntry>& entries) 
     Totals& t = totals_[e.run_id];
     Update(&t, paths::MetricsJsonl(v.dir));
     double restarts = t.restart;
-    if (v.status.is_object() && v.status.contains("restarts") && v.status["restarts"].is_number()) {
-      restarts = v.status["restarts"].get<double>();
-    }
+    if (v.status.restarts) restarts = *v.status.restarts;
     add(0, labels, v.alive ? 1 : 0);
     add(1, labels, e.tasks);
     add(2, labels, restarts);

@@ -115,21 +115,20 @@ json ReadJson(const std::string& path) {
 }
 
 RunView View(const runs::RunEntry& e) {
-  RunView v{e, ReadJson(paths::StatusJson(e.output_dir)), "", runs::Alive(e), e.output_dir};
-  const bool ours = JsonField(v.status, "run_id", "") == e.run_id;
-  if (!ours) {
+  RunView v{e, ReadRunStatus(e.output_dir), "", runs::Alive(e), e.output_dir};
+  if (v.status.run_id != e.run_id) {
     const std::string moved = e.output_dir + "/previous/" + e.run_id;
     if (v.alive || !IsDirectory(moved)) {
       v.state = v.alive ? "starting" : "unknown";
       return v;
     }
     v.dir = moved;
-    v.status = ReadJson(paths::StatusJson(moved));
-    v.state = JsonField(v.status, "state", "unknown");
+    v.status = ReadRunStatus(moved);
+    v.state = v.status.state.empty() ? "unknown" : v.status.state;
     if (v.state == "running") v.state = "lost";
     return v;
   }
-  v.state = JsonField(v.status, "state", "unknown");
+  v.state = v.status.state.empty() ? "unknown" : v.status.state;
   if (v.state == "running" && !v.alive) v.state = "lost";  // killed before it could say how it ended
   return v;
 }
@@ -138,7 +137,7 @@ std::string Elapsed(const RunView& v) {
   if (v.state == "running" || v.state == "starting") {
     return FormatDuration(std::chrono::seconds(std::max<int64_t>(0, std::time(nullptr) - v.entry.started)));
   }
-  return JsonField(v.status, "elapsed", "-");
+  return v.status.elapsed.empty() ? "-" : v.status.elapsed;
 }
 
 // "epoch 3 step 1200 loss 0.412 acc 0.91" from the end of metrics.jsonl (the built-in trainer).

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/duration.h"
+#include "job/run_status.h"
 #include "job/runs.h"
 
 namespace trainctl::monitor {
@@ -23,7 +24,7 @@ nlohmann::json ReadJson(const std::string& path);
 // moved them aside.
 struct RunView {
   runs::RunEntry entry;
-  nlohmann::json status;
+  RunStatus status;
   std::string state;  // running, succeeded, failed, interrupted, timed-out, lost, unknown...
   bool alive = false;
   std::string dir;

@@ -21,6 +21,7 @@
 #include "job/keys.h"
 #include "job/paths.h"
 #include "job/records.h"
+#include "job/run_status.h"
 #include "job/runs.h"
 #include "common/address.h"
 #include "common/cgroup.h"
@@ -230,6 +231,92 @@ std::optional<ForkServer> StartAgentForkServer(const JobSpec& spec, const Launch
 // How long agents get to stop their workers before the launcher kills them.
 Duration AgentGrace(const JobSpec& spec) { return spec.timeouts.stop_grace + std::chrono::seconds(5); }
 
+// The end of the run: its status.json and the report on stderr, the root cause, not "child
+// failed". Returns the job's exit code: an error when its store was lost, whatever the agents said.
+int Report(const JobSpec& spec, Store& store, const std::string& run_id, Clock::time_point start, int final_code,
+           std::string stop_reason) {
+  RunStatus status;
+  status.job = spec.name;
+  status.run_id = run_id;
+  status.elapsed = Elapsed(start);
+  // A store that is gone (an etcd lost) is the cause to report, not something to wait on again
+  // for every record.
+  std::string restarts = "0";
+  Status store_lost;
+  if (auto r = store.TryGet(keys::kRestarts); !r.ok()) {
+    store_lost = r.status();
+  } else if (r->has_value()) {
+    restarts = **r;
+  }
+  status.restarts = std::atoi(restarts.c_str());
+  if (!store_lost.ok()) {
+    status.store_error = store_lost.message();
+    if (final_code == kExitOk) final_code = kExitError;
+    if (stop_reason.empty() || final_code == kExitError) stop_reason = "lost the job's store: " + store_lost.message();
+  }
+  status.exit_code = final_code;
+  auto record = [&](const std::string& key) -> std::optional<FailureRecord> {
+    if (!store_lost.ok()) return std::nullopt;
+    auto text = store.TryGet(key);
+    if (!text.ok() || !text->has_value()) return std::nullopt;
+    auto rec = FailureRecord::FromJson(**text);
+    return rec.ok() ? std::optional<FailureRecord>(*rec) : std::nullopt;
+  };
+  // Single-task restarts and failures that the job went on without (roles with on_failure).
+  if (!store_lost.ok()) {
+  } else if (auto n = store.TryGet(keys::kTaskRestarts); n.ok() && n->has_value()) {
+    status.task_restarts = std::min(std::atoi((*n)->c_str()), spec.restart.max_restarts);
+  }
+  if (!store_lost.ok()) {
+  } else if (auto n = store.TryGet(keys::kIgnoredFailures); n.ok() && n->has_value()) {
+    status.ignored_failures = std::atoi((*n)->c_str());
+    status.last_ignored_failure = record(keys::kLastIgnoredFailure);
+  }
+  switch (final_code) {
+    case kExitOk:
+      LOG_INFO("job {} succeeded in {} ({} restarts)", spec.name, status.elapsed, restarts);
+      break;
+    case kExitInvalidSpec:
+    case kExitWorkerFailed:
+      if (auto rec = record(keys::kLastFailure)) {
+        status.failure = rec;
+        const bool no_retry = rec->kind == FailureKind::kStart || rec->kind == FailureKind::kConfig;
+        std::string budget = no_retry ? "" : " after " + restarts + " restart(s) (max_restarts: " +
+                                               std::to_string(spec.restart.max_restarts) + ")";
+        // The first failure across the job, by the tasks' error files, when it is not the one
+        // seen first (a rank that raised earlier but exited later, or was stopped).
+        if (auto c = record(keys::RoundRootCause(rec->round));
+            c && c->rank != rec->rank && (rec->error_time == 0 || c->Before(*rec))) {
+          status.root_cause = c;
+          std::fprintf(stderr, "trainctl: job %s failed%s.\nroot cause (first observed failure, by the tasks' "
+                               "error files): %s\nthen: %s", spec.name.c_str(), budget.c_str(),
+                       c->Report().c_str(), rec->Report().c_str());
+        } else {
+          std::fprintf(stderr, "trainctl: job %s failed%s: %s", spec.name.c_str(), budget.c_str(),
+                       rec->Report().c_str());
+        }
+      } else if (final_code == kExitInvalidSpec) {  // an agent refused the job before any round
+        LOG_ERROR("job {} failed: {}", spec.name, stop_reason.empty() ? "see the log above" : stop_reason);
+      }
+      break;
+    case kExitRendezvousTimeout:
+      LOG_ERROR("job {} failed: not every node joined within timeouts.rendezvous ({})", spec.name,
+                FormatDuration(spec.timeouts.rendezvous));
+      break;
+    case kExitInterrupted:
+      LOG_WARN("job {} stopped: {}", spec.name, stop_reason);
+      break;
+    case kExitJobTimeout:
+      LOG_ERROR("job {} stopped: {}", spec.name, stop_reason);
+      break;
+    default:
+      LOG_ERROR("job {} failed: {}", spec.name, stop_reason.empty() ? "see the log above" : stop_reason);
+  }
+  status.state = StateOfExit(final_code);
+  if (Status st = WriteRunStatus(spec.output_dir, status); !st.ok()) LOG_ERROR("{}", st.message());
+  return final_code;
+}
+
 }  // namespace
 
 std::string Elapsed(Clock::time_point start) {
@@ -253,28 +340,15 @@ runs::RunEntry RunEntryFor(const JobSpec& spec, const std::string& run_id, const
 }
 
 Status WriteRunningStatus(const runs::RunEntry& entry) {
-  nlohmann::json running = {{"job", entry.name}, {"run_id", entry.run_id}, {"state", "running"},
-                            {"pid", entry.pid}, {"started", entry.started}};
-  return AtomicWriteFile(paths::StatusJson(entry.output_dir), running.dump(2) + "\n");
+  RunStatus running;
+  running.job = entry.name;
+  running.run_id = entry.run_id;
+  running.state = "running";
+  running.pid = entry.pid;
+  running.started = entry.started;
+  return WriteRunStatus(entry.output_dir, running);
 }
 
-std::string StateOfExit(int code) {
-  switch (code) {
-    case kExitOk:
-      return "succeeded";
-    case kExitInvalidSpec:
-    case kExitWorkerFailed:
-      return "failed";
-    case kExitRendezvousTimeout:
-      return "rendezvous-timeout";
-    case kExitInterrupted:
-      return "interrupted";
-    case kExitJobTimeout:
-      return "timed-out";
-    default:
-      return "error";
-  }
-}
 
 int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   const auto start = Clock::now();
@@ -582,95 +656,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   // What mpirun's processes still write (they are gone or killed by now).
   if (mpirun_stderr) mpirun_stderr->Finish(std::chrono::seconds(1));
 
-  // The report: the root cause, not "child failed".
-  // A store that is gone (an etcd lost) is the cause to report, not something to wait on
-  // again for every record.
-  std::string restarts = "0";
-  Status store_lost;
-  if (auto r = store.TryGet(keys::kRestarts); !r.ok()) {
-    store_lost = r.status();
-  } else if (r->has_value()) {
-    restarts = **r;
-  }
-  nlohmann::json status = {{"job", spec.name}, {"run_id", run_id}, {"exit_code", final_code},
-                           {"restarts", std::atoi(restarts.c_str())}, {"elapsed", Elapsed(start)}};
-  if (!store_lost.ok()) {
-    status["store_error"] = store_lost.message();
-    if (final_code == kExitOk) final_code = kExitError;
-    if (stop_reason.empty() || final_code == kExitError) stop_reason = "lost the job's store: " + store_lost.message();
-    status["exit_code"] = final_code;
-  }
-  // Single-task restarts and failures that the job went on without (roles with on_failure).
-  if (!store_lost.ok()) {
-  } else if (auto n = store.TryGet(keys::kTaskRestarts); n.ok() && n->has_value()) {
-    status["task_restarts"] = std::min(std::atoi((*n)->c_str()), spec.restart.max_restarts);
-  }
-  if (!store_lost.ok()) {
-  } else if (auto n = store.TryGet(keys::kIgnoredFailures); n.ok() && n->has_value()) {
-    status["ignored_failures"] = std::atoi((*n)->c_str());
-    auto last = store.TryGet(keys::kLastIgnoredFailure);
-    if (last.ok() && last->has_value()) status["last_ignored_failure"] = nlohmann::json::parse(**last, nullptr, false);
-  }
-  switch (final_code) {
-    case kExitOk:
-      LOG_INFO("job {} succeeded in {} ({} restarts)", spec.name, Elapsed(start), restarts);
-      break;
-    case kExitInvalidSpec:
-    case kExitWorkerFailed: {
-      auto last = store_lost.ok() ? store.TryGet(keys::kLastFailure) : Result<std::optional<std::string>>(store_lost);
-      if (last.ok() && last->has_value()) {
-        if (auto rec = FailureRecord::FromJson(**last); rec.ok()) {
-          status["failure"] = nlohmann::json::parse(**last);
-          const bool no_retry = rec->kind == FailureKind::kStart || rec->kind == FailureKind::kConfig;
-          std::string budget = no_retry ? "" : " after " + restarts + " restart(s) (max_restarts: " +
-                                                 std::to_string(spec.restart.max_restarts) + ")";
-          // The first failure across the job, by the tasks' error files, when it is not the one
-          // seen first (a rank that raised earlier but exited later, or was stopped).
-          auto root = store.TryGet(keys::RoundRootCause(rec->round));
-          std::optional<FailureRecord> cause;
-          if (root.ok() && root->has_value()) {
-            if (auto c = FailureRecord::FromJson(**root); c.ok() && c->rank != rec->rank &&
-                                                           (rec->error_time == 0 || c->Before(*rec))) {
-              cause = *c;
-              status["root_cause"] = nlohmann::json::parse(**root);
-            }
-          }
-          if (cause) {
-            std::fprintf(stderr, "trainctl: job %s failed%s.\nroot cause (first observed failure, by the tasks' "
-                                 "error files): %s\nthen: %s", spec.name.c_str(), budget.c_str(),
-                         cause->Report().c_str(), rec->Report().c_str());
-          } else {
-            std::fprintf(stderr, "trainctl: job %s failed%s: %s", spec.name.c_str(), budget.c_str(),
-                         rec->Report().c_str());
-          }
-        }
-      } else if (final_code == kExitInvalidSpec) {  // an agent refused the job before any round
-        LOG_ERROR("job {} failed: {}", spec.name, stop_reason.empty() ? "see the log above" : stop_reason);
-      }
-      break;
-    }
-    case kExitRendezvousTimeout:
-      LOG_ERROR("job {} failed: not every node joined within timeouts.rendezvous ({})", spec.name,
-                FormatDuration(spec.timeouts.rendezvous));
-      break;
-    case kExitInterrupted:
-      LOG_WARN("job {} stopped: {}", spec.name, stop_reason);
-      break;
-    case kExitJobTimeout:
-      LOG_ERROR("job {} stopped: {}", spec.name, stop_reason);
-      break;
-    default:
-      LOG_ERROR("job {} failed: {}", spec.name, stop_reason.empty() ? "see the log above" : stop_reason);
-  }
-  status["state"] = StateOfExit(final_code);
-  if (Status st = AtomicWriteFile(paths::StatusJson(spec.output_dir), status.dump(2) + "\n"); !st.ok()) {
-    // A full disk, say: the file written over the "running" one, whose blocks exist already, in
-    // its shortest form, so that `trainctl status` does not call a finished run lost.
-    const nlohmann::json brief = {{"job", spec.name}, {"run_id", run_id}, {"state", status["state"]},
-                                  {"exit_code", final_code}};
-    const Status over = OverwriteFile(paths::StatusJson(spec.output_dir), brief.dump() + "\n");
-    LOG_ERROR("{}; {}", st.message(), over.ok() ? "wrote its short form over the old one" : over.message());
-  }
+  final_code = Report(spec, store, run_id, start, final_code, stop_reason);
   RemoveAll(paths::SnapshotDir(run_id));  // agents remove it too, unless they were killed
   // What a killed agent's workers left behind came to this subreaper: nothing outlives the job.
   KillChildren(std::chrono::seconds(1));

@@ -23,8 +23,5 @@ runs::RunEntry RunEntryFor(const JobSpec& spec, const std::string& run_id, const
 Status WriteRunningStatus(const runs::RunEntry& entry);
 // The time since `start`, as status.json records a run's ("1m30s").
 std::string Elapsed(Clock::time_point start);
-// The state status.json records for a run that ended with trainctl exit `code`: succeeded,
-// failed, rendezvous-timeout, interrupted, timed-out or error.
-std::string StateOfExit(int code);
 
 }  // namespace trainctl

@@ -1,0 +1,57 @@
+// A run's status.json: what its launcher (or, under `trainctl torchrun`, a host's agent) says
+// about the run while it runs and once it has ended. One type for every writer (the launcher, the
+// torchrun host) and every reader (ps/status, the dashboard and /metrics, bench, the run index).
+// docs/job-spec.md lists the fields for scripts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "job/records.h"
+
+namespace trainctl {
+
+struct RunStatus {
+  std::string job;
+  std::string run_id;
+  // running, succeeded, failed, rendezvous-timeout, interrupted, timed-out, error ("" when the
+  // file is missing or unreadable).
+  std::string state;
+  // While it runs: the process that writes the end, and when it started (unix seconds).
+  int64_t pid = 0;
+  int64_t started = 0;
+  // Once it has ended.
+  std::optional<int> exit_code;
+  std::optional<int> restarts;           // the job's restarts (rounds that ended in a failure)
+  std::string elapsed;                   // "1m30s"
+  std::optional<int> task_restarts;      // single-task restarts (restart.policy: task)
+  std::optional<int> ignored_failures;   // failures the job went on without (on_failure: ignore)
+  std::optional<FailureRecord> last_ignored_failure;
+  std::optional<FailureRecord> failure;     // the round that ended the job
+  std::optional<FailureRecord> root_cause;  // the first failure, when it was not `failure`
+  std::string store_error;                  // the job's store was lost: why
+
+  bool known() const { return !run_id.empty(); }
+
+  // Absent fields are left out.
+  nlohmann::json ToJson() const;
+  // From a file a user may have edited or another version written: a field of another type is
+  // as if missing, and a failure record is read field by field (what is there is kept).
+  static RunStatus FromJson(const nlohmann::json& j);
+};
+
+// The state status.json records for a run that ended with trainctl exit `code`.
+std::string StateOfExit(int code);
+
+// <output_dir>/status.json; an empty RunStatus when it is missing or not JSON.
+RunStatus ReadRunStatus(const std::string& output_dir);
+// Writes it atomically. When that fails (a full disk), writes the shortest form (job, run id,
+// state, exit code) over the old file in place, whose blocks exist already, so that a finished run
+// is not taken for a lost one; the error says which happened.
+Status WriteRunStatus(const std::string& output_dir, const RunStatus& status);
+
+}  // namespace trainctl
