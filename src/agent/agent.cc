@@ -247,19 +247,6 @@ FailureRecord Agent::NewFailure(FailureKind kind, int round, int group_rank) con
   return rec;
 }
 
-Result<FailureRecord> EndRound(Store& store, int round, const FailureRecord& rec, int max_restarts, bool* won) {
-  std::string json = rec.ToJson();
-  ASSIGN_OR_RETURN(std::string now, store.CompareSet(keys::RoundEnd(round), "", json));
-  *won = now == json;
-  if (*won && rec.failure()) {
-    RETURN_IF_ERROR(store.Set(keys::kLastFailure, json));
-    // Restarts done: a failure past the budget ends the job instead of restarting it.
-    int done = rec.final ? rec.restarts : std::min(rec.restarts, max_restarts);
-    RETURN_IF_ERROR(store.Set(keys::kRestarts, std::to_string(done)));
-  }
-  return FailureRecord::FromJson(now);
-}
-
 Result<std::string> Agent::WaitForKey(int round, const std::string& key) {
   const auto deadline = Clock::now() + o_.spec.timeouts.rendezvous;
   while (true) {
@@ -363,6 +350,7 @@ Agent::Outcome Agent::Stopped(const Status& why) {
 
 Agent::Outcome Agent::RunRound(int round, int restarts) {
   const JobSpec& s = o_.spec;
+  const RestartBudget budget{s.restart.max_restarts};
   Outcome out;
   auto error = [&out](int code, const std::string& message) {
     out.kind = Outcome::kError;
@@ -371,7 +359,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
     return out;
   };
   auto ended = [&](FailureRecord rec) {
-    auto won = EndRound(*store_, round, rec, s.restart.max_restarts, &out.reported);
+    auto won = EndRound(*store_, round, rec, budget, &out.reported);
     if (!won.ok()) return error(kExitError, "lost the job's store: " + won.status().ToString());
     out.kind = Outcome::kEnded;
     out.end = *won;
@@ -609,7 +597,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
           FailureRecord rec = NewFailure(FailureKind::kSucceeded, round, info.group_rank);
           rec.restarts = restart;
           rec.exit = "the job succeeded";
-          auto won = EndRound(*store_, round, rec, s.restart.max_restarts, &out.reported);
+          auto won = EndRound(*store_, round, rec, budget, &out.reported);
           if (!won.ok()) return error(kExitError, "lost the job's store: " + won.status().ToString());
           return finish_round(*won);
         }
@@ -655,7 +643,7 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       }
       if (role.on_failure == "restart_task") {
         auto n = store_->Add(keys::kTaskRestarts, 1);
-        if (n.ok() && *n <= s.restart.max_restarts) {
+        if (n.ok() && budget.TaskRestartFits(*n)) {
           task_restarts[e.local_rank]++;
           LOG_WARN("{}; restarting it alone (task restart {} of {})", rec.Summary(), *n, s.restart.max_restarts);
           if (Status st = group.Restart(e.local_rank, Launch(r, t, task_restarts[e.local_rank])); st.ok()) continue;
@@ -773,7 +761,7 @@ int Agent::Run() {
       if (out.reported) LOG_INFO("{}", f.Summary());
       continue;
     }
-    if (f.final || f.restarts > s.restart.max_restarts) {
+    if (RestartBudget{s.restart.max_restarts}.Spent(f)) {
       if (out.reported) {
         LOG_ERROR("{}; no restarts left (max_restarts: {})", f.Summary(), s.restart.max_restarts);
       }

@@ -37,6 +37,7 @@
 #include "job/task_env.h"
 #include "job/tasks.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/round_end.h"
 #include "spec/job_spec.h"
 #include "store/store.h"
 
@@ -61,12 +62,6 @@ struct AgentOptions {
   // 500 ms, since its launcher nudges it to stop (kNudgeSignal).
   Duration poll_interval = std::chrono::milliseconds(50);
 };
-
-// Records why round `round` ended, unless someone already did (compare-and-set), and for a
-// failure the job's last failure and restarts done; returns the record that won, and in `won`
-// whether it was `rec`. The agents end their rounds so; a local launcher ends one for an agent
-// it saw die.
-Result<FailureRecord> EndRound(Store& store, int round, const FailureRecord& rec, int max_restarts, bool* won);
 
 class Agent {
  public:

@@ -1,4 +1,5 @@
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/round_end.h"
 
 #include <gtest/gtest.h>
 
@@ -6,6 +7,7 @@
 #include <thread>
 
 #include "store/etcd/etcd_store.h"
+#include "job/keys.h"
 #include "store/memory/memory_store.h"
 #include "store/tcp/tcp_store.h"
 #include "tests/etcd_server.h"
@@ -292,6 +294,73 @@ TEST(Rendezvous, RoundsAreIndependent) {
   EXPECT_EQ((*next)->round, 1);
   EXPECT_EQ((*next)->group_rank, 0);
   EXPECT_EQ((*next)->restarts, 1);
+}
+
+// A round ends once: the first record wins, and only a failure spends the budget and becomes the
+// job's last failure. The budget is one rule for the agents and the launcher alike.
+TEST(RoundEnd, TheFirstRecordWinsAndOnlyAFailureSpendsTheBudget) {
+  MemoryStore store;
+  const RestartBudget budget{2};
+  FailureRecord membership;
+  membership.kind = FailureKind::kMembership;
+  membership.round = 0;
+  membership.exit = "1 node(s) waiting to join";
+  bool won = false;
+  auto end = EndRound(store, 0, membership, budget, &won);
+  ASSERT_TRUE(end.ok()) << end.status().ToString();
+  EXPECT_TRUE(won);
+  EXPECT_FALSE(*store.TryGet(keys::kRestarts));  // no restart spent
+  FailureRecord failure;
+  failure.kind = FailureKind::kTask;
+  failure.round = 0;
+  failure.restarts = 1;
+  end = EndRound(store, 0, failure, budget, &won);  // too late: round 0 has ended
+  ASSERT_TRUE(end.ok());
+  EXPECT_FALSE(won);
+  EXPECT_EQ(end->kind, FailureKind::kMembership);
+
+  failure.round = 1;
+  ASSERT_TRUE(EndRound(store, 1, failure, budget, &won).ok());
+  EXPECT_TRUE(won);
+  EXPECT_EQ(**store.TryGet(keys::kRestarts), "1");
+  EXPECT_FALSE(budget.Spent(failure));
+  failure.restarts = 3;  // past max_restarts: the job ends, and reports the 2 it did
+  EXPECT_TRUE(budget.Spent(failure));
+  EXPECT_EQ(budget.Done(failure), 2);
+  failure.restarts = 0;
+  failure.final = true;  // a configuration error: no restart, whatever is left
+  EXPECT_TRUE(budget.Spent(failure));
+  EXPECT_EQ(budget.Done(failure), 0);
+  membership.restarts = 9;
+  EXPECT_FALSE(budget.Spent(membership));
+  EXPECT_TRUE(budget.TaskRestartFits(2));
+  EXPECT_FALSE(budget.TaskRestartFits(3));
+}
+
+// The launcher's part: an agent it saw die ends the round it is a member of (a lost node, one
+// restart), and one that died before its round closed is looked at again later.
+TEST(RoundEnd, ALostNodeEndsTheRoundItIsAMemberOf) {
+  MemoryStore store;
+  auto joined = JoinAll(store, 0, {Opts(2, 2, 0, "a:1"), Opts(2, 2, 1, "b:2")});
+  ASSERT_TRUE(joined[0].ok() && joined[1].ok());
+  EXPECT_EQ(NewestClosedRound(store), 0);
+  auto outsider = EndRoundOfLostNode(store, {"c:3", "signal 9 (SIGKILL)", 0}, RestartBudget{1});
+  ASSERT_TRUE(outsider.ok());
+  EXPECT_FALSE(outsider->settled);  // not a member of round 0: it would be in round 1
+  auto lost = EndRoundOfLostNode(store, {"b:2", "signal 9 (SIGKILL)", 0}, RestartBudget{1});
+  ASSERT_TRUE(lost.ok()) << lost.status().ToString();
+  EXPECT_TRUE(lost->settled);
+  EXPECT_FALSE(lost->budget_spent);
+  auto end = FailureRecord::FromJson(**store.TryGet(keys::RoundEnd(0)));
+  ASSERT_TRUE(end.ok());
+  EXPECT_EQ(end->Summary(), "node 1 (b:2) was lost: its agent died: signal 9 (SIGKILL)");
+  EXPECT_EQ(end->restarts, 1);
+  // With no restart to spend, the same loss ends the job.
+  MemoryStore other;
+  JoinAll(other, 0, {Opts(2, 2, 0, "a:1"), Opts(2, 2, 1, "b:2")});
+  auto spent = EndRoundOfLostNode(other, {"a:1", "signal 9 (SIGKILL)", 0}, RestartBudget{0});
+  ASSERT_TRUE(spent.ok());
+  EXPECT_TRUE(spent->budget_spent);
 }
 
 }  // namespace

@@ -16,7 +16,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/agent.h"
 #include "job/agent_command.h"
 #include "job/keys.h"
 #include "job/paths.h"
@@ -32,6 +31,7 @@
 #include "common/random.h"
 #include "common/subprocess.h"
 #include "rendezvous/rendezvous.h"
+#include "rendezvous/round_end.h"
 #include "store/open_store.h"
 #include "store/tcp/tcp_store.h"
 
@@ -46,55 +46,9 @@ struct AgentProc {
 };
 
 // A local job's agent that died of a signal, while the launcher sees to its round.
-struct LostAgent {
-  int node;          // its node rank
-  std::string id;    // its node id in the rounds (host:pid)
-  std::string exit;  // "signal 9 (SIGKILL)"
-  int seen_round;    // the newest closed round when it died (-1: none): it is in that one or the next
+struct LostAgent : LostNode {
+  int node;  // its node rank
 };
-
-// The newest round that has closed; -1 when none has (round 0 is still open) or the store cannot say.
-int NewestClosedRound(Store& store) {
-  auto round = CurrentRound(store);
-  if (!round.ok()) return -1;
-  auto info = PeekRound(store, *round);
-  return info.ok() && info->has_value() && (*info)->closed ? *round : *round - 1;
-}
-
-// What ending a lost agent's round gave.
-struct LostRound {
-  bool settled = false;       // its round has ended (or a round after it closed without it)
-  bool budget_spent = false;  // and that end leaves no restart: the job ends with it
-};
-
-// Ends the newest round if `lost` is a member and it has not ended yet, as its peers would once
-// they missed its heartbeat (timeouts.heartbeat later); that spends a restart, as a lost node
-// does. An agent that died while joining is in no closed round yet: not settled, looked at again.
-Result<LostRound> EndRoundOfLostAgent(Store& store, const JobSpec& spec, const LostAgent& lost) {
-  ASSIGN_OR_RETURN(int round, CurrentRound(store));
-  ASSIGN_OR_RETURN(auto info, PeekRound(store, round));
-  LostRound out;
-  if (!info || !info->closed) return out;
-  auto member = std::find(info->nodes.begin(), info->nodes.end(), lost.id);
-  if (member == info->nodes.end()) {
-    out.settled = round > lost.seen_round;
-    return out;
-  }
-  FailureRecord rec;
-  rec.kind = FailureKind::kNodeLost;
-  rec.round = round;
-  rec.restarts = info->restarts + 1;
-  rec.node_rank = static_cast<int>(member - info->nodes.begin());
-  rec.host = lost.id;
-  rec.exit = "its agent died: " + lost.exit;
-  bool won = false;
-  ASSIGN_OR_RETURN(FailureRecord end, EndRound(store, round, rec, spec.restart.max_restarts, &won));
-  // A round that had ended already (the agent died on its way to the next one) leaves it to that
-  // next round, unless that one closed too.
-  out.settled = won || round > lost.seen_round;
-  out.budget_spent = end.failure() && (end.final || end.restarts > spec.restart.max_restarts);
-  return out;
-}
 
 // The command that starts every agent at once: srun, one per node of the Slurm allocation; or
 // mpirun, one per host (or nodes.max agents here). The store's address and token travel in the
@@ -535,10 +489,11 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   std::vector<LostAgent> lost;
   int replaced = 0;
   auto lost_agent = [&](const AgentProc& a, const ExitInfo& exit) {
-    return LostAgent{a.node, NodeId(AgentOptions().host, a.pid), exit.Describe(), NewestClosedRound(store)};
+    // A local agent's id: this machine's loopback address (AgentOptions::host) and its pid.
+    return LostAgent{{NodeId("127.0.0.1", a.pid), exit.Describe(), NewestClosedRound(store)}, a.node};
   };
   auto see_to_lost = [&](const LostAgent& l) -> LostRound {
-    auto r = EndRoundOfLostAgent(store, spec, l);
+    auto r = EndRoundOfLostNode(store, l, RestartBudget{spec.restart.max_restarts});
     if (!r.ok()) LOG_WARN("cannot end the round of a lost agent ({}): {}", l.id, r.status().message());
     return r.ok() ? *r : LostRound{};
   };
