@@ -51,15 +51,26 @@ struct Agent::Round {
   int deciders = 0;         // tasks whose success decides the job's
   std::string master;       // MASTER_ADDR:MASTER_PORT
   std::vector<std::string> addrs;  // every task's host:port, for TF_CONFIG (jobs with roles)
+  // Once its tasks have started.
+  std::unique_ptr<TaskGroup> group;
+  std::vector<WorkerLaunch> launches;  // by local rank
+  std::vector<int> task_restarts;      // by local rank
+  std::map<int, std::string> stuck;    // local rank -> why trainctl killed it
+  // Liveness: its heartbeat, and the one of the node it watches in the ring.
+  int watched = 0;
+  std::string watched_beat;
+  Clock::time_point watched_seen, next_beat, next_stuck_check;
+  int64_t beats = 0;
   const RoleSpec& RoleOf(const Task& t) const { return *FindRole(roles, t.role); }
 };
 
-Agent::Agent(AgentOptions options, Store* store) : o_(std::move(options)), store_(store) {
-  node_id_ = NodeId(o_.host, ::getpid());
+Agent::Agent(AgentOptions options, Store* store, AgentEnv* env)
+    : o_(std::move(options)), store_(store), env_(env ? env : &ProcessEnv()) {
+  node_id_ = NodeId(o_.host, env_->Pid());
   // As torchrun's agent: with TORCHELASTIC_ENABLE_FILE_TIMER=1 it serves the workers' file timers
   // at TORCHELASTIC_TIMER_FILE (the one given, or a FIFO of its own).
-  std::string enabled = GetEnv(CurrentEnvironment(), "TORCHELASTIC_ENABLE_FILE_TIMER").value_or("");
-  std::string path = GetEnv(CurrentEnvironment(), "TORCHELASTIC_TIMER_FILE").value_or("");
+  std::string enabled = env_->GetEnv("TORCHELASTIC_ENABLE_FILE_TIMER").value_or("");
+  std::string path = env_->GetEnv("TORCHELASTIC_TIMER_FILE").value_or("");
   for (const auto& [k, v] : o_.spec.env) {
     if (k == "TORCHELASTIC_ENABLE_FILE_TIMER") enabled = v;
     if (k == "TORCHELASTIC_TIMER_FILE") path = v;
@@ -86,7 +97,7 @@ Status Agent::CheckStop() {
 }
 
 Status Agent::CheckStopSignal() {
-  if (int sig = StopSignal()) {
+  if (int sig = env_->StopSignal()) {
     std::string reason = std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " on " + node_id_;
     auto ignored = store_->CompareSet(keys::kStop, "", StopRecord{reason, kExitInterrupted}.ToJson());
     return Aborted(reason);
@@ -248,14 +259,14 @@ FailureRecord Agent::NewFailure(FailureKind kind, int round, int group_rank) con
 }
 
 Result<std::string> Agent::WaitForKey(int round, const std::string& key) {
-  const auto deadline = Clock::now() + o_.spec.timeouts.rendezvous;
+  const auto deadline = env_->Now() + o_.spec.timeouts.rendezvous;
   while (true) {
     auto got = store_->Get(key, std::chrono::milliseconds(200));
     if (got.ok() || got.status().code() != Code::kTimeout) return got;
     RETURN_IF_ERROR(CheckStop());
     ASSIGN_OR_RETURN(auto end, store_->TryGet(keys::RoundEnd(round)));
     if (end) return Aborted("round " + std::to_string(round) + " ended while starting");
-    if (Clock::now() >= deadline) {
+    if (env_->Now() >= deadline) {
       return Timeout("no " + key + " within timeouts.rendezvous (" +
                      FormatDuration(o_.spec.timeouts.rendezvous) + ")");
     }
@@ -317,7 +328,7 @@ Agent::Outcome Agent::WaitOutRound(int round, const RoundInfo& full) {
         }
         waiting = true;
       }
-      WaitSignal(std::chrono::milliseconds(200));
+      env_->WaitSignal(std::chrono::milliseconds(200));
       continue;
     }
     auto rec = FailureRecord::FromJson(**end);
@@ -348,24 +359,40 @@ Agent::Outcome Agent::Stopped(const Status& why) {
   return out;
 }
 
-Agent::Outcome Agent::RunRound(int round, int restarts) {
-  const JobSpec& s = o_.spec;
-  const RestartBudget budget{s.restart.max_restarts};
+Agent::Outcome Agent::Error(int code, const std::string& message) {
   Outcome out;
-  auto error = [&out](int code, const std::string& message) {
-    out.kind = Outcome::kError;
-    out.code = code;
-    out.message = message;
-    return out;
-  };
-  auto ended = [&](FailureRecord rec) {
-    auto won = EndRound(*store_, round, rec, budget, &out.reported);
-    if (!won.ok()) return error(kExitError, "lost the job's store: " + won.status().ToString());
-    out.kind = Outcome::kEnded;
-    out.end = *won;
-    return out;
-  };
+  out.kind = Outcome::kError;
+  out.code = code;
+  out.message = message;
+  return out;
+}
 
+Agent::Outcome Agent::EndWith(const Round& r, const FailureRecord& rec) {
+  Outcome out;
+  auto won = EndRound(*store_, r.round, rec, RestartBudget{o_.spec.restart.max_restarts}, &out.reported);
+  if (!won.ok()) return Error(kExitError, "lost the job's store: " + won.status().ToString());
+  out.kind = Outcome::kEnded;
+  out.end = *won;
+  return out;
+}
+
+Agent::Outcome Agent::EndAndStop(Round& r, const FailureRecord& rec, bool root_cause) {
+  Outcome o = EndWith(r, rec);  // first, so peers stop their tasks meanwhile
+  r.group->Stop(o_.spec.timeouts.stop_grace);
+  if (root_cause) PostRootCause(r, r.task_restarts, &rec);
+  return o;
+}
+
+Agent::Outcome Agent::RunRound(int round, int restarts) {
+  Round r;
+  r.round = round;
+  if (auto o = Rendezvous(restarts, &r)) return *o;  // RENDEZVOUS
+  if (auto o = StartTasks(&r)) return *o;            // the tasks start
+  return Watch(r);                                   // HEALTHY until the round ends
+}
+
+std::optional<Agent::Outcome> Agent::Rendezvous(int restarts, Round* r) {
+  const JobSpec& s = o_.spec;
   RendezvousOptions ro;
   ro.min_nodes = s.nodes.min;
   ro.max_nodes = s.nodes.max;
@@ -376,44 +403,47 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   ro.replaces = o_.replaces;
   ro.check = [this] { return CheckStop(); };
   ro.check_every = ByJobSize(std::chrono::milliseconds(500), std::chrono::milliseconds(100), std::chrono::milliseconds(500));
-  LOG_DEBUG("round {}: joining as {}", round, node_id_);
-  auto joined = JoinRound(*store_, round, restarts, ro);
+  LOG_DEBUG("round {}: joining as {}", r->round, node_id_);
+  auto joined = JoinRound(*store_, r->round, restarts, ro);
   if (!joined.ok()) {
     const Status& st = joined.status();
     if (st.code() == Code::kAborted) return Stopped(st);
-    if (st.code() == Code::kTimeout) return error(kExitRendezvousTimeout, st.message());
-    return error(kExitError, "rendezvous failed: " + st.ToString());
+    if (st.code() == Code::kTimeout) return Error(kExitRendezvousTimeout, st.message());
+    return Error(kExitError, "rendezvous failed: " + st.ToString());
   }
   if (!joined->has_value()) {
-    auto peek = PeekRound(*store_, round);
-    if (!peek.ok() || !peek->has_value()) return error(kExitError, "rendezvous round " + std::to_string(round) + " vanished");
-    return WaitOutRound(round, **peek);
+    auto peek = PeekRound(*store_, r->round);
+    if (!peek.ok() || !peek->has_value()) return Error(kExitError, "rendezvous round " + std::to_string(r->round) + " vanished");
+    return WaitOutRound(r->round, **peek);
   }
-  Round r;
-  r.round = round;
-  r.info = **joined;
-  const RoundInfo& info = r.info;
-  const int restart = info.restarts;
-  log::SetContext(s.name, "node=" + std::to_string(info.group_rank), restart);
+  r->info = **joined;
+  const RoundInfo& info = r->info;
+  log::SetContext(s.name, "node=" + std::to_string(info.group_rank), info.restarts);
   if (o_.group_rank) o_.group_rank->store(info.group_rank);
-  r.roles = JobRoles(s, info.group_world_size);
+  r->roles = JobRoles(s, info.group_world_size);
   std::vector<RoleSize> sizes;
-  for (const auto& role : r.roles) sizes.push_back({role.name, role.replicas});
-  r.all = PlaceTasks(sizes, info.group_world_size);
-  r.mine = TasksOfNode(r.all, info.group_rank);
-  for (const auto& t : r.all) r.deciders += r.RoleOf(t).success ? 1 : 0;
-  if (info.group_rank == 0 && (round > 0 || info.group_world_size < s.nodes.max)) {
-    LOG_INFO("round {}: {} node(s), world size {} (restart {} of {})", round, info.group_world_size,
-             r.all.size(), restart, s.restart.max_restarts);
+  for (const auto& role : r->roles) sizes.push_back({role.name, role.replicas});
+  r->all = PlaceTasks(sizes, info.group_world_size);
+  r->mine = TasksOfNode(r->all, info.group_rank);
+  for (const auto& t : r->all) r->deciders += r->RoleOf(t).success ? 1 : 0;
+  if (info.group_rank == 0 && (r->round > 0 || info.group_world_size < s.nodes.max)) {
+    LOG_INFO("round {}: {} node(s), world size {} (restart {} of {})", r->round, info.group_world_size,
+             r->all.size(), info.restarts, s.restart.max_restarts);
   }
+  return std::nullopt;
+}
 
+std::optional<Agent::Outcome> Agent::StartTasks(Round* rp) {
+  const JobSpec& s = o_.spec;
+  Round& r = *rp;
   // Where rank 0 serves torch's store, and (jobs with roles) every task's own address.
-  auto stopped_or_error = [&](const Status& st, const std::string& what) {
+  auto stopped_or_error = [&](const Status& st, const std::string& what) -> Outcome {
     if (st.code() == Code::kAborted) {
       // A stop, or the round ended while this node was starting: a peer failed to start.
-      auto end = store_->TryGet(keys::RoundEnd(round));
+      auto end = store_->TryGet(keys::RoundEnd(r.round));
       if (end.ok() && end->has_value()) {
         if (auto rec = FailureRecord::FromJson(**end); rec.ok()) {
+          Outcome out;
           out.kind = rec->kind == FailureKind::kSucceeded ? Outcome::kSucceeded : Outcome::kEnded;
           out.code = kExitOk;
           out.end = *rec;
@@ -422,19 +452,19 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
       }
       return Stopped(st);
     }
-    return error(kExitError, what + ": " + st.ToString());
+    return Error(kExitError, what + ": " + st.ToString());
   };
-  if (info.group_rank == 0) {
+  if (r.info.group_rank == 0) {
     auto lease = LeasePorts(o_.host, 1);
-    if (!lease.ok()) return error(kExitError, lease.status().message());
+    if (!lease.ok()) return Error(kExitError, lease.status().message());
     master_port_ = std::move(*lease);
     r.master = JoinHostPort(o_.host, master_port_.ports().front());
-    if (Status st = store_->Set(keys::RoundMaster(round), r.master); !st.ok()) {
-      return error(kExitError, "lost the job's store: " + st.ToString());
+    if (Status st = store_->Set(keys::RoundMaster(r.round), r.master); !st.ok()) {
+      return Error(kExitError, "lost the job's store: " + st.ToString());
     }
   } else {
-    auto got = WaitForKey(round, keys::RoundMaster(round));
-    if (!got.ok()) return stopped_or_error(got.status(), "no master address for round " + std::to_string(round));
+    auto got = WaitForKey(r.round, keys::RoundMaster(r.round));
+    if (!got.ok()) return stopped_or_error(got.status(), "no master address for round " + std::to_string(r.round));
     r.master = *got;
   }
   if (!s.roles.empty()) {
@@ -443,93 +473,214 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
     r.addrs = std::move(*addrs);
   }
 
-  std::vector<WorkerLaunch> launches;
-  for (const auto& t : r.mine) launches.push_back(Launch(r, t, 0));
+  for (const auto& t : r.mine) r.launches.push_back(Launch(r, t, 0));
   if (s.cpu_bind == "cores") {  // as Slurm's --cpu-bind=verbose says where tasks run
     std::string where;
-    for (const auto& w : launches) where += (where.empty() ? "" : ", ") + w.label + " on CPU " + FormatCpuList(w.cpus);
+    for (const auto& w : r.launches) where += (where.empty() ? "" : ", ") + w.label + " on CPU " + FormatCpuList(w.cpus);
     LOG_INFO("cpu_bind: cores: {}", where);
   }
-  WorkerGroup group(o_.color_output, &forks_);
-  LOG_DEBUG("round {}: node {} of {}, master {}, starting {} tasks", round, info.group_rank,
-            info.group_world_size, r.master, launches.size());
+  r.group = env_->NewTaskGroup(o_.color_output, &forks_);
+  r.task_restarts.assign(r.mine.size(), 0);
+  LOG_DEBUG("round {}: node {} of {}, master {}, starting {} tasks", r.round, r.info.group_rank,
+            r.info.group_world_size, r.master, r.launches.size());
   const int forked_before = forks_.forked();
-  Status st = group.Start(launches);
+  Status st = r.group->Start(r.launches);
   if (st.ok() && forks_.forked() > forked_before) {
-    LOG_DEBUG("round {}: {} of {} tasks copied from a worker server (LibTorch, or preloaded Python modules)", round,
-              forks_.forked() - forked_before, launches.size());
+    LOG_DEBUG("round {}: {} of {} tasks copied from a worker server (LibTorch, or preloaded Python modules)", r.round,
+              forks_.forked() - forked_before, r.launches.size());
   }
   if (!st.ok()) {
-    FailureRecord rec = NewFailure(FailureKind::kStart, round, info.group_rank);
-    rec.restarts = restart;  // no restart follows: the job ends here
+    FailureRecord rec = NewFailure(FailureKind::kStart, r.round, r.info.group_rank);
+    rec.restarts = r.info.restarts;  // no restart follows: the job ends here
     rec.final = true;
     rec.rank = r.mine[0].rank;
     rec.local_rank = 0;
     rec.role = r.mine[0].role;
     rec.task_index = r.mine[0].index;
     rec.exit = st.message();
-    return ended(rec);
+    return EndWith(r, rec);
   }
-
   // Liveness: each agent bumps its heartbeat key and watches the next node's (a ring), so a
   // lost node is seen by one peer at a cost that does not grow with the job.
-  const Duration hb_every = std::max<Duration>(Duration(100), s.timeouts.heartbeat / 5);
-  const int watched = (info.group_rank + 1) % info.group_world_size;
-  std::string watched_beat;
-  auto watched_seen = Clock::now();
-  auto next_beat = Clock::now();
-  int64_t beats = 0;
-  std::vector<int> task_restarts(r.mine.size(), 0);
+  r.watched = (r.info.group_rank + 1) % r.info.group_world_size;
+  r.watched_seen = r.next_beat = env_->Now();
+  r.next_stuck_check = env_->Now() + std::chrono::seconds(1);
+  return std::nullopt;
+}
 
-  // The round ended with `rec` (this agent's or a peer's): stop, or let finish, the tasks.
-  auto finish_round = [&](const FailureRecord& rec) -> Outcome {
-    if (rec.kind != FailureKind::kSucceeded) {
-      group.Stop(s.timeouts.stop_grace);
-      PostRootCause(r, task_restarts);
-      out.kind = Outcome::kEnded;
-      out.end = rec;
-      return out;
-    }
-    // Roles with `finish` end on their own (the evaluator's last model); the rest stop now.
-    std::vector<int> now, later;
-    for (const auto& t : r.mine) {
-      if (!group.Exited(t.local)) (r.RoleOf(t).finish ? later : now).push_back(t.local);
-    }
-    group.StopSome(now, s.timeouts.stop_grace);
-    const auto deadline = Clock::now() + s.timeouts.finish;
-    bool said = false;
-    for (auto left = later; !left.empty() && Clock::now() < deadline;) {
-      if (!said) {
-        LOG_INFO("the job succeeded; waiting up to {} (timeouts.finish) for {} task(s) to finish",
-                 FormatDuration(s.timeouts.finish), left.size());
-        said = true;
-      }
-      WaitSignal(o_.poll_interval);
-      if (StopSignal()) break;
-      for (const WorkerExit& e : group.ReapExited()) {
-        const Task& t = r.mine[e.local_rank];
-        if (!e.exit.success()) LOG_WARN("{} {} ended with {} after the job succeeded", t.role, t.index, e.exit.Describe());
-        left.erase(std::remove(left.begin(), left.end(), e.local_rank), left.end());
-      }
-    }
-    group.Stop(s.timeouts.stop_grace);  // what did not finish in time, and the process groups
-    out.kind = Outcome::kSucceeded;
-    out.code = kExitOk;
+Agent::Outcome Agent::FinishRound(Round& r, const FailureRecord& rec) {
+  const JobSpec& s = o_.spec;
+  Outcome out;
+  if (rec.kind != FailureKind::kSucceeded) {
+    r.group->Stop(s.timeouts.stop_grace);
+    PostRootCause(r, r.task_restarts);
+    out.kind = Outcome::kEnded;
+    out.end = rec;
     return out;
-  };
-  auto parse_end = [](const std::optional<std::string>& end) -> Result<std::optional<FailureRecord>> {
-    if (!end) return std::optional<FailureRecord>();
-    ASSIGN_OR_RETURN(FailureRecord rec, FailureRecord::FromJson(*end));
-    return std::optional<FailureRecord>(rec);
-  };
-  auto round_end = [&]() -> Result<std::optional<FailureRecord>> {
-    ASSIGN_OR_RETURN(auto end, store_->TryGet(keys::RoundEnd(round)));
-    return parse_end(end);
-  };
+  }
+  // Roles with `finish` end on their own (the evaluator's last model); the rest stop now.
+  std::vector<int> now, later;
+  for (const auto& t : r.mine) {
+    if (!r.group->Exited(t.local)) (r.RoleOf(t).finish ? later : now).push_back(t.local);
+  }
+  r.group->StopSome(now, s.timeouts.stop_grace);
+  const auto deadline = env_->Now() + s.timeouts.finish;
+  bool said = false;
+  for (auto left = later; !left.empty() && env_->Now() < deadline;) {
+    if (!said) {
+      LOG_INFO("the job succeeded; waiting up to {} (timeouts.finish) for {} task(s) to finish",
+               FormatDuration(s.timeouts.finish), left.size());
+      said = true;
+    }
+    env_->WaitSignal(o_.poll_interval);
+    if (env_->StopSignal()) break;
+    for (const WorkerExit& e : r.group->ReapExited()) {
+      const Task& t = r.mine[e.local_rank];
+      if (!e.exit.success()) LOG_WARN("{} {} ended with {} after the job succeeded", t.role, t.index, e.exit.Describe());
+      left.erase(std::remove(left.begin(), left.end(), e.local_rank), left.end());
+    }
+  }
+  r.group->Stop(s.timeouts.stop_grace);  // what did not finish in time, and the process groups
+  out.kind = Outcome::kSucceeded;
+  out.code = kExitOk;
+  return out;
+}
+
+void Agent::KillStuckTasks(Round& r) {
+  // A task that cannot make progress (stopped, or stuck in the kernel) is killed and so named as
+  // the failure, rather than found by its peers' collective timeout a minute later.
+  if (env_->Now() >= r.next_stuck_check) {
+    r.next_stuck_check = env_->Now() + std::chrono::seconds(1);
+    for (const auto& [local, why] : r.group->KillStuck(kStoppedFor, kBlockedFor)) {
+      const Task& t = r.mine[local];
+      LOG_WARN("{} {} (rank {}) was {}: killed, so that the job goes on without waiting for it", t.role, t.index,
+               t.rank, why);
+      r.stuck[local] = why;
+    }
+  }
+  if (timers_) {
+    for (const auto& x : timers_->Poll(r.group->Pids())) {
+      const Task& t = r.mine[x.worker];
+      const std::string why = "past its file timer " + Quote(x.scope) + " (torch's expires(), TORCHELASTIC_TIMER_FILE)";
+      LOG_WARN("{} {} (rank {}) is {}: sent signal {}", t.role, t.index, t.rank, why, x.signal);
+      r.stuck[static_cast<int>(x.worker)] = why;
+    }
+  }
+}
+
+std::optional<Agent::Outcome> Agent::OnTaskExit(Round& r, const WorkerExit& e) {
+  const JobSpec& s = o_.spec;
+  const Task& t = r.mine[e.local_rank];
+  const RoleSpec& role = r.RoleOf(t);
+  if (e.exit.success()) {
+    if (!role.success) return std::nullopt;
+    auto n = store_->Add(keys::RoundSucceeded(r.round), 1);
+    if (!n.ok()) {
+      r.group->Stop(s.timeouts.stop_grace);
+      return Error(kExitError, "lost the job's store: " + n.status().ToString());
+    }
+    if (*n != r.deciders) return std::nullopt;
+    // The last one: the job has succeeded.
+    FailureRecord rec = NewFailure(FailureKind::kSucceeded, r.round, r.info.group_rank);
+    rec.restarts = r.info.restarts;
+    rec.exit = "the job succeeded";
+    Outcome o = EndWith(r, rec);
+    return o.kind == Outcome::kError ? o : FinishRound(r, o.end);
+  }
+  // A failure, unless the job succeeded a moment ago and this task lost what it needed.
+  auto end = store_->TryGet(keys::RoundEnd(r.round));
+  if (end.ok() && end->has_value()) {
+    if (auto rec = FailureRecord::FromJson(**end); rec.ok() && rec->kind == FailureKind::kSucceeded) {
+      return FinishRound(r, *rec);
+    }
+  }
+  FailureRecord rec = NewFailure(FailureKind::kTask, r.round, r.info.group_rank);
+  rec.restarts = r.info.restarts + 1;
+  rec.rank = e.rank;
+  rec.local_rank = e.local_rank;
+  rec.role = t.role;
+  rec.task_index = t.index;
+  rec.pid = e.pid;
+  rec.exited_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch()).count();
+  rec.exit = e.exit.Describe();
+  if (auto it = r.stuck.find(e.local_rank); it != r.stuck.end()) {
+    rec.exit += " from trainctl: it was " + it->second;
+    r.stuck.erase(it);
+  }
+  rec.log_path = r.launches[e.local_rank].log_path;
+  rec.last_lines = r.group->Tail(e.local_rank, std::chrono::milliseconds(500));
+  AddTaskError(r, t, r.task_restarts[e.local_rank], &rec);
+  if (role.command.empty() && !e.exit.signaled && e.exit.code == kExitInvalidSpec) {
+    // The built-in trainer's verdict: its configuration can never work. No restart.
+    rec.kind = FailureKind::kConfig;
+    rec.restarts = r.info.restarts;
+    rec.final = true;
+    return EndAndStop(r, rec, /*root_cause=*/true);
+  }
+  if (role.on_failure == "ignore") {
+    LOG_WARN("{}; the job goes on without it ({}.on_failure: ignore)", rec.Summary(), t.role);
+    // For status.json; the job goes on even if the store missed it.
+    if (store_->Add(keys::kIgnoredFailures, 1).ok()) {
+      (void)store_->Set(keys::kLastIgnoredFailure, rec.ToJson());
+    }
+    return std::nullopt;
+  }
+  if (role.on_failure == "restart_task") {
+    auto n = store_->Add(keys::kTaskRestarts, 1);
+    if (n.ok() && RestartBudget{s.restart.max_restarts}.TaskRestartFits(*n)) {
+      const int again = ++r.task_restarts[e.local_rank];
+      LOG_WARN("{}; restarting it alone (task restart {} of {})", rec.Summary(), *n, s.restart.max_restarts);
+      Status st = r.group->Restart(e.local_rank, Launch(r, t, again));
+      if (st.ok()) return std::nullopt;
+      rec.exit += "; its restart failed: " + st.message();
+    }
+    rec.restarts = r.info.restarts;  // no group restart: the task budget is spent, the job fails
+    rec.final = true;
+    rec.exit += " (restart.max_restarts: " + std::to_string(s.restart.max_restarts) + " task restarts spent)";
+  }
+  return EndAndStop(r, rec, /*root_cause=*/true);
+}
+
+std::optional<Agent::Outcome> Agent::Beat(Round& r) {
+  const JobSpec& s = o_.spec;
+  if (env_->Now() < r.next_beat) return std::nullopt;
+  r.next_beat = env_->Now() + std::max<Duration>(Duration(100), s.timeouts.heartbeat / 5);
+  Status st = store_->Set(keys::RoundHeartbeat(r.round, r.info.group_rank), std::to_string(++r.beats));
+  auto beat = st.ok() ? store_->TryGet(keys::RoundHeartbeat(r.round, r.watched)) : Result<std::optional<std::string>>(st);
+  if (!beat.ok()) {
+    r.group->Stop(s.timeouts.stop_grace);
+    return Error(kExitError, "lost the job's store: " + beat.status().ToString());
+  }
+  if (beat->value_or("") != r.watched_beat) {
+    r.watched_beat = beat->value_or("");
+    r.watched_seen = env_->Now();
+  } else if (r.watched != r.info.group_rank && env_->Now() - r.watched_seen >= s.timeouts.heartbeat) {
+    FailureRecord rec = NewFailure(FailureKind::kNodeLost, r.round, r.watched);
+    rec.restarts = r.info.restarts + 1;
+    auto host = RoundNodeId(*store_, r.round, r.watched);
+    rec.host = host.ok() ? *host : "node " + std::to_string(r.watched);
+    rec.exit = "its agent sent no heartbeat for " + FormatDuration(s.timeouts.heartbeat) + " (timeouts.heartbeat)";
+    return EndAndStop(r, rec, /*root_cause=*/false);
+  }
+  // Scale-up: nodes waiting to join end the round, without spending the restart budget.
+  if (r.info.group_rank == 0 && r.info.group_world_size < s.nodes.max) {
+    auto waiting = store_->TryGet(keys::RoundWaiting(r.round));
+    if (waiting.ok() && waiting->has_value() && std::atoi((*waiting)->c_str()) > 0) {
+      FailureRecord rec = NewFailure(FailureKind::kMembership, r.round, r.info.group_rank);
+      rec.restarts = r.info.restarts;
+      rec.exit = **waiting + " node(s) waiting to join; restarting the worker group with them";
+      return EndAndStop(r, rec, /*root_cause=*/false);
+    }
+  }
+  return std::nullopt;
+}
+
+Agent::Outcome Agent::Watch(Round& r) {
+  const JobSpec& s = o_.spec;
   // Each turn reads the stop request and the round's end in one round trip: a thousand agents
   // polling are a store's whole load otherwise.
-  const std::vector<std::string> watched_keys = {keys::kStop, keys::RoundEnd(round)};
-
+  const std::vector<std::string> watched_keys = {keys::kStop, keys::RoundEnd(r.round)};
   // A task's exit (SIGCHLD) and a stop signal wake the loop at once; the store's news (the stop
   // key, a peer's end of the round) is read every `poll`. In a job of one node only this agent
   // ends its rounds and a local launcher nudges it (kNudgeSignal) once it has set the stop key, so
@@ -542,166 +693,95 @@ Agent::Outcome Agent::RunRound(int round, int restarts) {
   // can bring news: the watch waits there for the round's end, which the store answers the moment
   // it is set, and reads the stop key between waits (every `quiet`), instead of polling.
   auto all_exited = [&] {
-    return std::all_of(r.mine.begin(), r.mine.end(), [&](const Task& t) { return group.Exited(t.local); });
+    return std::all_of(r.mine.begin(), r.mine.end(), [&](const Task& t) { return r.group->Exited(t.local); });
   };
-  // A task that cannot make progress (stopped, or stuck in the kernel) is killed and so named as
-  // the failure, rather than found by its peers' collective timeout a minute later.
-  std::map<int, std::string> stuck;  // local rank -> why it was killed
-  auto next_stuck_check = Clock::now() + std::chrono::seconds(1);
   while (true) {
     if (all_exited()) {
-      const Duration wait = std::clamp<Duration>(Remaining(next_beat), Duration(1), quiet);
-      (void)store_->Get(keys::RoundEnd(round), wait);  // read again below, with the stop key
-      while (WaitSignal(Duration(0)) != 0) {}  // a stop signal that came meanwhile
+      const Duration wait = std::clamp<Duration>(env_->Remaining(r.next_beat), Duration(1), quiet);
+      (void)store_->Get(keys::RoundEnd(r.round), wait);  // read again below, with the stop key
+      while (env_->WaitSignal(Duration(0)) != 0) {}  // a stop signal that came meanwhile
     } else {
-      WaitSignal(poll);
+      env_->WaitSignal(poll);
     }
     auto seen = store_->TryGetMany(watched_keys);
     Status st = CheckStopSignal();
     if (st.ok() && !seen.ok()) st = seen.status();
     if (st.ok() && (*seen)[0]) st = Aborted(*(*seen)[0]);
     if (!st.ok()) {
-      group.Stop(s.timeouts.stop_grace);
+      r.group->Stop(s.timeouts.stop_grace);
       if (st.code() == Code::kAborted) return Stopped(st);
-      return error(kExitError, "lost the job's store: " + st.ToString());
+      return Error(kExitError, "lost the job's store: " + st.ToString());
     }
-    if (Clock::now() >= next_stuck_check) {
-      next_stuck_check = Clock::now() + std::chrono::seconds(1);
-      for (const auto& [local, why] : group.KillStuck(kStoppedFor, kBlockedFor)) {
-        const Task& t = r.mine[local];
-        LOG_WARN("{} {} (rank {}) was {}: killed, so that the job goes on without waiting for it", t.role, t.index,
-                 t.rank, why);
-        stuck[local] = why;
-      }
+    KillStuckTasks(r);
+    for (const WorkerExit& e : r.group->ReapExited()) {
+      if (auto o = OnTaskExit(r, e)) return *o;
     }
-    if (timers_) {
-      const std::vector<pid_t> pids = group.Pids();
-      for (const auto& x : timers_->Poll(pids)) {
-        const Task& t = r.mine[x.worker];
-        const std::string why = "past its file timer " + Quote(x.scope) + " (torch's expires(), TORCHELASTIC_TIMER_FILE)";
-        LOG_WARN("{} {} (rank {}) is {}: sent signal {}", t.role, t.index, t.rank, why, x.signal);
-        stuck[static_cast<int>(x.worker)] = why;
+    if (const auto& end = (*seen)[1]) {
+      auto rec = FailureRecord::FromJson(*end);
+      if (!rec.ok()) {
+        r.group->Stop(s.timeouts.stop_grace);
+        return Error(kExitError, "lost the job's store: " + rec.status().ToString());
       }
+      return FinishRound(r, *rec);
     }
-    for (const WorkerExit& e : group.ReapExited()) {
-      const Task& t = r.mine[e.local_rank];
-      const RoleSpec& role = r.RoleOf(t);
-      if (e.exit.success()) {
-        if (!role.success) continue;
-        auto n = store_->Add(keys::RoundSucceeded(round), 1);
-        if (!n.ok()) {
-          group.Stop(s.timeouts.stop_grace);
-          return error(kExitError, "lost the job's store: " + n.status().ToString());
-        }
-        if (*n == r.deciders) {  // the last one: the job has succeeded
-          FailureRecord rec = NewFailure(FailureKind::kSucceeded, round, info.group_rank);
-          rec.restarts = restart;
-          rec.exit = "the job succeeded";
-          auto won = EndRound(*store_, round, rec, budget, &out.reported);
-          if (!won.ok()) return error(kExitError, "lost the job's store: " + won.status().ToString());
-          return finish_round(*won);
-        }
-        continue;
-      }
-      // A failure, unless the job succeeded a moment ago and this task lost what it needed.
-      auto end = round_end();
-      if (end.ok() && end->has_value() && (*end)->kind == FailureKind::kSucceeded) return finish_round(**end);
-      FailureRecord rec = NewFailure(FailureKind::kTask, round, info.group_rank);
-      rec.restarts = restart + 1;
-      rec.rank = e.rank;
-      rec.local_rank = e.local_rank;
-      rec.role = t.role;
-      rec.task_index = t.index;
-      rec.pid = e.pid;
-      rec.exited_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::system_clock::now().time_since_epoch()).count();
-      rec.exit = e.exit.Describe();
-      if (auto it = stuck.find(e.local_rank); it != stuck.end()) {
-        rec.exit += " from trainctl: it was " + it->second;
-        stuck.erase(it);
-      }
-      rec.log_path = launches[e.local_rank].log_path;
-      rec.last_lines = group.Tail(e.local_rank, std::chrono::milliseconds(500));
-      AddTaskError(r, t, task_restarts[e.local_rank], &rec);
-      if (role.command.empty() && !e.exit.signaled && e.exit.code == kExitInvalidSpec) {
-        // The built-in trainer's verdict: its configuration can never work. No restart.
-        rec.kind = FailureKind::kConfig;
-        rec.restarts = restart;
-        rec.final = true;
-        Outcome o = ended(rec);
-        group.Stop(s.timeouts.stop_grace);
-        PostRootCause(r, task_restarts, &rec);
-        return o;
-      }
-      if (role.on_failure == "ignore") {
-        LOG_WARN("{}; the job goes on without it ({}.on_failure: ignore)", rec.Summary(), t.role);
-        // For status.json; the job goes on even if the store missed it.
-        if (store_->Add(keys::kIgnoredFailures, 1).ok()) {
-          (void)store_->Set(keys::kLastIgnoredFailure, rec.ToJson());
-        }
-        continue;
-      }
-      if (role.on_failure == "restart_task") {
-        auto n = store_->Add(keys::kTaskRestarts, 1);
-        if (n.ok() && budget.TaskRestartFits(*n)) {
-          task_restarts[e.local_rank]++;
-          LOG_WARN("{}; restarting it alone (task restart {} of {})", rec.Summary(), *n, s.restart.max_restarts);
-          if (Status st = group.Restart(e.local_rank, Launch(r, t, task_restarts[e.local_rank])); st.ok()) continue;
-          else rec.exit += "; its restart failed: " + st.message();
-        }
-        rec.restarts = restart;  // no group restart: the task budget is spent, the job fails
-        rec.final = true;
-        rec.exit += " (restart.max_restarts: " + std::to_string(s.restart.max_restarts) +
-                    " task restarts spent)";
-      }
-      Outcome o = ended(rec);  // first, so peers stop their tasks meanwhile
-      group.Stop(s.timeouts.stop_grace);
-      PostRootCause(r, task_restarts, &rec);
-      return o;
-    }
-    auto end = parse_end((*seen)[1]);
-    if (!end.ok()) {
-      group.Stop(s.timeouts.stop_grace);
-      return error(kExitError, "lost the job's store: " + end.status().ToString());
-    }
-    if (end->has_value()) return finish_round(**end);
-    if (Clock::now() >= next_beat) {
-      next_beat = Clock::now() + hb_every;
-      Status st = store_->Set(keys::RoundHeartbeat(round, info.group_rank), std::to_string(++beats));
-      auto beat = st.ok() ? store_->TryGet(keys::RoundHeartbeat(round, watched))
-                          : Result<std::optional<std::string>>(st);
-      if (!beat.ok()) {
-        group.Stop(s.timeouts.stop_grace);
-        return error(kExitError, "lost the job's store: " + beat.status().ToString());
-      }
-      if (beat->value_or("") != watched_beat) {
-        watched_beat = beat->value_or("");
-        watched_seen = Clock::now();
-      } else if (watched != info.group_rank && Clock::now() - watched_seen >= s.timeouts.heartbeat) {
-        FailureRecord rec = NewFailure(FailureKind::kNodeLost, round, watched);
-        rec.restarts = restart + 1;
-        auto host = RoundNodeId(*store_, round, watched);
-        rec.host = host.ok() ? *host : "node " + std::to_string(watched);
-        rec.exit = "its agent sent no heartbeat for " + FormatDuration(s.timeouts.heartbeat) +
-                   " (timeouts.heartbeat)";
-        Outcome o = ended(rec);  // first, so peers stop their tasks meanwhile
-        group.Stop(s.timeouts.stop_grace);
-        return o;
-      }
-      // Scale-up: nodes waiting to join end the round, without spending the restart budget.
-      if (info.group_rank == 0 && info.group_world_size < s.nodes.max) {
-        auto waiting = store_->TryGet(keys::RoundWaiting(round));
-        if (waiting.ok() && waiting->has_value() && std::atoi((*waiting)->c_str()) > 0) {
-          FailureRecord rec = NewFailure(FailureKind::kMembership, round, info.group_rank);
-          rec.restarts = restart;
-          rec.exit = **waiting + " node(s) waiting to join; restarting the worker group with them";
-          Outcome o = ended(rec);  // first, so peers stop their tasks meanwhile
-          group.Stop(s.timeouts.stop_grace);
-          return o;
-        }
-      }
+    if (auto o = Beat(r)) return *o;
+  }
+}
+
+std::optional<int> Agent::AfterRound(const Outcome& out, int* restarts, int* quick_failures, Duration ran_for) {
+  const JobSpec& s = o_.spec;
+  switch (out.kind) {
+    case Outcome::kSucceeded:
+      return kExitOk;
+    case Outcome::kStopped:
+      LOG_INFO("stopped: {}", out.message);
+      return out.code;
+    case Outcome::kError:
+      LOG_ERROR("{}", out.message);
+      return out.code;
+    case Outcome::kEnded:
+      break;
+  }
+  const FailureRecord& f = out.end;
+  if (f.kind == FailureKind::kSucceeded) return kExitOk;
+  *restarts = f.restarts;
+  if (f.kind == FailureKind::kStart || f.kind == FailureKind::kConfig) {
+    if (out.reported) LOG_ERROR("{}; not restarting: it would fail again", f.Summary());
+    return f.kind == FailureKind::kConfig ? kExitInvalidSpec : kExitWorkerFailed;
+  }
+  if (!f.failure()) {
+    if (out.reported) LOG_INFO("{}", f.Summary());
+    return std::nullopt;
+  }
+  if (RestartBudget{s.restart.max_restarts}.Spent(f)) {
+    if (out.reported) LOG_ERROR("{}; no restarts left (max_restarts: {})", f.Summary(), s.restart.max_restarts);
+    return kExitWorkerFailed;
+  }
+  // Back-off: failures in a row come back ever slower, so a large budget is not spent in a
+  // burst; a round that ran for a while starts the count again.
+  if (ran_for >= s.restart.backoff_max) *quick_failures = 0;
+  Duration delay(0);
+  if (*quick_failures > 0) {
+    delay = s.restart.backoff;
+    for (int i = 1; i < *quick_failures && delay < s.restart.backoff_max; ++i) delay *= 2;
+    delay = std::min(delay, s.restart.backoff_max);
+  }
+  ++*quick_failures;
+  if (out.reported) {
+    LOG_WARN("{}; restarting the worker group (restart {} of {}){}", f.Summary(), f.restarts,
+             s.restart.max_restarts,
+             delay.count() > 0 ? " in " + FormatDuration(delay) + " (restart.backoff: failures in a row)" : "");
+    if (!f.last_lines.empty()) LOG_WARN("its last output: {}", f.last_lines.back());
+  }
+  for (const auto until = env_->Now() + delay; env_->Now() < until;) {
+    env_->WaitSignal(std::min<Duration>(env_->Remaining(until), std::chrono::milliseconds(100)));
+    if (Status st = CheckStop(); !st.ok()) {
+      Outcome stopped = Stopped(st);
+      LOG_INFO("stopped: {}", stopped.message);
+      return stopped.code;
     }
   }
+  return std::nullopt;
 }
 
 int Agent::Run() {
@@ -736,61 +816,10 @@ int Agent::Run() {
   }
   int quick_failures = 0;  // failed rounds in a row that lasted less than restart.backoff_max
   for (int round = *current;; ++round) {
-    const auto round_started = Clock::now();
-    Outcome out = RunRound(round, restarts);
-    switch (out.kind) {
-      case Outcome::kSucceeded:
-        return kExitOk;
-      case Outcome::kStopped:
-        LOG_INFO("stopped: {}", out.message);
-        return out.code;
-      case Outcome::kError:
-        LOG_ERROR("{}", out.message);
-        return out.code;
-      case Outcome::kEnded:
-        break;
-    }
-    const FailureRecord& f = out.end;
-    if (f.kind == FailureKind::kSucceeded) return kExitOk;
-    restarts = f.restarts;
-    if (f.kind == FailureKind::kStart || f.kind == FailureKind::kConfig) {
-      if (out.reported) LOG_ERROR("{}; not restarting: it would fail again", f.Summary());
-      return f.kind == FailureKind::kConfig ? kExitInvalidSpec : kExitWorkerFailed;
-    }
-    if (!f.failure()) {
-      if (out.reported) LOG_INFO("{}", f.Summary());
-      continue;
-    }
-    if (RestartBudget{s.restart.max_restarts}.Spent(f)) {
-      if (out.reported) {
-        LOG_ERROR("{}; no restarts left (max_restarts: {})", f.Summary(), s.restart.max_restarts);
-      }
-      return kExitWorkerFailed;
-    }
-    // Back-off: failures in a row come back ever slower, so a large budget is not spent in a
-    // burst; a round that ran for a while starts the count again.
-    if (Clock::now() - round_started >= s.restart.backoff_max) quick_failures = 0;
-    Duration delay(0);
-    if (quick_failures > 0) {
-      delay = s.restart.backoff;
-      for (int i = 1; i < quick_failures && delay < s.restart.backoff_max; ++i) delay *= 2;
-      delay = std::min(delay, s.restart.backoff_max);
-    }
-    ++quick_failures;
-    if (out.reported) {
-      LOG_WARN("{}; restarting the worker group (restart {} of {}){}", f.Summary(), f.restarts,
-               s.restart.max_restarts,
-               delay.count() > 0 ? " in " + FormatDuration(delay) + " (restart.backoff: failures in a row)" : "");
-      if (!f.last_lines.empty()) LOG_WARN("its last output: {}", f.last_lines.back());
-    }
-    for (const auto until = Clock::now() + delay; Clock::now() < until;) {
-      WaitSignal(std::min<Duration>(Remaining(until), std::chrono::milliseconds(100)));
-      if (Status st = CheckStop(); !st.ok()) {
-        Outcome stopped = Stopped(st);
-        LOG_INFO("stopped: {}", stopped.message);
-        return stopped.code;
-      }
-    }
+    const auto round_started = env_->Now();
+    const Outcome out = RunRound(round, restarts);
+    const Duration ran_for = std::chrono::duration_cast<Duration>(env_->Now() - round_started);
+    if (auto code = AfterRound(out, &restarts, &quick_failures, ran_for)) return *code;
   }
 }
 

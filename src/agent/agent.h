@@ -28,8 +28,10 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <string>
 
+#include "agent/agent_env.h"
 #include "agent/file_timer.h"
 #include "agent/worker_forks.h"
 #include "common/address.h"
@@ -42,8 +44,6 @@
 #include "store/store.h"
 
 namespace trainctl {
-
-struct WorkerLaunch;
 
 struct AgentOptions {
   JobSpec spec;                 // output and checkpoint dirs already absolute
@@ -63,19 +63,42 @@ struct AgentOptions {
   Duration poll_interval = std::chrono::milliseconds(50);
 };
 
+// The states of the diagram above, each a method: Rendezvous (join round r, place the tasks),
+// StartTasks (the master's and the tasks' addresses, the tasks), Watch (HEALTHY: stop requests,
+// the tasks' exits in OnTaskExit, stuck tasks, the heartbeat ring and scale-up in Beat, the
+// round's end by anyone), FinishRound (the tasks stopped or let finish), and AfterRound (FAILED:
+// the budget, the back-off, or the end of the job).
 class Agent {
  public:
-  // `store` is the job's store, already prefixed with the run's key space; not owned.
-  Agent(AgentOptions options, Store* store);
-  // Runs until the job ends; returns a trainctl exit code. Expects BlockSupervisorSignals().
+  // `store` is the job's store, already prefixed with the run's key space; not owned. `env` (not
+  // owned; ProcessEnv() when null) is the machine: tests give a fake one.
+  Agent(AgentOptions options, Store* store, AgentEnv* env = nullptr);
+  // Runs until the job ends; returns a trainctl exit code. Expects BlockSupervisorSignals() (with
+  // ProcessEnv).
   int Run();
 
  private:
   struct Outcome;
   struct Round;  // what one round of this node runs
   Outcome RunRound(int round, int restarts);
+  // nullopt: go on to the next state; an outcome ends the round.
+  std::optional<Outcome> Rendezvous(int restarts, Round* r);
+  std::optional<Outcome> StartTasks(Round* r);
+  Outcome Watch(Round& r);
+  std::optional<Outcome> OnTaskExit(Round& r, const WorkerExit& e);
+  std::optional<Outcome> Beat(Round& r);
+  void KillStuckTasks(Round& r);
+  // The round ended with `rec` (this agent's or a peer's): stop, or let finish, the tasks.
+  Outcome FinishRound(Round& r, const FailureRecord& rec);
+  // The exit code once the job is over, or nullopt to join the next round (after the back-off).
+  std::optional<int> AfterRound(const Outcome& out, int* restarts, int* quick_failures, Duration ran_for);
   Outcome WaitOutRound(int round, const RoundInfo& full);
   Outcome Stopped(const Status& why);
+  static Outcome Error(int code, const std::string& message);
+  // Records `rec` as the round's end (the first record wins): the outcome is the winner.
+  Outcome EndWith(const Round& r, const FailureRecord& rec);
+  // EndWith, then this node's tasks stopped (and, for a task's failure, the root cause posted).
+  Outcome EndAndStop(Round& r, const FailureRecord& rec, bool root_cause);
   // Waits for `key`, checking for a stop and for the round's end meanwhile.
   Result<std::string> WaitForKey(int round, const std::string& key);
   // Every task's host:port (by rank), for TF_CONFIG: this node reserves its tasks' ports.
@@ -100,6 +123,7 @@ class Agent {
 
   AgentOptions o_;
   Store* store_;
+  AgentEnv* env_;
   WorkerForks forks_;  // the built-in trainer's worker servers, across rounds
   std::string node_id_;
   // The ports handed to this round's tasks (TF_CONFIG) and, on node 0, the master port: held for
