@@ -17,6 +17,7 @@
 #include "job/tasks.h"
 #include "store/open_store.h"
 #include "store/tcp/tcp_store.h"
+#include "store/tcp/tcp_store.h"
 
 namespace trainctl {
 namespace {
@@ -90,9 +91,7 @@ std::optional<int> ServeStore(const AgentProcessOptions& f, const std::optional<
   so.host = !loopback ? "0.0.0.0" : host == "localhost" ? "127.0.0.1" : host;
   so.port = port;
   so.token = token;
-  if (spec) so.max_connections = std::max(so.max_connections, spec->store_clients() + 64);
-  RaiseOpenFileLimit(so.max_connections + 256);
-  auto started = st.ok() ? TcpStoreServer::Start(so) : Result<std::unique_ptr<TcpStoreServer>>(st);
+  auto started = st.ok() ? ServeJobStore(so, spec->store_clients()) : Result<std::unique_ptr<TcpStoreServer>>(st);
   if (!started.ok() && f.join_if_served && started.status().code() == Code::kAlreadyExists) {
     LOG_INFO("joining the job's store at {}: this machine serves it already (port {} in use)", addr.substr(6), port);
     *node_rank = -1;  // by arrival, as every other joining node

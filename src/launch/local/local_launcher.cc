@@ -304,27 +304,22 @@ Status WriteRunningStatus(const runs::RunEntry& entry) {
 }
 
 
-int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
-  const auto start = Clock::now();
-  // Orphans of the job's processes (a SIGKILLed agent's workers' children) come here, not to init.
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  const std::string run_id = spec.name + "-" + RandomHex(4);
-  const std::string token = RandomHex(32);
-  const std::string prefix = keys::RunPrefix(run_id);
-  log::SetContext(spec.name, "launcher", -1);
+namespace {
 
-  // One live run per output directory; an earlier run's files moved aside unless resumed.
+// One live run per output directory; an earlier run's files moved aside unless resumed. Returns
+// the lock, or the exit code.
+Result<std::unique_ptr<runs::OutputLock>> PrepareOutput(const JobSpec& spec, const LaunchOptions& options,
+                                                        const std::string& run_id, int* code) {
   auto lock = runs::OutputLock::Acquire(spec.output_dir, run_id);
   if (!lock.ok()) {
     std::fprintf(stderr, "trainctl run: %s\n", lock.status().message().c_str());
-    return lock.status().code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
+    *code = lock.status().code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
+    return lock.status();
   }
+  *code = kExitError;
   if (!options.resume) {
     auto moved = runs::MovePreviousRunAside(spec.output_dir, spec.checkpoint_dir);
-    if (!moved.ok()) {
-      LOG_ERROR("{}", moved.status().message());
-      return kExitError;
-    }
+    if (!moved.ok()) return moved.status();
     if (!moved->empty()) {
       LOG_INFO("{} held an earlier run, moved to {}: this run starts from scratch (--resume would "
                "continue it)", spec.output_dir, *moved);
@@ -332,126 +327,134 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   } else if (spec.trainer.enabled && !runs::HasCheckpoint(spec.checkpoint_dir)) {
     LOG_WARN("--resume: no checkpoint in {}; this run starts from scratch", spec.checkpoint_dir);
   }
-  if (Status st = MakeDirs(paths::LogsDir(spec.output_dir)); !st.ok()) {
-    LOG_ERROR("{}", st.message());
-    return kExitError;
-  }
+  RETURN_IF_ERROR(MakeDirs(paths::LogsDir(spec.output_dir)));
   if (spec.cpu_bind == "cores" && spec.nodes.max > 1 && options.placement == "local") {
     LOG_WARN("cpu_bind: cores with {} nodes on this one machine: each node's agent shares out the "
              "same CPUs, so the nodes' tasks run on one another's cores", spec.nodes.max);
   }
-  runs::RunEntry entry = RunEntryFor(spec, run_id, options.placement);
-  // The job's own cgroup, where the system allows one: what its processes start, daemons that
-  // double-forked away included, ends with it (at the end of this function, or by `trainctl
-  // stop`/`ps` should this launcher be killed).
-  struct CgroupGuard {
-    std::string dir;
-    ~CgroupGuard() {
-      if (!dir.empty()) KillJobCgroup(dir);
-    }
-  } cgroup{options.placement == "local" ? MakeJobCgroup(run_id) : ""};
-  entry.cgroup = cgroup.dir;
-  if (cgroup.dir.empty()) LOG_DEBUG("no cgroup of its own for this job (no cgroup2 this user may write)");
-  if (options.placement == "slurm") entry.slurm_job_id = GetEnv(CurrentEnvironment(), "SLURM_JOB_ID").value_or("");
-  if (Status st = runs::Register(entry); !st.ok()) {
-    LOG_WARN("trainctl ps will not list this run: {}", st.message());
-  }
-  if (Status st = WriteRunningStatus(entry); !st.ok()) {
-    LOG_ERROR("{}", st.message());
-    return kExitError;
-  }
-  if (Status st = AtomicWriteFile(paths::JobJson(spec.output_dir), JobSpecToJson(spec, 2) + "\n");
-      !st.ok()) {
-    LOG_ERROR("{}", st.message());
-    return kExitError;
-  }
+  return lock;
+}
 
-  // The job's store: an etcd cluster when the spec names one, else one served here.
-  std::unique_ptr<TcpStoreServer> server;
-  std::string store_url = spec.rendezvous;
-  if (store_url.empty()) {
-    TcpStoreServerOptions so;
-    so.host = options.store_host;
-    so.token = token;
-    // Every process of a local job runs here: a Unix socket serves them faster than loopback TCP.
-    so.unix_socket = options.placement == "local" && IsLoopbackHost(options.store_host);
-    // Room for every agent and task of the job (and then some), within the open-file limit.
-    so.max_connections = std::max(so.max_connections, spec.store_clients() + 64);
-    RaiseOpenFileLimit(so.max_connections + 256);
-    auto started = TcpStoreServer::Start(so);
-    if (!started.ok() && so.unix_socket) {  // Unix sockets refused here (a confined sandbox): TCP
-      LOG_DEBUG("the job's store on a Unix socket: {}; serving it on {} instead", started.status().message(), so.host);
-      so.unix_socket = false;
-      started = TcpStoreServer::Start(so);
-    }
-    if (!started.ok()) {
-      LOG_ERROR("cannot start the job's store: {}", started.status().message());
-      return kExitError;
-    }
-    server = std::move(*started);
-    store_url = server->url();
+// The job's own cgroup, where the system allows one: what its processes start, daemons that
+// double-forked away included, ends with it (when the launcher returns, or by `trainctl
+// stop`/`ps` should the launcher be killed).
+struct CgroupGuard {
+  std::string dir;
+  ~CgroupGuard() {
+    if (!dir.empty()) KillJobCgroup(dir);
   }
-  const Duration connect_timeout = std::min<Duration>(spec.timeouts.rendezvous, std::chrono::seconds(30));
-  auto client = OpenStore(store_url, token, connect_timeout);
-  if (!client.ok()) {
-    LOG_ERROR("cannot reach the job's store: {}", client.status().message());
-    return kExitError;
-  }
-  PrefixStore store(client->get(), prefix);
-  store.FailFastOnceLost();  // a store lost mid-job is reported, not waited on for every record
-  if (Status st = store.Set(keys::kSpec, JobSpecToJson(spec)); !st.ok()) {
-    LOG_ERROR("{}", st.message());
-    return kExitError;
-  }
+};
 
-  std::vector<std::string> env = CurrentEnvironment();
-  SetEnv(&env, kEnvStoreAddr, store_url);
-  SetEnv(&env, kEnvStoreToken, token);
-  if (!cgroup.dir.empty()) SetEnv(&env, kEnvCgroup, cgroup.dir);  // each agent moves into it first
-  const bool one = options.placement != "local";  // one srun or mpirun starts every agent
-  std::vector<AgentProc> agents;
-  int final_code = kExitOk;
-  bool stopping = false;
-  Clock::time_point kill_at;
+// The job's store: served here (on a Unix socket for a job of this machine), or nothing when the
+// spec names an etcd cluster (`*url` is then the spec's).
+Result<std::unique_ptr<TcpStoreServer>> HostStore(const JobSpec& spec, const LaunchOptions& options,
+                                                  const std::string& token, std::string* url) {
+  *url = spec.rendezvous;
+  if (!url->empty()) return std::unique_ptr<TcpStoreServer>();
+  TcpStoreServerOptions so;
+  so.host = options.store_host;
+  so.token = token;
+  // Every process of a local job runs here: a Unix socket serves them faster than loopback TCP.
+  so.unix_socket = options.placement == "local" && IsLoopbackHost(options.store_host);
+  auto server = ServeJobStore(so, spec.store_clients());
+  if (!server.ok()) return Status(server.status().code(), "cannot start the job's store: " + server.status().message());
+  *url = (*server)->url();
+  return server;
+}
+
+// The agents of a run: starts them, forwards stop signals, enforces timeouts.job, replaces a fixed
+// job's agent that died of a signal (ending its round, as its peers would), and waits for all of
+// them. The outcome is `code` and `stop_reason`.
+class AgentSupervisor {
+ public:
+  AgentSupervisor(const JobSpec& spec, const LaunchOptions& options, const std::string& run_id, Store& store,
+                  std::vector<std::string> env, Clock::time_point start)
+      : spec_(spec), options_(options), run_id_(run_id), store_(store), env_(std::move(env)), start_(start),
+        one_(options.placement != "local"), elastic_(spec.nodes.min < spec.nodes.max) {}
+
+  void StartAgents();
+  void Supervise();
+  // What mpirun's processes still write (they are gone or killed by now).
+  void Finish() {
+    if (mpirun_stderr_) mpirun_stderr_->Finish(std::chrono::seconds(1));
+  }
+  int code = kExitOk;
   std::string stop_reason;
-  auto begin_stop = [&](const std::string& reason, int code) {
-    if (stopping) return;
-    stopping = true;
-    stop_reason = reason;
-    if (code != kExitOk && final_code == kExitOk) final_code = code;
-    auto ignored = store.CompareSet(keys::kStop, "", StopRecord{reason, code}.ToJson());
-    // Local agents read the stop key at their next look (a job of one node looks every half
-    // second); the nudge makes it now.
-    if (!one) {
-      for (const AgentProc& a : agents) {
-        if (!a.done) ::kill(a.pid, kNudgeSignal);
-      }
-    }
-    kill_at = Clock::now() + AgentGrace(spec);
-  };
 
-  std::unique_ptr<MpirunStderr> mpirun_stderr;
+ private:
+  void BeginStop(const std::string& reason, int code);
+  void OnExit(AgentProc& a, const ExitInfo& exit);
+  // A fixed-size job's agent that died of a signal (the OOM killer, a kill) is started again, as
+  // Kubernetes replaces a pod: its round is ended at once, which spends a restart, and the new
+  // agent joins the next round with the node's rank. At most max_restarts times in all, so an
+  // agent that dies before it ever joins a round cannot go round for ever.
+  void Replace(const AgentProc& a, const ExitInfo& exit);
+  LostAgent Lost(const AgentProc& a, const ExitInfo& exit) {
+    // A local agent's id: this machine's loopback address (AgentOptions::host) and its pid.
+    return LostAgent{{NodeId("127.0.0.1", a.pid), exit.Describe(), NewestClosedRound(store_)}, a.node};
+  }
+  LostRound SeeTo(const LostAgent& l) {
+    auto r = EndRoundOfLostNode(store_, l, RestartBudget{spec_.restart.max_restarts});
+    if (!r.ok()) LOG_WARN("cannot end the round of a lost agent ({}): {}", l.id, r.status().message());
+    return r.ok() ? *r : LostRound{};
+  }
+
+  const JobSpec& spec_;
+  const LaunchOptions& options_;
+  const std::string& run_id_;
+  Store& store_;
+  const std::vector<std::string> env_;
+  const Clock::time_point start_;
+  const bool one_;      // one srun or mpirun starts every agent
+  const bool elastic_;  // an elastic job goes on without a lost node
+  std::vector<AgentProc> agents_;
+  std::unique_ptr<MpirunStderr> mpirun_stderr_;
+  bool stopping_ = false;
+  Clock::time_point kill_at_;
+  bool any_succeeded_ = false;
+  int lost_code_ = kExitOk;
+  std::vector<LostAgent> lost_;  // lost agents whose round is not settled yet
+  int replaced_ = 0;
+};
+
+void AgentSupervisor::BeginStop(const std::string& reason, int stop_code) {
+  if (stopping_) return;
+  stopping_ = true;
+  stop_reason = reason;
+  if (stop_code != kExitOk && code == kExitOk) code = stop_code;
+  auto ignored = store_.CompareSet(keys::kStop, "", StopRecord{reason, stop_code}.ToJson());
+  // Local agents read the stop key at their next look (a job of one node looks every half
+  // second); the nudge makes it now.
+  if (!one_) {
+    for (const AgentProc& a : agents_) {
+      if (!a.done) ::kill(a.pid, kNudgeSignal);
+    }
+  }
+  kill_at_ = Clock::now() + AgentGrace(spec_);
+}
+
+void AgentSupervisor::StartAgents() {
   // Local agents: one is exec'd as a fork server, the others are its copies (the launcher's
   // children all the same); an agent exec'd costs a 2-core machine ~3 ms of CPU, a copy a tenth.
   std::optional<ForkServer> forks =
-      !one && spec.nodes.max > 1 ? StartAgentForkServer(spec, options, run_id, env) : std::nullopt;
-  for (int node = 0; node < (one ? 1 : spec.nodes.max); ++node) {
+      !one_ && spec_.nodes.max > 1 ? StartAgentForkServer(spec_, options_, run_id_, env_) : std::nullopt;
+  for (int node = 0; node < (one_ ? 1 : spec_.nodes.max); ++node) {
     // Ctrl-C or SIGTERM while hundreds of agents start: stop now, not once all have started.
     if (int sig = WaitSignal(Duration(0)); IsStopSignal(sig)) {
-      begin_stop(std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " while starting the agents",
-                 kExitInterrupted);
+      BeginStop(std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " while starting the agents",
+                kExitInterrupted);
       break;
     }
-    const AgentCommand agent = LaunchedAgent(options, run_id, std::to_string(one ? -1 : node));
+    const AgentCommand agent = LaunchedAgent(options_, run_id_, std::to_string(one_ ? -1 : node));
     SpawnOptions o;
     o.argv = agent.Argv();
-    if (one) o.argv = PlacementArgv(spec, options, o.argv);
-    o.env = env;
-    const std::string name = one ? o.argv[0] : "the agent for node " + std::to_string(node);
+    if (one_) o.argv = PlacementArgv(spec_, options_, o.argv);
+    o.env = env_;
+    const std::string name = one_ ? o.argv[0] : "the agent for node " + std::to_string(node);
     int pipe_fds[2] = {-1, -1};
-    if (options.placement == "mpi" && ::pipe2(pipe_fds, O_CLOEXEC) == 0) {
+    if (options_.placement == "mpi" && ::pipe2(pipe_fds, O_CLOEXEC) == 0) {
       o.stderr_fd = pipe_fds[1];
-      mpirun_stderr = std::make_unique<MpirunStderr>(pipe_fds[0], paths::LogsDir(spec.output_dir) + "/mpirun.log");
+      mpirun_stderr_ = std::make_unique<MpirunStderr>(pipe_fds[0], paths::LogsDir(spec_.output_dir) + "/mpirun.log");
     }
     Result<pid_t> pid = forks ? forks->Fork(agent.node_rank) : Spawn(o);
     // A server that did not answer in time may yet have forked this node's agent: starting
@@ -464,160 +467,192 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     if (pipe_fds[1] >= 0) ::close(pipe_fds[1]);
     if (!pid.ok()) {
       LOG_ERROR("cannot start {}: {}", name, pid.status().message());
-      begin_stop("could not start every agent", kExitError);
+      BeginStop("could not start every agent", kExitError);
       break;
     }
-    agents.push_back({name, *pid, false, one ? -1 : node});
+    agents_.push_back({name, *pid, false, one_ ? -1 : node});
   }
-  forks.reset();  // it exits; the loop below reaps it with the orphans
-  if (!stopping) {
-    LOG_INFO("started {}{}, run {}; logs in {}", DescribeTasks(spec, /*programs=*/false),
-             one ? " under " + agents.front().name : "", run_id, paths::LogsDir(spec.output_dir));
+  forks.reset();  // it exits; Supervise reaps it with the orphans
+  if (!stopping_) {
+    LOG_INFO("started {}{}, run {}; logs in {}", DescribeTasks(spec_, /*programs=*/false),
+             one_ ? " under " + agents_.front().name : "", run_id_, paths::LogsDir(spec_.output_dir));
   }
+}
 
-  const bool has_deadline = spec.timeouts.job.count() > 0;
-  const auto job_deadline = start + spec.timeouts.job;
+void AgentSupervisor::Replace(const AgentProc& a, const ExitInfo& exit) {
+  const LostAgent l = Lost(a, exit);
+  const LostRound now = SeeTo(l);
+  if (now.budget_spent) {  // its peers end the job (no restarts left) and report it
+    LOG_ERROR("{} died: {}; no restarts left (max_restarts: {})", a.name, exit.Describe(), spec_.restart.max_restarts);
+    return;
+  }
+  if (replaced_ >= spec_.restart.max_restarts) {
+    LOG_ERROR("{} died: {}, after it was started again {} time(s) (max_restarts: {})", a.name, exit.Describe(),
+              replaced_, spec_.restart.max_restarts);
+    BeginStop(a.name + " died: " + exit.Describe(), kExitError);
+    return;
+  }
+  AgentCommand agent = LaunchedAgent(options_, run_id_, std::to_string(a.node));
+  // It and the node's earlier agents that may still hold its rank in an open round.
+  agent.replaces = {l.id};
+  for (const LostAgent& before : lost_) {
+    if (before.node == l.node) agent.replaces.push_back(before.id);
+  }
+  SpawnOptions o;
+  o.argv = agent.Argv();
+  o.env = env_;
+  Result<pid_t> pid = Spawn(o);
+  if (!pid.ok()) {
+    LOG_ERROR("{} died: {}; cannot start it again: {}", a.name, exit.Describe(), pid.status().message());
+    BeginStop(a.name + " died and could not be started again", kExitError);
+    return;
+  }
+  ++replaced_;
+  LOG_WARN("{} died: {}; started it again (pid {}), to rejoin the job at its next round", a.name, exit.Describe(),
+           *pid);
+  if (!now.settled) lost_.push_back(l);
+  agents_.push_back({a.name, *pid, false, a.node});
+}
+
+void AgentSupervisor::OnExit(AgentProc& a, const ExitInfo& exit) {
+  a.done = true;
+  if (exit.success()) {
+    any_succeeded_ = true;
+  } else if (exit.signaled && !one_ && !elastic_ && !stopping_) {
+    const AgentProc dead = a;  // Replace adds to agents_
+    Replace(dead, exit);
+  } else if (exit.signaled && elastic_ && !stopping_) {
+    // An elastic job goes on without the node, in a new round with the nodes that are left: a
+    // local agent's round is ended now, others' when their peers miss its heartbeat.
+    LOG_WARN("{} died: {}; the job goes on with the other nodes (nodes.min: {})", a.name, exit.Describe(),
+             spec_.nodes.min);
+    if (lost_code_ == kExitOk) lost_code_ = kExitError;
+    if (!one_) {
+      const LostAgent l = Lost(a, exit);
+      if (!SeeTo(l).settled) lost_.push_back(l);
+    }
+  } else {
+    int exit_code = exit.signaled ? kExitError : exit.code;
+    std::string why = a.name + " ended with " + exit.Describe();
+    if (exit.signaled) {
+      LOG_ERROR("{} died: {}", a.name, exit.Describe());
+    } else if (!IsTrainctlExitCode(exit_code)) {  // mpirun's or srun's own failure, not an agent's
+      why += ": it could not run the agents (see its lines above" +
+             std::string(mpirun_stderr_ ? ", and " + paths::LogsDir(spec_.output_dir) + "/mpirun.log)" : ")");
+      exit_code = kExitError;
+    }
+    if (code == kExitOk) code = exit_code;
+    BeginStop(why, exit_code);
+  }
+}
+
+void AgentSupervisor::Supervise() {
+  const bool has_deadline = spec_.timeouts.job.count() > 0;
+  const auto job_deadline = start_ + spec_.timeouts.job;
   int signals_seen = 0;
-  const bool elastic = spec.nodes.min < spec.nodes.max;
-  bool any_succeeded = false;
-  int lost_code = kExitOk;
-  // A fixed-size job's agent that dies of a signal (the OOM killer, a kill) is started again, as
-  // Kubernetes replaces a pod: the launcher ends its round at once, which spends a restart, and the
-  // new agent joins the next round with the node's rank. At most max_restarts times in all, so an
-  // agent that dies before it ever joins a round cannot go round for ever. An elastic job's round
-  // is ended at once too, and the job goes on without the node.
-  std::vector<LostAgent> lost;
-  int replaced = 0;
-  auto lost_agent = [&](const AgentProc& a, const ExitInfo& exit) {
-    // A local agent's id: this machine's loopback address (AgentOptions::host) and its pid.
-    return LostAgent{{NodeId("127.0.0.1", a.pid), exit.Describe(), NewestClosedRound(store)}, a.node};
-  };
-  auto see_to_lost = [&](const LostAgent& l) -> LostRound {
-    auto r = EndRoundOfLostNode(store, l, RestartBudget{spec.restart.max_restarts});
-    if (!r.ok()) LOG_WARN("cannot end the round of a lost agent ({}): {}", l.id, r.status().message());
-    return r.ok() ? *r : LostRound{};
-  };
   while (true) {
     // An agent's exit (SIGCHLD) and a stop signal end the wait at once; the rest are deadlines.
     Duration wait = std::chrono::seconds(1);
-    if (stopping) wait = std::min(wait, Remaining(kill_at));
+    if (stopping_) wait = std::min(wait, Remaining(kill_at_));
     if (has_deadline) wait = std::min(wait, Remaining(job_deadline));
     int sig = WaitSignal(std::max(wait, Duration(1)));
     if (IsStopSignal(sig)) {
       if (++signals_seen > 1) {
         LOG_WARN("second {}: killing everything now", ::sigabbrev_np(sig));
-        kill_at = Clock::now();
+        kill_at_ = Clock::now();
       }
-      begin_stop(std::string("interrupted by SIG") + ::sigabbrev_np(sig), kExitInterrupted);
+      BeginStop(std::string("interrupted by SIG") + ::sigabbrev_np(sig), kExitInterrupted);
     }
     if (has_deadline && Clock::now() >= job_deadline) {
-      begin_stop("the job ran longer than timeouts.job (" + FormatDuration(spec.timeouts.job) + ")",
-                 kExitJobTimeout);
+      BeginStop("the job ran longer than timeouts.job (" + FormatDuration(spec_.timeouts.job) + ")", kExitJobTimeout);
     }
     int status = 0;
     bool killed_agent = false;
     for (pid_t p; (p = ::waitpid(-1, &status, WNOHANG)) > 0;) {
       // Not an agent: an orphan that a dead agent's worker left, adopted by this subreaper.
-      auto it = std::find_if(agents.begin(), agents.end(), [p](const AgentProc& a) { return a.pid == p; });
-      if (it == agents.end()) continue;
-      {
-        AgentProc& a = *it;
-        a.done = true;
-        ExitInfo exit = ExitInfo::FromWaitStatus(status);
-        killed_agent |= exit.signaled;
-        if (exit.success()) {
-          any_succeeded = true;
-        } else if (exit.signaled && !one && !elastic && !stopping) {
-          const LostAgent l = lost_agent(a, exit);
-          const LostRound now = see_to_lost(l);
-          if (now.budget_spent) {  // its peers end the job (no restarts left) and report it
-            LOG_ERROR("{} died: {}; no restarts left (max_restarts: {})", a.name, exit.Describe(),
-                      spec.restart.max_restarts);
-          } else if (replaced >= spec.restart.max_restarts) {
-            LOG_ERROR("{} died: {}, after it was started again {} time(s) (max_restarts: {})", a.name,
-                      exit.Describe(), replaced, spec.restart.max_restarts);
-            begin_stop(a.name + " died: " + exit.Describe(), kExitError);
-          } else {
-            AgentCommand agent = LaunchedAgent(options, run_id, std::to_string(a.node));
-            // It and the node's earlier agents that may still hold its rank in an open round.
-            agent.replaces = {l.id};
-            for (const LostAgent& before : lost) {
-              if (before.node == l.node) agent.replaces.push_back(before.id);
-            }
-            SpawnOptions o;
-            o.argv = agent.Argv();
-            o.env = env;
-            Result<pid_t> pid = Spawn(o);
-            if (!pid.ok()) {
-              LOG_ERROR("{} died: {}; cannot start it again: {}", a.name, exit.Describe(), pid.status().message());
-              begin_stop(a.name + " died and could not be started again", kExitError);
-            } else {
-              ++replaced;
-              LOG_WARN("{} died: {}; started it again (pid {}), to rejoin the job at its next round", a.name,
-                       exit.Describe(), *pid);
-              if (!now.settled) lost.push_back(l);
-              agents.push_back({a.name, *pid, false, a.node});
-            }
-          }
-        } else if (exit.signaled && elastic && !stopping) {
-          // An elastic job goes on without the node, in a new round with the nodes that are
-          // left: a local agent's round is ended now, others' when their peers miss its heartbeat.
-          LOG_WARN("{} died: {}; the job goes on with the other nodes (nodes.min: {})", a.name,
-                   exit.Describe(), spec.nodes.min);
-          if (lost_code == kExitOk) lost_code = kExitError;
-          if (!one) {
-            const LostAgent l = lost_agent(a, exit);
-            if (!see_to_lost(l).settled) lost.push_back(l);
-          }
-        } else {
-          int code = exit.signaled ? kExitError : exit.code;
-          std::string why = a.name + " ended with " + exit.Describe();
-          if (exit.signaled) {
-            LOG_ERROR("{} died: {}", a.name, exit.Describe());
-          } else if (!IsTrainctlExitCode(code)) {  // mpirun's or srun's own failure, not an agent's
-            why += ": it could not run the agents (see its lines above" +
-                   std::string(mpirun_stderr ? ", and " + paths::LogsDir(spec.output_dir) + "/mpirun.log)" : ")");
-            code = kExitError;
-          }
-          if (final_code == kExitOk) final_code = code;
-          begin_stop(why, code);
-        }
-      }
+      auto it = std::find_if(agents_.begin(), agents_.end(), [p](const AgentProc& a) { return a.pid == p; });
+      if (it == agents_.end()) continue;
+      const ExitInfo exit = ExitInfo::FromWaitStatus(status);
+      killed_agent |= exit.signaled;
+      OnExit(*it, exit);
     }
     // A killed agent's workers came to this subreaper (they die with their agent, but what they
     // started need not): they belonged to its round, which has ended, so they go now, not with the job.
-    if (killed_agent && !one) {
+    if (killed_agent && !one_) {
       std::vector<pid_t> live;
-      for (const AgentProc& a : agents) {
+      for (const AgentProc& a : agents_) {
         if (!a.done) live.push_back(a.pid);
       }
       KillChildren(Duration(0), live);
     }
     // A lost agent that had not joined a round yet: end the round it is in once that closes.
-    std::erase_if(lost, [&](const LostAgent& l) { return stopping || see_to_lost(l).settled; });
-    const bool all_done =
-        std::all_of(agents.begin(), agents.end(), [](const AgentProc& a) { return a.done; });
-    if (all_done) {
-      if (!any_succeeded && final_code == kExitOk) final_code = lost_code;
-      break;
+    std::erase_if(lost_, [&](const LostAgent& l) { return stopping_ || SeeTo(l).settled; });
+    if (std::all_of(agents_.begin(), agents_.end(), [](const AgentProc& a) { return a.done; })) {
+      if (!any_succeeded_ && code == kExitOk) code = lost_code_;
+      return;
     }
-    if (stopping && Clock::now() >= kill_at) {
-      for (auto& a : agents) {
+    if (stopping_ && Clock::now() >= kill_at_) {
+      for (auto& a : agents_) {
         if (!a.done) ::kill(-a.pid, SIGKILL);
       }
     }
   }
+}
 
-  // What mpirun's processes still write (they are gone or killed by now).
-  if (mpirun_stderr) mpirun_stderr->Finish(std::chrono::seconds(1));
+}  // namespace
 
-  final_code = Report(spec, store, run_id, start, final_code, stop_reason);
+int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
+  const auto start = Clock::now();
+  // Orphans of the job's processes (a SIGKILLed agent's workers' children) come here, not to init.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  const std::string run_id = spec.name + "-" + RandomHex(4);
+  const std::string token = RandomHex(32);
+  log::SetContext(spec.name, "launcher", -1);
+  auto fail = [](const Status& st) {
+    LOG_ERROR("{}", st.message());
+    return kExitError;
+  };
+
+  int code = kExitError;
+  auto lock = PrepareOutput(spec, options, run_id, &code);
+  if (!lock.ok()) return code == kExitError ? fail(lock.status()) : code;
+  runs::RunEntry entry = RunEntryFor(spec, run_id, options.placement);
+  CgroupGuard cgroup{options.placement == "local" ? MakeJobCgroup(run_id) : ""};
+  entry.cgroup = cgroup.dir;
+  if (cgroup.dir.empty()) LOG_DEBUG("no cgroup of its own for this job (no cgroup2 this user may write)");
+  if (options.placement == "slurm") entry.slurm_job_id = GetEnv(CurrentEnvironment(), "SLURM_JOB_ID").value_or("");
+  if (Status st = runs::Register(entry); !st.ok()) LOG_WARN("trainctl ps will not list this run: {}", st.message());
+  if (Status st = WriteRunningStatus(entry); !st.ok()) return fail(st);
+  if (Status st = AtomicWriteFile(paths::JobJson(spec.output_dir), JobSpecToJson(spec, 2) + "\n"); !st.ok()) {
+    return fail(st);
+  }
+
+  std::string store_url;
+  auto server = HostStore(spec, options, token, &store_url);
+  if (!server.ok()) return fail(server.status());
+  const Duration connect_timeout = std::min<Duration>(spec.timeouts.rendezvous, std::chrono::seconds(30));
+  auto client = OpenStore(store_url, token, connect_timeout);
+  if (!client.ok()) return fail(Status(client.status().code(), "cannot reach the job's store: " + client.status().message()));
+  PrefixStore store(client->get(), keys::RunPrefix(run_id));
+  store.FailFastOnceLost();  // a store lost mid-job is reported, not waited on for every record
+  if (Status st = store.Set(keys::kSpec, JobSpecToJson(spec)); !st.ok()) return fail(st);
+
+  std::vector<std::string> env = CurrentEnvironment();
+  SetEnv(&env, kEnvStoreAddr, store_url);
+  SetEnv(&env, kEnvStoreToken, token);
+  if (!cgroup.dir.empty()) SetEnv(&env, kEnvCgroup, cgroup.dir);  // each agent moves into it first
+  AgentSupervisor agents(spec, options, run_id, store, std::move(env), start);
+  agents.StartAgents();
+  agents.Supervise();
+  agents.Finish();
+
+  code = Report(spec, store, run_id, start, agents.code, agents.stop_reason);
   RemoveAll(paths::SnapshotDir(run_id));  // agents remove it too, unless they were killed
   // What a killed agent's workers left behind came to this subreaper: nothing outlives the job.
   KillChildren(std::chrono::seconds(1));
   client->reset();
-  if (server) server->Stop();
-  return final_code;
+  if (*server) (*server)->Stop();
+  return code;
 }
 
 }  // namespace trainctl

@@ -64,6 +64,11 @@ class TcpStoreServer {
   std::atomic<bool> stopping_{false};
 };
 
+// The job's store as a launcher or node 0's agent serves it: room for `clients` connections (every
+// agent and task of the job) and then some, within an open-file limit raised to fit; on a Unix
+// socket when `options` asks for one and this system allows it, else on TCP at options.host.
+Result<std::unique_ptr<TcpStoreServer>> ServeJobStore(TcpStoreServerOptions options, int clients);
+
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;

@@ -18,6 +18,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "common/fs.h"
 #include "common/strings.h"
 #include "common/log.h"
 #include "store/memory/memory_store.h"
@@ -597,6 +598,19 @@ void TcpStoreServer::Serve() {
   }
   s.Run();
   ::close(s.ep);
+}
+
+Result<std::unique_ptr<TcpStoreServer>> ServeJobStore(TcpStoreServerOptions options, int clients) {
+  options.max_connections = std::max(options.max_connections, clients + 64);
+  RaiseOpenFileLimit(options.max_connections + 256);
+  auto started = TcpStoreServer::Start(options);
+  if (!started.ok() && options.unix_socket) {  // Unix sockets refused here (a confined sandbox): TCP
+    LOG_DEBUG("the job's store on a Unix socket: {}; serving it on {} instead", started.status().message(),
+              options.host);
+    options.unix_socket = false;
+    started = TcpStoreServer::Start(options);
+  }
+  return started;
 }
 
 }  // namespace trainctl
