@@ -24,9 +24,9 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
-#include "job/run_status.h"
 #include "launch/k8s/render.h"
 #include "launch/local/local_launcher.h"
+#include "launch/torchrun/torchrun_launcher.h"
 
 namespace trainctl::cli {
 
@@ -234,27 +234,9 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
   if (f.rdzv_id == "none") return bad("a job of several hosts needs --rdzv-id, the same on every host");
   AgentProcessOptions a;
   a.run_id = spec->name + "-" + f.rdzv_id;
-  // This host's part of the job, for `trainctl ps/logs/stop` here: in the run index, with a
-  // status.json in --log-dir (no lock on it and nothing moved aside: hosts may share it).
-  auto run_here = [&] {
-    const auto start = Clock::now();
-    const runs::RunEntry entry = RunEntryFor(*spec, a.run_id, "torchrun");
-    Status st = MakeDirs(spec->output_dir);
-    if (st.ok()) st = runs::Register(entry);
-    if (st.ok()) st = WriteRunningStatus(entry);
-    if (!st.ok()) LOG_WARN("trainctl ps will not list this run: {}", st.message());
-    const int code = RunAgentProcess(a);
-    RunStatus end;
-    end.job = spec->name;
-    end.run_id = a.run_id;
-    end.exit_code = code;
-    end.elapsed = Elapsed(start);
-    end.state = StateOfExit(code);
-    if (Status w = WriteRunStatus(spec->output_dir, end); !w.ok()) LOG_WARN("{}", w.message());
-    return code;
-  };
-  a.spec = &*spec;
-  a.color = ::isatty(STDOUT_FILENO) != 0;
+  LaunchOptions o;
+  o.color_output = ::isatty(STDOUT_FILENO) != 0;
+  auto run_here = [&] { return TorchrunHostLauncher(a).Run(*spec, o); };
   if (!spec->rendezvous.empty()) {  // etcd: every host's agent meets there, ranks by arrival
     a.host = !f.local_addr.empty() ? f.local_addr : "auto";
     a.store_addr = spec->rendezvous;
