@@ -6,6 +6,10 @@
 #include <string>
 #include <vector>
 
+namespace trainctl {
+struct JobSpec;
+}
+
 namespace trainctl::train {
 
 // `trainctl train`: one worker of a job whose spec has a trainer section. Reads the torchrun
@@ -51,6 +55,10 @@ struct PreloadOptions {
   std::string log_level = "info";  // debug: says what it loaded and how long the warm-up took
 };
 int RunPreload(const PreloadOptions& options);
+// The spec a worker server's preload decoded, in that server and its copies (the tasks of the
+// agent that started it, whose spec it is); null elsewhere. A copy's task uses it rather than
+// fetching and decoding the spec again: one decode per node, not one per task.
+const JobSpec* PreloadedSpec();
 
 // The plugin's one exported symbol: verb is "train" (options: TrainOptions), "eval"
 // (EvalOptions), "predict" (PredictOptions) or "preload" (PreloadOptions).

@@ -62,10 +62,20 @@ bool WarmUp(const JobSpec& spec, const data::ImageSet& set) {
 
 }  // namespace
 
+namespace {
+std::optional<JobSpec>& Preloaded() {
+  static std::optional<JobSpec> spec;
+  return spec;
+}
+}  // namespace
+
+const JobSpec* PreloadedSpec() { return Preloaded() ? &*Preloaded() : nullptr; }
+
 int RunPreload(const PreloadOptions& options) {
   log::SetLevel(options.log_level);
   auto spec = JobSpecFromJson(options.spec_json);
   if (!spec.ok()) return 0;
+  Preloaded() = *spec;
   const auto start = Clock::now();
   const data::ImageSet* train = PreloadSplits(spec->trainer.data, spec->trainer.eval);
   if (!train) {

@@ -51,9 +51,12 @@ int RunTrainer(const TrainOptions& options) {
   auto client = OpenStore(env->store_addr, env->store_token);
   if (!client.ok()) return fail(client.status());
   PrefixStore store(client->get(), env->store_prefix);
-  auto spec_json = store.Get(keys::kSpec, std::chrono::seconds(30));
-  if (!spec_json.ok()) return fail(spec_json.status());
-  auto spec = JobSpecFromJson(*spec_json);
+  // The spec: decoded once per node by the worker server this task is a copy of, else from the store.
+  auto spec = [&]() -> Result<JobSpec> {
+    if (const JobSpec* preloaded = PreloadedSpec()) return *preloaded;
+    ASSIGN_OR_RETURN(std::string json, store.Get(keys::kSpec, std::chrono::seconds(30)));
+    return JobSpecFromJson(json);
+  }();
   if (!spec.ok()) return fail(spec.status());
   // The task's part: a job without roles is all workers; with roles, each role has its part.
   const std::string part = spec->roles.empty() ? "worker" : env->role_name;
