@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trainctl;

@@ -9,7 +9,7 @@
 #include "common/cpus.h"
 #include "job/keys.h"
 #include "common/exit_codes.h"
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 #include "store/tcp/tcp_store.h"
 #include "store/etcd/etcd_store.h"
 #include "tests/etcd_server.h"

@@ -12,7 +12,7 @@
 
 #include "common/exit_codes.h"
 #include "common/strings.h"
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 #include "store/etcd/etcd_store.h"
 #include "tests/etcd_server.h"
 #include "tests/test_util.h"

@@ -40,7 +40,7 @@
 #include "job/tasks.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/round_end.h"
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 #include "store/store.h"
 
 namespace trainctl {

@@ -118,7 +118,11 @@ void FakeTasks::Begin(Fake* t) {
 
 Status FakeTasks::Start(const std::vector<WorkerLaunch>& workers) {
   env_->starts.push_back(env_->now_);
-  for (const auto& w : workers) tasks_.push_back(Fake{w});
+  for (const auto& w : workers) {
+    Fake t;
+    t.launch = w;
+    tasks_.push_back(t);
+  }
   for (auto& t : tasks_) Begin(&t);
   return Status::Ok();
 }

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 namespace trainctl {
 

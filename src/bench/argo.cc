@@ -6,8 +6,8 @@
 #include <cctype>
 
 #include "common/fs.h"
-#include "launch/k8s/render.h"
-#include "launch/slurm/sbatch.h"
+#include "render/k8s/render.h"
+#include "render/slurm/sbatch.h"
 
 namespace trainctl::bench {
 namespace {

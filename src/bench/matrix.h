@@ -26,7 +26,7 @@
 
 #include "bench/upload.h"
 #include "common/status.h"
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 namespace trainctl::bench {
 

@@ -13,7 +13,7 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/runs.h"
-#include "launch/k8s/render.h"
+#include "render/k8s/render.h"
 
 namespace trainctl::cli {
 

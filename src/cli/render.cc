@@ -7,8 +7,8 @@
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
-#include "launch/k8s/render.h"
-#include "launch/slurm/sbatch.h"
+#include "render/k8s/render.h"
+#include "render/slurm/sbatch.h"
 
 namespace trainctl::cli {
 

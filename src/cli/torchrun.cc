@@ -24,7 +24,7 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
-#include "launch/k8s/render.h"
+#include "render/k8s/render.h"
 #include "launch/local/local_launcher.h"
 #include "launch/torchrun/torchrun_launcher.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/subprocess.h"
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 namespace trainctl::cli {
 

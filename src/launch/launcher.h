@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 namespace trainctl {
 

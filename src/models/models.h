@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "spec/layers.h"
+#include "jobspec/layers.h"
 
 namespace trainctl::models {
 
@@ -25,7 +25,7 @@ struct InputShape {
 };
 
 // "cnn", "resnet18" or "resnet50", or "layers": the model `layers` declares (named, and checked
-// against `shape` by SummarizeModel; spec/layers.h). kInvalidArgument for an unknown name or a
+// against `shape` by SummarizeModel; jobspec/layers.h). kInvalidArgument for an unknown name or a
 // shape the model cannot take (the CNN needs rows and cols divisible by 4).
 // "torchscript": the module at `torchscript` (LoadScripted).
 Result<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const InputShape& shape,

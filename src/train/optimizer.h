@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 namespace trainctl::train {
 

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "job/task_env.h"
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 namespace trainctl::train {
 

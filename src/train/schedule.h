@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 namespace trainctl::train {
 

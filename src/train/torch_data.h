@@ -11,7 +11,7 @@
 #include "checkpoint/checkpoint.h"
 #include "common/status.h"
 #include "data/dataset.h"
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 namespace trainctl::train {
 

@@ -17,7 +17,7 @@
 #include "comm/communicator.h"
 #include "common/cpus.h"
 #include "models/models.h"
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 #include "models/ops.h"
 #if TRAINCTL_HAVE_ONEDNN
 #include "models/onednn.h"

@@ -29,7 +29,7 @@
 #include "metrics/metrics.h"
 #include "metrics/timeline.h"
 #include "models/models.h"
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 #include "store/store.h"
 #include "train/batches.h"
 #include "train/optimizer.h"

@@ -1,4 +1,4 @@
-#include "spec/layers.h"
+#include "jobspec/layers.h"
 
 #include <cstdio>
 #include <map>

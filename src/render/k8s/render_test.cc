@@ -2,7 +2,7 @@
 // Security Standard, no secret in any manifest, namespaced minimal RBAC, a NetworkPolicy that
 // admits only the job's pods, and the pod's view of the spec. The schema, kustomize and golden
 // checks run the binary (tests/k8s_test.cc).
-#include "launch/k8s/render.h"
+#include "render/k8s/render.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "launch/k8s/render.h"
+#include "render/k8s/render.h"
 
 #include <yaml-cpp/yaml.h>
 

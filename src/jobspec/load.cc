@@ -2,8 +2,8 @@
 #include <regex>
 
 #include "common/fs.h"
-#include "spec/job_spec.h"
-#include "spec/tree.h"
+#include "jobspec/job_spec.h"
+#include "jobspec/tree.h"
 
 namespace trainctl {
 namespace spec {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 namespace trainctl::k8s {
 

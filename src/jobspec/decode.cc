@@ -11,8 +11,8 @@
 #include "common/address.h"
 #include "common/strings.h"
 #include "job/task_env.h"
-#include "spec/job_spec.h"
-#include "spec/tree.h"
+#include "jobspec/job_spec.h"
+#include "jobspec/tree.h"
 
 namespace trainctl::spec {
 
@@ -209,7 +209,7 @@ class Decoder {
     }
   }
 
-  // trainer.model: a model's name, or {layers: [...]} (spec/layers.h).
+  // trainer.model: a model's name, or {layers: [...]} (jobspec/layers.h).
   void DecodeModel(const Node& n, const std::string& path, TrainerSpec* t) {
     if (schema) return;  // JobSpecSchemaJson describes it
     if (n.kind == Kind::kScalar) {

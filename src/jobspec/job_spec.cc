@@ -1,4 +1,4 @@
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 #include <algorithm>
 

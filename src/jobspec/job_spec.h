@@ -9,7 +9,7 @@
 
 #include "common/duration.h"
 #include "common/status.h"
-#include "spec/layers.h"
+#include "jobspec/layers.h"
 
 namespace trainctl {
 

@@ -1,7 +1,7 @@
 // trainer.model: {layers: [...]}: parsing, names, shape checks, the layer table, JSON round trip.
 #include <gtest/gtest.h>
 
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 namespace trainctl {
 namespace {

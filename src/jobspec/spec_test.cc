@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
-#include "spec/job_spec.h"
+#include "jobspec/job_spec.h"
 
 namespace trainctl {
 namespace {

@@ -3,8 +3,8 @@
 // can run again (`validate --print`, <output_dir>/job.json). Reading it back is parsing a spec.
 #include <nlohmann/json.hpp>
 
-#include "spec/job_spec.h"
-#include "spec/tree.h"
+#include "jobspec/job_spec.h"
+#include "jobspec/tree.h"
 
 namespace trainctl::spec {
 Result<JobSpec> Decode(const Node& root);

@@ -2,7 +2,7 @@
 The job, resolved from the values (the job spec) the way trainctl resolves a spec, for the fields
 that shape the Kubernetes objects. Every template starts from it:
   {{- $s := include "trainctl.view" . | fromJson }}
-The objects mirror `trainctl render` (src/launch/k8s/render.cc); tests compare the two object by
+The objects mirror `trainctl render` (src/render/k8s/render.cc); tests compare the two object by
 object for every example and workload format, so a change to one needs the same change here.
 */}}
 

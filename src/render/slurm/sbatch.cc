@@ -1,4 +1,4 @@
-#include "launch/slurm/sbatch.h"
+#include "render/slurm/sbatch.h"
 
 #include <cmath>
 

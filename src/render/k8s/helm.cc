@@ -8,7 +8,7 @@
 #include <string_view>
 #include <utility>
 
-#include "launch/k8s/render.h"
+#include "render/k8s/render.h"
 
 namespace trainctl::k8s {
 

@@ -1,4 +1,4 @@
-#include "spec/tree.h"
+#include "jobspec/tree.h"
 
 #include "common/strings.h"
 
