@@ -67,13 +67,17 @@ def connect(addr, timeout=None):
     return s
 
 
+def frame(kind, rest):
+    """A frame of trainctl's wire (src/common/wire.h): kind, the length of the rest, the rest."""
+    return bytes([kind]) + struct.pack("<Q", len(rest)) + rest
+
+
 def hello(addr, token):
-    body = bytes([1]) + struct.pack("<q", 1) + struct.pack("<I", len(token)) + token
     s = connect(addr, timeout=10)
-    s.sendall(struct.pack("<I", len(body)) + body)
-    head = s.recv(5)
+    s.sendall(frame(1, struct.pack("<q", 2) + struct.pack("<I", len(token)) + token))  # kHello, version 2
+    head = s.recv(9)
     s.close()
-    return len(head) == 5 and head[4] == 0
+    return len(head) == 9 and head[0] == 0
 
 
 def main():
@@ -102,7 +106,7 @@ def main():
     for _ in range(100):
         s = connect(addr)
         s.setblocking(False)
-        s.send(struct.pack("<I", 60 << 20))
+        s.send(bytes([1]) + struct.pack("<Q", 60 << 20))  # a 60 MiB "hello"
         try:
             s.send(chunk)
         except (BlockingIOError, ConnectionError):

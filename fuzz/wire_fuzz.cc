@@ -1,4 +1,5 @@
-// libFuzzer target: bytes a client sends the job's store, framed and read as the server does.
+// libFuzzer target: bytes a client sends the job's store (or a parameter server: the same
+// frames, common/wire.h), framed and read as the server does.
 #include <cstdint>
 #include <string>
 
@@ -7,7 +8,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trainctl::wire;
   std::string buf(reinterpret_cast<const char*>(data), size), body;
-  for (uint32_t max : {kMaxHelloBytes, kMaxFrameBytes}) {
+  for (uint64_t max : {kMaxHelloBytes, kMaxFrameBytes}) {
     std::string in = buf;
     while (TakeFrame(&in, &body, max) == 1) {
       Reader r(body);

@@ -144,7 +144,7 @@ TEST(MultiHost, CutLinkLostHostAndARejoiningHostOverRealTcp) {
   Scratch s;
   auto spec = ParseJobSpec(R"(name: multihost
 nodes: {min: 1, max: 2}
-timeouts: {heartbeat: 2s, last_call: 1s, collective: 3s, stop_grace: 2s, rendezvous: 60s}
+timeouts: {heartbeat: 5s, last_call: 1s, collective: 3s, stop_grace: 2s, rendezvous: 60s}
 output_dir: )" + s.path("out") + R"(
 trainer:
   model: cnn
@@ -164,6 +164,8 @@ trainer:
   PrefixStore store(client->get(), "/trainctl/" + run_id + "/");
   ASSERT_TRUE(store.Set("spec", JobSpecToJson(*spec)).ok());
 
+  // (A heartbeat of 5 s: with 2 s a rejoined agent starved by a loaded 2-core machine, a build
+  // beside the suite, was once taken for lost at once.)
   // Host 0 joins first, so it is group rank 0 (ranks go by arrival) and logs the rounds.
   auto a = std::make_unique<HostAgent>(hosts, 0, run_id, store_url, s.path("a.log"));
   ASSERT_TRUE(Eventually([&] {
@@ -208,10 +210,13 @@ trainer:
   int before = Steps(s, 1);
   ASSERT_TRUE(Eventually([&] { return Steps(s, 1) >= before + 3; }, seconds(60))) << a->Output();
 
-  // Kill host 1's agent: its worker dies with it, host 0 misses its heartbeat.
+  // Kill host 1's agent: its worker dies with it; host 0 goes on alone.
   ASSERT_EQ(::kill(b->pid(), SIGKILL), 0);
   ASSERT_TRUE(Eventually([&] { return Steps(s, 2) >= 3; }, seconds(60))) << a->Output();
-  EXPECT_NE(a->Output().find("was lost: its agent sent no heartbeat for 2s"), std::string::npos)
+  // Its peer sees that first as the allreduce failing (a reset, a closed connection, a timeout),
+  // or as the missed heartbeat.
+  EXPECT_TRUE(a->Output().find("was lost: its agent sent no heartbeat for 5s") != std::string::npos ||
+              a->Output().find("allreduce failed on rank") != std::string::npos)
       << a->Output();
 
   // Stop the job: nothing of it is left on either host.

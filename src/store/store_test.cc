@@ -363,8 +363,8 @@ TEST(TcpStore, UnauthenticatedRequestsAreRefusedAndTheConnectionClosed) {
   ASSERT_EQ(::send(fd, frame.data(), frame.size(), 0), static_cast<ssize_t>(frame.size()));
   char buf[256];
   ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-  ASSERT_GT(n, 4);
-  EXPECT_EQ(static_cast<wire::Reply>(buf[4]), wire::Reply::kUnauthorized);
+  ASSERT_GT(n, static_cast<ssize_t>(wire::kFrameHeaderBytes));
+  EXPECT_EQ(static_cast<wire::Reply>(buf[0]), wire::Reply::kUnauthorized);
   EXPECT_EQ(::recv(fd, buf, sizeof buf, 0), 0);  // closed
   ::close(fd);
   // And nothing was written.
@@ -375,15 +375,15 @@ TEST(TcpStore, UnauthenticatedRequestsAreRefusedAndTheConnectionClosed) {
 TEST(TcpStore, OversizedFramesAndSilentClientsAreCutOff) {
   auto server = StartTcpServer("t", milliseconds(200));
   int fd = RawConnect(server->port());
-  const char huge[4] = {'\xff', '\xff', '\xff', '\x7f'};
-  ASSERT_EQ(::send(fd, huge, 4, 0), 4);
+  const std::string huge = wire::FrameHeader(static_cast<uint8_t>(wire::Op::kHello), uint64_t{1} << 62);
+  ASSERT_EQ(::send(fd, huge.data(), huge.size(), 0), static_cast<ssize_t>(huge.size()));
   char buf[256];
-  ASSERT_GT(::recv(fd, buf, sizeof buf, 0), 4);
+  ASSERT_GT(::recv(fd, buf, sizeof buf, 0), static_cast<ssize_t>(wire::kFrameHeaderBytes));
   EXPECT_EQ(::recv(fd, buf, sizeof buf, 0), 0);
   ::close(fd);
   int silent = RawConnect(server->port());
-  ASSERT_GT(::recv(silent, buf, sizeof buf, 0), 4);  // refused after auth_timeout
-  EXPECT_EQ(static_cast<wire::Reply>(buf[4]), wire::Reply::kUnauthorized);
+  ASSERT_GT(::recv(silent, buf, sizeof buf, 0), static_cast<ssize_t>(wire::kFrameHeaderBytes));  // after auth_timeout
+  EXPECT_EQ(static_cast<wire::Reply>(buf[0]), wire::Reply::kUnauthorized);
   ::close(silent);
 }
 
@@ -405,8 +405,9 @@ TEST(TcpStore, ClientsWithoutTheTokenCannotMakeTheServerBuffer) {
   const std::string chunk(1 << 20, 'x');
   for (int i = 0; i < 40; ++i) {
     int fd = RawConnect(server->port());
-    const uint32_t len = 60u << 20;  // a 60 MiB "hello"
-    ASSERT_EQ(::send(fd, &len, 4, MSG_NOSIGNAL), 4);
+    // a 60 MiB "hello"
+    const std::string head = wire::FrameHeader(static_cast<uint8_t>(wire::Op::kHello), 60u << 20);
+    ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
     ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);  // as much as fits
     fds.push_back(fd);
   }

@@ -81,8 +81,8 @@ std::string TimelineKey(int restart, int rank) {
 
 Trainer::Trainer(TrainerOptions o, std::unique_ptr<StepStrategy> strategy)
     : spec_(std::move(o.spec)), t_(spec_.trainer), env_(std::move(o.env)), store_(o.store),
-      strategy_(std::move(strategy)), begun_(o.begun), connected_(o.connected), loaded_(o.connected),
-      watchdog_(o.watchdog) {
+      strategy_(std::move(strategy)), watchdog_(o.watchdog), begun_(o.begun), connected_(o.connected),
+      loaded_(o.connected) {
   s_.rank = o.rank;
   s_.world = o.world;
   s_.device = o.device;

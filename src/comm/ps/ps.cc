@@ -36,66 +36,15 @@ enum Op : uint8_t {
 };
 enum Reply : uint8_t { kOk = 0, kError, kUnauthorized };
 
-constexpr uint64_t kMaxHelloBytes = 4096;
 constexpr uint64_t kMaxPayloadBytes = uint64_t{16} << 30;
 
-// Payloads: i64 and u64 little endian (the hosts this runs on), strings as i64 length + bytes,
-// float arrays as raw bytes whose count the reader knows.
-class Out {
- public:
-  Out& I64(int64_t v) { return Raw(&v, sizeof v); }
-  Out& Str(const std::string& s) { return I64(static_cast<int64_t>(s.size())).Raw(s.data(), s.size()); }
-  Out& Floats(const float* p, int64_t n) { return Raw(p, n * sizeof(float)); }
-  Out& Raw(const void* p, size_t n) {
-    buf_.append(static_cast<const char*>(p), n);
-    return *this;
-  }
-  std::string Message(uint8_t op) const {
-    std::string m(1, static_cast<char>(op));
-    uint64_t n = buf_.size();
-    m.append(reinterpret_cast<const char*>(&n), sizeof n);
-    return m + buf_;
-  }
-  const std::string& payload() const { return buf_; }
-
- private:
-  std::string buf_;
-};
-
-class In {
- public:
-  explicit In(const std::string& s) : p_(s.data()), left_(s.size()) {}
-  bool I64(int64_t* v) { return Raw(v, sizeof *v); }
-  bool Str(std::string* s) {
-    int64_t n;
-    if (!I64(&n) || n < 0 || static_cast<uint64_t>(n) > left_) return false;
-    s->assign(p_, n);
-    p_ += n;
-    left_ -= n;
-    return true;
-  }
-  bool Floats(float* out, int64_t n) { return n >= 0 && Raw(out, n * sizeof(float)); }
-  // A view of the next n floats, without copying.
-  const float* FloatView(int64_t n) {
-    if (n < 0 || static_cast<uint64_t>(n) * sizeof(float) > left_) return nullptr;
-    const float* v = reinterpret_cast<const float*>(p_);
-    p_ += n * sizeof(float);
-    left_ -= n * sizeof(float);
-    return v;
-  }
-  bool done() const { return left_ == 0; }
-
- private:
-  bool Raw(void* out, size_t n) {
-    if (n > left_) return false;
-    std::memcpy(out, p_, n);
-    p_ += n;
-    left_ -= n;
-    return true;
-  }
-  const char* p_;
-  size_t left_;
-};
+// A message of `kind` (an Op or a Reply), its fields to follow (common/wire.h).
+wire::Writer Out(uint8_t kind) {
+  wire::Writer w;
+  w.U8(kind);
+  return w;
+}
+using In = wire::Reader;
 
 // Blocking reads and writes on a server connection. false: closed or broken.
 bool RecvExact(int fd, void* out, size_t size) {
@@ -111,12 +60,12 @@ bool RecvExact(int fd, void* out, size_t size) {
   return true;
 }
 
-// A message's op and payload length.
+// A message's kind and the length of its fields.
 bool ReadHead(int fd, uint8_t* op, uint64_t* len) {
-  char head[9];
+  char head[wire::kFrameHeaderBytes];
   if (!RecvExact(fd, head, sizeof head)) return false;
-  *op = static_cast<uint8_t>(head[0]);
-  std::memcpy(len, head + 1, sizeof *len);
+  *op = wire::FrameKind(std::string_view(head, sizeof head));
+  *len = wire::FrameRest(std::string_view(head, sizeof head));
   return true;
 }
 
@@ -155,12 +104,9 @@ bool WriteAll(int fd, const std::string& data) {
 
 // The reply to a pull or push: kOk, the version, the parameters, straight from `params`.
 bool SendParams(int fd, int64_t version, const float* params, int64_t count) {
-  char head[17];
-  head[0] = static_cast<char>(kOk);
-  uint64_t len = sizeof version + count * sizeof(float);
-  std::memcpy(head + 1, &len, sizeof len);
-  std::memcpy(head + 9, &version, sizeof version);
-  return SendParts(fd, {{head, sizeof head}, {const_cast<float*>(params), count * sizeof(float)}});
+  const std::string head = wire::FrameHeader(kOk, sizeof version + count * sizeof(float));
+  return SendParts(fd, {{const_cast<char*>(head.data()), head.size()}, {&version, sizeof version},
+                        {const_cast<float*>(params), count * sizeof(float)}});
 }
 
 void SetTimeout(int fd, int option, Duration d) {
@@ -170,7 +116,7 @@ void SetTimeout(int fd, int option, Duration d) {
   ::setsockopt(fd, SOL_SOCKET, option, &tv, sizeof tv);
 }
 
-std::string ErrorReply(const std::string& message) { return Out().Str(message).Message(kError); }
+std::string ErrorReply(const std::string& message) { return Out(kError).Str(message).Frame(); }
 
 }  // namespace
 
@@ -198,15 +144,15 @@ struct Server::State {
   int64_t dropped = 0;
 
   std::string Info(int worker) const {
-    Out o;
+    wire::Writer o = Out(kOk);
     o.I64(initialized).I64(version).I64(worker >= 0 && worker < static_cast<int>(steps_done.size()) ? steps_done[worker] : 0);
-    return o.I64(init_step).Message(kOk);
+    return o.I64(init_step).Frame();
   }
   std::string Params() const {
-    Out o;
+    wire::Writer o = Out(kOk);
     o.I64(version);
     if (opt) o.Floats(opt->params(), count);
-    return o.Message(kOk);
+    return o.Frame();
   }
 };
 
@@ -310,10 +256,10 @@ void Server::Serve(int fd) {
   {
     std::string token;
     int64_t w = -1;
-    if (!ReadMessage(fd, kMaxHelloBytes, &op, &payload) || op != kHello) return;
+    if (!ReadMessage(fd, wire::kMaxHelloBytes - wire::kFrameHeaderBytes, &op, &payload) || op != kHello) return;
     In hello(payload);
     if (!hello.Str(&token) || !hello.I64(&w) || !ConstantTimeEquals(token, o_.token)) {
-      WriteAll(fd, Out().Str("wrong token").Message(kUnauthorized));
+      WriteAll(fd, Out(kUnauthorized).Str("wrong token").Frame());
       return;
     }
     if (w < -1 || w >= o_.workers) {
@@ -377,7 +323,7 @@ void Server::Serve(int fd) {
         s.arrived_count = 0;
         s.steps_done.assign(o_.workers, 0);
         s.cv.notify_all();
-        reply = Out().Message(kOk);
+        reply = Out(kOk).Frame();
         break;
       }
       case kPull:
@@ -389,12 +335,12 @@ void Server::Serve(int fd) {
           break;
         }
         auto state = s.opt->state();
-        Out o;
+        wire::Writer o = Out(kOk);
         o.I64(s.version).I64(s.opt->steps()).I64(static_cast<int64_t>(state.size()));
         for (const auto& [name, buf] : state) o.Str(name);
         o.Floats(s.opt->params(), s.count);
         for (const auto& [name, buf] : state) o.Floats(buf, s.count);
-        reply = o.Message(kOk);
+        reply = o.Frame();
         break;
       }
       case kDone:
@@ -402,10 +348,10 @@ void Server::Serve(int fd) {
           s.done[worker] = true;
           ++s.done_count;
         }
-        reply = Out().I64(s.done_count).Message(kOk);
+        reply = Out(kOk).I64(s.done_count).Frame();
         break;
       case kDoneCount:
-        reply = Out().I64(s.done_count).Message(kOk);
+        reply = Out(kOk).I64(s.done_count).Frame();
         break;
       case kShmAttach: {
         // The worker's segment for this shard: its gradients, then the parameters it gets back.
@@ -426,7 +372,7 @@ void Server::Serve(int fd) {
         conn.Unmap();
         conn.base = base;
         conn.bytes = bytes;
-        reply = Out().Message(kOk);
+        reply = Out(kOk).Frame();
         break;
       }
       default:
@@ -473,7 +419,7 @@ bool Server::ServePush(int fd, int worker, uint8_t op, uint64_t len, Conn* c) {
   auto reply = [&](int64_t version, const float* params) {
     if (!shm) return SendParams(fd, version, params, count);
     if (params != c->params()) std::memcpy(c->params(), params, count * sizeof(float));
-    return WriteAll(fd, Out().I64(version).Message(kOk));
+    return WriteAll(fd, Out(kOk).I64(version).Frame());
   };
   std::unique_lock<std::mutex> lock(s.mu);
   s.steps_done[worker] = head[1];
@@ -565,7 +511,7 @@ void Client::AttachShm(int64_t count) {
     if (!fd.ok()) continue;
     void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
     ::close(*fd);
-    Status st = base == MAP_FAILED ? Internal("mmap") : Call(i, kShmAttach, Out().Str(name).I64(end - begin).payload());
+    Status st = base == MAP_FAILED ? Internal("mmap") : Call(i, Out(kShmAttach).Str(name).I64(end - begin));
     if (st.ok()) st = Reply(i, o_.timeout).status();
     ::unlink(name.c_str());  // both sides have it mapped (or it failed): nothing stays in /dev/shm
     if (!st.ok()) {
@@ -583,14 +529,9 @@ int Client::shm_shards() const {
   return n;
 }
 
-Status Client::Call(size_t shard, uint8_t op, const std::string& payload) {
-  std::string head(1, static_cast<char>(op));
-  uint64_t n = payload.size();
-  head.append(reinterpret_cast<const char*>(&n), sizeof n);
-  const auto deadline = Clock::now() + o_.timeout;
-  if (!SendAll(fds_[shard], head, deadline) || !SendAll(fds_[shard], payload, deadline)) {
-    return Unavailable("parameter server " + std::to_string(shard) + " (" + o_.shards[shard] +
-                       ") is gone");
+Status Client::Call(size_t shard, const wire::Writer& message) {
+  if (!SendAll(fds_[shard], message.Frame(), Clock::now() + o_.timeout)) {
+    return Unavailable("parameter server " + std::to_string(shard) + " (" + o_.shards[shard] + ") is gone");
   }
   return Status::Ok();
 }
@@ -598,10 +539,9 @@ Status Client::Call(size_t shard, uint8_t op, const std::string& payload) {
 Result<std::string> Client::Reply(size_t shard, Duration wait) {
   const std::string where = "parameter server " + std::to_string(shard) + " (" + o_.shards[shard] + ")";
   const auto deadline = Clock::now() + wait;
-  char head[9];
+  char head[wire::kFrameHeaderBytes];
   int rc = RecvAll(fds_[shard], head, sizeof head, deadline);
-  uint64_t len = 0;
-  if (rc == 1) std::memcpy(&len, head + 1, sizeof len);
+  const uint64_t len = rc == 1 ? wire::FrameRest(std::string_view(head, sizeof head)) : 0;
   std::string payload;
   if (rc == 1 && len <= kMaxPayloadBytes) {
     payload.resize(len);
@@ -620,7 +560,7 @@ Result<std::string> Client::Reply(size_t shard, Duration wait) {
 }
 
 Status Client::Hello(size_t shard) {
-  RETURN_IF_ERROR(Call(shard, kHello, Out().Str(o_.token).I64(o_.worker).payload()));
+  RETURN_IF_ERROR(Call(shard, Out(kHello).Str(o_.token).I64(o_.worker)));
   ASSIGN_OR_RETURN(std::string info, Reply(shard, o_.timeout));
   In in(info);
   int64_t initialized = 0, version = 0, steps_done = 0, init_step = 0;
@@ -665,7 +605,7 @@ Status Client::WaitInitialized() {
   while (true) {
     bool all = true;
     for (size_t i = 0; i < fds_.size(); ++i) {
-      RETURN_IF_ERROR(Call(i, kInfo, Out().I64(o_.worker).payload()));
+      RETURN_IF_ERROR(Call(i, Out(kInfo).I64(o_.worker)));
       auto info = Reply(i, o_.timeout);
       if (!info.ok()) return info.status();
       In in(*info);
@@ -695,12 +635,12 @@ Status Client::Init(const float* params, int64_t count,
   const int shards = static_cast<int>(fds_.size());
   for (int i = 0; i < shards; ++i) {
     auto [begin, end] = ShardRange(count, shards, i);
-    Out o;
+    wire::Writer o = Out(kInit);
     o.I64(total_steps).I64(optimizer_steps).I64(step).I64(end - begin).I64(static_cast<int64_t>(state.size()));
     for (const auto& [name, buf] : state) o.Str(name);
     o.Floats(params + begin, end - begin);
     for (const auto& [name, buf] : state) o.Floats(buf + begin, end - begin);
-    RETURN_IF_ERROR(Call(i, kInit, o.payload()));
+    RETURN_IF_ERROR(Call(i, o));
   }
   for (int i = 0; i < shards; ++i) RETURN_IF_ERROR(Reply(i, o_.timeout).status());
   initialized_ = true;
@@ -731,7 +671,7 @@ Result<int64_t> GatherParams(int shards, int64_t count, float* params, ReplyFn r
 }  // namespace
 
 Result<int64_t> Client::Pull(float* params, int64_t count) {
-  for (size_t i = 0; i < fds_.size(); ++i) RETURN_IF_ERROR(Call(i, kPull, ""));
+  for (size_t i = 0; i < fds_.size(); ++i) RETURN_IF_ERROR(Call(i, Out(kPull)));
   return GatherParams(static_cast<int>(fds_.size()), count, params,
                       [&](int i) { return Reply(i, o_.timeout); });
 }
@@ -746,13 +686,11 @@ Result<int64_t> Client::PushPull(const float* grads, float* params, int64_t coun
     const bool shm = links_[i].base != nullptr;
     const size_t bytes = (end - begin) * sizeof(float);
     if (shm) std::memcpy(links_[i].base, grads + begin, bytes);
-    char head[25];
-    head[0] = static_cast<char>(shm ? kPushPullShm : kPushPull);
-    const uint64_t len = 16 + (shm ? 0 : bytes);
-    std::memcpy(head + 1, &len, 8);
-    std::memcpy(head + 9, &base, 8);
-    std::memcpy(head + 17, &worker_step, 8);
-    if (!SendAll(fds_[i], std::string_view(head, sizeof head), send_deadline) ||
+    // The header and the two versions; the gradients follow from where they lie (or through the
+    // segment).
+    std::string head = wire::FrameHeader(shm ? kPushPullShm : kPushPull, 16 + (shm ? 0 : bytes));
+    head.append(reinterpret_cast<const char*>(&base), 8).append(reinterpret_cast<const char*>(&worker_step), 8);
+    if (!SendAll(fds_[i], head, send_deadline) ||
         (!shm && !SendAll(fds_[i], std::string_view(reinterpret_cast<const char*>(grads + begin), bytes),
                           send_deadline))) {
       return Unavailable("parameter server " + std::to_string(i) + " (" + o_.shards[i] + ") is gone");
@@ -766,10 +704,9 @@ Result<int64_t> Client::PushPull(const float* grads, float* params, int64_t coun
   for (int i = 0; i < shards; ++i) {
     auto [begin, end] = ShardRange(count, shards, i);
     const std::string where = "parameter server " + std::to_string(i) + " (" + o_.shards[i] + ")";
-    char head[9];
+    char head[wire::kFrameHeaderBytes];
     int rc = RecvAll(fds_[i], head, sizeof head, deadline);
-    uint64_t len = 0;
-    if (rc == 1) std::memcpy(&len, head + 1, sizeof len);
+    const uint64_t len = rc == 1 ? wire::FrameRest(std::string_view(head, sizeof head)) : 0;
     if (rc == 1 && head[0] != kOk) {  // an error: its message
       std::string payload(std::min<uint64_t>(len, 1 << 20), '\0');
       if (RecvAll(fds_[i], payload.data(), payload.size(), deadline) != 1) return Unavailable(where + " closed the connection");
@@ -797,7 +734,7 @@ Result<int64_t> Client::PushPull(const float* grads, float* params, int64_t coun
 
 Result<ShardState> Client::FetchState(int64_t count) {
   const int shards = static_cast<int>(fds_.size());
-  for (int i = 0; i < shards; ++i) RETURN_IF_ERROR(Call(i, kState, ""));
+  for (int i = 0; i < shards; ++i) RETURN_IF_ERROR(Call(i, Out(kState)));
   ShardState out;
   out.params.resize(count);
   for (int i = 0; i < shards; ++i) {
@@ -825,7 +762,7 @@ Result<ShardState> Client::FetchState(int64_t count) {
 }
 
 Result<int64_t> Client::Count(uint8_t op) {
-  RETURN_IF_ERROR(Call(0, op, ""));
+  RETURN_IF_ERROR(Call(0, Out(op)));
   ASSIGN_OR_RETURN(std::string payload, Reply(0, o_.timeout));
   int64_t n = 0;
   In(payload).I64(&n);

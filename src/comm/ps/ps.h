@@ -21,10 +21,11 @@
 // makes for that shard (comm/shm/segment.h: private to the user), with only the small request
 // and reply on the socket.
 //
-// Wire: every message is op (u8), payload length (u64 little endian), payload. The first message
-// on a connection must be kHello with the job's token, and is at most 4 KiB: nothing larger is
-// read before the token is checked. Every call on the client takes the timeout it was built with;
-// a shard that does not answer in time gives kTimeout, a lost one kUnavailable.
+// Wire: the frames of common/wire.h, shared with the TCP store (kind, u64 length, fields). The
+// first message on a connection must be kHello with the job's token, and is at most
+// wire::kMaxHelloBytes: nothing larger is read before the token is checked. Every call on the
+// client takes the timeout it was built with; a shard that does not answer in time gives
+// kTimeout, a lost one kUnavailable.
 #pragma once
 
 #include <atomic>
@@ -38,6 +39,7 @@
 
 #include "common/duration.h"
 #include "common/status.h"
+#include "common/wire.h"
 
 namespace trainctl::comm::ps {
 
@@ -164,7 +166,8 @@ class Client {
 
  private:
   explicit Client(ClientOptions o) : o_(std::move(o)) {}
-  Status Call(size_t shard, uint8_t op, const std::string& payload);
+  // Sends a message (common/wire.h: its kind first) to a shard.
+  Status Call(size_t shard, const wire::Writer& message);
   Result<std::string> Reply(size_t shard, Duration wait);
   Status Hello(size_t shard);
   void AttachShm(int64_t count);

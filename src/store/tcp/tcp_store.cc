@@ -97,7 +97,7 @@ Status TcpStore::EnsureConnected() {
 
 int TcpStore::ReadFrame(std::string* body, Clock::time_point deadline) {
   while (true) {
-    const int got = wire::TakeFrame(&in_, body);
+    const int got = wire::TakeFrame(&in_, body, wire::kMaxFrameBytes);
     if (got == 1 && in_.empty() && in_.capacity() > 4096) std::string().swap(in_);  // a long reply's room
     if (got == 1) return body->empty() ? -3 : 1;
     if (got < 0) return -3;
@@ -109,7 +109,9 @@ int TcpStore::ReadFrame(std::string* body, Clock::time_point deadline) {
     // calls); a longer one is read straight into place once its length is known.
     char small[4096];
     size_t want = sizeof small;
-    if (in_.size() >= 4) want = std::max<size_t>(want, 4 + static_cast<size_t>(wire::FrameLength(in_)) - in_.size());
+    if (in_.size() >= wire::kFrameHeaderBytes) {  // within kMaxFrameBytes: TakeFrame said so
+      want = std::max<size_t>(want, wire::kFrameHeaderBytes + static_cast<size_t>(wire::FrameRest(in_)) - in_.size());
+    }
     const size_t had = in_.size();
     if (want > sizeof small) in_.resize(had + want);
     char* into = want > sizeof small ? in_.data() + had : small;

@@ -430,7 +430,7 @@ bool TcpStoreServer::State::Watch(int op, int fd, uint32_t events) {
 // than a hello's worth is ever buffered.
 void TcpStoreServer::State::ReadFrom(Conn* c) {
   touched.insert(c->fd);
-  const size_t room = c->authed ? sizeof buf : std::min(sizeof buf, wire::kMaxHelloBytes + 4 - std::min<size_t>(c->in.size(), wire::kMaxHelloBytes + 4));
+  const size_t room = c->authed ? sizeof buf : std::min<size_t>(sizeof buf, wire::kMaxHelloBytes - std::min<size_t>(c->in.size(), wire::kMaxHelloBytes));
   if (room == 0) {
     c->dead = true;
     return;
