@@ -54,6 +54,33 @@ TEST(ParameterServer, SyncTrainsBitForBitAsAllreduce) {
             std::string::npos);
 }
 
+// A model from PyTorch (trainer.model: {torchscript: ...}) on parameter servers: the same
+// updates as allreduce on the same scripted module, bit for bit.
+TEST(ParameterServer, ATorchScriptModelTrainsAsUnderAllreduce) {
+  Scratch s;
+  auto made = RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py",
+                          s.path("models")},
+                         s.path(""));
+  ASSERT_EQ(made.exit.code, 0) << made.output;
+  std::string trainer = Trainer("  deterministic: true\n  seed: 5\n  max_steps: 8\n  eval: false\n");
+  trainer.replace(trainer.find("  model: cnn\n"), 13, "  model: {torchscript: " + s.path("models/bn_cnn.pt") + "}\n");
+  auto ar = Trainctl({"run", s.Write("ar.yaml", "name: ts-ar\nprocs_per_node: 2\noutput_dir: " + s.path("ar") +
+                                                   "\n" + trainer + "  backend: shm\n")},
+                     s.path(""), seconds(120));
+  ASSERT_EQ(ar.exit.code, 0) << ar.output;
+  auto ps = Trainctl({"run", s.Write("ps.yaml", "name: ts-ps\noutput_dir: " + s.path("ps") + "\n" + trainer +
+                                                   "  strategy: parameter_server\n"
+                                                   "roles: [{name: ps}, {name: worker, replicas: 2}]\n")},
+                     s.path(""), seconds(120));
+  ASSERT_EQ(ps.exit.code, 0) << ps.output;
+  EXPECT_NE(s.Read("ps/logs/worker-0.log").find("training the TorchScript module"), std::string::npos)
+      << s.Read("ps/logs/worker-0.log");
+  const std::string d = Digest(s.Read("ar/logs/worker-0.log"));
+  ASSERT_FALSE(d.empty()) << s.Read("ar/logs/worker-0.log");
+  EXPECT_EQ(Digest(s.Read("ps/logs/worker-0.log")), d) << s.Read("ps/logs/worker-0.log");
+  EXPECT_EQ(Digest(s.Read("ps/logs/worker-1.log")), d);
+}
+
 // The seed's layout in small: 2 ps, 3 workers and a chief of the built-in trainer, and an
 // evaluator that evaluates each checkpoint as it appears.
 TEST(ParameterServer, PsWorkersChiefAndAnEvaluatorWatchingCheckpoints) {
