@@ -94,15 +94,16 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
     } else {
       std::printf("%s: valid: job %s, %s\n", Join(spec_flags->Sources().files, " + ").c_str(),
                   spec->name.c_str(), DescribeTasks(*spec).c_str());
-      // A declared model's layer table, as Keras's summary() prints it.
+      // The model's layer table (declared, or a built-in one's layers), as Keras's summary() prints it.
       const TrainerSpec& t = spec->trainer;
-      if (t.enabled && t.model == "layers") {
+      const auto layers = t.model == "layers" ? std::optional<std::vector<LayerSpec>>(t.layers) : BuiltinLayers(t.model);
+      if (t.enabled && layers) {
         int classes = ClassCount(t.data);
         if (t.data.dataset == "imagefolder" && !*fields_only) {  // its class folders, checked above
           auto folders = data::FolderClasses(t.data.dir);
           if (folders.ok()) classes = static_cast<int>(folders->size());
         }
-        auto summary = SummarizeModel(t.layers, ImageShape(t.data), classes);
+        auto summary = SummarizeModel(*layers, ImageShape(t.data), classes);
         if (!summary.ok()) {
           std::fprintf(stderr, "%s\n", summary.status().message().c_str());
           *code = kExitInvalidSpec;

@@ -1,5 +1,6 @@
 #include "jobspec/layers.h"
 
+#include <array>
 #include <cstdio>
 #include <map>
 
@@ -21,11 +22,6 @@ constexpr KindName kKinds[] = {
     {Kind::kDropout, "dropout"},   {Kind::kResidual, "residual"},
 };
 
-// A dimension after a window of `kernel` moved by `stride` over `size` padded by `padding` on
-// both sides, as PyTorch computes it (rounding down); below 1 when the window does not fit.
-int64_t Slide(int64_t size, int64_t kernel, int64_t stride, int64_t padding) {
-  return (size + 2 * padding - kernel) / stride + 1 - ((size + 2 * padding - kernel) < 0 ? 1 : 0);
-}
 
 std::string Window(const LayerSpec& l) {
   std::string s = std::to_string(l.kernel) + "x" + std::to_string(l.kernel);
@@ -103,8 +99,8 @@ class Summarizer {
           return Bad(l, index, in, "padding " + std::to_string(l.padding) + " is more than half the kernel " +
                                        std::to_string(l.kernel) + " (PyTorch refuses it)");
         }
-        const int64_t rows = Slide(in[1], l.kernel, l.stride, l.padding);
-        const int64_t cols = Slide(in[2], l.kernel, l.stride, l.padding);
+        const int64_t rows = SlideWindow(in[1], l.kernel, l.stride, l.padding);
+        const int64_t cols = SlideWindow(in[2], l.kernel, l.stride, l.padding);
         if (rows < 1 || cols < 1) {
           return Bad(l, index, in, "a " + Window(l) + " window does not fit in " + std::to_string(in[1]) + "x" +
                                        std::to_string(in[2]) + " pixels");
@@ -175,10 +171,7 @@ class Summarizer {
             return Bad(l, index, in, "a projection needs an image in and out; the body outputs " + ShapeText(out));
           }
           // A 1x1 convolution with the stride that takes the input's size to the body's.
-          int64_t stride = 0;
-          for (int64_t s = 1; s <= std::max(in[1], in[2]) && !stride; ++s) {
-            if (Slide(in[1], 1, s, 0) == out[1] && Slide(in[2], 1, s, 0) == out[2]) stride = s;
-          }
+          const int64_t stride = ProjectionStride(in, out);
           if (!stride) {
             return Bad(l, index, in, "no 1x1 projection with a stride takes it to the body's output " +
                                          ShapeText(out));
@@ -254,6 +247,105 @@ LayerSpec WithDefaults(LayerSpec l) {
     if (l.stride == 0) l.stride = l.kernel;
   }
   return l;
+}
+
+namespace {
+
+LayerSpec Make(Kind kind, std::string name = "") {
+  LayerSpec l;
+  l.kind = kind;
+  l.name = std::move(name);
+  return l;
+}
+
+LayerSpec MakeConv(std::string name, int64_t out, int64_t kernel, int64_t stride, int64_t padding, bool bias) {
+  LayerSpec l = Make(Kind::kConv, std::move(name));
+  l.out = out;
+  l.kernel = kernel;
+  l.stride = stride;
+  l.padding = padding;
+  l.bias = bias;
+  return l;
+}
+
+LayerSpec MakeMaxPool(int64_t kernel, int64_t stride, int64_t padding) {
+  LayerSpec l = Make(Kind::kMaxPool);
+  l.kernel = kernel;
+  l.stride = stride;
+  l.padding = padding;
+  return l;
+}
+
+LayerSpec MakeLinear(std::string name, int64_t out) {  // out 0: the data's classes
+  LayerSpec l = Make(Kind::kLinear, std::move(name));
+  l.out = out;
+  return l;
+}
+
+// The example CNN: conv 3x3 -> max-pool 2 -> ReLU, twice, then two linear layers (its parameters
+// conv1, conv2, fc1, fc2). Pooling before the ReLU gives the same result as after it on a quarter
+// of the elements; the declared model runs each conv+pool+relu as one pass of its own kernels.
+std::vector<LayerSpec> CnnLayers() {
+  return {MakeConv("conv1", 32, 3, 1, 1, true), MakeMaxPool(2, 2, 0), Make(Kind::kRelu),
+          MakeConv("conv2", 64, 3, 1, 1, true), MakeMaxPool(2, 2, 0), Make(Kind::kRelu),
+          Make(Kind::kFlatten), MakeLinear("fc1", 128), Make(Kind::kRelu), MakeLinear("fc2", 0)};
+}
+
+// torchvision's ResNets, their parameters named as torchvision names them (conv1, bn1,
+// layer1.0.conv1, layer1.0.downsample.0, fc): BasicBlock (ResNet-18/34) or Bottleneck (ResNet-50,
+// the stride on its 3x3 convolution), each block a residual whose projection (a 1x1 convolution
+// and batch norm) is where it changes the shape, then a ReLU.
+std::vector<LayerSpec> ResNetLayers(std::array<int, 4> blocks, bool bottleneck) {
+  std::vector<LayerSpec> out = {MakeConv("conv1", 64, 7, 2, 3, false), Make(Kind::kBatchNorm, "bn1"),
+                                Make(Kind::kRelu), MakeMaxPool(3, 2, 1)};
+  for (int stage = 0; stage < 4; ++stage) {
+    const int64_t width = 64 << stage;
+    for (int b = 0; b < blocks[stage]; ++b) {
+      const int64_t stride = stage > 0 && b == 0 ? 2 : 1;
+      LayerSpec block = Make(Kind::kResidual, "layer" + std::to_string(stage + 1) + "." + std::to_string(b));
+      auto conv = [&](int i, int64_t channels, int64_t kernel, int64_t s) {
+        const std::string n = block.name + ".conv" + std::to_string(i);
+        block.body.push_back(MakeConv(n, channels, kernel, s, kernel / 2, false));
+        block.body.push_back(Make(Kind::kBatchNorm, block.name + ".bn" + std::to_string(i)));
+      };
+      if (bottleneck) {
+        conv(1, width, 1, 1);
+        block.body.push_back(Make(Kind::kRelu));
+        conv(2, width, 3, stride);
+        block.body.push_back(Make(Kind::kRelu));
+        conv(3, width * 4, 1, 1);
+      } else {
+        conv(1, width, 3, stride);
+        block.body.push_back(Make(Kind::kRelu));
+        conv(2, width, 3, 1);
+      }
+      out.push_back(std::move(block));
+      out.push_back(Make(Kind::kRelu));
+    }
+  }
+  for (auto l : {Make(Kind::kGlobalAvgPool), Make(Kind::kFlatten), MakeLinear("fc", 0)}) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::vector<LayerSpec>> BuiltinLayers(const std::string& name) {
+  if (name == "cnn") return CnnLayers();
+  if (name == "resnet18") return ResNetLayers({2, 2, 2, 2}, false);
+  if (name == "resnet50") return ResNetLayers({3, 4, 6, 3}, true);
+  return std::nullopt;
+}
+
+int64_t SlideWindow(int64_t size, int64_t kernel, int64_t stride, int64_t padding) {
+  return (size + 2 * padding - kernel) / stride + 1 - ((size + 2 * padding - kernel) < 0 ? 1 : 0);
+}
+
+int64_t ProjectionStride(const std::vector<int64_t>& in, const std::vector<int64_t>& out) {
+  if (in.size() != 3 || out.size() != 3) return 0;
+  for (int64_t s = 1; s <= std::max(in[1], in[2]); ++s) {
+    if (SlideWindow(in[1], 1, s, 0) == out[1] && SlideWindow(in[2], 1, s, 0) == out[2]) return s;
+  }
+  return 0;
 }
 
 void NameLayers(std::vector<LayerSpec>* layers) { Name(layers, ""); }

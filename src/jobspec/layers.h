@@ -49,6 +49,18 @@ std::vector<std::string> LayerKindNames();
 // Defaults filled in: a convolution's kernel 3 and stride 1, a pool's stride its kernel (2).
 LayerSpec WithDefaults(LayerSpec layer);
 
+// A dimension after a window of `kernel` moved by `stride` over `size` padded by `padding` on
+// both sides, as PyTorch computes it (rounding down); below 1 when the window does not fit.
+int64_t SlideWindow(int64_t size, int64_t kernel, int64_t stride, int64_t padding);
+// The stride of the 1x1 convolution that takes an image of shape `in` (channels, rows, cols) to
+// the rows and cols of `out`: a residual block's projection. 0 when none does.
+int64_t ProjectionStride(const std::vector<int64_t>& in, const std::vector<int64_t>& out);
+
+// The built-in models as the layers they are: "cnn" (conv 3x3 -> max-pool 2 -> ReLU twice, then
+// two linear layers: conv1, conv2, fc1, fc2), "resnet18" and "resnet50" (torchvision's, its
+// parameter names: conv1, bn1, layer1.0.conv1, layer1.0.downsample.0, fc); nullopt for another.
+std::optional<std::vector<LayerSpec>> BuiltinLayers(const std::string& model);
+
 // Names every layer that holds parameters and has no name, as PyTorch users name them: conv1,
 // conv2, bn1, fc1, ... in order, each kind counted apart; a residual block is block1, block2, ...
 // and its body's layers are named inside it ("block1.conv1"), its projection "block1.downsample"

@@ -1,11 +1,13 @@
 // Image classifiers on LibTorch: the 2-conv CNN (28x28 or 32x32 inputs, any channel count) and
 // ResNet-18 / ResNet-50 with torchvision's layer shapes and parameter names, so a state exported
-// as safetensors loads into the same torchvision model in Python.
+// as safetensors loads into the same torchvision model in Python; all three are declarations of
+// layers (jobspec/layers.h: BuiltinLayers), built and run as a model declared in a spec is.
 #pragma once
 
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/status.h"

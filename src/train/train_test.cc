@@ -54,6 +54,64 @@ TEST(Models, ResNetsHaveTorchvisionsShapes) {
   EXPECT_EQ(out.sizes().vec(), (std::vector<int64_t>{2, 1000}));
 }
 
+// cnn, resnet18 and resnet50 are declarations of layers (BuiltinLayers, jobspec/layers.h) built as a spec's
+// declared model is, with the parameters, names and initial weights the classes they replaced
+// had: checkpoints and exported models of earlier runs load as they did.
+TEST(Models, TheBuiltinCnnIsADeclarationWithItsFormerWeightsAndComputation) {
+  namespace F = torch::nn::functional;
+  torch::manual_seed(7);
+  auto model = models::MakeModel("cnn", {1, 28, 28, 10});
+  ASSERT_TRUE(model.ok());
+  // The former class made its modules in this order, each drawing its default initialization.
+  torch::manual_seed(7);
+  torch::nn::Conv2d conv1(torch::nn::Conv2dOptions(1, 32, 3).padding(1)), conv2(torch::nn::Conv2dOptions(32, 64, 3).padding(1));
+  torch::nn::Linear fc1(64 * 7 * 7, 128), fc2(128, 10);
+  const std::map<std::string, torch::Tensor> former = {
+      {"conv1.weight", conv1->weight}, {"conv1.bias", conv1->bias}, {"conv2.weight", conv2->weight},
+      {"conv2.bias", conv2->bias},     {"fc1.weight", fc1->weight},   {"fc1.bias", fc1->bias},
+      {"fc2.weight", fc2->weight},     {"fc2.bias", fc2->bias}};
+  auto params = (*model)->named_parameters();
+  ASSERT_EQ(params.size(), former.size());
+  for (const auto& [name, value] : former) {
+    ASSERT_TRUE(params.contains(name)) << name;
+    EXPECT_TRUE(torch::equal(params[name], value)) << name;
+  }
+  // The computation: conv, max-pool 2, ReLU twice, then fc1, ReLU, fc2 (the model's own kernels
+  // round the Winograd products differently from ATen's in the last digits).
+  torch::NoGradGuard no_grad;
+  const torch::Tensor x = torch::randn({4, 1, 28, 28});
+  torch::Tensor ref = torch::relu(F::max_pool2d(conv1(x), F::MaxPool2dFuncOptions(2)));
+  ref = torch::relu(F::max_pool2d(conv2(ref), F::MaxPool2dFuncOptions(2)));
+  ref = fc2(torch::relu(fc1(ref.flatten(1))));
+  const torch::Tensor out = (*model)->forward(x);
+  EXPECT_TRUE(torch::allclose(out, ref, 1e-4, 1e-4)) << (out - ref).abs().max().item<float>();
+}
+
+TEST(Models, TheBuiltinResNetsAreDeclarationsWithTorchvisionsInitialization) {
+  auto layers = BuiltinLayers("resnet50");
+  ASSERT_TRUE(layers.has_value());
+  auto summary = SummarizeModel(*layers, {3, 224, 224}, 1000);  // torchvision's shapes check
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ(summary->params, 25557032);
+  EXPECT_EQ(summary->rows.back().shape, std::vector<int64_t>{1000});
+  torch::manual_seed(1);
+  auto r18 = models::MakeModel("resnet18", {3, 32, 32, 10});
+  ASSERT_TRUE(r18.ok());
+  auto params = (*r18)->named_parameters();
+  // Kaiming normal, fan out, for ReLU: std sqrt(2 / (64 x 3 x 3)) for layer1's convolutions.
+  const torch::Tensor w = params["layer1.0.conv1.weight"];
+  EXPECT_NEAR(w.std().item<double>(), std::sqrt(2.0 / (64 * 9)), 0.1 * std::sqrt(2.0 / (64 * 9)));
+  EXPECT_TRUE(torch::equal(params["bn1.weight"], torch::ones({64})));
+  EXPECT_TRUE(params.contains("layer2.0.downsample.0.weight"));
+  EXPECT_FALSE(params.contains("layer1.0.downsample.0.weight"));  // layer1 keeps the shape
+  // The residual: relu(body(x) + downsample(x)) where the shape changes.
+  torch::NoGradGuard no_grad;
+  (*r18)->eval();
+  auto out = (*r18)->forward(torch::randn({2, 3, 32, 32}));
+  EXPECT_EQ(out.sizes().vec(), (std::vector<int64_t>{2, 10}));
+  EXPECT_TRUE(torch::isfinite(out).all().item<bool>());
+}
+
 TEST(Ops, BlockedLayoutRoundTrips) {
   torch::Tensor x = torch::randn({2, 32, 5, 6});
   torch::Tensor b = models::ToBlocked(x);
