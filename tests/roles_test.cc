@@ -78,13 +78,15 @@ roles:
     command: [sh, -c, 'echo start >> {out}/ps-starts; if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then i=0; while [ ! -s {out}/worker-0-starts ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; echo shard lost; exit 3; fi; exec sleep 60']
   - name: worker
     replicas: 2
-    command: [sh, -c, 'echo start >> {out}/worker-$ROLE_RANK-starts; if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 60; fi']
+    command: [sh, -c, 'echo start >> {out}/worker-$ROLE_RANK-starts; if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 60; fi; i=0; while [ $(grep -c start {out}/ps-starts) -lt 2 ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done']
 restart: {max_restarts: 2}
 timeouts: {stop_grace: 2s}
 output_dir: {out}/out
 )");
   // The ps fails once worker 0 has started (else the group's stop can come before the worker's
-  // first line, on a busy machine), so that its second start shows the group restarted.
+  // first line, on a busy machine), so that its second start shows the group restarted; the
+  // workers of the second round end once the ps has said it started again (else the job can
+  // succeed, and stop the ps, before its shell writes that line: 1 run in 5 did).
   auto r = Trainctl({"run", "job.yaml"}, s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   EXPECT_NE(r.output.find("ps 0 (rank 0, node 0 on"), std::string::npos) << r.output;
