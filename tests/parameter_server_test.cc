@@ -33,10 +33,9 @@ pid_t TaskPid(const std::string& role, int index, const std::string& job) {
   return pids.size() == 1 ? pids[0] : -1;
 }
 
-// sync is the allreduce update, step for step: the same seed and data give the same bits.
-TEST(ParameterServer, SyncTrainsBitForBitAsAllreduce) {
-  Scratch s;
-  const std::string trainer = Trainer("  deterministic: true\n  seed: 3\n  max_steps: 12\n  eval: false\n");
+// Runs `trainer` as 2 allreduce workers (shm) and as 1 sync ps with 2 workers, in s/ar and s/ps:
+// the same final parameters on every worker, bit for bit.
+void ExpectPsTrainsAsAllreduce(Scratch& s, const std::string& trainer) {
   auto ar = Trainctl({"run", s.Write("ar.yaml", "name: ar\nprocs_per_node: 2\noutput_dir: " + s.path("ar") +
                                                    "\n" + trainer + "  backend: shm\n")},
                      s.path(""), seconds(120));
@@ -47,11 +46,17 @@ TEST(ParameterServer, SyncTrainsBitForBitAsAllreduce) {
                      s.path(""), seconds(120));
   ASSERT_EQ(ps.exit.code, 0) << ps.output;
   const std::string d = Digest(s.Read("ar/logs/worker-0.log"));
-  ASSERT_FALSE(d.empty());
+  ASSERT_FALSE(d.empty()) << s.Read("ar/logs/worker-0.log");
   EXPECT_EQ(Digest(s.Read("ps/logs/worker-0.log")), d) << s.Read("ps/logs/worker-0.log");
   EXPECT_EQ(Digest(s.Read("ps/logs/worker-1.log")), d);
   EXPECT_NE(s.Read("ps/logs/ps-0.log").find("parameter server 0 of 1 (sync) serving 2 worker(s)"),
             std::string::npos);
+}
+
+// sync is the allreduce update, step for step: the same seed and data give the same bits.
+TEST(ParameterServer, SyncTrainsBitForBitAsAllreduce) {
+  Scratch s;
+  ExpectPsTrainsAsAllreduce(s, Trainer("  deterministic: true\n  seed: 3\n  max_steps: 12\n  eval: false\n"));
 }
 
 // A model from PyTorch (trainer.model: {torchscript: ...}) on parameter servers: the same
@@ -64,21 +69,9 @@ TEST(ParameterServer, ATorchScriptModelTrainsAsUnderAllreduce) {
   ASSERT_EQ(made.exit.code, 0) << made.output;
   std::string trainer = Trainer("  deterministic: true\n  seed: 5\n  max_steps: 8\n  eval: false\n");
   trainer.replace(trainer.find("  model: cnn\n"), 13, "  model: {torchscript: " + s.path("models/bn_cnn.pt") + "}\n");
-  auto ar = Trainctl({"run", s.Write("ar.yaml", "name: ts-ar\nprocs_per_node: 2\noutput_dir: " + s.path("ar") +
-                                                   "\n" + trainer + "  backend: shm\n")},
-                     s.path(""), seconds(120));
-  ASSERT_EQ(ar.exit.code, 0) << ar.output;
-  auto ps = Trainctl({"run", s.Write("ps.yaml", "name: ts-ps\noutput_dir: " + s.path("ps") + "\n" + trainer +
-                                                   "  strategy: parameter_server\n"
-                                                   "roles: [{name: ps}, {name: worker, replicas: 2}]\n")},
-                     s.path(""), seconds(120));
-  ASSERT_EQ(ps.exit.code, 0) << ps.output;
+  ExpectPsTrainsAsAllreduce(s, trainer);
   EXPECT_NE(s.Read("ps/logs/worker-0.log").find("training the TorchScript module"), std::string::npos)
       << s.Read("ps/logs/worker-0.log");
-  const std::string d = Digest(s.Read("ar/logs/worker-0.log"));
-  ASSERT_FALSE(d.empty()) << s.Read("ar/logs/worker-0.log");
-  EXPECT_EQ(Digest(s.Read("ps/logs/worker-0.log")), d) << s.Read("ps/logs/worker-0.log");
-  EXPECT_EQ(Digest(s.Read("ps/logs/worker-1.log")), d);
 }
 
 // The seed's layout in small: 2 ps, 3 workers and a chief of the built-in trainer, and an
