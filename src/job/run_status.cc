@@ -68,6 +68,16 @@ RunStatus RunStatus::FromJson(const json& j) {
   return s;
 }
 
+RunStatus RunStatus::Ended(std::string job, std::string run_id, int code, std::string elapsed) {
+  RunStatus s;
+  s.job = std::move(job);
+  s.run_id = std::move(run_id);
+  s.state = StateOfExit(code);
+  s.exit_code = code;
+  s.elapsed = std::move(elapsed);
+  return s;
+}
+
 std::string StateOfExit(int code) {
   switch (code) {
     case kExitOk:
@@ -95,7 +105,7 @@ Status WriteRunStatus(const std::string& output_dir, const RunStatus& status) {
   const std::string path = paths::StatusJson(output_dir);
   const Status st = AtomicWriteFile(path, status.ToJson().dump(2) + "\n");
   if (st.ok() || status.state == "running") return st;
-  RunStatus brief;
+  RunStatus brief;  // the state as written, not derived again from the code
   brief.job = status.job;
   brief.run_id = status.run_id;
   brief.state = status.state;

@@ -36,6 +36,8 @@ struct RunStatus {
   std::string store_error;                  // the job's store was lost: why
 
   bool known() const { return !run_id.empty(); }
+  // How a run ended with trainctl exit `code`: its state (StateOfExit) and code.
+  static RunStatus Ended(std::string job, std::string run_id, int code, std::string elapsed);
 
   // Absent fields are left out.
   nlohmann::json ToJson() const;

@@ -189,10 +189,6 @@ Duration AgentGrace(const JobSpec& spec) { return spec.timeouts.stop_grace + std
 // failed". Returns the job's exit code: an error when its store was lost, whatever the agents said.
 int Report(const JobSpec& spec, Store& store, const std::string& run_id, Clock::time_point start, int final_code,
            std::string stop_reason) {
-  RunStatus status;
-  status.job = spec.name;
-  status.run_id = run_id;
-  status.elapsed = Elapsed(start);
   // A store that is gone (an etcd lost) is the cause to report, not something to wait on again
   // for every record.
   std::string restarts = "0";
@@ -202,13 +198,13 @@ int Report(const JobSpec& spec, Store& store, const std::string& run_id, Clock::
   } else if (r->has_value()) {
     restarts = **r;
   }
-  status.restarts = std::atoi(restarts.c_str());
   if (!store_lost.ok()) {
-    status.store_error = store_lost.message();
     if (final_code == kExitOk) final_code = kExitError;
     if (stop_reason.empty() || final_code == kExitError) stop_reason = "lost the job's store: " + store_lost.message();
   }
-  status.exit_code = final_code;
+  RunStatus status = RunStatus::Ended(spec.name, run_id, final_code, Elapsed(start));
+  status.restarts = std::atoi(restarts.c_str());
+  status.store_error = store_lost.message();
   auto record = [&](const std::string& key) -> std::optional<FailureRecord> {
     if (!store_lost.ok()) return std::nullopt;
     auto text = store.TryGet(key);
@@ -217,14 +213,14 @@ int Report(const JobSpec& spec, Store& store, const std::string& run_id, Clock::
     return rec.ok() ? std::optional<FailureRecord>(*rec) : std::nullopt;
   };
   // Single-task restarts and failures that the job went on without (roles with on_failure).
-  if (!store_lost.ok()) {
-  } else if (auto n = store.TryGet(keys::kTaskRestarts); n.ok() && n->has_value()) {
-    status.task_restarts = std::min(std::atoi((*n)->c_str()), spec.restart.max_restarts);
-  }
-  if (!store_lost.ok()) {
-  } else if (auto n = store.TryGet(keys::kIgnoredFailures); n.ok() && n->has_value()) {
-    status.ignored_failures = std::atoi((*n)->c_str());
-    status.last_ignored_failure = record(keys::kLastIgnoredFailure);
+  if (store_lost.ok()) {
+    if (auto n = store.TryGet(keys::kTaskRestarts); n.ok() && n->has_value()) {
+      status.task_restarts = std::min(std::atoi((*n)->c_str()), spec.restart.max_restarts);
+    }
+    if (auto n = store.TryGet(keys::kIgnoredFailures); n.ok() && n->has_value()) {
+      status.ignored_failures = std::atoi((*n)->c_str());
+      status.last_ignored_failure = record(keys::kLastIgnoredFailure);
+    }
   }
   switch (final_code) {
     case kExitOk:
@@ -266,7 +262,6 @@ int Report(const JobSpec& spec, Store& store, const std::string& run_id, Clock::
     default:
       LOG_ERROR("job {} failed: {}", spec.name, stop_reason.empty() ? "see the log above" : stop_reason);
   }
-  status.state = StateOfExit(final_code);
   if (Status st = WriteRunStatus(spec.output_dir, status); !st.ok()) LOG_ERROR("{}", st.message());
   return final_code;
 }
@@ -306,23 +301,14 @@ Status WriteRunningStatus(const runs::RunEntry& entry) {
 
 namespace {
 
-// One live run per output directory; an earlier run's files moved aside unless resumed. Returns
-// the lock, or the exit code.
-Result<std::unique_ptr<runs::OutputLock>> PrepareOutput(const JobSpec& spec, const LaunchOptions& options,
-                                                        const std::string& run_id, int* code) {
-  auto lock = runs::OutputLock::Acquire(spec.output_dir, run_id);
-  if (!lock.ok()) {
-    std::fprintf(stderr, "trainctl run: %s\n", lock.status().message().c_str());
-    *code = lock.status().code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
-    return lock.status();
-  }
-  *code = kExitError;
+// The output directory for a run that holds its lock: an earlier run's files moved aside unless
+// resumed, the logs' directory made.
+Status PrepareOutput(const JobSpec& spec, const LaunchOptions& options) {
   if (!options.resume) {
-    auto moved = runs::MovePreviousRunAside(spec.output_dir, spec.checkpoint_dir);
-    if (!moved.ok()) return moved.status();
-    if (!moved->empty()) {
+    ASSIGN_OR_RETURN(std::string moved, runs::MovePreviousRunAside(spec.output_dir, spec.checkpoint_dir));
+    if (!moved.empty()) {
       LOG_INFO("{} held an earlier run, moved to {}: this run starts from scratch (--resume would "
-               "continue it)", spec.output_dir, *moved);
+               "continue it)", spec.output_dir, moved);
     }
   } else if (spec.trainer.enabled && !runs::HasCheckpoint(spec.checkpoint_dir)) {
     LOG_WARN("--resume: no checkpoint in {}; this run starts from scratch", spec.checkpoint_dir);
@@ -332,7 +318,7 @@ Result<std::unique_ptr<runs::OutputLock>> PrepareOutput(const JobSpec& spec, con
     LOG_WARN("cpu_bind: cores with {} nodes on this one machine: each node's agent shares out the "
              "same CPUs, so the nodes' tasks run on one another's cores", spec.nodes.max);
   }
-  return lock;
+  return Status::Ok();
 }
 
 // The job's own cgroup, where the system allows one: what its processes start, daemons that
@@ -613,9 +599,13 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     return kExitError;
   };
 
-  int code = kExitError;
-  auto lock = PrepareOutput(spec, options, run_id, &code);
-  if (!lock.ok()) return code == kExitError ? fail(lock.status()) : code;
+  // One live run per output directory.
+  auto lock = runs::OutputLock::Acquire(spec.output_dir, run_id);
+  if (!lock.ok()) {
+    std::fprintf(stderr, "trainctl run: %s\n", lock.status().message().c_str());
+    return lock.status().code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
+  }
+  if (Status st = PrepareOutput(spec, options); !st.ok()) return fail(st);
   runs::RunEntry entry = RunEntryFor(spec, run_id, options.placement);
   CgroupGuard cgroup{options.placement == "local" ? MakeJobCgroup(run_id) : ""};
   entry.cgroup = cgroup.dir;
@@ -646,7 +636,7 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   agents.Supervise();
   agents.Finish();
 
-  code = Report(spec, store, run_id, start, agents.code, agents.stop_reason);
+  const int code = Report(spec, store, run_id, start, agents.code, agents.stop_reason);
   RemoveAll(paths::SnapshotDir(run_id));  // agents remove it too, unless they were killed
   // What a killed agent's workers left behind came to this subreaper: nothing outlives the job.
   KillChildren(std::chrono::seconds(1));

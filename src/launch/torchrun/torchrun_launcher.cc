@@ -19,13 +19,9 @@ int TorchrunHostLauncher::Run(const JobSpec& spec, const LaunchOptions& options)
   if (st.ok()) st = WriteRunningStatus(entry);
   if (!st.ok()) LOG_WARN("trainctl ps will not list this run: {}", st.message());
   const int code = RunAgentProcess(a);
-  RunStatus end;
-  end.job = spec.name;
-  end.run_id = a.run_id;
-  end.exit_code = code;
-  end.elapsed = Elapsed(start);
-  end.state = StateOfExit(code);
-  if (Status w = WriteRunStatus(spec.output_dir, end); !w.ok()) LOG_WARN("{}", w.message());
+  if (Status w = WriteRunStatus(spec.output_dir, RunStatus::Ended(spec.name, a.run_id, code, Elapsed(start))); !w.ok()) {
+    LOG_WARN("{}", w.message());
+  }
   return code;
 }
 
