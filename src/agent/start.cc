@@ -17,7 +17,6 @@
 #include "job/tasks.h"
 #include "store/open_store.h"
 #include "store/tcp/tcp_store.h"
-#include "store/tcp/tcp_store.h"
 
 namespace trainctl {
 namespace {

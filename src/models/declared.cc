@@ -1,5 +1,5 @@
 // A model declared in the spec as a list of layers (jobspec/layers.h), and the built-in models
-// (models.h: BuiltinLayers), built from torch::nn's modules and run by the trainer's own kernels
+// (BuiltinLayers there), built from torch::nn's modules and run by the trainer's own kernels
 // wherever they serve (models/ops.h):
 //   - conv 3x3 (stride 1, padding 1, a bias, output channels a multiple of 16) followed by
 //     maxpool 2 and relu, in either order: one pass that pools the convolution's output while it

@@ -122,11 +122,8 @@ RunView View(const runs::RunEntry& e) {
       v.state = v.alive ? "starting" : "unknown";
       return v;
     }
-    v.dir = moved;
+    v.dir = moved;  // a later run moved its files aside; its launcher is gone (not alive)
     v.status = ReadRunStatus(moved);
-    v.state = v.status.state.empty() ? "unknown" : v.status.state;
-    if (v.state == "running") v.state = "lost";
-    return v;
   }
   v.state = v.status.state.empty() ? "unknown" : v.status.state;
   if (v.state == "running" && !v.alive) v.state = "lost";  // killed before it could say how it ended
