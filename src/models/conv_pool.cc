@@ -1,5 +1,5 @@
 // The CNN's two convolution layers on the CPU (models/ops.h), each relu(max_pool2d(conv3x3(x) + b,
-// 2)) in kernels of our own on AVX2 and FMA: the convolution's output is pooled while it is still
+// 2)) (or without the relu) in kernels of our own on AVX2 and FMA: the convolution's output is pooled while it is still
 // in cache, and backward builds the convolution's output gradient from the pooled one and the
 // window bytes, an image at a time. Between the two layers the activation and its gradient are
 // channels-last (N x H x W x C in memory, PyTorch's ChannelsLast memory format): what both
@@ -349,7 +349,8 @@ __attribute__((target("avx2,fma"))) void Image(const float* u, int64_t in, int64
 }
 
 // One image x (h x w x in, channels-last) convolved by u, plus bias, each tile's 2 x 2 outputs pooled and
-// ReLU'd: y (out x h/2 x w/2) and the window bytes win (tiles x out).
+// ReLU'd (R: or not): y (out x h/2 x w/2) and the window bytes win (tiles x out).
+template <bool R>
 __attribute__((target("avx2,fma"))) void ImagePool(const float* x, int64_t in, int64_t h, int64_t w,
                                                    const float* u, const float* bias, int64_t out, float* y,
                                                    uint8_t* win, Scratch* s) {
@@ -365,8 +366,8 @@ __attribute__((target("avx2,fma"))) void ImagePool(const float* x, int64_t in, i
       TileOutputs(m, tiles, t, out, c, tile);
       const __m256 b = _mm256_loadu_ps(bias + c);
       __m256i k;
-      _mm256_storeu_ps(o + t * out + c, MaxPoolRelu8(_mm256_add_ps(tile[0][0], b), _mm256_add_ps(tile[0][1], b),
-                                                     _mm256_add_ps(tile[1][0], b), _mm256_add_ps(tile[1][1], b), &k));
+      _mm256_storeu_ps(o + t * out + c, MaxPool8<R>(_mm256_add_ps(tile[0][0], b), _mm256_add_ps(tile[0][1], b),
+                                                    _mm256_add_ps(tile[1][0], b), _mm256_add_ps(tile[1][1], b), &k));
       StoreWindows8(k, win + t * out + c);
     }
   }
@@ -498,10 +499,11 @@ const float* BorderedImage(const float* x, int64_t c, int64_t h, int64_t w, Scra
 }
 
 // One image x (c x h x w) through the first layer by wt (9c x out, the weight transposed), for 16
-// output channels at a time: a window's 2 x 2 outputs in registers, plus bias, pooled and ReLU'd:
-// y (tiles x out, channels-last) and the window bytes win (tiles x out). C: the channels when known
-// at compile time (the CNN's 1: the taps' offsets become constants), else 0 and c says.
-template <int C>
+// output channels at a time: a window's 2 x 2 outputs in registers, plus bias, pooled and ReLU'd
+// (R: or not): y (tiles x out, channels-last) and the window bytes win (tiles x out). C: the
+// channels when known at compile time (the CNN's 1: the taps' offsets become constants), else 0
+// and c says.
+template <int C, bool R>
 __attribute__((target("avx2,fma"))) void ImageLayerForward(const float* x, int64_t c, int64_t h, int64_t w,
                                                            const float* wt, const float* bias, int64_t out,
                                                            float* y, uint8_t* win, Scratch* s) {
@@ -538,8 +540,8 @@ __attribute__((target("avx2,fma"))) void ImageLayerForward(const float* x, int64
         for (int v = 0; v < 2; ++v) {
           const __m256 b = v == 0 ? b0 : b1;
           __m256i k;
-          const __m256 m = MaxPoolRelu8(_mm256_add_ps(acc[0][v], b), _mm256_add_ps(acc[1][v], b),
-                                        _mm256_add_ps(acc[2][v], b), _mm256_add_ps(acc[3][v], b), &k);
+          const __m256 m = MaxPool8<R>(_mm256_add_ps(acc[0][v], b), _mm256_add_ps(acc[1][v], b),
+                                       _mm256_add_ps(acc[2][v], b), _mm256_add_ps(acc[3][v], b), &k);
           _mm256_storeu_ps(y + t * out + o + 8 * v, m);
           StoreWindows8(k, win + t * out + o + 8 * v);
         }
@@ -636,9 +638,16 @@ torch::Tensor ChannelsLastEmpty(torch::IntArrayRef sizes, const torch::TensorOpt
   return torch::empty(sizes, options.memory_format(at::MemoryFormat::ChannelsLast));
 }
 
+using ImageLayerFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, const float*, int64_t, float*,
+                              uint8_t*, Scratch*);
+// [relu][c == 1]
+const ImageLayerFn kImageLayer[2][2] = {{ImageLayerForward<0, false>, ImageLayerForward<1, false>},
+                                        {ImageLayerForward<0, true>, ImageLayerForward<1, true>}};
+
 class ImageConvPoolFunction : public torch::autograd::Function<ImageConvPoolFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias,
+                               bool relu) {
     x = x.contiguous();
     bias = bias.contiguous();
     const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3), out = weight.size(0);
@@ -649,11 +658,11 @@ class ImageConvPoolFunction : public torch::autograd::Function<ImageConvPoolFunc
     const float *xp = x.data_ptr<float>(), *wtp = wt.data_ptr<float>(), *bp = bias.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     uint8_t* winp = win.data_ptr<uint8_t>();
+    const ImageLayerFn layer = kImageLayer[relu][c == 1];
     at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
       thread_local Scratch scratch;
       for (int64_t i = begin; i < end; ++i) {
-        (c == 1 ? ImageLayerForward<1> : ImageLayerForward<0>)(xp + i * c * h * w, c, h, w, wtp, bp, out,
-                                                               yp + i * tiles * out, winp + i * tiles * out, &scratch);
+        layer(xp + i * c * h * w, c, h, w, wtp, bp, out, yp + i * tiles * out, winp + i * tiles * out, &scratch);
       }
     });
     ctx->save_for_backward({x, win});
@@ -677,13 +686,14 @@ class ImageConvPoolFunction : public torch::autograd::Function<ImageConvPoolFunc
     });
     torch::Tensor dwt = torch::from_blob(sums.data(), {k, out}, g.options());
     torch::Tensor db = torch::from_blob(sums.data() + k * out, {out}, g.options());
-    return {torch::Tensor(), dwt.t().reshape({out, c, 3, 3}).contiguous(), db.clone()};
+    return {torch::Tensor(), dwt.t().reshape({out, c, 3, 3}).contiguous(), db.clone(), torch::Tensor()};
   }
 };
 
 class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias,
+                               bool relu) {
     x = x.contiguous(at::MemoryFormat::ChannelsLast);  // as the first layer leaves it
     weight = weight.contiguous();
     bias = bias.contiguous();
@@ -700,8 +710,8 @@ class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
     at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
       thread_local Scratch scratch;
       for (int64_t i = begin; i < end; ++i) {
-        ImagePool(xp + i * in * h * w, in, h, w, u.data(), bp, out, yp + i * out * tiles, wp + i * tiles * out,
-                  &scratch);
+        (relu ? ImagePool<true> : ImagePool<false>)(xp + i * in * h * w, in, h, w, u.data(), bp, out,
+                                                    yp + i * out * tiles, wp + i * tiles * out, &scratch);
       }
     });
     ctx->save_for_backward({x, weight, win});
@@ -745,7 +755,7 @@ class ConvPoolFunction : public torch::autograd::Function<ConvPoolFunction> {
       dw = torch::empty({out, in, 3, 3}, x.options());
       WeightGradFromTransformed(sums.data(), in, out, dw.data_ptr<float>());
     }
-    return {dx, dw, ctx->needs_input_grad(2) ? db : torch::Tensor()};
+    return {dx, dw, ctx->needs_input_grad(2) ? db : torch::Tensor(), torch::Tensor()};
   }
 };
 #else
@@ -784,20 +794,21 @@ void CheckConvPool(const char* name, const torch::Tensor& x, const torch::Tensor
 }  // namespace
 
 // Where the CPU lacks AVX2 or FMA: ATen's convolution, then our pooling.
-torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                bool relu) {
   CheckConvPool("ImageConvPoolRelu", x, weight, bias, /*image=*/true);
 #if defined(__x86_64__)
-  if (kAvx2Fma) return ImageConvPoolFunction::apply(x, weight, bias);
+  if (kAvx2Fma) return ImageConvPoolFunction::apply(x, weight, bias, relu);
 #endif
-  return MaxPool2x2Relu(torch::conv2d(x, weight, bias, 1, 1));
+  return MaxPool2x2Relu(torch::conv2d(x, weight, bias, 1, 1), relu);
 }
 
-torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, bool relu) {
   CheckConvPool("ConvPoolRelu", x, weight, bias, /*image=*/false);
 #if defined(__x86_64__)
-  if (kAvx2Fma) return ConvPoolFunction::apply(x, weight, bias);
+  if (kAvx2Fma) return ConvPoolFunction::apply(x, weight, bias, relu);
 #endif
-  return MaxPool2x2Relu(torch::conv2d(x, weight, bias, 1, 1));
+  return MaxPool2x2Relu(torch::conv2d(x, weight, bias, 1, 1), relu);
 }
 
 }  // namespace trainctl::models

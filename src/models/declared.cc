@@ -2,11 +2,11 @@
 // (BuiltinLayers there), built from torch::nn's modules and run by the trainer's own kernels
 // wherever they serve (models/ops.h):
 //   - conv 3x3 (stride 1, padding 1, a bias, output channels a multiple of 16) followed by
-//     maxpool 2 and relu, in either order: one pass that pools the convolution's output while it
+//     maxpool 2 and relu, in either order, or by maxpool 2 alone: one pass that pools the convolution's output while it
 //     is in cache (ImageConvPoolRelu on the model's input image, ConvPoolRelu on a hidden layer of
 //     a multiple of 16 channels: Winograd's F(2x2, 3x3); under bf16 autocast on a CPU with bf16
 //     instructions, oneDNN's bf16 convolution in its blocked layout, then our pooling);
-//   - maxpool 2 followed by relu: MaxPool2x2Relu, branch-free;
+//   - maxpool 2, followed by relu or not: MaxPool2x2Relu, branch-free;
 //   - linear (with a bias) on the CPU: oneDNN's sgemm where this build has oneDNN;
 // and everything else, every shape and device, by ATen. The first forward pass says, at debug
 // level, which layer ran where.
@@ -144,20 +144,25 @@ class Declared : public Classifier {
 
   static int64_t Slide(int64_t size, const LayerSpec& l) { return SlideWindow(size, l.kernel, l.stride, l.padding); }
 
-  // Whether layers[i] is a 3x3 convolution that the trainer's kernels can fuse with the maxpool 2
-  // and relu after it (in either order), on this input.
-  static bool Fusable(const std::vector<Built>& layers, size_t i, const torch::Tensor& x, bool input) {
-    if (i + 2 >= layers.size()) return false;
+  static bool IsRelu(const std::vector<Built>& layers, size_t i) {
+    return i < layers.size() && layers[i].spec.kind == Kind::kRelu;
+  }
+
+  // How many layers from layers[i] the trainer's kernels run in one pass on this input: 3 for a
+  // 3x3 convolution followed by maxpool 2 and relu (in either order), 2 for one followed by
+  // maxpool 2 alone (batch norm before the relu), 0 where they cannot.
+  static size_t Fusable(const std::vector<Built>& layers, size_t i, const torch::Tensor& x, bool input) {
+    if (i + 1 >= layers.size()) return 0;
     const LayerSpec& c = layers[i].spec;
-    const LayerSpec& a = layers[i + 1].spec;
-    const LayerSpec& b = layers[i + 2].spec;
-    const bool pool_relu = (IsPool2(a) && b.kind == Kind::kRelu) || (a.kind == Kind::kRelu && IsPool2(b));
-    if (c.kind != Kind::kConv || !pool_relu || c.kernel != 3 || c.stride != 1 || c.padding != 1 || c.groups != 1 ||
+    size_t n = 0;
+    if (IsPool2(layers[i + 1].spec)) n = IsRelu(layers, i + 2) ? 3 : 2;
+    else if (IsRelu(layers, i + 1) && i + 2 < layers.size() && IsPool2(layers[i + 2].spec)) n = 3;
+    if (n == 0 || c.kind != Kind::kConv || c.kernel != 3 || c.stride != 1 || c.padding != 1 || c.groups != 1 ||
         !c.bias || c.out % 16 != 0 || !WinogradConvolutions()) {
-      return false;
+      return 0;
     }
-    if (!x.is_cpu() || x.scalar_type() != torch::kFloat32 || x.dim() != 4 || x.size(2) % 2 || x.size(3) % 2) return false;
-    return input ? !x.requires_grad() : x.size(1) % 16 == 0;
+    if (!x.is_cpu() || x.scalar_type() != torch::kFloat32 || x.dim() != 4 || x.size(2) % 2 || x.size(3) % 2) return 0;
+    return (input ? !x.requires_grad() : x.size(1) % 16 == 0) ? n : 0;
   }
 
   // Under autocast to bf16 (trainer.precision) on a CPU that multiplies in bf16 and has oneDNN's
@@ -171,17 +176,17 @@ class Declared : public Classifier {
     return false;
 #endif
   }
-  static torch::Tensor Bf16ConvPoolRelu(const torch::Tensor& x, const Built& b) {
+  static torch::Tensor Bf16ConvPoolRelu(const torch::Tensor& x, const Built& b, bool relu) {
 #if TRAINCTL_HAVE_ONEDNN
-    return FromBlocked(MaxPool2x2Relu(Conv3x3(ToBlocked(x), b.conv->weight, b.conv->bias, /*bf16=*/true)));
+    return FromBlocked(MaxPool2x2Relu(Conv3x3(ToBlocked(x), b.conv->weight, b.conv->bias, /*bf16=*/true), relu));
 #else
-    return ConvPoolRelu(x, b.conv->weight, b.conv->bias);  // not reached: Bf16Blocked() is false
+    return ConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);  // not reached: Bf16Blocked() is false
 #endif
   }
 
   torch::Tensor Run(std::vector<Built>& layers, torch::Tensor x, bool input, const std::string& prefix,
                     std::vector<std::string>* where) {
-    auto note = [&](size_t i, const char* how) {
+    auto note = [&](size_t i, const std::string& how) {
       if (where) where->push_back(prefix + std::to_string(i) + " " + LayerKindName(layers[i].spec.kind) + ": " + how);
     };
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -190,19 +195,20 @@ class Declared : public Classifier {
       const bool cpu_f32 = x.is_cpu() && x.scalar_type() == torch::kFloat32;
       switch (l.kind) {
         case Kind::kConv:
-          if (Fusable(layers, i, x, input && i == 0)) {
-            const bool image = input && i == 0;
+          if (const size_t fused = Fusable(layers, i, x, input && i == 0)) {
+            const bool image = input && i == 0, relu = fused == 3;
+            const std::string pool = relu ? "maxpool+relu" : "maxpool";
             if (image) {
-              x = ImageConvPoolRelu(x, b.conv->weight, b.conv->bias);
-              note(i, "ours (conv+maxpool+relu, image)");
+              x = ImageConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);
+              note(i, "ours (conv+" + pool + ", image)");
             } else if (Bf16Blocked()) {
-              x = Bf16ConvPoolRelu(x, b);
-              note(i, "oneDNN bf16 (conv, blocked) + ours (maxpool+relu)");
+              x = Bf16ConvPoolRelu(x, b, relu);
+              note(i, "oneDNN bf16 (conv, blocked) + ours (" + pool + ")");
             } else {
-              x = ConvPoolRelu(x, b.conv->weight, b.conv->bias);
-              note(i, "ours (conv+maxpool+relu, Winograd)");
+              x = ConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);
+              note(i, "ours (conv+" + pool + ", Winograd)");
             }
-            i += 2;
+            i += fused - 1;
           } else {
             x = b.conv->forward(x);
             note(i, "ATen");
@@ -221,11 +227,11 @@ class Declared : public Classifier {
           note(i, "ATen");
           break;
         case Kind::kMaxPool:
-          if (IsPool2(l) && i + 1 < layers.size() && layers[i + 1].spec.kind == Kind::kRelu && cpu_f32 &&
-              x.size(2) % 2 == 0 && x.size(3) % 2 == 0) {
-            x = MaxPool2x2Relu(x);
-            note(i, "ours (maxpool+relu)");
-            ++i;
+          if (IsPool2(l) && cpu_f32 && x.dim() == 4 && x.size(2) % 2 == 0 && x.size(3) % 2 == 0) {
+            const bool relu = IsRelu(layers, i + 1);
+            x = MaxPool2x2Relu(x, relu);
+            note(i, relu ? "ours (maxpool+relu)" : "ours (maxpool)");
+            if (relu) ++i;
           } else {
             x = F::max_pool2d(x, F::MaxPool2dFuncOptions(l.kernel).stride(l.stride).padding(l.padding));
             note(i, "ATen");

@@ -20,13 +20,13 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// Forward: out = relu(max of the window a b / c d) and a byte saying which of the four gets the
-// window's gradient (kNoWindow, models/pool_avx2.h); backward scatters the gradient by those
-// bytes alone, without reading the input again.
+// Forward: out = relu(max of the window a b / c d) (R false: the max alone) and a byte saying
+// which of the four gets the window's gradient (kNoWindow, models/pool_avx2.h); backward scatters
+// the gradient by those bytes alone, without reading the input again.
 
 // B lanes per position: kBlock in the blocked layout (a position's 16 channels side by side), 1 in
 // N x C x H x W (a plane is one channel's H x W).
-template <int64_t B>
+template <int64_t B, bool R>
 void PoolForwardPlanePortable(const float* x, int64_t h, int64_t w, float* out, uint8_t* win) {
   for (int64_t i = 0; i < h / 2; ++i) {
     const float* r0 = x + 2 * i * w * B;
@@ -36,8 +36,8 @@ void PoolForwardPlanePortable(const float* x, int64_t h, int64_t w, float* out, 
         const float a = r0[k + l], b = r0[k + B + l], c = r1[k + l], d = r1[k + B + l];
         float m = std::max(std::max(a, b), std::max(c, d));
         if (a != a || b != b || c != c || d != d) m = a + b + c + d;
-        *out = m > 0 || m != m ? m : 0.0f;
-        *win = !(m > 0) ? kNoWindow : a == m ? 0 : b == m ? 1 : c == m ? 2 : 3;
+        *out = !R || m > 0 || m != m ? m : 0.0f;
+        *win = R && !(m > 0) ? kNoWindow : a == m ? 0 : b == m ? 1 : c == m ? 2 : 3;
       }
     }
   }
@@ -61,11 +61,13 @@ using BackwardFn = void (*)(const uint8_t*, const float*, int64_t, int64_t, floa
 
 #if defined(__x86_64__)
 // The same with AVX2, a position's 16 channels as two registers of 8; no branches.
+template <bool R>
 __attribute__((target("avx2"))) inline __m256 Forward8(const float* a, const float* b, const float* c,
                                                        const float* d, __m256i* win) {
-  return MaxPoolRelu8(_mm256_loadu_ps(a), _mm256_loadu_ps(b), _mm256_loadu_ps(c), _mm256_loadu_ps(d), win);
+  return MaxPool8<R>(_mm256_loadu_ps(a), _mm256_loadu_ps(b), _mm256_loadu_ps(c), _mm256_loadu_ps(d), win);
 }
 
+template <bool R>
 __attribute__((target("avx2"))) void PoolForwardPlaneAvx2(const float* x, int64_t h, int64_t w,
                                                           float* out, uint8_t* win) {
   for (int64_t i = 0; i < h / 2; ++i) {
@@ -73,8 +75,8 @@ __attribute__((target("avx2"))) void PoolForwardPlaneAvx2(const float* x, int64_
     const float* r1 = r0 + w * kBlock;
     for (int64_t k = 0; k < w * kBlock; k += 2 * kBlock, out += kBlock, win += kBlock) {
       __m256i lo, hi;
-      _mm256_storeu_ps(out, Forward8(r0 + k, r0 + k + kBlock, r1 + k, r1 + k + kBlock, &lo));
-      _mm256_storeu_ps(out + 8, Forward8(r0 + k + 8, r0 + k + kBlock + 8, r1 + k + 8, r1 + k + kBlock + 8, &hi));
+      _mm256_storeu_ps(out, Forward8<R>(r0 + k, r0 + k + kBlock, r1 + k, r1 + k + kBlock, &lo));
+      _mm256_storeu_ps(out + 8, Forward8<R>(r0 + k + 8, r0 + k + kBlock + 8, r1 + k + 8, r1 + k + kBlock + 8, &hi));
       StoreWindows8(lo, win);
       StoreWindows8(hi, win + 8);
     }
@@ -128,6 +130,7 @@ __attribute__((target("avx2"))) inline void StorePairs(float* p, int64_t n, __m2
   std::copy(part, part + n, p);
 }
 
+template <bool R>
 __attribute__((target("avx2"))) void PoolForwardNchwAvx2(const float* x, int64_t h, int64_t w, float* out,
                                                          uint8_t* win) {
   const int64_t ow = w / 2;
@@ -140,7 +143,7 @@ __attribute__((target("avx2"))) void PoolForwardNchwAvx2(const float* x, int64_t
       __m256i k;
       LoadPairs(r0 + 2 * j, 2 * n, &a, &b);
       LoadPairs(r1 + 2 * j, 2 * n, &c, &d);
-      const __m256 m = MaxPoolRelu8(a, b, c, d, &k);
+      const __m256 m = MaxPool8<R>(a, b, c, d, &k);
       uint8_t bytes[8];
       StoreWindows8(k, bytes);
       if (n == 8) {
@@ -176,13 +179,17 @@ __attribute__((target("avx2"))) void PoolBackwardNchwAvx2(const uint8_t* win, co
 }
 
 const bool kAvx2 = CpuHasAvx2();
-// Indexed by layout: [0] blocked, [1] N x C x H x W.
-const ForwardFn kForward[2] = {kAvx2 ? PoolForwardPlaneAvx2 : PoolForwardPlanePortable<kBlock>,
-                               kAvx2 ? PoolForwardNchwAvx2 : PoolForwardPlanePortable<1>};
+// Indexed by [relu][layout], the layout [0] blocked, [1] N x C x H x W.
+const ForwardFn kForward[2][2] = {
+    {kAvx2 ? PoolForwardPlaneAvx2<false> : PoolForwardPlanePortable<kBlock, false>,
+     kAvx2 ? PoolForwardNchwAvx2<false> : PoolForwardPlanePortable<1, false>},
+    {kAvx2 ? PoolForwardPlaneAvx2<true> : PoolForwardPlanePortable<kBlock, true>,
+     kAvx2 ? PoolForwardNchwAvx2<true> : PoolForwardPlanePortable<1, true>}};
 const BackwardFn kBackward[2] = {kAvx2 ? PoolBackwardPlaneAvx2 : PoolBackwardPlanePortable<kBlock>,
                                  kAvx2 ? PoolBackwardNchwAvx2 : PoolBackwardPlanePortable<1>};
 #else
-const ForwardFn kForward[2] = {PoolForwardPlanePortable<kBlock>, PoolForwardPlanePortable<1>};
+const ForwardFn kForward[2][2] = {{PoolForwardPlanePortable<kBlock, false>, PoolForwardPlanePortable<1, false>},
+                                  {PoolForwardPlanePortable<kBlock, true>, PoolForwardPlanePortable<1, true>}};
 const BackwardFn kBackward[2] = {PoolBackwardPlanePortable<kBlock>, PoolBackwardPlanePortable<1>};
 #endif
 
@@ -196,7 +203,7 @@ void ForEachPlane(int64_t planes, const Fn& fn) {
 
 class PoolFunction : public torch::autograd::Function<PoolFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x) {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, bool relu) {
     x = x.contiguous();
     const bool nchw = x.dim() == 4;
     const int64_t h = x.size(2), w = x.size(3), in = h * w * (nchw ? 1 : kBlock), on = in / 4;
@@ -208,7 +215,7 @@ class PoolFunction : public torch::autograd::Function<PoolFunction> {
     const float* xp = x.data_ptr<float>();
     float* op = out.data_ptr<float>();
     uint8_t* wp = win.data_ptr<uint8_t>();
-    const ForwardFn fn = kForward[nchw];
+    const ForwardFn fn = kForward[relu][nchw];
     ForEachPlane(x.size(0) * x.size(1), [&](int64_t p) { fn(xp + p * in, h, w, op + p * on, wp + p * on); });
     ctx->save_for_backward({win});  // not x: it is freed as soon as nothing else holds it
     ctx->saved_data["input_sizes"] = x.sizes().vec();
@@ -226,7 +233,7 @@ class PoolFunction : public torch::autograd::Function<PoolFunction> {
     float* dp = dx.data_ptr<float>();
     const BackwardFn fn = kBackward[nchw];
     ForEachPlane(dx.size(0) * dx.size(1), [&](int64_t p) { fn(wp + p * on, gp + p * on, h, w, dp + p * in); });
-    return {dx};
+    return {dx, torch::Tensor()};
   }
 };
 
@@ -256,11 +263,11 @@ torch::Tensor FromBlocked(const torch::Tensor& x) {
   return x.permute({0, 1, 4, 2, 3}).reshape({x.size(0), x.size(1) * kBlock, x.size(2), x.size(3)});
 }
 
-torch::Tensor MaxPool2x2Relu(const torch::Tensor& x) {
+torch::Tensor MaxPool2x2Relu(const torch::Tensor& x, bool relu) {
   if (x.dim() != 4) CheckBlocked(x, "MaxPool2x2Relu");
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), "MaxPool2x2Relu takes a float CPU tensor");
   TORCH_CHECK(x.size(2) % 2 == 0 && x.size(3) % 2 == 0, "MaxPool2x2Relu takes even H and W");
-  return PoolFunction::apply(x);
+  return PoolFunction::apply(x, relu);
 }
 
 }  // namespace trainctl::models

@@ -28,8 +28,9 @@ void CheckBlocked(const torch::Tensor& x, const char* what);
 // windows of a row pair otherwise (portable C++ on CPUs without AVX2); forward keeps one byte per
 // window and channel saying where its gradient goes, so backward reads neither x nor the output,
 // and x need not outlive the call. Pooling first and then the ReLU gives the same result as the
-// other order, on a quarter of the elements.
-torch::Tensor MaxPool2x2Relu(const torch::Tensor& x);
+// other order, on a quarter of the elements. relu = false: max_pool2d(x, 2) alone (where batch
+// norm stands between the pooling and the ReLU), every window's gradient going to its maximum.
+torch::Tensor MaxPool2x2Relu(const torch::Tensor& x, bool relu = true);
 
 // relu(max_pool2d(conv2d(x, weight, bias, stride 1, padding 1), 2)) on the CPU in float, autograd:
 // the CNN's two layers, in kernels of our own on AVX2 and FMA (models/conv_pool.cc) that pool the
@@ -38,7 +39,8 @@ torch::Tensor MaxPool2x2Relu(const torch::Tensor& x);
 // the batch in memory (6.4 MB and 3.2 MB a batch of 64 for the example CNN's two layers). Equal to
 // ATen's to rounding; the pooling and its gradient follow MaxPool2x2Relu's rules on the
 // convolution's output. H and W even, O a multiple of 16. Where the CPU lacks AVX2 or FMA, ATen's
-// convolution and MaxPool2x2Relu.
+// convolution and MaxPool2x2Relu. relu = false leaves the ReLU out, as MaxPool2x2Relu's does: a
+// convolution, maxpool and batch norm before the ReLU (issue 48's recipe: conv, maxpool, BN, ReLU).
 //
 // ImageConvPoolRelu is the first layer, on an image that takes no gradient (x must not require
 // grad: the weight's and bias's gradients only), and leaves its output channels-last (PyTorch's
@@ -48,7 +50,8 @@ torch::Tensor MaxPool2x2Relu(const torch::Tensor& x);
 // gradient alone took 5 ms a batch of 64 on one core. Here an image's 9 x C shifted copies (a few
 // KB to 100 KB) stay in cache for the two matrix products: the output (positions x O) and the
 // weight's gradient.
-torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                bool relu = true);
 
 // ConvPoolRelu is a hidden layer: C a multiple of 16 too; any memory format in, N x C x H x W
 // out. Its convolution is Winograd's F(2x2, 3x3) (2.25x fewer multiplications, rounding about
@@ -56,7 +59,8 @@ torch::Tensor ImageConvPoolRelu(const torch::Tensor& x, const torch::Tensor& wei
 // Winograd tile's 2 x 2 outputs are one pooling window. Where oneDNN has no Winograd kernels
 // (CPUs without AVX-512) ATen's direct convolution took 10 ms for the example CNN's 32 -> 64
 // layer on a batch of 64 on one core, forward only.
-torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                           bool relu = true);
 // Whether the two run their own kernels on this CPU (AVX2 and FMA): Winograd for ConvPoolRelu.
 bool WinogradConvolutions();
 // ConvPoolRelu's matrix products run on AVX-512 where the CPU has it, in blocks of 32 output

@@ -1,4 +1,4 @@
-// The 2 x 2 max-pool and ReLU of 8 windows in AVX2 registers, for MaxPool2x2Relu and for the
+// The 2 x 2 max-pool (and ReLU) of 8 windows in AVX2 registers, for MaxPool2x2Relu and for the
 // convolutions that pool their own output before writing it (models/ops.cc, models/conv_pool.cc).
 #pragma once
 
@@ -12,23 +12,26 @@
 namespace trainctl::models {
 
 // Where a window's gradient goes: the first (0-3, row-major: a b / c d) of its four that equals
-// the output when the output is positive, else none.
+// the output; with a ReLU, none where the output is not positive.
 constexpr uint8_t kNoWindow = 4;
 
 #if defined(__x86_64__)
-// relu(max(a, b, c, d)) lane by lane, NaN propagating as ATen's max_pool2d does, and each lane's
-// kNoWindow or winner as an int32. Branch-free.
-__attribute__((target("avx2"))) inline __m256 MaxPoolRelu8(__m256 a, __m256 b, __m256 c, __m256 d, __m256i* win) {
+// relu(max(a, b, c, d)) lane by lane (kRelu false: max(a, b, c, d)), NaN propagating as ATen's
+// max_pool2d does, and each lane's winner (or kNoWindow, with kRelu) as an int32. Branch-free.
+template <bool kRelu = true>
+__attribute__((target("avx2"))) inline __m256 MaxPool8(__m256 a, __m256 b, __m256 c, __m256 d, __m256i* win) {
   __m256 m = _mm256_max_ps(_mm256_max_ps(a, b), _mm256_max_ps(c, d));
   const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q), _mm256_cmp_ps(c, d, _CMP_UNORD_Q));
   m = _mm256_blendv_ps(m, _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)), nan);
-  m = _mm256_max_ps(_mm256_setzero_ps(), m);  // relu; max returns a NaN second operand
+  if constexpr (kRelu) m = _mm256_max_ps(_mm256_setzero_ps(), m);  // max returns a NaN second operand
   // Later candidates first, so that the first equal one is what remains.
   __m256 k = _mm256_set1_ps(3.0f);
   k = _mm256_blendv_ps(k, _mm256_set1_ps(2.0f), _mm256_cmp_ps(c, m, _CMP_EQ_OQ));
   k = _mm256_blendv_ps(k, _mm256_set1_ps(1.0f), _mm256_cmp_ps(b, m, _CMP_EQ_OQ));
   k = _mm256_blendv_ps(k, _mm256_setzero_ps(), _mm256_cmp_ps(a, m, _CMP_EQ_OQ));
-  k = _mm256_blendv_ps(_mm256_set1_ps(kNoWindow), k, _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_GT_OQ));
+  if constexpr (kRelu) {
+    k = _mm256_blendv_ps(_mm256_set1_ps(kNoWindow), k, _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_GT_OQ));
+  }
   *win = _mm256_cvttps_epi32(k);
   return m;
 }

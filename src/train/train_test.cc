@@ -125,54 +125,66 @@ TEST(Ops, BlockedLayoutRoundTrips) {
 // In both layouts: blocked (the oneDNN path) and N x C x H x W as ATen's convolutions leave it,
 // whose AVX2 kernel takes 8 windows of a row at a time: widths whose half is not a multiple of 8
 // (28 -> 14, 14 -> 7, 6 -> 3, 34 -> 17, 2 -> 1) end in a partial block.
+// Without the ReLU too (relu = false: max_pool2d alone, every window's gradient to its maximum).
 TEST(Ops, MaxPool2x2ReluMatchesTorchBitForBitWithTies) {
   torch::manual_seed(5);
-  const auto pool = [](const torch::Tensor& x, bool blocked) {
-    return blocked ? models::FromBlocked(models::MaxPool2x2Relu(models::ToBlocked(x))) : models::MaxPool2x2Relu(x);
-  };
-  for (bool blocked : {true, false}) {
-    // Small integers, negatives included, make many ties inside windows and many windows that
-    // the ReLU zeroes: the gradient must go where ATen sends it.
-    for (auto shape : {std::vector<int64_t>{3, 16, 8, 6}, {2, 32, 28, 28}, {2, 64, 14, 14}, {1, 16, 4, 34},
-                       {2, 16, 6, 2}, {1, 16, 2, 32}}) {
-      for (bool ties : {true, false}) {
-        torch::Tensor base = ties ? torch::randint(-2, 3, shape).to(torch::kFloat32) : torch::randn(shape);
-        torch::Tensor a = base.clone().requires_grad_(true);
-        torch::Tensor b = base.clone().requires_grad_(true);
-        torch::Tensor ours = pool(a, blocked);
-        torch::Tensor theirs = torch::relu(torch::max_pool2d(b, 2));
-        EXPECT_TRUE(torch::equal(ours, theirs)) << shape[3] << " blocked " << blocked;
-        torch::Tensor g = torch::randn(ours.sizes());
-        ours.backward(g);
-        theirs.backward(g);
-        EXPECT_TRUE(torch::equal(a.grad(), b.grad())) << shape[3] << " ties " << ties << " blocked " << blocked;
+  for (bool relu : {true, false}) {
+    SCOPED_TRACE(relu ? "with the relu" : "without the relu");
+    const auto pool = [relu](const torch::Tensor& x, bool blocked) {
+      return blocked ? models::FromBlocked(models::MaxPool2x2Relu(models::ToBlocked(x), relu))
+                     : models::MaxPool2x2Relu(x, relu);
+    };
+    const auto aten = [relu](const torch::Tensor& x) {
+      return relu ? torch::relu(torch::max_pool2d(x, 2)) : torch::max_pool2d(x, 2);
+    };
+    for (bool blocked : {true, false}) {
+      // Small integers, negatives included, make many ties inside windows and many windows that
+      // the ReLU zeroes: the gradient must go where ATen sends it.
+      for (auto shape : {std::vector<int64_t>{3, 16, 8, 6}, {2, 32, 28, 28}, {2, 64, 14, 14}, {1, 16, 4, 34},
+                         {2, 16, 6, 2}, {1, 16, 2, 32}}) {
+        for (bool ties : {true, false}) {
+          torch::Tensor base = ties ? torch::randint(-2, 3, shape).to(torch::kFloat32) : torch::randn(shape);
+          torch::Tensor a = base.clone().requires_grad_(true);
+          torch::Tensor b = base.clone().requires_grad_(true);
+          torch::Tensor ours = pool(a, blocked);
+          torch::Tensor theirs = aten(b);
+          EXPECT_TRUE(torch::equal(ours, theirs)) << shape[3] << " blocked " << blocked;
+          torch::Tensor g = torch::randn(ours.sizes());
+          ours.backward(g);
+          theirs.backward(g);
+          EXPECT_TRUE(torch::equal(a.grad(), b.grad())) << shape[3] << " ties " << ties << " blocked " << blocked;
+        }
       }
+      // NaN propagates to the window's output.
+      torch::Tensor base = torch::randn({2, 16, 8, 40});
+      base.view(-1).index_put_({torch::tensor({7, 100, 201, 333, 1000, 5000})}, std::nanf(""));
+      EXPECT_TRUE(torch::equal(pool(base, blocked).isnan(), aten(base).isnan()));
     }
-    // NaN propagates to the window's output.
-    torch::Tensor base = torch::randn({2, 16, 8, 40});
-    base.view(-1).index_put_({torch::tensor({7, 100, 201, 333, 1000, 5000})}, std::nanf(""));
-    EXPECT_TRUE(torch::equal(pool(base, blocked).isnan(), torch::relu(torch::max_pool2d(base, 2)).isnan()));
   }
   EXPECT_THROW(models::MaxPool2x2Relu(torch::randn({16, 8, 40})), c10::Error);      // neither layout
   EXPECT_THROW(models::MaxPool2x2Relu(torch::randn({1, 16, 8, 5})), c10::Error);    // odd width
   EXPECT_THROW(models::MaxPool2x2Relu(torch::randn({1, 16, 8, 8}, torch::kFloat64)), c10::Error);
 }
 
-// relu(max_pool2d(conv2d(x, w, b, 1, 1), 2)) by ATen, for the fused layers to match.
-torch::Tensor AtenConvPoolRelu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-  return torch::relu(torch::max_pool2d(torch::conv2d(x, w, b, /*stride=*/1, /*padding=*/1), 2));
+// relu(max_pool2d(conv2d(x, w, b, 1, 1), 2)) by ATen (relu false: without the relu), for the fused
+// layers to match.
+torch::Tensor AtenConvPoolRelu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, bool relu) {
+  torch::Tensor y = torch::max_pool2d(torch::conv2d(x, w, b, /*stride=*/1, /*padding=*/1), 2);
+  return relu ? torch::relu(y) : y;
 }
+
+using ConvPoolLayer = torch::Tensor (*)(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, bool);
 
 // A fused layer (ops.h) against ATen: the output and the gradients of x (where it takes one), the
 // weight and the bias. On random floats to rounding (1e-5, or 1e-4 for the first layer's long dot
 // products, of the largest magnitude); on small integers exactly, where ties inside windows are
 // common (Winograd's arithmetic is exact on them too) and the gradient must go where ATen's does.
-void ExpectConvPoolMatchesAten(
-    const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>& layer,
-    std::array<int64_t, 5> shape, bool input_grad, bool ties, float tolerance) {
+void ExpectConvPoolMatchesAten(ConvPoolLayer layer, std::array<int64_t, 5> shape, bool input_grad, bool ties,
+                               float tolerance, bool relu) {
   const auto [n, c, o, h, w] = shape;
   const std::string name = std::to_string(n) + "x" + std::to_string(c) + "x" + std::to_string(h) + "x" +
-                           std::to_string(w) + " -> " + std::to_string(o) + (ties ? " integers" : "");
+                           std::to_string(w) + " -> " + std::to_string(o) + (ties ? " integers" : "") +
+                           (relu ? "" : " without the relu");
   const auto draw = [&](std::vector<int64_t> sizes, double scale) {
     return ties ? torch::randint(-2, 3, sizes).to(torch::kFloat32) : torch::randn(sizes) * scale;
   };
@@ -184,8 +196,8 @@ void ExpectConvPoolMatchesAten(
   torch::Tensor x1 = x.clone().requires_grad_(input_grad), x2 = x.clone().requires_grad_(input_grad);
   torch::Tensor w1 = weight.clone().requires_grad_(true), b1 = bias.clone().requires_grad_(true);
   torch::Tensor w2 = weight.clone().requires_grad_(true), b2 = bias.clone().requires_grad_(true);
-  torch::Tensor ours = layer(x1, w1, b1);
-  torch::Tensor theirs = AtenConvPoolRelu(x2, w2, b2);
+  torch::Tensor ours = layer(x1, w1, b1, relu);
+  torch::Tensor theirs = AtenConvPoolRelu(x2, w2, b2, relu);
   ASSERT_EQ(ours.sizes(), theirs.sizes()) << name;
   EXPECT_TRUE(close(ours, theirs)) << name;
   torch::Tensor g = ties ? torch::randint(-3, 4, ours.sizes()).to(torch::kFloat32) : torch::randn(ours.sizes());
@@ -205,7 +217,9 @@ TEST(Ops, ImageConvPoolReluMatchesAtens) {
   for (auto shape :
        {std::array<int64_t, 5>{64, 1, 32, 28, 28}, {2, 3, 16, 32, 32}, {9, 1, 16, 6, 10}, {1, 3, 32, 2, 2}}) {
     for (bool ties : {false, true}) {
-      ExpectConvPoolMatchesAten(models::ImageConvPoolRelu, shape, /*input_grad=*/false, ties, 1e-4f);
+      for (bool relu : {true, false}) {
+        ExpectConvPoolMatchesAten(models::ImageConvPoolRelu, shape, /*input_grad=*/false, ties, 1e-4f, relu);
+      }
     }
   }
   torch::Tensor x = torch::randn({2, 1, 8, 8});
@@ -231,7 +245,9 @@ TEST(Ops, ConvPoolReluMatchesAtens) {
   for (auto shape : {std::array<int64_t, 5>{9, 32, 64, 14, 14}, {3, 16, 32, 6, 10}, {3, 16, 32, 10, 6},
                      {2, 48, 16, 2, 2}, {1, 16, 16, 16, 4}}) {
     for (bool ties : {false, true}) {
-      ExpectConvPoolMatchesAten(models::ConvPoolRelu, shape, /*input_grad=*/true, ties, 1e-5f);
+      for (bool relu : {true, false}) {
+        ExpectConvPoolMatchesAten(models::ConvPoolRelu, shape, /*input_grad=*/true, ties, 1e-5f, relu);
+      }
     }
   }
   // An empty batch: an empty output, zero gradients.
@@ -454,7 +470,8 @@ std::vector<LayerSpec> ParseLayers(const std::string& json) {
 TEST(Models, DeclaredLayersMatchAtensOperationsForwardAndBackward) {
   torch::manual_seed(11);
   const std::vector<std::pair<std::string, std::array<int64_t, 4>>> cases = {
-      // The recipe's CNN: conv+pool+relu fused on the image, then ATen's strided convolutions.
+      // The recipe's CNN: conv+maxpool fused on the image (batch norm before the relu), then ATen's
+      // strided convolutions.
       {R"([{"conv": {"channels": 16, "padding": 1}}, {"maxpool": 2}, "batchnorm", "relu",
           {"conv": {"channels": 48, "stride": 2, "padding": 1}}, "batchnorm", "relu", "flatten", "linear"])",
        {8, 1, 28, 28}},
