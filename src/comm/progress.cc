@@ -50,7 +50,11 @@ ProgressWatchdog::ProgressWatchdog(std::unique_ptr<Store> store, ProgressOptions
 }
 
 ProgressWatchdog::~ProgressWatchdog() {
-  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
   thread_.join();
 }
 
@@ -68,8 +72,11 @@ void ProgressWatchdog::StepDone(double seconds) {
 
 void ProgressWatchdog::Loop() {
   Clock::time_point published{};
-  while (!stop_) {
-    std::this_thread::sleep_for(o_.poll);
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (wake_.wait_for(lock, o_.poll, [this] { return stop_; })) return;
+    }
     const auto phase = static_cast<Phase>(phase_.load(std::memory_order_acquire));
     const Duration in_phase = std::chrono::duration_cast<Duration>(std::chrono::nanoseconds(NowNs() - since_ns_.load()));
     const auto now = Clock::now();

@@ -17,8 +17,10 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,7 +59,7 @@ class ProgressWatchdog {
   // `store` is the group's key space (the watchdog's own client: the training loop's is not
   // shared across threads).
   ProgressWatchdog(std::unique_ptr<Store> store, ProgressOptions options, std::function<void(const Status&)> on_stall);
-  ~ProgressWatchdog();  // stops the thread
+  ~ProgressWatchdog();  // stops the thread at once (not at its next poll: a job's last step waits for it)
   ProgressWatchdog(const ProgressWatchdog&) = delete;
   ProgressWatchdog& operator=(const ProgressWatchdog&) = delete;
 
@@ -79,7 +81,9 @@ class ProgressWatchdog {
   std::atomic<int64_t> since_ns_;  // steady clock, when the phase began
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> slowest_ns_{0};
-  std::atomic<bool> stop_{false};
+  std::mutex mu_;  // guards stop_ for the condition
+  std::condition_variable wake_;
+  bool stop_ = false;
   // What each other rank last published, and since when (this process's clock) it has not changed.
   struct Seen {
     std::string record;

@@ -98,5 +98,17 @@ TEST(Progress, SlowPhasesByNatureRanksThatWaitTooAndTheFirstStepsAreWaitedFor) {
   EXPECT_FALSE(g.Report(std::chrono::milliseconds(1500)).has_value()) << "the first steps";
 }
 
+// A finished rank's watchdog stops at once, not at its next poll: every worker's exit waited for it
+// (up to 250 ms at the default poll, at the end of every job).
+TEST(Progress, AWatchdogStopsWithoutWaitingForItsPoll) {
+  MemoryStore store;
+  ProgressOptions o = Quick(0);
+  o.poll = std::chrono::seconds(60);
+  auto w = std::make_unique<ProgressWatchdog>(std::make_unique<PrefixStore>(&store, "job/"), o, [](const Status&) {});
+  const auto start = Clock::now();
+  w.reset();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+}
+
 }  // namespace
 }  // namespace trainctl::comm
