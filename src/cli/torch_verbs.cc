@@ -5,11 +5,15 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "agent/worker_forks.h"
 #include "cli/verbs.h"
+#include "common/duration.h"
 #include "common/exit_codes.h"
 #include "common/fork_server.h"
 #include "common/fs.h"
@@ -17,7 +21,9 @@
 #include "common/plugin.h"
 #include "job/paths.h"
 #include "job/runs.h"
+#include "jobspec/job_spec.h"
 #include "train/entry.h"
+#include "train/splits.h"
 
 namespace trainctl::cli {
 namespace {
@@ -33,17 +39,33 @@ int CallPlugin(const char* verb, const void* options) {
 
 // A worker server (agent/worker_forks.h): load LibTorch once, then make a copy of this process
 // for each worker. Returns in each copy. A server that cannot serve exits, and the agent then
-// starts each worker as a process of its own.
+// starts each worker as a process of its own. The built-in trainer's data is read and inflated
+// by a second thread while the plugin loads (0.4 s and 0.6 s for Fashion-MNIST on a 2-core VM);
+// the thread has ended before any copy is made.
 void ServeWorkersIfAsked(const GlobalFlags& flags) {
   if (!std::getenv(kEnvForkServerFd)) return;
-  auto entry = PluginFunction<train::PluginEntry>(kTorchPlugin, train::kPluginEntry);
-  if (!entry.ok()) std::exit(kExitError);  // each worker says why, as a process of its own
-  if (const char* spec = std::getenv(kEnvPreloadSpec)) {
-    train::PreloadOptions o;
-    o.spec_json = spec;
-    o.log_level = flags.log_level;
-    (*entry)("preload", &o);
+  train::PreloadOptions o;
+  o.log_level = flags.log_level;
+  std::optional<JobSpec> spec;
+  std::vector<train::LoadedSplit> splits;
+  std::thread loader;
+  if (const char* json = std::getenv(kEnvPreloadSpec)) {
+    o.spec_json = json;
+    if (auto decoded = JobSpecFromJson(json); decoded.ok()) {
+      spec = std::move(*decoded);
+      o.spec = &*spec;
+      o.splits = &splits;
+      loader = std::thread([&] {
+        const auto start = Clock::now();
+        splits = train::LoadSplitsToKeep(spec->trainer.data, spec->trainer.eval);
+        o.load_seconds = SecondsSince(start);
+      });
+    }
   }
+  auto entry = PluginFunction<train::PluginEntry>(kTorchPlugin, train::kPluginEntry);
+  if (loader.joinable()) loader.join();
+  if (!entry.ok()) std::exit(kExitError);  // each worker says why, as a process of its own
+  if (!o.spec_json.empty()) (*entry)("preload", &o);
   ServeForks(flags.argc, flags.argv);  // exits if LibTorch started a thread as it loaded
 }
 

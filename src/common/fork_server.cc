@@ -264,7 +264,13 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
   }
   // A copy gets only the thread that forked it: a server with more (a library that started one
   // as it loaded) serves no one, and its requesters start their processes on their own.
-  if (const int threads = ThreadCount(); threads != 1) {
+  // A thread just joined (a worker server's data loader) may stay listed for a moment.
+  int threads = ThreadCount();
+  for (int i = 0; i < 20 && threads > 1; ++i) {
+    ::usleep(5000);
+    threads = ThreadCount();
+  }
+  if (threads != 1) {
     std::fprintf(stderr, "trainctl: the fork server has %d threads, not 1; starting each process on its own\n",
                  threads);
     ::_exit(kExitError);

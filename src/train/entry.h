@@ -11,6 +11,10 @@ struct JobSpec;
 }
 
 namespace trainctl::train {
+struct LoadedSplit;
+}
+
+namespace trainctl::train {
 
 // `trainctl train`: one worker of a job whose spec has a trainer section. Reads the torchrun
 // environment and the spec from the job's store; returns the process exit code.
@@ -53,6 +57,11 @@ int RunPredict(const PredictOptions& options);
 struct PreloadOptions {
   std::string spec_json;
   std::string log_level = "info";  // debug: says what it loaded and how long the warm-up took
+  // The spec decoded and its splits loaded already (train/splits.h), while the plugin loaded, in
+  // load_seconds; null: decoded and loaded here.
+  const JobSpec* spec = nullptr;
+  std::vector<LoadedSplit>* splits = nullptr;
+  double load_seconds = 0;
 };
 int RunPreload(const PreloadOptions& options);
 // The spec a worker server's preload decoded, in that server and its copies (the tasks of the

@@ -12,15 +12,9 @@
 #include "common/status.h"
 #include "data/dataset.h"
 #include "jobspec/job_spec.h"
+#include "train/splits.h"
 
 namespace trainctl::train {
-
-// Per-channel mean and standard deviation of pixel values in [0, 1]; images are fed to the model
-// as (pixel / 255 - mean) / std.
-struct Normalizer {
-  std::vector<float> mean, std;
-  static Normalizer Compute(const data::ImageSet& set);
-};
 
 // Loads the training or test split that `spec` names, cut to spec.limit / spec.test_limit, and
 // with `norm`, its normalization. A split preloaded in this process (below) is taken from there,
@@ -33,6 +27,9 @@ Result<data::ImageSet> LoadSplit(const DataSpec& spec, bool train, Normalizer* n
 // for the normalization (75 ms of a copy's start on Fashion-MNIST). A split that cannot be
 // loaded is left for the worker to report. Returns the preloaded training split, or null.
 const data::ImageSet* PreloadSplits(const DataSpec& spec, bool test);
+// The same with splits loaded already (LoadSplitsToKeep, train/splits.h): a worker server's
+// first thread loads them while the plugin with LibTorch is being loaded.
+const data::ImageSet* KeepSplits(std::vector<LoadedSplit> loaded);
 
 // Class names for a dataset ("T-shirt/top", ...; "class 7" when it has none); `own`, an image
 // folder's, when it names every class.
