@@ -80,7 +80,9 @@ def peer(a):
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=a.lr, total_steps=total)
     bf16 = a.precision == "bf16" or (a.precision == "auto" and native_bf16())
     model.train()
+    epoch_seconds = []
     for epoch in range(a.epochs):
+        began = time.time()
         perm = torch.randperm(len(xtr))
         for s in range(steps_per_epoch):
             idx = perm[s * a.batch:(s + 1) * a.batch]
@@ -90,13 +92,15 @@ def peer(a):
             loss.backward()
             opt.step()
             sched.step()
+        epoch_seconds.append(time.time() - began)
     model.eval()
     correct = 0
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         for i in range(0, len(xte), 1000):
             correct += (model(xte[i:i + 1000]).argmax(1) == yte[i:i + 1000]).sum().item()
     # What `trainctl bench` reads from a peer (docs/bench.md): the accuracy and when it was known.
-    print(json.dumps({"test_accuracy": correct / len(xte), "time": time.time(), "precision": "bf16" if bf16 else "fp32"}))
+    print(json.dumps({"test_accuracy": correct / len(xte), "time": time.time(), "precision": "bf16" if bf16 else "fp32",
+                      "epoch_seconds": epoch_seconds}))
 
 
 def timed(argv, env=None):
