@@ -277,5 +277,46 @@ TEST(DashboardViews, AFailedJobOfRolesShowsItsWorkerAndWhyThereIsNoModel) {
   EXPECT_EQ(dashboard.Wait(seconds(30)).code, 0);
 }
 
+// A model from PyTorch (trainer.model: {torchscript: ...}) is shown as a built-in one is: its
+// curves, and its eval view from the model file (per-class accuracy, the confusion matrix, the
+// misclassified test images with the model's answers).
+TEST(DashboardViews, ATorchScriptRunIsEvaluatedAsABuiltinModelIs) {
+  Scratch s;
+  const Env env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+  auto made = RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py",
+                          s.path("models")}, s.path(""));
+  ASSERT_EQ(made.exit.code, 0) << made.output;
+  s.Write("scripted.yaml", "name: scripted\nprocs_per_node: 1\noutput_dir: " + s.path("out") +
+                               "\ntrainer:\n  model: {torchscript: " + s.path("models/bn_cnn.pt") +
+                               "}\n  data: {limit: 1280, test_limit: 500}\n  batch_size: 64\n  threads: 1\n"
+                               "  epochs: 1\n  log_every: 5\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n");
+  auto r = Trainctl({"run", "scripted.yaml"}, s.path(""), seconds(180), env);
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  const std::string id = nlohmann::json::parse(s.Read("out/status.json"))["run_id"];
+  Background dashboard({"dashboard"}, s.path(""), s.path("dash.log"), env);
+  const Url url = WaitForUrl(s, "dash.log");
+  httplib::Client client(url.host, url.port);
+  client.set_read_timeout(180, 0);
+  auto eval = client.Get("/api/runs/" + id + "/eval?token=" + url.token);
+  ASSERT_TRUE(eval);
+  ASSERT_EQ(eval->status, 200) << eval->body;
+  auto result = nlohmann::json::parse(eval->body);
+  ASSERT_FALSE(result.contains("error")) << result;
+  EXPECT_NE(result.dump().find("T-shirt/top"), std::string::npos) << "per-class accuracy by name: " << result;
+  ASSERT_TRUE(result.contains("misclassified")) << result;
+  EXPECT_GT(result["misclassified"].size(), 0u) << "a model trained on 1280 images errs on some test images";
+  auto page = RunProgram({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu",
+                          "--virtual-time-budget=20000", "--dump-dom",
+                          "http://" + url.host + ":" + std::to_string(url.port) + "/?token=" + url.token + "#" + id},
+                         s.path(""));
+  ASSERT_EQ(page.exit.code, 0) << page.output;
+  EXPECT_NE(page.output.find("Accuracy of the model on 10000 test images: "), std::string::npos) << page.output;
+  EXPECT_EQ(CountLines(std::regex_replace(page.output, std::regex("class=\"cm-cell\""), "\n@cell@\n"), "@cell@"), 100);
+  EXPECT_EQ(CountLines(std::regex_replace(page.output, std::regex("<path class=\"curve\""), "\n@curve@\n"), "@curve@"), 3)
+      << "loss, throughput and test accuracy";
+  ::kill(dashboard.pid(), SIGTERM);
+  EXPECT_EQ(dashboard.Wait(seconds(30)).code, 0);
+}
+
 }  // namespace
 }  // namespace trainctl::testing
