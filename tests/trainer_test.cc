@@ -645,6 +645,8 @@ TEST(Trainer, WorkersCopiedFromAServerWithLibTorchLoadedTrainAsExecdOnes) {
   ASSERT_EQ(exit.code, 0) << out;
   // Both rounds' workers were copies, and the restart resumed them exactly.
   EXPECT_EQ(CountLines(out, "2 of 2 tasks copied from a worker server"), 2) << out;
+  // The server loaded the data (on a second thread while LibTorch loaded) for its copies.
+  EXPECT_GE(CountLines(out, "worker server: the data (1280 training images) loaded in"), 1) << out;
   auto a = Losses(s.Read("a/metrics.jsonl"));
   auto b = Losses(s.Read("b/metrics.jsonl"));
   ASSERT_EQ(a.size(), 40u);
