@@ -7,6 +7,8 @@
 //     a multiple of 16 channels: Winograd's F(2x2, 3x3); under bf16 autocast on a CPU with bf16
 //     instructions, oneDNN's bf16 convolution in its blocked layout, then our pooling);
 //   - maxpool 2, followed by relu or not: MaxPool2x2Relu, branch-free;
+//   - batch norm in training on an image-shaped CPU activation (f32, or bf16 from a convolution
+//     under autocast, taken in f32), followed by relu or not: BatchNormRelu, two passes each way;
 //   - linear (with a bias) on the CPU: oneDNN's sgemm where this build has oneDNN;
 // and everything else, every shape and device, by ATen. The first forward pass says, at debug
 // level, which layer ran where.
@@ -184,6 +186,25 @@ class Declared : public Classifier {
 #endif
   }
 
+  // Batch norm in training, and the relu after it, by our kernels, as BatchNorm2d's forward does
+  // it: the batch count moves, and the running statistics by the momentum (or, where it is unset,
+  // as a cumulative average).
+  static torch::Tensor TrainBatchNorm(const torch::Tensor& x, torch::nn::BatchNorm2d& bn, bool relu) {
+    const auto& o = bn->options;
+    double momentum = 0;
+    torch::Tensor mean, var;
+    if (o.track_running_stats()) {
+      {
+        torch::NoGradGuard no_grad;
+        bn->num_batches_tracked += 1;
+      }
+      momentum = o.momentum() ? *o.momentum() : 1.0 / bn->num_batches_tracked.item<double>();
+      mean = bn->running_mean;
+      var = bn->running_var;
+    }
+    return BatchNormRelu(x, bn->weight, bn->bias, mean, var, momentum, o.eps(), relu);
+  }
+
   torch::Tensor Run(std::vector<Built>& layers, torch::Tensor x, bool input, const std::string& prefix,
                     std::vector<std::string>* where) {
     auto note = [&](size_t i, const std::string& how) {
@@ -215,8 +236,19 @@ class Declared : public Classifier {
           }
           break;
         case Kind::kBatchNorm:
-          x = b.bn2 ? b.bn2->forward(x) : b.bn1->forward(x);
-          note(i, "ATen");
+          // A bf16 activation (a convolution's under autocast) too, in f32: ATen's bf16 batch norm
+          // and ReLU cost more than the conversion.
+          if (b.bn2 && b.bn2->weight.defined() && x.is_cpu() &&
+              (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16) && is_training() &&
+              x.dim() == 4 && x.numel() > x.size(1)) {
+            const bool relu = IsRelu(layers, i + 1);
+            x = TrainBatchNorm(x.to(torch::kFloat32), b.bn2, relu);
+            note(i, relu ? "ours (batchnorm+relu)" : "ours (batchnorm)");
+            if (relu) ++i;
+          } else {
+            x = b.bn2 ? b.bn2->forward(x) : b.bn1->forward(x);
+            note(i, "ATen");
+          }
           break;
         case Kind::kRelu:
           x = torch::relu(x);

@@ -68,4 +68,14 @@ bool WinogradConvolutions();
 // so the results are the same bits as on AVX2. For tests: false keeps them on AVX2.
 void AllowAvx512Products(bool allow);
 
+// relu(batch_norm(x)) in training (relu = false: batch_norm alone) on a float CPU N x C x H x W
+// tensor of any memory format, autograd; the output channels-last. The batch's mean and biased
+// variance normalize; the running statistics, where given, move by momentum toward the mean and
+// the unbiased variance, as torch::nn::BatchNorm2d's do. The same results as ATen's to rounding:
+// sums in double, over fixed runs of rows whatever the number of threads. Two passes each way
+// (ATen 1.13's batch norm and ReLU make five, some element by element in channels-last).
+torch::Tensor BatchNormRelu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                            const torch::Tensor& running_mean, const torch::Tensor& running_var, double momentum,
+                            double eps, bool relu);
+
 }  // namespace trainctl::models

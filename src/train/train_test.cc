@@ -263,6 +263,56 @@ TEST(Ops, ConvPoolReluMatchesAtens) {
                c10::Error);  // odd height
 }
 
+// Batch norm in training and the ReLU after it against ATen's: the output, the three gradients and
+// the running statistics, channels-last and not, C a multiple of 8 (AVX2) and not (portable), more
+// rows than one run of the sums; the same bits with one thread and two.
+TEST(Ops, BatchNormReluMatchesAtens) {
+  torch::manual_seed(9);
+  const auto close = [](const torch::Tensor& got, const torch::Tensor& want, float tolerance) {
+    return (got - want).abs().max().item<float>() <= tolerance * std::max(1.0f, want.abs().max().item<float>());
+  };
+  for (auto shape : {std::vector<int64_t>{64, 16, 14, 14}, {3, 12, 5, 7}, {2, 48, 7, 7}, {4, 16, 40, 40}}) {
+    for (bool channels_last : {true, false}) {
+      for (bool relu : {true, false}) {
+        const std::string name = std::to_string(shape[1]) + " channels, " + std::to_string(shape[2]) + "x" +
+                                 std::to_string(shape[3]) + (channels_last ? " channels-last" : "") +
+                                 (relu ? " with the relu" : "");
+        torch::Tensor x = torch::randn(shape) * 3 + 1;
+        if (channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+        torch::Tensor w = torch::rand({shape[1]}) + 0.5, b = torch::randn({shape[1]});
+        torch::Tensor x1 = x.clone().requires_grad_(true), w1 = w.clone().requires_grad_(true),
+                      b1 = b.clone().requires_grad_(true);
+        torch::Tensor x2 = x.clone().requires_grad_(true), w2 = w.clone().requires_grad_(true),
+                      b2 = b.clone().requires_grad_(true);
+        torch::Tensor m1 = torch::randn({shape[1]}), v1 = torch::rand({shape[1]}) + 1;
+        torch::Tensor m2 = m1.clone(), v2 = v1.clone();
+        torch::Tensor ours = models::BatchNormRelu(x1, w1, b1, m1, v1, 0.1, 1e-5, relu);
+        torch::Tensor theirs = torch::batch_norm(x2, w2, b2, m2, v2, /*training=*/true, 0.1, 1e-5, false);
+        if (relu) theirs = torch::relu(theirs);
+        EXPECT_TRUE(close(ours, theirs, 1e-5f)) << name;
+        EXPECT_TRUE(close(m1, m2, 1e-6f) && close(v1, v2, 1e-5f)) << "running statistics, " << name;
+        torch::Tensor g = torch::randn(shape);
+        ours.backward(g);
+        theirs.backward(g);
+        EXPECT_TRUE(close(x1.grad(), x2.grad(), 1e-4f)) << "input gradient, " << name;
+        EXPECT_TRUE(close(w1.grad(), w2.grad(), 1e-4f)) << "weight gradient, " << name;
+        EXPECT_TRUE(close(b1.grad(), b2.grad(), 1e-4f)) << "bias gradient, " << name;
+      }
+    }
+  }
+  // The sums do not depend on the threads.
+  torch::Tensor x = torch::randn({8, 16, 40, 40}), w = torch::ones({16}), b = torch::zeros({16});
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  torch::Tensor one = models::BatchNormRelu(x, w, b, {}, {}, 0, 1e-5, true);
+  at::set_num_threads(2);
+  torch::Tensor two = models::BatchNormRelu(x, w, b, {}, {}, 0, 1e-5, true);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one, two));
+  EXPECT_THROW(models::BatchNormRelu(torch::randn({1, 16, 1, 1}), w, b, {}, {}, 0.1, 1e-5, true), c10::Error);
+  EXPECT_THROW(models::BatchNormRelu(torch::randn({2, 8, 3, 3}), w, b, {}, {}, 0.1, 1e-5, true), c10::Error);
+}
+
 // The hidden layer's matrix products on AVX-512 are the same chains of FMAs as on AVX2: the
 // output and every gradient the same bits, for the CNN's shape and one of a last 16 columns.
 TEST(Ops, ConvPoolReluGivesTheSameBitsWithAndWithoutAvx512) {
