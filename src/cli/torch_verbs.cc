@@ -50,7 +50,6 @@ void ServeWorkersIfAsked(const GlobalFlags& flags) {
   std::vector<train::LoadedSplit> splits;
   std::thread loader;
   if (const char* json = std::getenv(kEnvPreloadSpec)) {
-    o.spec_json = json;
     if (auto decoded = JobSpecFromJson(json); decoded.ok()) {
       spec = std::move(*decoded);
       o.spec = &*spec;
@@ -65,7 +64,7 @@ void ServeWorkersIfAsked(const GlobalFlags& flags) {
   auto entry = PluginFunction<train::PluginEntry>(kTorchPlugin, train::kPluginEntry);
   if (loader.joinable()) loader.join();
   if (!entry.ok()) std::exit(kExitError);  // each worker says why, as a process of its own
-  if (!o.spec_json.empty()) (*entry)("preload", &o);
+  if (o.spec) (*entry)("preload", &o);
   ServeForks(flags.argc, flags.argv);  // exits if LibTorch started a thread as it loaded
 }
 

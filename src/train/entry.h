@@ -51,17 +51,15 @@ struct PredictOptions {
 };
 int RunPredict(const PredictOptions& options);
 
-// A worker server's preload (agent/worker_forks.h): the splits that the job spec (JSON) trains
-// and tests on, kept in the process for the copies made after it, and one warm-up step of its
-// model. Returns 0; a split that cannot be loaded is left for the workers to report.
+// A worker server's preload (agent/worker_forks.h): the splits that the job spec trains and tests
+// on, kept in the process for the copies made after it, and one warm-up step of its model. The
+// CLI decodes the spec and loads the splits (train/splits.h) while the plugin loads. Returns 0; a
+// split that cannot be loaded is left for the workers to report.
 struct PreloadOptions {
-  std::string spec_json;
-  std::string log_level = "info";  // debug: says what it loaded and how long the warm-up took
-  // The spec decoded and its splits loaded already (train/splits.h), while the plugin loaded, in
-  // load_seconds; null: decoded and loaded here.
   const JobSpec* spec = nullptr;
-  std::vector<LoadedSplit>* splits = nullptr;
+  std::vector<LoadedSplit>* splits = nullptr;  // loaded in load_seconds
   double load_seconds = 0;
+  std::string log_level = "info";  // debug: says what it loaded and how long the warm-up took
 };
 int RunPreload(const PreloadOptions& options);
 // The spec a worker server's preload decoded, in that server and its copies (the tasks of the

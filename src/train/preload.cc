@@ -73,22 +73,15 @@ const JobSpec* PreloadedSpec() { return Preloaded() ? &*Preloaded() : nullptr; }
 
 int RunPreload(const PreloadOptions& options) {
   log::SetLevel(options.log_level);
-  if (options.spec) {
-    Preloaded() = *options.spec;
-  } else {
-    auto spec = JobSpecFromJson(options.spec_json);
-    if (!spec.ok()) return 0;
-    Preloaded() = std::move(*spec);
-  }
+  if (!options.spec || !options.splits) return 0;
+  Preloaded() = *options.spec;
   const JobSpec* spec = &*Preloaded();
-  const auto start = Clock::now();
-  const data::ImageSet* train = options.splits ? KeepSplits(std::move(*options.splits))
-                                               : PreloadSplits(spec->trainer.data, spec->trainer.eval);
+  const data::ImageSet* train = KeepSplits(std::move(*options.splits));
   if (!train) {
     LOG_DEBUG("worker server: the training set did not load; each worker will read it and say why");
     return 0;
   }
-  const double load_seconds = options.splits ? options.load_seconds : SecondsSince(start);
+  const double load_seconds = options.load_seconds;
   const auto loaded = Clock::now();
   const bool warmed = WarmUp(*spec, *train);
   LOG_DEBUG("worker server: the data ({} training images) loaded in {:.3f} s; {}", train->count, load_seconds,

@@ -64,7 +64,6 @@ Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
   return Limit(std::move(set), limit);
 }
 
-
 // What a split is: its part of the spec, and its files' identities (device and inode), sizes and
 // modification times: a file rewritten or replaced since it was preloaded is read again, a
 // replacement also when it keeps the size and time (rsync -a, an atomic rename). Not its content:
