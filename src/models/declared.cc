@@ -9,6 +9,9 @@
 //   - maxpool 2, followed by relu or not: MaxPool2x2Relu, branch-free;
 //   - batch norm in training on an image-shaped CPU activation (f32, or bf16 from a convolution
 //     under autocast, taken in f32), followed by relu or not: BatchNormRelu, two passes each way;
+//   - any other convolution of groups 1 on the CPU (f32, or bf16 under autocast on a CPU with bf16
+//     instructions): oneDNN's, channels-last, with no conversions around it (Convolution), where
+//     oneDNN has generated kernels for the shape;
 //   - linear (with a bias) on the CPU: oneDNN's sgemm where this build has oneDNN;
 // and everything else, every shape and device, by ATen. The first forward pass says, at debug
 // level, which layer ran where.
@@ -167,23 +170,48 @@ class Declared : public Classifier {
     return (input ? !x.requires_grad() : x.size(1) % 16 == 0) ? n : 0;
   }
 
-  // Under autocast to bf16 (trainer.precision) on a CPU that multiplies in bf16 and has oneDNN's
-  // blocked kernels: a fusable hidden convolution in oneDNN's bf16 kernels, in its blocked layout
-  // up to the pooling (0.9x the f32 Winograd kernels' time for the example CNN's 32 -> 64 layer).
-  static bool Bf16Blocked() {
-#if TRAINCTL_HAVE_ONEDNN
-    return at::autocast::is_cpu_enabled() && at::autocast::get_autocast_cpu_dtype() == at::kBFloat16 &&
-           Bf16Convolutions() && BlockedConvolutions();
-#else
-    return false;
-#endif
-  }
   static torch::Tensor Bf16ConvPoolRelu(const torch::Tensor& x, const Built& b, bool relu) {
 #if TRAINCTL_HAVE_ONEDNN
     return FromBlocked(MaxPool2x2Relu(Conv3x3(ToBlocked(x), b.conv->weight, b.conv->bias, /*bf16=*/true), relu));
 #else
     return ConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);  // not reached: Bf16Blocked() is false
 #endif
+  }
+
+  // Under autocast to bf16 on a CPU that multiplies in bf16.
+  static bool Bf16Autocast() {
+#if TRAINCTL_HAVE_ONEDNN
+    return at::autocast::is_cpu_enabled() && at::autocast::get_autocast_cpu_dtype() == at::kBFloat16 &&
+           Bf16Convolutions();
+#else
+    return false;
+#endif
+  }
+
+  // Under autocast to bf16 (trainer.precision) on a CPU that multiplies in bf16 and has oneDNN's
+  // blocked kernels: a fusable hidden convolution in oneDNN's bf16 kernels, in its blocked layout
+  // up to the pooling (0.9x the f32 Winograd kernels' time for the example CNN's 32 -> 64 layer).
+  static bool Bf16Blocked() {
+#if TRAINCTL_HAVE_ONEDNN
+    return Bf16Autocast() && BlockedConvolutions();
+#else
+    return false;
+#endif
+  }
+  // Any other convolution of a CPU image batch (groups 1), channels-last through oneDNN where it
+  // has generated kernels for it (models/onednn.h: no conversions around it, an f32 result that
+  // the batch norm after takes as it is); undefined elsewhere, for ATen's.
+  static torch::Tensor OneDnnConv(const torch::Tensor& x, const Built& b) {
+#if TRAINCTL_HAVE_ONEDNN
+    const LayerSpec& l = b.spec;
+    if (x.is_cpu() && x.dim() == 4 && (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16) &&
+        l.groups == 1) {
+      const bool bf16 = Bf16Autocast();
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+      return Convolution(x, b.conv->weight, b.conv->bias, l.stride, l.padding, bf16);
+    }
+#endif
+    return {};
   }
 
   // Batch norm in training, and the relu after it, by our kernels, as BatchNorm2d's forward does
@@ -230,6 +258,10 @@ class Declared : public Classifier {
               note(i, "ours (conv+" + pool + ", Winograd)");
             }
             i += fused - 1;
+          } else if (torch::Tensor y = OneDnnConv(x, b); y.defined()) {
+            x = y;
+            note(i, y.is_contiguous(at::MemoryFormat::ChannelsLast) && Bf16Autocast() ? "oneDNN bf16 (conv, channels-last)"
+                                                                                     : "oneDNN (conv, channels-last)");
           } else {
             x = b.conv->forward(x);
             note(i, "ATen");

@@ -8,6 +8,10 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "jobspec/layers.h"
 
 namespace trainctl::models {
 namespace {
@@ -30,70 +34,113 @@ struct Conv {
   dnnl::convolution_forward fwd;
   dnnl::convolution_backward_weights bwd_weights;
   dnnl::convolution_backward_data bwd_data;
-  memory::desc user_weights;  // O x I x 3 x 3, as torch holds them
-  // What the layers around hold in f32: the input, and the gradient of the output (the same as
-  // src_desc() and diff_dst_desc() unless bf16).
-  memory::desc src_f32, diff_dst_f32;
+  memory::desc user_weights;  // O x I x k x k, as torch holds them
+  // What the layers around hold: the input (in its data type), and the gradient of the output in
+  // f32 (the same as src_desc() and diff_dst_desc() unless they differ in data type).
+  memory::desc src_user, diff_dst_f32;
+  memory::dims out;  // N, O, rows, cols
+  // The conversions between the two, made once: src_user -> the forward's input; the user's
+  // weights -> forward's and backward data's; diff_dst_f32 -> backward's; the weights' gradient ->
+  // the user's layout. Null where the two agree.
+  std::shared_ptr<const dnnl::reorder> to_src, to_fwd_weights, to_bwd_weights, to_diff_dst, from_diff_weights;
 };
 
-// batch, input channels (a multiple of 16), output channels, height, width, bf16.
-using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+// A conversion from one layout or data type to another, made once; null where none is needed.
+std::shared_ptr<const dnnl::reorder> MakeReorder(const memory::desc& from, const memory::desc& to) {
+  if (from == to) return nullptr;
+  return std::make_shared<const dnnl::reorder>(dnnl::reorder::primitive_desc(Engine(), from, Engine(), to));
+}
+
+// One convolution: its shape, its layout, whether it multiplies in bf16 and the input's type.
+struct ConvKey {
+  int64_t n, ic, oc, h, w, kernel, stride, padding;
+  bool bias, blocked, bf16, bf16_input;
+  auto Tie() const { return std::tie(n, ic, oc, h, w, kernel, stride, padding, bias, blocked, bf16, bf16_input); }
+  bool operator<(const ConvKey& o) const { return Tie() < o.Tie(); }
+};
 
 std::shared_ptr<const Conv> MakeConv(const ConvKey& key) {
-  auto [n, ic, oc, h, w, bf16] = key;
-  const memory::dims strides{1, 1}, pad{1, 1};
+  const int64_t k = key.kernel, oh = SlideWindow(key.h, k, key.stride, key.padding),
+                ow = SlideWindow(key.w, k, key.stride, key.padding);
+  const memory::dims strides{key.stride, key.stride}, pad{key.padding, key.padding};
   using DataType = memory::data_type;
   // In bf16, what is multiplied (input, weights, output gradient) is bf16; what is produced
   // (output, gradients of the input, weights and bias) stays f32, accumulated in f32.
-  const DataType in = bf16 ? DataType::bf16 : DataType::f32;
-  memory::desc src({n, ic, h, w}, in, Tag::nChw16c), diff_src({n, ic, h, w}, DataType::f32, Tag::nChw16c);
-  memory::desc dst({n, oc, h, w}, DataType::f32, Tag::nChw16c), diff_dst({n, oc, h, w}, in, Tag::nChw16c);
-  memory::desc weights({oc, ic, 3, 3}, in, Tag::any), diff_weights({oc, ic, 3, 3}, DataType::f32, Tag::any);
-  memory::desc bias({oc}, DataType::f32, Tag::x);
-  // oneDNN has no bf16 Winograd.
-  const auto algorithm = bf16 ? dnnl::algorithm::convolution_direct : dnnl::algorithm::convolution_auto;
+  const DataType in = key.bf16 ? DataType::bf16 : DataType::f32, f32 = DataType::f32;
+  const Tag layout = key.blocked ? Tag::nChw16c : Tag::nhwc;
+  const memory::dims x_dims{key.n, key.ic, key.h, key.w}, y_dims{key.n, key.oc, oh, ow};
+  memory::desc src(x_dims, in, layout), diff_src(x_dims, f32, layout);
+  memory::desc dst(y_dims, f32, layout), diff_dst(y_dims, in, layout);
+  memory::desc weights({key.oc, key.ic, k, k}, in, Tag::any), diff_weights({key.oc, key.ic, k, k}, f32, Tag::any);
+  memory::desc bias({key.oc}, f32, Tag::x), no_bias;
+  const memory::desc& b = key.bias ? bias : no_bias;
+  // oneDNN has no bf16 Winograd, nor one for strides or other kernels than 3x3.
+  const bool winograd = !key.bf16 && k == 3 && key.stride == 1;
+  const auto algorithm = winograd ? dnnl::algorithm::convolution_auto : dnnl::algorithm::convolution_direct;
   const dnnl::engine& e = Engine();
   dnnl::convolution_forward::primitive_desc fwd_pd(
-      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algorithm, src, weights,
-                                      bias, dst, strides, pad, pad),
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algorithm, src, weights, b, dst,
+                                      strides, pad, pad),
       e);
   auto backward_weights = [&](dnnl::algorithm a) {
     return dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(a, src, diff_weights, bias, diff_dst, strides, pad, pad),
-        e, fwd_pd);
+        dnnl::convolution_backward_weights::desc(a, src, diff_weights, b, diff_dst, strides, pad, pad), e, fwd_pd);
   };
   // For the weights' gradient oneDNN's auto choice is the direct algorithm, where its Winograd
   // kernel takes two thirds of the time (2.8 against 4.3 ms for the CNN's 32 -> 64 layer at
   // batch 64 on one core): asked for by name, where the CPU has it.
-  std::optional<dnnl::convolution_backward_weights::primitive_desc> winograd;
-  if (algorithm == dnnl::algorithm::convolution_auto) {
+  std::optional<dnnl::convolution_backward_weights::primitive_desc> by_winograd;
+  if (winograd) {
     try {
-      winograd = backward_weights(dnnl::algorithm::convolution_winograd);
+      by_winograd = backward_weights(dnnl::algorithm::convolution_winograd);
     } catch (const dnnl::error&) {
     }
   }
-  const auto bwd_weights_pd = winograd ? *winograd : backward_weights(algorithm);
+  const auto bwd_weights_pd = by_winograd ? *by_winograd : backward_weights(algorithm);
   const dnnl::convolution_backward_data::primitive_desc bwd_data_pd(
       dnnl::convolution_backward_data::desc(algorithm, diff_src, weights, diff_dst, strides, pad, pad), e, fwd_pd);
-  return std::make_shared<Conv>(Conv{fwd_pd, bwd_weights_pd, bwd_data_pd, dnnl::convolution_forward(fwd_pd),
-                                     dnnl::convolution_backward_weights(bwd_weights_pd),
-                                     dnnl::convolution_backward_data(bwd_data_pd),
-                                     memory::desc({oc, ic, 3, 3}, DataType::f32, Tag::oihw), diff_src, dst});
+  auto conv = std::make_shared<Conv>(Conv{fwd_pd, bwd_weights_pd, bwd_data_pd, dnnl::convolution_forward(fwd_pd),
+                                          dnnl::convolution_backward_weights(bwd_weights_pd),
+                                          dnnl::convolution_backward_data(bwd_data_pd),
+                                          memory::desc({key.oc, key.ic, k, k}, f32, Tag::oihw),
+                                          memory::desc(x_dims, key.bf16_input ? DataType::bf16 : f32, layout),
+                                          memory::desc(y_dims, f32, layout), y_dims});
+  conv->to_src = MakeReorder(conv->src_user, fwd_pd.src_desc());
+  conv->to_fwd_weights = MakeReorder(conv->user_weights, fwd_pd.weights_desc());
+  conv->to_bwd_weights = MakeReorder(conv->user_weights, bwd_data_pd.weights_desc());
+  conv->to_diff_dst = MakeReorder(conv->diff_dst_f32, bwd_weights_pd.diff_dst_desc());
+  conv->from_diff_weights = MakeReorder(bwd_weights_pd.diff_weights_desc(), conv->user_weights);
+  return conv;
 }
 
-// x's convolution with weight (O x I x 3 x 3): the weight says the channels, which a blocked x
+// x's convolution with weight (O x I x k x k): the weight says the channels, which a blocked x
 // holds in blocks of 16.
-ConvKey KeyOf(const torch::Tensor& x, const torch::Tensor& weight, bool bf16) {
-  return {x.size(0), weight.size(1), weight.size(0), x.size(2), x.size(3), bf16};
+ConvKey KeyOf(const torch::Tensor& x, const torch::Tensor& weight, bool bias, int64_t stride, int64_t padding,
+              bool bf16) {
+  return {x.size(0), weight.size(1), weight.size(0), x.size(2), x.size(3), weight.size(2), stride, padding,
+          bias, x.dim() == 5, bf16, x.scalar_type() == torch::kBFloat16};
 }
 
 // Each thread its own primitives: oneDNN's Winograd weight gradient is not safe to run from two
-// threads at once (it crashed where two ranks of a test are threads of one process).
+// threads at once (it crashed where two ranks of a test are threads of one process). Null where
+// oneDNN has no generated kernel for one of the three (it would run its reference loops, hundreds
+// of times slower than ATen's convolutions) or none at all.
 std::shared_ptr<const Conv> GetConv(const ConvKey& key) {
   static thread_local std::map<ConvKey, std::shared_ptr<const Conv>> cache;
-  auto& conv = cache[key];
-  if (!conv) conv = MakeConv(key);
-  return conv;
+  auto [it, fresh] = cache.try_emplace(key);
+  if (fresh) {
+    // oneDNN names what it chose; "ref:any" is its reference loops.
+    auto jit = [](const std::string& impl) { return impl.rfind("ref", 0) != 0; };
+    try {
+      auto conv = MakeConv(key);
+      if (jit(conv->fwd_pd.impl_info_str()) && jit(conv->bwd_weights_pd.impl_info_str()) &&
+          jit(conv->bwd_data_pd.impl_info_str())) {
+        it->second = conv;
+      }
+    } catch (const dnnl::error&) {
+    }
+  }
+  return it->second;
 }
 
 memory Wrap(const memory::desc& desc, const torch::Tensor& t) {
@@ -106,69 +153,85 @@ torch::Tensor Empty(const memory::desc& desc) {
                       bf16 ? torch::kBFloat16 : torch::kFloat32);
 }
 
-// `from` (in desc `from_desc`) in desc `to`, converting the layout and the data type: the
-// tensor itself when they agree.
-torch::Tensor Reorder(dnnl::stream& s, const torch::Tensor& from, const memory::desc& from_desc,
-                      const memory::desc& to) {
-  if (from_desc == to) return from;
+// `from` (in desc `from_desc`) in desc `to` by `reorder` (MakeReorder's of the two), converting
+// the layout and the data type: the tensor itself where they agree.
+torch::Tensor Reorder(dnnl::stream& s, const std::shared_ptr<const dnnl::reorder>& reorder, const torch::Tensor& from,
+                      const memory::desc& from_desc, const memory::desc& to) {
+  if (!reorder) return from;
   torch::Tensor out = Empty(to);
   memory src = Wrap(from_desc, from), dst = Wrap(to, out);
-  dnnl::reorder(src, dst).execute(s, src, dst);
+  reorder->execute(s, src, dst);
   return out;
 }
 
-class Conv3x3Function : public torch::autograd::Function<Conv3x3Function> {
+// A tensor of `dims` (N, C, H, W) in the layout of `like`: blocked (5-D) or channels-last.
+torch::Tensor EmptyLike(const memory::dims& dims, bool blocked, torch::ScalarType type = torch::kFloat32) {
+  if (blocked) return torch::empty({dims[0], dims[1] / kBlock, dims[2], dims[3], kBlock}, type);
+  return torch::empty({dims[0], dims[1], dims[2], dims[3]},
+                      torch::TensorOptions(type).memory_format(at::MemoryFormat::ChannelsLast));
+}
+
+class ConvFunction : public torch::autograd::Function<ConvFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight,
-                               torch::Tensor bias, bool bf16) {
-    x = x.contiguous();
+  // GetConv(KeyOf(...)) is not null for these; bias is empty where there is none.
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias,
+                               int64_t stride, int64_t padding, bool bf16) {
+    const ConvKey key = KeyOf(x, weight, bias.numel() > 0, stride, padding, bf16);
+    const auto conv = GetConv(key);
+    const bool blocked = key.blocked;
+    x = blocked ? x.contiguous() : x.contiguous(at::MemoryFormat::ChannelsLast);
     weight = weight.contiguous();
-    bias = bias.contiguous();
-    const int64_t oc = weight.size(0);
-    auto conv = GetConv(KeyOf(x, weight, bf16));
     dnnl::stream s(Engine());
     // In bf16 the input's bf16 copy is what backward needs: half the memory kept.
-    x = Reorder(s, x, conv->src_f32, conv->fwd_pd.src_desc()).view(x.sizes());
-    torch::Tensor w = Reorder(s, weight, conv->user_weights, conv->fwd_pd.weights_desc());
-    torch::Tensor out = torch::empty({x.size(0), oc / kBlock, x.size(2), x.size(3), kBlock}, torch::kFloat32);
-    conv->fwd.execute(s, {{DNNL_ARG_SRC, Wrap(conv->fwd_pd.src_desc(), x)},
-                          {DNNL_ARG_WEIGHTS, Wrap(conv->fwd_pd.weights_desc(), w)},
-                          {DNNL_ARG_BIAS, Wrap(conv->fwd_pd.bias_desc(), bias)},
-                          {DNNL_ARG_DST, Wrap(conv->fwd_pd.dst_desc(), out)}});
+    const torch::Tensor src = Reorder(s, conv->to_src, x, conv->src_user, conv->fwd_pd.src_desc());
+    torch::Tensor w = Reorder(s, conv->to_fwd_weights, weight, conv->user_weights, conv->fwd_pd.weights_desc());
+    torch::Tensor out = EmptyLike(conv->out, blocked);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, Wrap(conv->fwd_pd.src_desc(), src)},
+                                         {DNNL_ARG_WEIGHTS, Wrap(conv->fwd_pd.weights_desc(), w)},
+                                         {DNNL_ARG_DST, Wrap(conv->fwd_pd.dst_desc(), out)}};
+    if (key.bias) args.emplace(DNNL_ARG_BIAS, Wrap(conv->fwd_pd.bias_desc(), bias = bias.contiguous()));
+    conv->fwd.execute(s, args);
     s.wait();
-    ctx->save_for_backward({x, weight});
-    ctx->saved_data["bf16"] = bf16;
+    ctx->save_for_backward({src, weight});
+    ctx->saved_data["key"] = std::vector<int64_t>{key.n, key.ic, key.oc, key.h, key.w, key.kernel, key.stride,
+                                                  key.padding, key.bias, key.blocked, key.bf16, key.bf16_input};
     return out;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
     auto saved = ctx->get_saved_variables();
-    const torch::Tensor& x = saved[0];
+    const torch::Tensor& src = saved[0];
     const torch::Tensor& weight = saved[1];
-    const bool bf16 = ctx->saved_data["bf16"].toBool();
-    auto conv = GetConv(KeyOf(x, weight, bf16));
-    const int64_t oc = weight.size(0);
+    const std::vector<int64_t> k = ctx->saved_data["key"].toIntVector();
+    const ConvKey key{k[0], k[1], k[2], k[3], k[4], k[5], k[6], k[7], k[8] != 0, k[9] != 0, k[10] != 0, k[11] != 0};
+    const auto conv = GetConv(key);
+    const bool blocked = key.blocked;
     dnnl::stream s(Engine());
-    torch::Tensor g = Reorder(s, grads[0].contiguous(), conv->diff_dst_f32, conv->bwd_weights_pd.diff_dst_desc());
+    const torch::Tensor g0 = blocked ? grads[0].contiguous() : grads[0].contiguous(at::MemoryFormat::ChannelsLast);
+    torch::Tensor g = Reorder(s, conv->to_diff_dst, g0.to(torch::kFloat32), conv->diff_dst_f32, conv->bwd_weights_pd.diff_dst_desc());
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       const auto& pd = conv->bwd_data_pd;
-      torch::Tensor w = Reorder(s, weight, conv->user_weights, pd.weights_desc());
-      dx = torch::empty(x.sizes(), torch::kFloat32);
+      torch::Tensor w = Reorder(s, conv->to_bwd_weights, weight, conv->user_weights, pd.weights_desc());
+      dx = EmptyLike(conv->src_user.dims(), blocked);
       conv->bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, Wrap(pd.diff_dst_desc(), g)},
                                   {DNNL_ARG_WEIGHTS, Wrap(pd.weights_desc(), w)},
                                   {DNNL_ARG_DIFF_SRC, Wrap(pd.diff_src_desc(), dx)}});
+      if (conv->src_user.data_type() == memory::data_type::bf16) dx = dx.to(torch::kBFloat16);
     }
     const auto& pd = conv->bwd_weights_pd;
-    torch::Tensor dw = Empty(pd.diff_weights_desc());
-    torch::Tensor db = torch::empty({oc}, torch::kFloat32);
-    conv->bwd_weights.execute(s, {{DNNL_ARG_SRC, Wrap(pd.src_desc(), x)},
-                                  {DNNL_ARG_DIFF_DST, Wrap(pd.diff_dst_desc(), g)},
-                                  {DNNL_ARG_DIFF_WEIGHTS, Wrap(pd.diff_weights_desc(), dw)},
-                                  {DNNL_ARG_DIFF_BIAS, Wrap(pd.diff_bias_desc(), db)}});
-    dw = Reorder(s, dw, pd.diff_weights_desc(), conv->user_weights).view(weight.sizes());
+    torch::Tensor dw = Empty(pd.diff_weights_desc()), db;
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, Wrap(pd.src_desc(), src)},
+                                         {DNNL_ARG_DIFF_DST, Wrap(pd.diff_dst_desc(), g)},
+                                         {DNNL_ARG_DIFF_WEIGHTS, Wrap(pd.diff_weights_desc(), dw)}};
+    if (key.bias) {
+      db = torch::empty({weight.size(0)}, torch::kFloat32);
+      args.emplace(DNNL_ARG_DIFF_BIAS, Wrap(pd.diff_bias_desc(), db));
+    }
+    conv->bwd_weights.execute(s, args);
+    dw = Reorder(s, conv->from_diff_weights, dw, pd.diff_weights_desc(), conv->user_weights).view(weight.sizes());
     s.wait();
-    return {dx, dw, db, torch::Tensor()};
+    return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -222,17 +285,7 @@ bool Bf16Convolutions() {
 }
 
 bool BlockedConvolutions() {
-  static const bool fast = [] {
-    // oneDNN names what it chose; "ref:any" is its reference loops.
-    auto jit = [](const std::string& impl) { return impl.rfind("ref", 0) != 0; };
-    try {
-      auto conv = MakeConv({1, kBlock, kBlock, 8, 8, false});
-      return jit(conv->fwd_pd.impl_info_str()) && jit(conv->bwd_weights_pd.impl_info_str()) &&
-             jit(conv->bwd_data_pd.impl_info_str());
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
+  static const bool fast = GetConv({1, kBlock, kBlock, 8, 8, 3, 1, 1, true, true, false, false}) != nullptr;
   return fast;
 }
 
@@ -244,8 +297,30 @@ torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const
                   weight.size(0) % kBlock == 0 && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
                   weight.scalar_type() == torch::kFloat32 && bias.scalar_type() == torch::kFloat32,
               "Conv3x3 takes an O x ", ic, " x 3 x 3 weight (O a multiple of 16) and an O bias");
+  torch::Tensor y = Convolution(x, weight, bias, 1, 1, bf16);
+  TORCH_CHECK(y.defined(), "oneDNN has no generated kernels for Conv3x3 on this CPU");
+  return y;
+}
+
+torch::Tensor Convolution(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                          int64_t stride, int64_t padding, bool bf16) {
+  const bool blocked = x.dim() == 5;
+  if (blocked) CheckBlocked(x, "Convolution");
+  const int64_t ic = blocked ? x.size(1) * kBlock : x.size(1);
+  TORCH_CHECK(x.dim() == 4 || blocked, "Convolution takes an N x C x H x W or a blocked input");
+  TORCH_CHECK(x.is_cpu() && (x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16),
+              "Convolution takes a float or bfloat16 CPU input");
+  TORCH_CHECK(weight.dim() == 4 && weight.size(1) == ic && weight.size(2) == weight.size(3) &&
+                  weight.scalar_type() == torch::kFloat32 && (!blocked || weight.size(0) % kBlock == 0) &&
+                  (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0) &&
+                                       bias.scalar_type() == torch::kFloat32)) &&
+                  stride >= 1 && padding >= 0 && x.size(2) + 2 * padding >= weight.size(2) &&
+                  x.size(3) + 2 * padding >= weight.size(3),
+              "Convolution takes an O x ", ic, " x k x k float weight, an O bias or none, and a window that fits");
   try {
-    return Conv3x3Function::apply(x, weight, bias, bf16);
+    if (!GetConv(KeyOf(x, weight, bias.defined(), stride, padding, bf16))) return {};
+    // An empty tensor for no bias: autograd's functions take no undefined inputs.
+    return ConvFunction::apply(x, weight, bias.defined() ? bias : torch::empty({0}), stride, padding, bf16);
   } catch (const dnnl::error& e) {
     TORCH_CHECK(false, "oneDNN convolution failed: ", e.what());
   }

@@ -29,6 +29,21 @@ namespace trainctl::models {
 torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                       bool bf16 = false);
 bool Bf16Convolutions();
+
+// conv2d(x, weight, bias, stride, padding) (a square O x C x k x k weight, groups 1; bias O or
+// undefined) through oneDNN, autograd, with no layout conversion of the activations: x
+// channels-last N x C x H x W (PyTorch's ChannelsLast; any other memory format is made so) or
+// blocked (C and O multiples of 16), the result f32 in the same layout. x may be bf16 (its
+// gradient is then bf16 too). bf16 as Conv3x3's; in f32 oneDNN picks Winograd for 3x3 stride 1.
+// ATen's convolution around oneDNN converts the input to bf16 and the weight to oneDNN's layout
+// as this does, but also makes oneDNN's primitive descriptors on every call and, under autocast,
+// returns bf16 that the batch norm after converts back. For the two strided convolutions of issue
+// 48's recipe network in bf16 (batch 64, one core, forward and backward): 0.64 against 0.76 ms and
+// 1.05 against 1.20; the network's step 0.91x (bench/RESULTS.md). An undefined result where oneDNN
+// has no generated kernels for this shape and layout on this CPU (it would run its reference
+// loops, hundreds of times slower than ATen): the caller's to fall back.
+torch::Tensor Convolution(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                          int64_t stride, int64_t padding, bool bf16);
 // Whether oneDNN has generated kernels for Conv3x3's layout on this CPU (AVX-512: blocks of 16
 // channels). Elsewhere (AVX2 machines) it would run its reference loops, hundreds of times slower
 // than ATen's convolutions; the CNN's bf16 path asks first.

@@ -346,6 +346,7 @@ bool Close(const torch::Tensor& got, const torch::Tensor& want) {
 // Our oneDNN convolution against ATen's, forward and backward, for the CNN's 32 -> 64 shape and
 // another (Winograd where oneDNN picks it, so equal to rounding, not bit for bit).
 TEST(OneDnn, Conv3x3MatchesAtensConvolutionForwardAndBackward) {
+  if (!models::BlockedConvolutions()) GTEST_SKIP() << "oneDNN has no blocked kernels on this CPU (AVX-512's)";
   torch::manual_seed(11);
   // The batch of 64: oneDNN takes Winograd for the 32-channel shape at that size on AVX-512.
   for (auto [batch, in, out, side] : {std::array<int64_t, 4>{64, 32, 64, 14}, {5, 32, 64, 14}, {3, 16, 32, 8}}) {
@@ -402,6 +403,80 @@ TEST(OneDnn, Conv3x3InBf16IsTheF32ConvolutionOfBf16RoundedValues) {
     EXPECT_TRUE(Close(w.grad(), w2.grad())) << batch;
     EXPECT_TRUE(Close(bias.grad(), bias2.grad())) << batch;
     EXPECT_TRUE(Close(xa.grad(), xb.grad())) << batch;
+  }
+}
+
+// Any convolution (kernel, stride, padding, bias or none) through oneDNN without layout
+// conversions: from N x C x H x W or channels-last input, a channels-last f32 result equal to
+// ATen's to rounding, and the three gradients too; the same bits again for the same inputs. In bf16
+// it is the f32 convolution of bf16-rounded values, as Conv3x3's, and a bf16 input gets a bf16
+// gradient.
+TEST(OneDnn, ConvolutionMatchesAtensForAnyShapeAndLayout) {
+  torch::manual_seed(13);
+  struct Case {
+    std::array<int64_t, 4> x;
+    int64_t out, kernel, stride, padding;
+    bool bias;
+  };
+  const std::vector<Case> cases = {{{8, 16, 14, 14}, 48, 3, 2, 1, true},  // the recipe's two strided layers
+                                   {{5, 48, 7, 7}, 96, 3, 2, 1, true},
+                                   {{3, 3, 15, 17}, 8, 7, 2, 3, false},  // a ResNet's stem, odd sizes
+                                   {{4, 12, 9, 9}, 20, 1, 1, 0, false},
+                                   {{2, 16, 8, 8}, 16, 3, 1, 1, true}};
+  for (const Case& c : cases) {
+    for (bool channels_last : {false, true}) {
+      SCOPED_TRACE(std::to_string(c.x[1]) + " -> " + std::to_string(c.out) + " kernel " + std::to_string(c.kernel) +
+                   (channels_last ? " channels-last" : ""));
+      torch::Tensor x = torch::randn({c.x[0], c.x[1], c.x[2], c.x[3]});
+      if (channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+      torch::Tensor w = (torch::randn({c.out, c.x[1], c.kernel, c.kernel}) * 0.2).requires_grad_(true);
+      torch::Tensor bias = c.bias ? torch::randn({c.out}).requires_grad_(true) : torch::Tensor();
+      torch::Tensor xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
+      torch::Tensor w2 = w.detach().clone().requires_grad_(true);
+      torch::Tensor bias2 = c.bias ? bias.detach().clone().requires_grad_(true) : torch::Tensor();
+      torch::Tensor ours = models::Convolution(xa, w, bias, c.stride, c.padding, /*bf16=*/false);
+      ASSERT_TRUE(ours.defined()) << "no generated kernels";
+      EXPECT_TRUE(ours.is_contiguous(at::MemoryFormat::ChannelsLast));
+      torch::Tensor theirs = torch::conv2d(xb, w2, bias2, c.stride, c.padding);
+      ASSERT_EQ(ours.sizes(), theirs.sizes());
+      EXPECT_TRUE(Close(ours, theirs)) << (ours - theirs).abs().max().item<float>();
+      torch::Tensor g = torch::randn(ours.sizes());
+      ours.backward(g);
+      theirs.backward(g);
+      EXPECT_TRUE(Close(w.grad(), w2.grad())) << (w.grad() - w2.grad()).abs().max().item<float>();
+      if (c.bias) EXPECT_TRUE(Close(bias.grad(), bias2.grad()));
+      EXPECT_TRUE(Close(xa.grad(), xb.grad())) << (xa.grad() - xb.grad()).abs().max().item<float>();
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::equal(models::Convolution(x, w, bias, c.stride, c.padding, false), ours));
+    }
+  }
+  EXPECT_THROW(models::Convolution(torch::randn({2, 8, 8, 8}), torch::randn({16, 4, 3, 3}), {}, 1, 1, false),
+               c10::Error);  // the weight's channels are not the input's
+  EXPECT_THROW(models::Convolution(torch::randn({2, 8, 2, 2}), torch::randn({16, 8, 5, 5}), {}, 1, 0, false),
+               c10::Error);  // the window does not fit
+  if (!models::Bf16Convolutions()) return;
+  auto round = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat32); };
+  for (bool bf16_input : {false, true}) {
+    torch::Tensor x = torch::randn({8, 16, 14, 14}).contiguous(at::MemoryFormat::ChannelsLast);
+    if (bf16_input) x = x.to(torch::kBFloat16);
+    torch::Tensor w = (torch::randn({48, 16, 3, 3}) * 0.2).requires_grad_(true);
+    torch::Tensor bias = torch::randn({48}).requires_grad_(true);
+    torch::Tensor xa = x.clone().requires_grad_(true);
+    torch::Tensor ours = models::Convolution(xa, w, bias, 2, 1, /*bf16=*/true);
+    ASSERT_TRUE(ours.defined());
+    EXPECT_EQ(ours.scalar_type(), torch::kFloat32);
+    torch::Tensor w2 = round(w.detach()).requires_grad_(true), bias2 = bias.detach().clone().requires_grad_(true);
+    torch::Tensor xb = round(x.to(torch::kFloat32)).requires_grad_(true);
+    torch::Tensor theirs = torch::conv2d(xb, w2, bias2, 2, 1);
+    EXPECT_TRUE(Close(ours, theirs)) << bf16_input;
+    EXPECT_FALSE(Close(ours, torch::conv2d(x.to(torch::kFloat32), w.detach(), bias.detach(), 2, 1))) << "not in bf16";
+    torch::Tensor g = torch::randn(ours.sizes());
+    ours.backward(g);
+    theirs.backward(round(g));
+    EXPECT_TRUE(Close(w.grad(), w2.grad()));
+    EXPECT_TRUE(Close(bias.grad(), bias2.grad()));
+    EXPECT_EQ(xa.grad().scalar_type(), x.scalar_type());
+    EXPECT_TRUE(Close(xa.grad().to(torch::kFloat32), bf16_input ? round(xb.grad()) : xb.grad()));
   }
 }
 
@@ -520,8 +595,8 @@ std::vector<LayerSpec> ParseLayers(const std::string& json) {
 TEST(Models, DeclaredLayersMatchAtensOperationsForwardAndBackward) {
   torch::manual_seed(11);
   const std::vector<std::pair<std::string, std::array<int64_t, 4>>> cases = {
-      // The recipe's CNN: conv+maxpool fused on the image (batch norm before the relu), then ATen's
-      // strided convolutions.
+      // The recipe's CNN: conv+maxpool fused on the image (batch norm before the relu), then
+      // strided convolutions through oneDNN, channels-last.
       {R"([{"conv": {"channels": 16, "padding": 1}}, {"maxpool": 2}, "batchnorm", "relu",
           {"conv": {"channels": 48, "stride": 2, "padding": 1}}, "batchnorm", "relu", "flatten", "linear"])",
        {8, 1, 28, 28}},
