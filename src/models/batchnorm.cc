@@ -2,8 +2,9 @@
 // for the statistics and one for the output forward, one for the gradient's two sums and one for
 // the input's gradient backward. The activation is channels-last (N x H x W x C in memory) in
 // every pass: a row is one position's C channels, and with C a multiple of 8 the AVX2 loops take
-// 8 channels of a row at a time. Sums are in double, over fixed runs of rows added in order, so
-// that the result does not depend on the number of threads.
+// 8 channels of a row at a time. Sums are in double, over fixed runs of rows added in order (the
+// AVX2 loops add 8 rows in f32 first), so that the result does not depend on the number of
+// threads.
 #include "models/ops.h"
 
 #include "common/cpus.h"
@@ -49,11 +50,12 @@ void ForRows(int64_t rows, const Fn& fn) {
 }
 
 // Each pass, portable and (C a multiple of 8) AVX2. x, y, g, dx: rows x c.
-// Statistics: out[j] += x, out[c + j] += x * x.
-void StatsPortable(const float* x, int64_t r0, int64_t r1, int64_t c, double* out) {
+// Statistics of x less a shift (a value of each channel, so that the sum of squares does not
+// cancel where the mean is large against the spread): out[j] += x - k, out[c + j] += (x - k)^2.
+void StatsPortable(const float* x, int64_t r0, int64_t r1, int64_t c, const float* k, double* out) {
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t j = 0; j < c; ++j) {
-      const double v = x[r * c + j];
+      const double v = x[r * c + j] - k[j];
       out[j] += v;
       out[c + j] += v * v;
     }
@@ -106,23 +108,30 @@ struct Acc8 {
     lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
     hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
   }
-  __attribute__((target("avx2,fma"))) void AddProduct(__m256 a, __m256 b) {
-    lo = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)), _mm256_cvtps_pd(_mm256_castps256_ps128(b)), lo);
-    hi = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)), _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)), hi);
-  }
   __attribute__((target("avx2,fma"))) void StoreAdding(double* p) const {
     _mm256_storeu_pd(p, _mm256_add_pd(_mm256_loadu_pd(p), lo));
     _mm256_storeu_pd(p + 4, _mm256_add_pd(_mm256_loadu_pd(p + 4), hi));
   }
 };
 
-__attribute__((target("avx2,fma"))) void StatsAvx2(const float* x, int64_t r0, int64_t r1, int64_t c, double* out) {
+// The AVX2 loops sum in f32 over kSub rows, then add that in double: a conversion to double per
+// element cost more than the rest of the pass.
+constexpr int64_t kSub = 8;
+
+__attribute__((target("avx2,fma"))) void StatsAvx2(const float* x, int64_t r0, int64_t r1, int64_t c,
+                                                   const float* k, double* out) {
   for (int64_t j = 0; j < c; j += 8) {
+    const __m256 kv = _mm256_loadu_ps(k + j);
     Acc8 s, q;
-    for (int64_t r = r0; r < r1; ++r) {
-      const __m256 v = _mm256_loadu_ps(x + r * c + j);
-      s.Add(v);
-      q.AddProduct(v, v);
+    for (int64_t r = r0; r < r1; r += kSub) {
+      __m256 fs = _mm256_setzero_ps(), fq = _mm256_setzero_ps();
+      for (int64_t e = std::min(r1, r + kSub), i = r; i < e; ++i) {
+        const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i * c + j), kv);
+        fs = _mm256_add_ps(fs, v);
+        fq = _mm256_fmadd_ps(v, v, fq);
+      }
+      s.Add(fs);
+      q.Add(fq);
     }
     s.StoreAdding(out + j);
     q.StoreAdding(out + c + j);
@@ -153,10 +162,15 @@ __attribute__((target("avx2,fma"))) void GradSumsAvx2(const float* x, const floa
   for (int64_t j = 0; j < c; j += 8) {
     const __m256 m = _mm256_loadu_ps(mean + j), is = _mm256_loadu_ps(invstd + j);
     Acc8 s, p;
-    for (int64_t r = r0; r < r1; ++r) {
-      const __m256 gv = PastRelu(y + r * c + j, g + r * c + j, relu);
-      s.Add(gv);
-      p.AddProduct(gv, _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + r * c + j), m), is));
+    for (int64_t r = r0; r < r1; r += kSub) {
+      __m256 fs = _mm256_setzero_ps(), fp = _mm256_setzero_ps();
+      for (int64_t e = std::min(r1, r + kSub), i = r; i < e; ++i) {
+        const __m256 gv = PastRelu(y + i * c + j, g + i * c + j, relu);
+        fs = _mm256_add_ps(fs, gv);
+        fp = _mm256_fmadd_ps(gv, _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i * c + j), m), is), fp);
+      }
+      s.Add(fs);
+      p.Add(fp);
     }
     s.StoreAdding(out + j);
     p.StoreAdding(out + c + j);
@@ -194,14 +208,15 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
     const int64_t c = x.size(1), rows = x.numel() / std::max<int64_t>(c, 1);
     const bool avx2 = kAvx2Fma && c % 8 == 0;
     const float* xp = x.data_ptr<float>();
+    const std::vector<float> first(xp, xp + c);  // the shift: the first position's values
     const std::vector<double> sums = SumRows(rows, c, [&](int64_t r0, int64_t r1, double* out) {
-      (avx2 ? StatsAvx2 : StatsPortable)(xp, r0, r1, c, out);
+      (avx2 ? StatsAvx2 : StatsPortable)(xp, r0, r1, c, first.data(), out);
     });
     std::vector<float> mean(c), invstd(c), scale(c), shift(c), var_unbiased(c);
     const torch::Tensor wc = weight.contiguous(), bc = bias.contiguous();
     const float *w = wc.data_ptr<float>(), *b = bc.data_ptr<float>();
     for (int64_t j = 0; j < c; ++j) {
-      const double m = sums[j] / rows, var = std::max(0.0, sums[c + j] / rows - m * m);
+      const double d = sums[j] / rows, m = first[j] + d, var = std::max(0.0, sums[c + j] / rows - d * d);
       mean[j] = static_cast<float>(m);
       invstd[j] = static_cast<float>(1.0 / std::sqrt(var + eps));
       var_unbiased[j] = static_cast<float>(rows > 1 ? var * rows / (rows - 1) : var);
