@@ -81,6 +81,9 @@ Batch BatchSource::Make() {
   augment_.epoch = epoch_;
   FillBatch(set_, indices_.data() + next_ * stride_ + offset_, count_, norm_, &out.x, &out.y, &augment_);
   ++next_;
+  // The next batch's images come from memory while this step computes (to the outer caches:
+  // the step's own data would push them out of the inner ones).
+  if (!gpu_ && next_ < steps_per_epoch_) PrefetchImages(set_, indices_.data() + next_ * stride_ + offset_, count_);
   return out;
 }
 

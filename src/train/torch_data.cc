@@ -59,6 +59,14 @@ std::vector<std::string> ClassNames(const std::string& dataset, int classes, con
   return names;
 }
 
+void PrefetchImages(const data::ImageSet& set, const int64_t* indices, int64_t n) {
+  const int64_t bytes = set.image_bytes();
+  for (int64_t i = 0; i < n; ++i) {
+    const char* p = reinterpret_cast<const char*>(set.image(indices[i]));
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, /*rw=*/0, /*locality=*/1);
+  }
+}
+
 void FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
                const Normalizer& norm, torch::Tensor* x, torch::Tensor* y, const Augment* augment) {
   if (!x->defined() || x->size(0) != n) {
@@ -74,7 +82,12 @@ void FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
   float* out = x->data_ptr<float>();
   int64_t* labels = y->data_ptr<int64_t>();
   const bool augmented = augment && augment->on();
+  // The images lie at random in a set larger than the caches: each would wait for memory line
+  // by line (half of a Fashion-MNIST batch's time). A few images ahead are asked for meanwhile.
+  constexpr int64_t kAhead = 4;
+  PrefetchImages(set, indices, std::min(n, kAhead));
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) PrefetchImages(set, indices + i + kAhead, 1);
     const uint8_t* src = set.image(indices[i]);
     if (augmented) {
       // splitmix64 of the image's place in the run: its shift and its flip.

@@ -49,6 +49,10 @@ struct Augment {
   bool on() const { return crop_padding > 0 || flip; }
 };
 
+// Asks the CPU to bring images `indices[0..n)` toward its caches, without waiting for them: for
+// a batch the next step will gather.
+void PrefetchImages(const data::ImageSet& set, const int64_t* indices, int64_t n);
+
 // Gathers images `indices[0..n)` into x (n x C x H x W float, normalized) and y (n, int64),
 // augmented when `augment` says so. The only per-step copy of the data.
 void FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
