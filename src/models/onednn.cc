@@ -35,14 +35,16 @@ struct Conv {
   dnnl::convolution_backward_weights bwd_weights;
   dnnl::convolution_backward_data bwd_data;
   memory::desc user_weights;  // O x I x k x k, as torch holds them
-  // What the layers around hold: the input (in its data type), and the gradient of the output in
-  // f32 (the same as src_desc() and diff_dst_desc() unless they differ in data type).
-  memory::desc src_user, diff_dst_f32;
+  // What the layers around hold, in their layout: the input (in its data type); the output and
+  // its gradient, f32; the input's gradient, f32.
+  memory::desc src_user, y_f32, x_f32;
   memory::dims out;  // N, O, rows, cols
   // The conversions between the two, made once: src_user -> the forward's input; the user's
-  // weights -> forward's and backward data's; diff_dst_f32 -> backward's; the weights' gradient ->
-  // the user's layout. Null where the two agree.
-  std::shared_ptr<const dnnl::reorder> to_src, to_fwd_weights, to_bwd_weights, to_diff_dst, from_diff_weights;
+  // weights -> forward's and backward data's; the output's gradient -> backward's; the weights'
+  // gradient -> the user's layout; the output and the input's gradient -> the user's. Null where
+  // the two agree.
+  std::shared_ptr<const dnnl::reorder> to_src, to_fwd_weights, to_bwd_weights, to_diff_dst, from_diff_weights, from_dst,
+      from_diff_src;
 };
 
 // A conversion from one layout or data type to another, made once; null where none is needed.
@@ -68,9 +70,16 @@ std::shared_ptr<const Conv> MakeConv(const ConvKey& key) {
   // (output, gradients of the input, weights and bias) stays f32, accumulated in f32.
   const DataType in = key.bf16 ? DataType::bf16 : DataType::f32, f32 = DataType::f32;
   const Tag layout = key.blocked ? Tag::nChw16c : Tag::nhwc;
+  // oneDNN 2.6's bf16 kernels for channels-last are slower (brgconv forward: 0.18 against 0.09 ms
+  // for the recipe's 16 -> 48 layer at batch 64; 0.29 against 0.17 for 48 -> 96) than its
+  // blocked ones, and it has none that mix the two: channels-last bf16 convolutions of channels
+  // in blocks of 16 compute blocked, converting their output and input gradient back (about
+  // 0.02 ms each for those layers), as they convert the input and output gradient to bf16 anyway.
+  const bool inner_blocked = key.blocked || (key.bf16 && key.ic % kBlock == 0 && key.oc % kBlock == 0);
+  const Tag inner = inner_blocked ? Tag::nChw16c : Tag::nhwc;
   const memory::dims x_dims{key.n, key.ic, key.h, key.w}, y_dims{key.n, key.oc, oh, ow};
-  memory::desc src(x_dims, in, layout), diff_src(x_dims, f32, layout);
-  memory::desc dst(y_dims, f32, layout), diff_dst(y_dims, in, layout);
+  memory::desc src(x_dims, in, inner), diff_src(x_dims, f32, inner);
+  memory::desc dst(y_dims, f32, inner), diff_dst(y_dims, in, inner);
   memory::desc weights({key.oc, key.ic, k, k}, in, Tag::any), diff_weights({key.oc, key.ic, k, k}, f32, Tag::any);
   memory::desc bias({key.oc}, f32, Tag::x), no_bias;
   const memory::desc& b = key.bias ? bias : no_bias;
@@ -99,18 +108,18 @@ std::shared_ptr<const Conv> MakeConv(const ConvKey& key) {
   const auto bwd_weights_pd = by_winograd ? *by_winograd : backward_weights(algorithm);
   const dnnl::convolution_backward_data::primitive_desc bwd_data_pd(
       dnnl::convolution_backward_data::desc(algorithm, diff_src, weights, diff_dst, strides, pad, pad), e, fwd_pd);
-  auto conv = std::make_shared<Conv>(Conv{fwd_pd, bwd_weights_pd, bwd_data_pd, dnnl::convolution_forward(fwd_pd),
-                                          dnnl::convolution_backward_weights(bwd_weights_pd),
-                                          dnnl::convolution_backward_data(bwd_data_pd),
-                                          memory::desc({key.oc, key.ic, k, k}, f32, Tag::oihw),
-                                          memory::desc(x_dims, key.bf16_input ? DataType::bf16 : f32, layout),
-                                          memory::desc(y_dims, f32, layout), y_dims});
-  conv->to_src = MakeReorder(conv->src_user, fwd_pd.src_desc());
-  conv->to_fwd_weights = MakeReorder(conv->user_weights, fwd_pd.weights_desc());
-  conv->to_bwd_weights = MakeReorder(conv->user_weights, bwd_data_pd.weights_desc());
-  conv->to_diff_dst = MakeReorder(conv->diff_dst_f32, bwd_weights_pd.diff_dst_desc());
-  conv->from_diff_weights = MakeReorder(bwd_weights_pd.diff_weights_desc(), conv->user_weights);
-  return conv;
+  const memory::desc user_weights({key.oc, key.ic, k, k}, f32, Tag::oihw);
+  const memory::desc src_user(x_dims, key.bf16_input ? DataType::bf16 : f32, layout);
+  const memory::desc y_f32(y_dims, f32, layout), x_f32(x_dims, f32, layout);
+  return std::make_shared<Conv>(Conv{fwd_pd, bwd_weights_pd, bwd_data_pd, dnnl::convolution_forward(fwd_pd),
+                                     dnnl::convolution_backward_weights(bwd_weights_pd),
+                                     dnnl::convolution_backward_data(bwd_data_pd), user_weights, src_user, y_f32, x_f32,
+                                     y_dims, MakeReorder(src_user, fwd_pd.src_desc()),
+                                     MakeReorder(user_weights, fwd_pd.weights_desc()),
+                                     MakeReorder(user_weights, bwd_data_pd.weights_desc()),
+                                     MakeReorder(y_f32, bwd_weights_pd.diff_dst_desc()),
+                                     MakeReorder(bwd_weights_pd.diff_weights_desc(), user_weights),
+                                     MakeReorder(fwd_pd.dst_desc(), y_f32), MakeReorder(bwd_data_pd.diff_src_desc(), x_f32)});
 }
 
 // x's convolution with weight (O x I x k x k): the weight says the channels, which a blocked x
@@ -164,6 +173,14 @@ torch::Tensor Reorder(dnnl::stream& s, const std::shared_ptr<const dnnl::reorder
   return out;
 }
 
+// `from` (in `from_desc`) into `to` (in `to_desc`) by `reorder`, where there is one.
+void Convert(dnnl::stream& s, const std::shared_ptr<const dnnl::reorder>& reorder, const torch::Tensor& from,
+             const memory::desc& from_desc, const torch::Tensor& to, const memory::desc& to_desc) {
+  if (!reorder) return;
+  memory src = Wrap(from_desc, from), dst = Wrap(to_desc, to);
+  reorder->execute(s, src, dst);
+}
+
 // A tensor of `dims` (N, C, H, W) in the layout of `like`: blocked (5-D) or channels-last.
 torch::Tensor EmptyLike(const memory::dims& dims, bool blocked, torch::ScalarType type = torch::kFloat32) {
   if (blocked) return torch::empty({dims[0], dims[1] / kBlock, dims[2], dims[3], kBlock}, type);
@@ -186,11 +203,13 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     const torch::Tensor src = Reorder(s, conv->to_src, x, conv->src_user, conv->fwd_pd.src_desc());
     torch::Tensor w = Reorder(s, conv->to_fwd_weights, weight, conv->user_weights, conv->fwd_pd.weights_desc());
     torch::Tensor out = EmptyLike(conv->out, blocked);
+    const torch::Tensor dst = conv->from_dst ? Empty(conv->fwd_pd.dst_desc()) : out;
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, Wrap(conv->fwd_pd.src_desc(), src)},
                                          {DNNL_ARG_WEIGHTS, Wrap(conv->fwd_pd.weights_desc(), w)},
-                                         {DNNL_ARG_DST, Wrap(conv->fwd_pd.dst_desc(), out)}};
+                                         {DNNL_ARG_DST, Wrap(conv->fwd_pd.dst_desc(), dst)}};
     if (key.bias) args.emplace(DNNL_ARG_BIAS, Wrap(conv->fwd_pd.bias_desc(), bias = bias.contiguous()));
     conv->fwd.execute(s, args);
+    Convert(s, conv->from_dst, dst, conv->fwd_pd.dst_desc(), out, conv->y_f32);
     s.wait();
     ctx->save_for_backward({src, weight});
     ctx->saved_data["key"] = std::vector<int64_t>{key.n, key.ic, key.oc, key.h, key.w, key.kernel, key.stride,
@@ -208,15 +227,17 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     const bool blocked = key.blocked;
     dnnl::stream s(Engine());
     const torch::Tensor g0 = blocked ? grads[0].contiguous() : grads[0].contiguous(at::MemoryFormat::ChannelsLast);
-    torch::Tensor g = Reorder(s, conv->to_diff_dst, g0.to(torch::kFloat32), conv->diff_dst_f32, conv->bwd_weights_pd.diff_dst_desc());
+    torch::Tensor g = Reorder(s, conv->to_diff_dst, g0.to(torch::kFloat32), conv->y_f32, conv->bwd_weights_pd.diff_dst_desc());
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       const auto& pd = conv->bwd_data_pd;
       torch::Tensor w = Reorder(s, conv->to_bwd_weights, weight, conv->user_weights, pd.weights_desc());
       dx = EmptyLike(conv->src_user.dims(), blocked);
+      const torch::Tensor diff_src = conv->from_diff_src ? Empty(pd.diff_src_desc()) : dx;
       conv->bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, Wrap(pd.diff_dst_desc(), g)},
                                   {DNNL_ARG_WEIGHTS, Wrap(pd.weights_desc(), w)},
-                                  {DNNL_ARG_DIFF_SRC, Wrap(pd.diff_src_desc(), dx)}});
+                                  {DNNL_ARG_DIFF_SRC, Wrap(pd.diff_src_desc(), diff_src)}});
+      Convert(s, conv->from_diff_src, diff_src, pd.diff_src_desc(), dx, conv->x_f32);
       if (conv->src_user.data_type() == memory::data_type::bf16) dx = dx.to(torch::kBFloat16);
     }
     const auto& pd = conv->bwd_weights_pd;

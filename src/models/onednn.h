@@ -37,9 +37,11 @@ bool Bf16Convolutions();
 // gradient is then bf16 too). bf16 as Conv3x3's; in f32 oneDNN picks Winograd for 3x3 stride 1.
 // ATen's convolution around oneDNN converts the input to bf16 and the weight to oneDNN's layout
 // as this does, but also makes oneDNN's primitive descriptors on every call and, under autocast,
-// returns bf16 that the batch norm after converts back. For the two strided convolutions of issue
-// 48's recipe network in bf16 (batch 64, one core, forward and backward): 0.64 against 0.76 ms and
-// 1.05 against 1.20; the network's step 0.91x (bench/RESULTS.md). An undefined result where oneDNN
+// returns bf16 that the batch norm after converts back. In bf16 with channels in blocks of 16 a
+// channels-last convolution computes in the blocked layout (oneDNN 2.6's channels-last bf16
+// kernels are slower), converting its output and its input's gradient back. For the two strided
+// convolutions of issue 48's recipe network in bf16 (batch 64, one core, forward and backward):
+// 0.56 against ATen's 0.69 ms and 0.89 against 1.11; the network's step 0.83x (bench/RESULTS.md). An undefined result where oneDNN
 // has no generated kernels for this shape and layout on this CPU (it would run its reference
 // loops, hundreds of times slower than ATen): the caller's to fall back.
 torch::Tensor Convolution(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
