@@ -64,8 +64,9 @@ torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, 
 // Whether the two run their own kernels on this CPU (AVX2 and FMA): Winograd for ConvPoolRelu.
 bool WinogradConvolutions();
 // ConvPoolRelu's matrix products run on AVX-512 where the CPU has it, in blocks of 32 output
-// channels instead of 16 (0.6x the layer's time on a Zen 5); each sum is the same chain of FMAs,
-// so the results are the same bits as on AVX2. For tests: false keeps them on AVX2.
+// channels instead of 16 (0.6x the layer's time on a Zen 5), and ImageConvPoolRelu's 16 output
+// channels a register; each sum is the same chain of FMAs, so the results are the same bits as on
+// AVX2. For tests: false keeps them on AVX2.
 void AllowAvx512Products(bool allow);
 
 // relu(batch_norm(x)) in training (relu = false: batch_norm alone) on a float CPU N x C x H x W

@@ -335,6 +335,26 @@ TEST(Ops, ConvPoolReluGivesTheSameBitsWithAndWithoutAvx512) {
     models::AllowAvx512Products(true);
     for (int k = 0; k < 4; ++k) EXPECT_TRUE(torch::equal(results[0][k], results[1][k])) << "result " << k << " of " << in;
   }
+  // The first layer too (16 output channels a register), with and without its ReLU.
+  for (auto [n, c, out] : {std::array<int64_t, 3>{5, 1, 16}, {3, 3, 32}}) {
+    for (bool relu : {true, false}) {
+      torch::Tensor x = torch::randn({n, c, 12, 10});
+      torch::Tensor w = torch::randn({out, c, 3, 3}) * 0.3, b = torch::randn({out});
+      torch::Tensor g = torch::randn({n, out, 6, 5});
+      std::vector<torch::Tensor> results[2];
+      for (bool wide : {true, false}) {
+        models::AllowAvx512Products(wide);
+        torch::Tensor ws = w.clone().requires_grad_(true), bs = b.clone().requires_grad_(true);
+        torch::Tensor y = models::ImageConvPoolRelu(x, ws, bs, relu);
+        y.backward(g);
+        results[wide] = {y, ws.grad(), bs.grad()};
+      }
+      models::AllowAvx512Products(true);
+      for (int k = 0; k < 3; ++k) {
+        EXPECT_TRUE(torch::equal(results[0][k], results[1][k])) << "image layer result " << k << " of " << c << " relu " << relu;
+      }
+    }
+  }
 }
 
 #if TRAINCTL_HAVE_ONEDNN
