@@ -464,7 +464,9 @@ TEST(OneDnn, ConvolutionMatchesAtensForAnyShapeAndLayout) {
       ours.backward(g);
       theirs.backward(g);
       EXPECT_TRUE(Close(w.grad(), w2.grad())) << (w.grad() - w2.grad()).abs().max().item<float>();
-      if (c.bias) EXPECT_TRUE(Close(bias.grad(), bias2.grad()));
+      if (c.bias) {
+        EXPECT_TRUE(Close(bias.grad(), bias2.grad()));
+      }
       EXPECT_TRUE(Close(xa.grad(), xb.grad())) << (xa.grad() - xb.grad()).abs().max().item<float>();
       torch::NoGradGuard no_grad;
       EXPECT_TRUE(torch::equal(models::Convolution(x, w, bias, c.stride, c.padding, false), ours));
