@@ -2,7 +2,7 @@
 // for the statistics and one for the output forward, one for the gradient's two sums and one for
 // the input's gradient backward. The activation is channels-last (N x H x W x C in memory) in
 // every pass: a row is one position's C channels, and with C a multiple of 8 the AVX2 loops take
-// 8 channels of a row at a time. Sums are in double, over fixed runs of rows added in order (the
+// 8 channels of a row at a time (AVX-512: 16, with C a multiple of 16). Sums are in double, over fixed runs of rows added in order (the
 // AVX2 loops add 8 rows in f32 first), so that the result does not depend on the number of
 // threads.
 #include "models/ops.h"
@@ -192,10 +192,121 @@ __attribute__((target("avx2,fma"))) void InputGradAvx2(const float* x, const flo
   }
 }
 
+// The same four on AVX-512, 16 channels a register: each element's arithmetic, and each sum's
+// order, are the AVX2 loops', so the results are the same bits.
+struct Acc16 {
+  __m512d lo, hi;
+  __attribute__((target("avx512f"))) Acc16() : lo(_mm512_setzero_pd()), hi(_mm512_setzero_pd()) {}
+  // By vector builtins: GCC 12's conversion intrinsic starts from an undefined register, and
+  // -Wmaybe-uninitialized says so wherever it is inlined.
+  __attribute__((target("avx512f"))) void Add(__m512 v) {
+    lo = _mm512_add_pd(lo, __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), __m512d));
+    hi = _mm512_add_pd(hi, __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), __m512d));
+  }
+  __attribute__((target("avx512f"))) void StoreAdding(double* p) const {
+    _mm512_storeu_pd(p, _mm512_add_pd(_mm512_loadu_pd(p), lo));
+    _mm512_storeu_pd(p + 8, _mm512_add_pd(_mm512_loadu_pd(p + 8), hi));
+  }
+};
+
+__attribute__((target("avx512f"))) void StatsAvx512(const float* x, int64_t r0, int64_t r1, int64_t c,
+                                                    const float* k, double* out) {
+  for (int64_t j = 0; j < c; j += 16) {
+    const __m512 kv = _mm512_loadu_ps(k + j);
+    Acc16 s, q;
+    for (int64_t r = r0; r < r1; r += kSub) {
+      __m512 fs = _mm512_setzero_ps(), fq = _mm512_setzero_ps();
+      for (int64_t e = std::min(r1, r + kSub), i = r; i < e; ++i) {
+        const __m512 v = _mm512_sub_ps(_mm512_loadu_ps(x + i * c + j), kv);
+        fs = _mm512_add_ps(fs, v);
+        fq = _mm512_fmadd_ps(v, v, fq);
+      }
+      s.Add(fs);
+      q.Add(fq);
+    }
+    s.StoreAdding(out + j);
+    q.StoreAdding(out + c + j);
+  }
+}
+
+__attribute__((target("avx512f"))) void NormalizeAvx512(const float* x, int64_t r0, int64_t r1, int64_t c,
+                                                        const float* scale, const float* shift, bool relu, float* y) {
+  const __m512 floor = relu ? _mm512_setzero_ps() : _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < c; j += 16) {
+    const __m512 a = _mm512_loadu_ps(scale + j), b = _mm512_loadu_ps(shift + j);
+    for (int64_t r = r0; r < r1; ++r) {
+      const __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * c + j), a, b);
+      // max(floor, v) as the AVX2 loop's: floor where it is the greater, else v (NaN included); not
+      // by _mm512_max_ps, which GCC 12 builds on an undefined register (-Wmaybe-uninitialized).
+      _mm512_storeu_ps(y + r * c + j, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(floor, v, _CMP_GT_OQ), v, floor));
+    }
+  }
+}
+
+__attribute__((target("avx512f"))) inline __m512 PastRelu16(const float* y, const float* g, bool relu) {
+  const __m512 gv = _mm512_loadu_ps(g);
+  return relu ? _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(y), _mm512_setzero_ps(), _CMP_GT_OQ), gv)
+              : gv;
+}
+
+__attribute__((target("avx512f"))) void GradSumsAvx512(const float* x, const float* y, const float* g, int64_t r0,
+                                                       int64_t r1, int64_t c, const float* mean, const float* invstd,
+                                                       bool relu, double* out) {
+  for (int64_t j = 0; j < c; j += 16) {
+    const __m512 m = _mm512_loadu_ps(mean + j), is = _mm512_loadu_ps(invstd + j);
+    Acc16 s, p;
+    for (int64_t r = r0; r < r1; r += kSub) {
+      __m512 fs = _mm512_setzero_ps(), fp = _mm512_setzero_ps();
+      for (int64_t e = std::min(r1, r + kSub), i = r; i < e; ++i) {
+        const __m512 gv = PastRelu16(y + i * c + j, g + i * c + j, relu);
+        fs = _mm512_add_ps(fs, gv);
+        fp = _mm512_fmadd_ps(gv, _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i * c + j), m), is), fp);
+      }
+      s.Add(fs);
+      p.Add(fp);
+    }
+    s.StoreAdding(out + j);
+    p.StoreAdding(out + c + j);
+  }
+}
+
+__attribute__((target("avx512f"))) void InputGradAvx512(const float* x, const float* y, const float* g, int64_t r0,
+                                                        int64_t r1, int64_t c, const float* mean, const float* invstd,
+                                                        const float* k, const float* mg, const float* mgx, bool relu,
+                                                        float* dx) {
+  for (int64_t j = 0; j < c; j += 16) {
+    const __m512 m = _mm512_loadu_ps(mean + j), is = _mm512_loadu_ps(invstd + j), kv = _mm512_loadu_ps(k + j);
+    const __m512 a = _mm512_loadu_ps(mg + j), b = _mm512_loadu_ps(mgx + j);
+    for (int64_t r = r0; r < r1; ++r) {
+      const __m512 gv = PastRelu16(y + r * c + j, g + r * c + j, relu);
+      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * c + j), m), is);
+      _mm512_storeu_ps(dx + r * c + j, _mm512_mul_ps(kv, _mm512_sub_ps(_mm512_sub_ps(gv, a), _mm512_mul_ps(xh, b))));
+    }
+  }
+}
+
 const bool kAvx2Fma = CpuHasAvx2Fma();
 #else
 const bool kAvx2Fma = false;
 #endif
+
+// The passes for c channels on this CPU: AVX-512 for multiples of 16 (where AllowAvx512Products
+// lets it), AVX2 for multiples of 8, else portable.
+struct Passes {
+  decltype(&StatsPortable) stats;
+  decltype(&NormalizePortable) normalize;
+  decltype(&GradSumsPortable) grad_sums;
+  decltype(&InputGradPortable) input_grad;
+};
+Passes PassesFor(int64_t c) {
+#if defined(__x86_64__)
+  if (kAvx2Fma && c % 16 == 0 && Avx512Products()) {
+    return {StatsAvx512, NormalizeAvx512, GradSumsAvx512, InputGradAvx512};
+  }
+  if (kAvx2Fma && c % 8 == 0) return {StatsAvx2, NormalizeAvx2, GradSumsAvx2, InputGradAvx2};
+#endif
+  return {StatsPortable, NormalizePortable, GradSumsPortable, InputGradPortable};
+}
 
 torch::Tensor Floats(const std::vector<float>& v) { return torch::tensor(v, torch::kFloat32); }
 
@@ -206,11 +317,11 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
                                bool relu) {
     x = x.contiguous(at::MemoryFormat::ChannelsLast);
     const int64_t c = x.size(1), rows = x.numel() / std::max<int64_t>(c, 1);
-    const bool avx2 = kAvx2Fma && c % 8 == 0;
+    const Passes passes = PassesFor(c);
     const float* xp = x.data_ptr<float>();
     const std::vector<float> first(xp, xp + c);  // the shift: the first position's values
     const std::vector<double> sums = SumRows(rows, c, [&](int64_t r0, int64_t r1, double* out) {
-      (avx2 ? StatsAvx2 : StatsPortable)(xp, r0, r1, c, first.data(), out);
+      passes.stats(xp, r0, r1, c, first.data(), out);
     });
     std::vector<float> mean(c), invstd(c), scale(c), shift(c), var_unbiased(c);
     const torch::Tensor wc = weight.contiguous(), bc = bias.contiguous();
@@ -226,7 +337,7 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
     torch::Tensor y = torch::empty_like(x, at::MemoryFormat::ChannelsLast);
     float* yp = y.data_ptr<float>();
     ForRows(rows, [&](int64_t r0, int64_t r1) {
-      (avx2 ? NormalizeAvx2 : NormalizePortable)(xp, r0, r1, c, scale.data(), shift.data(), relu, yp);
+      passes.normalize(xp, r0, r1, c, scale.data(), shift.data(), relu, yp);
     });
     if (running_mean.numel() > 0) {  // an empty tensor: none (undefined ones do not pass apply)
       running_mean.mul_(1 - momentum).add_(Floats(mean), momentum);
@@ -246,11 +357,11 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
     const bool relu = ctx->saved_data["relu"].toBool();
     const torch::Tensor g = grads[0].contiguous(at::MemoryFormat::ChannelsLast);
     const int64_t c = x.size(1), rows = x.numel() / std::max<int64_t>(c, 1);
-    const bool avx2 = kAvx2Fma && c % 8 == 0;
+    const Passes passes = PassesFor(c);
     const float *xp = x.data_ptr<float>(), *yp = y.data_ptr<float>(), *gp = g.data_ptr<float>();
     const float *mp = mean.data_ptr<float>(), *ip = invstd.data_ptr<float>();
     const std::vector<double> sums = SumRows(rows, c, [&](int64_t r0, int64_t r1, double* out) {
-      (avx2 ? GradSumsAvx2 : GradSumsPortable)(xp, yp, gp, r0, r1, c, mp, ip, relu, out);
+      passes.grad_sums(xp, yp, gp, r0, r1, c, mp, ip, relu, out);
     });
     std::vector<float> dbias(c), dweight(c), k(c), mg(c), mgx(c);
     const torch::Tensor wc = weight.contiguous();
@@ -267,8 +378,7 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
       dx = torch::empty_like(x, at::MemoryFormat::ChannelsLast);
       float* dp = dx.data_ptr<float>();
       ForRows(rows, [&](int64_t r0, int64_t r1) {
-        (avx2 ? InputGradAvx2 : InputGradPortable)(xp, yp, gp, r0, r1, c, mp, ip, k.data(), mg.data(), mgx.data(),
-                                                   relu, dp);
+        passes.input_grad(xp, yp, gp, r0, r1, c, mp, ip, k.data(), mg.data(), mgx.data(), relu, dp);
       });
     }
     return {dx, Floats(dweight), Floats(dbias), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),

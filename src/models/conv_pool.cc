@@ -880,6 +880,8 @@ const bool kAvx2Fma = false;
 
 bool WinogradConvolutions() { return kAvx2Fma; }
 
+bool Avx512Products() { return avx512_products.load(std::memory_order_relaxed); }
+
 void AllowAvx512Products(bool allow) {
 #if defined(__x86_64__)
   avx512_products.store(allow && CpuHasAvx512(), std::memory_order_relaxed);

@@ -68,6 +68,9 @@ bool WinogradConvolutions();
 // channels a register; each sum is the same chain of FMAs, so the results are the same bits as on
 // AVX2. For tests: false keeps them on AVX2.
 void AllowAvx512Products(bool allow);
+// Whether they do now (the CPU has AVX-512 and no test said otherwise); BatchNormRelu's passes
+// follow it too.
+bool Avx512Products();
 
 // relu(batch_norm(x)) in training (relu = false: batch_norm alone) on a float CPU N x C x H x W
 // tensor of any memory format, autograd; the output channels-last. The batch's mean and biased

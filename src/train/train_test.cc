@@ -315,7 +315,7 @@ TEST(Ops, BatchNormReluMatchesAtens) {
 
 // The hidden layer's matrix products on AVX-512 are the same chains of FMAs as on AVX2: the
 // output and every gradient the same bits, for the CNN's shape and one of a last 16 columns.
-TEST(Ops, ConvPoolReluGivesTheSameBitsWithAndWithoutAvx512) {
+TEST(Ops, TheAvx512KernelsGiveTheSameBitsAsAvx2) {
   if (!models::WinogradConvolutions() || !CpuHasAvx512()) GTEST_SKIP() << "needs a CPU with AVX-512";
   torch::manual_seed(8);
   for (auto shape : {std::array<int64_t, 4>{5, 32, 64, 14}, {3, 48, 48, 6}}) {
@@ -352,6 +352,27 @@ TEST(Ops, ConvPoolReluGivesTheSameBitsWithAndWithoutAvx512) {
       models::AllowAvx512Products(true);
       for (int k = 0; k < 3; ++k) {
         EXPECT_TRUE(torch::equal(results[0][k], results[1][k])) << "image layer result " << k << " of " << c << " relu " << relu;
+      }
+    }
+  }
+  // Batch norm's passes (16 channels a register), with and without the ReLU.
+  for (int64_t c : {16, 48}) {
+    for (bool relu : {true, false}) {
+      torch::Tensor x = (torch::randn({6, c, 9, 7}) * 3 + 5).contiguous(at::MemoryFormat::ChannelsLast);
+      torch::Tensor w = torch::rand({c}) + 0.5, b = torch::randn({c}), g = torch::randn({6, c, 9, 7});
+      std::vector<torch::Tensor> results[2];
+      for (bool wide : {true, false}) {
+        models::AllowAvx512Products(wide);
+        torch::Tensor xs = x.clone().requires_grad_(true), ws = w.clone().requires_grad_(true),
+                      bs = b.clone().requires_grad_(true);
+        torch::Tensor mean = torch::zeros({c}), var = torch::ones({c});
+        torch::Tensor y = models::BatchNormRelu(xs, ws, bs, mean, var, 0.1, 1e-5, relu);
+        y.backward(g);
+        results[wide] = {y, xs.grad(), ws.grad(), bs.grad(), mean, var};
+      }
+      models::AllowAvx512Products(true);
+      for (int k = 0; k < 6; ++k) {
+        EXPECT_TRUE(torch::equal(results[0][k], results[1][k])) << "batch norm result " << k << " of " << c << " relu " << relu;
       }
     }
   }
