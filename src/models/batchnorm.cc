@@ -2,9 +2,9 @@
 // for the statistics and one for the output forward, one for the gradient's two sums and one for
 // the input's gradient backward. The activation is channels-last (N x H x W x C in memory) in
 // every pass: a row is one position's C channels, and with C a multiple of 8 the AVX2 loops take
-// 8 channels of a row at a time (AVX-512: 16, with C a multiple of 16). Sums are in double, over fixed runs of rows added in order (the
-// AVX2 loops add 8 rows in f32 first), so that the result does not depend on the number of
-// threads.
+// 8 channels of a row at a time (the AVX-512 ones 16, with C a multiple of 16). Sums are in
+// double, over fixed runs of rows added in order (the vector loops add 8 rows in f32 first), so
+// that the result does not depend on the number of threads.
 #include "models/ops.h"
 
 #include "common/cpus.h"
