@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "common/fs.h"
 #include "common/strings.h"
@@ -138,6 +140,9 @@ bool CpuHasAvx2Fma() {
 
 bool CpuHasAvx512() {
 #if defined(__x86_64__)
+  if (const char* held = std::getenv("ATEN_CPU_CAPABILITY")) {
+    if (std::string_view(held) == "avx2" || std::string_view(held) == "default") return false;
+  }
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f");
 #else

@@ -33,7 +33,9 @@ bool EachHasACpuOfItsOwn(const std::vector<std::vector<int>>& masks, std::option
 // other x86 kernels need). Safe to call from a static initializer.
 bool CpuHasAvx2();
 bool CpuHasAvx2Fma();
-// AVX-512 Foundation (what the trainer's wide matrix products need), with the OS saving its registers.
+// AVX-512 Foundation (what the trainer's wide kernels need), with the OS saving its registers;
+// false where ATEN_CPU_CAPABILITY (PyTorch's own switch) holds LibTorch to avx2 or default, so
+// that one setting holds the whole trainer to what an AVX2-only CPU runs.
 bool CpuHasAvx512();
 
 // The CPU quota, in CPUs, that applies to the cgroup named by `self_cgroup` (the text of

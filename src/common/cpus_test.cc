@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "common/fs.h"
 #include "tests/test_util.h"
 
@@ -100,4 +103,23 @@ TEST(Cpus, UsableCpusIsBetweenOneAndTheAffinityMask) {
 }
 
 }  // namespace
+// ATEN_CPU_CAPABILITY=avx2 (or default) holds the trainer's own kernels to AVX2 as it holds
+// LibTorch's: what an AVX2-only machine runs, measured on an AVX-512 one.
+TEST(Cpus, AtensCapabilitySwitchHoldsOurKernelsToAvx2Too) {
+  const char* before = std::getenv("ATEN_CPU_CAPABILITY");
+  const std::string saved = before ? before : "";
+  for (const char* held : {"avx2", "default"}) {
+    ::setenv("ATEN_CPU_CAPABILITY", held, 1);
+    EXPECT_FALSE(CpuHasAvx512()) << held;
+  }
+  ::setenv("ATEN_CPU_CAPABILITY", "avx512", 1);
+  const bool avx512 = CpuHasAvx512();
+  ::unsetenv("ATEN_CPU_CAPABILITY");
+  EXPECT_EQ(CpuHasAvx512(), avx512);
+#if defined(__x86_64__)
+  EXPECT_EQ(avx512, __builtin_cpu_supports("avx512f") != 0);
+#endif
+  if (before) ::setenv("ATEN_CPU_CAPABILITY", saved.c_str(), 1);
+}
+
 }  // namespace trainctl
