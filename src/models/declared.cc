@@ -260,8 +260,7 @@ class Declared : public Classifier {
             i += fused - 1;
           } else if (torch::Tensor y = OneDnnConv(x, b); y.defined()) {
             x = y;
-            note(i, y.is_contiguous(at::MemoryFormat::ChannelsLast) && Bf16Autocast() ? "oneDNN bf16 (conv, channels-last)"
-                                                                                     : "oneDNN (conv, channels-last)");
+            note(i, Bf16Autocast() ? "oneDNN bf16 (conv, channels-last)" : "oneDNN (conv, channels-last)");
           } else {
             x = b.conv->forward(x);
             note(i, "ATen");

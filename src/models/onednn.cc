@@ -162,18 +162,8 @@ torch::Tensor Empty(const memory::desc& desc) {
                       bf16 ? torch::kBFloat16 : torch::kFloat32);
 }
 
-// `from` (in desc `from_desc`) in desc `to` by `reorder` (MakeReorder's of the two), converting
-// the layout and the data type: the tensor itself where they agree.
-torch::Tensor Reorder(dnnl::stream& s, const std::shared_ptr<const dnnl::reorder>& reorder, const torch::Tensor& from,
-                      const memory::desc& from_desc, const memory::desc& to) {
-  if (!reorder) return from;
-  torch::Tensor out = Empty(to);
-  memory src = Wrap(from_desc, from), dst = Wrap(to, out);
-  reorder->execute(s, src, dst);
-  return out;
-}
-
-// `from` (in `from_desc`) into `to` (in `to_desc`) by `reorder`, where there is one.
+// `from` (in `from_desc`) into `to` (in `to_desc`) by `reorder` (MakeReorder's of the two),
+// converting the layout and the data type; nothing where there is no reorder.
 void Convert(dnnl::stream& s, const std::shared_ptr<const dnnl::reorder>& reorder, const torch::Tensor& from,
              const memory::desc& from_desc, const torch::Tensor& to, const memory::desc& to_desc) {
   if (!reorder) return;
@@ -181,11 +171,20 @@ void Convert(dnnl::stream& s, const std::shared_ptr<const dnnl::reorder>& reorde
   reorder->execute(s, src, dst);
 }
 
-// A tensor of `dims` (N, C, H, W) in the layout of `like`: blocked (5-D) or channels-last.
-torch::Tensor EmptyLike(const memory::dims& dims, bool blocked, torch::ScalarType type = torch::kFloat32) {
-  if (blocked) return torch::empty({dims[0], dims[1] / kBlock, dims[2], dims[3], kBlock}, type);
+// `from` converted into a new tensor in desc `to`: the tensor itself where there is no reorder.
+torch::Tensor Reorder(dnnl::stream& s, const std::shared_ptr<const dnnl::reorder>& reorder, const torch::Tensor& from,
+                      const memory::desc& from_desc, const memory::desc& to) {
+  if (!reorder) return from;
+  torch::Tensor out = Empty(to);
+  Convert(s, reorder, from, from_desc, out, to);
+  return out;
+}
+
+// An f32 tensor of `dims` (N, C, H, W), blocked (5-D) or channels-last.
+torch::Tensor EmptyLike(const memory::dims& dims, bool blocked) {
+  if (blocked) return torch::empty({dims[0], dims[1] / kBlock, dims[2], dims[3], kBlock}, torch::kFloat32);
   return torch::empty({dims[0], dims[1], dims[2], dims[3]},
-                      torch::TensorOptions(type).memory_format(at::MemoryFormat::ChannelsLast));
+                      torch::TensorOptions(torch::kFloat32).memory_format(at::MemoryFormat::ChannelsLast));
 }
 
 class ConvFunction : public torch::autograd::Function<ConvFunction> {
