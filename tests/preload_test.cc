@@ -1,6 +1,8 @@
 // Warm interpreters (`preload`, agent/warm_python.h): a job's Python workers forked from one
 // interpreter per node that has imported the preload modules. Each test runs the same job with
 // and without `preload` and compares what the workers saw, wrote and how they ended.
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include <set>
@@ -198,6 +200,32 @@ TEST(Preload, RealProgramsGiveTheSameResultsFromAWarmInterpreter) {
   EXPECT_EQ(w["resumed_from"], 10);
   EXPECT_EQ(w["weights"].size(), 161u);
   EXPECT_EQ(w["weights"], f["weights"]);
+}
+
+// A warm interpreter started from a directory another user can write imports nothing from it, as
+// `python3 /path/script.py` imports nothing from it: modules planted there under the names of what
+// the interpreter itself imports (ctypes, socket, runpy) and of the preload (json) stay unread;
+// the script's own directory comes first in sys.path, as python3's.
+TEST(Preload, TheWarmInterpreterImportsNothingFromTheWorkingDirectory) {
+  Scratch s;
+  ASSERT_TRUE(MakeDirs(s.path("shared")).ok() && MakeDirs(s.path("code")).ok());
+  ::chmod(s.path("shared").c_str(), 01777);
+  for (const char* planted : {"ctypes", "socket", "runpy", "json", "gc", "io"}) {
+    s.Write(std::string("shared/") + planted + ".py",
+            "open(" + nlohmann::json(s.path("shared/IMPORTED-")).dump() + " + __name__, 'w').close()\n");
+  }
+  s.Write("code/helper.py", "WHERE = 'code'\n");
+  s.Write("code/ok.py", "import json, sys, helper\nprint('path0', sys.path[0], helper.WHERE, json.dumps(1))\n");
+  auto r = Trainctl({"torchrun", "--preload", "json", "--nproc-per-node", "2", "--log-dir", s.path("out"),
+                     s.path("code/ok.py")},
+                    s.path("shared"), std::chrono::seconds(60), {{"TRAINCTL_STATE_DIR", s.path("state")}});
+  EXPECT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_EQ(CountLines(r.output, "path0 " + s.path("code") + " code 1"), 2) << r.output;
+  EXPECT_EQ(r.output.find("each worker starts its own interpreter"), std::string::npos) << "not warm:\n" << r.output;
+  for (const auto& entry : std::filesystem::directory_iterator(s.path("shared"))) {
+    EXPECT_EQ(entry.path().filename().string().rfind("IMPORTED-", 0), std::string::npos)
+        << entry.path() << ": the warm interpreter imported a planted module\n" << r.output;
+  }
 }
 
 // What can never be served is a spec error before anything starts; torchrun's --preload is the

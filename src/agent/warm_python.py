@@ -8,13 +8,23 @@
 # Compiled into trainctl (src/CMakeLists.txt): edit this file, not the generated one.
 import sys
 
+# sys.path[0] before any import: -c put "" there (the working directory, as it changes), where a
+# fresh `python3 SCRIPT` has the script's directory. This program's own modules come from the
+# standard library alone; the script's directory (argv[1]) goes first only before the preload's.
+_path0 = sys.path and sys.path[0] == "" and not getattr(sys.flags, "safe_path", False)
+if _path0:
+    del sys.path[0]
+import builtins  # noqa: E402 (every import after the path is fixed)
+import ctypes  # noqa: E402
+import gc  # noqa: E402
+import importlib.machinery  # noqa: E402
+import io  # noqa: E402
+import os  # noqa: E402
+import runpy  # noqa: E402
+import socket  # noqa: E402
+
 
 def _serve():
-    import ctypes
-    import gc
-    import os
-    import socket
-
     say = lambda why: print("trainctl: warm interpreter (preload " + ", ".join(modules) + "): " + why +
                             "; each worker starts its own interpreter", file=sys.stderr, flush=True)
     path0, syscalls, flags = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -28,9 +38,9 @@ def _serve():
     if channel.type != socket.SOCK_SEQPACKET:
         os._exit(1)
     # What a fresh interpreter has in sys.path[0] for this script (its directory) or module (the
-    # working directory): -c put "" (the working directory, as it changes) there.
-    if sys.path and sys.path[0] == "" and not getattr(sys.flags, "safe_path", False):
-        sys.path[0] = path0
+    # working directory at the start).
+    if _path0:
+        sys.path.insert(0, path0)
     for module in modules:
         try:
             __import__(module)
@@ -187,7 +197,8 @@ def _serve():
 def _run(argv, stdout_tty, reseed_torch, flags=int(sys.argv[3])):
     # In a copy: argv is the worker's whole command line. Runs its script (or -m module) in the
     # interpreter's own __main__, emptied of this program's names (sys too: bound here), as
-    # `python3` would.
+    # `python3` would. The modules were imported before the script's directory joined sys.path:
+    # these imports only bind them.
     import builtins
     import importlib.machinery
     import io
