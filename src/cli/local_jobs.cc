@@ -124,23 +124,35 @@ int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role
                                           std::to_string(all.size()) + " tasks, by rank: " + Join(tasks, ", ")));
     }
   }
-  // Prints what each file gained since the last pass, whole lines only, each once.
+  // Prints what each file gained since the last pass, whole lines only, each once, a chunk at a
+  // time (a log of gigabytes is streamed, not held); a "line" longer than a chunk is cut there.
+  constexpr int64_t kChunk = 1 << 20;
   auto pass = [&](bool last) {
     for (const auto& path : LogFiles(dir, role, rank, spec)) {
       auto [it, fresh] = tails.try_emplace(path);
       Tail& t = it->second;
       if (fresh && since > 0) t.offset = SinceOffset(path, since);
-      const std::string more = ReadFrom(path, t.offset);
-      t.offset += static_cast<long>(more.size());
-      t.partial += more;
       const std::string prefix = "[" + fs::path(path).stem().string() + "] ";
-      size_t start = 0;
-      for (size_t eol; (eol = t.partial.find('\n', start)) != std::string::npos; start = eol + 1) {
-        std::printf("%s%s\n", prefix.c_str(), t.partial.substr(start, eol - start).c_str());
+      auto print = [&](std::string_view line) {
+        std::fwrite(prefix.data(), 1, prefix.size(), stdout);
+        std::fwrite(line.data(), 1, line.size(), stdout);
+        std::fputc('\n', stdout);
+      };
+      for (std::string more; !(more = ReadFrom(path, t.offset, kChunk)).empty();) {
+        t.offset += static_cast<long>(more.size());
+        t.partial += more;
+        size_t start = 0;
+        for (size_t eol; (eol = t.partial.find('\n', start)) != std::string::npos; start = eol + 1) {
+          print(std::string_view(t.partial).substr(start, eol - start));
+        }
+        t.partial.erase(0, start);
+        if (static_cast<int64_t>(t.partial.size()) >= kChunk) {
+          print(t.partial);
+          t.partial.clear();
+        }
       }
-      t.partial.erase(0, start);
       if (last && !t.partial.empty()) {
-        std::printf("%s%s\n", prefix.c_str(), t.partial.c_str());
+        print(t.partial);
         t.partial.clear();
       }
     }

@@ -82,36 +82,59 @@ Status OverwriteFile(const std::string& path, const std::string& text) {
   return st;
 }
 
-std::string ReadFrom(const std::string& path, int64_t offset) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  std::string out;
-  char buf[65536];
-  for (ssize_t n; (n = ::pread(fd, buf, sizeof buf, offset + static_cast<int64_t>(out.size()))) != 0;) {
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    out.append(buf, static_cast<size_t>(n));
+Result<int> OpenRegularFile(const std::string& path, struct stat* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open " + path, errno);
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus("cannot inspect " + path, err);
   }
-  ::close(fd);
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    const char* what = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a regular file";
+    return InvalidArgument(path + " is " + what + ", not a file");
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  if (out) *out = st;
+  return fd;
+}
+
+std::string ReadFrom(const std::string& path, int64_t offset, int64_t max_bytes) {
+  struct stat st{};
+  auto fd = OpenRegularFile(path, &st);
+  if (!fd.ok()) return "";
+  // What it held when opened: a file that grows meanwhile is read again for the rest.
+  const int64_t want = std::min<int64_t>(max_bytes, std::max<int64_t>(0, st.st_size - offset));
+  std::string out(static_cast<size_t>(want), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t n = ::pread(*fd, out.data() + got, out.size() - got, offset + static_cast<int64_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(*fd);
+  out.resize(got);
   return out;
 }
 
 std::string ReadTail(const std::string& path, int64_t bytes) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return "";
-  return ReadFrom(path, std::max<int64_t>(0, st.st_size - bytes));
+  struct stat st{};
+  auto fd = OpenRegularFile(path, &st);
+  if (!fd.ok()) return "";
+  ::close(*fd);
+  return ReadFrom(path, std::max<int64_t>(0, st.st_size - bytes), bytes);
 }
 
 Result<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("cannot open " + path, errno);
-  struct stat st;
-  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgument(path + " is a directory, not a file");
-  }
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
   std::string out;
   char buf[65536];
   while (true) {

@@ -7,6 +7,8 @@
 
 #include "common/status.h"
 
+struct stat;
+
 namespace trainctl {
 
 // Writes `data` to `path` atomically: a temporary file in the same directory, fsync, rename over
@@ -15,12 +17,20 @@ namespace trainctl {
 Status AtomicWriteFile(const std::string& path, std::string_view data, int mode = 0644);
 bool Exists(const std::string& path);
 bool IsDirectory(const std::string& path);
+// Every reader below opens without blocking (a FIFO, or a device that never answers, hangs
+// nothing) and reads only a regular file: a FIFO, device (/dev/zero), socket or directory is
+// refused with kInvalidArgument naming what it is. Each reads a bounded amount.
+//
+// Opens `path` for reading as above; the descriptor is close-on-exec and blocking again (a
+// regular file's reads do not wait anyway). `st`, when given, receives its fstat.
+Result<int> OpenRegularFile(const std::string& path, struct stat* st = nullptr);
 // Reads a whole file; fails with kInvalidArgument if it is larger than `max_bytes`.
 Result<std::string> ReadFile(const std::string& path, int64_t max_bytes = 64 << 20);
-// What `path` holds from byte `offset` on (what was appended since an earlier read), or "" when
-// it cannot be opened; for files that grow while they are read (logs, metrics).
-std::string ReadFrom(const std::string& path, int64_t offset);
-// The last `bytes` bytes of `path` (the first line may be cut), or "" when it cannot be opened.
+// What `path` holds from byte `offset` on (what was appended since an earlier read), at most
+// `max_bytes` and no further than its size when opened, or "" when it cannot be opened or is not
+// a regular file; for files that grow while they are read (logs, metrics): read again for more.
+std::string ReadFrom(const std::string& path, int64_t offset, int64_t max_bytes = 64 << 20);
+// The last `bytes` bytes of `path` (the first line may be cut), or "" as ReadFrom.
 std::string ReadTail(const std::string& path, int64_t bytes);
 // mkdir -p.
 Status MakeDirs(const std::string& path);

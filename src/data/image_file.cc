@@ -172,8 +172,7 @@ Result<ImageHeader> ReadImageHeader(const std::string& path) {
   // metadata segments, as a rule; one further on is read whole, within the usual cap).
   std::string head;
   {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return NotFound(path + ": " + std::strerror(errno));
+    ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));  // a FIFO or a device hangs nothing
     head.resize(65536);
     const ssize_t n = ::pread(fd, head.data(), head.size(), 0);
     ::close(fd);

@@ -204,9 +204,13 @@ void JsonLinesFollower::Read(const std::string& path, const std::function<void()
     offset_ = 0;
     start_over();
   }
-  const std::string text = ReadFrom(path, offset_);
+  constexpr int64_t kChunk = 4 << 20;  // a read's most: no metrics line is longer
+  const std::string text = ReadFrom(path, offset_, kChunk);
   const size_t end = text.rfind('\n');  // whole lines only; the rest is read next time
-  if (end == std::string::npos) return;
+  if (end == std::string::npos) {
+    if (static_cast<int64_t>(text.size()) == kChunk) offset_ += kChunk;  // no line at all: skipped
+    return;
+  }
   offset_ += static_cast<int64_t>(end + 1);
   for (size_t start = 0, eol; start <= end && (eol = text.find('\n', start)) != std::string::npos; start = eol + 1) {
     auto j = nlohmann::json::parse(text.begin() + static_cast<long>(start), text.begin() + static_cast<long>(eol),
