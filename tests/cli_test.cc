@@ -653,6 +653,29 @@ TEST(Cli, AnUnreachableEtcdIsReportedNotWaitedOnForever) {
             std::string::npos) << r.output;
 }
 
+// While the launcher waits for an etcd that is not there, Ctrl-C and SIGTERM end the wait within
+// a second: exit 130, status.json says interrupted, and the job's cgroup is gone.
+TEST(Cli, AStopSignalEndsTheWaitForAnEtcdThatIsNotThere) {
+  for (int sig : {SIGINT, SIGTERM}) {
+    Scratch s;
+    const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+    WriteSpec(s, "name: no-etcd\nrendezvous: etcd://127.0.0.1:9\ncommand: [\"true\"]\noutput_dir: {out}/out\n");
+    Background run({"run", "job.yaml"}, s.path(""), s.path("run.log"), env);
+    ASSERT_TRUE(Eventually([&] { return Exists(s.path("out/status.json")); })) << run.Output();
+    const std::string id = nlohmann::json::parse(s.Read("out/status.json"))["run_id"];
+    std::this_thread::sleep_for(seconds(2));  // into the wait for etcd
+    const auto signalled = Clock::now();
+    ::kill(run.pid(), sig);
+    EXPECT_EQ(run.Wait(seconds(10)).code, kExitInterrupted) << run.Output();
+    EXPECT_LT(Clock::now() - signalled, std::chrono::milliseconds(1500)) << run.Output();
+    EXPECT_EQ(ReadStatus(s)["state"], "interrupted") << s.Read("out/status.json");
+    auto entry = nlohmann::json::parse(s.Read("state/runs/" + id + ".json"), nullptr, false);
+    if (entry.is_object() && !entry.value("cgroup", "").empty()) {
+      EXPECT_FALSE(Exists(entry["cgroup"].get<std::string>())) << "the job's cgroup was left behind";
+    }
+  }
+}
+
 // An agent run by hand against a store: the way other launchers start it.
 class AgentTest : public ::testing::Test {
  protected:

@@ -312,6 +312,40 @@ TEST(Torchrun, AStopSignalEndsTheWaitForPeers) {
   }
 }
 
+// A host that joins a store nobody serves (yet), or a port held by something that is not a store
+// (it accepts and says nothing), waits for it within the rendezvous timeout: SIGINT and SIGTERM
+// end that wait within a second, with 130, leaving nothing (finding 4 of issue 65).
+TEST(Torchrun, AStopSignalEndsTheWaitForTheStore) {
+  Scratch s;
+  const std::vector<std::pair<std::string, std::string>> env = {
+      {"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
+  // A listener that never answers: connections complete in its backlog, the greeting waits.
+  const int port_mute = FreePort();
+  const int mute = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port_mute));
+  ASSERT_EQ(::bind(mute, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(mute, 16), 0);
+  for (const auto& [port, sig] : std::vector<std::pair<int, int>>{
+           {FreePort(), SIGINT}, {FreePort(), SIGTERM}, {port_mute, SIGINT}}) {
+    const std::string log = "joiner-" + std::to_string(port) + "-" + std::to_string(sig) + ".log";
+    Background joiner({"torchrun", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-addr",
+                       "127.0.0.1", "--master-port", std::to_string(port), "--rdzv-id", "joiner", "--log-dir",
+                       s.path("out-" + log),
+                       "--no-python", "/bin/true"},
+                      s.path(""), s.path(log), env);
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // into the wait for the store
+    ASSERT_EQ(::waitpid(joiner.pid(), nullptr, WNOHANG), 0) << "it did not wait:\n" << s.Read(log);
+    const auto signalled = Clock::now();
+    ::kill(joiner.pid(), sig);
+    EXPECT_EQ(joiner.Wait(seconds(10)).code, kExitInterrupted) << s.Read(log);
+    EXPECT_LT(Clock::now() - signalled, std::chrono::milliseconds(1500)) << s.Read(log);
+  }
+  ::close(mute);
+}
+
 // The same for an agent a cluster engine starts (`agent --serve-store`, node 0 of 2, alone).
 TEST(Torchrun, AStopSignalEndsAnAgentsWaitForItsPeers) {
   Scratch s;

@@ -12,6 +12,7 @@
 #include "common/exit_codes.h"
 #include "common/fs.h"
 #include "common/log.h"
+#include "common/subprocess.h"
 #include "job/agent_command.h"
 #include "job/keys.h"
 #include "job/tasks.h"
@@ -121,11 +122,30 @@ void WaitForTheOtherAgents(Store& store, Duration within) {
 }  // namespace
 
 int RunAgentProcess(const AgentProcessOptions& f) {
-  if (const char* cgroup = std::getenv(kEnvCgroup)) {
+  std::string cgroup;
+  if (const char* dir = std::getenv(kEnvCgroup)) {
     // Into the job's cgroup before anything starts, so that all it starts is in it.
-    if (Status st = EnterCgroup(cgroup); !st.ok()) LOG_WARN("{}", st.message());
+    if (Status st = EnterCgroup(dir); !st.ok()) {
+      LOG_WARN("{}", st.message());
+    } else {
+      cgroup = dir;
+    }
     ::unsetenv(kEnvCgroup);
   }
+  // A local job's launcher ends the job's cgroup when the job ends. Should it die (SIGKILL: the
+  // agent gets its death signal and stops its tasks), the agent does so as it exits: what the
+  // tasks left (double-forked daemons) goes with the job, without waiting for a later ps or stop.
+  const pid_t launcher = ::getppid();
+  struct EndIfOrphaned {
+    const std::string& cgroup;
+    pid_t launcher;
+    ~EndIfOrphaned() {
+      if (cgroup.empty() || ::getppid() == launcher) return;
+      if (Status st = LeaveCgroup(cgroup); !st.ok()) return;
+      const int ended = KillJobCgroup(cgroup);
+      if (ended > 0) LOG_WARN("the launcher is gone: ended the {} process(es) left in the job's cgroup", ended);
+    }
+  } end_if_orphaned{cgroup, launcher};
   auto credentials = StoreCredentials(f);
   if (!credentials.ok()) {
     std::fprintf(stderr, "trainctl agent: %s\n", credentials.status().message().c_str());
@@ -158,10 +178,11 @@ int RunAgentProcess(const AgentProcessOptions& f) {
     if (auto code = ServeStore(f, file_spec, addr, token, &node_rank, &server, &served)) return *code;
   }
   auto client = OpenStore(server ? served : addr, token,
-                          file_spec ? file_spec->timeouts.rendezvous : std::chrono::seconds(30));
+                          file_spec ? file_spec->timeouts.rendezvous : std::chrono::seconds(30),
+                          [] { return StopSignal() != 0; });
   if (!client.ok()) {
     LOG_ERROR("{}", client.status().message());
-    return CodeFor(client.status());
+    return client.status().code() == Code::kAborted ? kExitInterrupted : CodeFor(client.status());
   }
   LOG_DEBUG("connected to the job's store{}", server ? " (served here)" : " at " + addr);
   const std::string prefix = keys::RunPrefix(f.run_id);

@@ -85,6 +85,12 @@ Status EnterCgroup(const std::string& dir) {
   return WriteControl(dir + "/cgroup.procs", "0\n") ? Status::Ok() : Internal("cannot move into " + dir);
 }
 
+Status LeaveCgroup(const std::string& dir) {
+  if (!IsJobCgroup(dir)) return InvalidArgument(dir + " is not a job's cgroup");
+  const std::string parent = std::filesystem::path(dir).parent_path().string();
+  return WriteControl(parent + "/cgroup.procs", "0\n") ? Status::Ok() : Internal("cannot move out of " + dir);
+}
+
 bool CgroupPopulated(const std::string& dir) {
   if (!IsJobCgroup(dir)) return false;
   auto events = ReadFile(dir + "/cgroup.events", 4096);

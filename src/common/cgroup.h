@@ -19,6 +19,9 @@ inline constexpr const char* kEnvCgroup = "TRAINCTL_CGROUP";
 std::string MakeJobCgroup(const std::string& run_id);
 // Moves the calling process (and so everything it starts from now on) into `dir`.
 Status EnterCgroup(const std::string& dir);
+// Moves the calling process out of `dir` (a job's cgroup) into its parent: for an agent whose
+// launcher died, which then ends the job's cgroup (KillJobCgroup) without ending itself first.
+Status LeaveCgroup(const std::string& dir);
 // Whether `dir` (a job's cgroup) exists and still holds a process.
 bool CgroupPopulated(const std::string& dir);
 // Kills every process in `dir` (cgroup.kill, else SIGKILL to each), waits up to 2 s for it to

@@ -15,7 +15,8 @@
 
 namespace trainctl {
 
-int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadline) {
+int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadline,
+                const std::function<bool()>& stop) {
   struct addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -29,7 +30,22 @@ int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadli
     int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
     if (rc != 0 && errno == EINPROGRESS) {
       struct pollfd p{fd, POLLOUT, 0};
-      rc = ::poll(&p, 1, static_cast<int>(Remaining(deadline).count()));
+      bool stopped = false;
+      while (true) {
+        const Duration left = Remaining(deadline);
+        rc = ::poll(&p, 1, static_cast<int>((stop ? std::min<Duration>(left, std::chrono::milliseconds(100)) : left).count()));
+        if (rc < 0 && errno == EINTR) continue;
+        if (rc != 0 || Clock::now() >= deadline) break;
+        if (stop && stop()) {
+          stopped = true;
+          break;
+        }
+      }
+      if (stopped) {
+        ::close(fd);
+        result = -ECANCELED;
+        break;
+      }
       int err = 0;
       socklen_t len = sizeof err;
       if (rc == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -11,8 +12,10 @@
 namespace trainctl {
 
 // One non-blocking connect attempt, bounded by `deadline`, with TCP_NODELAY. Returns the fd
-// (non-blocking, close-on-exec) or -errno.
-int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadline);
+// (non-blocking, close-on-exec) or -errno. `stop`, when given, is asked every 100 ms while the
+// attempt waits: true ends it with -ECANCELED.
+int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadline,
+                const std::function<bool()>& stop = nullptr);
 // The same for a Unix-domain socket: `path` is a file, or "@name" for the abstract namespace.
 // -ECONNREFUSED while nothing listens there, -EAGAIN while its backlog is full (retry both).
 int ConnectUnix(const std::string& path);

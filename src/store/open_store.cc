@@ -15,7 +15,7 @@ constexpr const char* kUnix = "unix:";
 }  // namespace
 
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::string& token,
-                                         Duration connect_timeout) {
+                                         Duration connect_timeout, const std::function<bool()>& stop) {
   if (IsEtcdUrl(url)) {
     ASSIGN_OR_RETURN(EtcdUrl parsed, ParseEtcdUrl(url));
     EtcdStoreOptions o;
@@ -34,6 +34,7 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::stri
       o.password = password;
     }
     o.connect_timeout = connect_timeout;
+    o.stop = stop;
     ASSIGN_OR_RETURN(auto connect, PluginFunction<EtcdConnectEntry>(kHttpPlugin, kEtcdConnectEntry));
     Result<std::unique_ptr<Store>> store = Unavailable("not connected");
     connect(o, &store);
@@ -48,6 +49,7 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::stri
   }
   o.token = token;
   o.connect_timeout = connect_timeout;
+  o.stop = stop;
   ASSIGN_OR_RETURN(auto store, TcpStore::Connect(o));
   return std::unique_ptr<Store>(std::move(store));
 }

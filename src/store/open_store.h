@@ -6,6 +6,7 @@
 // A bare "host:port" means tcp.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,7 +17,10 @@ namespace trainctl {
 // The password of the etcd user that an etcd URL names (?user=NAME), for every process of the job.
 inline constexpr const char* kEnvEtcdPassword = "TRAINCTL_ETCD_PASSWORD";
 
+// Retries until `connect_timeout` while the store is not there yet; `stop`, when given, is asked
+// meanwhile (at least every half second): true ends the wait with kAborted.
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::string& token,
-                                         Duration connect_timeout = std::chrono::seconds(30));
+                                         Duration connect_timeout = std::chrono::seconds(30),
+                                         const std::function<bool()>& stop = nullptr);
 
 }  // namespace trainctl

@@ -617,15 +617,26 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
     return fail(st);
   }
 
+  // From here a run that cannot start says how it ended in status.json, as one that ran does.
+  auto end_early = [&](const Status& st) {
+    const int code = st.code() == Code::kAborted ? kExitInterrupted : kExitError;
+    LOG_ERROR("{}", st.message());
+    if (Status w = WriteRunStatus(spec.output_dir, RunStatus::Ended(spec.name, run_id, code, Elapsed(start))); !w.ok()) {
+      LOG_WARN("{}", w.message());
+    }
+    return code;
+  };
   std::string store_url;
   auto server = HostStore(spec, options, token, &store_url);
-  if (!server.ok()) return fail(server.status());
+  if (!server.ok()) return end_early(server.status());
   const Duration connect_timeout = std::min<Duration>(spec.timeouts.rendezvous, std::chrono::seconds(30));
-  auto client = OpenStore(store_url, token, connect_timeout);
-  if (!client.ok()) return fail(Status(client.status().code(), "cannot reach the job's store: " + client.status().message()));
+  auto client = OpenStore(store_url, token, connect_timeout, [] { return StopSignal() != 0; });
+  if (!client.ok()) {
+    return end_early(Status(client.status().code(), "cannot reach the job's store: " + client.status().message()));
+  }
   PrefixStore store(client->get(), keys::RunPrefix(run_id));
   store.FailFastOnceLost();  // a store lost mid-job is reported, not waited on for every record
-  if (Status st = store.Set(keys::kSpec, JobSpecToJson(spec)); !st.ok()) return fail(st);
+  if (Status st = store.Set(keys::kSpec, JobSpecToJson(spec)); !st.ok()) return end_early(st);
 
   std::vector<std::string> env = CurrentEnvironment();
   SetEnv(&env, kEnvStoreAddr, store_url);

@@ -89,16 +89,21 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::Connect(const EtcdStoreOptions& op
     RETURN_IF_ERROR(ParseHostPort(e, &host, &port));
   }
   std::unique_ptr<EtcdStore> store(new EtcdStore(options));
-  // The gateway answers a range only once the member serves requests; one round of retries
-  // over all members, bounded by connect_timeout.
-  auto probe = store->PostBy("kv/range", json{{"key", Base64Encode("/trainctl/")}}.dump(),
-                             Clock::now() + options.connect_timeout);
-  if (!probe.ok()) {
+  // The gateway answers a range only once the member serves requests: retries over all members,
+  // bounded by connect_timeout, in rounds of at most half a second that a stop ends.
+  const auto deadline = Clock::now() + options.connect_timeout;
+  while (true) {
+    auto probe = store->PostBy("kv/range", json{{"key", Base64Encode("/trainctl/")}}.dump(),
+                               std::min(deadline, Clock::now() + std::chrono::milliseconds(500)));
+    if (probe.ok()) return store;
     if (probe.status().code() == Code::kPermissionDenied) return probe.status();
-    return Unavailable("cannot reach etcd at " + Join(options.endpoints, ", ") + ": " +
-                       probe.status().message());
+    if (options.stop && options.stop()) {
+      return Aborted("stopped while connecting to etcd at " + Join(options.endpoints, ", "));
+    }
+    if (Clock::now() >= deadline) {
+      return Unavailable("cannot reach etcd at " + Join(options.endpoints, ", ") + ": " + probe.status().message());
+    }
   }
-  return store;
 }
 
 Status EtcdStore::Authenticate() {
@@ -149,7 +154,7 @@ Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string
       } else {
         client_ = std::make_unique<httplib::Client>(host, port);
       }
-      client_->set_connection_timeout(kAttempt);
+      client_->set_connection_timeout(attempt);
       client_->set_keep_alive(true);  // one connection (one TLS handshake) per member, not per request
       client_->set_tcp_nodelay(true);
     }

@@ -10,6 +10,7 @@
 // expired) are options.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +32,9 @@ struct EtcdStoreOptions {
   std::string user, password;                          // etcd's auth ("": none)
   Duration connect_timeout = std::chrono::seconds(30); // Connect() retries until then
   Duration request_timeout = std::chrono::seconds(10); // one request, on whichever members answer
+  // While Connect() retries: asked at least every half second; true ends it with kAborted (a
+  // stop signal came).
+  std::function<bool()> stop;
 };
 
 class EtcdStore : public Store {

@@ -28,18 +28,24 @@ using wire::Reply;
 Result<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOptions& options) {
   std::unique_ptr<TcpStore> store(new TcpStore(options));
   auto deadline = Clock::now() + options.connect_timeout;
+  auto stopped = [&] { return Aborted("stopped while connecting to the store at " + store->Where()); };
+  store->connecting_ = true;
   int fd;
   // The server may still be starting: retry refused connections until the deadline.
   while (true) {
     fd = store->ConnectOnce(deadline);
     if (fd >= 0) break;
+    if (fd == -ECANCELED || store->Stopping()) return stopped();
     if (Clock::now() >= deadline || (fd != -ECONNREFUSED && fd != -ETIMEDOUT && fd != -EAGAIN)) {
       return ErrnoStatus("cannot connect to the store at " + store->Where(), -fd);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   store->fd_ = fd;
-  RETURN_IF_ERROR(store->EnsureConnected());
+  Status st = store->EnsureConnected();
+  if (!st.ok() && store->Stopping()) return stopped();
+  RETURN_IF_ERROR(st);
+  store->connecting_ = false;
   return store;
 }
 
@@ -52,7 +58,8 @@ std::string TcpStore::Where() const {
 }
 
 int TcpStore::ConnectOnce(Clock::time_point deadline) const {
-  return options_.unix_path.empty() ? trainctl::ConnectOnce(options_.host, options_.port, deadline)
+  const std::function<bool()> stop = [this] { return Stopping(); };
+  return options_.unix_path.empty() ? trainctl::ConnectOnce(options_.host, options_.port, deadline, stop)
                                     : ConnectUnix(options_.unix_path);
 }
 
@@ -102,8 +109,12 @@ int TcpStore::ReadFrame(std::string* body, Clock::time_point deadline) {
     if (got == 1) return body->empty() ? -3 : 1;
     if (got < 0) return -3;
     struct pollfd p{fd_, POLLIN, 0};
-    const int ready = ::poll(&p, 1, static_cast<int>(Remaining(deadline).count()));
+    const Duration slice = connecting_ ? std::min<Duration>(Remaining(deadline), std::chrono::milliseconds(100))
+                                       : Remaining(deadline);
+    const int ready = ::poll(&p, 1, static_cast<int>(slice.count()));
     if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0 && Stopping()) return -4;
+    if (ready == 0 && Clock::now() < deadline) continue;
     if (ready == 0) return -1;
     // A reply that fits the stack buffer is read there (the connection keeps no buffer between
     // calls); a longer one is read straight into place once its length is known.

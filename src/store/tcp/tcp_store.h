@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -76,6 +77,9 @@ struct TcpStoreOptions {
   std::string token;
   Duration connect_timeout = std::chrono::seconds(30);  // retried until then (server starting)
   Duration io_timeout = std::chrono::seconds(30);       // for calls that do not wait
+  // While Connect() retries and greets: asked every 100 ms or sooner; true ends it with kAborted
+  // (a stop signal came). Not asked once connected.
+  std::function<bool()> stop;
 };
 
 class TcpStore : public Store {
@@ -106,15 +110,18 @@ class TcpStore : public Store {
   Result<std::vector<RawReply>> CallMany(const std::string& frames, Duration wait, size_t replies);
   Result<RawReply> Call(const std::string& frame, Duration wait);  // one request, one reply
   // Reads one reply frame's body: 1; 0 when the server closed the connection, -1 when `deadline`
-  // passed, -2 on a receive error, -3 for a malformed frame. One poll and one recv for a reply
-  // that arrives whole (the usual case), where reading the length first took two of each.
+  // passed, -2 on a receive error, -3 for a malformed frame, -4 when options_.stop said so (only
+  // while connecting). One poll and one recv for a reply that arrives whole (the usual case),
+  // where reading the length first took two of each.
   int ReadFrame(std::string* body, Clock::time_point deadline);
+  bool Stopping() const { return connecting_ && options_.stop && options_.stop(); }
   std::string Where() const;
 
   TcpStoreOptions options_;
   std::mutex mu_;
   int fd_ = -1;
   bool greeted_ = false;
+  bool connecting_ = false;  // in Connect(): options_.stop is asked
   std::string in_;  // received bytes not yet taken as a frame
 };
 
