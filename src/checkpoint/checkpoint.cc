@@ -161,23 +161,43 @@ int JsonDepth(std::string_view text) {
 constexpr int kMaxHeaderDepth = 8;
 }  // namespace
 
-Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
+namespace {
+
+// A checkpoint as its header describes it: the tensors' names, dtypes and shapes (their data not
+// yet read), where each one's bytes lie in the data section (`ranges`, parallel to the tensors),
+// and the metadata; every range checked against `data_size`, and the whole section claimed.
+struct Layout {
+  Checkpoint c;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+};
+
+// `whole_file`: the header heads a file of `data_size` more bytes, which the tensors' data must be
+// exactly (a file cut short, or grown, is named so before any range is looked at).
+Result<Layout> ParseHeader(std::string_view text, uint64_t data_size, const std::string& source, bool whole_file) {
   auto bad = [&source](const std::string& why) { return InvalidArgument(source + ": " + why); };
-  if (bytes.size() < 8) return bad("truncated: shorter than a safetensors header");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
-  if (n > kMaxHeaderBytes || n > bytes.size() - 8) return bad("truncated or corrupt: header length " + std::to_string(n));
-  if (JsonDepth(std::string_view(bytes).substr(8, n)) > kMaxHeaderDepth) return bad("corrupt header: nested too deep");
+  if (JsonDepth(text) > kMaxHeaderDepth) return bad("corrupt header: nested too deep");
   json header;
   try {
-    header = json::parse(bytes.substr(8, n));
+    header = json::parse(text);
   } catch (const json::exception& e) {
     return bad(std::string("corrupt header: ") + e.what());
   }
   if (!header.is_object()) return bad("corrupt header: not a JSON object");
-  const size_t data_start = 8 + n;
-  const uint64_t data_size = bytes.size() - data_start;
-  Checkpoint c;
+  if (whole_file) {
+    uint64_t declared = 0;
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") continue;
+      const auto offsets = entry.is_object() && entry.contains("data_offsets") ? Naturals(entry["data_offsets"], UINT64_MAX)
+                                                                              : std::nullopt;
+      if (!offsets || offsets->size() != 2) return bad("tensor " + name + ": its data_offsets are not two whole numbers");
+      declared = std::max(declared, (*offsets)[1]);
+    }
+    if (declared != data_size) {
+      return bad("truncated or corrupt: the header declares " + std::to_string(declared) +
+                 " bytes of tensor data, the file holds " + std::to_string(data_size));
+    }
+  }
+  Layout l;
   uint64_t covered = 0;
   try {
     for (const auto& [name, entry] : header.items()) {
@@ -200,21 +220,25 @@ Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
         return bad("tensor " + name + ": byte range does not fit the file (truncated?)");
       }
       covered += offsets[1] - offsets[0];
-      t.data = bytes.substr(data_start + offsets[0], offsets[1] - offsets[0]);
-      c.tensors.push_back(std::move(t));
+      l.c.tensors.push_back(std::move(t));
+      l.ranges.emplace_back(offsets[0], offsets[1]);
     }
     if (covered != data_size) return bad("the data section has bytes no tensor claims");
     if (header.contains("__metadata__")) {
-      for (const auto& [k, v] : header["__metadata__"].items()) c.metadata[k] = v.get<std::string>();
+      for (const auto& [k, v] : header["__metadata__"].items()) l.c.metadata[k] = v.get<std::string>();
     }
   } catch (const json::exception& e) {
     return bad(std::string("corrupt header: ") + e.what());
   }
-  auto crc = c.metadata.find(kCrcKey);
-  if (crc == c.metadata.end()) return bad("no trainctl.crc32 in the metadata");
-  if (crc->second != std::to_string(Crc32(bytes, data_start))) {
-    return bad("checksum mismatch: the tensor data is corrupt");
-  }
+  if (!l.c.metadata.count(kCrcKey)) return bad("no trainctl.crc32 in the metadata");
+  return l;
+}
+
+// The checksum the metadata records against `crc` of the data section, and the step: what is
+// left to check once the data has been read.
+Result<Checkpoint> Finish(Checkpoint c, uint32_t crc, const std::string& source) {
+  auto bad = [&source](const std::string& why) { return InvalidArgument(source + ": " + why); };
+  if (c.metadata[kCrcKey] != std::to_string(crc)) return bad("checksum mismatch: the tensor data is corrupt");
   auto step = c.metadata.find(kStepKey);
   if (step != c.metadata.end()) {
     const std::string& text = step->second;
@@ -229,59 +253,88 @@ Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
   return c;
 }
 
+uint64_t HeaderLength(std::string_view head) {
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(head[i])) << (8 * i);
+  return n;
+}
+
+}  // namespace
+
+Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
+  auto bad = [&source](const std::string& why) { return InvalidArgument(source + ": " + why); };
+  if (bytes.size() < 8) return bad("truncated: shorter than a safetensors header");
+  const uint64_t n = HeaderLength(bytes);
+  if (n > kMaxHeaderBytes || n > bytes.size() - 8) return bad("truncated or corrupt: header length " + std::to_string(n));
+  const size_t data_start = 8 + n;
+  ASSIGN_OR_RETURN(Layout l, ParseHeader(std::string_view(bytes).substr(8, n), bytes.size() - data_start, source, false));
+  for (size_t i = 0; i < l.ranges.size(); ++i) {
+    l.c.tensors[i].data = bytes.substr(data_start + l.ranges[i].first, l.ranges[i].second - l.ranges[i].first);
+  }
+  return Finish(std::move(l.c), Crc32(bytes, data_start), source);
+}
+
 Result<Checkpoint> ReadCheckpointFile(const std::string& path) {
   auto bad = [&path](const std::string& why) { return InvalidArgument(path + ": " + why); };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return NotFound(path + ": " + std::strerror(errno));
+  struct stat st{};
+  auto opened = OpenRegularFile(path, &st);
+  if (!opened.ok()) {
+    if (opened.status().code() == Code::kInvalidArgument) {
+      return bad("not a regular file; expected a .safetensors model or checkpoint");
+    }
+    const std::string& why = opened.status().message();  // "cannot open PATH: strerror"
+    return NotFound(path + why.substr(std::min(why.size(), ("cannot open " + path).size())));
+  }
   struct FdCloser {
     int fd;
     ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) return Internal(path + ": " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) return bad("not a regular file; expected a .safetensors model or checkpoint");
+  } closer{*opened};
+  const int fd = *opened;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  auto read_at = [&](std::string* out, uint64_t offset, uint64_t n) {
-    out->resize(n);
+  auto read_at = [&](char* out, uint64_t offset, uint64_t n) {
     for (uint64_t done = 0; done < n;) {
-      const ssize_t got = ::pread(fd, out->data() + done, n - done, static_cast<off_t>(offset + done));
+      const ssize_t got = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
       if (got <= 0) return false;
       done += static_cast<uint64_t>(got);
     }
     return true;
   };
-  std::string head;
-  if (size < 8 || !read_at(&head, 0, 8)) return bad("truncated: shorter than a safetensors header");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(head[i])) << (8 * i);
+  char head[8];
+  if (size < 8 || !read_at(head, 0, 8)) return bad("truncated: shorter than a safetensors header");
+  const uint64_t n = HeaderLength(std::string_view(head, 8));
   if (n > kMaxHeaderBytes || n > size - 8) return bad("truncated or corrupt: header length " + std::to_string(n));
-  std::string header_text;
-  if (!read_at(&header_text, 8, n)) return bad("truncated: the header is cut short");
-  // The data the tensors declare must be the rest of the file: checked before it is read.
-  if (JsonDepth(header_text) > kMaxHeaderDepth) return bad("corrupt header: nested too deep");
-  uint64_t declared = 0;
-  const json header = json::parse(header_text, nullptr, /*allow_exceptions=*/false);
-  if (!header.is_object()) return bad("corrupt header: not a JSON object");
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
-    const auto offsets = entry.is_object() && entry.contains("data_offsets") ? Naturals(entry["data_offsets"], UINT64_MAX)
-                                                                            : std::nullopt;
-    if (!offsets || offsets->size() != 2) return bad("tensor " + name + ": its data_offsets are not two whole numbers");
-    declared = std::max(declared, (*offsets)[1]);
-  }
-  if (declared != size - 8 - n) {
-    return bad("truncated or corrupt: the header declares " + std::to_string(declared) + " bytes of tensor data, the file holds " +
-               std::to_string(size - 8 - n));
-  }
+  std::string header_text(n, '\0');
+  if (!read_at(header_text.data(), 8, n)) return bad("truncated: the header is cut short");
+  // The data the tensors declare must be the rest of the file: checked before it is read, and it
+  // is read once, in file order, through the checksum straight into each tensor.
+  ASSIGN_OR_RETURN(Layout l, ParseHeader(header_text, size - 8 - n, path, true));
+  std::vector<size_t> order(l.ranges.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return l.ranges[a].first < l.ranges[b].first; });
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  uint64_t at = 0;  // how much of the data section went through the checksum
+  constexpr uint64_t kChunk = 8 << 20;
   try {
-    std::string bytes = head + header_text;
-    std::string data;
-    if (!read_at(&data, 8 + n, declared)) return bad("truncated: the file shrank while it was read");
-    bytes += data;
-    return Decode(bytes, path);
+    for (size_t i : order) {
+      const auto [begin, end] = l.ranges[i];
+      if (begin != at) return bad("tensor " + l.c.tensors[i].name + ": its bytes overlap another tensor's or leave a gap");
+      std::string& data = l.c.tensors[i].data;
+      data.resize(end - begin);
+      for (uint64_t done = 0; done < data.size();) {
+        const uint64_t part = std::min<uint64_t>(kChunk, data.size() - done);
+        if (!read_at(data.data() + done, 8 + n + begin + done, part)) {
+          return bad("truncated: the file shrank while it was read");
+        }
+        crc = ::crc32(crc, reinterpret_cast<const Bytef*>(data.data() + done), static_cast<uInt>(part));
+        done += part;
+      }
+      at = end;
+    }
   } catch (const std::bad_alloc&) {
     return Internal(path + ": not enough memory to read its " + std::to_string(size) + " bytes");
   }
+  return Finish(std::move(l.c), static_cast<uint32_t>(crc), path);
 }
 
 std::string CheckpointDir::PathFor(int64_t step) const {

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <random>
 
+#include <zlib.h>
+
 #include "tests/test_util.h"
 
 namespace trainctl::checkpoint {
@@ -274,6 +276,51 @@ TEST(CheckpointDir, FallsBackPastACorruptOrTruncatedNewest) {
   EXPECT_NE(skipped[1].find(dir.PathFor(2)), std::string::npos);
   CheckpointDir empty(s.path("none"), 1);
   EXPECT_EQ(empty.LoadLatest().status().code(), Code::kNotFound);
+}
+
+// A consistent checkpoint of 1 GiB (a sparse file: its data is zeros, its checksum theirs) is read
+// once, through the checksum straight into its tensor: the reader's peak memory is the file's
+// size, not three copies of it.
+TEST(Safetensors, ALargeCheckpointIsStreamedThroughItsChecksumIntoItsTensors) {
+  testing::Scratch s;
+  const uint64_t data = uint64_t{1} << 30;
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  {
+    const std::string zeros(8 << 20, '\0');
+    for (uint64_t done = 0; done < data; done += zeros.size()) {
+      crc = ::crc32(crc, reinterpret_cast<const Bytef*>(zeros.data()), static_cast<uInt>(zeros.size()));
+    }
+  }
+  std::string header = "{\"w\":{\"dtype\":\"F32\",\"shape\":[" + std::to_string(data / 4) +
+                       "],\"data_offsets\":[0," + std::to_string(data) + "]},\"__metadata__\":{\"trainctl.crc32\":\"" +
+                       std::to_string(crc) + "\",\"trainctl.step\":\"5\"}}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string head(8, '\0');
+  for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((uint64_t{header.size()} >> (8 * i)) & 0xff);
+  const std::string path = s.Write("big.safetensors", head + header);
+  std::filesystem::resize_file(path, 8 + header.size() + data);
+  auto peak_mb = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return u.ru_maxrss / 1024;
+  };
+  const long before = peak_mb();
+  auto c = ReadCheckpointFile(path);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->step, 5);
+  ASSERT_EQ(c->tensors.size(), 1u);
+  EXPECT_EQ(c->tensors[0].data.size(), data);
+  EXPECT_LE(peak_mb() - before, long(1.2 * 1024)) << "MiB at the peak for a 1024 MiB file";
+  // One byte of it changed: the checksum says so.
+  c = NotFound("released");
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(8 + header.size() + data / 2));
+    f.put('\x01');
+  }
+  auto bad = ReadCheckpointFile(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("checksum mismatch"), std::string::npos) << bad.status().message();
 }
 
 TEST(CheckpointDir, PythonReadsTheFileAsSafetensors) {

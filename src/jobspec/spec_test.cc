@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include "tests/test_util.h"
 #include <unistd.h>
@@ -313,6 +314,26 @@ TEST(JobSpec, HostileInputNeverCrashes) {
   }
   EXPECT_NE(Errors(laughs).find("document too large"), std::string::npos);
   EXPECT_NE(Errors(std::string(5 << 20, ' ')).find("larger than 4 MiB"), std::string::npos);
+}
+
+// 4 MiB of "[" (yaml-cpp queued a token per bracket: 473 MB) is refused before the parser sees
+// it, at the line where it nests too deep; brackets in quoted text and comments do not count.
+TEST(JobSpec, DeepFlowNestingIsRefusedBeforeItIsParsed) {
+  auto peak_mb = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return u.ru_maxrss / 1024;
+  };
+  const long before = peak_mb();
+  const std::string brackets = "name: a\ncommand: [x]\nenv:\n  A: " + std::string((4 << 20) - 40, '[');
+  auto r = ParseJobSpec(brackets, "job.yaml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(), "job.yaml:4: nested more than 32 levels deep");
+  EXPECT_LT(peak_mb() - before, 50);
+  auto quoted = ParseJobSpec("name: a\ncommand: [echo, \"" + std::string(100, '[') + "\", '{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{']\n"
+                             "# [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n",
+                             "job.yaml");
+  EXPECT_TRUE(quoted.ok()) << quoted.status().message();
 }
 
 TEST(JobSpec, FuzzedInputNeverCrashes) {

@@ -148,9 +148,42 @@ class TreeBuilder : public YAML::EventHandler {
 };
 
 // Parses `text`; `with_lines` is false for --set values, whose lines mean nothing.
+// The line where flow collections ([...], {...}) first nest deeper than kMaxDepth, or 0. yaml-cpp
+// queues a token and a saved position for each open bracket before the builder sees any of them
+// (4 MiB of "[" cost it 473 MB), so they are counted first; quoted text and comments are skipped.
+int FlowTooDeep(const std::string& text) {
+  int depth = 0, line = 1;
+  char quote = 0;
+  bool comment = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      comment = false;
+    } else if (comment) {
+    } else if (quote) {
+      if (c == '\\' && quote == '"') ++i;
+      else if (c == quote) quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n')) {
+      comment = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxDepth) return line;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return 0;
+}
+
 Result<Node> ParseWith(const std::string& text, const std::string& source, bool with_lines) {
   if (text.find('\0') != std::string::npos) {
     return InvalidArgument(source + ": binary data, not a YAML text file");
+  }
+  if (const int line = FlowTooDeep(text)) {
+    return InvalidArgument(Origin{source, with_lines ? line : 0}.ToString() + ": nested more than " +
+                           std::to_string(kMaxDepth) + " levels deep");
   }
   TreeBuilder builder(source, with_lines);
   builder.root.origin = {source, with_lines ? 1 : 0};
