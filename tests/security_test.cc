@@ -10,6 +10,8 @@
 #include <sys/socket.h>
 
 #include <nlohmann/json.hpp>
+#include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <tuple>
@@ -191,6 +193,93 @@ TEST(Security, EvalOnCraftedCheckpointMetadataIsALocatedError) {
   }
 }
 
+// `path`'s safetensors header, its metadata changed by `edit`: what an attacker can write (the
+// checksum covers only the tensor data).
+void EditMetadata(const std::string& path, const std::string& out, const std::function<void(nlohmann::json&)>& edit) {
+  const std::string bytes = *ReadFile(path, int64_t{1} << 30);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * i);
+  auto header = nlohmann::json::parse(bytes.substr(8, n));
+  edit(header["__metadata__"]);
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string head(8, '\0');
+  for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((uint64_t{text.size()} >> (8 * i)) & 0xff);
+  std::ofstream(out, std::ios::binary) << head << text << bytes.substr(8 + n);
+}
+
+// A TorchScript module is code (docs/security.md): a checkpoint's metadata never leads eval to a
+// module the user did not name, and a module another user could have written is not loaded. The
+// attacker (nobody) crafts a model file naming their module, beside a copy of it; eval refuses both.
+TEST(Security, ACheckpointNeverLeadsEvalToAModuleTheUserDidNotName) {
+  Scratch s;
+  auto made = RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py",
+                          s.path("models")}, s.path(""));
+  ASSERT_EQ(made.exit.code, 0) << made.output;
+  s.Write("ts.yaml", "name: ts\nprocs_per_node: 1\noutput_dir: " + s.path("out") + "\ntrainer:\n  model: {torchscript: " +
+                         s.path("models/bn_cnn.pt") + "}\n  data: {limit: 256, test_limit: 64}\n  batch_size: 16\n"
+                         "  max_steps: 2\n  threads: 1\n  eval: false\n");
+  auto trained = Trainctl({"run", "ts.yaml"}, s.path(""), seconds(120));
+  ASSERT_EQ(trained.exit.code, 0) << trained.output;
+  // The attacker's module and a model file whose metadata names it, by path and by hash.
+  MakeDirs(s.path("evil"));
+  std::filesystem::copy_file(s.path("models/resnet.pt"), s.path("evil/evil.pt"));
+  const std::string evil_hash = RunProgram({"sha256sum", s.path("evil/evil.pt")}, s.path("")).output.substr(0, 64);
+  EditMetadata(s.path("out/model.safetensors"), s.path("evil/crafted.safetensors"), [&](nlohmann::json& m) {
+    m["torchscript"] = s.path("evil/evil.pt");
+    m["torchscript_sha256"] = evil_hash;
+  });
+  // Without a module beside it: the path in the metadata is not followed.
+  auto missing = Trainctl({"eval", "--checkpoint", s.path("evil/crafted.safetensors"), "--limit", "10"}, s.path(""));
+  EXPECT_EQ(missing.exit.code, kExitError) << missing.output;
+  EXPECT_NE(missing.output.find("its TorchScript module " + s.path("evil/model.pt") + " is missing"), std::string::npos)
+      << missing.output;
+  // Beside it, as the run's copy would be: another user could have written it (the directory is
+  // open to all; as root, the files are the attacker's own).
+  std::filesystem::copy_file(s.path("evil/evil.pt"), s.path("evil/model.pt"));
+  if (::geteuid() == 0) {
+    for (const char* f : {"evil", "evil/evil.pt", "evil/model.pt", "evil/crafted.safetensors"}) {
+      ASSERT_EQ(::chown(s.path(f).c_str(), kAttacker, kAttacker), 0);
+    }
+  }
+  ::chmod(s.path("evil").c_str(), 0777);
+  auto planted = Trainctl({"eval", "--checkpoint", s.path("evil/crafted.safetensors"), "--limit", "10"}, s.path(""));
+  EXPECT_EQ(planted.exit.code, kExitError) << planted.output;
+  EXPECT_NE(planted.output.find(s.path("evil/model.pt") + ": a TorchScript module is code, and another user could "
+                                "have written this one"), std::string::npos) << planted.output;
+  // validate refuses such a module in a spec, as run does.
+  s.Write("evil.yaml", "name: e\ntrainer:\n  model: {torchscript: " + s.path("evil/evil.pt") + "}\n");
+  auto validate = Trainctl({"validate", "evil.yaml"}, s.path(""));
+  EXPECT_EQ(validate.exit.code, kExitInvalidSpec) << validate.output;
+  EXPECT_NE(validate.output.find("refusing to load it"), std::string::npos) << validate.output;
+  // The run's own model and copy: evaluated.
+  auto own = Trainctl({"eval", "--checkpoint", s.path("out/model.safetensors"), "--limit", "10"}, s.path(""));
+  EXPECT_EQ(own.exit.code, 0) << own.output;
+}
+
+// A module given as a FIFO, or a zip bomb, is refused by validate at once, in bounded memory.
+TEST(Security, AModuleFileThatIsAFifoOrAZipBombIsRefusedAtOnce) {
+  Scratch s;
+  ASSERT_EQ(::mkfifo(s.path("fifo.pt").c_str(), 0600), 0);
+  auto bomb = RunProgram({TRAINCTL_TEST_PYTHON, "-c",
+                          "import sys, zipfile\n"
+                          "with zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED) as z:\n"
+                          "    z.writestr('archive/data/0', bytes(200 << 20))\n",
+                          s.path("bomb.pt")}, s.path(""));
+  ASSERT_EQ(bomb.exit.code, 0) << bomb.output;
+  for (const auto& [file, why] : std::vector<std::pair<std::string, std::string>>{
+           {"fifo.pt", "is a FIFO, not a file"}, {"bomb.pt", "(a zip bomb; PyTorch stores its records uncompressed)"}}) {
+    s.Write("job.yaml", "name: m\ntrainer:\n  model: {torchscript: " + s.path(file) + "}\n");
+    const auto start = Clock::now();
+    auto r = RunProgram({"sh", "-c", "ulimit -v 600000; exec " + std::string(TRAINCTL_BIN) + " validate job.yaml"},
+                        s.path(""), seconds(20));
+    EXPECT_FALSE(r.timed_out) << file;
+    EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
+    EXPECT_NE(r.output.find(why), std::string::npos) << r.output;
+    EXPECT_LT(Clock::now() - start, seconds(5)) << file;
+  }
+}
+
 }  // namespace
 }  // namespace trainctl::testing
 
@@ -275,6 +364,69 @@ TEST(Security, LogsShowsNoFileALinkPointsAt) {
   EXPECT_EQ(logs.exit.code, 0) << logs.output;
   EXPECT_NE(logs.output.find("[worker-0] mine"), std::string::npos) << logs.output;
   EXPECT_EQ(logs.output.find("the secret"), std::string::npos) << logs.output;
+}
+
+// Special files planted in a run directory: status.json and job.json as FIFOs, metrics.jsonl as a
+// link to /dev/zero, an 8 GB sparse log. ps, status and logs finish at once; logs streams the log
+// in bounded memory (its first line out before the rest is read); the dashboard keeps answering,
+// and ends on SIGTERM.
+TEST(Security, SpecialFilesInARunDirectoryHangAndExhaustNothing) {
+  Scratch s;
+  const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+  s.Write("two.yaml", "name: two\nprocs_per_node: 2\noutput_dir: " + s.path("out") + "\ncommand: [sh, -c, 'echo mine']\n");
+  ASSERT_EQ(Trainctl({"run", "two.yaml"}, s.path(""), seconds(60), env).exit.code, 0);
+  for (const char* name : {"out/status.json", "out/job.json"}) {
+    ASSERT_EQ(::unlink(s.path(name).c_str()), 0);
+    ASSERT_EQ(::mkfifo(s.path(name).c_str(), 0600), 0);
+  }
+  ASSERT_EQ(::symlink("/dev/zero", s.path("out/metrics.jsonl").c_str()), 0);
+  const std::string log = s.path("out/logs/worker-0.log");
+  fs::resize_file(log, uint64_t{8} << 30);
+  for (const std::vector<std::string>& verb : {std::vector<std::string>{"ps", "--all"}, {"status", "two"}}) {
+    const auto start = Clock::now();
+    auto r = Trainctl(verb, s.path(""), seconds(20), env);
+    EXPECT_FALSE(r.timed_out) << verb[0];
+    EXPECT_LT(Clock::now() - start, seconds(10)) << verb[0] << ": " << r.output;
+  }
+  // logs under a 400 MB address-space limit: buffering the log whole would fail.
+  auto logs = RunProgram({"sh", "-c", "ulimit -v 400000; TRAINCTL_STATE_DIR=" + s.path("state") + " " + std::string(TRAINCTL_BIN) +
+                                          " logs two --rank 0 | head -c 3000000 | grep -a -m1 mine"},
+                         s.path(""), seconds(30));
+  EXPECT_FALSE(logs.timed_out);
+  EXPECT_EQ(logs.output, "[worker-0] mine\n");
+  // The dashboard: ten scrapes of the run list, then its page's script, then SIGTERM.
+  Background dashboard({"dashboard"}, s.path(""), s.path("dash.log"), env);
+  std::smatch m;
+  std::string printed;
+  ASSERT_TRUE(Eventually([&] {
+    printed = s.Read("dash.log");
+    return std::regex_search(printed, m, std::regex("http://127.0.0.1:(\\d+)/\\?token=([0-9a-f]+)"));
+  }, seconds(20))) << printed;
+  const uint16_t port = static_cast<uint16_t>(std::stoi(m[1]));
+  const std::string token = m[2];
+  auto get = [&](const std::string& path) {
+    const int fd = ConnectOnce("127.0.0.1", port, Clock::now() + seconds(5));
+    const std::string request = "GET " + path + (path.find('?') == std::string::npos ? "?" : "&") + "token=" + token +
+                                " HTTP/1.1\r\nHost: x\r\n\r\n";
+    ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    std::string got;
+    char buf[4096];
+    for (const auto deadline = Clock::now() + seconds(10); Clock::now() < deadline;) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return got;
+  };
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(get("/api/runs").rfind("HTTP/1.1 200", 0), 0u) << "scrape " << i;
+  EXPECT_EQ(get("/app.js").rfind("HTTP/1.1 200", 0), 0u);
+  const std::string status = *ReadFile("/proc/" + std::to_string(dashboard.pid()) + "/status");
+  EXPECT_LT(std::atol(status.c_str() + status.find("VmHWM:") + 6) / 1024, 300) << "MiB at the dashboard's peak";
+  ::kill(dashboard.pid(), SIGTERM);
+  EXPECT_EQ(dashboard.Wait(seconds(10)).code, 0);
 }
 
 // The dashboard (and the agents' /metrics, the same server) keeps answering a client with the
@@ -394,6 +546,28 @@ TEST(Security, WhatAKilledLauncherLeftIsEndedByTheNextPs) {
   EXPECT_NE(ps.output.find("run " + id + "'s launcher is gone; ended "), std::string::npos) << ps.output;
   EXPECT_TRUE(Eventually([&] { return ProcessesWithEnv({"TORCHELASTIC_RUN_ID=" + id}).empty(); }, seconds(10)));
   EXPECT_FALSE(fs::exists(cgroup));
+}
+
+// A launcher SIGKILLed alone: its agents get their death signal, stop their tasks, and end the
+// job's cgroup as they go, so what the tasks left (a double-forked daemon) ends with the job,
+// with no later ps or stop, and no empty cgroup is left behind.
+TEST(Security, AKilledLaunchersAgentsEndWhatItsTasksLeft) {
+  Scratch s;
+  const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+  s.Write("daemon.yaml", "name: daemon\ntimeouts: {stop_grace: 2s}\noutput_dir: " + s.path("out") +
+                             "\ncommand: [sh, -c, 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo started; sleep 300']\n");
+  Background run({"run", "daemon.yaml"}, s.path(""), s.path("run.log"), env);
+  ASSERT_TRUE(Eventually([&] { return s.Read("out/logs/worker-0.log").find("started") != std::string::npos; }))
+      << s.Read("run.log");
+  const std::string id = nlohmann::json::parse(s.Read("out/status.json"))["run_id"];
+  const auto entry = nlohmann::json::parse(s.Read("state/runs/" + id + ".json"));
+  if (entry.value("cgroup", "").empty()) GTEST_SKIP() << "no cgroup2 this user may write here";
+  const std::string cgroup = entry["cgroup"];
+  ::kill(run.pid(), SIGKILL);
+  run.Wait(seconds(10));
+  EXPECT_TRUE(Eventually([&] { return ProcessesWithEnv({"TORCHELASTIC_RUN_ID=" + id}).empty(); }, seconds(15)))
+      << "the daemon outlived the job";
+  EXPECT_TRUE(Eventually([&] { return !fs::exists(cgroup); }, seconds(5))) << cgroup << " was left";
 }
 
 }  // namespace

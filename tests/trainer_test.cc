@@ -419,10 +419,30 @@ TEST(Trainer, ATorchScriptModelTrainsResumesExactlyAndIsEvaluated) {
   EXPECT_NE(whole.output.find("training the TorchScript module"), std::string::npos) << whole.output;
   EXPECT_EQ(Digest(s.Read("a/logs/worker-1.log")), Digest(s.Read("a/logs/worker-0.log")));
   StopAndResume(s, trainer);
+  // The run keeps the module it trained beside its model and checkpoints; eval loads that copy
+  // (the spec's file may change or go), checked against the hash the model records.
+  EXPECT_EQ(s.Read("a/model.pt"), s.Read("models/bn_cnn.pt"));
+  EXPECT_EQ(s.Read("a/checkpoints/model.pt"), s.Read("models/bn_cnn.pt"));
+  std::filesystem::rename(s.path("models/bn_cnn.pt"), s.path("bn_cnn.pt"));
   auto eval = Trainctl({"eval", "--checkpoint", s.path("a/model.safetensors"), "--limit", "100"}, s.path(""),
                        std::chrono::seconds(60));
   ASSERT_EQ(eval.exit.code, 0) << eval.output;
   EXPECT_NE(eval.output.find("Accuracy of the network on the 100 test images"), std::string::npos) << eval.output;
+  // Another module in its place is not the one it was trained with: refused, both ways.
+  std::filesystem::copy_file(s.path("models/resnet.pt"), s.path("a/model.pt"), std::filesystem::copy_options::overwrite_existing);
+  for (const std::vector<std::string>& named : {std::vector<std::string>{}, {"--torchscript", s.path("models/resnet.pt")}}) {
+    std::vector<std::string> args = {"eval", "--checkpoint", s.path("a/model.safetensors"), "--limit", "100"};
+    args.insert(args.end(), named.begin(), named.end());
+    auto other = Trainctl(args, s.path(""), std::chrono::seconds(60));
+    EXPECT_EQ(other.exit.code, kExitError) << other.output;
+    EXPECT_NE(other.output.find("not the TorchScript module " + s.path("a/model.safetensors") + " was trained with"),
+              std::string::npos) << other.output;
+  }
+  // The module the user names, when it is the one: evaluated.
+  auto named = Trainctl({"eval", "--checkpoint", s.path("a/model.safetensors"), "--limit", "100", "--torchscript",
+                         s.path("bn_cnn.pt")}, s.path(""), std::chrono::seconds(60));
+  EXPECT_EQ(named.exit.code, 0) << named.output;
+  std::filesystem::rename(s.path("bn_cnn.pt"), s.path("models/bn_cnn.pt"));
   // A file that is not a module is a pre-flight error: no worker starts, no restart is spent.
   s.Write("notes.pt", "not a module");
   std::string t = ResumableTrainer(2);
@@ -822,6 +842,33 @@ restart: {max_restarts: 0}
   EXPECT_NE(r.output.find(", pid ", named), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("is stuck in the forward pass for ", named), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("after 12 steps", named), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 45) << "not named before the collective timeout (60 s):\n" << r.output;
+}
+
+// A rank whose training thread stops inside a waiting phase (the gradient exchange) while its
+// other threads live on reports "waiting" as the others do: the communicator tells the others it
+// has not reached the collective, and it is named as quickly as one stuck computing.
+TEST(Trainer, ARankThatStopsInTheGradientExchangeIsNamedLongBeforeTheCollectiveTimeout) {
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("hang", s.path("out"), R"(  model: cnn
+  data: {limit: 640, test_limit: 100}
+  batch_size: 8
+  threads: 1
+  log_every: 1
+  eval: false
+restart: {max_restarts: 0}
+)"));
+  const auto start = Clock::now();
+  auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120), {{"TRAINCTL_FAULT_HANG", "1:12:gradients"}});
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(r.exit.code, 3) << r.output;
+  EXPECT_NE(r.output.find("TRAINCTL_FAULT_HANG: rank 1 hangs at step 12 in the gradient exchange"), std::string::npos)
+      << r.output;
+  const size_t named = r.output.find("rank 1 on ");
+  ASSERT_NE(named, std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("is stuck in the gradient exchange for ", named), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("has not reached the collective the others wait in", named), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("rank 0 on "), std::string::npos) << "the rank that waited was named:\n" << r.output;
   EXPECT_LT(seconds, 45) << "not named before the collective timeout (60 s):\n" << r.output;
 }
 

@@ -79,8 +79,12 @@ Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source) 
     return Bad(source, "model", m.model, "cnn, resnet18, resnet50, layers or torchscript");
   }
   if (m.model == "torchscript") {
-    m.torchscript = c.Meta("torchscript");
-    if (m.torchscript.empty()) return Bad(source, "torchscript", m.torchscript, "the TorchScript module's path");
+    m.torchscript_sha256 = c.Meta("torchscript_sha256");
+    if (!m.torchscript_sha256.empty() &&
+        (m.torchscript_sha256.size() != 64 ||
+         m.torchscript_sha256.find_first_not_of("0123456789abcdef") != std::string::npos)) {
+      return Bad(source, "torchscript_sha256", m.torchscript_sha256, "the module's sha256, 64 hex digits");
+    }
   }
   if (m.model == "layers") {
     m.layers = c.Meta("layers");

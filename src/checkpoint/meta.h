@@ -15,7 +15,9 @@ namespace trainctl::checkpoint {
 struct ModelMeta {
   std::string model;            // cnn | resnet18 | resnet50 | layers | torchscript
   std::string layers;           // layers: the declared model's layers, as the spec's JSON writes them
-  std::string torchscript;      // torchscript: the module's file (absolute), which eval and predict load
+  // torchscript: the sha256 of the module it was trained with (checkpoint/module_file.h); "" in a
+  // checkpoint of a trainctl before 2026-11-28, which named the module by path (never followed).
+  std::string torchscript_sha256;
   std::string dataset, data_dir;
   // imagefolder: its classes' names (index = label), and where its test images are: test_dir, or
   // the fraction holdout of data_dir's.

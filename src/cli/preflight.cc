@@ -1,16 +1,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "agent/warm_python.h"
+#include "checkpoint/module_file.h"
 #include "cli/verbs.h"
 #include "common/fs.h"
+#include "common/cpus.h"
 #include "common/subprocess.h"
 #include "data/dataset.h"
+#include "jobspec/layers.h"
 
 namespace trainctl::cli {
 
@@ -36,6 +40,39 @@ size_t ScriptIndex(const std::vector<std::string>& command) {
 std::string Against(const std::string& base, const std::string& path, bool bare_is_path) {
   if (path.empty() || path[0] == '/' || (bare_is_path && path.find('/') == std::string::npos)) return "";
   return (std::filesystem::path(base) / path).lexically_normal().string();
+}
+
+// Whether the built-in trainer's model can train on this machine at all: its parameters (with
+// their gradients, the optimizer's state and the reducer's copy: 4x) and the activations a batch
+// keeps for backward (its outputs, their gradients, and what the layers save: 3x), in float32,
+// for each of the job's workers (a local job runs them all here), against the memory this
+// process may use. An estimate: what passes may still run short; what fails cannot fit. A model
+// of 844 trillion parameters, or three 65536-channel convolutions on large images, is refused
+// here rather than when its first worker asks for the memory.
+Status CheckModelFits(const JobSpec& spec) {
+  const TrainerSpec& t = spec.trainer;
+  if (!t.enabled || t.device != "cpu") return Status::Ok();  // a GPU's memory is not this machine's
+  const auto layers = t.model == "layers" ? std::optional<std::vector<LayerSpec>>(t.layers) : BuiltinLayers(t.model);
+  if (!layers) return Status::Ok();  // TorchScript: its layers are known once it is loaded
+  auto summary = SummarizeModel(*layers, ImageShape(t.data), ClassCount(t.data));
+  if (!summary.ok()) return Status::Ok();  // the decoder reports what does not fit
+  const int workers = std::max(1, TrainingWorkers(spec));
+  const double batch = t.global_batch_size > 0 ? std::ceil(double(t.global_batch_size) / workers) : t.batch_size;
+  const double params = 4.0 * 4 * static_cast<double>(summary->params);
+  const double activations = 3.0 * 4 * summary->activations * batch;
+  const double need = workers * (params + activations), have = static_cast<double>(UsableMemoryBytes());
+  if (need <= have) return Status::Ok();
+  auto gib = [](double bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, bytes >= 1e15 ? "%.3g GiB" : "%.1f GiB", bytes / (1 << 30));
+    return std::string(buf);
+  };
+  return InvalidArgument("trainer.model: training it needs about " + gib(need) + " of memory (" +
+                         std::to_string(workers) + (workers == 1 ? " worker" : " workers") + " x (" +
+                         std::to_string(summary->params) + " parameters with their gradients and optimizer state: " +
+                         gib(params) + "; the activations of a batch of " + std::to_string(int64_t(batch)) + ": " +
+                         gib(activations) + ")); this machine has " + gib(have) +
+                         " (trainctl validate prints the layer table)");
 }
 
 }  // namespace
@@ -81,17 +118,11 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::v
       data_checked = true;
       const DataSpec& d = spec.trainer.data;
       if (const std::string& ts = spec.trainer.torchscript; !ts.empty()) {
-        // A TorchScript module is a zip archive: what LibTorch reads is checked when a worker loads it.
-        char head[2] = {};
-        std::ifstream in(ts, std::ios::binary);
-        if (!in || IsDirectory(ts)) {
-          problems.push_back(source("trainer.model.torchscript") + ": trainer.model.torchscript: " + ts + ": " +
-                             (in ? "a directory" : std::strerror(errno)) +
-                             "; expected a file saved with torch.jit.script(model).save(path)");
-        } else if (!in.read(head, 2) || head[0] != 'P' || head[1] != 'K') {
-          problems.push_back(source("trainer.model.torchscript") + ": trainer.model.torchscript: " + ts +
-                             ": not a TorchScript module (a zip archive); expected a file saved with "
-                             "torch.jit.script(model).save(path)");
+        // A module is code: a file only this user (or root) could have written, a zip archive
+        // that inflates to no more than its size (checkpoint/module_file.h). What LibTorch makes
+        // of it is checked when a worker loads it.
+        if (auto m = checkpoint::ReadModuleFile(ts); !m.ok()) {
+          problems.push_back(source("trainer.model.torchscript") + ": trainer.model.torchscript: " + m.status().message());
         }
       }
       std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
@@ -137,6 +168,7 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::v
       problems.push_back(source(field) + ": " + field + ": " + at + " is a file, expected a directory");
     }
   }
+  if (Status st = CheckModelFits(spec); !st.ok()) problems.push_back(source("trainer.model") + ": " + st.message());
 #if !TRAINCTL_BUILT_WITH_NCCL
   if (spec.trainer.enabled && spec.trainer.device == "cuda") {
     problems.push_back(source("trainer.device") + ": trainer.device: cuda needs a trainctl built with CUDA and NCCL "

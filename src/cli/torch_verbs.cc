@@ -96,6 +96,11 @@ Result<std::string> ModelPath(const std::string& arg) {
   return IsDirectory(checkpoints) ? checkpoints : dir;
 }
 
+constexpr const char* kTorchscriptHelp =
+    "a TorchScript model's module (.pt): the file it was trained with, checked against the hash its "
+    "checkpoint records (default: the copy its run keeps beside the checkpoint; a module is code, and "
+    "trainctl never loads one a checkpoint's metadata names)";
+
 }  // namespace
 
 void AddTrain(CLI::App& app, const GlobalFlags& flags, int* code) {
@@ -146,6 +151,7 @@ void AddEval(CLI::App& app, const GlobalFlags& flags, int* code) {
       ->needs(watch);
   cmd->add_option("--data", o->data_dir,
                   "directory with the test set (default: the one the model was trained on)");
+  cmd->add_option("--torchscript", o->torchscript, kTorchscriptHelp);
   cmd->add_option("--limit", o->limit, "evaluate only the first N test images")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("-o,--output", o->format, "text or json")
@@ -194,6 +200,7 @@ void AddPredict(CLI::App& app, const GlobalFlags& flags, int* code) {
                   "or idx3 image files (every image in them)")
       ->required()
       ->check(CLI::ExistingFile);
+  cmd->add_option("--torchscript", o->torchscript, kTorchscriptHelp);
   cmd->add_option("-k,--top", o->top, "how many classes to show per image")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("-o,--output", o->format, "text or json")
       ->capture_default_str()

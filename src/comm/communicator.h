@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 #include <string>
 
 #include "common/duration.h"
@@ -82,6 +83,11 @@ class Communicator {
   // A DeviceAllReduce, which must not outlive the communicator; backends without GPU streams
   // return kInvalidArgument (not a collective: no rank needs to agree).
   virtual Result<std::unique_ptr<DeviceAllReduce>> MakeDeviceAllReduce();
+  // The ranks that have not yet reached the collective this rank has reached (a barrier, or the
+  // part of a shared average it waits for), as far as the backend can tell without asking them;
+  // empty when it cannot (Gloo, NCCL). Safe to call from any thread while collectives run: the
+  // progress watchdog names a rank whose training thread stopped inside a waiting phase by this.
+  virtual std::vector<int> Behind() const { return {}; }
 };
 
 // kInvalidArgument unless 0 <= rank < size; `backend` names the caller in the message.

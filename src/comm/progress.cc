@@ -105,6 +105,7 @@ bool ProgressWatchdog::Investigate(Duration bound, std::string* why) {
   if (!records.ok()) return false;  // the store is the agent's: its loss is reported there
   const auto now = Clock::now();
   const Duration stale = 3 * o_.publish_after;
+  const std::vector<int> behind = o_.behind ? o_.behind() : std::vector<int>{};
   std::vector<std::pair<int, std::string>> stuck;
   for (int r = 0; r < o_.size; ++r) {
     if (r == o_.rank) continue;
@@ -117,11 +118,13 @@ bool ProgressWatchdog::Investigate(Duration bound, std::string* why) {
     const bool fresh = !record.empty() && now - s.since < stale;
     if (fresh && std::sscanf(record.c_str(), "%d %lf %lld", &phase, &seconds, &steps) == 3) {
       const auto p = static_cast<Phase>(phase);
-      if (Waiting(p)) continue;
-      if (!Computing(p)) return false;  // loading, saving, evaluating: slow by nature; wait for it
+      const bool late = std::find(behind.begin(), behind.end(), r) != behind.end();
+      if (Waiting(p) && !late) continue;
+      if (!Waiting(p) && !Computing(p)) return false;  // loading, saving, evaluating: slow by nature; wait for it
       if (seconds < std::chrono::duration<double>(bound).count()) return false;  // it may yet arrive
       stuck.push_back({r, "in " + std::string(PhaseName(p)) + " for " + Seconds(seconds) + ", after " +
-                              std::to_string(steps) + " steps"});
+                              std::to_string(steps) + " steps" +
+                              (Waiting(p) ? ", and has not reached the collective the others wait in" : "")});
     } else if (now - s.since >= stale) {
       stuck.push_back({r, record.empty() ? "no progress reported" : "its progress reports stopped"});
     } else {

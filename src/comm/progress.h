@@ -7,8 +7,9 @@
 // rank has waited in a collective for the bound — 10x the slowest step it has seen, at least
 // `floor` (at `limit` or more the collective's own timeout names the rank instead) — it reads the
 // others' records: a rank in a local computing phase
-// (forward, backward, the optimizer) for the bound or longer is stuck; a rank that never reported,
-// or stopped reporting, is stalled or unreachable. Ranks in phases that may take long by nature
+// (forward, backward, the optimizer) for the bound or longer is stuck, as is one that reports a
+// waiting phase for that long while the communicator says it has not reached the collective
+// (`behind`); a rank that never reported, or stopped reporting, is stalled or unreachable. Ranks in phases that may take long by nature
 // (loading data, saving a checkpoint, evaluating) are waited for, up to the collective timeout.
 // `on_stall` is then called once, from the watchdog's thread, with the ranks named (host and pid
 // from AnnounceRank) and what each was doing; the caller ends the process.
@@ -52,6 +53,10 @@ struct ProgressOptions {
   Duration publish_after = std::chrono::seconds(1);
   Duration poll = std::chrono::milliseconds(250);
   int min_steps = 3;  // steps to measure before the bound holds
+  // The ranks that have not reached the collective this rank waits in (Communicator::Behind),
+  // asked from the watchdog's thread; null: not known. A rank that reports a waiting phase but is
+  // behind, for the bound, has stopped inside it (its training thread frozen, its others alive).
+  std::function<std::vector<int>()> behind;
 };
 
 class ProgressWatchdog {

@@ -1,6 +1,7 @@
 #include "common/cpus.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -97,6 +98,24 @@ std::optional<double> OwnCpuQuota() {
   auto self = ReadFile("/proc/self/cgroup", 1 << 16);
   if (!self.ok()) return std::nullopt;
   return CgroupCpuQuota("/sys/fs/cgroup", *self);
+}
+
+int64_t UsableMemoryBytes() {
+  int64_t bytes = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  auto self = ReadFile("/proc/self/cgroup", 1 << 16);
+  std::optional<std::string> path;
+  for (const std::string& line : SplitLines(self.ok() ? *self : "")) {
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  }
+  while (path) {
+    if (auto text = ReadFile("/sys/fs/cgroup" + *path + "/memory.max", 4096); text.ok()) {
+      const long long limit = std::atoll(text->c_str());
+      if (limit > 0) bytes = std::min<int64_t>(bytes, limit);  // "max": none
+    }
+    if (path->empty() || *path == "/") break;
+    path = path->substr(0, path->find_last_of('/'));
+  }
+  return bytes;
 }
 
 int UsableCpus() {

@@ -2,6 +2,7 @@
 // cgroup (a container's CPU limit, as Kubernetes sets it), which the mask does not show.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,10 @@ namespace trainctl {
 int UsableCpus();
 // This process's cgroup CPU quota (CgroupCpuQuota of /proc/self/cgroup), if it has one.
 std::optional<double> OwnCpuQuota();
+
+// The memory this process's jobs may use, in bytes: the machine's RAM, capped by the memory.max of
+// its cgroup and every cgroup above it (a container's memory limit), where cgroup v2 sets one.
+int64_t UsableMemoryBytes();
 
 // The CPUs in this process's affinity mask, in ascending order.
 std::vector<int> AffinityCpus();

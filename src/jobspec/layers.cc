@@ -84,6 +84,9 @@ class Summarizer {
            const std::string& name) {
     summary.rows.push_back({index, params > 0 ? name : "", Describe(l), shape, params});
     summary.params += params;
+    double outputs = 1;
+    for (int64_t d : shape) outputs *= static_cast<double>(d);
+    summary.activations += outputs;
   }
 
   Status Apply(const LayerSpec& l, const std::string& index, bool last, std::vector<int64_t>* shape) {

@@ -78,6 +78,7 @@ struct LayerRow {
 struct ModelSummary {
   std::vector<LayerRow> rows;
   int64_t params = 0;
+  double activations = 0;  // every layer's outputs for one image, summed: what training keeps for backward
 };
 
 // Follows `input` (channels, rows, cols) through named layers (NameLayers) and checks each

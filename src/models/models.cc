@@ -6,11 +6,15 @@
 namespace trainctl::models {
 
 Result<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const InputShape& s,
-                                              const std::vector<LayerSpec>& layers, const std::string& torchscript) {
+                                              const std::vector<LayerSpec>& layers,
+                                              const checkpoint::ModuleFile* torchscript) {
   if (s.channels < 1 || s.rows < 1 || s.cols < 1 || s.classes < 2) {
     return InvalidArgument("model " + name + ": invalid input shape");
   }
-  if (name == "torchscript") return LoadScripted(torchscript, s);
+  if (name == "torchscript") {
+    if (!torchscript) return InvalidArgument("model torchscript: no module file was given");
+    return LoadScripted(*torchscript, s);
+  }
   if (name == "layers") {
     RETURN_IF_ERROR(SummarizeModel(layers, {s.channels, s.rows, s.cols}, s.classes).status());
     return MakeDeclared(layers, s);

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "checkpoint/module_file.h"
 #include "common/status.h"
 #include "jobspec/layers.h"
 
@@ -29,14 +30,15 @@ struct InputShape {
 // "cnn", "resnet18" or "resnet50", or "layers": the model `layers` declares (named, and checked
 // against `shape` by SummarizeModel; jobspec/layers.h). kInvalidArgument for an unknown name or a
 // shape the model cannot take (the CNN needs rows and cols divisible by 4).
-// "torchscript": the module at `torchscript` (LoadScripted).
+// "torchscript": the module `torchscript` holds (LoadScripted; required).
 Result<std::shared_ptr<Classifier>> MakeModel(const std::string& name, const InputShape& shape,
                                               const std::vector<LayerSpec>& layers = {},
-                                              const std::string& torchscript = "");
-// A module saved by PyTorch with torch.jit.script(model).save(path) (models/scripted.cc), its
+                                              const checkpoint::ModuleFile* torchscript = nullptr);
+// A module saved by PyTorch with torch.jit.script(model).save(path) (models/scripted.cc), from the
+// bytes checkpoint::ReadModuleFile read and checked (never a path LibTorch would open again), its
 // parameters and buffers under their PyTorch names; checked on a batch of `shape`'s images (one
-// score per class). kInvalidArgument naming the file otherwise.
-Result<std::shared_ptr<Classifier>> LoadScripted(const std::string& path, const InputShape& shape);
+// score per class). kInvalidArgument naming the file otherwise, with the interpreter's reason.
+Result<std::shared_ptr<Classifier>> LoadScripted(const checkpoint::ModuleFile& file, const InputShape& shape);
 // The declared model (models/declared.cc); MakeModel checks the layers first.
 std::shared_ptr<Classifier> MakeDeclared(const std::vector<LayerSpec>& layers, const InputShape& shape);
 

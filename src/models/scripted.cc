@@ -4,7 +4,10 @@
 // the trainer's reducer, optimizer, checkpoints and exports see them as they see a built-in
 // model's, while they remain the scripted module's own tensors (the reducer's move into its flat
 // buffer, set_data, reaches both).
+#include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/script.h>
+
+#include <cstring>
 
 #include "models/models.h"
 #include "models/module_tree.h"
@@ -63,15 +66,60 @@ class Scripted : public Classifier {
 
 }  // namespace
 
-Result<std::shared_ptr<Classifier>> LoadScripted(const std::string& path, const InputShape& s) {
+namespace {
+
+// LibTorch's reader over the bytes ReadModuleFile checked.
+class BytesReader : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BytesReader(const std::string& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= bytes_.size()) return 0;
+    n = std::min<size_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::string& bytes_;
+};
+
+// Why LibTorch refused, in one line: its first, or for an error in the TorchScript interpreter
+// (whose first line says only that an operation failed, then a traceback) the last, which says
+// what went wrong ("expected input[2, 1, 28, 28] to have 3 channels, but got 1 ...").
+std::string Cause(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  std::string text = c10 ? c10->what_without_backtrace() : e.what();
+  std::vector<std::string> lines;
+  for (size_t start = 0; start <= text.size();) {
+    size_t eol = text.find('\n', start);
+    if (eol == std::string::npos) eol = text.size();
+    std::string line = text.substr(start, eol - start);
+    while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.pop_back();
+    if (!line.empty()) lines.push_back(line);
+    start = eol + 1;
+  }
+  if (lines.empty()) return "an error without a message";
+  if (lines.front().find("failed in the TorchScript interpreter") == std::string::npos || lines.size() == 1) {
+    return lines.front();
+  }
+  std::string cause = lines.back();
+  for (const char* prefix : {"RuntimeError: ", "builtins.RuntimeError: "}) {
+    if (cause.rfind(prefix, 0) == 0) cause.erase(0, std::strlen(prefix));
+  }
+  return cause;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Classifier>> LoadScripted(const checkpoint::ModuleFile& file, const InputShape& s) {
+  const std::string& path = file.path;
   torch::jit::Module module;
   try {
-    module = torch::jit::load(path, torch::kCPU);
+    module = torch::jit::load(std::make_shared<BytesReader>(file.bytes), torch::kCPU);
   } catch (const std::exception& e) {
-    std::string why = e.what();
-    why = why.substr(0, why.find('\n'));
     return InvalidArgument(path + ": not a TorchScript module LibTorch can load (save it with "
-                           "torch.jit.script(model).save(path)): " + why);
+                           "torch.jit.script(model).save(path), not torch.save): " + Cause(e));
   }
   auto model = std::make_shared<Scripted>(std::move(module));
   if (model->parameters().empty()) return InvalidArgument(path + ": the TorchScript module has no parameters to train");
@@ -89,10 +137,8 @@ Result<std::shared_ptr<Classifier>> LoadScripted(const std::string& path, const 
                              std::to_string(s.classes) + "], one score per class");
     }
   } catch (const std::exception& e) {
-    std::string why = e.what();
-    why = why.substr(0, why.find('\n'));
     return InvalidArgument(path + ": the module cannot take a batch of " + std::to_string(s.channels) + "x" +
-                           std::to_string(s.rows) + "x" + std::to_string(s.cols) + " images: " + why);
+                           std::to_string(s.rows) + "x" + std::to_string(s.cols) + " images: " + Cause(e));
   }
   return std::shared_ptr<Classifier>(model);
 }

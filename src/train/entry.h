@@ -34,6 +34,7 @@ struct EvalOptions {
   // the watch; 0: before the watch began. The evaluator task passes its run's start.
   int64_t since = 0;
   std::string data_dir;    // "": the directory recorded in the checkpoint
+  std::string torchscript;  // a TorchScript model's module: "" for the run's copy beside the checkpoint
   int64_t limit = 0;       // evaluate the first N test images (0: all)
   std::string format = "text";  // text | json
   int threads = 0;              // 0: all cores
@@ -45,6 +46,7 @@ int RunEval(const EvalOptions& options);
 struct PredictOptions {
   std::string checkpoint;           // a .safetensors file, or a directory: its newest valid checkpoint
   std::vector<std::string> images;  // PNG, PGM, PPM files, or idx3 image files (every image in them)
+  std::string torchscript;          // as EvalOptions'
   int top = 3;
   std::string format = "text";      // text | json
   int threads = 0;

@@ -716,7 +716,9 @@ TEST(Models, ATorchScriptModuleTrainsAsPyTorchComputesIt) {
   for (const char* name : {"bn_cnn", "resnet"}) {
     SCOPED_TRACE(name);
     const auto want = nlohmann::json::parse(s.Read(std::string("models/") + name + ".json"));
-    auto model = models::MakeModel("torchscript", {1, 28, 28, 10}, {}, s.path(std::string("models/") + name + ".pt"));
+    auto file = checkpoint::ReadModuleFile(s.path(std::string("models/") + name + ".pt"));
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    auto model = models::MakeModel("torchscript", {1, 28, 28, 10}, {}, &*file);
     ASSERT_TRUE(model.ok()) << model.status().message();
     std::vector<std::string> names, buffers;
     for (const auto& p : (*model)->named_parameters()) names.push_back(p.key());
@@ -734,19 +736,33 @@ TEST(Models, ATorchScriptModuleTrainsAsPyTorchComputesIt) {
       ++i;
     }
   }
-  // The wrong file, or a module that does not fit the data, is an error naming the file.
-  s.Write("notes.pt", "not a module");
-  auto bad = models::MakeModel("torchscript", {1, 28, 28, 10}, {}, s.path("notes.pt"));
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("notes.pt: not a TorchScript module LibTorch can load"), std::string::npos)
-      << bad.status().message();
-  auto classes = models::MakeModel("torchscript", {1, 28, 28, 7}, {}, s.path("models/bn_cnn.pt"));
+  // The wrong file, or a module that does not fit the data, is an error naming the file and,
+  // from the TorchScript interpreter, its cause (not only that "an operation failed").
+  auto module = [&](const std::string& name) { return checkpoint::ReadModuleFile(s.path(name)).value(); };
+  auto pickled = testing::RunProgram(
+      {TRAINCTL_TEST_PYTHON, "-c",
+       "import sys, torch\ntorch.save(torch.nn.Linear(4, 2), sys.argv[1] + '/pickled.pt')\n"
+       "torch.save(torch.nn.Linear(4, 2).state_dict(), sys.argv[1] + '/state.pt')\n",
+       s.path("models")}, s.path(""));
+  ASSERT_EQ(pickled.exit.code, 0) << pickled.output;
+  for (const char* name : {"models/pickled.pt", "models/state.pt"}) {
+    const auto m = module(name);
+    auto bad = models::MakeModel("torchscript", {1, 28, 28, 10}, {}, &m);
+    ASSERT_FALSE(bad.ok()) << name;
+    EXPECT_NE(bad.status().message().find(std::string(name) + ": not a TorchScript module LibTorch can load (save it with "
+                                          "torch.jit.script(model).save(path), not torch.save)"),
+              std::string::npos) << bad.status().message();
+  }
+  const auto bn_cnn = module("models/bn_cnn.pt");
+  auto classes = models::MakeModel("torchscript", {1, 28, 28, 7}, {}, &bn_cnn);
   ASSERT_FALSE(classes.ok());
   EXPECT_NE(classes.status().message().find("expected [2, 7], one score per class"), std::string::npos)
       << classes.status().message();
-  auto shape = models::MakeModel("torchscript", {3, 32, 32, 10}, {}, s.path("models/bn_cnn.pt"));
+  auto shape = models::MakeModel("torchscript", {3, 32, 32, 10}, {}, &bn_cnn);
   ASSERT_FALSE(shape.ok());
-  EXPECT_NE(shape.status().message().find("cannot take a batch of 3x32x32 images"), std::string::npos)
+  EXPECT_NE(shape.status().message().find("cannot take a batch of 3x32x32 images: "), std::string::npos)
+      << shape.status().message();
+  EXPECT_NE(shape.status().message().find("to have 1 channels, but got 3 channels instead"), std::string::npos)
       << shape.status().message();
 }
 

@@ -90,12 +90,20 @@ Trainer::Trainer(TrainerOptions o, std::unique_ptr<StepStrategy> strategy)
   if (const char* hang = std::getenv("TRAINCTL_FAULT_HANG")) {
     int rank = -1;
     long long step = -1;
-    if (std::sscanf(hang, "%d:%lld", &rank, &step) == 2 && rank == o.rank) hang_at_step_ = step;
+    char phase[16] = "forward";
+    if (std::sscanf(hang, "%d:%lld:%15s", &rank, &step, phase) >= 2 && rank == o.rank) {
+      hang_at_step_ = step;
+      hang_phase_ = std::string(phase) == "gradients" ? comm::Phase::kGradients : comm::Phase::kForward;
+    }
   }
 }
 
 void Trainer::Enter(comm::Phase phase) {
   if (watchdog_) watchdog_->Enter(phase);
+  if (phase == hang_phase_ && s_.step == hang_at_step_) {
+    LOG_WARN("TRAINCTL_FAULT_HANG: rank {} hangs at step {} in {}", s_.rank, s_.step, comm::PhaseName(phase));
+    while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -132,8 +140,11 @@ Status Trainer::Setup() {
   classes_ = t_.data.dataset == "synthetic" ? t_.data.classes : train_set_.num_classes;
   train_set_.num_classes = test_set_.num_classes = classes_;
   models::InputShape shape{train_set_.channels, train_set_.rows, train_set_.cols, classes_};
+  if (t_.model == "torchscript") {
+    ASSIGN_OR_RETURN(module_file_, checkpoint::ReadModuleFile(t_.torchscript));
+  }
   try {
-    ASSIGN_OR_RETURN(s_.model, models::MakeModel(t_.model, shape, t_.layers, t_.torchscript));
+    ASSIGN_OR_RETURN(s_.model, models::MakeModel(t_.model, shape, t_.layers, module_file_ ? &*module_file_ : nullptr));
   } catch (const std::exception& e) {
     return InvalidArgument(std::string("cannot build the model: ") + e.what());
   }
@@ -154,6 +165,15 @@ Status Trainer::Setup() {
       snapshots_ = std::make_unique<checkpoint::CheckpointDir>(*dir, 1, 0600);
     } else if (env_.local_rank == 0) {
       LOG_WARN("in-memory snapshots are off: {}", dir.status().message());
+    }
+  }
+  if (s_.rank == 0 && module_file_) {
+    // The run keeps the module it trains beside its model and its checkpoints: what eval,
+    // predict and the dashboard load (checkpoint/module_file.h), checked against the hash the
+    // checkpoints record, never the path the spec named (its file may change, or go).
+    for (const std::string& dir : {spec_.output_dir, spec_.checkpoint_dir}) {
+      RETURN_IF_ERROR(MakeDirs(dir));
+      RETURN_IF_ERROR(AtomicWriteFile(dir + "/" + checkpoint::kModuleCopyName, module_file_->bytes));
     }
   }
   if (s_.rank == 0) {
@@ -186,7 +206,10 @@ checkpoint::Checkpoint Trainer::Snapshot(bool with_optimizer) {
     }
   }
   if (t_.model == "layers") c.metadata["layers"] = LayersToJson(t_.layers);
-  if (t_.model == "torchscript") c.metadata["torchscript"] = std::filesystem::absolute(t_.torchscript).lexically_normal().string();
+  if (module_file_) {
+    c.metadata["torchscript"] = checkpoint::kModuleCopyName;
+    c.metadata["torchscript_sha256"] = module_file_->sha256;
+  }
   c.metadata["run_id"] = env_.run_id;  // a snapshot is read only by the run that wrote it
   if (with_optimizer) {
     for (auto& [name, t] : s_.optimizer->State()) {
@@ -460,10 +483,6 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     }
     torch::Tensor logits;
     Enter(comm::Phase::kForward);
-    if (s_.step == hang_at_step_) {
-      LOG_WARN("TRAINCTL_FAULT_HANG: rank {} hangs at step {}", s_.rank, s_.step);
-      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
-    }
     {
       Autocast autocast(t_.precision == "bf16", s_.device);
       logits = s_.model->forward(b.x);

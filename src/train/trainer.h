@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -179,11 +180,14 @@ class Trainer : private StateSource {
 
   int classes_ = 0;
   bool random_layers_ = false;  // the model draws from the generator when training (dropout)
+  std::optional<checkpoint::ModuleFile> module_file_;  // trainer.model.torchscript's, as read
   bool last_saved_ = false;
   comm::ProgressWatchdog* watchdog_;
-  // TRAINCTL_FAULT_HANG=RANK:STEP (for tests of the watchdog): that rank hangs at that step's
-  // forward pass, neither stopped nor blocked in the kernel (which the agent sees in /proc).
+  // TRAINCTL_FAULT_HANG=RANK:STEP[:forward|gradients] (for tests of the watchdog): that rank's
+  // training thread hangs as that step enters the phase (the forward pass by default), neither
+  // stopped nor blocked in the kernel (which the agent sees in /proc), its other threads alive.
   int64_t hang_at_step_ = -1;
+  comm::Phase hang_phase_{};  // set with hang_at_step_
   void Enter(comm::Phase phase);
   // Balanced(): each rank's part of the global batch (batch each at first), and this rank's
   // computing (its batches, forward and backward) since the last Rebalance().

@@ -7,6 +7,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -26,14 +27,47 @@
 namespace trainctl::train {
 namespace {
 
-// The model a checkpoint's metadata names (its declared layers, for a declared one).
+// The TorchScript module a checkpoint was trained with: the file the user named (`named`), else
+// the run's copy beside the checkpoint (`path`: a checkpoint file or directory); never a path
+// from the checkpoint's metadata (checkpoint/module_file.h). Its hash must be the one the
+// checkpoint records.
+Result<checkpoint::ModuleFile> SavedModule(const checkpoint::ModelMeta& meta, const std::string& path,
+                                           const std::string& named) {
+  const std::string dir = IsDirectory(path) ? path : std::filesystem::path(path).parent_path().string();
+  const std::string file = !named.empty() ? named : (dir.empty() ? "." : dir) + "/" + checkpoint::kModuleCopyName;
+  if (meta.torchscript_sha256.empty() && named.empty()) {
+    return InvalidArgument(path + ": this checkpoint records no hash of its TorchScript module (it was written "
+                           "by an earlier trainctl); name the module it was trained with: --torchscript FILE.pt");
+  }
+  auto m = checkpoint::ReadModuleFile(file);
+  if (!m.ok()) {
+    if (named.empty() && m.status().code() == Code::kNotFound) {
+      return NotFound(path + ": its TorchScript module " + file + " is missing (a run keeps a copy of it beside its "
+                      "model and checkpoints); name the module it was trained with: --torchscript FILE.pt");
+    }
+    return m.status();
+  }
+  if (!meta.torchscript_sha256.empty() && m->sha256 != meta.torchscript_sha256) {
+    return InvalidArgument(file + ": not the TorchScript module " + path + " was trained with (its sha256 is " +
+                           m->sha256 + ", the checkpoint records " + meta.torchscript_sha256 + ")");
+  }
+  return m;
+}
+
+// The model a checkpoint's metadata names (its declared layers, for a declared one; its module,
+// for TorchScript: SavedModule).
 Result<std::shared_ptr<models::Classifier>> MakeSavedModel(const checkpoint::ModelMeta& meta,
-                                                           const models::InputShape& in, const std::string& path) {
+                                                           const models::InputShape& in, const std::string& path,
+                                                           const std::string& torchscript) {
   std::vector<LayerSpec> layers;
   if (meta.model == "layers") {
     ASSIGN_OR_RETURN(layers, LayersFromJson(meta.layers, path));
   }
-  auto model = models::MakeModel(meta.model, in, layers, meta.torchscript);
+  std::optional<checkpoint::ModuleFile> module;
+  if (meta.model == "torchscript") {
+    ASSIGN_OR_RETURN(module, SavedModule(meta, path, torchscript));
+  }
+  auto model = models::MakeModel(meta.model, in, layers, module ? &*module : nullptr);
   if (!model.ok()) return InvalidArgument(path + ": " + model.status().message());
   return model;
 }
@@ -83,7 +117,7 @@ class CheckpointEvaluator {
                              ", the model was trained on " + ckpt.Meta("shape"));
     }
     try {
-      ASSIGN_OR_RETURN(auto model, MakeSavedModel(meta, in, path));
+      ASSIGN_OR_RETURN(auto model, MakeSavedModel(meta, in, path, o_.torchscript));
       if (Status st = LoadModuleState(*model, ckpt); !st.ok()) return InvalidArgument(path + ": " + st.message());
       Normalizer norm{meta.mean, meta.std};
       Confusion c = Evaluate(*model, test_, 0, test_.count, norm, o_.batch);
@@ -186,7 +220,8 @@ int RunEval(const EvalOptions& o) {
 // Images as the model takes them: `channels` (grey <-> RGB converted), the model's size.
 Result<data::ImageSet> LoadImagesFor(const std::string& path, const checkpoint::ModelMeta& meta) {
   char magic[4] = {};
-  std::ifstream(path, std::ios::binary).read(magic, sizeof magic);
+  const std::string head = ReadFrom(path, 0, sizeof magic);  // "" for what is not a regular file
+  std::memcpy(magic, head.data(), head.size());
   // An idx3 image file, or a gzipped one (the Debian packages ship them so).
   const bool idx = std::memcmp(magic, "\0\0\x08\x03", 4) == 0 || std::memcmp(magic, "\x1f\x8b", 2) == 0;
   // The size its header declares, checked before any pixel is decoded (or inflated).
@@ -220,7 +255,8 @@ int RunPredict(const PredictOptions& o) {
   const int top = std::min(std::max(1, o.top), meta->classes);
   nlohmann::json all = nlohmann::json::array();
   try {
-    auto model = MakeSavedModel(*meta, {meta->channels, meta->rows, meta->cols, meta->classes}, o.checkpoint);
+    auto model = MakeSavedModel(*meta, {meta->channels, meta->rows, meta->cols, meta->classes}, o.checkpoint,
+                                o.torchscript);
     if (!model.ok()) return fail(model.status().message());
     if (Status st = LoadModuleState(**model, *ckpt); !st.ok()) return fail(o.checkpoint + ": " + st.message());
     (*model)->eval();

@@ -183,6 +183,7 @@ int RunTrainer(const TrainOptions& options) {
       po.rank = rank;
       po.size = world;
       po.limit = comm_timeout;
+      po.behind = [c = comm->get()] { return c->Behind(); };
       watchdog = std::make_unique<comm::ProgressWatchdog>(
           std::make_unique<PrefixStore>(std::move(*own), env->store_prefix + keys::CommPrefix(env->round)), po,
           [fail](const Status& st) {

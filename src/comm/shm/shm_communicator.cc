@@ -31,6 +31,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -116,6 +117,7 @@ long Futex(std::atomic<uint32_t>* addr, int op, uint32_t value, const timespec* 
 }
 
 class ShmAverage;
+struct AverageControl;
 
 class ShmCommunicator : public Communicator {
  public:
@@ -175,6 +177,9 @@ class ShmCommunicator : public Communicator {
   }
 
   Result<std::unique_ptr<SharedAverage>> MakeSharedAverage(size_t count) override;
+
+  // Ranks behind this one: in barriers entered, or in the blocks of a shared average posted.
+  std::vector<int> Behind() const override;
 
  private:
   float* slot(int r) { return slots_ + size_t(r) * chunk_; }
@@ -271,6 +276,8 @@ class ShmCommunicator : public Communicator {
   uint32_t seq_ = 0;
   const bool spin_;  // every rank has a CPU of its own: a waiting rank spins before it sleeps
   std::string broken_;
+  mutable std::mutex averages_mu_;                // guards averages_ (Behind() reads from another thread)
+  std::vector<const AverageControl*> averages_;  // the live ShmAverages' heads
 };
 
 // The head of a SharedAverage's segment; the inputs and the result follow it.
@@ -285,6 +292,20 @@ size_t AverageControlBytes(int size) {
   return (sizeof(AverageControl) + size * sizeof(AverageControl::Posted) + 63) / 64 * 64;
 }
 
+std::vector<int> ShmCommunicator::Behind() const {
+  std::vector<int> behind;
+  const uint32_t mine = control_->ranks[rank_].seq.load(std::memory_order_acquire);
+  std::lock_guard<std::mutex> lock(averages_mu_);
+  for (int r = 0; r < size_; ++r) {
+    bool late = int32_t(mine - control_->ranks[r].seq.load(std::memory_order_acquire)) > 0;
+    for (const AverageControl* a : averages_) {
+      late |= a->posted[r].blocks.load(std::memory_order_acquire) < a->posted[rank_].blocks.load(std::memory_order_acquire);
+    }
+    if (late) behind.push_back(r);
+  }
+  return behind;
+}
+
 // Blocks of kAverageBlock floats are averaged by whichever rank claims them first (a shared
 // counter), once every rank has posted them. A rank that finishes backward early thus averages
 // the blocks its peers posted while they still compute, and the last rank to arrive finds little
@@ -296,8 +317,17 @@ class ShmAverage : public SharedAverage {
         blocks_((count + kAverageBlock - 1) / kAverageBlock),
         control_(static_cast<AverageControl*>(base)),
         inputs_(reinterpret_cast<float*>(static_cast<char*>(base) + AverageControlBytes(comm->size()))),
-        result_(inputs_ + 2 * comm->size() * stride) {}
-  ~ShmAverage() override { ::munmap(base_, bytes_); }
+        result_(inputs_ + 2 * comm->size() * stride) {
+    std::lock_guard<std::mutex> lock(comm_->averages_mu_);
+    comm_->averages_.push_back(control_);
+  }
+  ~ShmAverage() override {
+    {
+      std::lock_guard<std::mutex> lock(comm_->averages_mu_);
+      std::erase(comm_->averages_, control_);
+    }
+    ::munmap(base_, bytes_);
+  }
 
   float* input() override { return inputs() + comm_->rank() * stride_; }
   const float* result() const override { return result_; }
