@@ -3,10 +3,12 @@
 // with what was meant, and trainctl installs onto PATH. docs/cli.md, README's Quick start.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "common/exit_codes.h"
+#include "common/strings.h"
 #include "tests/test_util.h"
 
 namespace trainctl::testing {
@@ -38,6 +40,7 @@ TEST(FirstHour, EveryExampleRunsAsShippedFromAnotherDirectory) {
       {"fashion-mnist.yaml", brief_training, "test accuracy"},
       {"your-model.yaml", brief_training, "test accuracy"},
       {"parameter-server.yaml", brief_training, "[chief-0]"},
+      {"streamed-jpegs.yaml", brief_training, "test accuracy"},
   };
   std::vector<std::string> shipped;
   for (const auto& e : std::filesystem::directory_iterator(kSrc + "/examples")) {
@@ -108,7 +111,7 @@ TEST(FirstHour, MistakesAreNamedWithWhatWasMeant) {
   auto set = Trainctl({"validate", kSrc + "/examples/fashion-mnist.yaml", "--set", "trainer.data.dir=/nonexistent"},
                       s.path(""));
   EXPECT_EQ(set.exit.code, kExitInvalidSpec);
-  EXPECT_NE(set.output.find("--set trainer.data.dir=/nonexistent: trainer.data: "), std::string::npos) << set.output;
+  EXPECT_NE(set.output.find("--set trainer.data.dir=/nonexistent: trainer.data.dir: "), std::string::npos) << set.output;
   // Each verb's help: the job exit codes where the verb runs a job, not on ps or schema.
   EXPECT_NE(Trainctl({"run", "--help"}, s.path("")).output.find("Exit codes:"), std::string::npos);
   for (const char* verb : {"ps", "schema", "logs"}) {
@@ -170,6 +173,155 @@ TEST(FirstHour, InstallPutsTrainctlAndItsPluginsUnderThePrefix) {
   EXPECT_NE(r.exit.code, 0);
   EXPECT_EQ(r.output.find("the LibTorch part of trainctl"), std::string::npos) << "the plugin was found\n" << r.output;
   EXPECT_NE(r.output.find("garbage.safetensors"), std::string::npos) << r.output;
+}
+
+// A folder of `classes` class folders of the shipped Fashion-MNIST JPEGs (examples/fashion-jpegs),
+// `per` pictures each, at `dir`.
+void PicturesFolder(const Scratch& s, const std::string& dir, int classes, int per) {
+  namespace fs = std::filesystem;
+  const std::string from = kSrc + "/examples/fashion-jpegs/train";
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(from)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  for (int c = 0; c < classes; ++c) {
+    fs::create_directories(s.path(dir + "/" + names[c]));
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(from + "/" + names[c])) {
+      if (n++ == per) break;
+      fs::copy_file(e.path(), s.path(dir + "/" + names[c] + "/" + e.path().filename().string()));
+    }
+  }
+}
+
+double FinalAccuracy(const Scratch& s, const std::string& out) {
+  double acc = -1;
+  for (const auto& line : SplitLines(s.Read(out + "/metrics.jsonl"))) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("test_accuracy")) acc = j["test_accuracy"].get<double>();
+  }
+  return acc;
+}
+
+// eval by run id evaluates that run's model, wherever a rerun moved it (a 3-class run, then a
+// 4-class rerun in the same output directory); a run that wrote no model is an error, not an
+// answer; eval by the job's name takes its newest run that has a model, saying which, when the
+// newest failed before writing one (a configuration error only a worker could find).
+TEST(FirstHour, EvalTakesTheRunItIsGivenAndAJobsNewestModel) {
+  Scratch s;
+  const Env env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+  PicturesFolder(s, "three", 3, 20);
+  PicturesFolder(s, "four", 4, 20);
+  auto job = [&](const std::string& dir, const std::string& model) {
+    return s.Write("job.yaml", "name: folders\nprocs_per_node: 1\noutput_dir: " + s.path("out") + "\ntrainer:\n  model: " +
+                                   model + "\n  data: {dataset: imagefolder, dir: " + dir + ", shape: [1, 28, 28]}\n"
+                                   "  batch_size: 8\n  max_steps: 3\n  threads: 1\n");
+  };
+  ASSERT_EQ(Trainctl({"run", job("three", "cnn")}, s.path(""), seconds(120), env).exit.code, 0);
+  const std::string first = ReadStatus(s)["run_id"];
+  ASSERT_EQ(Trainctl({"run", job("four", "cnn")}, s.path(""), seconds(120), env).exit.code, 0);
+  auto older = Trainctl({"eval", first, "-o", "json"}, s.path(""), seconds(60), env);
+  ASSERT_EQ(older.exit.code, 0) << older.output;
+  EXPECT_EQ(nlohmann::json::parse(older.output.substr(older.output.find('{')))["classes"].size(), 3u) << older.output;
+  auto newer = Trainctl({"eval", "folders", "-o", "json"}, s.path(""), seconds(60), env);
+  ASSERT_EQ(newer.exit.code, 0) << newer.output;
+  EXPECT_EQ(nlohmann::json::parse(newer.output.substr(newer.output.find('{')))["classes"].size(), 4u) << newer.output;
+  // A rerun that fails before it writes a model (a module of 5 scores for 4 classes: only the
+  // worker, loading it, finds that), then the job by name: the newest run with a model, named.
+  auto made = RunProgram({TRAINCTL_TEST_PYTHON, "-c",
+                          "import sys, torch, torch.nn as nn\n"
+                          "torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(784, 5))).save(sys.argv[1])\n",
+                          s.path("five.pt")},
+                         s.path(""));
+  ASSERT_EQ(made.exit.code, 0) << made.output;
+  auto failed = Trainctl({"run", job("four", "{torchscript: five.pt}")}, s.path(""), seconds(120), env);
+  ASSERT_NE(failed.exit.code, 0) << failed.output;
+  const std::string failed_id = ReadStatus(s)["run_id"];
+  auto by_id = Trainctl({"eval", failed_id}, s.path(""), seconds(60), env);
+  EXPECT_EQ(by_id.exit.code, kExitInvalidSpec) << by_id.output;
+  EXPECT_NE(by_id.output.find("run " + failed_id + " of job folders wrote no model and no checkpoint"), std::string::npos)
+      << by_id.output;
+  auto by_name = Trainctl({"eval", "folders", "-o", "json"}, s.path(""), seconds(60), env);
+  ASSERT_EQ(by_name.exit.code, 0) << by_name.output;
+  EXPECT_NE(by_name.output.find("its newest run " + failed_id + " (failed) wrote no model; using run "), std::string::npos)
+      << by_name.output;
+}
+
+// Image folders as a new user brings them: a test folder of one class is fine, one with a class
+// training lacks is refused by validate (not only by run), an empty class folder is refused as
+// torchvision refuses it, and without a shape the first picture's is taken and said. A spec
+// validated from another directory finds its folders relative to itself.
+TEST(FirstHour, ImageFoldersAreCheckedAsTheyWillBeRead) {
+  Scratch s;
+  PicturesFolder(s, "specs/train", 3, 10);
+  PicturesFolder(s, "specs/test", 1, 5);
+  const std::string spec = s.Write("specs/job.yaml", "name: f\ntrainer:\n  model: cnn\n  data: {dataset: imagefolder, "
+                                                     "dir: train, test_dir: test}\n");
+  auto ok = Trainctl({"validate", "specs/job.yaml"}, s.path(""));
+  ASSERT_EQ(ok.exit.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("data: " + s.path("specs/train") + ": 30 training and 5 test images in 3 classes"),
+            std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("trainer.data.shape: [1, "), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("], the first training picture's ("), std::string::npos) << ok.output;
+  namespace fs = std::filesystem;
+  fs::create_directories(s.path("specs/test/Zebra"));
+  fs::copy_file(fs::directory_iterator(kSrc + "/examples/fashion-jpegs/test/Bag")->path(), s.path("specs/test/Zebra/1.jpg"));
+  auto extra = Trainctl({"validate", spec}, s.path(""));
+  EXPECT_EQ(extra.exit.code, kExitInvalidSpec) << extra.output;
+  EXPECT_NE(extra.output.find("trainer.data.test_dir: " + s.path("specs/test") + "/Zebra: a class the training folder"),
+            std::string::npos) << extra.output;
+  fs::remove_all(s.path("specs/test/Zebra"));
+  fs::create_directories(s.path("specs/train/Empty"));
+  auto empty = Trainctl({"validate", spec}, s.path(""));
+  EXPECT_EQ(empty.exit.code, kExitInvalidSpec) << empty.output;
+  EXPECT_NE(empty.output.find("specs/train/Empty: an empty class folder"), std::string::npos) << empty.output;
+}
+
+// A .pt that run would refuse is refused by validate, which loads it and runs a batch of the
+// data's shape: torch.save(model) (a pickle), a state_dict, a module of 5 scores for 10 classes,
+// one that expects 3 channels of 1-channel data (its cause said). A good one's summary is shown.
+TEST(FirstHour, ValidateRefusesWhatRunWouldRefuseOfATorchScriptModule) {
+  Scratch s;
+  auto made = RunProgram(
+      {TRAINCTL_TEST_PYTHON, "-c",
+       "import sys, torch, torch.nn as nn\n"
+       "d = sys.argv[1]\n"
+       "torch.save(nn.Linear(4, 2), d + '/pickled.pt')\n"
+       "torch.save(nn.Linear(4, 2).state_dict(), d + '/state.pt')\n"
+       "torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(784, 5))).save(d + '/five.pt')\n"
+       "torch.jit.script(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))).save(d + '/rgb.pt')\n"
+       "torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(784, 10))).save(d + '/good.pt')\n",
+       s.path("")},
+      s.path(""));
+  ASSERT_EQ(made.exit.code, 0) << made.output;
+  for (const auto& [file, why] : std::vector<std::pair<std::string, std::string>>{
+           {"pickled.pt", "not a TorchScript module LibTorch can load (save it with torch.jit.script(model).save(path), not torch.save)"},
+           {"state.pt", "not a TorchScript module LibTorch can load"},
+           {"five.pt", "expected [2, 10], one score per class"},
+           {"rgb.pt", "to have 3 channels, but got 1 channels instead"}}) {
+    s.Write("job.yaml", "name: m\ntrainer: {model: {torchscript: " + file + "}}\n");
+    auto r = Trainctl({"validate", "job.yaml"}, s.path(""), seconds(60));
+    EXPECT_EQ(r.exit.code, kExitInvalidSpec) << file << "\n" << r.output;
+    EXPECT_NE(r.output.find(why), std::string::npos) << file << "\n" << r.output;
+    EXPECT_EQ(r.output.find(": valid: "), std::string::npos) << r.output;
+  }
+  s.Write("job.yaml", "name: m\ntrainer: {model: {torchscript: good.pt}}\n");
+  auto good = Trainctl({"validate", "job.yaml"}, s.path(""), seconds(60));
+  EXPECT_EQ(good.exit.code, 0) << good.output;
+  EXPECT_NE(good.output.find("7850 parameters; a batch of 2 images of 1x28x28 gives [2, 10] scores"), std::string::npos)
+      << good.output;
+}
+
+// A run that max_steps ends mid-epoch is evaluated at its end all the same.
+TEST(FirstHour, ARunEndedByMaxStepsIsEvaluated) {
+  Scratch s;
+  s.Write("job.yaml", "name: short\nprocs_per_node: 1\noutput_dir: " + s.path("out") +
+                          "\ntrainer:\n  model: cnn\n  data: {limit: 512, test_limit: 100}\n  batch_size: 32\n"
+                          "  max_steps: 5\n  threads: 1\n");
+  auto r = Trainctl({"run", "job.yaml"}, s.path(""), seconds(120), {{"TRAINCTL_STATE_DIR", s.path("state")}});
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_GT(FinalAccuracy(s, "out"), 0.05);
+  EXPECT_NE(r.output.find("test accuracy"), std::string::npos) << r.output;
+  EXPECT_EQ(s.Read("out/metrics.jsonl").find("\"epoch_seconds\""), std::string::npos) << "a part of an epoch";
 }
 
 }  // namespace

@@ -340,6 +340,29 @@ TEST(Trainer, AResumedRunHasTheSameLossesAsAnUninterruptedOne) {
   StopAndResume(s, [](int steps) { return ResumableTrainer(steps); });
 }
 
+// A streamed folder of JPEGs with random resized crops and flips (examples/fashion-jpegs):
+// each picture's crop comes from (seed, epoch, index), so a run stopped mid-epoch and resumed
+// draws what the uninterrupted one drew, step for step; the log says how the folder is read.
+std::string StreamedTrainer(int max_steps) {
+  const std::string pics = std::string(TRAINCTL_SOURCE_DIR) + "/examples/fashion-jpegs";
+  return "  model: cnn\n  data: {dataset: imagefolder, dir: " + pics + "/train, test_dir: " + pics +
+         "/test, shape: [1, 32, 32], load: stream, threads: 2, augment: {random_resized_crop: true, "
+         "scale: [0.3, 1.0], flip: true}}\n  batch_size: 32\n  threads: 1\n  deterministic: true\n  epochs: 2\n"
+         "  eval: false\n  log_every: 1\n  checkpoint_every: 4\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+         "  max_steps: " + std::to_string(max_steps) + "\n";
+}
+
+TEST(Trainer, AStreamedFolderWithRandomCropsResumesExactly) {
+  Scratch s;
+  auto whole = Trainctl({"run", s.Write("a.yaml", Spec("whole", s.path("a"), StreamedTrainer(14)))}, s.path(""),
+                        std::chrono::seconds(120));
+  ASSERT_EQ(whole.exit.code, 0) << whole.output;
+  EXPECT_NE(whole.output.find("600 training images in 10 classes"), std::string::npos) << whole.output;
+  EXPECT_NE(whole.output.find("streamed, each batch decoded as it is used (load: stream)"), std::string::npos)
+      << whole.output;
+  StopAndResume(s, StreamedTrainer);
+}
+
 // The layers of a model declared in the spec: the fast recipe's batch-norm CNN (issue 48), with a
 // residual block so that every kind of parameter-holding layer is in it.
 const char* kDeclaredLayers = R"(  model:

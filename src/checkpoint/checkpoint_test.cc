@@ -190,7 +190,7 @@ TEST(Metadata, WhatTheTrainerWritesReadsBack) {
 TEST(Metadata, CraftedValuesAreLocatedErrors) {
   struct Case { std::string field, value, message; };
   for (const Case& c : std::vector<Case>{
-           {"classes", "0", "metadata field 'classes' is '0', expected a whole number from 2 to 256"},
+           {"classes", "0", "metadata field 'classes' is '0', expected a whole number from 2 to 4096"},
            {"classes", "4294967297", "'classes' is '4294967297'"},
            {"classes", "ten", "'classes' is 'ten'"},
            {"shape", "1,28", "'shape' is '1,28', expected channels,rows,cols, each from 1 to 4096"},

@@ -104,13 +104,13 @@ Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source) 
   m.channels = static_cast<int>(shape[0]);
   m.rows = static_cast<int>(shape[1]);
   m.cols = static_cast<int>(shape[2]);
-  ASSIGN_OR_RETURN(int64_t classes, Count(c, source, "classes", 2, 256));
+  ASSIGN_OR_RETURN(int64_t classes, Count(c, source, "classes", 2, 4096));
   m.classes = static_cast<int>(classes);
   if (m.dataset == "imagefolder") {
     // The names, one per class, each on its own line (a folder's name has no newline).
     const std::string names = c.Meta("class_names");
     size_t start = 0;
-    while (start <= names.size() && !names.empty() && m.class_names.size() <= 256) {
+    while (start <= names.size() && !names.empty() && m.class_names.size() <= 4096) {
       size_t end = names.find('\n', start);
       if (end == std::string::npos) end = names.size();
       m.class_names.push_back(names.substr(start, end - start));
@@ -121,6 +121,13 @@ Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source) 
       return Bad(source, "class_names", names, std::to_string(m.classes) + " names, one per line");
     }
     m.test_dir = c.Meta("test_dir");
+    if (const std::string crop = c.Meta("crop_pct"); !crop.empty()) {  // absent: written before it was kept
+      char* end = nullptr;
+      m.crop_pct = std::strtod(crop.c_str(), &end);
+      if (end != crop.c_str() + crop.size() || !(m.crop_pct > 0 && m.crop_pct <= 1)) {
+        return Bad(source, "crop_pct", crop, "a fraction above 0, at most 1");
+      }
+    }
     const std::string holdout = c.Meta("holdout");
     if (m.test_dir.empty()) {
       char* end = nullptr;

@@ -24,8 +24,9 @@ struct ModelMeta {
   std::vector<std::string> class_names;
   std::string test_dir;
   double holdout = 0;
+  double crop_pct = 1;  // imagefolder: the centre view's share (data/image_view.h), 0 < x <= 1
   int channels = 0, rows = 0, cols = 0;  // 1 to 4096 each
-  int classes = 0;              // 2 to 256
+  int classes = 0;              // 2 to 4096
   std::vector<float> mean, std; // one per channel; finite; std > 0
 };
 // kInvalidArgument: "<source>: metadata field 'classes' is '0', expected a whole number from 2 to 256".

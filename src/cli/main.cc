@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   using namespace trainctl::cli;
   using AddVerbs = void (*)(CLI::App&, const GlobalFlags&, int*);
   for (AddVerbs add : {AddRun, AddValidate, AddSchema, AddAgent, AddTrain, AddEval, AddPredict, AddTorchrun,
-                       AddBench, AddRender, AddClusterVerbs, AddLocalJobVerbs}) {
+                       AddBench, AddRender, AddPipeline, AddClusterVerbs, AddLocalJobVerbs}) {
     // An agent is started once per node (a 1024-node job starts 1024): it builds only its own
     // flags, not every verb's (a third of a process start).
     if (verb == "agent" && add != AddAgent) continue;

@@ -14,6 +14,7 @@
 #include "common/cpus.h"
 #include "common/subprocess.h"
 #include "data/dataset.h"
+#include "data/file_list.h"
 #include "jobspec/layers.h"
 
 namespace trainctl::cli {
@@ -93,6 +94,19 @@ void ResolveProgramPaths(JobSpec* spec, const std::string& base) {
   };
   resolve(spec->command);
   for (auto& role : spec->roles) resolve(role.command);
+  // The trainer's files, by the same rule: the data's folders, the module.
+  for (std::string* path : {&spec->trainer.data.dir, &spec->trainer.data.test_dir, &spec->trainer.torchscript}) {
+    if (std::string p = Against(base, *path, false); !p.empty()) *path = p;
+  }
+}
+
+Result<std::string> ResolveFolderShape(JobSpec* spec) {
+  DataSpec& d = spec->trainer.data;
+  if (!spec->trainer.enabled || d.dataset != "imagefolder" || d.shape.size() == 3 || d.dir.empty()) return std::string();
+  std::string first;
+  ASSIGN_OR_RETURN(d.shape, data::FolderShape(d.dir, &first));
+  return "trainer.data.shape: [" + std::to_string(d.shape[0]) + ", " + std::to_string(d.shape[1]) + ", " +
+         std::to_string(d.shape[2]) + "], the first training picture's (" + first + "); set it for another size";
 }
 
 Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::vector<std::string>& sets) {
@@ -127,11 +141,19 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::v
       }
       std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
       if (Status st = data::CheckDataDir(d.dataset, dir); !st.ok()) {
-        problems.push_back(source("trainer.data") + ": trainer.data: " + st.message());
-      }
-      if (!d.test_dir.empty()) {
-        if (Status st = data::CheckDataDir(d.dataset, d.test_dir); !st.ok()) {
-          problems.push_back(source("trainer.data.test_dir") + ": trainer.data.test_dir: " + st.message());
+        problems.push_back(source("trainer.data.dir") + ": trainer.data.dir: " + st.message());
+      } else if (!d.test_dir.empty() && d.dataset == "imagefolder") {
+        // Its classes among the training folder's (a folder may hold one class, or some).
+        auto train = data::ListClassFolders(dir), test = data::ListClassFolders(d.test_dir, 1);
+        if (!test.ok()) {
+          problems.push_back(source("trainer.data.test_dir") + ": trainer.data.test_dir: " + test.status().message());
+        } else if (train.ok()) {
+          for (const auto& cls : *test) {
+            if (std::find(train->begin(), train->end(), cls) == train->end()) {
+              problems.push_back(source("trainer.data.test_dir") + ": trainer.data.test_dir: " + d.test_dir + "/" + cls +
+                                 ": a class the training folder (" + dir + ") does not have");
+            }
+          }
         }
       }
       continue;
@@ -143,8 +165,9 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::v
       problems.push_back(source(field) + ": " + field + ": " + found.status().message());
     } else if (size_t i = ScriptIndex(role.command); i > 0 && !Exists(role.command[i])) {
       problems.push_back(source(field) + ": " + field + "[" + std::to_string(i) + "]: " + role.command[i] + ": no such " +
-                         "script (" + (spec.working_dir.empty() ? "a relative path is relative to the spec file's directory"
-                                                                : "a relative path is relative to working_dir") + ")");
+                         "script (" + (!spec.working_dir.empty() ? "a relative path is relative to working_dir"
+                                       : Exists(spec_file)       ? "a relative path is relative to the spec file's directory"
+                                                                 : "a relative path is relative to the working directory") + ")");
     }
   }
   if (!spec.preload.empty() &&

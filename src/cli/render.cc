@@ -69,10 +69,9 @@ void RemoveStaleOverlays(const std::string& out, const std::vector<std::pair<std
 
 std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string& spec_file) {
   std::vector<std::string> warnings;
-  if (!IsTrainctlImage(spec.cluster.image)) return warnings;
   const auto roles = JobRoles(spec, spec.nodes.max);
   std::vector<std::string> seen;
-  for (size_t i = 0; i < roles.size(); ++i) {
+  for (size_t i = 0; i < roles.size() && IsTrainctlImage(spec.cluster.image); ++i) {
     const RoleSpec& role = roles[i];
     if (role.command.empty() || InTrainctlImage(role.command[0])) continue;  // the built-in trainer, or sh
     if (std::find(seen.begin(), seen.end(), role.command[0]) != seen.end()) continue;
@@ -91,6 +90,20 @@ std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string&
                        spec.cluster.image + ") does not have" + local +
                        "; set cluster.image to an image with your program, its code and trainctl in it "
                        "(docs/own-program.md)");
+  }
+  // The trainer's files named by relative paths: the pods look for them on the shared volume.
+  if (spec.trainer.enabled) {
+    const std::string base = ProgramBase(spec, spec_file);
+    const std::string& mount = spec.cluster.storage.mount;
+    for (const auto& [field, path] : {std::pair<std::string, std::string>{"trainer.model.torchscript", spec.trainer.torchscript},
+                                      {"trainer.data.dir", spec.trainer.data.dir},
+                                      {"trainer.data.test_dir", spec.trainer.data.test_dir}}) {
+      if (path.empty() || path[0] == '/' || !Exists(base + "/" + path)) continue;
+      warnings.push_back(spec_file + ": " + field + ": " + path + " is " +
+                         (IsDirectory(base + "/" + path) ? "a folder" : "a file") + " on this machine, which the pods do "
+                         "not see: they read " + mount + "/" + path + " on the shared volume (cluster.storage); copy it "
+                         "there, or stage it (cluster.stage)");
+    }
   }
   return warnings;
 }

@@ -83,6 +83,13 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
     spec->checkpoint_dir = AbsolutePath(spec->checkpoint_dir);
     ResolveProgramPaths(&*spec, ProgramBase(*spec, spec_flags->Sources().files[0]));
     spec->working_dir = AbsolutePath(spec->working_dir);
+    if (auto shape = ResolveFolderShape(&*spec); !shape.ok()) {
+      std::fprintf(stderr, "%s: trainer.data: %s\n", spec_flags->Sources().files[0].c_str(), shape.status().message().c_str());
+      *code = kExitInvalidSpec;
+      return;
+    } else if (!shape->empty()) {
+      LOG_INFO("{}", *shape);
+    }
     // A program that cannot start is a spec error, found now rather than as N worker crashes.
     if (Status st = Preflight(*spec, spec_flags->Sources().files[0], spec_flags->sets); !st.ok()) {
       std::fprintf(stderr, "%s\n", st.message().c_str());

@@ -20,6 +20,9 @@
 #include "common/log.h"
 #include "common/plugin.h"
 #include "job/paths.h"
+#include "monitor/view.h"
+#include "common/strings.h"
+#include "checkpoint/checkpoint.h"
 #include "job/runs.h"
 #include "jobspec/job_spec.h"
 #include "train/entry.h"
@@ -68,23 +71,10 @@ void ServeWorkersIfAsked(const GlobalFlags& flags) {
   ServeForks(flags.argc, flags.argv);  // exits if LibTorch started a thread as it loaded
 }
 
-// A model as users name it: a model or checkpoint file, a checkpoint directory, a run's output
-// directory (its model.safetensors, else its checkpoints), or a job run here by its name or run id
-// (trainctl ps), as kubectl names a pod.
-Result<std::string> ModelPath(const std::string& arg) {
-  std::string dir = arg;
-  if (!Exists(arg)) {
-    auto run = runs::Find(arg);
-    if (!run.ok()) {
-      return NotFound(arg + ": no such model file or directory, nor a job run on this machine (trainctl ps lists "
-                      "them)");
-    }
-    dir = run->output_dir;
-  } else if (!IsDirectory(arg)) {
-    return arg;
-  }
+// What a run's output directory holds to evaluate: its model.safetensors, else the directory of its
+// checkpoints (a run still training, or one that ended before it exported); "" when neither.
+std::string RunModel(const std::string& dir) {
   if (Exists(paths::Model(dir))) return paths::Model(dir);
-  // A run's output directory whose run has not exported its model yet: its newest checkpoint.
   std::string checkpoints;
   if (auto job = ReadFile(paths::JobJson(dir), 1 << 20); job.ok()) {
     auto j = nlohmann::json::parse(*job, nullptr, false);
@@ -92,9 +82,67 @@ Result<std::string> ModelPath(const std::string& arg) {
       checkpoints = j["checkpoint_dir"].get<std::string>();
     }
   }
-  if (checkpoints.empty() || !IsDirectory(checkpoints)) checkpoints = dir + "/checkpoints";
-  return IsDirectory(checkpoints) ? checkpoints : dir;
+  // A moved run's checkpoints moved with it (previous/<run id>/checkpoints).
+  if (checkpoints.empty() || !IsDirectory(checkpoints) || checkpoints.rfind(dir, 0) != 0) checkpoints = dir + "/checkpoints";
+  return IsDirectory(checkpoints) && !checkpoint::CheckpointDir(checkpoints, 1).List().empty() ? checkpoints : "";
 }
+
+// A model as users name it: a model or checkpoint file, a checkpoint directory, a run's output
+// directory (its model.safetensors, else its checkpoints), or a job run here by its run id (that
+// run's model, wherever a rerun moved it) or its name (its newest run that has a model, named
+// when it is not the newest), as kubectl names a pod.
+Result<std::string> ModelPath(const std::string& verb, const std::string& arg) {
+  if (Exists(arg)) {
+    if (!IsDirectory(arg)) return arg;
+    const std::string model = RunModel(arg);
+    if (!model.empty()) return model;
+    return IsDirectory(arg + "/checkpoints") ? arg + "/checkpoints" : arg;  // a checkpoint directory, or an error
+  }
+  auto found = runs::Find(arg);  // the index's checks, and its error naming the jobs
+  if (!found.ok()) {
+    return NotFound(arg + ": no such model file or directory, nor a job run on this machine (trainctl ps lists "
+                    "them)");
+  }
+  const bool by_id = found->run_id == arg;
+  std::vector<std::string> without;  // newer runs of the job that have no model
+  for (const runs::RunEntry& e : runs::List()) {  // newest first
+    if (by_id ? e.run_id != arg : e.name != arg) continue;
+    const monitor::RunView v = monitor::View(e);
+    const std::string model = RunModel(v.dir);
+    if (model.empty()) {
+      if (by_id) {
+        return NotFound("run " + e.run_id + " of job " + e.name + " wrote no model and no checkpoint (" + v.state +
+                        "; trainctl status " + e.run_id + " says how it ended)");
+      }
+      without.push_back(e.run_id + " (" + v.state + ")");
+      continue;
+    }
+    if (!without.empty()) {
+      std::fprintf(stderr, "trainctl %s: job %s: its newest run%s %s wrote no model; using run %s, from %s\n",
+                   verb.c_str(), arg.c_str(), without.size() > 1 ? "s" : "", Join(without, ", ").c_str(),
+                   e.run_id.c_str(), model.c_str());
+    }
+    return model;
+  }
+  return NotFound("job " + arg + ": none of its runs wrote a model or a checkpoint (" + Join(without, ", ") + ")");
+}
+
+}  // namespace
+
+Result<std::string> CheckScriptedModel(const std::string& path, const std::vector<int64_t>& shape, int classes) {
+  train::CheckModuleOptions o;
+  o.path = path;
+  o.channels = static_cast<int>(shape[0]);
+  o.rows = static_cast<int>(shape[1]);
+  o.cols = static_cast<int>(shape[2]);
+  o.classes = classes;
+  auto entry = PluginFunction<train::PluginEntry>(kTorchPlugin, train::kPluginEntry);
+  if (!entry.ok()) return Internal("the LibTorch part of trainctl: " + entry.status().message());
+  if ((*entry)("check-module", &o) != 0) return InvalidArgument(o.error);
+  return o.summary;
+}
+
+namespace {
 
 constexpr const char* kTorchscriptHelp =
     "a TorchScript model's module (.pt): the file it was trained with, checked against the hash its "
@@ -170,7 +218,7 @@ void AddEval(CLI::App& app, const GlobalFlags& flags, int* code) {
       return;
     }
     if (!o->checkpoint.empty()) {
-      auto model = ModelPath(o->checkpoint);
+      auto model = ModelPath("eval", o->checkpoint);
       if (!model.ok()) {
         *code = Fail("eval", model.status());
         return;
@@ -196,7 +244,8 @@ void AddPredict(CLI::App& app, const GlobalFlags& flags, int* code) {
                   "a run's output directory, or a job run on this machine by name or run id (trainctl ps)")
       ->required();
   cmd->add_option("images", o->images,
-                  "PNG, PGM or PPM files of the model's size (grey and colour converted as the model needs), "
+                  "PNG, JPEG, PGM or PPM files (grey and colour converted as the model needs; of the model's size, "
+                  "or any size for a model trained on an image folder: resized and centre-cropped as its pictures), "
                   "or idx3 image files (every image in them)")
       ->required()
       ->check(CLI::ExistingFile);
@@ -207,7 +256,7 @@ void AddPredict(CLI::App& app, const GlobalFlags& flags, int* code) {
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--threads", o->threads, "compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
   cmd->callback([o, code] {
-    auto model = ModelPath(o->checkpoint);
+    auto model = ModelPath("predict", o->checkpoint);
     if (!model.ok()) {
       *code = Fail("predict", model.status());
       return;

@@ -228,6 +228,7 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
     o.self_exe = SelfExe();
     o.color_output = ::isatty(STDOUT_FILENO) != 0;
     o.log_level = flags.log_level;
+    o.verb = "torchrun";
     LocalLauncher launcher;
     return launcher.Run(*spec, o);
   }

@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "data/dataset.h"
+#include "data/file_list.h"
 
 namespace trainctl::cli {
 
@@ -62,6 +63,35 @@ std::optional<JobSpec> LoadOrReport(const SpecFlags& flags) {
   return *spec;
 }
 
+// "data: DIR: 1281167 training and 50000 test images in 1000 classes (list: from the cache, 0.8 s)":
+// from the listing a run reads (and keeps: data/file_list.h).
+std::string DescribeFolder(const DataSpec& d) {
+  data::ListOptions lo;
+  lo.cache_dir = data::DefaultListCacheDir();
+  lo.threads = 8;
+  lo.holdout = d.test_dir.empty() ? d.holdout : 0;
+  data::ListReport report;
+  auto train = data::ListImageFolder(d.dir, lo, &report);
+  if (!train.ok()) return "data: " + train.status().message();
+  int64_t tests = 0;
+  if (!d.test_dir.empty()) {
+    data::ListOptions to = lo;
+    to.classes = train->classes();
+    auto test = data::ListImageFolder(d.test_dir, to);
+    if (!test.ok()) return "data: " + test.status().message();
+    tests = test->size();
+  } else if (d.holdout > 0) {
+    lo.test = true;
+    auto held = data::ListImageFolder(d.dir, lo);
+    tests = held.ok() ? held->size() : 0;
+  }
+  char line[512];
+  std::snprintf(line, sizeof line, "data: %s: %lld training and %lld test images in %zu classes (list: %s, %.2f s)",
+                d.dir.c_str(), static_cast<long long>(train->size()), static_cast<long long>(tests),
+                train->classes().size(), report.from_cache ? "from the cache" : "made", report.seconds);
+  return line;
+}
+
 void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
       "validate", "Check a job spec (and its layers and overrides) without running anything");
@@ -83,26 +113,51 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
       return;
     }
     const std::string spec_file = spec_flags->Sources().files[0];
-    if (!*fields_only) ResolveProgramPaths(&*spec, ProgramBase(*spec, spec_file));
+    std::string shape_note;
+    if (!*fields_only) {
+      ResolveProgramPaths(&*spec, ProgramBase(*spec, spec_file));
+      auto shape = ResolveFolderShape(&*spec);
+      if (!shape.ok()) {
+        std::fprintf(stderr, "%s: trainer.data: %s\n", spec_file.c_str(), shape.status().message().c_str());
+        *code = kExitInvalidSpec;
+        return;
+      }
+      shape_note = *shape;
+    }
     if (Status st = *fields_only ? Status::Ok() : Preflight(*spec, spec_file, spec_flags->sets); !st.ok()) {
       std::fprintf(stderr, "%s\n", st.message().c_str());
       *code = kExitInvalidSpec;
       return;
+    }
+    // A TorchScript module is loaded and run on a batch of the data's images, as a worker would
+    // before training: a pickle saved with torch.save, a state_dict, the wrong number of scores
+    // or of channels are refused here, not at run.
+    const TrainerSpec& t = spec->trainer;
+    int classes = ClassCount(t.data);
+    if (t.enabled && t.data.dataset == "imagefolder" && !*fields_only) {  // its class folders, checked above
+      if (auto folders = data::FolderClasses(t.data.dir); folders.ok()) classes = static_cast<int>(folders->size());
+    }
+    std::string module;
+    if (t.enabled && t.model == "torchscript" && !*fields_only) {
+      auto checked = CheckScriptedModel(t.torchscript, ImageShape(t.data), classes);
+      if (!checked.ok()) {
+        std::fprintf(stderr, "%s: trainer.model.torchscript: %s\n", spec_file.c_str(), checked.status().message().c_str());
+        *code = kExitInvalidSpec;
+        return;
+      }
+      module = "model: the TorchScript module " + t.torchscript + ": " + *checked;
     }
     if (*print) {
       std::printf("%s\n", JobSpecToJson(*spec, 2).c_str());
     } else {
       std::printf("%s: valid: job %s, %s\n", Join(spec_flags->Sources().files, " + ").c_str(),
                   spec->name.c_str(), DescribeTasks(*spec).c_str());
+      if (t.enabled && t.data.dataset == "imagefolder" && !*fields_only) std::printf("%s\n", DescribeFolder(t.data).c_str());
+      if (!shape_note.empty()) std::printf("%s\n", shape_note.c_str());
+      if (!module.empty()) std::printf("%s\n", module.c_str());
       // The model's layer table (declared, or a built-in one's layers), as Keras's summary() prints it.
-      const TrainerSpec& t = spec->trainer;
       const auto layers = t.model == "layers" ? std::optional<std::vector<LayerSpec>>(t.layers) : BuiltinLayers(t.model);
-      if (t.enabled && layers) {
-        int classes = ClassCount(t.data);
-        if (t.data.dataset == "imagefolder" && !*fields_only) {  // its class folders, checked above
-          auto folders = data::FolderClasses(t.data.dir);
-          if (folders.ok()) classes = static_cast<int>(folders->size());
-        }
+      if (t.enabled && layers && !ImageShape(t.data).empty()) {
         auto summary = SummarizeModel(*layers, ImageShape(t.data), classes);
         if (!summary.ok()) {
           std::fprintf(stderr, "%s\n", summary.status().message().c_str());

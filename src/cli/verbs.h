@@ -27,6 +27,11 @@ void AddEval(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddPredict(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code);
 void AddRender(CLI::App& app, const GlobalFlags& flags, int* code);
+// A spec's TorchScript module loaded by the torch plugin and run on a batch of the data's shape
+// (train/entry.h: RunCheckModule), for validate: its summary line, or why it cannot train.
+Result<std::string> CheckScriptedModel(const std::string& path, const std::vector<int64_t>& shape, int classes);
+// pipeline: a spec's image-folder input pipeline alone, measured (cli/pipeline.cc).
+void AddPipeline(CLI::App& app, const GlobalFlags& flags, int* code);
 // bench: an experiment matrix run and reported; bench compare (cli/bench.cc).
 void AddBench(CLI::App& app, const GlobalFlags& flags, int* code);
 // submit, status, logs, delete: a job on Kubernetes, through kubectl (status and logs also take
@@ -67,8 +72,15 @@ std::string AbsolutePath(const std::string& path);
 // current directory for "-" or a command line).
 std::string ProgramBase(const JobSpec& spec, const std::string& spec_file);
 // Makes each command's program and script (python3 train.py, sh run.sh) absolute against `base`
-// (ProgramBase), as a local run starts them; a command looked up on the PATH stays as it is.
+// (ProgramBase), as a local run starts them; a command looked up on the PATH stays as it is. So
+// are the trainer's data.dir, data.test_dir and model.torchscript: one rule for every path a spec
+// names, wherever trainctl runs.
 void ResolveProgramPaths(JobSpec* spec, const std::string& base);
+
+// An image folder's trainer.data.shape when the spec leaves it out: its first training picture's
+// (data::FolderShape), filled in. The line that says so ("" when there was nothing to fill);
+// kInvalidArgument when no picture tells.
+Result<std::string> ResolveFolderShape(JobSpec* spec);
 
 // What can never succeed, found before anything starts: a program that cannot be run, a missing
 // dataset. Every problem, one per line, each starting with `spec_file`.

@@ -146,7 +146,7 @@ TEST(Cifar10, ReadsBatchesAndRejectsBrokenOnes) {
   EXPECT_EQ(set->count, 5);
   EXPECT_EQ(set->channels, 3);
   EXPECT_EQ(set->image_bytes(), 3072);
-  EXPECT_EQ(set->labels, (std::vector<uint8_t>{0, 1, 2, 7, 8}));
+  EXPECT_EQ(set->labels, (std::vector<uint16_t>{0, 1, 2, 7, 8}));
   EXPECT_EQ(set->image(4)[0], 1);
   s.Write("short.bin", batch(2, 0).substr(0, 5000));
   auto shortened = LoadCifar10({s.path("short.bin")});
@@ -288,28 +288,28 @@ TEST(ImageFile, JpegGreyAndColourDecodeToTheirPixels) {
   EXPECT_EQ(bad.status().message().rfind("bad.jpg: ", 0), 0u) << bad.status().message();  // its header, or its size
 }
 
-TEST(ImageFile, ChannelsAndResizeCropAsTorchvisionWould) {
+TEST(ImageFile, ChannelsAsTorchvisionWould) {
   ImageSet red;
   red.count = 1, red.channels = 3, red.rows = 1, red.cols = 1, red.labels = {0};
   red.pixels = {255, 0, 0};
   EXPECT_EQ(ToChannels(red, 1).pixels, std::vector<uint8_t>{76});  // BT.601 luma of pure red
   ImageSet grey = ToChannels(red, 1);
   EXPECT_EQ(ToChannels(grey, 3).pixels, (std::vector<uint8_t>{76, 76, 76}));
-  // A wide image keeps its height and loses the columns at both ends (CenterCrop).
+  // A wide image keeps its height and loses the columns at both ends (Resize, CenterCrop).
   ImageSet wide;
   wide.count = 1, wide.channels = 1, wide.rows = 2, wide.cols = 4, wide.labels = {0};
   wide.pixels = {0, 100, 200, 250, 0, 100, 200, 250};
-  EXPECT_EQ(ResizeCrop(wide, 2, 2).pixels, (std::vector<uint8_t>{100, 200, 100, 200}));
-  // Halved: each output pixel between two inputs (half-pixel centres).
-  ImageSet halved = ResizeCrop(wide, 1, 2);
-  EXPECT_EQ(halved.pixels, (std::vector<uint8_t>{50, 225}));
+  ViewOptions v;
+  v.channels = 1, v.rows = 2, v.cols = 2;
+  EXPECT_EQ(ApplyView(wide, v)->pixels, (std::vector<uint8_t>{100, 200, 100, 200}));
   // Enlarged, a flat image stays flat.
   ImageSet flat;
   flat.count = 1, flat.channels = 1, flat.rows = 3, flat.cols = 5, flat.labels = {0};
   flat.pixels.assign(15, 7);
-  ImageSet big = ResizeCrop(flat, 32, 32);
+  v.rows = v.cols = 32;
+  ImageSet big = *ApplyView(flat, v);
   EXPECT_EQ(big.rows, 32);
-  EXPECT_TRUE(std::all_of(big.pixels.begin(), big.pixels.end(), [](uint8_t v) { return v == 7; }));
+  EXPECT_TRUE(std::all_of(big.pixels.begin(), big.pixels.end(), [](uint8_t p) { return p == 7; }));
 }
 
 TEST(ImageFolder, AFolderPerClassWithItsLabelsHoldoutAndBadFiles) {
@@ -325,7 +325,7 @@ TEST(ImageFolder, AFolderPerClassWithItsLabelsHoldoutAndBadFiles) {
   s.Write("train/cat/readme.txt", "not an image, and not named as one");
   s.Write("train/dog/broken.png", "\x89PNG\r\n\x1a\n and then nothing");
   FolderOptions o;
-  o.channels = 1, o.rows = 4, o.cols = 4;
+  o.view.channels = 1, o.view.rows = 4, o.view.cols = 4;
   auto f = LoadImageFolder(s.path("train"), o);
   ASSERT_TRUE(f.ok()) << f.status().message();
   EXPECT_EQ(f->classes, (std::vector<std::string>{"cat", "dog", "emu"}));
@@ -341,7 +341,7 @@ TEST(ImageFolder, AFolderPerClassWithItsLabelsHoldoutAndBadFiles) {
   o.limit = 9;
   auto some = LoadImageFolder(s.path("train"), o);
   ASSERT_TRUE(some.ok());
-  EXPECT_EQ(std::set<uint8_t>(some->set.labels.begin(), some->set.labels.end()).size(), 3u);
+  EXPECT_EQ(std::set<uint16_t>(some->set.labels.begin(), some->set.labels.end()).size(), 3u);
   o.limit = 0;
   // Holdout: a split by path, the same each time, the parts disjoint and whole.
   o.holdout = 0.3;
@@ -355,7 +355,7 @@ TEST(ImageFolder, AFolderPerClassWithItsLabelsHoldoutAndBadFiles) {
   EXPECT_EQ(test->set.pixels, again->set.pixels);
   // bad_images: fail names the file; a test folder with a class the training one lacks is refused.
   o = FolderOptions{};
-  o.channels = 1, o.rows = 4, o.cols = 4, o.skip_bad = false;
+  o.view.channels = 1, o.view.rows = 4, o.view.cols = 4, o.skip_bad = false;
   auto strict = LoadImageFolder(s.path("train"), o);
   ASSERT_FALSE(strict.ok());
   EXPECT_NE(strict.status().message().find("train/dog/broken.png"), std::string::npos) << strict.status().message();

@@ -152,9 +152,9 @@ Status CheckLabels(const ImageSet& set, const std::string& path, int max_classes
   return Status::Ok();
 }
 
-int NumClasses(const std::vector<uint8_t>& labels) {
+int NumClasses(const std::vector<uint16_t>& labels) {
   int top = -1;
-  for (uint8_t l : labels) top = std::max<int>(top, l);
+  for (uint16_t l : labels) top = std::max<int>(top, l);
   return top + 1;
 }
 
@@ -271,7 +271,7 @@ ImageSet Synthetic(int64_t count, int channels, int rows, int cols, int num_clas
   set.pixels.resize(static_cast<size_t>(count * set.image_bytes()));
   for (auto& p : set.pixels) p = static_cast<uint8_t>(rng());
   set.labels.resize(static_cast<size_t>(count));
-  for (auto& l : set.labels) l = static_cast<uint8_t>(rng() % static_cast<uint64_t>(num_classes));
+  for (auto& l : set.labels) l = static_cast<uint16_t>(rng() % static_cast<uint64_t>(num_classes));
   return set;
 }
 

@@ -7,20 +7,30 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "data/file_list.h"
+#include "data/image_view.h"
 
 namespace trainctl::data {
+
+class ImageStream;
 
 struct ImageSet {
   int64_t count = 0;
   int channels = 1, rows = 0, cols = 0;
   int num_classes = 0;          // 1 + the largest label
   std::vector<uint8_t> pixels;  // count * channels * rows * cols, image-major, then C, H, W
-  std::vector<uint8_t> labels;  // count
+  std::vector<uint16_t> labels;  // count
   std::vector<std::string> class_names;  // an image folder's, index = label; else empty
+  // A streamed image folder (data/image_stream.h): no pixels here; each batch's images are read
+  // and decoded when it is asked for (train/torch_data.h's FillBatch).
+  std::shared_ptr<ImageStream> stream;
+  std::string origin;  // an image folder's: where it came from and how it is read, for the log
+  std::vector<std::string> skipped;  // an image folder decoded into memory: the files that did not decode, and why
 
   int64_t image_bytes() const { return int64_t{channels} * rows * cols; }
   const uint8_t* image(int64_t i) const { return pixels.data() + i * image_bytes(); }
@@ -50,14 +60,16 @@ std::vector<std::string> Cifar10Files(const std::string& dir, bool train);
 ImageSet Synthetic(int64_t count, int channels, int rows, int cols, int num_classes, uint64_t seed);
 
 // torchvision's ImageFolder: a folder per class in `dir` (the classes in name order), each holding
-// PNG, JPEG, PGM or PPM files (other files and hidden ones are passed over). Every image is
-// brought to `channels` (grey <-> RGB), resized so its shorter side fits and centre-cropped to
-// rows x cols (torchvision's Resize then CenterCrop), and decoded once into memory. The images
-// come in an order fixed by their paths, mixing the classes (so `limit` keeps some of each).
+// PNG, JPEG, PGM or PPM files (data/file_list.h lists them, and caches the list). Every image is
+// brought to `view` (data/image_view.h: its channels, and the centre view of rows x cols), decoded
+// once into memory by `threads` threads; or, with `stream`, the list is kept and each batch's
+// images are decoded when they are used (data/image_stream.h), in `view` (a random resized crop
+// for training, if it says so). The images come in an order fixed by their paths, mixing the
+// classes (so `limit` keeps some of each).
 struct FolderOptions {
-  int channels = 3, rows = 32, cols = 32;
-  // A file that is not a decodable image: skipped, and named in Folder::skipped; else the load
-  // fails naming it.
+  ViewOptions view;
+  // A file that is not a decodable image: skipped, and named in Folder::skipped (a streamed one:
+  // in skipped_file, and another image decoded in its place); else the load fails naming it.
   bool skip_bad = true;
   // With holdout > 0 the folder is split by a hash of each image's path: the fraction `holdout`
   // is the test split (test: true), the rest the training split. The same folder splits the same
@@ -68,21 +80,28 @@ struct FolderOptions {
   // folder's, and a class it lacks is an error.
   std::vector<std::string> classes;
   int64_t limit = 0;  // keep the first N images (0: all)
+  bool stream = false;
+  int threads = 1;              // decode threads (and class folders listed at once, at least 8)
+  std::string cache_dir;        // where file lists are kept ("" for nowhere)
+  std::string skipped_file;     // streamed: where skipped files are named
+  uint64_t seed = 0;            // streamed: the views' draws
 };
 struct Folder {
   ImageSet set;
   std::vector<std::string> classes;
   std::vector<std::string> skipped;  // "path: why"
+  ListReport listing;
 };
 Result<Folder> LoadImageFolder(const std::string& dir, const FolderOptions& options);
 // The class folders of `dir`, in name order; an error naming dir when it is no folder or holds
-// fewer than 2 of them.
+// fewer than 2 of them, or more than kMaxClasses.
 Result<std::vector<std::string>> FolderClasses(const std::string& dir);
+// The shape of the first picture of `dir`'s file list (channels 1 for a grey picture, else 3;
+// its rows and cols): an image folder's `shape` when the spec leaves it out. `first` receives
+// that picture's path.
+Result<std::vector<int64_t>> FolderShape(const std::string& dir, std::string* first = nullptr);
 // One image set's images with `channels` (1: luma, ITU-R BT.601; 3: grey repeated).
 ImageSet ToChannels(const ImageSet& set, int channels);
-// The image resized (bilinear, half-pixel centres) so that it covers rows x cols, then cropped
-// to it around its centre.
-ImageSet ResizeCrop(const ImageSet& one, int rows, int cols);
 
 // Checks, without reading them, that the files a dataset needs are in `dir` ("fashion-mnist" and
 // "mnist": the four idx files, raw or gzipped; "cifar10": data_batch_1..5.bin and test_batch.bin),

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cctype>
 #include <functional>
+#include <map>
 #include <climits>
 #include <optional>
 #include <tuple>
@@ -105,6 +106,13 @@ class Decoder {
       std::string guess = ClosestMatch(key, allowed);
       std::string hint = guess.empty() ? "expected one of: " + Join(allowed, ", ")
                                        : "did you mean '" + guess + "'?";
+      // Fields users put one level too high, as other tools have them.
+      static const std::map<std::string, std::string> kBelongs = {
+          {"trainer.augment", "trainer.data.augment"}, {"trainer.lr", "trainer.optimizer.lr"},
+          {"trainer.momentum", "trainer.optimizer.momentum"}, {"trainer.weight_decay", "trainer.optimizer.weight_decay"},
+          {"trainer.shape", "trainer.data.shape"},    {"trainer.dataset", "trainer.data.dataset"},
+          {"trainer.layers", "trainer.model.layers"}, {"trainer.torchscript", "trainer.model.torchscript"}};
+      if (auto it = kBelongs.find(path); it != kBelongs.end()) hint = "it belongs in " + it->second;
       Error(value, path, "unknown field; " + hint);
     }
   }
@@ -382,8 +390,11 @@ class Decoder {
       }
     };
     collect(t->layers);
-    auto summary = SummarizeModel(t->layers, ImageShape(t->data), ClassCount(t->data));
-    if (!summary.ok()) errors.emplace_back(model_node_->origin, summary.status().message());
+    // An image folder without a shape takes its first picture's, known once it is read.
+    if (!ImageShape(t->data).empty()) {
+      auto summary = SummarizeModel(t->layers, ImageShape(t->data), ClassCount(t->data));
+      if (!summary.ok()) errors.emplace_back(model_node_->origin, summary.status().message());
+    }
   }
 
   void DecodeTrainer(const Node& n, TrainerSpec* t) {
@@ -463,7 +474,7 @@ class Decoder {
     if (const Node* d = Child(n, "data")) {
       const std::string dp = p + ".data";
       if (Section(*d, dp, {"dataset", "dir", "test_dir", "holdout", "bad_images", "augment", "limit", "test_limit",
-                           "samples", "shape", "classes"})) {
+                           "samples", "shape", "classes", "load", "threads", "crop_pct"})) {
         DataSpec& ds = t->data;
         Field(*d, dp, "dataset", &ds.dataset,
               one_of({"fashion-mnist", "mnist", "cifar10", "imagefolder", "synthetic"}));
@@ -477,15 +488,36 @@ class Decoder {
         Field(*d, dp, "bad_images", &ds.bad_images, one_of({"skip", "fail"}));
         if (const Node* a = Child(*d, "augment")) {
           const std::string ap = dp + ".augment";
-          if (Section(*a, ap, {"crop_padding", "flip"})) {
+          if (Section(*a, ap, {"crop_padding", "flip", "random_resized_crop", "scale", "ratio"})) {
             Field(*a, ap, "crop_padding", &ds.crop_padding, int_in(0, 256));
             Field(*a, ap, "flip", &ds.flip, boolean);
+            Field(*a, ap, "random_resized_crop", &ds.random_resized_crop, boolean);
+            for (const auto& [key, out, lo, hi] : {std::tuple<const char*, std::vector<double>*, double, double>{
+                                                       "scale", &ds.scale, 0.0001, 1.0},
+                                                   {"ratio", &ds.ratio, 0.01, 100.0}}) {
+              const Node* r = Child(*a, key);
+              if (!r) continue;
+              const std::string rp = ap + "." + key;
+              Note(rp, {{"type", "array"}, {"minItems", 2}, {"maxItems", 2}});
+              if (r->kind != Kind::kSeq || r->seq.size() != 2) {
+                Error(*r, rp, std::string("expected [low, high] such as ") +
+                                  (std::string(key) == "scale" ? "[0.08, 1.0]" : "[0.75, 1.333]"));
+                continue;
+              }
+              auto a0 = Double(r->seq[0], rp + "[0]", lo, hi), a1 = Double(r->seq[1], rp + "[1]", lo, hi);
+              if (a0 && a1 && *a0 > *a1) Error(*r, rp, "expected [low, high] with low <= high");
+              if (a0 && a1) *out = {*a0, *a1};
+              if (!ds.random_resized_crop) Error(*r, rp, "goes with random_resized_crop: true");
+            }
           }
         }
+        Field(*d, dp, "load", &ds.load, one_of({"auto", "stream", "memory"}));
+        Field(*d, dp, "threads", &ds.threads, int_in(0, 1024));
+        Field(*d, dp, "crop_pct", &ds.crop_pct, num_in(0, 1));  // 0: by augment (job_spec.h)
         Field(*d, dp, "limit", &ds.limit, int_in(0, kBig));
         Field(*d, dp, "test_limit", &ds.test_limit, int_in(0, kBig));
         Field(*d, dp, "samples", &ds.samples, int_in(1, kBig));
-        Field(*d, dp, "classes", &ds.classes, int_in(2, 256));
+        Field(*d, dp, "classes", &ds.classes, int_in(2, 4096));
         if (const Node* sh = Child(*d, "shape")) {
           Note(dp + ".shape", {{"type", "array"}, {"minItems", 3}, {"maxItems", 3}});
           if (schema && sh->kind != Kind::kSeq) Int(Node(), dp + ".shape[0]", 1, 4096);
@@ -502,14 +534,19 @@ class Decoder {
           }
         }
         const bool folder = ds.dataset == "imagefolder";
-        if (folder && !Child(*d, "shape")) {
-          Error(*d, dp + ".shape", "required for imagefolder: the size every image is brought to (resized and "
-                                   "centre-cropped), such as [3, 32, 32]");
-        }
-        for (const char* key : {"test_dir", "holdout", "bad_images"}) {
+        if (folder && !Child(*d, "shape")) ds.shape.clear();  // the first training picture's (FolderShape)
+        for (const char* key : {"test_dir", "holdout", "bad_images", "load", "threads", "crop_pct"}) {
           if (const Node* k = Child(*d, key); k && !folder) {
             Error(*k, dp + "." + key, "goes with dataset: imagefolder");
           }
+        }
+        if (ds.random_resized_crop && !folder) {
+          Error(*Child(*Child(*d, "augment"), "random_resized_crop"), dp + ".augment.random_resized_crop",
+                "goes with dataset: imagefolder (pictures of any size; the other datasets' images have theirs)");
+        } else if (ds.random_resized_crop && ds.load == "memory") {
+          Error(*Child(*d, "load"), dp + ".load",
+                "memory keeps each picture decoded once; augment.random_resized_crop decodes a new crop of it "
+                "every epoch: load: stream (or auto)");
         }
         if (const Node* k = Child(*d, "holdout"); k && !ds.test_dir.empty()) {
           Error(*k, dp + ".holdout", "goes without test_dir: the test images come from test_dir, or are held out of dir");

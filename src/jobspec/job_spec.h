@@ -61,10 +61,23 @@ struct DataSpec {
   // time (torchvision's RandomCrop with padding, RandomHorizontalFlip); any dataset.
   int crop_padding = 0;
   bool flip = false;
+  // imagefolder, augment: torchvision's RandomResizedCrop(scale, ratio) for the training images
+  // (streamed: decoded anew each epoch); evaluation then resizes and centre-crops.
+  bool random_resized_crop = false;
+  std::vector<double> scale = {0.08, 1.0}, ratio = {3.0 / 4, 4.0 / 3};
+  // imagefolder: how much of the resized picture the centre view keeps (data/image_view.h); 0:
+  // 0.875 with random_resized_crop (torchvision's Resize(256), CenterCrop(224)), else 1.
+  double crop_pct = 0;
+  // imagefolder: memory (decoded once, kept) | stream (each batch's files decoded as used) |
+  // auto (memory while the decoded pictures take at most a quarter of this machine's memory).
+  std::string load = "auto";
+  int threads = 0;  // imagefolder: decode threads per worker (0: its share of the CPUs)
   int64_t limit = 0;                      // use the first N training images (0: all)
   int64_t test_limit = 0;                 // use the first N test images (0: all)
   int64_t samples = 10000;                // synthetic: images in the training set
-  std::vector<int64_t> shape = {1, 28, 28};  // synthetic, imagefolder: channels, rows, cols
+  // synthetic, imagefolder: channels, rows, cols; an image folder's, when left out (empty), its
+  // first training picture's (data::FolderShape), which run and validate fill in and say.
+  std::vector<int64_t> shape = {1, 28, 28};
   int classes = 10;                       // synthetic
 };
 

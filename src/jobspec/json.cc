@@ -73,14 +73,25 @@ ordered_json Layers(const std::vector<LayerSpec>& layers) {
 
 ordered_json Trainer(const TrainerSpec& t) {
   ordered_json data = {{"dataset", t.data.dataset}, {"limit", t.data.limit},
-                       {"test_limit", t.data.test_limit}, {"samples", t.data.samples},
-                       {"shape", t.data.shape}, {"classes", t.data.classes}};
+                       {"test_limit", t.data.test_limit}, {"samples", t.data.samples}};
+  if (!t.data.shape.empty()) data["shape"] = t.data.shape;  // an image folder's first picture's, unresolved
+  data["classes"] = t.data.classes;
   SetIf(data, "dir", t.data.dir);
-  if (t.data.crop_padding > 0 || t.data.flip) data["augment"] = {{"crop_padding", t.data.crop_padding}, {"flip", t.data.flip}};
+  if (t.data.crop_padding > 0 || t.data.flip || t.data.random_resized_crop) {
+    data["augment"] = {{"crop_padding", t.data.crop_padding}, {"flip", t.data.flip}};
+    if (t.data.random_resized_crop) {
+      data["augment"]["random_resized_crop"] = true;
+      data["augment"]["scale"] = t.data.scale;
+      data["augment"]["ratio"] = t.data.ratio;
+    }
+  }
   if (t.data.dataset == "imagefolder") {
     SetIf(data, "test_dir", t.data.test_dir);
     if (t.data.test_dir.empty()) data["holdout"] = t.data.holdout;
     data["bad_images"] = t.data.bad_images;
+    data["load"] = t.data.load;
+    data["threads"] = t.data.threads;
+    data["crop_pct"] = t.data.crop_pct;
   }
   const OptimizerSpec& o = t.optimizer;
   ordered_json optimizer = {{"name", o.name},   {"lr", o.lr},       {"momentum", o.momentum},

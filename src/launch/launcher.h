@@ -25,6 +25,7 @@ struct LaunchOptions {
   // Continue the previous run in output_dir (its checkpoints, its logs) instead of moving its
   // files aside and starting from scratch.
   bool resume = false;
+  std::string verb = "run";  // the command that started it, for what the log suggests (run | torchrun)
 };
 
 class Launcher {

@@ -13,6 +13,11 @@ BatchSource::BatchSource(const data::ImageSet& set, const Normalizer& norm, Orde
       device_(device) {
   if (!device.is_cuda()) return;
   gpu_.emplace(device.type());
+  if (set.stream) {
+    bytes_ = true;
+    mean255_ = torch::tensor(norm.mean).mul(255).view({1, -1, 1, 1}).to(device);
+    std255_ = torch::tensor(norm.std).mul(255).view({1, -1, 1, 1}).to(device);
+  }
   copy_stream_ = gpu_->getStreamFromGlobalPool(device);
   thread_ = std::thread([this] {
     while (true) {
@@ -45,16 +50,20 @@ Batch BatchSource::Next() {
   now.copied.block(compute);
   // Allocated for the copy stream: not to be reused before the compute stream is done with them.
   for (const torch::Tensor* t : {&now.batch.x, &now.batch.y}) {
-    gpu_->recordDataPtrOnStream(t->storage().data_ptr(), compute);
+    if (t->defined()) gpu_->recordDataPtrOnStream(t->storage().data_ptr(), compute);
   }
+  if (bytes_ && now.batch.error.ok()) now.batch.x = now.batch.x.to(torch::kFloat32).sub_(mean255_).div_(std255_);
   return std::move(now.batch);
 }
 
 BatchSource::Upload::Upload(const Batch& host, const torch::Device& device, const c10::Stream& stream)
     : copied(device.type()) {
   c10::StreamGuard on(stream);
-  batch.x = host.x.to(device, /*non_blocking=*/true);
-  batch.y = host.y.to(device, /*non_blocking=*/true);
+  batch.error = host.error;
+  if (host.error.ok()) {
+    batch.x = host.x.to(device, /*non_blocking=*/true);
+    batch.y = host.y.to(device, /*non_blocking=*/true);
+  }
   copied.record(stream);
 }
 
@@ -75,15 +84,17 @@ Batch BatchSource::Make() {
   Batch out;
   if (gpu_) {
     out.x = torch::empty({batch_, set_.channels, set_.rows, set_.cols},
-                         torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+                         torch::TensorOptions().dtype(bytes_ ? torch::kUInt8 : torch::kFloat32).pinned_memory(true));
     out.y = torch::empty({batch_}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(true));
   }
   augment_.epoch = epoch_;
-  FillBatch(set_, indices_.data() + next_ * stride_ + offset_, count_, norm_, &out.x, &out.y, &augment_);
+  out.error = FillBatch(set_, indices_.data() + next_ * stride_ + offset_, count_, norm_, &out.x, &out.y, &augment_);
   ++next_;
   // The next batch's images come from memory while this step computes (to the outer caches:
-  // the step's own data would push them out of the inner ones).
-  if (!gpu_ && next_ < steps_per_epoch_) PrefetchImages(set_, indices_.data() + next_ * stride_ + offset_, count_);
+  // the step's own data would push them out of the inner ones), or a streamed set's are decoded.
+  if ((!gpu_ || set_.stream) && next_ < steps_per_epoch_) {
+    PrefetchImages(set_, indices_.data() + next_ * stride_ + offset_, count_, epoch_);
+  }
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/status.h"
 #include "data/dataset.h"
 #include "train/torch_data.h"
 
@@ -24,6 +25,7 @@ namespace trainctl::train {
 
 struct Batch {
   torch::Tensor x, y;
+  Status error;  // a streamed set's (a file that does not decode, with data.bad_images: fail)
 };
 
 // The training batches in order, from batch `first` of `epoch` on, into the epochs after it (one
@@ -35,7 +37,8 @@ struct Batch {
 // itself, when it needs it: its cores are busy with the step, so a thread would not overlap
 // anything, and waking it each step preempted the compute threads (about one preemption per step
 // and worker, and in a synchronous job every rank waits for the one preempted). A batch of small
-// images takes microseconds to build.
+// images takes microseconds to build. A streamed image folder's next batch is decoded by its own
+// threads (data/image_stream.h) while a step computes, on either.
 //
 // Threads: every method from one thread (the training thread); `set` and `norm` must outlive it.
 class BatchSource {
@@ -78,6 +81,10 @@ class BatchSource {
   static constexpr size_t kDepth = 2;
   const data::ImageSet& set_;
   const Normalizer& norm_;
+  // A streamed set on a GPU: batches cross as bytes (a quarter of the floats) and are normalized
+  // there, by these (per channel, in 0..255 units, on the device).
+  bool bytes_ = false;
+  torch::Tensor mean255_, std255_;
   Order order_;
   const int64_t steps_per_epoch_, batch_, stride_;
   Augment augment_;

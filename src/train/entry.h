@@ -69,8 +69,21 @@ int RunPreload(const PreloadOptions& options);
 // fetching and decoding the spec again: one decode per node, not one per task.
 const JobSpec* PreloadedSpec();
 
+// `trainctl validate` of a spec whose model is a TorchScript module: loads it (checked as a run
+// would, checkpoint/module_file.h) and runs a batch of two of the data's images through it.
+// `summary` receives "N parameters; a batch of 2 of CxHxW gives [2, K]"; `error` why it cannot
+// train (a pickle saved with torch.save, a state_dict, the wrong number of scores, the wrong
+// channels, with the interpreter's reason). Returns 0, or 1 with `error` set.
+struct CheckModuleOptions {
+  std::string path;
+  int channels = 1, rows = 28, cols = 28, classes = 10;
+  std::string summary, error;
+};
+int RunCheckModule(CheckModuleOptions& options);
+
 // The plugin's one exported symbol: verb is "train" (options: TrainOptions), "eval"
-// (EvalOptions), "predict" (PredictOptions) or "preload" (PreloadOptions).
+// (EvalOptions), "predict" (PredictOptions), "preload" (PreloadOptions) or "check-module"
+// (CheckModuleOptions, written to).
 // Built from the same sources as the binary, so C++ types cross safely.
 using PluginEntry = int (*)(const char* verb, const void* options);
 inline constexpr const char* kPluginEntry = "trainctl_torch_entry";

@@ -24,8 +24,8 @@ double Confusion::class_accuracy(int c) const {
   return t > 0 ? counts[c * classes + c] / t : 0;
 }
 
-Confusion Evaluate(models::Classifier& model, const data::ImageSet& set, int64_t begin,
-                   int64_t end, const Normalizer& norm, int64_t batch) {
+Result<Confusion> Evaluate(models::Classifier& model, const data::ImageSet& set, int64_t begin,
+                           int64_t end, const Normalizer& norm, int64_t batch) {
   Confusion out;
   out.classes = set.num_classes;
   out.counts.assign(size_t(out.classes) * out.classes, 0);
@@ -40,7 +40,15 @@ Confusion Evaluate(models::Classifier& model, const data::ImageSet& set, int64_t
     int64_t n = std::min(batch, end - i);
     idx.resize(n);
     std::iota(idx.begin(), idx.end(), i);
-    FillBatch(set, idx.data(), n, norm, &x, &y);
+    if (Status st = FillBatch(set, idx.data(), n, norm, &x, &y); !st.ok()) {
+      model.train(was_training);
+      return st;
+    }
+    if (set.stream && i + batch < end) {  // the next batch decoded while this one computes
+      std::vector<int64_t> next(static_cast<size_t>(std::min(batch, end - i - batch)));
+      std::iota(next.begin(), next.end(), i + batch);
+      PrefetchImages(set, next.data(), static_cast<int64_t>(next.size()));
+    }
     torch::Tensor pred = model.forward(x.to(device)).argmax(1).to(torch::kCPU);
     auto* p = pred.data_ptr<int64_t>();
     auto* t = y.data_ptr<int64_t>();

@@ -24,7 +24,7 @@ struct Confusion {
 };
 
 // Runs the model in eval mode without gradients over images [begin, end) of `set`.
-Confusion Evaluate(models::Classifier& model, const data::ImageSet& set, int64_t begin,
+Result<Confusion> Evaluate(models::Classifier& model, const data::ImageSet& set, int64_t begin,
                    int64_t end, const Normalizer& norm, int64_t batch = 500);
 
 std::string FormatReport(const Confusion& c, const std::vector<std::string>& names);

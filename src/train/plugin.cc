@@ -19,5 +19,8 @@ extern "C" __attribute__((visibility("default"))) int trainctl_torch_entry(const
   if (std::strcmp(verb, "eval") == 0) return RunEval(*static_cast<const EvalOptions*>(options));
   if (std::strcmp(verb, "predict") == 0) return RunPredict(*static_cast<const PredictOptions*>(options));
   if (std::strcmp(verb, "preload") == 0) return RunPreload(*static_cast<const PreloadOptions*>(options));
+  if (std::strcmp(verb, "check-module") == 0) {
+    return RunCheckModule(*static_cast<CheckModuleOptions*>(const_cast<void*>(options)));
+  }
   return 1;
 }

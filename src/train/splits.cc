@@ -8,6 +8,9 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/cpus.h"
+#include "data/image_stream.h"
+
 namespace trainctl::train {
 namespace {
 
@@ -37,6 +40,28 @@ data::ImageSet Limit(data::ImageSet set, int64_t limit) {
   return set;
 }
 
+// An image folder split's view: the spec's shape (the first training picture's when it has
+// none: a spec that trainctl run did not resolve, as in a cluster's pod); random resized crops for
+// training when asked.
+data::ViewOptions FolderView(const DataSpec& spec, bool train) {
+  data::ViewOptions v;
+  std::vector<int64_t> shape = spec.shape;
+  if (shape.size() != 3) {
+    auto first = data::FolderShape(spec.dir);
+    shape = first.ok() ? *first : std::vector<int64_t>{3, 32, 32};  // the listing's error comes next
+  }
+  v.channels = static_cast<int>(shape[0]);
+  v.rows = static_cast<int>(shape[1]);
+  v.cols = static_cast<int>(shape[2]);
+  v.crop_pct = spec.crop_pct > 0 ? spec.crop_pct : spec.random_resized_crop ? 0.875 : 1.0;
+  v.random_resized_crop = train && spec.random_resized_crop;
+  v.scale_min = spec.scale[0];
+  v.scale_max = spec.scale[1];
+  v.ratio_min = spec.ratio[0];
+  v.ratio_max = spec.ratio[1];
+  return v;
+}
+
 // The files a split is read from (none for synthetic data).
 std::vector<std::string> SplitFiles(const DataSpec& spec, bool train) {
   if (spec.dataset == "synthetic") return {};
@@ -50,11 +75,11 @@ Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
   int64_t limit = train ? spec.limit : spec.test_limit;
   if (spec.dataset == "imagefolder") {
     data::FolderOptions o;
-    o.channels = static_cast<int>(spec.shape[0]);
-    o.rows = static_cast<int>(spec.shape[1]);
-    o.cols = static_cast<int>(spec.shape[2]);
+    o.view = FolderView(spec, train);
     o.skip_bad = spec.bad_images != "fail";
     o.limit = limit;
+    o.threads = spec.threads > 0 ? spec.threads : UsableCpus();
+    o.cache_dir = data::DefaultListCacheDir();
     std::string dir = spec.dir;
     if (spec.test_dir.empty()) {
       o.holdout = spec.holdout;
@@ -63,11 +88,42 @@ Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
       ASSIGN_OR_RETURN(o.classes, data::FolderClasses(spec.dir));  // the labels the model learnt
       dir = spec.test_dir;
     }
-    ASSIGN_OR_RETURN(data::Folder folder, data::LoadImageFolder(dir, o));
-    if (!folder.skipped.empty()) {
-      std::fprintf(stderr, "%s: %zu file(s) skipped, not images that decode (data.bad_images: skip), first: %s\n",
-                   dir.c_str(), folder.skipped.size(), folder.skipped[0].c_str());
+    // Streamed when asked, or when the decoded pictures would take more than a quarter of this
+    // machine's memory (or the training crops are drawn anew each epoch).
+    std::string why;
+    if (spec.load == "stream" || spec.random_resized_crop) {
+      o.stream = true;
+      why = spec.load == "stream" ? "load: stream" : "a new random resized crop of each picture every epoch";
+    } else if (spec.load == "auto") {
+      o.stream = true;  // listed first: the count decides
     }
+    ASSIGN_OR_RETURN(data::Folder folder, data::LoadImageFolder(dir, o));
+    const int64_t decoded = folder.set.count * folder.set.image_bytes();
+    const int64_t budget = UsableMemoryBytes() / 4;
+    if (spec.load == "auto" && !spec.random_resized_crop) {
+      if (decoded <= budget) {
+        o.stream = false;
+        folder.set = {};
+        ASSIGN_OR_RETURN(folder, data::LoadImageFolder(dir, o));
+        why = "load: auto; its pictures decoded take " + std::to_string(decoded >> 20) + " MiB, within a quarter of "
+              "this machine's memory";
+      } else {
+        why = "load: auto; its pictures decoded would take " + std::to_string(decoded >> 20) + " MiB, more than a "
+              "quarter of this machine's memory (" + std::to_string(budget >> 20) + " MiB)";
+      }
+    }
+    if (why.empty()) why = "load: memory";
+    const auto& l = folder.listing;
+    char listed[96];
+    std::snprintf(listed, sizeof listed, l.from_cache ? "its file list from the cache in %.2f s"
+                                                      : "%d class folder(s) listed in %.2f s",
+                  l.from_cache ? 0 : l.listed, l.seconds);
+    folder.set.origin = dir + ": " + std::to_string(folder.set.count) + (train ? " training" : " test") + " images in " +
+                        std::to_string(folder.classes.size()) + " classes (" +
+                        listed + "); " +
+                        (folder.set.stream ? "streamed, each batch decoded as it is used (" + why + ")"
+                                           : "decoded into memory (" + why + ")");
+    folder.set.skipped = std::move(folder.skipped);  // the trainer names them, once
     return std::move(folder.set);
   }
   if (spec.dataset == "synthetic") {
@@ -94,7 +150,9 @@ std::string SplitKey(const DataSpec& spec, bool train) {
     for (int64_t d : spec.shape) key += ' ' + std::to_string(d);
   }
   if (spec.dataset == "imagefolder") {
-    key += '\n' + spec.test_dir + ' ' + std::to_string(spec.holdout) + ' ' + spec.bad_images;
+    key += '\n' + spec.test_dir + ' ' + std::to_string(spec.holdout) + ' ' + spec.bad_images + ' ' + spec.load + ' ' +
+           std::to_string(spec.crop_pct) + ' ' + std::to_string(spec.random_resized_crop);
+    for (double v : {spec.scale[0], spec.scale[1], spec.ratio[0], spec.ratio[1]}) key += ' ' + std::to_string(v);
   }
   for (const auto& path : SplitFiles(spec, train)) {
     struct stat st{};
@@ -120,7 +178,31 @@ std::vector<LoadedSplit> LoadSplitsToKeep(const DataSpec& spec, bool test) {
   return splits;
 }
 
-Normalizer Normalizer::Compute(const data::ImageSet& set) {
+namespace {
+
+// A streamed set's statistics from at most 1024 of its pictures, spread over it (a deterministic
+// sample), decoded by its threads, which are ended after: a worker server computes it before it
+// forks.
+data::ImageSet StreamSample(const data::ImageSet& set) {
+  data::ImageSet sample;
+  sample.channels = set.channels;
+  sample.rows = set.rows;
+  sample.cols = set.cols;
+  const int64_t n = std::min<int64_t>(1024, set.count);
+  std::vector<int64_t> indices(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) indices[i] = i * set.count / n;
+  sample.pixels.resize(static_cast<size_t>(n * set.image_bytes()));
+  sample.labels.resize(static_cast<size_t>(n));
+  if (set.stream->Get(indices.data(), n, 0, sample.pixels.data(), sample.labels.data()).ok()) sample.count = n;
+  set.stream->Stop();
+  return sample;
+}
+
+}  // namespace
+
+Normalizer Normalizer::Compute(const data::ImageSet& streamed_or_not) {
+  const data::ImageSet sample = streamed_or_not.stream ? StreamSample(streamed_or_not) : data::ImageSet{};
+  const data::ImageSet& set = streamed_or_not.stream ? sample : streamed_or_not;
   // Pixels are bytes: count each value (exact), and take the sums from the 256 counts. Summing
   // 47 M doubles one after the other (Fashion-MNIST's training set) was a chain of dependent adds,
   // 0.12 s of every worker's start.

@@ -2,6 +2,8 @@
 
 #include "train/entry.h"
 
+#include "data/image_stream.h"
+
 #include <cmath>
 #include <cstring>
 
@@ -59,7 +61,11 @@ std::vector<std::string> ClassNames(const std::string& dataset, int classes, con
   return names;
 }
 
-void PrefetchImages(const data::ImageSet& set, const int64_t* indices, int64_t n) {
+void PrefetchImages(const data::ImageSet& set, const int64_t* indices, int64_t n, int64_t epoch) {
+  if (set.stream) {  // decoded by the stream's threads meanwhile
+    set.stream->Prefetch(indices, n, epoch);
+    return;
+  }
   const int64_t bytes = set.image_bytes();
   for (int64_t i = 0; i < n; ++i) {
     const char* p = reinterpret_cast<const char*>(set.image(indices[i]));
@@ -67,57 +73,85 @@ void PrefetchImages(const data::ImageSet& set, const int64_t* indices, int64_t n
   }
 }
 
-void FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
-               const Normalizer& norm, torch::Tensor* x, torch::Tensor* y, const Augment* augment) {
+namespace {
+
+// Image i's pixels into `out` (planar), shifted and mirrored as `augment` draws for its index in
+// the run, each byte through `put` (the normalization's table, or as it is).
+template <class Out, class Put>
+Out* Place(const uint8_t* src, const data::ImageSet& set, int64_t index, const Augment* augment, Out* out, Put put) {
+  const int64_t plane = int64_t{set.rows} * set.cols;
+  if (!augment || !augment->on()) {
+    for (int c = 0; c < set.channels; ++c) {
+      for (int64_t k = 0; k < plane; ++k) *out++ = put(c, src[c * plane + k]);
+    }
+    return out;
+  }
+  // splitmix64 of the image's place in the run: its shift and its flip.
+  uint64_t h = augment->seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(augment->epoch) << 40) ^
+               static_cast<uint64_t>(index);
+  h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+  h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+  h ^= h >> 31;
+  const int p = augment->crop_padding, span = 2 * p + 1;
+  const int dy = static_cast<int>((h >> 8) % span) - p, dx = static_cast<int>((h >> 24) % span) - p;
+  const bool flip = augment->flip && (h & 1);
+  for (int c = 0; c < set.channels; ++c) {
+    for (int r = 0; r < set.rows; ++r) {
+      const int sr = r + dy;
+      for (int col = 0; col < set.cols; ++col) {
+        const int sc = (flip ? set.cols - 1 - col : col) + dx;
+        const bool inside = sr >= 0 && sr < set.rows && sc >= 0 && sc < set.cols;
+        *out++ = put(c, inside ? src[c * plane + int64_t{sr} * set.cols + sc] : 0);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Status FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
+                 const Normalizer& norm, torch::Tensor* x, torch::Tensor* y, const Augment* augment) {
+  const bool bytes = x->defined() && x->scalar_type() == torch::kUInt8;  // normalized where the step runs
   if (!x->defined() || x->size(0) != n) {
-    *x = torch::empty({n, set.channels, set.rows, set.cols}, torch::kFloat32);
+    *x = torch::empty({n, set.channels, set.rows, set.cols}, bytes ? torch::kUInt8 : torch::kFloat32);
     *y = torch::empty({n}, torch::kInt64);
+  }
+  int64_t* labels = y->data_ptr<int64_t>();
+  // A streamed set's images, decoded for this batch (or ahead of it), with their labels (a file
+  // that does not decode brings another's).
+  thread_local std::vector<uint8_t> decoded;
+  thread_local std::vector<uint16_t> decoded_labels;
+  if (set.stream) {
+    decoded.resize(static_cast<size_t>(n * set.image_bytes()));
+    decoded_labels.resize(static_cast<size_t>(n));
+    RETURN_IF_ERROR(set.stream->Get(indices, n, augment ? augment->epoch : 0, decoded.data(), decoded_labels.data()));
+  }
+  auto source = [&](int64_t i) { return set.stream ? decoded.data() + i * set.image_bytes() : set.image(indices[i]); };
+  // The images lie at random in a set larger than the caches: each would wait for memory line
+  // by line (half of a Fashion-MNIST batch's time). A few images ahead are asked for meanwhile.
+  constexpr int64_t kAhead = 4;
+  if (!set.stream) PrefetchImages(set, indices, std::min(n, kAhead));
+  if (bytes) {
+    uint8_t* out = x->data_ptr<uint8_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      out = Place(source(i), set, indices[i], augment, out, [](int, uint8_t v) { return v; });
+      labels[i] = set.stream ? decoded_labels[i] : set.labels[indices[i]];
+    }
+    return Status::Ok();
   }
   // One lookup table per channel: 256 floats replace a divide and a subtract per pixel.
   std::vector<float> lut(256 * set.channels);
   for (int c = 0; c < set.channels; ++c) {
     for (int v = 0; v < 256; ++v) lut[c * 256 + v] = (v / 255.0f - norm.mean[c]) / norm.std[c];
   }
-  const int64_t plane = int64_t{set.rows} * set.cols;
   float* out = x->data_ptr<float>();
-  int64_t* labels = y->data_ptr<int64_t>();
-  const bool augmented = augment && augment->on();
-  // The images lie at random in a set larger than the caches: each would wait for memory line
-  // by line (half of a Fashion-MNIST batch's time). A few images ahead are asked for meanwhile.
-  constexpr int64_t kAhead = 4;
-  PrefetchImages(set, indices, std::min(n, kAhead));
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) PrefetchImages(set, indices + i + kAhead, 1);
-    const uint8_t* src = set.image(indices[i]);
-    if (augmented) {
-      // splitmix64 of the image's place in the run: its shift and its flip.
-      uint64_t h = augment->seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(augment->epoch) << 40) ^
-                   static_cast<uint64_t>(indices[i]);
-      h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
-      h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
-      h ^= h >> 31;
-      const int p = augment->crop_padding, span = 2 * p + 1;
-      const int dy = static_cast<int>((h >> 8) % span) - p, dx = static_cast<int>((h >> 24) % span) - p;
-      const bool flip = augment->flip && (h & 1);
-      for (int c = 0; c < set.channels; ++c) {
-        const float* table = lut.data() + c * 256;
-        for (int r = 0; r < set.rows; ++r) {
-          const int sr = r + dy;
-          for (int col = 0; col < set.cols; ++col) {
-            const int sc = (flip ? set.cols - 1 - col : col) + dx;
-            const bool inside = sr >= 0 && sr < set.rows && sc >= 0 && sc < set.cols;
-            *out++ = table[inside ? src[c * plane + int64_t{sr} * set.cols + sc] : 0];
-          }
-        }
-      }
-    } else {
-      for (int c = 0; c < set.channels; ++c) {
-        const float* table = lut.data() + c * 256;
-        for (int64_t k = 0; k < plane; ++k) *out++ = table[src[c * plane + k]];
-      }
-    }
-    labels[i] = set.labels[indices[i]];
+    if (!set.stream && i + kAhead < n) PrefetchImages(set, indices + i + kAhead, 1);
+    out = Place(source(i), set, indices[i], augment, out, [&](int c, uint8_t v) { return lut[c * 256 + v]; });
+    labels[i] = set.stream ? decoded_labels[i] : set.labels[indices[i]];
   }
+  return Status::Ok();
 }
 
 namespace {

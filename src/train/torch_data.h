@@ -49,14 +49,18 @@ struct Augment {
   bool on() const { return crop_padding > 0 || flip; }
 };
 
-// Asks the CPU to bring images `indices[0..n)` toward its caches, without waiting for them: for
-// a batch the next step will gather.
-void PrefetchImages(const data::ImageSet& set, const int64_t* indices, int64_t n);
+// For a batch the next step will gather: asks the CPU to bring images `indices[0..n)` toward its
+// caches, without waiting for them; for a streamed set, has its threads decode them (`epoch`:
+// the batch's, for the views' draws).
+void PrefetchImages(const data::ImageSet& set, const int64_t* indices, int64_t n, int64_t epoch = 0);
 
-// Gathers images `indices[0..n)` into x (n x C x H x W float, normalized) and y (n, int64),
-// augmented when `augment` says so. The only per-step copy of the data.
-void FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
-               const Normalizer& norm, torch::Tensor* x, torch::Tensor* y, const Augment* augment = nullptr);
+// Gathers images `indices[0..n)` into x (n x C x H x W float, normalized; or, when x is a uint8
+// tensor already, the bytes as they are, for normalization where the step runs) and y (n, int64),
+// augmented when `augment` says so: the only per-step copy of the data. A streamed set's images
+// are decoded here (or were, by a PrefetchImages of the same batch); its errors (a file that does
+// not decode, with data.bad_images: fail) are returned.
+Status FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
+                 const Normalizer& norm, torch::Tensor* x, torch::Tensor* y, const Augment* augment = nullptr);
 
 // Tensors <-> safetensors blobs (CPU, contiguous copies).
 checkpoint::Blob ToBlob(const std::string& name, const torch::Tensor& t);

@@ -1,6 +1,8 @@
 // The training loop (trainer.h); RunTrainer, which sets a worker up for it, is in worker.cc.
 #include "train/trainer.h"
 
+#include "data/image_stream.h"
+
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
@@ -119,6 +121,29 @@ Status Trainer::Setup() {
   if (t_.eval) {
     ASSIGN_OR_RETURN(test_set_, LoadSplit(t_.data, /*train=*/false));
   }
+  // A streamed folder's decode threads: this worker's share of the machine's CPUs (or the spec's).
+  for (data::ImageSet* set : {&train_set_, &test_set_}) {
+    if (!set->stream) continue;
+    const int threads = t_.data.threads > 0 ? t_.data.threads : data::DefaultDecodeThreads(std::max(1, env_.local_world_size));
+    set->stream->Configure(threads, static_cast<uint64_t>(t_.seed), spec_.output_dir + "/skipped-images.txt");
+  }
+  if (s_.rank == 0) {
+    for (const data::ImageSet* set : {&train_set_, &test_set_}) {
+      if (!set->origin.empty()) LOG_INFO("{}", set->origin);
+      if (set->skipped.empty()) continue;
+      // One line, every name in a file beside the run's other output.
+      const std::string file = spec_.output_dir + "/skipped-images.txt";
+      std::string names;
+      for (const auto& why : set->skipped) names += why + "\n";
+      Status st = MakeDirs(spec_.output_dir);
+      if (st.ok()) {
+        auto before = ReadFile(file, 64 << 20);  // the test split's after the training split's
+        st = AtomicWriteFile(file, (before.ok() ? *before : std::string()) + names);
+      }
+      LOG_WARN("{} picture file(s) skipped, not pictures that decode (data.bad_images: skip; {}), first: {}",
+               set->skipped.size(), st.ok() ? "every name in " + file : st.message(), set->skipped[0]);
+    }
+  }
   s_.steps_per_epoch = data::ShardSize(train_set_.count, Sampling()) / s_.batch;
   if (s_.steps_per_epoch < 1) {
     return InvalidArgument("the training set (" + std::to_string(train_set_.count) +
@@ -199,6 +224,7 @@ checkpoint::Checkpoint Trainer::Snapshot(bool with_optimizer) {
   c.metadata["classes"] = std::to_string(classes_);
   if (t_.data.dataset == "imagefolder") {
     c.metadata["class_names"] = Join(train_set_.class_names, "\n");
+    c.metadata["crop_pct"] = fmt::format("{}", t_.data.crop_pct > 0 ? t_.data.crop_pct : t_.data.random_resized_crop ? 0.875 : 1.0);
     if (t_.data.test_dir.empty()) {
       c.metadata["holdout"] = fmt::format("{}", t_.data.holdout);
     } else {
@@ -470,6 +496,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       batches_->SetShare(offset, shares_[s_.rank]);
     }
     Batch b = batches_->Next();
+    RETURN_IF_ERROR(b.error);
     window_data += SecondsSince(fetch);
     phases.Items(b.x.size(0));
     if (ChannelsLast()) b.x = b.x.contiguous(torch::MemoryFormat::ChannelsLast);
@@ -554,10 +581,19 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
   const double waited = epoch_comm + strategy_->TakeWaitSeconds(s_);
   LOG_INFO("epoch {}: {:.2f} s training, {:.2f} s of it waiting for the {}", epoch + 1, seconds,
            waited, strategy_->WaitName());
+  if (train_set_.stream) {  // each rank its own shard's: every name once, in the file
+    if (const auto skipped = train_set_.stream->TakeSkipped(); !skipped.empty()) {
+      LOG_WARN("epoch {}: {} picture file(s) skipped, each replaced by the next that decodes (data.bad_images: "
+               "skip; names in {}/skipped-images.txt), first: {}",
+               epoch + 1, skipped.size(), spec_.output_dir, skipped[0]);
+    }
+  }
   if (s_.rank == 0 && count > 0) {
+    // An epoch begun by a resume or cut by max_steps is a part of one: its seconds are not an epoch's.
+    const bool part = first_batch > 0 || s_.batch_in_epoch < s_.steps_per_epoch;
     RETURN_IF_ERROR(jsonl_->Write({{"epoch", double(epoch + 1)},
                                    {"step", double(s_.step)},
-                                   {"epoch_seconds", seconds},
+                                   {part ? "part_epoch_seconds" : "epoch_seconds", seconds},
                                    {"epoch_samples_per_s", count * s_.batch * s_.world / seconds},
                                    {strategy_->Collective() ? "allreduce_wait_seconds" : "ps_wait_seconds", waited},
                                    {"peak_rss_mb", PeakRssMb()},
@@ -574,7 +610,8 @@ Status Trainer::EvalEpoch(int64_t epoch) {
   if (!together && s_.rank != 0) return Status::Ok();
   const int eval_rank = together ? s_.rank : 0, eval_world = together ? s_.world : 1;
   int64_t n = test_set_.count;
-  Confusion c = Evaluate(*s_.model, test_set_, n * eval_rank / eval_world, n * (eval_rank + 1) / eval_world, norm_);
+  ASSIGN_OR_RETURN(Confusion c,
+                   Evaluate(*s_.model, test_set_, n * eval_rank / eval_world, n * (eval_rank + 1) / eval_world, norm_));
   std::vector<float> counts(c.counts.begin(), c.counts.end());
   RETURN_IF_ERROR(s_.comm->AllReduceSum(counts.data(), counts.size()));
   c.counts.assign(counts.begin(), counts.end());
@@ -601,14 +638,15 @@ Status Trainer::Run() {
             seconds(begun_, connected_), seconds(connected_, loaded_), seconds(loaded_, set_up),
             seconds(set_up, Clock::now()));
   if (s_.rank == 0) {
-    LOG_INFO("training {} on {} ({} images) on {}{}{}, {} workers x batch {}, {} steps per epoch, {} epochs",
-             t_.model == "layers"        ? "a declared model of " + std::to_string(t_.layers.size()) + " layers"
+    auto count = [](int64_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
+    LOG_INFO("training {} on {} ({}) on {}{}{}, {} x batch {}, {} per epoch, {}",
+             t_.model == "layers"        ? "a declared model of " + count(int64_t(t_.layers.size()), "layer")
              : t_.model == "torchscript" ? "the TorchScript module " + t_.torchscript
                                          : t_.model,
-             t_.data.dataset, train_set_.count, s_.device.str(),
+             t_.data.dataset, count(train_set_.count, "image"), s_.device.str(),
              t_.precision == "bf16" ? " in bf16 mixed precision" : "",
-             ChannelsLast() ? ", channels last" : "", s_.world, s_.batch, s_.steps_per_epoch,
-             t_.epochs);
+             ChannelsLast() ? ", channels last" : "", count(s_.world, "worker"), s_.batch,
+             count(s_.steps_per_epoch, "step"), count(t_.epochs, "epoch"));
     if (Balanced()) {
       LOG_INFO("balance: speed: each global batch of {} is split by the workers' speed, every {} steps",
                s_.batch * s_.world, kBalanceEvery);
@@ -631,15 +669,21 @@ Status Trainer::Run() {
       },
       s_.steps_per_epoch, s_.batch, Balanced() ? s_.batch * s_.world : s_.batch, s_.epoch, s_.batch_in_epoch, s_.device,
       Augment{static_cast<int>(t_.data.crop_padding), t_.data.flip, static_cast<uint64_t>(t_.seed), 0});
+  int64_t evaluated_at = -1;  // the step of the last evaluation
   while (s_.epoch < t_.epochs && !Done()) {
     RETURN_IF_ERROR(TrainEpoch(s_.epoch, s_.batch_in_epoch));
     if (s_.batch_in_epoch < s_.steps_per_epoch) break;  // max_steps ended it mid-epoch
     if (t_.eval && ((s_.epoch + 1) % t_.eval_every == 0 || s_.epoch + 1 == t_.epochs)) {
       RETURN_IF_ERROR(EvalEpoch(s_.epoch));
+      evaluated_at = s_.step;
     }
     ++s_.epoch;
     s_.batch_in_epoch = 0;
     if (t_.checkpoint_every == 0) RETURN_IF_ERROR(SaveCheckpoint());
+  }
+  // Every run ends evaluated: one that max_steps (or eval_every) ended between evaluations too.
+  if (t_.eval && evaluated_at != s_.step && s_.step > 0) {
+    RETURN_IF_ERROR(EvalEpoch(std::min<int64_t>(s_.epoch, t_.epochs - 1)));
   }
   batches_.reset();
   if (timeline_) PublishTimeline();

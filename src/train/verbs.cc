@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/subprocess.h"
 #include "data/image_header.h"
+#include "data/image_stream.h"
 #include "job/paths.h"
 #include "metrics/metrics.h"
 #include "train/entry.h"
@@ -97,11 +98,14 @@ class CheckpointEvaluator {
       // A folder of test images, labelled by the class names the model file records (the
       // training folder need not be on this machine).
       data::FolderOptions fo;
-      fo.channels = meta.channels;
-      fo.rows = meta.rows;
-      fo.cols = meta.cols;
+      fo.view.channels = meta.channels;
+      fo.view.rows = meta.rows;
+      fo.view.cols = meta.cols;
+      fo.view.crop_pct = meta.crop_pct;
       fo.classes = meta.class_names;
       fo.limit = o_.limit;
+      fo.threads = o_.threads > 0 ? o_.threads : data::DefaultDecodeThreads(1);
+      fo.cache_dir = data::DefaultListCacheDir();
       ASSIGN_OR_RETURN(data::Folder folder, data::LoadImageFolder(ds.test_dir, fo));
       test_ = std::move(folder.set);
       test_key_ = key;
@@ -120,7 +124,7 @@ class CheckpointEvaluator {
       ASSIGN_OR_RETURN(auto model, MakeSavedModel(meta, in, path, o_.torchscript));
       if (Status st = LoadModuleState(*model, ckpt); !st.ok()) return InvalidArgument(path + ": " + st.message());
       Normalizer norm{meta.mean, meta.std};
-      Confusion c = Evaluate(*model, test_, 0, test_.count, norm, o_.batch);
+      ASSIGN_OR_RETURN(Confusion c, Evaluate(*model, test_, 0, test_.count, norm, o_.batch));
       if (accuracy) *accuracy = c.accuracy();
       auto names = ClassNames(ds.dataset, ds.classes, meta.class_names);
       return o_.format == "json" ? FormatReportJson(c, names) : FormatReport(c, names);
@@ -195,8 +199,13 @@ int RunWatch(const EvalOptions& o) {
 Result<checkpoint::Checkpoint> LoadModelFile(const std::string& path) {
   if (!IsDirectory(path)) return ReadCheckpoint(path);
   checkpoint::CheckpointDir dir(path, 1);
-  auto ckpt = dir.LoadLatest();
-  if (!ckpt.ok()) return InvalidArgument(path + ": no valid checkpoint: " + ckpt.status().message());
+  std::vector<std::string> skipped;
+  auto ckpt = dir.LoadLatest(&skipped);
+  if (!ckpt.ok()) {
+    return InvalidArgument(path + ": no valid checkpoint" +
+                           (skipped.empty() ? std::string(" (no model.safetensors and no ckpt-*.safetensors in it)")
+                                            : "; the newest was refused: " + skipped.front()));
+  }
   return ckpt;
 }
 
@@ -236,7 +245,14 @@ Result<data::ImageSet> LoadImagesFor(const std::string& path, const checkpoint::
   ASSIGN_OR_RETURN(data::ImageSet set, idx ? data::LoadIdxImages(path) : data::ReadImageFile(path));
   set = data::ToChannels(set, meta.channels);
   // A model trained on an image folder saw every image resized and cropped to its size: so are these.
-  if (meta.dataset == "imagefolder" && set.count == 1) return data::ResizeCrop(set, meta.rows, meta.cols);
+  if (meta.dataset == "imagefolder" && set.count == 1) {
+    data::ViewOptions view;
+    view.channels = meta.channels;
+    view.rows = meta.rows;
+    view.cols = meta.cols;
+    view.crop_pct = meta.crop_pct;
+    return data::ApplyView(set, view);
+  }
   if (set.rows != meta.rows || set.cols != meta.cols) return size_error(set.rows, set.cols);
   return set;
 }
@@ -270,7 +286,7 @@ int RunPredict(const PredictOptions& o) {
         std::vector<int64_t> idx(n);
         for (int64_t i = 0; i < n; ++i) idx[i] = first + i;
         torch::Tensor x, y;
-        FillBatch(*set, idx.data(), n, norm, &x, &y);
+        if (Status st = FillBatch(*set, idx.data(), n, norm, &x, &y); !st.ok()) return fail(st.message());
         torch::Tensor probs = torch::softmax((*model)->forward(x), 1);
         auto [p, c] = probs.topk(top, 1);
         for (int64_t i = 0; i < n; ++i) {
@@ -299,6 +315,31 @@ int RunPredict(const PredictOptions& o) {
   }
   if (o.format == "json") std::printf("%s\n", all.dump(2).c_str());
   return kExitOk;
+}
+
+int RunCheckModule(CheckModuleOptions& o) {
+  auto file = checkpoint::ReadModuleFile(o.path);
+  if (!file.ok()) {
+    o.error = file.status().message();
+    return 1;
+  }
+  try {
+    at::set_num_threads(1);
+    auto model = models::LoadScripted(*file, {o.channels, o.rows, o.cols, o.classes});
+    if (!model.ok()) {
+      o.error = model.status().message();
+      return 1;
+    }
+    int64_t params = 0;
+    for (const auto& p : (*model)->parameters()) params += p.numel();
+    o.summary = std::to_string(params) + " parameters; a batch of 2 images of " + std::to_string(o.channels) + "x" +
+                std::to_string(o.rows) + "x" + std::to_string(o.cols) + " gives [2, " + std::to_string(o.classes) +
+                "] scores";
+  } catch (const std::exception& e) {
+    o.error = o.path + ": " + e.what();
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace trainctl::train

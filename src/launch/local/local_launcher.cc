@@ -224,7 +224,7 @@ int Report(const JobSpec& spec, Store& store, const std::string& run_id, Clock::
   }
   switch (final_code) {
     case kExitOk:
-      LOG_INFO("job {} succeeded in {} ({} restarts)", spec.name, status.elapsed, restarts);
+      LOG_INFO("job {} succeeded in {} ({} restart{})", spec.name, status.elapsed, restarts, restarts == "1" ? "" : "s");
       break;
     case kExitInvalidSpec:
     case kExitWorkerFailed:
@@ -307,8 +307,10 @@ Status PrepareOutput(const JobSpec& spec, const LaunchOptions& options) {
   if (!options.resume) {
     ASSIGN_OR_RETURN(std::string moved, runs::MovePreviousRunAside(spec.output_dir, spec.checkpoint_dir));
     if (!moved.empty()) {
-      LOG_INFO("{} held an earlier run, moved to {}: this run starts from scratch (--resume would "
-               "continue it)", spec.output_dir, moved);
+      LOG_INFO("{} held an earlier run, moved to {}: this run starts from scratch ({})", spec.output_dir, moved,
+               options.verb == "torchrun" ? "trainctl torchrun starts each run afresh; a script resumes from its "
+                                            "own checkpoints"
+                                          : "--resume would continue it");
     }
   } else if (spec.trainer.enabled && !runs::HasCheckpoint(spec.checkpoint_dir)) {
     LOG_WARN("--resume: no checkpoint in {}; this run starts from scratch", spec.checkpoint_dir);

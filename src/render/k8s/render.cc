@@ -658,6 +658,8 @@ JobSpec PodSpec(const JobSpec& spec) {
     DataSpec& d = p.trainer.data;
     if (!spec.cluster.stage.url.empty() && d.dir.empty()) d.dir = mount + "/datasets/" + spec.name;
     else if (!d.dir.empty()) d.dir = Under(mount, d.dir);
+    if (!d.test_dir.empty()) d.test_dir = Under(mount, d.test_dir);  // a test folder, as its training folder
+    if (!p.trainer.torchscript.empty()) p.trainer.torchscript = Under(mount, p.trainer.torchscript);
   }
   return p;
 }
