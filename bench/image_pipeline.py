@@ -56,7 +56,7 @@ def trainctl_rate(trainctl, folder, split, workers, batch, batches):
             f.write("name: pipeline\ntrainer:\n  model: resnet50\n  batch_size: %d\n  data:\n"
                     "    dataset: imagefolder\n    dir: %s\n    test_dir: %s\n    shape: [3, 224, 224]\n"
                     "    load: stream\n    augment: {random_resized_crop: true, flip: true}\n" %
-                    (batch, os.path.join(folder, "train"), os.path.join(folder, "test")))
+                    (batch, os.path.abspath(os.path.join(folder, "train")), os.path.abspath(os.path.join(folder, "test"))))
         # The verb times its batches after one of warm-up, as the DataLoader's here.
         out = subprocess.run([trainctl, "pipeline", spec, "--split", split, "--threads", str(workers),
                               "--batches", str(batches), "-o", "json"],
