@@ -43,6 +43,11 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
                   "listens there, with the job's token); a local job's store is a Unix socket for "
                   "this user's processes unless this names another address than loopback")
       ->capture_default_str();
+  static int max_tasks = 0;
+  cmd->add_option("--max-tasks", max_tasks,
+                  "the most tasks this run may start on this machine (default: 64 per CPU, at least 1024); a "
+                  "wider job is refused before anything starts")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--resume", lo->resume,
                 "continue the previous run in output_dir from its newest checkpoint (trainer.resume); "
                 "without it, that run's files move to output_dir/previous/<run id>/ and this run "
@@ -66,11 +71,11 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
       bad_flags = "agents on other hosts cannot reach a store on " + lo->store_host +
                   "; give --store-host with this machine's address on their network (or a "
                   "rendezvous: etcd://... in the spec)";
-    } else if (!remote && spec->world_size() > LocalTaskLimit()) {
+    } else if (const int limit = max_tasks > 0 ? max_tasks : LocalTaskLimit(); !remote && spec->world_size() > limit) {
       bad_flags = DescribeTasks(*spec, false) + " is " + std::to_string(spec->world_size()) +
-                  " tasks on this machine, more than trainctl starts on one (" +
-                  std::to_string(LocalTaskLimit()) + ": 64 per CPU, at least 1024); spread the job over "
-                  "hosts (--target mpi --hosts, or slurm) or make it smaller";
+                  " tasks on this machine, more than trainctl starts on one (" + std::to_string(limit) +
+                  (max_tasks > 0 ? ": --max-tasks" : ": 64 per CPU, at least 1024; --max-tasks N allows more") +
+                  "); spread the job over hosts (--target mpi --hosts, or slurm) or make it smaller";
     } else if (lo->placement == "mpi" && !FindExecutable("mpirun", CurrentEnvironment()).ok()) {
       bad_flags = "--target mpi needs mpirun on the PATH (Open MPI; on Debian: apt-get install openmpi-bin)";
     }
