@@ -15,7 +15,7 @@
 #include "jobspec/job_spec.h"
 #include "jobspec/tree.h"
 
-namespace trainctl::spec {
+namespace trainctl::jobspec {
 
 Result<JobSpec> Decode(const Node& root);
 
@@ -1349,8 +1349,8 @@ nlohmann::json JobSpecSchemaJson() {
 }
 }  // namespace
 
-}  // namespace trainctl::spec
+}  // namespace trainctl::jobspec
 
 namespace trainctl {
-std::string JobSpecSchema(int indent) { return spec::JobSpecSchemaJson().dump(indent) + "\n"; }
+std::string JobSpecSchema(int indent) { return jobspec::JobSpecSchemaJson().dump(indent) + "\n"; }
 }  // namespace trainctl

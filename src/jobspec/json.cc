@@ -6,10 +6,10 @@
 #include "jobspec/job_spec.h"
 #include "jobspec/tree.h"
 
-namespace trainctl::spec {
+namespace trainctl::jobspec {
 Result<JobSpec> Decode(const Node& root);
 Result<std::vector<LayerSpec>> DecodeLayerList(const Node& n, const std::string& path);
-}  // namespace trainctl::spec
+}  // namespace trainctl::jobspec
 
 namespace trainctl {
 
@@ -222,26 +222,26 @@ namespace {
 // values; numbers and booleans plain ones, as written), so the resolved spec is decoded and
 // checked as a spec file is. Every agent reads it: JSON's parser is several times faster than
 // YAML's on the same text.
-Status JsonTree(const ordered_json& j, int depth, spec::Node* out) {
-  if (depth > spec::kMaxDepth) return InvalidArgument("nested deeper than " + std::to_string(spec::kMaxDepth) + " levels");
+Status JsonTree(const ordered_json& j, int depth, jobspec::Node* out) {
+  if (depth > jobspec::kMaxDepth) return InvalidArgument("nested deeper than " + std::to_string(jobspec::kMaxDepth) + " levels");
   out->origin = {"resolved job spec", 0};
   if (j.is_object()) {
-    out->kind = spec::Node::Kind::kMap;
+    out->kind = jobspec::Node::Kind::kMap;
     out->map.reserve(j.size());
     for (const auto& [key, value] : j.items()) {
-      out->map.emplace_back(key, spec::Node());
+      out->map.emplace_back(key, jobspec::Node());
       RETURN_IF_ERROR(JsonTree(value, depth + 1, &out->map.back().second));
     }
   } else if (j.is_array()) {
-    out->kind = spec::Node::Kind::kSeq;
+    out->kind = jobspec::Node::Kind::kSeq;
     out->seq.resize(j.size());
     for (size_t i = 0; i < j.size(); ++i) RETURN_IF_ERROR(JsonTree(j[i], depth + 1, &out->seq[i]));
   } else if (j.is_string()) {
-    out->kind = spec::Node::Kind::kScalar;
+    out->kind = jobspec::Node::Kind::kScalar;
     out->scalar = j.get<std::string>();
     out->quoted = true;
   } else if (!j.is_null()) {
-    out->kind = spec::Node::Kind::kScalar;
+    out->kind = jobspec::Node::Kind::kScalar;
     out->scalar = j.dump();
   }
   return Status::Ok();
@@ -254,9 +254,9 @@ std::string LayersToJson(const std::vector<LayerSpec>& layers) { return Layers(l
 Result<std::vector<LayerSpec>> LayersFromJson(const std::string& text, const std::string& source) {
   const ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument(source + ": the model's layers are not JSON");
-  spec::Node root;
+  jobspec::Node root;
   if (Status st = JsonTree(j, 0, &root); !st.ok()) return InvalidArgument(source + ": the model's layers: " + st.message());
-  auto layers = spec::DecodeLayerList(root, "layers");
+  auto layers = jobspec::DecodeLayerList(root, "layers");
   if (!layers.ok()) return InvalidArgument(source + ": " + layers.status().message());
   NameLayers(&*layers);
   return layers;
@@ -266,9 +266,9 @@ Result<JobSpec> JobSpecFromJson(const std::string& text) {
   auto invalid = [](const std::string& why) { return InvalidArgument("the resolved job spec is not valid: " + why); };
   const ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid("not JSON");
-  spec::Node root;
+  jobspec::Node root;
   if (Status st = JsonTree(j, 0, &root); !st.ok()) return invalid(st.message());
-  auto spec = spec::Decode(root);
+  auto spec = jobspec::Decode(root);
   if (!spec.ok()) return invalid(spec.status().message());
   return spec;
 }

@@ -6,20 +6,20 @@
 #include "jobspec/tree.h"
 
 namespace trainctl {
-namespace spec {
+namespace jobspec {
 Result<JobSpec> Decode(const Node& root);
-}  // namespace spec
+}  // namespace jobspec
 
 namespace {
 
-Result<spec::Node> Layered(const SpecSources& sources) {
+Result<jobspec::Node> Layered(const SpecSources& sources) {
   if (sources.files.empty()) return InvalidArgument("no job spec given; pass a YAML file");
-  spec::Node root;
+  jobspec::Node root;
   bool first = true;
   for (const auto& file : sources.files) {
-    ASSIGN_OR_RETURN(std::string text, ReadFile(file, spec::kMaxFileBytes));
-    ASSIGN_OR_RETURN(spec::Node layer, spec::ParseYaml(text, file));
-    if (layer.kind != spec::Node::Kind::kMap && layer.kind != spec::Node::Kind::kNull) {
+    ASSIGN_OR_RETURN(std::string text, ReadFile(file, jobspec::kMaxFileBytes));
+    ASSIGN_OR_RETURN(jobspec::Node layer, jobspec::ParseYaml(text, file));
+    if (layer.kind != jobspec::Node::Kind::kMap && layer.kind != jobspec::Node::Kind::kNull) {
       return InvalidArgument(layer.origin.ToString() +
                              ": expected a mapping of job fields (name: ..., command: [...]), got " +
                              layer.KindName());
@@ -27,28 +27,28 @@ Result<spec::Node> Layered(const SpecSources& sources) {
     if (first) {
       root = std::move(layer);
       first = false;
-    } else if (layer.kind == spec::Node::Kind::kMap) {
-      spec::Merge(&root, layer);
+    } else if (layer.kind == jobspec::Node::Kind::kMap) {
+      jobspec::Merge(&root, layer);
     }
   }
-  for (const auto& set : sources.sets) RETURN_IF_ERROR(spec::ApplySet(&root, set));
+  for (const auto& set : sources.sets) RETURN_IF_ERROR(jobspec::ApplySet(&root, set));
   return root;
 }
 
-nlohmann::json Typed(const spec::Node& n) {
+nlohmann::json Typed(const jobspec::Node& n) {
   switch (n.kind) {
-    case spec::Node::Kind::kNull: return nullptr;
-    case spec::Node::Kind::kSeq: {
+    case jobspec::Node::Kind::kNull: return nullptr;
+    case jobspec::Node::Kind::kSeq: {
       nlohmann::json a = nlohmann::json::array();
       for (const auto& v : n.seq) a.push_back(Typed(v));
       return a;
     }
-    case spec::Node::Kind::kMap: {
+    case jobspec::Node::Kind::kMap: {
       nlohmann::json o = nlohmann::json::object();
       for (const auto& [k, v] : n.map) o[k] = Typed(v);
       return o;
     }
-    case spec::Node::Kind::kScalar: break;
+    case jobspec::Node::Kind::kScalar: break;
   }
   const std::string& s = n.scalar;
   if (n.quoted) return s;
@@ -64,18 +64,18 @@ nlohmann::json Typed(const spec::Node& n) {
 }  // namespace
 
 Result<JobSpec> LoadJobSpec(const SpecSources& sources) {
-  ASSIGN_OR_RETURN(spec::Node root, Layered(sources));
-  return spec::Decode(root);
+  ASSIGN_OR_RETURN(jobspec::Node root, Layered(sources));
+  return jobspec::Decode(root);
 }
 
 Result<std::string> LayeredSpecJson(const SpecSources& sources) {
-  ASSIGN_OR_RETURN(spec::Node root, Layered(sources));
+  ASSIGN_OR_RETURN(jobspec::Node root, Layered(sources));
   return Typed(root).dump();
 }
 
 Result<JobSpec> ParseJobSpec(const std::string& yaml, const std::string& source) {
-  ASSIGN_OR_RETURN(spec::Node root, spec::ParseYaml(yaml, source));
-  return spec::Decode(root);
+  ASSIGN_OR_RETURN(jobspec::Node root, jobspec::ParseYaml(yaml, source));
+  return jobspec::Decode(root);
 }
 
 }  // namespace trainctl

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <unordered_set>
 
-namespace trainctl::spec {
+namespace trainctl::jobspec {
 namespace {
 
 // Builds a Node tree from yaml-cpp's parser events. Used instead of YAML::LoadAll, which loops
@@ -357,4 +357,4 @@ Status ApplySet(Node* root, const std::string& assignment) {
   return Status::Ok();
 }
 
-}  // namespace trainctl::spec
+}  // namespace trainctl::jobspec

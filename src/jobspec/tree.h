@@ -9,7 +9,7 @@
 
 #include "common/status.h"
 
-namespace trainctl::spec {
+namespace trainctl::jobspec {
 
 struct Origin {
   std::string source;  // a file path, or "--set key=value"
@@ -52,4 +52,4 @@ void Merge(Node* base, const Node& overlay);
 // Applies one "--set a.b[0].c=value" override; the value is parsed as YAML ("3", "[a, b]").
 Status ApplySet(Node* root, const std::string& assignment);
 
-}  // namespace trainctl::spec
+}  // namespace trainctl::jobspec
