@@ -85,6 +85,29 @@ class EtcdCluster {
     }
   }
 
+  // etcd forgets every token it gave: auth disabled (as root) and enabled again.
+  void ForgetTokens() {
+    const std::string url = (security_.tls ? "https://" : "http://") + endpoints()[0];
+    const std::string script = R"(
+import json, ssl, sys, urllib.request
+url, tls, ca = sys.argv[1:4]
+ctx = ssl.create_default_context(cafile=ca) if tls == "1" else None
+def post(path, body, token=None):
+    headers = {"Content-Type": "application/json"}
+    if token: headers["Authorization"] = token
+    req = urllib.request.Request(url + "/v3/" + path, json.dumps(body).encode(), headers)
+    return json.loads(urllib.request.urlopen(req, context=ctx, timeout=10).read() or b"{}")
+token = post("auth/authenticate", {"name": "root", "password": "root-password"})["token"]
+post("auth/disable", {}, token)
+post("auth/enable", {})
+)";
+    SpawnOptions o;
+    o.argv = {TRAINCTL_TEST_PYTHON, "-c", script, url, security_.tls ? "1" : "0", cert("ca.pem")};
+    o.env = CurrentEnvironment();
+    auto r = RunCommand(o, std::chrono::seconds(60));
+    ASSERT_TRUE(r.ok() && r->exit.success()) << (r.ok() ? r->output : r.status().ToString());
+  }
+
  private:
   static std::string Name(int i) { return "member" + std::to_string(i); }
 

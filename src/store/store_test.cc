@@ -678,6 +678,20 @@ TEST(EtcdStore, AWrongPasswordNoClientCertificateOrAnotherCaAreRefused) {
 }
 
 // etcd's --client-cert-auth: a client certificate signed by its CA gets in, none does not.
+// A token etcd no longer knows (expired, or forgotten when auth was turned off and on) is replaced
+// by a new one, and the request goes through: the old token must not go with the new
+// authentication, which etcd would refuse.
+TEST(EtcdStore, AuthenticatesAgainWhenEtcdForgetsItsToken) {
+  auto store = EtcdStore::Connect(SecureOptions());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  ASSERT_TRUE((*store)->Set("/trainctl/forgotten/k", "v").ok());
+  SecureEtcd().ForgetTokens();
+  auto got = (*store)->TryGet("/trainctl/forgotten/k");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value_or(""), "v");
+  EXPECT_TRUE((*store)->Set("/trainctl/forgotten/k", "w").ok());
+}
+
 TEST(EtcdStore, AClientCertificateIsPresentedWhenEtcdAsksForOne) {
   testing::EtcdCluster etcd(1, "127.0.0.1", {true, true, "", ""});
   EtcdStoreOptions o;

@@ -107,6 +107,9 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::Connect(const EtcdStoreOptions& op
 }
 
 Status EtcdStore::Authenticate() {
+  // Without the old token: etcd refuses an authentication that carries a token it no longer
+  // knows ("invalid auth token"), which is why a new one is wanted.
+  client_->set_default_headers({});
   auto res = client_->Post("/v3/auth/authenticate",
                            json{{"name", options_.user}, {"password", options_.password}}.dump(),
                            "application/json");
@@ -170,7 +173,9 @@ Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string
     if (res && res->status == 200) return res->body;
     if (res && !options_.user.empty() && path != "auth/authenticate" &&
         res->body.find("invalid auth token") != std::string::npos) {
-      auth_token_.clear();  // expired (etcd's simple tokens live 5 minutes): a new one, once
+      // Expired (etcd's simple tokens live 5 minutes) or forgotten (auth disabled and enabled
+      // again, a restarted member): a new one, once.
+      auth_token_.clear();
       if (Status st = Authenticate(); !st.ok()) return st;
       client_->set_default_headers({{"Authorization", auth_token_}});
       res = client_->Post(("/v3/" + path).c_str(), body, "application/json");
