@@ -48,15 +48,18 @@ std::string OtherWriter(const struct stat& st) {
   return "";
 }
 
+// The little-endian number of `bytes` bytes at `at`; 0 where they run past the end (the checks
+// below refuse what that leaves inconsistent).
 uint64_t Le(std::string_view b, size_t at, int bytes) {
   uint64_t v = 0;
+  if (at > b.size() || static_cast<size_t>(bytes) > b.size() - at) return 0;
   for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<uint8_t>(b[at + i])} << (8 * i);
   return v;
 }
 
-// What a zip archive's central directory says its records hold, once inflated: refused when the
-// archive is not one, or when that is more than the file could hold stored (a zip bomb).
-Status CheckZip(std::string_view b, const std::string& path) {
+}  // namespace
+
+Status CheckModuleArchive(std::string_view b, const std::string& path) {
   auto bad = [&](const std::string& why) {
     return InvalidArgument(path + ": " + why + "; expected a TorchScript module saved with torch.jit.script(model).save(path)");
   };
@@ -75,7 +78,7 @@ Status CheckZip(std::string_view b, const std::string& path) {
   if ((entries == 0xFFFF || cd_size == 0xFFFFFFFF || cd_offset == 0xFFFFFFFF) && eocd >= 20 &&
       Le(b, eocd - 20, 4) == 0x07064b50) {  // zip64: its locator just before
     const uint64_t at = Le(b, eocd - 20 + 8, 8);
-    if (at > b.size() - 56 || Le(b, at, 4) != 0x06064b50) return bad("a corrupt zip64 directory");
+    if (b.size() < 56 || at > b.size() - 56 || Le(b, at, 4) != 0x06064b50) return bad("a corrupt zip64 directory");
     entries = Le(b, at + 32, 8);
     cd_size = Le(b, at + 40, 8);
     cd_offset = Le(b, at + 48, 8);
@@ -111,8 +114,6 @@ Status CheckZip(std::string_view b, const std::string& path) {
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 Result<ModuleFile> ReadModuleFile(const std::string& path) {
   const std::string expected = "; expected a TorchScript module saved with torch.jit.script(model).save(path)";
@@ -162,7 +163,7 @@ Result<ModuleFile> ReadModuleFile(const std::string& path) {
     if (n <= 0) return InvalidArgument(path + ": the file shrank while it was read");
     done += static_cast<size_t>(n);
   }
-  RETURN_IF_ERROR(CheckZip(m.bytes, path));
+  RETURN_IF_ERROR(CheckModuleArchive(m.bytes, path));
   m.sha256 = Sha256Hex(m.bytes);
   return m;
 }

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -30,6 +31,10 @@ struct ModuleFile {
 // kInvalidArgument names the file and what is wrong (a FIFO, too large, not a zip archive, a zip
 // bomb); kPermissionDenied who else could have written it; kNotFound when it cannot be opened.
 Result<ModuleFile> ReadModuleFile(const std::string& path);
+
+// What ReadModuleFile checks of the bytes: a zip archive whose central directory says its records
+// inflate to at most about twice the file's size (a zip bomb refused), stored or deflated.
+Status CheckModuleArchive(std::string_view bytes, const std::string& path);
 
 // The name of a run's copy of its module, in its output directory (and checkpoint directory):
 // what a checkpoint's metadata "torchscript" names, with the copy's sha256 in

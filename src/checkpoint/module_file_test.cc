@@ -69,6 +69,20 @@ TEST(ModuleFile, WhatIsNotAModuleOrCannotBeReadIsNamedAtOnce) {
 
 // A module is code: one another user could have written (the file, or a directory it is in, open
 // to them, or the file theirs) is refused, naming why; a sticky directory (/tmp) is no such opening.
+// A zip64 locator whose directory offset lies past the end of a file too short to hold one
+// (found by fuzz/checkpoint_fuzz.cc, its seed zip64-locator-past-the-end.pt): refused, read
+// nowhere outside the bytes.
+TEST(ModuleFile, AZip64DirectoryPastTheEndIsRefusedNotRead) {
+  std::string bytes = "PK\x06\x07" + std::string(4, '\0');  // the locator: disk, then the offset
+  for (int i = 0; i < 8; ++i) bytes += static_cast<char>(i == 5 ? 1 : 0);  // 2^40
+  bytes += std::string("\x01\0\0\0", 4);
+  bytes += "PK\x05\x06" + std::string(6, '\0') + std::string(10, '\xff') + std::string(2, '\0');
+  ASSERT_EQ(bytes.size(), 42u);
+  const Status st = CheckModuleArchive(bytes, "model.pt");
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("model.pt: a corrupt zip64 directory"), std::string::npos) << st.message();
+}
+
 TEST(ModuleFile, OneAnotherUserCouldHaveWrittenIsRefused) {
   testing::Scratch s;
   ASSERT_TRUE(MakeDirs(s.path("open")).ok() && MakeDirs(s.path("sticky")).ok() && MakeDirs(s.path("mine")).ok());
