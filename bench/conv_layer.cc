@@ -1,9 +1,9 @@
 // The example CNN's two layers, each relu(max_pool2d(conv3x3(x), 2)) at a batch of 64 on one
 // thread: ATen's convolution (oneDNN's direct kernels on a CPU without AVX-512) followed by the
-// trainer's pooling (models::MaxPool2x2Relu), against the trainer's fused layers
-// (models::ImageConvPoolRelu for the image's 1 -> 32, models::ConvPoolRelu, Winograd, for
+// trainer's pooling (kernels::MaxPool2x2Relu), against the trainer's fused layers
+// (kernels::ImageConvPoolRelu for the image's 1 -> 32, kernels::ConvPoolRelu, Winograd, for
 // 32 -> 64) and, for 32 -> 64 on a CPU with AVX-512, oneDNN's own blocked kernels
-// (models::Conv3x3, Winograd where oneDNN picks it; in bf16 too on a CPU with bf16 instructions)
+// (kernels::Conv3x3, Winograd where oneDNN picks it; in bf16 too on a CPU with bf16 instructions)
 // followed by the pooling in that layout; forward and backward, each the median of --reps calls;
 // the first linear layer, ATen's (OpenBLAS) against oneDNN's sgemm, which the CNN uses; then the
 // whole CNN's step (forward, cross-entropy, backward) as the trainer runs it on this CPU, and its
@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "models/models.h"
-#include "models/ops.h"
+#include "kernels/ops.h"
 #if TRAINCTL_HAVE_ONEDNN
-#include "models/onednn.h"
+#include "kernels/onednn.h"
 #endif
 #include "train/optimizer.h"
 
@@ -94,18 +94,24 @@ int main(int argc, char** argv) {
   const int64_t batch = argc > 2 ? std::atoll(argv[2]) : 64;
   at::set_num_threads(1);
   const Layer aten = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-    return trainctl::models::MaxPool2x2Relu(torch::conv2d(x, w, b, 1, 1));
+    return trainctl::kernels::MaxPool2x2Relu(torch::conv2d(x, w, b, 1, 1));
   };
   std::printf("batch %lld, one thread, median of %d (Winograd kernels: %s)\n", static_cast<long long>(batch), reps,
-              trainctl::models::WinogradConvolutions() ? "yes" : "no, ATen's");
+              trainctl::kernels::WinogradConvolutions() ? "yes" : "no, ATen's");
   std::printf("%-34s %10s %11s %10s %12s\n", "", "forward ms", "backward ms", "total ms", "GFLOP/s");
   struct Case {
     const char* name;
     Layer ours;
     int64_t in, out, size, passes;  // passes: forward, the weight's gradient, the input's if it takes one
   };
-  for (const Case& c : {Case{"1 -> 32 on 28 x 28", trainctl::models::ImageConvPoolRelu, 1, 32, 28, 2},
-                        Case{"32 -> 64 on 14 x 14", trainctl::models::ConvPoolRelu, 32, 64, 14, 3}}) {
+  // The fused layers with their ReLU (the kernels' relu argument, true in the CNN).
+  const Layer image = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+    return trainctl::kernels::ImageConvPoolRelu(x, w, b, true);
+  };
+  const Layer hidden = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+    return trainctl::kernels::ConvPoolRelu(x, w, b, true);
+  };
+  for (const Case& c : {Case{"1 -> 32 on 28 x 28", image, 1, 32, 28, 2}, Case{"32 -> 64 on 14 x 14", hidden, 32, 64, 14, 3}}) {
     // Direct-convolution FLOP of the passes.
     const double flop = c.passes * 2.0 * batch * c.out * c.in * 9 * c.size * c.size;
     const auto theirs = Time(aten, reps, batch, c.in, c.out, c.size);
@@ -113,15 +119,15 @@ int main(int argc, char** argv) {
     std::vector<std::pair<const char*, std::pair<double, double>>> rows = {{"ATen conv + MaxPool2x2Relu", theirs},
                                                                             {"trainctl fused", ours}};
 #if TRAINCTL_HAVE_ONEDNN
-    if (trainctl::models::BlockedConvolutions() && c.in >= trainctl::models::kBlock) {
+    if (trainctl::kernels::BlockedConvolutions() && c.in >= trainctl::kernels::kBlock) {
       const auto blocked = [](bool bf16) -> Layer {
         return [bf16](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-          using namespace trainctl::models;
+          using namespace trainctl::kernels;
           return FromBlocked(MaxPool2x2Relu(Conv3x3(ToBlocked(x), w, b, bf16)));
         };
       };
       rows.emplace_back("oneDNN blocked", Time(blocked(false), reps, batch, c.in, c.out, c.size));
-      if (trainctl::models::Bf16Convolutions()) {
+      if (trainctl::kernels::Bf16Convolutions()) {
         rows.emplace_back("oneDNN blocked bf16", Time(blocked(true), reps, batch, c.in, c.out, c.size));
       }
     }
@@ -134,13 +140,13 @@ int main(int argc, char** argv) {
                 (ours.first + ours.second) / (theirs.first + theirs.second));
   }
   // The first linear layer, 3136 -> 128: ATen's (OpenBLAS) and, where it is built in, oneDNN's
-  // sgemm (models::Linear), which the CNN runs on the CPU.
+  // sgemm (kernels::Linear), which the CNN runs on the CPU.
   std::vector<std::pair<const char*, Layer>> linears = {
       {"ATen", [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
          return torch::linear(x, w, b);
        }}};
 #if TRAINCTL_HAVE_ONEDNN
-  linears.emplace_back("oneDNN", trainctl::models::Linear);
+  linears.emplace_back("oneDNN", trainctl::kernels::Linear);
 #endif
   constexpr int64_t kFeatures = 64 * 7 * 7, kHidden = 128;  // fc1's
   const double linear_flop = 3 * 2.0 * batch * kFeatures * kHidden;

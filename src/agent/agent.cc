@@ -628,7 +628,7 @@ std::optional<Agent::Outcome> Agent::OnTaskExit(Round& r, const WorkerExit& e) {
   }
   if (role.on_failure == "restart_task") {
     auto n = store_->Add(keys::kTaskRestarts, 1);
-    if (n.ok() && RestartBudget{s.restart.max_restarts}.TaskRestartFits(*n)) {
+    if (n.ok() && RestartBudget{s.restart.max_restarts}.RestartFits(*n)) {
       const int again = ++r.task_restarts[e.local_rank];
       LOG_WARN("{}; restarting it alone (task restart {} of {})", rec.Summary(), *n, s.restart.max_restarts);
       Status st = r.group->Restart(e.local_rank, Launch(r, t, again));

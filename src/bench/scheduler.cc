@@ -199,8 +199,11 @@ class Scheduler::Impl {
       Figures& f = figures_[i];
       const std::string out = Out(e);
       if (e.system == "trainctl") {
-        const std::string state = ReadRunStatus(out).state;
-        f.state = state.empty() ? "pending" : state == "succeeded" ? "succeeded" : state == "running" ? "interrupted" : "failed";
+        const RunState state = ReadRunStatus(out).state;
+        f.state = state == RunState::kUnknown     ? "pending"
+                  : state == RunState::kSucceeded ? "succeeded"
+                  : state == RunState::kRunning   ? "interrupted"
+                                                  : "failed";
         f.exit_code = f.state == "succeeded" ? 0 : -1;
       } else {
         auto code = ReadFile(out + "/exit_code");

@@ -67,10 +67,10 @@ int Ps(bool all, bool as_json) {
     RunView v = View(e);
     if (!all && !v.alive && shown[e.name]++ > 0) continue;
     const std::string progress = Progress(v.dir);
-    out.push_back({{"name", e.name}, {"run_id", e.run_id}, {"state", v.state}, {"tasks", Tasks(e)},
+    out.push_back({{"name", e.name}, {"run_id", e.run_id}, {"state", RunStateName(v.state)}, {"tasks", Tasks(e)},
                    {"progress", progress}, {"elapsed", Elapsed(v)}, {"output_dir", v.dir},
                    {"pid", v.alive ? e.pid : 0}, {"target", e.target}});
-    rows.push_back({e.name, e.run_id, v.state, Tasks(e), progress, Elapsed(v), v.dir});
+    rows.push_back({e.name, e.run_id, RunStateName(v.state), Tasks(e), progress, Elapsed(v), v.dir});
   }
   if (as_json) {
     std::printf("%s\n", out.dump(2).c_str());
@@ -174,7 +174,7 @@ int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role
 // One screen of `top`: every task's CPU, memory and threads over `interval`.
 std::string TopScreen(const runs::RunEntry& e, const RunView& v, Duration interval) {
   const auto tasks = SampleTasks(e.pid, interval);
-  std::string out = "job " + e.name + ", run " + e.run_id + ": " + v.state + ", " + Tasks(e) + ", elapsed " + Elapsed(v) + "\n";
+  std::string out = "job " + e.name + ", run " + e.run_id + ": " + RunStateName(v.state) + ", " + Tasks(e) + ", elapsed " + Elapsed(v) + "\n";
   const std::string split = StepSplit(v.dir);
   if (!split.empty()) out += split + "\n";
   // GPU columns where NVML is: the device a task uses, that device's utilization, the task's memory on it.
@@ -205,7 +205,7 @@ std::string TopScreen(const runs::RunEntry& e, const RunView& v, Duration interv
 
 int Top(const runs::RunEntry& e, bool once, Duration interval) {
   if (!runs::Alive(e)) {
-    return Fail("top", InvalidArgument("run " + e.run_id + " of job " + e.name + " is not running (" + View(e).state +
+    return Fail("top", InvalidArgument("run " + e.run_id + " of job " + e.name + " is not running (" + RunStateName(View(e).state) +
                                        "); trainctl status " + e.run_id + " says how it ended"));
   }
   BlockSupervisorSignals();
@@ -242,7 +242,7 @@ Status IsLauncher(const runs::RunEntry& e) {
 int Stop(const runs::RunEntry& e, Duration wait) {
   if (!runs::Alive(e)) {
     return Fail("stop", InvalidArgument("run " + e.run_id + " of job " + e.name + " is not running (" +
-                                        View(e).state + ")"));
+                                        RunStateName(View(e).state) + ")"));
   }
   const auto deadline = Clock::now() + wait;
   if (!e.slurm_job_id.empty() && e.slurm_job_id.find_first_not_of("0123456789") != std::string::npos) {
@@ -266,7 +266,7 @@ int Stop(const runs::RunEntry& e, Duration wait) {
       std::printf("run %s still running %s after scancel\n", e.run_id.c_str(), FormatDuration(wait).c_str());
       return kExitError;
     }
-    std::printf("run %s stopped (%s)\n", e.run_id.c_str(), View(e).state.c_str());
+    std::printf("run %s stopped (%s)\n", e.run_id.c_str(), RunStateName(View(e).state));
     return kExitOk;
   }
   if (!e.host.empty() && e.host != HostName()) {
@@ -287,7 +287,7 @@ int Stop(const runs::RunEntry& e, Duration wait) {
     return kExitError;
   }
   EndOrphans(e);
-  std::printf("run %s stopped (%s)\n", e.run_id.c_str(), View(e).state.c_str());
+  std::printf("run %s stopped (%s)\n", e.run_id.c_str(), RunStateName(View(e).state));
   return kExitOk;
 }
 
@@ -303,12 +303,12 @@ int LocalStatus(const std::string& job, bool as_json) {
   RunView v = View(*e);
   if (as_json) {
     json out = v.status.ToJson();
-    out["state"] = v.state;
+    out["state"] = RunStateName(v.state);
     out["run_id"] = e->run_id;
     out["output_dir"] = v.dir;
     std::printf("%s\n", out.dump(2).c_str());
   } else {
-    std::printf("job %s, run %s: %s\n", e->name.c_str(), e->run_id.c_str(), v.state.c_str());
+    std::printf("job %s, run %s: %s\n", e->name.c_str(), e->run_id.c_str(), RunStateName(v.state));
     std::printf("  tasks     %s on %s (%s)\n", Tasks(*e).c_str(), e->host.c_str(), e->target.c_str());
     std::printf("  elapsed   %s\n", Elapsed(v).c_str());
     std::printf("  progress  %s\n", Progress(v.dir).c_str());
@@ -317,7 +317,7 @@ int LocalStatus(const std::string& job, bool as_json) {
     if (v.status.failure) std::printf("  failure   %s\n", v.status.failure->Summary().c_str());
     std::printf("  output    %s\n  logs      trainctl logs %s\n", v.dir.c_str(), e->run_id.c_str());
   }
-  if (v.state == "failed" || v.state == "lost" || v.state == "error") return kExitWorkerFailed;
+  if (v.state == RunState::kFailed || v.state == RunState::kLost || v.state == RunState::kError) return kExitWorkerFailed;
   return kExitOk;
 }
 

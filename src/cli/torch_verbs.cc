@@ -111,10 +111,10 @@ Result<std::string> ModelPath(const std::string& verb, const std::string& arg) {
     const std::string model = RunModel(v.dir);
     if (model.empty()) {
       if (by_id) {
-        return NotFound("run " + e.run_id + " of job " + e.name + " wrote no model and no checkpoint (" + v.state +
+        return NotFound("run " + e.run_id + " of job " + e.name + " wrote no model and no checkpoint (" + RunStateName(v.state) +
                         "; trainctl status " + e.run_id + " says how it ended)");
       }
-      without.push_back(e.run_id + " (" + v.state + ")");
+      without.push_back(e.run_id + " (" + std::string(RunStateName(v.state)) + ")");
       continue;
     }
     if (!without.empty()) {

@@ -219,7 +219,7 @@ TEST(RunStatus, WhatIsWrittenIsReadBackAndABadFieldIsAsIfMissing) {
   ASSERT_TRUE(WriteRunStatus(dir, s).ok());
   const RunStatus back = ReadRunStatus(dir);
   EXPECT_EQ(back.ToJson(), s.ToJson());
-  EXPECT_EQ(back.state, "failed");
+  EXPECT_EQ(back.state, RunState::kFailed);
   ASSERT_TRUE(back.failure.has_value());
   EXPECT_EQ(back.failure->Summary(), "node 0 (h:9) was lost: its agent died: signal 9 (SIGKILL)");
   EXPECT_EQ(back.task_restarts, 0);  // present and zero is not absent
@@ -243,10 +243,20 @@ TEST(RunStatus, WhatIsWrittenIsReadBackAndABadFieldIsAsIfMissing) {
   EXPECT_FALSE(odd.root_cause.has_value());
   EXPECT_FALSE(RunStatus::FromJson(nlohmann::json::array()).known());
 
-  EXPECT_EQ(StateOfExit(0), "succeeded");
-  EXPECT_EQ(StateOfExit(130), "interrupted");
-  EXPECT_EQ(StateOfExit(5), "timed-out");
-  EXPECT_EQ(StateOfExit(77), "error");
+  EXPECT_STREQ(RunStateName(StateOfExit(0)), "succeeded");
+  EXPECT_STREQ(RunStateName(StateOfExit(130)), "interrupted");
+  EXPECT_STREQ(RunStateName(StateOfExit(5)), "timed-out");
+  EXPECT_STREQ(RunStateName(StateOfExit(77)), "error");
+  // Every state's name reads back as it; a name this version does not know (a newer writer's, an
+  // edit) reads as unknown, which nothing takes for running or for a failure.
+  for (int i = 0; i <= static_cast<int>(RunState::kLost); ++i) {
+    const auto state = static_cast<RunState>(i);
+    EXPECT_EQ(ParseRunState(RunStateName(state)), state) << RunStateName(state);
+  }
+  EXPECT_EQ(RunStatus::FromJson(nlohmann::json::parse(R"({"run_id": "r", "state": "paused"})")).state, RunState::kUnknown);
+  EXPECT_FALSE(JobFailed(RunState::kUnknown));
+  EXPECT_TRUE(JobFailed(RunState::kLost));
+  EXPECT_FALSE(JobFailed(RunState::kInterrupted));
   std::filesystem::remove_all(dir);
 }
 

@@ -33,7 +33,7 @@ json RunStatus::ToJson() const {
   };
   text("job", job);
   text("run_id", run_id);
-  text("state", state);
+  if (state != RunState::kUnknown) j["state"] = RunStateName(state);
   if (pid > 0) j["pid"] = pid;
   if (started > 0) j["started"] = started;
   if (exit_code) j["exit_code"] = *exit_code;
@@ -53,7 +53,7 @@ RunStatus RunStatus::FromJson(const json& j) {
   if (!j.is_object()) return s;
   s.job = JsonField(j, "job", std::string());
   s.run_id = JsonField(j, "run_id", std::string());
-  s.state = JsonField(j, "state", std::string());
+  s.state = ParseRunState(JsonField(j, "state", std::string()));
   s.pid = JsonField(j, "pid", int64_t{0});
   s.started = JsonField(j, "started", int64_t{0});
   s.exit_code = OptionalInt(j, "exit_code");
@@ -78,21 +78,52 @@ RunStatus RunStatus::Ended(std::string job, std::string run_id, int code, std::s
   return s;
 }
 
-std::string StateOfExit(int code) {
+namespace {
+
+constexpr std::pair<RunState, const char*> kStateNames[] = {
+    {RunState::kUnknown, "unknown"},         {RunState::kRunning, "running"},
+    {RunState::kSucceeded, "succeeded"},     {RunState::kFailed, "failed"},
+    {RunState::kRendezvousTimeout, "rendezvous-timeout"}, {RunState::kInterrupted, "interrupted"},
+    {RunState::kTimedOut, "timed-out"},      {RunState::kError, "error"},
+    {RunState::kStarting, "starting"},       {RunState::kLost, "lost"},
+};
+
+}  // namespace
+
+const char* RunStateName(RunState state) {
+  for (const auto& [s, name] : kStateNames) {
+    if (s == state) return name;
+  }
+  return "unknown";
+}
+
+RunState ParseRunState(std::string_view name) {
+  for (const auto& [s, n] : kStateNames) {
+    if (n == name) return s;
+  }
+  return RunState::kUnknown;
+}
+
+bool JobFailed(RunState state) {
+  return state == RunState::kFailed || state == RunState::kLost || state == RunState::kTimedOut ||
+         state == RunState::kError;
+}
+
+RunState StateOfExit(int code) {
   switch (code) {
     case kExitOk:
-      return "succeeded";
+      return RunState::kSucceeded;
     case kExitInvalidSpec:
     case kExitWorkerFailed:
-      return "failed";
+      return RunState::kFailed;
     case kExitRendezvousTimeout:
-      return "rendezvous-timeout";
+      return RunState::kRendezvousTimeout;
     case kExitInterrupted:
-      return "interrupted";
+      return RunState::kInterrupted;
     case kExitJobTimeout:
-      return "timed-out";
+      return RunState::kTimedOut;
     default:
-      return "error";
+      return RunState::kError;
   }
 }
 
@@ -104,7 +135,7 @@ RunStatus ReadRunStatus(const std::string& output_dir) {
 Status WriteRunStatus(const std::string& output_dir, const RunStatus& status) {
   const std::string path = paths::StatusJson(output_dir);
   const Status st = AtomicWriteFile(path, status.ToJson().dump(2) + "\n");
-  if (st.ok() || status.state == "running") return st;
+  if (st.ok() || status.state == RunState::kRunning) return st;
   RunStatus brief;  // the state as written, not derived again from the code
   brief.job = status.job;
   brief.run_id = status.run_id;

@@ -1,12 +1,13 @@
 // A run's status.json: what its launcher (or, under `trainctl torchrun`, a host's agent) says
 // about the run while it runs and once it has ended. One type for every writer (the launcher, the
 // torchrun host) and every reader (ps/status, the dashboard and /metrics, bench, the run index).
-// docs/job-spec.md lists the fields for scripts.
+// docs/cli.md (run: "At the end <output_dir>/status.json holds ...") describes it for scripts.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -15,12 +16,34 @@
 
 namespace trainctl {
 
+// How a run stands. status.json holds the first seven by name (RunStateName); the last three are
+// what a reader concludes and never written: no status.json of the run yet while its launcher
+// lives (starting), a launcher gone without writing the end (lost), nothing readable (unknown).
+enum class RunState {
+  kUnknown,
+  kRunning,
+  kSucceeded,
+  kFailed,
+  kRendezvousTimeout,
+  kInterrupted,
+  kTimedOut,
+  kError,
+  kStarting,
+  kLost,
+};
+// "running", "succeeded", "failed", "rendezvous-timeout", "interrupted", "timed-out", "error",
+// "starting", "lost", "unknown".
+const char* RunStateName(RunState state);
+// The state of that name; kUnknown for any other (a file another version wrote, or edited).
+RunState ParseRunState(std::string_view name);
+// Whether the job failed: failed, lost, timed out or an error (not interrupted: a person stopped
+// it; not a rendezvous timeout: it never started).
+bool JobFailed(RunState state);
+
 struct RunStatus {
   std::string job;
   std::string run_id;
-  // running, succeeded, failed, rendezvous-timeout, interrupted, timed-out, error ("" when the
-  // file is missing or unreadable).
-  std::string state;
+  RunState state = RunState::kUnknown;  // kUnknown when the file is missing or unreadable
   // While it runs: the process that writes the end, and when it started (unix seconds).
   int64_t pid = 0;
   int64_t started = 0;
@@ -47,7 +70,7 @@ struct RunStatus {
 };
 
 // The state status.json records for a run that ended with trainctl exit `code`.
-std::string StateOfExit(int code);
+RunState StateOfExit(int code);
 
 // <output_dir>/status.json; an empty RunStatus when it is missing or not JSON.
 RunStatus ReadRunStatus(const std::string& output_dir);

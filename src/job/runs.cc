@@ -205,7 +205,7 @@ int64_t StartTicks(int64_t pid) {
 bool Alive(const RunEntry& e) {
   if (!e.host.empty() && e.host != HostName()) {
     const RunStatus s = ReadRunStatus(e.output_dir);
-    return s.run_id == e.run_id && s.state == "running";
+    return s.run_id == e.run_id && s.state == RunState::kRunning;
   }
   return e.pid > 0 && e.start_ticks > 0 && StartTicks(e.pid) == e.start_ticks;
 }

@@ -1,11 +1,11 @@
-// Batch norm in training and the ReLU after it, on float CPU activations (models/ops.h): one pass
+// Batch norm in training and the ReLU after it, on float CPU activations (kernels/ops.h): one pass
 // for the statistics and one for the output forward, one for the gradient's two sums and one for
 // the input's gradient backward. The activation is channels-last (N x H x W x C in memory) in
 // every pass: a row is one position's C channels, and with C a multiple of 8 the AVX2 loops take
 // 8 channels of a row at a time (the AVX-512 ones 16, with C a multiple of 16). Sums are in
 // double, over fixed runs of rows added in order (the vector loops add 8 rows in f32 first), so
 // that the result does not depend on the number of threads.
-#include "models/ops.h"
+#include "kernels/ops.h"
 
 #include "common/cpus.h"
 
@@ -20,7 +20,7 @@
 #include <immintrin.h>
 #endif
 
-namespace trainctl::models {
+namespace trainctl::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -409,4 +409,4 @@ torch::Tensor BatchNormRelu(const torch::Tensor& x, const torch::Tensor& weight,
                                   running_var.defined() ? running_var : none, momentum, eps, relu);
 }
 
-}  // namespace trainctl::models
+}  // namespace trainctl::kernels

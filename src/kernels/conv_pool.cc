@@ -1,4 +1,4 @@
-// The CNN's two convolution layers on the CPU (models/ops.h), each relu(max_pool2d(conv3x3(x) + b,
+// The CNN's two convolution layers on the CPU (kernels/ops.h), each relu(max_pool2d(conv3x3(x) + b,
 // 2)) (or without the relu) in kernels of our own on AVX2 and FMA: the convolution's output is pooled while it is still
 // in cache, and backward builds the convolution's output gradient from the pooled one and the
 // window bytes, an image at a time. Between the two layers the activation and its gradient are
@@ -21,10 +21,10 @@
 // transforms are additions. A tile's 2 x 2 outputs are exactly one pooling window: the output
 // transform pools them in registers. One image at a time, so that its transformed input
 // (16 x tiles x I) and products (16 x tiles x O) stay in the core's L2 cache.
-#include "models/ops.h"
+#include "kernels/ops.h"
 
 #include "common/cpus.h"
-#include "models/pool_avx2.h"
+#include "kernels/pool_avx2.h"
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -38,7 +38,7 @@
 #include <immintrin.h>
 #endif
 
-namespace trainctl::models {
+namespace trainctl::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -927,4 +927,4 @@ torch::Tensor ConvPoolRelu(const torch::Tensor& x, const torch::Tensor& weight, 
   return MaxPool2x2Relu(torch::conv2d(x, weight, bias, 1, 1), relu);
 }
 
-}  // namespace trainctl::models
+}  // namespace trainctl::kernels

@@ -1,4 +1,4 @@
-#include "models/onednn.h"
+#include "kernels/onednn.h"
 
 #include <dnnl.hpp>
 #include <torch/csrc/autograd/custom_function.h>
@@ -11,9 +11,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "jobspec/layers.h"
+#include "jobspec/layers.h"  // SlideWindow: the output size PyTorch gives a window
 
-namespace trainctl::models {
+namespace trainctl::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -355,4 +355,4 @@ torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight, const 
   return LinearFunction::apply(x, weight, bias);
 }
 
-}  // namespace trainctl::models
+}  // namespace trainctl::kernels

@@ -1,9 +1,9 @@
 // oneDNN called directly: the CNN's second convolution in bf16 on a CPU that multiplies in bf16
-// (trainer.precision: bf16), in oneDNN's blocked layout up to the pooling after it (models/ops.h
+// (trainer.precision: bf16), in oneDNN's blocked layout up to the pooling after it (kernels/ops.h
 // pools in that layout), and the linear layers' sgemm. Compiled when CMake finds oneDNN (Debian's
 // libdnnl-dev: the library that Debian's LibTorch runs its CPU convolutions on);
 // TRAINCTL_HAVE_ONEDNN says so. In f32 the CNN's convolutions are the trainer's own
-// (models/ops.h): on an AVX-512 Zen 5 its Winograd layer takes 0.75-0.8x the time of Conv3x3's
+// (kernels/ops.h): on an AVX-512 Zen 5 its Winograd layer takes 0.75-0.8x the time of Conv3x3's
 // f32 kernels (oneDNN's Winograd there) followed by the pooling pass.
 //
 // Why not ATen's convolution: for every call ATen converts the input, the output and the gradients
@@ -11,14 +11,14 @@
 // CNN step on one core), and it always asks for the direct algorithm.
 #pragma once
 
-#include "models/ops.h"
+#include "kernels/ops.h"
 
 #include <torch/types.h>
 
-namespace trainctl::models {
+namespace trainctl::kernels {
 
 // A 3x3 convolution with stride 1 and padding 1 (weight O x I x 3 x 3 and bias O, as
-// torch::nn::Conv2d holds them), autograd. x and the result are blocked (models/ops.h; C and O
+// torch::nn::Conv2d holds them), autograd. x and the result are blocked (kernels/ops.h; C and O
 // multiples of 16). In f32 oneDNN picks the algorithm (convolution_auto: Winograd where it
 // expects it to be faster), so results match ATen's to rounding, not bit for bit.
 // Deterministic: the same inputs give the same bits.
@@ -57,4 +57,4 @@ bool BlockedConvolutions();
 // (the weight's gradient written once, in its layout; bench/conv_layer). Deterministic.
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
-}  // namespace trainctl::models
+}  // namespace trainctl::kernels

@@ -1,7 +1,7 @@
-#include "models/ops.h"
+#include "kernels/ops.h"
 
 #include "common/cpus.h"
-#include "models/pool_avx2.h"
+#include "kernels/pool_avx2.h"
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -14,14 +14,14 @@
 #include <immintrin.h>
 #endif
 
-namespace trainctl::models {
+namespace trainctl::kernels {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
 // Forward: out = relu(max of the window a b / c d) (R false: the max alone) and a byte saying
-// which of the four gets the window's gradient (kNoWindow, models/pool_avx2.h); backward scatters
+// which of the four gets the window's gradient (kNoWindow, kernels/pool_avx2.h); backward scatters
 // the gradient by those bytes alone, without reading the input again.
 
 // B lanes per position: kBlock in the blocked layout (a position's 16 channels side by side), 1 in
@@ -270,4 +270,4 @@ torch::Tensor MaxPool2x2Relu(const torch::Tensor& x, bool relu) {
   return PoolFunction::apply(x, relu);
 }
 
-}  // namespace trainctl::models
+}  // namespace trainctl::kernels

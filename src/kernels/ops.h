@@ -4,12 +4,12 @@
 
 #include <torch/types.h>
 
-namespace trainctl::models {
+namespace trainctl::kernels {
 
 // A blocked tensor holds N x C x H x W as N x C/16 x H x W x 16 (oneDNN's nChw16c): the 16
 // channels of a position are adjacent. C must be a multiple of 16. It is the layout oneDNN's CPU
 // convolutions compute in; keeping activations in it between layers saves the conversions that
-// ATen makes around every convolution (models/onednn.h).
+// ATen makes around every convolution (kernels/onednn.h).
 constexpr int64_t kBlock = 16;
 torch::Tensor ToBlocked(const torch::Tensor& nchw);
 torch::Tensor FromBlocked(const torch::Tensor& blocked);
@@ -33,7 +33,7 @@ void CheckBlocked(const torch::Tensor& x, const char* what);
 torch::Tensor MaxPool2x2Relu(const torch::Tensor& x, bool relu = true);
 
 // relu(max_pool2d(conv2d(x, weight, bias, stride 1, padding 1), 2)) on the CPU in float, autograd:
-// the CNN's two layers, in kernels of our own on AVX2 and FMA (models/conv_pool.cc) that pool the
+// the CNN's two layers, in kernels of our own on AVX2 and FMA (kernels/conv_pool.cc) that pool the
 // convolution's output while it is still in cache and build the convolution's output gradient
 // from the pooled one the same way, so that neither the full-size output nor its gradient crosses
 // the batch in memory (6.4 MB and 3.2 MB a batch of 64 for the example CNN's two layers). Equal to
@@ -82,4 +82,4 @@ torch::Tensor BatchNormRelu(const torch::Tensor& x, const torch::Tensor& weight,
                             const torch::Tensor& running_mean, const torch::Tensor& running_var, double momentum,
                             double eps, bool relu);
 
-}  // namespace trainctl::models
+}  // namespace trainctl::kernels

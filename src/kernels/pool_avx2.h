@@ -1,5 +1,5 @@
 // The 2 x 2 max-pool (and ReLU) of 8 windows in AVX2 registers, for MaxPool2x2Relu and for the
-// convolutions that pool their own output before writing it (models/ops.cc, models/conv_pool.cc).
+// convolutions that pool their own output before writing it (kernels/ops.cc, kernels/conv_pool.cc).
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include <immintrin.h>
 #endif
 
-namespace trainctl::models {
+namespace trainctl::kernels {
 
 // Where a window's gradient goes: the first (0-3, row-major: a b / c d) of its four that equals
 // the output; with a ReLU, none where the output is not positive.
@@ -59,4 +59,4 @@ __attribute__((target("avx2"))) inline __m256 WindowGrad8(__m256i win, __m256 g,
 }
 #endif
 
-}  // namespace trainctl::models
+}  // namespace trainctl::kernels

@@ -1,6 +1,6 @@
 // A model declared in the spec as a list of layers (jobspec/layers.h), and the built-in models
 // (BuiltinLayers there), built from torch::nn's modules and run by the trainer's own kernels
-// wherever they serve (models/ops.h):
+// wherever they serve (kernels/ops.h):
 //   - conv 3x3 (stride 1, padding 1, a bias, output channels a multiple of 16) followed by
 //     maxpool 2 and relu, in either order, or by maxpool 2 alone: one pass that pools the convolution's output while it
 //     is in cache (ImageConvPoolRelu on the model's input image, ConvPoolRelu on a hidden layer of
@@ -32,9 +32,9 @@
 
 #include "common/log.h"
 #include "common/strings.h"
-#include "models/ops.h"
+#include "kernels/ops.h"
 #if TRAINCTL_HAVE_ONEDNN
-#include "models/onednn.h"
+#include "kernels/onednn.h"
 #endif
 
 namespace trainctl::models {
@@ -79,7 +79,7 @@ class Declared : public Classifier {
 #if TRAINCTL_HAVE_ONEDNN
     // Without bf16 instructions the model stays f32 on the CPU under autocast (trainer.precision:
     // bf16), as the trainer's own kernels do: ATen would emulate bf16, ten times slower than f32.
-    if (x.is_cpu() && at::autocast::is_cpu_enabled() && !Bf16Convolutions()) f32.emplace(c10::DispatchKey::AutocastCPU);
+    if (x.is_cpu() && at::autocast::is_cpu_enabled() && !kernels::Bf16Convolutions()) f32.emplace(c10::DispatchKey::AutocastCPU);
 #endif
     const bool say = !said_;
     said_ = true;
@@ -163,7 +163,7 @@ class Declared : public Classifier {
     if (IsPool2(layers[i + 1].spec)) n = IsRelu(layers, i + 2) ? 3 : 2;
     else if (IsRelu(layers, i + 1) && i + 2 < layers.size() && IsPool2(layers[i + 2].spec)) n = 3;
     if (n == 0 || c.kind != Kind::kConv || c.kernel != 3 || c.stride != 1 || c.padding != 1 || c.groups != 1 ||
-        !c.bias || c.out % 16 != 0 || !WinogradConvolutions()) {
+        !c.bias || c.out % 16 != 0 || !kernels::WinogradConvolutions()) {
       return 0;
     }
     if (!x.is_cpu() || x.scalar_type() != torch::kFloat32 || x.dim() != 4 || x.size(2) % 2 || x.size(3) % 2) return 0;
@@ -172,9 +172,9 @@ class Declared : public Classifier {
 
   static torch::Tensor Bf16ConvPoolRelu(const torch::Tensor& x, const Built& b, bool relu) {
 #if TRAINCTL_HAVE_ONEDNN
-    return FromBlocked(MaxPool2x2Relu(Conv3x3(ToBlocked(x), b.conv->weight, b.conv->bias, /*bf16=*/true), relu));
+    return kernels::FromBlocked(kernels::MaxPool2x2Relu(kernels::Conv3x3(kernels::ToBlocked(x), b.conv->weight, b.conv->bias, /*bf16=*/true), relu));
 #else
-    return ConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);  // not reached: Bf16Blocked() is false
+    return kernels::ConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);  // not reached: Bf16Blocked() is false
 #endif
   }
 
@@ -182,7 +182,7 @@ class Declared : public Classifier {
   static bool Bf16Autocast() {
 #if TRAINCTL_HAVE_ONEDNN
     return at::autocast::is_cpu_enabled() && at::autocast::get_autocast_cpu_dtype() == at::kBFloat16 &&
-           Bf16Convolutions();
+           kernels::Bf16Convolutions();
 #else
     return false;
 #endif
@@ -193,13 +193,13 @@ class Declared : public Classifier {
   // up to the pooling (0.9x the f32 Winograd kernels' time for the example CNN's 32 -> 64 layer).
   static bool Bf16Blocked() {
 #if TRAINCTL_HAVE_ONEDNN
-    return Bf16Autocast() && BlockedConvolutions();
+    return Bf16Autocast() && kernels::BlockedConvolutions();
 #else
     return false;
 #endif
   }
   // Any other convolution of a CPU image batch (groups 1), channels-last through oneDNN where it
-  // has generated kernels for it (models/onednn.h: no conversions around it, an f32 result that
+  // has generated kernels for it (kernels/onednn.h: no conversions around it, an f32 result that
   // the batch norm after takes as it is); undefined elsewhere, for ATen's.
   static torch::Tensor OneDnnConv(const torch::Tensor& x, const Built& b) {
 #if TRAINCTL_HAVE_ONEDNN
@@ -208,7 +208,7 @@ class Declared : public Classifier {
         l.groups == 1) {
       const bool bf16 = Bf16Autocast();
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
-      return Convolution(x, b.conv->weight, b.conv->bias, l.stride, l.padding, bf16);
+      return kernels::Convolution(x, b.conv->weight, b.conv->bias, l.stride, l.padding, bf16);
     }
 #endif
     return {};
@@ -230,7 +230,7 @@ class Declared : public Classifier {
       mean = bn->running_mean;
       var = bn->running_var;
     }
-    return BatchNormRelu(x, bn->weight, bn->bias, mean, var, momentum, o.eps(), relu);
+    return kernels::BatchNormRelu(x, bn->weight, bn->bias, mean, var, momentum, o.eps(), relu);
   }
 
   torch::Tensor Run(std::vector<Built>& layers, torch::Tensor x, bool input, const std::string& prefix,
@@ -248,13 +248,13 @@ class Declared : public Classifier {
             const bool image = input && i == 0, relu = fused == 3;
             const std::string pool = relu ? "maxpool+relu" : "maxpool";
             if (image) {
-              x = ImageConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);
+              x = kernels::ImageConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);
               note(i, "ours (conv+" + pool + ", image)");
             } else if (Bf16Blocked()) {
               x = Bf16ConvPoolRelu(x, b, relu);
               note(i, "oneDNN bf16 (conv, blocked) + ours (" + pool + ")");
             } else {
-              x = ConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);
+              x = kernels::ConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);
               note(i, "ours (conv+" + pool + ", Winograd)");
             }
             i += fused - 1;
@@ -292,7 +292,7 @@ class Declared : public Classifier {
         case Kind::kMaxPool:
           if (IsPool2(l) && cpu_f32 && x.dim() == 4 && x.size(2) % 2 == 0 && x.size(3) % 2 == 0) {
             const bool relu = IsRelu(layers, i + 1);
-            x = MaxPool2x2Relu(x, relu);
+            x = kernels::MaxPool2x2Relu(x, relu);
             note(i, relu ? "ours (maxpool+relu)" : "ours (maxpool)");
             if (relu) ++i;
           } else {
@@ -314,7 +314,7 @@ class Declared : public Classifier {
         case Kind::kLinear:
 #if TRAINCTL_HAVE_ONEDNN
           if (cpu_f32 && l.bias) {
-            x = Linear(x.contiguous(), b.linear->weight, b.linear->bias);
+            x = kernels::Linear(x.contiguous(), b.linear->weight, b.linear->bias);
             note(i, "oneDNN");
             break;
           }

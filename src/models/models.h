@@ -1,7 +1,9 @@
-// Image classifiers on LibTorch: the 2-conv CNN (28x28 or 32x32 inputs, any channel count) and
+// The built-in models on LibTorch: the 2-conv CNN (28x28 or 32x32 inputs, any channel count),
 // ResNet-18 / ResNet-50 with torchvision's layer shapes and parameter names, so a state exported
 // as safetensors loads into the same torchvision model in Python; all three are declarations of
-// layers (jobspec/layers.h: BuiltinLayers), built and run as a model declared in a spec is.
+// layers (jobspec/layers.h: BuiltinLayers), built and run as a model declared in a spec is; and a
+// TorchScript module a user scripted (scripted.cc), read as code is (checkpoint/module_file.h).
+// The CPU kernels they call are kernels/.
 #pragma once
 
 #include <torch/nn/module.h>

@@ -32,7 +32,7 @@ using nlohmann::json;
 
 json RunSummary(const RunView& v) {
   const runs::RunEntry& e = v.entry;
-  return {{"name", e.name}, {"run_id", e.run_id}, {"state", v.state}, {"tasks", Tasks(e)},
+  return {{"name", e.name}, {"run_id", e.run_id}, {"state", RunStateName(v.state)}, {"tasks", Tasks(e)},
           {"progress", Progress(v.dir)}, {"elapsed", Elapsed(v)}, {"output_dir", v.dir}, {"host", e.host},
           {"started", e.started}, {"alive", v.alive}};
 }
@@ -104,8 +104,8 @@ class DashboardServer : public HttpServer {
         return {{"error", "nothing to evaluate: this job runs its own program, not the built-in trainer"}};
       }
       if (v.alive) return {{"error", "no model yet: " + model + " appears when the run ends"}};
-      return {{"error", "no model: the run " + v.state + " before it wrote " + model +
-                            (v.state == "failed" ? "; its failure is above, its logs below" : "")}};
+      return {{"error", std::string("no model: the run ") + RunStateName(v.state) + " before it wrote " + model +
+                            (v.state == RunState::kFailed ? "; its failure is above, its logs below" : "")}};
     }
     const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
     std::lock_guard<std::mutex> lock(eval_mu);

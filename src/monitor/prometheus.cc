@@ -101,7 +101,7 @@ std::string MetricsExporter::Render(const std::vector<runs::RunEntry>& entries) 
     add(0, labels, v.alive ? 1 : 0);
     add(1, labels, e.tasks);
     add(2, labels, restarts);
-    add(3, labels, v.state == "failed" || v.state == "lost" || v.state == "timed-out" || v.state == "error" ? 1 : 0);
+    add(3, labels, JobFailed(v.state) ? 1 : 0);
     if (t.file.offset() == 0) continue;  // not the built-in trainer, or nothing logged yet
     add(4, labels, t.steps);
     add(5, labels, t.samples);

@@ -115,23 +115,23 @@ json ReadJson(const std::string& path) {
 }
 
 RunView View(const runs::RunEntry& e) {
-  RunView v{e, ReadRunStatus(e.output_dir), "", runs::Alive(e), e.output_dir};
+  RunView v{e, ReadRunStatus(e.output_dir), RunState::kUnknown, runs::Alive(e), e.output_dir};
   if (v.status.run_id != e.run_id) {
     const std::string moved = e.output_dir + "/previous/" + e.run_id;
     if (v.alive || !IsDirectory(moved)) {
-      v.state = v.alive ? "starting" : "unknown";
+      v.state = v.alive ? RunState::kStarting : RunState::kUnknown;
       return v;
     }
     v.dir = moved;  // a later run moved its files aside; its launcher is gone (not alive)
     v.status = ReadRunStatus(moved);
   }
-  v.state = v.status.state.empty() ? "unknown" : v.status.state;
-  if (v.state == "running" && !v.alive) v.state = "lost";  // killed before it could say how it ended
+  v.state = v.status.state;
+  if (v.state == RunState::kRunning && !v.alive) v.state = RunState::kLost;  // killed before it could say how it ended
   return v;
 }
 
 std::string Elapsed(const RunView& v) {
-  if (v.state == "running" || v.state == "starting") {
+  if (v.state == RunState::kRunning || v.state == RunState::kStarting) {
     return FormatDuration(std::chrono::seconds(std::max<int64_t>(0, std::time(nullptr) - v.entry.started)));
   }
   return v.status.elapsed.empty() ? "-" : v.status.elapsed;

@@ -25,7 +25,7 @@ nlohmann::json ReadJson(const std::string& path);
 struct RunView {
   runs::RunEntry entry;
   RunStatus status;
-  std::string state;  // running, succeeded, failed, interrupted, timed-out, lost, unknown...
+  RunState state = RunState::kUnknown;  // status.state, or starting, lost, unknown
   bool alive = false;
   std::string dir;
 };

@@ -333,8 +333,10 @@ TEST(RoundEnd, TheFirstRecordWinsAndOnlyAFailureSpendsTheBudget) {
   EXPECT_EQ(budget.Done(failure), 0);
   membership.restarts = 9;
   EXPECT_FALSE(budget.Spent(membership));
-  EXPECT_TRUE(budget.TaskRestartFits(2));
-  EXPECT_FALSE(budget.TaskRestartFits(3));
+  EXPECT_TRUE(budget.RestartFits(2));
+  EXPECT_FALSE(budget.RestartFits(3));
+  EXPECT_EQ(budget.TaskRestartsDone(1), 1);
+  EXPECT_EQ(budget.TaskRestartsDone(5), 2);  // counted past the budget by the task that was refused
 }
 
 // The launcher's part: an agent it saw die ends the round it is a member of (a lost node, one

@@ -28,8 +28,11 @@ struct RestartBudget {
   int Done(const FailureRecord& end) const {
     return end.final || end.restarts < max_restarts ? end.restarts : max_restarts;
   }
-  // Whether the job's `n`-th single-task restart (counted from 1) is within the budget.
-  bool TaskRestartFits(int n) const { return n <= max_restarts; }
+  // Whether the job's `n`-th restart of one task (on_failure: restart_task) or of one node's agent
+  // by the local launcher, counted from 1, is within the budget.
+  bool RestartFits(int n) const { return n <= max_restarts; }
+  // The restarts of single tasks to report once `counted` were taken (the count may run past it).
+  int TaskRestartsDone(int counted) const { return counted < max_restarts ? counted : max_restarts; }
 };
 
 // Records why round `round` ended, unless someone already did, and for a failure the job's last

@@ -23,7 +23,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 #if TRAINCTL_HAVE_ONEDNN
-#include "models/onednn.h"
+#include "kernels/onednn.h"
 #endif
 #include "job/paths.h"
 #include "job/snapshots.h"
@@ -654,7 +654,7 @@ Status Trainer::Run() {
       LOG_WARN("trainer.balance: speed, but this round has one worker: there is nothing to balance");
     }
 #if TRAINCTL_HAVE_ONEDNN
-    if (t_.precision == "bf16" && s_.device.is_cpu() && !models::Bf16Convolutions()) {
+    if (t_.precision == "bf16" && s_.device.is_cpu() && !kernels::Bf16Convolutions()) {
       LOG_WARN("trainer.precision: bf16, but this CPU has no bf16 instructions (AVX512-BF16 or AMX): "
                "the CNN stays fp32, other models' convolutions are emulated, slower than fp32");
     }

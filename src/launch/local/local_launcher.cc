@@ -215,7 +215,7 @@ int Report(const JobSpec& spec, Store& store, const std::string& run_id, Clock::
   // Single-task restarts and failures that the job went on without (roles with on_failure).
   if (store_lost.ok()) {
     if (auto n = store.TryGet(keys::kTaskRestarts); n.ok() && n->has_value()) {
-      status.task_restarts = std::min(std::atoi((*n)->c_str()), spec.restart.max_restarts);
+      status.task_restarts = RestartBudget{spec.restart.max_restarts}.TaskRestartsDone(std::atoi((*n)->c_str()));
     }
     if (auto n = store.TryGet(keys::kIgnoredFailures); n.ok() && n->has_value()) {
       status.ignored_failures = std::atoi((*n)->c_str());
@@ -292,7 +292,7 @@ Status WriteRunningStatus(const runs::RunEntry& entry) {
   RunStatus running;
   running.job = entry.name;
   running.run_id = entry.run_id;
-  running.state = "running";
+  running.state = RunState::kRunning;
   running.pid = entry.pid;
   running.started = entry.started;
   return WriteRunStatus(entry.output_dir, running);
@@ -474,7 +474,7 @@ void AgentSupervisor::Replace(const AgentProc& a, const ExitInfo& exit) {
     LOG_ERROR("{} died: {}; no restarts left (max_restarts: {})", a.name, exit.Describe(), spec_.restart.max_restarts);
     return;
   }
-  if (replaced_ >= spec_.restart.max_restarts) {
+  if (!RestartBudget{spec_.restart.max_restarts}.RestartFits(replaced_ + 1)) {
     LOG_ERROR("{} died: {}, after it was started again {} time(s) (max_restarts: {})", a.name, exit.Describe(),
               replaced_, spec_.restart.max_restarts);
     BeginStop(a.name + " died: " + exit.Describe(), kExitError);
