@@ -402,7 +402,7 @@ std::optional<Agent::Outcome> Agent::Rendezvous(int restarts, Round* r) {
   ro.node_id = node_id_;
   ro.replaces = o_.replaces;
   ro.check = [this] { return CheckStop(); };
-  ro.check_every = ByJobSize(std::chrono::milliseconds(500), std::chrono::milliseconds(100), std::chrono::milliseconds(500));
+  ro.check_every = ByJobSize(std::chrono::seconds(1), std::chrono::milliseconds(100), std::chrono::seconds(5));
   LOG_DEBUG("round {}: joining as {}", r->round, node_id_);
   auto joined = JoinRound(*store_, r->round, restarts, ro);
   if (!joined.ok()) {
@@ -686,9 +686,9 @@ Agent::Outcome Agent::Watch(Round& r) {
   // ends its rounds and a local launcher nudges it (kNudgeSignal) once it has set the stop key, so
   // it looks every half second: each wake-up preempts a worker on a machine they fill.
   const Duration poll = s.nodes.max == 1 ? std::max<Duration>(o_.poll_interval, std::chrono::milliseconds(500))
-                                         : ByJobSize(std::chrono::milliseconds(100), o_.poll_interval,
-                                                     std::chrono::milliseconds(200));
-  const Duration quiet = ByJobSize(std::chrono::milliseconds(500), poll, std::chrono::milliseconds(500));
+                                         : ByJobSize(std::chrono::milliseconds(250), o_.poll_interval,
+                                                     std::chrono::seconds(1));
+  const Duration quiet = ByJobSize(std::chrono::seconds(1), poll, std::chrono::seconds(5));
   // Once every task of this node has exited (its part is done, the job's is not), only the store
   // can bring news: the watch waits there for the round's end, which the store answers the moment
   // it is set, and reads the stop key between waits (every `quiet`), instead of polling.

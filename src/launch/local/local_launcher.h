@@ -6,8 +6,12 @@
 // <output_dir>/status.json (state, exit code, restarts, failure) for scripts.
 #pragma once
 
+#include <memory>
+#include <string>
+
 #include "job/runs.h"
 #include "launch/launcher.h"
+#include "store/tcp/tcp_store.h"
 
 namespace trainctl {
 
@@ -15,6 +19,19 @@ class LocalLauncher : public Launcher {
  public:
   int Run(const JobSpec& spec, const LaunchOptions& options) override;
 };
+
+// The job's store: served here (on a Unix socket for a job of this machine, else TCP at
+// options.store_host), `*url` its address; or none when the spec names an etcd cluster (`*url` is
+// then the spec's `rendezvous:`).
+Result<std::unique_ptr<TcpStoreServer>> HostStore(const JobSpec& spec, const LaunchOptions& options,
+                                                  const std::string& token, std::string* url);
+
+// The spec the agents read. A local job's agents share this machine's CPUs: with hundreds a CPU
+// one can wait seconds for its turn (1024 on 2 CPUs: up to 7 s between two of its steps), which
+// the peer watching its heartbeat must not take for a lost node. So its heartbeat timeout is at
+// least 40 ms per agent a CPU, in whole seconds (1024 agents on 2 CPUs: 21 s; 4096: 82 s), and
+// says so in the log when that raises it.
+JobSpec AgentsSpec(const JobSpec& spec, const LaunchOptions& options);
 
 // What `trainctl ps/logs/stop` know of a run that this process drives (the launcher, or a host's
 // agent under `trainctl torchrun`): its entry in the run index, written by Register.
