@@ -119,12 +119,11 @@ void WaitForTheOtherAgents(Store& store, Duration within) {
   }
 }
 
-}  // namespace
-
-int RunAgentProcess(const AgentProcessOptions& f) {
+// Into the job's cgroup that the launcher names (kEnvCgroup) before anything starts, so that all
+// it starts is in it; the cgroup's directory, or "" when there is none to enter.
+std::string EnterTheJobsCgroup() {
   std::string cgroup;
   if (const char* dir = std::getenv(kEnvCgroup)) {
-    // Into the job's cgroup before anything starts, so that all it starts is in it.
     if (Status st = EnterCgroup(dir); !st.ok()) {
       LOG_WARN("{}", st.message());
     } else {
@@ -132,6 +131,44 @@ int RunAgentProcess(const AgentProcessOptions& f) {
     }
     ::unsetenv(kEnvCgroup);
   }
+  return cgroup;
+}
+
+// The spec an agent is given (--spec, or a cluster engine's in-process one) and its node rank
+// (--task names it); the exit code when either is wrong.
+std::optional<int> GivenSpecAndRank(const AgentProcessOptions& f, std::optional<JobSpec>* file_spec, int* node_rank) {
+  if (f.spec) *file_spec = *f.spec;
+  if (!f.spec_file.empty()) {
+    auto loaded = ReadSpecFile(f.spec_file);
+    if (!loaded.ok()) {
+      LOG_ERROR("{}: {}", f.spec_file, loaded.status().message());
+      return kExitInvalidSpec;
+    }
+    *file_spec = *loaded;
+  }
+  *node_rank = f.node_rank;
+  if (!f.task.empty()) {  // a pod per task: its node is the task's
+    auto rank = *file_spec ? TaskNodeRank(**file_spec, f.task) : Result<int>(InvalidArgument("needs --spec"));
+    if (!rank.ok()) {
+      LOG_ERROR("--task {}: {}", f.task, rank.status().message());
+      return kExitInvalidSpec;
+    }
+    *node_rank = *rank;
+  }
+  return std::nullopt;
+}
+
+// The job's spec: the one given, else the store's (the launcher's, or node 0's that serves it).
+Result<JobSpec> TheJobsSpec(Store& store, const std::optional<JobSpec>& file_spec) {
+  if (file_spec) return *file_spec;
+  ASSIGN_OR_RETURN(std::string json, store.Get(keys::kSpec, std::chrono::seconds(30)));
+  return JobSpecFromJson(json);
+}
+
+}  // namespace
+
+int RunAgentProcess(const AgentProcessOptions& f) {
+  const std::string cgroup = EnterTheJobsCgroup();
   // A local job's launcher ends the job's cgroup when the job ends. Should it die (SIGKILL: the
   // agent gets its death signal and stops its tasks), the agent does so as it exits: what the
   // tasks left (double-forked daemons) goes with the job, without waiting for a later ps or stop.
@@ -153,24 +190,8 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   }
   const auto& [addr, token] = *credentials;
   std::optional<JobSpec> file_spec;
-  if (f.spec) file_spec = *f.spec;
-  if (!f.spec_file.empty()) {
-    auto loaded = ReadSpecFile(f.spec_file);
-    if (!loaded.ok()) {
-      LOG_ERROR("{}: {}", f.spec_file, loaded.status().message());
-      return kExitInvalidSpec;
-    }
-    file_spec = *loaded;
-  }
-  int node_rank = f.node_rank;
-  if (!f.task.empty()) {  // a pod per task: its node is the task's
-    auto rank = file_spec ? TaskNodeRank(*file_spec, f.task) : Result<int>(InvalidArgument("needs --spec"));
-    if (!rank.ok()) {
-      LOG_ERROR("--task {}: {}", f.task, rank.status().message());
-      return kExitInvalidSpec;
-    }
-    node_rank = *rank;
-  }
+  int node_rank = -1;
+  if (auto code = GivenSpecAndRank(f, &file_spec, &node_rank)) return *code;
   // Node 0 hosts the store when no launcher does (a cluster engine started every agent).
   std::unique_ptr<TcpStoreServer> server;
   std::string served;  // the URL this agent reaches its own store at
@@ -194,11 +215,7 @@ int RunAgentProcess(const AgentProcessOptions& f) {
       return kExitError;
     }
   }
-  auto spec = [&]() -> Result<JobSpec> {
-    if (file_spec) return *file_spec;
-    ASSIGN_OR_RETURN(std::string json, store.Get(keys::kSpec, std::chrono::seconds(30)));
-    return JobSpecFromJson(json);
-  }();
+  auto spec = TheJobsSpec(store, file_spec);
   if (!spec.ok()) {
     LOG_ERROR("cannot read the job spec from the store: {}", spec.status().message());
     return kExitError;

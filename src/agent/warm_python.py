@@ -24,23 +24,9 @@ import runpy  # noqa: E402
 import socket  # noqa: E402
 
 
-def _serve():
-    say = lambda why: print("trainctl: warm interpreter (preload " + ", ".join(modules) + "): " + why +
-                            "; each worker starts its own interpreter", file=sys.stderr, flush=True)
-    path0, syscalls, flags = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    modules = sys.argv[4:]
-    sys_clone, sys_brk = (int(n) for n in syscalls.split(","))
-    # "FD[,NAME...]": the channel, and variables the agent set for this process alone.
-    named = os.environ.pop("TRAINCTL_FORK_SERVER_FD", "").split(",")
-    for name in named[1:]:
-        os.environ.pop(name, None)
-    channel = socket.socket(fileno=int(named[0]))
-    if channel.type != socket.SOCK_SEQPACKET:
-        os._exit(1)
-    # What a fresh interpreter has in sys.path[0] for this script (its directory) or module (the
-    # working directory at the start).
-    if _path0:
-        sys.path.insert(0, path0)
+def _preload(modules, say):
+    # Imports the job's modules once, here; whether each copy must seed torch anew. Exits (each
+    # worker then starts its own interpreter) when a copy could not use what they left.
     for module in modules:
         try:
             __import__(module)
@@ -57,22 +43,30 @@ def _serve():
         os._exit(1)
     # torch seeds its default generator at random in each new process (unless a build fixes the
     # seed): a copy must not draw the same numbers as every other copy.
-    reseed_torch = torch is not None and hasattr(torch, "initial_seed") and torch.initial_seed() != 67280421310721
-    gc.freeze()  # the objects imported so far stay shared: a copy's collector does not touch them
-    sys.stdout.flush()
-    sys.stderr.flush()
+    return torch is not None and hasattr(torch, "initial_seed") and torch.initial_seed() != 67280421310721
 
-    libc = ctypes.PyDLL(None, use_errno=True)  # holds the GIL: no other thread may run meanwhile
-    libc.syscall.restype = ctypes.c_long
-    libc.malloc.restype = ctypes.c_void_p
-    api = ctypes.pythonapi
-    parent = os.getppid()
-    stdout_tty = os.isatty(1)
 
-    def show_in_proc(argv, env):
+class _Copier:
+    # Makes the copies: each a clone of this process that is the agent's child (CLONE_PARENT),
+    # set up as its request asks (the fields of common/fork_server.cc's request).
+
+    def __init__(self, channel, sys_clone, sys_brk):
+        self.channel, self.sys_clone, self.sys_brk = channel, sys_clone, sys_brk
+        self.libc = ctypes.PyDLL(None, use_errno=True)  # holds the GIL: no other thread may run meanwhile
+        self.libc.syscall.restype = ctypes.c_long
+        self.libc.malloc.restype = ctypes.c_void_p
+        self.api = ctypes.pythonapi
+        self.parent = os.getppid()
+
+    def prctl(self, *args):  # every argument an unsigned long, as the kernel reads them
+        args = args + (0,) * (5 - len(args))
+        return self.libc.prctl(*(ctypes.c_ulong(a) for a in args))
+
+    def show_in_proc(self, argv, env):
         # What /proc/PID/cmdline and environ show (ps, tools that find a job's processes by its
         # environment) is the memory the kernel noted at exec: point it at the copy's own, as
         # common/fork_server.cc does. PR_SET_MM_MAP takes the whole map; the rest is passed back.
+        libc = self.libc
         with open("/proc/self/stat", "rb") as f:
             stat = f.read()
         rest = stat[stat.rindex(b")") + 2:].split()  # from field 3 on, numbered from 1 as in proc(5)
@@ -96,27 +90,27 @@ def _serve():
         env_start, env_end = block(env) if env is not None else (field(50), field(51))
         auxv_buffer = ctypes.create_string_buffer(auxv, len(auxv))
         m = Map(field(26), field(27), field(45), field(46), field(47),
-                libc.syscall(ctypes.c_long(sys_brk), ctypes.c_long(0)), field(28), arg_start, arg_end,
+                libc.syscall(ctypes.c_long(self.sys_brk), ctypes.c_long(0)), field(28), arg_start, arg_end,
                 env_start, env_end, ctypes.addressof(auxv_buffer), len(auxv), 0xFFFFFFFF)
-        if prctl(35, 14, ctypes.addressof(m), ctypes.sizeof(m)) != 0:  # PR_SET_MM, PR_SET_MM_MAP
+        if self.prctl(35, 14, ctypes.addressof(m), ctypes.sizeof(m)) != 0:  # PR_SET_MM, PR_SET_MM_MAP
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_MM_MAP)")
 
-    def prctl(*args):  # every argument an unsigned long, as the kernel reads them
-        args = args + (0,) * (5 - len(args))
-        return libc.prctl(*(ctypes.c_ulong(a) for a in args))
+    @staticmethod
+    def parse_argument(text):
+        # The worker's argv, each argument as LENGTH:BYTES (an argument may hold any byte but NUL).
+        argv = []
+        while text:
+            n, _, rest = text.partition(b":")
+            argv.append(rest[:int(n)])
+            text = rest[int(n):]
+        return argv
 
-    try:
-        show_in_proc([os.fsencode(a) for a in getattr(sys, "orig_argv", [sys.executable])[:1 + flags]] +
-                     [b"-c", b"(trainctl warm interpreter: " + ", ".join(modules).encode() + b")"], None)
-    except OSError:
-        pass  # ps shows this program's text: untidy, no more
-
-    def set_up(fields, output):
-        # In the copy: what the request asks (the fields of common/fork_server.cc's request).
-        channel.close()
+    def set_up(self, fields, output):
+        # In the copy: what the request asks.
+        self.channel.close()
         os.setpgid(0, 0)
-        prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
-        if os.getppid() != parent:  # the agent died meanwhile
+        self.prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
+        if os.getppid() != self.parent:  # the agent died meanwhile
             os._exit(127)
         if output >= 0:
             os.dup2(output, 1)
@@ -126,23 +120,72 @@ def _serve():
             os.chdir(fields[1])
         if fields[2]:
             os.sched_setaffinity(0, [int(c) for c in fields[2].split(b",")])
-        argv, env = parse_argument(fields[0]), fields[3:]
+        argv, env = self.parse_argument(fields[0]), fields[3:]
         if env:
             os.environb.clear()
             for kv in env:
                 k, _, v = kv.partition(b"=")
                 os.environb[k] = v
-        show_in_proc(argv, env if env else None)
+        self.show_in_proc(argv, env if env else None)
         return argv
 
-    def parse_argument(text):
-        # The worker's argv, each argument as LENGTH:BYTES (an argument may hold any byte but NUL).
-        argv = []
-        while text:
-            n, _, rest = text.partition(b":")
-            argv.append(rest[:int(n)])
-            text = rest[int(n):]
-        return argv
+    def copy(self, fields, output):
+        # In the copy: (its argv, 0, 0). Here: (None, its pid or -errno, the errno it could not be
+        # set up with, else 0).
+        r, w = os.pipe()  # close-on-exec, and closed by hand: a copy does not exec
+        self.api.PyOS_BeforeFork()
+        pid = self.libc.syscall(ctypes.c_long(self.sys_clone), ctypes.c_long(0x8000), ctypes.c_long(0),
+                                ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0))  # CLONE_PARENT
+        if pid == 0:
+            self.api.PyOS_AfterFork_Child()
+            os.close(r)
+            try:
+                argv = self.set_up(fields, output)
+            except OSError as e:
+                os.write(w, (e.errno or 5).to_bytes(4, sys.byteorder, signed=True))
+                os._exit(127)
+            os.close(w)
+            return argv, 0, 0
+        pid = pid if pid > 0 else -ctypes.get_errno()
+        self.api.PyOS_AfterFork_Parent()
+        os.close(w)
+        error = 0
+        if pid > 0:  # the copy says whether it could be set up: end of file when it could
+            got = os.read(r, 4)
+            if len(got) == 4:
+                error = int.from_bytes(got, sys.byteorder, signed=True)
+        os.close(r)
+        return None, pid, error
+
+
+def _serve():
+    say = lambda why: print("trainctl: warm interpreter (preload " + ", ".join(modules) + "): " + why +
+                            "; each worker starts its own interpreter", file=sys.stderr, flush=True)
+    path0, syscalls, flags = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    modules = sys.argv[4:]
+    sys_clone, sys_brk = (int(n) for n in syscalls.split(","))
+    # "FD[,NAME...]": the channel, and variables the agent set for this process alone.
+    named = os.environ.pop("TRAINCTL_FORK_SERVER_FD", "").split(",")
+    for name in named[1:]:
+        os.environ.pop(name, None)
+    channel = socket.socket(fileno=int(named[0]))
+    if channel.type != socket.SOCK_SEQPACKET:
+        os._exit(1)
+    # What a fresh interpreter has in sys.path[0] for this script (its directory) or module (the
+    # working directory at the start).
+    if _path0:
+        sys.path.insert(0, path0)
+    reseed_torch = _preload(modules, say)
+    gc.freeze()  # the objects imported so far stay shared: a copy's collector does not touch them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    copier = _Copier(channel, sys_clone, sys_brk)
+    stdout_tty = os.isatty(1)
+    try:
+        copier.show_in_proc([os.fsencode(a) for a in getattr(sys, "orig_argv", [sys.executable])[:1 + flags]] +
+                            [b"-c", b"(trainctl warm interpreter: " + ", ".join(modules).encode() + b")"], None)
+    except OSError:
+        pass  # ps shows this program's text: untidy, no more
 
     while True:
         try:
@@ -164,28 +207,9 @@ def _serve():
         if len(fields) < 3 or msg_flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             pid = -71  # EPROTO
         else:
-            r, w = os.pipe()  # close-on-exec, and closed by hand: a copy does not exec
-            api.PyOS_BeforeFork()
-            pid = libc.syscall(ctypes.c_long(sys_clone), ctypes.c_long(0x8000), ctypes.c_long(0), ctypes.c_long(0),
-                               ctypes.c_long(0), ctypes.c_long(0))  # CLONE_PARENT
-            if pid == 0:
-                api.PyOS_AfterFork_Child()
-                os.close(r)
-                try:
-                    argv = set_up(fields, output)
-                except OSError as e:
-                    os.write(w, (e.errno or 5).to_bytes(4, sys.byteorder, signed=True))
-                    os._exit(127)
-                os.close(w)
+            argv, pid, error = copier.copy(fields, output)
+            if argv is not None:  # in the copy
                 return argv, stdout_tty, reseed_torch
-            pid = pid if pid > 0 else -ctypes.get_errno()
-            api.PyOS_AfterFork_Parent()
-            os.close(w)
-            if pid > 0:  # the copy says whether it could be set up: end of file when it could
-                got = os.read(r, 4)
-                if len(got) == 4:
-                    error = int.from_bytes(got, sys.byteorder, signed=True)
-            os.close(r)
         if output >= 0:
             os.close(output)
         try:

@@ -58,6 +58,218 @@ std::string Sanitize(const std::string& s) {
 
 namespace {
 
+// Reads a matrix file's fields into `m`, each error with its line and field, all of them at once.
+class MatrixParser {
+ public:
+  MatrixParser(const YAML::Node& root, const std::string& path) : root(root), path(path), dir(Dir(path)) {
+    m.path = path;
+  }
+
+  Result<Matrix> Parse() {
+    Known();
+    SpecAndLayers();
+    AxesAndPoints();
+    RunFields();
+    Peers();
+    if (!errors.empty()) {
+      std::string all;
+      for (const auto& e : errors) all += (all.empty() ? "" : "\n") + e;
+      return InvalidArgument(all);
+    }
+    return m;  // no axes and no points: one point, the spec as it is
+  }
+
+ private:
+  void Error(const YAML::Node& n, const std::string& field, const std::string& what) {
+    errors.push_back(Where(path, n, field) + what);
+  }
+
+  void Known() {
+    static const std::set<std::string> known = {"name", "spec", "layers", "set", "axes", "include", "exclude",
+                                                "repeats", "parallel", "target_accuracy", "peers", "target", "upload"};
+    for (const auto& kv : root) {
+      const std::string key = kv.first.as<std::string>();
+      if (!known.count(key)) {
+        Error(kv.first, key, "unknown field; expected one of name, spec, layers, set, axes, include, exclude, "
+                             "repeats, parallel, target_accuracy, peers, target, upload");
+      }
+    }
+  }
+
+  void IntField(const char* key, int lo, int hi, int* out) {
+    const YAML::Node n = root[key];
+    if (!n) return;
+    int v = 0;
+    if (!n.IsScalar() || !YAML::convert<int>::decode(n, v) || v < lo || v > hi) {
+      Error(n, key, "expected a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                        ", got " + (n.IsScalar() ? "\"" + n.Scalar() + "\"" : std::string("a collection")));
+      return;
+    }
+    *out = v;
+  }
+
+  void SpecAndLayers() {
+    if (const YAML::Node n = root["name"]; n && n.IsScalar() && !n.Scalar().empty() &&
+                                            n.Scalar().find_first_of("/ \t\n") == std::string::npos) {
+      m.name = n.Scalar();
+    } else {
+      Error(n ? n : root, "name", "expected the bench's name (no '/' or spaces), the folder its results go in");
+    }
+    if (const YAML::Node n = root["spec"]; n && n.IsScalar() && !n.Scalar().empty()) {
+      m.spec_file = Resolve(dir, n.Scalar());
+      if (!Exists(m.spec_file)) Error(n, "spec", "no such file: " + m.spec_file);
+    } else if (n && n.IsMap()) {
+      m.inline_spec = YAML::Dump(n) + "\n";
+    } else {
+      Error(n ? n : root, "spec", "expected a job spec: a file (relative to this one) or a mapping");
+    }
+    if (const YAML::Node n = root["layers"]) {
+      if (!n.IsSequence()) Error(n, "layers", "expected a list of spec files");
+      for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
+        const std::string f = n[i].IsScalar() ? Resolve(dir, n[i].Scalar()) : "";
+        if (f.empty() || !Exists(f)) Error(n[i], "layers[" + std::to_string(i) + "]", "no such file: " + f);
+        m.layers.push_back(f);
+      }
+    }
+    if (const YAML::Node n = root["set"]) {
+      if (!n.IsMap()) Error(n, "set", "expected a mapping of field: value, as --set takes them");
+      for (const auto& kv : n) m.sets.push_back(kv.first.as<std::string>() + "=" + Text(kv.second));
+    }
+  }
+
+  void AxesAndPoints() {
+    if (const YAML::Node n = root["axes"]) {
+      if (!n.IsMap()) Error(n, "axes", "expected a mapping of field: [values...]");
+      for (const auto& kv : n) {
+        const std::string key = kv.first.as<std::string>();
+        if (!kv.second.IsSequence() || kv.second.size() == 0) {
+          Error(kv.second, "axes." + key, "expected a non-empty list of values");
+          continue;
+        }
+        std::vector<std::string> values;
+        for (const auto& v : kv.second) values.push_back(Text(v));
+        m.axes.emplace_back(key, values);
+      }
+    }
+    for (const char* which : {"include", "exclude"}) {
+      const YAML::Node n = root[which];
+      if (!n) continue;
+      if (!n.IsSequence()) Error(n, which, "expected a list of {field: value, ...} points");
+      for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
+        if (!n[i].IsMap() || n[i].size() == 0) {
+          Error(n[i], std::string(which) + "[" + std::to_string(i) + "]", "expected a mapping of field: value");
+          continue;
+        }
+        Point p;
+        for (const auto& kv : n[i]) p.emplace_back(kv.first.as<std::string>(), Text(kv.second));
+        (std::string(which) == "include" ? m.include : m.exclude).push_back(p);
+      }
+    }
+  }
+
+  void RunFields() {
+    IntField("repeats", 1, 1000, &m.repeats);
+    IntField("parallel", 1, 256, &m.parallel);
+    if (const YAML::Node n = root["target_accuracy"]) {
+      double v = -1;
+      if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || v <= 0 || v > 1) {
+        Error(n, "target_accuracy", "expected a test accuracy between 0 and 1, such as 0.9");
+      }
+      m.target_accuracy = v;
+    }
+    if (const YAML::Node n = root["upload"]) {
+      if (!n.IsMap() || !n["url"] || !n["url"].IsScalar()) {
+        Error(n, "upload", "expected {url: s3://BUCKET/PREFIX, endpoint: URL, region: NAME}");
+      } else {
+        for (const auto& kv : n) {
+          const std::string k = kv.first.as<std::string>();
+          if (k != "url" && k != "endpoint" && k != "region") {
+            Error(kv.first, "upload." + k, "unknown field; expected url, endpoint or region");
+          } else if (!kv.second.IsScalar()) {
+            Error(kv.second, "upload." + k, "expected a string");
+          }
+        }
+        m.upload.url = n["url"].Scalar();
+        if (n["endpoint"] && n["endpoint"].IsScalar()) m.upload.endpoint = n["endpoint"].Scalar();
+        if (n["region"] && n["region"].IsScalar()) m.upload.region = n["region"].Scalar();
+        if (m.upload.url.rfind("s3://", 0) != 0) Error(n["url"], "upload.url", "expected s3://BUCKET[/PREFIX]");
+      }
+    }
+    if (const YAML::Node n = root["target"]) {
+      if (!n.IsScalar() || (n.Scalar() != "local" && n.Scalar() != "slurm" && n.Scalar() != "k8s")) {
+        Error(n, "target", "expected local (this machine), slurm (an sbatch per experiment) or k8s (an Argo "
+                           "Workflow, submitted with kubectl)");
+      } else {
+        m.target = n.Scalar();
+      }
+    }
+  }
+
+  // A peer's {field} must be a field the points give a value (or {repeat}); anything else would
+  // reach the peer as literal text.
+  void CheckHoles(const YAML::Node& at, const std::string& field, const std::string& text,
+                  const std::vector<std::string>& fields) {
+    static const std::regex hole(R"(\{([A-Za-z_][A-Za-z0-9_.\[\]-]*)\})");
+    for (std::sregex_iterator it(text.begin(), text.end(), hole), end; it != end; ++it) {
+      const std::string name = (*it)[1];
+      if (std::find(fields.begin(), fields.end(), name) != fields.end()) continue;
+      const std::string near = ClosestMatch(name, fields);
+      Error(at, field, "{" + name + "} names no axis of the matrix" +
+                           (near.empty() ? "" : "; did you mean {" + near + "}?") + " (placeholders: {" +
+                           Join(fields, "}, {") + "})");
+    }
+  }
+
+  void Peers() {
+    std::vector<std::string> fields = {"repeat"};
+    for (const auto& [k, v] : m.axes) fields.push_back(k);
+    for (const auto& p : m.include) {
+      for (const auto& [k, v] : p) fields.push_back(k);
+    }
+    if (const YAML::Node n = root["peers"]) {
+      if (!n.IsSequence()) Error(n, "peers", "expected a list of {name, command}");
+      std::set<std::string> names = {"trainctl"};
+      for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
+        const std::string field = "peers[" + std::to_string(i) + "]";
+        if (!n[i].IsMap()) {
+          Error(n[i], field, "expected {name, command}");
+          continue;
+        }
+        Peer p;
+        if (n[i]["name"] && n[i]["name"].IsScalar()) p.name = n[i]["name"].Scalar();
+        if (p.name.empty() || p.name != Sanitize(p.name) || !names.insert(p.name).second) {
+          Error(n[i], field + ".name", "expected a name of its own (letters, digits, '.', '-'), not \"trainctl\"");
+        }
+        const YAML::Node c = n[i]["command"];
+        if (!c || !c.IsSequence() || c.size() == 0) {
+          Error(n[i], field + ".command", "expected the program and its arguments as a list");
+        } else {
+          for (const auto& a : c) p.command.push_back(a.IsScalar() ? a.Scalar() : Text(a));
+          for (size_t j = 0; j < c.size(); ++j) {
+            CheckHoles(c[j], field + ".command[" + std::to_string(j) + "]", p.command[j], fields);
+          }
+        }
+        if (const YAML::Node w = n[i]["workers"]) {
+          int count = 0;
+          if (w.IsScalar() && (w.Scalar().find('{') != std::string::npos ||
+                               (YAML::convert<int>::decode(w, count) && count >= 1 && count <= 1000000))) {
+            p.workers = w.Scalar();
+            CheckHoles(w, field + ".workers", p.workers, fields);
+          } else {
+            Error(w, field + ".workers", "expected the peer's number of worker processes, or \"{field}\"");
+          }
+        }
+        m.peers.push_back(p);
+      }
+    }
+  }
+
+  const YAML::Node root;
+  const std::string path, dir;
+  Matrix m;
+  std::vector<std::string> errors;
+};
+
 Result<Matrix> Parse(const std::string& text, const std::string& path) {
   YAML::Node root;
   try {
@@ -66,184 +278,7 @@ Result<Matrix> Parse(const std::string& text, const std::string& path) {
     return InvalidArgument(path + ":" + std::to_string(e.mark.line + 1) + ": not YAML: " + e.msg);
   }
   if (!root.IsMap()) return InvalidArgument(path + ": expected a mapping (name, spec, axes, ...)");
-  Matrix m;
-  m.path = path;
-  const std::string dir = Dir(path);
-  std::vector<std::string> errors;
-  auto error = [&](const YAML::Node& n, const std::string& field, const std::string& what) {
-    errors.push_back(Where(path, n, field) + what);
-  };
-  static const std::set<std::string> known = {"name", "spec", "layers", "set", "axes", "include", "exclude",
-                                              "repeats", "parallel", "target_accuracy", "peers", "target", "upload"};
-  for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
-    if (!known.count(key)) {
-      error(kv.first, key, "unknown field; expected one of name, spec, layers, set, axes, include, exclude, "
-                           "repeats, parallel, target_accuracy, peers, target, upload");
-    }
-  }
-  auto int_field = [&](const char* key, int lo, int hi, int* out) {
-    const YAML::Node n = root[key];
-    if (!n) return;
-    int v = 0;
-    if (!n.IsScalar() || !YAML::convert<int>::decode(n, v) || v < lo || v > hi) {
-      error(n, key, "expected a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) +
-                        ", got " + (n.IsScalar() ? "\"" + n.Scalar() + "\"" : std::string("a collection")));
-      return;
-    }
-    *out = v;
-  };
-  if (const YAML::Node n = root["name"]; n && n.IsScalar() && !n.Scalar().empty() &&
-                                          n.Scalar().find_first_of("/ \t\n") == std::string::npos) {
-    m.name = n.Scalar();
-  } else {
-    error(n ? n : root, "name", "expected the bench's name (no '/' or spaces), the folder its results go in");
-  }
-  if (const YAML::Node n = root["spec"]; n && n.IsScalar() && !n.Scalar().empty()) {
-    m.spec_file = Resolve(dir, n.Scalar());
-    if (!Exists(m.spec_file)) error(n, "spec", "no such file: " + m.spec_file);
-  } else if (n && n.IsMap()) {
-    m.inline_spec = YAML::Dump(n) + "\n";
-  } else {
-    error(n ? n : root, "spec", "expected a job spec: a file (relative to this one) or a mapping");
-  }
-  if (const YAML::Node n = root["layers"]) {
-    if (!n.IsSequence()) error(n, "layers", "expected a list of spec files");
-    for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
-      const std::string f = n[i].IsScalar() ? Resolve(dir, n[i].Scalar()) : "";
-      if (f.empty() || !Exists(f)) error(n[i], "layers[" + std::to_string(i) + "]", "no such file: " + f);
-      m.layers.push_back(f);
-    }
-  }
-  if (const YAML::Node n = root["set"]) {
-    if (!n.IsMap()) error(n, "set", "expected a mapping of field: value, as --set takes them");
-    for (const auto& kv : n) m.sets.push_back(kv.first.as<std::string>() + "=" + Text(kv.second));
-  }
-  if (const YAML::Node n = root["axes"]) {
-    if (!n.IsMap()) error(n, "axes", "expected a mapping of field: [values...]");
-    for (const auto& kv : n) {
-      const std::string key = kv.first.as<std::string>();
-      if (!kv.second.IsSequence() || kv.second.size() == 0) {
-        error(kv.second, "axes." + key, "expected a non-empty list of values");
-        continue;
-      }
-      std::vector<std::string> values;
-      for (const auto& v : kv.second) values.push_back(Text(v));
-      m.axes.emplace_back(key, values);
-    }
-  }
-  for (const char* which : {"include", "exclude"}) {
-    const YAML::Node n = root[which];
-    if (!n) continue;
-    if (!n.IsSequence()) error(n, which, "expected a list of {field: value, ...} points");
-    for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
-      if (!n[i].IsMap() || n[i].size() == 0) {
-        error(n[i], std::string(which) + "[" + std::to_string(i) + "]", "expected a mapping of field: value");
-        continue;
-      }
-      Point p;
-      for (const auto& kv : n[i]) p.emplace_back(kv.first.as<std::string>(), Text(kv.second));
-      (std::string(which) == "include" ? m.include : m.exclude).push_back(p);
-    }
-  }
-  int_field("repeats", 1, 1000, &m.repeats);
-  int_field("parallel", 1, 256, &m.parallel);
-  if (const YAML::Node n = root["target_accuracy"]) {
-    double v = -1;
-    if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || v <= 0 || v > 1) {
-      error(n, "target_accuracy", "expected a test accuracy between 0 and 1, such as 0.9");
-    }
-    m.target_accuracy = v;
-  }
-  if (const YAML::Node n = root["upload"]) {
-    if (!n.IsMap() || !n["url"] || !n["url"].IsScalar()) {
-      error(n, "upload", "expected {url: s3://BUCKET/PREFIX, endpoint: URL, region: NAME}");
-    } else {
-      for (const auto& kv : n) {
-        const std::string k = kv.first.as<std::string>();
-        if (k != "url" && k != "endpoint" && k != "region") {
-          error(kv.first, "upload." + k, "unknown field; expected url, endpoint or region");
-        } else if (!kv.second.IsScalar()) {
-          error(kv.second, "upload." + k, "expected a string");
-        }
-      }
-      m.upload.url = n["url"].Scalar();
-      if (n["endpoint"] && n["endpoint"].IsScalar()) m.upload.endpoint = n["endpoint"].Scalar();
-      if (n["region"] && n["region"].IsScalar()) m.upload.region = n["region"].Scalar();
-      if (m.upload.url.rfind("s3://", 0) != 0) error(n["url"], "upload.url", "expected s3://BUCKET[/PREFIX]");
-    }
-  }
-  if (const YAML::Node n = root["target"]) {
-    if (!n.IsScalar() || (n.Scalar() != "local" && n.Scalar() != "slurm" && n.Scalar() != "k8s")) {
-      error(n, "target", "expected local (this machine), slurm (an sbatch per experiment) or k8s (an Argo "
-                         "Workflow, submitted with kubectl)");
-    } else {
-      m.target = n.Scalar();
-    }
-  }
-  // A peer's {field} must be a field the points give a value (or {repeat}); anything else would
-  // reach the peer as literal text.
-  std::vector<std::string> fields = {"repeat"};
-  for (const auto& [k, v] : m.axes) fields.push_back(k);
-  for (const auto& p : m.include) {
-    for (const auto& [k, v] : p) fields.push_back(k);
-  }
-  auto check_holes = [&](const YAML::Node& at, const std::string& field, const std::string& text) {
-    static const std::regex hole(R"(\{([A-Za-z_][A-Za-z0-9_.\[\]-]*)\})");
-    for (std::sregex_iterator it(text.begin(), text.end(), hole), end; it != end; ++it) {
-      const std::string name = (*it)[1];
-      if (std::find(fields.begin(), fields.end(), name) != fields.end()) continue;
-      const std::string near = ClosestMatch(name, fields);
-      error(at, field, "{" + name + "} names no axis of the matrix" +
-                           (near.empty() ? "" : "; did you mean {" + near + "}?") + " (placeholders: {" +
-                           Join(fields, "}, {") + "})");
-    }
-  };
-  if (const YAML::Node n = root["peers"]) {
-    if (!n.IsSequence()) error(n, "peers", "expected a list of {name, command}");
-    std::set<std::string> names = {"trainctl"};
-    for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
-      const std::string field = "peers[" + std::to_string(i) + "]";
-      if (!n[i].IsMap()) {
-        error(n[i], field, "expected {name, command}");
-        continue;
-      }
-      Peer p;
-      if (n[i]["name"] && n[i]["name"].IsScalar()) p.name = n[i]["name"].Scalar();
-      if (p.name.empty() || p.name != Sanitize(p.name) || !names.insert(p.name).second) {
-        error(n[i], field + ".name", "expected a name of its own (letters, digits, '.', '-'), not \"trainctl\"");
-      }
-      const YAML::Node c = n[i]["command"];
-      if (!c || !c.IsSequence() || c.size() == 0) {
-        error(n[i], field + ".command", "expected the program and its arguments as a list");
-      } else {
-        for (const auto& a : c) p.command.push_back(a.IsScalar() ? a.Scalar() : Text(a));
-        for (size_t j = 0; j < c.size(); ++j) {
-          check_holes(c[j], field + ".command[" + std::to_string(j) + "]", p.command[j]);
-        }
-      }
-      if (const YAML::Node w = n[i]["workers"]) {
-        int count = 0;
-        if (w.IsScalar() && (w.Scalar().find('{') != std::string::npos ||
-                             (YAML::convert<int>::decode(w, count) && count >= 1 && count <= 1000000))) {
-          p.workers = w.Scalar();
-          check_holes(w, field + ".workers", p.workers);
-        } else {
-          error(w, field + ".workers", "expected the peer's number of worker processes, or \"{field}\"");
-        }
-      }
-      m.peers.push_back(p);
-    }
-  }
-  if (m.axes.empty() && m.include.empty()) {
-    // One point: the spec as it is.
-  }
-  if (!errors.empty()) {
-    std::string all;
-    for (const auto& e : errors) all += (all.empty() ? "" : "\n") + e;
-    return InvalidArgument(all);
-  }
-  return m;
+  return MatrixParser(root, path).Parse();
 }
 
 }  // namespace

@@ -407,9 +407,23 @@ std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments, doubl
   return out;
 }
 
-Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<Figures>& experiments) {
-  const auto aggs = Aggregates(experiments, m.target_accuracy);
-  // results.json
+namespace {
+
+// A mean, ± its standard deviation when there is more than one run to have one.
+std::string PlusMinus(double mean, double sd, const char* f, int runs) {
+  return mean < 0 ? std::string("-") : runs < 2 ? Fmt(mean, f) : Fmt(mean, f) + " ± " + Fmt(sd, f);
+}
+
+// The time to accuracy, and how many runs missed the target: "13.02 ± 0.15 (1/5 missed)".
+std::string TimeToAccuracyText(const Aggregate& a) {
+  std::string t = PlusMinus(a.tta_mean, a.tta_std, "%.2f", a.runs);
+  if (a.missed > 0) t += " (" + std::to_string(a.missed) + "/" + std::to_string(a.runs) + " missed)";
+  return t;
+}
+
+// results.json: every experiment's figures and every aggregate's.
+Status WriteResultsJson(const std::string& dir, const Matrix& m, const std::vector<Figures>& experiments,
+                        const std::vector<Aggregate>& aggs) {
   json list = json::array();
   for (const auto& f : experiments) list.push_back(f.ToJson());
   json ag = json::array();
@@ -425,7 +439,11 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
   json doc = {{"bench", m.name}, {"matrix", m.path}, {"target_accuracy", m.target_accuracy},
               {"written", static_cast<int64_t>(std::time(nullptr))}, {"experiments", list}, {"aggregates", ag}};
   RETURN_IF_ERROR(AtomicWriteFile(dir + "/results.json", doc.dump(2) + "\n"));
-  // results.csv: one row per experiment.
+  return Status::Ok();
+}
+
+// results.csv: one row per experiment.
+Status WriteResultsCsv(const std::string& dir, const std::vector<Figures>& experiments) {
   std::vector<std::string> keys;
   for (const auto& f : experiments) {
     for (const auto& [k, v] : f.point) {
@@ -448,17 +466,12 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
            Fmt(f.comm_wait_seconds) + "," + std::to_string(f.restarts) + "," + Csv(f.failure) + "\n";
   }
   RETURN_IF_ERROR(AtomicWriteFile(dir + "/results.csv", csv));
-  // summary.md
-  // A mean, ± its standard deviation when there is more than one run to have one.
-  auto pm = [](double mean, double sd, const char* f, int runs) {
-    return mean < 0 ? std::string("-") : runs < 2 ? Fmt(mean, f) : Fmt(mean, f) + " ± " + Fmt(sd, f);
-  };
-  // The time to accuracy, and how many runs missed the target: "13.02 ± 0.15 (1/5 missed)".
-  auto tta_text = [&](const Aggregate& a) {
-    std::string t = pm(a.tta_mean, a.tta_std, "%.2f", a.runs);
-    if (a.missed > 0) t += " (" + std::to_string(a.missed) + "/" + std::to_string(a.runs) + " missed)";
-    return t;
-  };
+  return Status::Ok();
+}
+
+// summary.md: the aggregates' table, and the experiments that did not succeed.
+Status WriteSummary(const std::string& dir, const Matrix& m, const std::vector<Figures>& experiments,
+                    const std::vector<Aggregate>& aggs) {
   std::string md = "# " + m.name + "\n\nMatrix `" + m.path + "`; " + std::to_string(experiments.size()) +
                    " experiments. Means ± standard deviations over the runs that succeeded (with 5 or more, "
                    "the fastest and the slowest dropped, as MLPerf does); the time to accuracy over every "
@@ -469,11 +482,11 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
                    "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& a : aggs) {
     md += "| " + a.system + " | " + PointText(a.point) + " | " + std::to_string(a.workers) + " | " +
-          std::to_string(a.succeeded) + "/" + std::to_string(a.runs) + " | " + pm(a.wall_mean, a.wall_std, "%.2f", a.succeeded) +
-          " | " + pm(a.epoch_mean, a.epoch_std, "%.3f", a.succeeded) +
-          " | " + pm(a.rate_mean, a.rate_std, "%.0f", a.succeeded) + " | " + (a.efficiency < 0 ? "-" : Fmt(a.efficiency, "%.3f")) +
+          std::to_string(a.succeeded) + "/" + std::to_string(a.runs) + " | " + PlusMinus(a.wall_mean, a.wall_std, "%.2f", a.succeeded) +
+          " | " + PlusMinus(a.epoch_mean, a.epoch_std, "%.3f", a.succeeded) +
+          " | " + PlusMinus(a.rate_mean, a.rate_std, "%.0f", a.succeeded) + " | " + (a.efficiency < 0 ? "-" : Fmt(a.efficiency, "%.3f")) +
           " | " + (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + " | " +
-          tta_text(a) + " | " + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + " | " +
+          TimeToAccuracyText(a) + " | " + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + " | " +
           (a.comm_mean < 0 ? "-" : Fmt(a.comm_mean, "%.3f")) + " |\n";
   }
   std::string failed;
@@ -482,7 +495,12 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
   }
   if (!failed.empty()) md += "\n## Not succeeded\n\n" + failed;
   RETURN_IF_ERROR(AtomicWriteFile(dir + "/summary.md", md));
-  // report.html
+  return Status::Ok();
+}
+
+// report.html: the tables and the charts.
+Status WriteReport(const std::string& dir, const Matrix& m, const std::vector<Figures>& experiments,
+                   const std::vector<Aggregate>& aggs) {
   std::string h = "<!doctype html><html><head><meta charset=\"utf-8\"><title>" + Html(m.name) +
                   " — trainctl bench</title><style>" + kCss + "</style></head><body><h1>" + Html(m.name) + "</h1>";
   h += "<p>" + std::to_string(experiments.size()) + " experiments from <code>" + Html(m.path) + "</code>.</p>";
@@ -492,10 +510,10 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
   for (const auto& a : aggs) {
     h += "<tr><td class=\"l\">" + Html(a.system) + "</td><td class=\"l\">" + Html(PointText(a.point)) + "</td><td>" +
          std::to_string(a.workers) + "</td><td>" + std::to_string(a.succeeded) + "/" + std::to_string(a.runs) +
-         "</td><td>" + Html(pm(a.wall_mean, a.wall_std, "%.2f", a.succeeded)) + "</td><td>" +
-         Html(pm(a.epoch_mean, a.epoch_std, "%.3f", a.succeeded)) + "</td><td>" + Html(pm(a.rate_mean, a.rate_std, "%.0f", a.succeeded)) +
+         "</td><td>" + Html(PlusMinus(a.wall_mean, a.wall_std, "%.2f", a.succeeded)) + "</td><td>" +
+         Html(PlusMinus(a.epoch_mean, a.epoch_std, "%.3f", a.succeeded)) + "</td><td>" + Html(PlusMinus(a.rate_mean, a.rate_std, "%.0f", a.succeeded)) +
          "</td><td>" + (a.efficiency < 0 ? "-" : Fmt(a.efficiency)) + "</td><td>" +
-         (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + "</td><td>" + Html(tta_text(a)) +
+         (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + "</td><td>" + Html(TimeToAccuracyText(a)) +
          "</td><td>" + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + "</td></tr>";
   }
   h += "</table><div class=\"charts\">";
@@ -539,6 +557,16 @@ Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<F
   }
   h += "</table></body></html>\n";
   return AtomicWriteFile(dir + "/report.html", h);
+}
+
+}  // namespace
+
+Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<Figures>& experiments) {
+  const auto aggs = Aggregates(experiments, m.target_accuracy);
+  RETURN_IF_ERROR(WriteResultsJson(dir, m, experiments, aggs));
+  RETURN_IF_ERROR(WriteResultsCsv(dir, experiments));
+  RETURN_IF_ERROR(WriteSummary(dir, m, experiments, aggs));
+  return WriteReport(dir, m, experiments, aggs);
 }
 
 Result<std::vector<Figures>> ReadResults(const std::string& dir) {

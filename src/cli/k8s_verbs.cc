@@ -191,6 +191,54 @@ int ShowStatus(const JobSpec& s, const std::string& format, bool as_json) {
   }
 }
 
+// `logs` of a job submitted to Kubernetes: kubectl logs of its pods (kubectl itself with --follow).
+int KubernetesLogs(const JobSpec& spec, const std::string& component, const std::string& since, bool follow) {
+  std::vector<std::string> args = {"logs", "-n", spec.cluster.namespace_, "-l", Selector(spec, component),
+                                   "--prefix", "--all-containers=true", "--tail=-1",
+                                   "--max-log-requests=" + std::to_string(std::max(5, spec.nodes.max + 1))};
+  if (!since.empty()) args.push_back("--since=" + since);  // kubectl's own --since
+  if (follow) {
+    // Streams until the user stops it: kubectl replaces this process.
+    auto exe = FindExecutable("kubectl", CurrentEnvironment());
+    if (!exe.ok()) {
+      return Fail("logs", NotFound("kubectl is not on the PATH"));
+    }
+    std::vector<char*> argv = {const_cast<char*>("kubectl")};
+    args.push_back("--follow");
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(exe->c_str(), argv.data());
+    return Fail("logs", Internal("cannot run " + *exe));
+  }
+  auto r = Kubectl(args);
+  if (!r.ok()) {
+    return Fail("logs", r.status());
+  }
+  if (r->exit.code != 0) {  // kubectl's verdict, not its retries' log lines
+    return Fail("logs", Unavailable(KubectlWhy(*r)));
+  }
+  std::fputs(r->output.c_str(), stdout);
+  return kExitOk;
+}
+
+// `delete`: every object of the submitted job (its volume and token Secret too `with_data`).
+int DeleteJob(const JobSpec& spec, const std::string& format, bool with_data) {
+  std::string kinds = WorkloadKind(format) +
+                      ",jobs.batch,deployments.apps,statefulsets.apps,services,configmaps,"
+                      "networkpolicies.networking.k8s.io,roles.rbac.authorization.k8s.io,serviceaccounts";
+  if (with_data) kinds += ",persistentvolumeclaims,secrets";
+  auto r = Kubectl({"delete", kinds, "-n", spec.cluster.namespace_, "-l", Selector(spec),
+                    "--ignore-not-found", "--wait=false"});
+  if (!r.ok()) {
+    return Fail("delete", r.status());
+  }
+  if (r->exit.code != 0) {
+    return Fail("delete", Unavailable(KubectlWhy(*r)));
+  }
+  std::fputs(r->output.c_str(), stdout);
+  return kExitOk;
+}
+
 }  // namespace
 
 void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
@@ -257,36 +305,7 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = kExitInvalidSpec;
       return;
     }
-    std::vector<std::string> args = {"logs", "-n", spec->cluster.namespace_, "-l", Selector(*spec, component),
-                                     "--prefix", "--all-containers=true", "--tail=-1",
-                                     "--max-log-requests=" + std::to_string(std::max(5, spec->nodes.max + 1))};
-    if (!log_since.empty()) args.push_back("--since=" + log_since);  // kubectl's own --since
-    if (follow) {
-      // Streams until the user stops it: kubectl replaces this process.
-      auto exe = FindExecutable("kubectl", CurrentEnvironment());
-      if (!exe.ok()) {
-        *code = Fail("logs", NotFound("kubectl is not on the PATH"));
-        return;
-      }
-      std::vector<char*> argv = {const_cast<char*>("kubectl")};
-      args.push_back("--follow");
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(exe->c_str(), argv.data());
-      *code = Fail("logs", Internal("cannot run " + *exe));
-      return;
-    }
-    auto r = Kubectl(args);
-    if (!r.ok()) {
-      *code = Fail("logs", r.status());
-      return;
-    }
-    if (r->exit.code != 0) {  // kubectl's verdict, not its retries' log lines
-      *code = Fail("logs", Unavailable(KubectlWhy(*r)));
-      return;
-    }
-    std::fputs(r->output.c_str(), stdout);
-    *code = kExitOk;
+    *code = KubernetesLogs(*spec, component, log_since, follow);
   });
 
   static bool with_data = false;
@@ -301,22 +320,7 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = kExitInvalidSpec;
       return;
     }
-    std::string kinds = WorkloadKind(delete_c.format) +
-                        ",jobs.batch,deployments.apps,statefulsets.apps,services,configmaps,"
-                        "networkpolicies.networking.k8s.io,roles.rbac.authorization.k8s.io,serviceaccounts";
-    if (with_data) kinds += ",persistentvolumeclaims,secrets";
-    auto r = Kubectl({"delete", kinds, "-n", spec->cluster.namespace_, "-l", Selector(*spec),
-                      "--ignore-not-found", "--wait=false"});
-    if (!r.ok()) {
-      *code = Fail("delete", r.status());
-      return;
-    }
-    if (r->exit.code != 0) {
-      *code = Fail("delete", Unavailable(KubectlWhy(*r)));
-      return;
-    }
-    std::fputs(r->output.c_str(), stdout);
-    *code = kExitOk;
+    *code = DeleteJob(*spec, delete_c.format, with_data);
   });
 }
 

@@ -117,22 +117,154 @@ static std::string TokenSecretHint(const JobSpec& s) {
          " --from-literal=token=\"$(openssl rand -hex 32)\"\n";
 }
 
+namespace {
+
+struct RenderFlags {
+  SpecFlags spec;
+  std::string target = "k8s";
+  std::string format = "job";
+  std::string workload = "job";
+  std::vector<std::string> envs;
+  std::string out;
+  std::string trainctl = "trainctl";
+};
+
+// --target slurm: the batch script, on stdout or as OUT/<name>.sbatch.
+int RenderSlurm(const JobSpec& spec, RenderFlags& f) {
+  if (f.trainctl == "trainctl" && !FindExecutable("trainctl", CurrentEnvironment()).ok()) {
+    std::fprintf(stderr, "trainctl render: warning: the script runs 'trainctl' from the nodes' PATH, and it is "
+                         "not on this machine's (this one is %s); if the nodes lack it too, give --trainctl "
+                         "with its path on the shared filesystem\n", SelfExe().c_str());
+  }
+  // The script runs the same spec sources, from the shared filesystem.
+  std::vector<std::string> args;
+  for (size_t i = 0; i < f.spec.Sources().files.size(); ++i) {
+    if (i > 0) args.push_back("-f");
+    args.push_back(AbsolutePath(f.spec.Sources().files[i]));
+  }
+  for (const auto& set : f.spec.sets) args.insert(args.end(), {"--set", set});
+  const std::string script = slurm::SbatchScript(spec, args, f.trainctl);
+  if (f.out.empty()) {
+    std::fputs(script.c_str(), stdout);
+    return kExitOk;
+  }
+  const std::string path = f.out + "/" + spec.name + ".sbatch";
+  Status st = MakeDirs(f.out);
+  if (st.ok()) st = AtomicWriteFile(path, script, 0755);
+  if (!st.ok()) {
+    std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());
+    return kExitError;
+  }
+  std::printf("wrote %s; submit it with sbatch %s\n", path.c_str(), path.c_str());
+  return kExitOk;
+}
+
+// --format helm: a chart whose values are the spec's layers.
+int RenderHelm(const JobSpec& spec, RenderFlags& f, const std::string& workload) {
+  if (f.out.empty() || !f.envs.empty()) {
+    std::fprintf(stderr, "trainctl render: --format helm writes a chart's directory; give it with -o DIR "
+                         "(environments are values files at install time: helm install -f dev.yaml)\n");
+    return kExitInvalidSpec;
+  }
+  auto values = LayeredSpecJson(f.spec.Sources());
+  Status st = values.status();
+  if (st.ok()) st = WriteTree(f.out, k8s::HelmChart(spec, *values, workload, TRAINCTL_VERSION));
+  if (!st.ok()) {
+    std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());
+    return kExitError;
+  }
+  std::printf("wrote the chart %s (%s) under %s; install it with helm install %s %s --namespace %s\n",
+              spec.name.c_str(), workload.c_str(), f.out.c_str(), spec.name.c_str(), f.out.c_str(),
+              spec.cluster.namespace_.c_str());
+  return kExitOk;
+}
+
+// --format job, pytorchjob, tfjob, mpijob or trainjob: one manifest file, or stdout.
+int RenderManifests(const JobSpec& spec, RenderFlags& f) {
+  if (!f.envs.empty()) {
+    std::fprintf(stderr, "trainctl render: --env goes with --format kustomize\n");
+    return kExitInvalidSpec;
+  }
+  const std::string yaml = k8s::ToYaml(k8s::Render(spec, f.format));
+  if (f.out.empty()) {
+    std::fputs(yaml.c_str(), stdout);
+    return kExitOk;
+  }
+  if (Status st = WriteTree(f.out, {{spec.name + ".yaml", yaml}}); !st.ok()) {
+    std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());
+    return kExitError;
+  }
+  std::printf("wrote %s/%s.yaml\n%s", f.out.c_str(), spec.name.c_str(), TokenSecretHint(spec).c_str());
+  return kExitOk;
+}
+
+// --format kustomize: a base and one overlay per --env.
+int RenderKustomize(const JobSpec& spec, RenderFlags& f) {
+  if (f.out.empty()) {
+    std::fprintf(stderr, "trainctl render: --format kustomize writes a directory tree; give it with -o DIR\n");
+    return kExitInvalidSpec;
+  }
+  std::vector<std::pair<std::string, JobSpec>> envs;
+  for (const auto& e : f.envs) {
+    auto eq = e.find('=');
+    const std::string name = e.substr(0, eq);
+    if (eq == std::string::npos || name.empty() || eq + 1 == e.size() ||
+        name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-_") != std::string::npos) {
+      std::fprintf(stderr, "trainctl render: --env %s: expected NAME=FILE[,FILE...], NAME in "
+                           "lowercase letters, digits, '-' and '_'\n", e.c_str());
+      return kExitInvalidSpec;
+    }
+    SpecFlags layered = f.spec;
+    for (const auto& file : Split(e.substr(eq + 1), ',')) layered.files.push_back(file);
+    auto env_spec = LoadOrReport(layered);
+    if (!env_spec) {
+      return kExitInvalidSpec;
+    }
+    envs.emplace_back(name, *env_spec);
+  }
+  RemoveStaleOverlays(f.out, envs);
+  auto files = k8s::Kustomize(spec, envs, "job");
+  if (Status st = WriteTree(f.out, files); !st.ok()) {
+    std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());
+    return kExitError;
+  }
+  std::printf("wrote %zu files under %s: base/ and %zu overlay(s); apply one with "
+              "kubectl apply -k %s/overlays/NAME\n%s", files.size(), f.out.c_str(), envs.size(),
+              f.out.c_str(), TokenSecretHint(spec).c_str());
+  return kExitOk;
+}
+
+int Render(RenderFlags& f) {
+  auto spec = LoadOrReport(f.spec);
+  if (!spec) return kExitInvalidSpec;
+  f.out = TrimSlashes(f.out);
+  if (f.target == "slurm") return RenderSlurm(*spec, f);
+  const std::string workload = f.format == "helm" ? f.workload : f.format == "kustomize" ? "job" : f.format;
+  if (f.workload != "job" && f.format != "helm") {
+    std::fprintf(stderr, "trainctl render: --workload goes with --format helm\n");
+    return kExitInvalidSpec;
+  }
+  if (Status st = k8s::CheckFormat(*spec, workload); !st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", f.spec.Sources().files[0].c_str(), st.message().c_str());
+    return kExitInvalidSpec;
+  }
+  for (const auto& w : ClusterWarnings(*spec, f.spec.Sources().files[0])) {
+    std::fprintf(stderr, "warning: %s\n", w.c_str());
+  }
+  if (f.format == "helm") return RenderHelm(*spec, f, workload);
+  if (f.format != "kustomize") return RenderManifests(*spec, f);
+  return RenderKustomize(*spec, f);
+}
+
+}  // namespace
+
 void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
       "render", "Write what runs the job on a cluster engine: Kubernetes manifests (Indexed Jobs, or "
                 "Kubeflow's PyTorchJob, TFJob, MPIJob or TrainJob), a kustomize base with one overlay per "
                 "environment, a Helm chart, or a Slurm batch script. Nothing is contacted; see docs/cluster.md");
-  struct Flags {
-    SpecFlags spec;
-    std::string target = "k8s";
-    std::string format = "job";
-    std::string workload = "job";
-    std::vector<std::string> envs;
-    std::string out;
-    std::string trainctl = "trainctl";
-  };
-  static Flags storage;
-  Flags* f = &storage;
+  static RenderFlags storage;
+  RenderFlags* f = &storage;
   f->spec.Add(cmd);
   cmd->add_option("--target", f->target, "the cluster engine")
       ->capture_default_str()
@@ -157,131 +289,7 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_option("-o,--output", f->out, "a directory to write into (default: stdout)");
   cmd->add_option("--trainctl", f->trainctl, "slurm: the trainctl binary as the nodes see it")
       ->capture_default_str();
-  cmd->callback([f, code] {
-    auto spec = LoadOrReport(f->spec);
-    if (!spec) {
-      *code = kExitInvalidSpec;
-      return;
-    }
-    f->out = TrimSlashes(f->out);
-    if (f->target == "slurm") {
-      if (f->trainctl == "trainctl" && !FindExecutable("trainctl", CurrentEnvironment()).ok()) {
-        std::fprintf(stderr, "trainctl render: warning: the script runs 'trainctl' from the nodes' PATH, and it is "
-                             "not on this machine's (this one is %s); if the nodes lack it too, give --trainctl "
-                             "with its path on the shared filesystem\n", SelfExe().c_str());
-      }
-      // The script runs the same spec sources, from the shared filesystem.
-      std::vector<std::string> args;
-      for (size_t i = 0; i < f->spec.Sources().files.size(); ++i) {
-        if (i > 0) args.push_back("-f");
-        args.push_back(AbsolutePath(f->spec.Sources().files[i]));
-      }
-      for (const auto& set : f->spec.sets) args.insert(args.end(), {"--set", set});
-      const std::string script = slurm::SbatchScript(*spec, args, f->trainctl);
-      if (f->out.empty()) {
-        std::fputs(script.c_str(), stdout);
-        return;
-      }
-      const std::string path = f->out + "/" + spec->name + ".sbatch";
-      Status st = MakeDirs(f->out);
-      if (st.ok()) st = AtomicWriteFile(path, script, 0755);
-      if (!st.ok()) {
-        std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());
-        *code = kExitError;
-        return;
-      }
-      std::printf("wrote %s; submit it with sbatch %s\n", path.c_str(), path.c_str());
-      return;
-    }
-    const std::string workload = f->format == "helm" ? f->workload : f->format == "kustomize" ? "job" : f->format;
-    if (f->workload != "job" && f->format != "helm") {
-      std::fprintf(stderr, "trainctl render: --workload goes with --format helm\n");
-      *code = kExitInvalidSpec;
-      return;
-    }
-    if (Status st = k8s::CheckFormat(*spec, workload); !st.ok()) {
-      std::fprintf(stderr, "%s: %s\n", f->spec.Sources().files[0].c_str(), st.message().c_str());
-      *code = kExitInvalidSpec;
-      return;
-    }
-    for (const auto& w : ClusterWarnings(*spec, f->spec.Sources().files[0])) {
-      std::fprintf(stderr, "warning: %s\n", w.c_str());
-    }
-    if (f->format == "helm") {
-      if (f->out.empty() || !f->envs.empty()) {
-        std::fprintf(stderr, "trainctl render: --format helm writes a chart's directory; give it with -o DIR "
-                             "(environments are values files at install time: helm install -f dev.yaml)\n");
-        *code = kExitInvalidSpec;
-        return;
-      }
-      auto values = LayeredSpecJson(f->spec.Sources());
-      Status st = values.status();
-      if (st.ok()) st = WriteTree(f->out, k8s::HelmChart(*spec, *values, workload, TRAINCTL_VERSION));
-      if (!st.ok()) {
-        std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());
-        *code = kExitError;
-        return;
-      }
-      std::printf("wrote the chart %s (%s) under %s; install it with helm install %s %s --namespace %s\n",
-                  spec->name.c_str(), workload.c_str(), f->out.c_str(), spec->name.c_str(), f->out.c_str(),
-                  spec->cluster.namespace_.c_str());
-      return;
-    }
-    if (f->format != "kustomize") {
-      if (!f->envs.empty()) {
-        std::fprintf(stderr, "trainctl render: --env goes with --format kustomize\n");
-        *code = kExitInvalidSpec;
-        return;
-      }
-      const std::string yaml = k8s::ToYaml(k8s::Render(*spec, f->format));
-      if (f->out.empty()) {
-        std::fputs(yaml.c_str(), stdout);
-        return;
-      }
-      if (Status st = WriteTree(f->out, {{spec->name + ".yaml", yaml}}); !st.ok()) {
-        std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());
-        *code = kExitError;
-        return;
-      }
-      std::printf("wrote %s/%s.yaml\n%s", f->out.c_str(), spec->name.c_str(), TokenSecretHint(*spec).c_str());
-      return;
-    }
-    if (f->out.empty()) {
-      std::fprintf(stderr, "trainctl render: --format kustomize writes a directory tree; give it with -o DIR\n");
-      *code = kExitInvalidSpec;
-      return;
-    }
-    std::vector<std::pair<std::string, JobSpec>> envs;
-    for (const auto& e : f->envs) {
-      auto eq = e.find('=');
-      const std::string name = e.substr(0, eq);
-      if (eq == std::string::npos || name.empty() || eq + 1 == e.size() ||
-          name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-_") != std::string::npos) {
-        std::fprintf(stderr, "trainctl render: --env %s: expected NAME=FILE[,FILE...], NAME in "
-                             "lowercase letters, digits, '-' and '_'\n", e.c_str());
-        *code = kExitInvalidSpec;
-        return;
-      }
-      SpecFlags layered = f->spec;
-      for (const auto& file : Split(e.substr(eq + 1), ',')) layered.files.push_back(file);
-      auto env_spec = LoadOrReport(layered);
-      if (!env_spec) {
-        *code = kExitInvalidSpec;
-        return;
-      }
-      envs.emplace_back(name, *env_spec);
-    }
-    RemoveStaleOverlays(f->out, envs);
-    auto files = k8s::Kustomize(*spec, envs, "job");
-    if (Status st = WriteTree(f->out, files); !st.ok()) {
-      std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());
-      *code = kExitError;
-      return;
-    }
-    std::printf("wrote %zu files under %s: base/ and %zu overlay(s); apply one with "
-                "kubectl apply -k %s/overlays/NAME\n%s", files.size(), f->out.c_str(), envs.size(),
-                f->out.c_str(), TokenSecretHint(*spec).c_str());
-  });
+  cmd->callback([f, code] { *code = Render(*f); });
   (void)flags;
 }
 

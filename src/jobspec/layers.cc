@@ -95,34 +95,8 @@ class Summarizer {
     switch (l.kind) {
       case Kind::kConv:
       case Kind::kMaxPool:
-      case Kind::kAvgPool: {
-        if (!image) return Bad(l, index, in, "expected an image (channels x rows x cols); put it before flatten");
-        if (l.kernel < 1 || l.stride < 1 || l.padding < 0) return Bad(l, index, in, "kernel and stride must be at least 1");
-        if (l.kind != Kind::kConv && 2 * l.padding > l.kernel) {
-          return Bad(l, index, in, "padding " + std::to_string(l.padding) + " is more than half the kernel " +
-                                       std::to_string(l.kernel) + " (PyTorch refuses it)");
-        }
-        const int64_t rows = SlideWindow(in[1], l.kernel, l.stride, l.padding);
-        const int64_t cols = SlideWindow(in[2], l.kernel, l.stride, l.padding);
-        if (rows < 1 || cols < 1) {
-          return Bad(l, index, in, "a " + Window(l) + " window does not fit in " + std::to_string(in[1]) + "x" +
-                                       std::to_string(in[2]) + " pixels");
-        }
-        int64_t params = 0, channels = in[0];
-        if (l.kind == Kind::kConv) {
-          if (l.out < 1) return Bad(l, index, in, "expected channels, the number of output channels");
-          if (in[0] % l.groups != 0 || l.out % l.groups != 0) {
-            return Bad(l, index, in, "groups " + std::to_string(l.groups) + " must divide the input's " +
-                                         std::to_string(in[0]) + " and the output's " + std::to_string(l.out) +
-                                         " channels");
-          }
-          channels = l.out;
-          params = l.out * (in[0] / l.groups) * l.kernel * l.kernel + (l.bias ? l.out : 0);
-        }
-        *shape = {channels, rows, cols};
-        Row(l, index, *shape, params, l.name);
-        return Status::Ok();
-      }
+      case Kind::kAvgPool:
+        return ApplyWindow(l, index, shape);
       case Kind::kGlobalAvgPool:
         if (!image) return Bad(l, index, in, "expected an image (channels x rows x cols); put it before flatten");
         *shape = {in[0], 1, 1};
@@ -144,59 +118,102 @@ class Summarizer {
         if (l.kind == Kind::kDropout && !(l.p >= 0 && l.p < 1)) return Bad(l, index, in, "p must be from 0 to below 1");
         Row(l, index, in, 0, "");
         return Status::Ok();
-      case Kind::kLinear: {
-        if (image) {
-          return Bad(l, index, in, "expected features, not an image; put flatten (or global_avgpool, flatten) "
-                                   "before it");
-        }
-        int64_t out = l.out;
-        if (out == 0) {
-          if (!last) return Bad(l, index, in, "expected features, the number of outputs (only the last layer "
-                                              "may leave it out: it outputs the classes)");
-          out = classes_;
-        }
-        *shape = {out};
-        LayerSpec sized = l;
-        sized.out = out;
-        Row(sized, index, *shape, in[0] * out + (l.bias ? out : 0), l.name);
-        return Status::Ok();
-      }
-      case Kind::kResidual: {
-        if (l.body.empty()) return Bad(l, index, in, "expected layers, the block's body");
-        std::vector<int64_t> out = in;
-        const size_t row = summary.rows.size();
-        Row(l, index, in, 0, "");  // its output shape and parameters are known after its body
-        RETURN_IF_ERROR(Follow(l.body, index + ".", &out, false));
-        int64_t params = 0;
-        for (size_t r = row + 1; r < summary.rows.size(); ++r) params += summary.rows[r].params;
-        if (l.projection == "conv" || (l.projection == "auto" && out != in)) {
-          if (!image || out.size() != 3) {
-            return Bad(l, index, in, "a projection needs an image in and out; the body outputs " + ShapeText(out));
-          }
-          // A 1x1 convolution with the stride that takes the input's size to the body's.
-          const int64_t stride = ProjectionStride(in, out);
-          if (!stride) {
-            return Bad(l, index, in, "no 1x1 projection with a stride takes it to the body's output " +
-                                         ShapeText(out));
-          }
-          const int64_t projection = in[0] * out[0] + 2 * out[0];
-          summary.rows.push_back({index + ".downsample", l.name + ".downsample",
-                                  "projection: conv 1x1" + (stride > 1 ? " /" + std::to_string(stride) : std::string()) +
-                                      ", " + std::to_string(out[0]) + "; batchnorm",
-                                  out, projection});
-          summary.params += projection;
-          params += projection;
-        } else if (out != in) {
-          return Bad(l, index, in, "its body outputs " + ShapeText(out) + ", which cannot be added to its input; "
-                                   "expected projection: auto or conv");
-        }
-        summary.rows[row].shape = out;
-        summary.rows[row].what += params ? ", " + std::to_string(params) + " parameters" : "";
-        *shape = out;
-        return Status::Ok();
-      }
+      case Kind::kLinear:
+        return ApplyLinear(l, index, last, shape);
+      case Kind::kResidual:
+        return ApplyResidual(l, index, shape);
     }
     return Bad(l, index, in, "unknown layer");
+  }
+
+  // A convolution or a pooling: a window slid over the image.
+  Status ApplyWindow(const LayerSpec& l, const std::string& index, std::vector<int64_t>* shape) {
+    const std::vector<int64_t> in = *shape;
+    const bool image = in.size() == 3;
+    if (!image) return Bad(l, index, in, "expected an image (channels x rows x cols); put it before flatten");
+    if (l.kernel < 1 || l.stride < 1 || l.padding < 0) return Bad(l, index, in, "kernel and stride must be at least 1");
+    if (l.kind != Kind::kConv && 2 * l.padding > l.kernel) {
+      return Bad(l, index, in, "padding " + std::to_string(l.padding) + " is more than half the kernel " +
+                                   std::to_string(l.kernel) + " (PyTorch refuses it)");
+    }
+    const int64_t rows = SlideWindow(in[1], l.kernel, l.stride, l.padding);
+    const int64_t cols = SlideWindow(in[2], l.kernel, l.stride, l.padding);
+    if (rows < 1 || cols < 1) {
+      return Bad(l, index, in, "a " + Window(l) + " window does not fit in " + std::to_string(in[1]) + "x" +
+                                   std::to_string(in[2]) + " pixels");
+    }
+    int64_t params = 0, channels = in[0];
+    if (l.kind == Kind::kConv) {
+      if (l.out < 1) return Bad(l, index, in, "expected channels, the number of output channels");
+      if (in[0] % l.groups != 0 || l.out % l.groups != 0) {
+        return Bad(l, index, in, "groups " + std::to_string(l.groups) + " must divide the input's " +
+                                     std::to_string(in[0]) + " and the output's " + std::to_string(l.out) +
+                                     " channels");
+      }
+      channels = l.out;
+      params = l.out * (in[0] / l.groups) * l.kernel * l.kernel + (l.bias ? l.out : 0);
+    }
+    *shape = {channels, rows, cols};
+    Row(l, index, *shape, params, l.name);
+    return Status::Ok();
+  }
+
+  Status ApplyLinear(const LayerSpec& l, const std::string& index, bool last, std::vector<int64_t>* shape) {
+    const std::vector<int64_t> in = *shape;
+    const bool image = in.size() == 3;
+    if (image) {
+      return Bad(l, index, in, "expected features, not an image; put flatten (or global_avgpool, flatten) "
+                               "before it");
+    }
+    int64_t out = l.out;
+    if (out == 0) {
+      if (!last) return Bad(l, index, in, "expected features, the number of outputs (only the last layer "
+                                          "may leave it out: it outputs the classes)");
+      out = classes_;
+    }
+    *shape = {out};
+    LayerSpec sized = l;
+    sized.out = out;
+    Row(sized, index, *shape, in[0] * out + (l.bias ? out : 0), l.name);
+    return Status::Ok();
+  }
+
+  // A block whose output is its body's plus its input (projected when their shapes differ).
+  Status ApplyResidual(const LayerSpec& l, const std::string& index, std::vector<int64_t>* shape) {
+    const std::vector<int64_t> in = *shape;
+    const bool image = in.size() == 3;
+    if (l.body.empty()) return Bad(l, index, in, "expected layers, the block's body");
+    std::vector<int64_t> out = in;
+    const size_t row = summary.rows.size();
+    Row(l, index, in, 0, "");  // its output shape and parameters are known after its body
+    RETURN_IF_ERROR(Follow(l.body, index + ".", &out, false));
+    int64_t params = 0;
+    for (size_t r = row + 1; r < summary.rows.size(); ++r) params += summary.rows[r].params;
+    if (l.projection == "conv" || (l.projection == "auto" && out != in)) {
+      if (!image || out.size() != 3) {
+        return Bad(l, index, in, "a projection needs an image in and out; the body outputs " + ShapeText(out));
+      }
+      // A 1x1 convolution with the stride that takes the input's size to the body's.
+      const int64_t stride = ProjectionStride(in, out);
+      if (!stride) {
+        return Bad(l, index, in, "no 1x1 projection with a stride takes it to the body's output " +
+                                     ShapeText(out));
+      }
+      const int64_t projection = in[0] * out[0] + 2 * out[0];
+      summary.rows.push_back({index + ".downsample", l.name + ".downsample",
+                              "projection: conv 1x1" + (stride > 1 ? " /" + std::to_string(stride) : std::string()) +
+                                  ", " + std::to_string(out[0]) + "; batchnorm",
+                              out, projection});
+      summary.params += projection;
+      params += projection;
+    } else if (out != in) {
+      return Bad(l, index, in, "its body outputs " + ShapeText(out) + ", which cannot be added to its input; "
+                               "expected projection: auto or conv");
+    }
+    summary.rows[row].shape = out;
+    summary.rows[row].what += params ? ", " + std::to_string(params) + " parameters" : "";
+    *shape = out;
+    return Status::Ok();
   }
 
   int classes_;

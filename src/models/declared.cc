@@ -233,6 +233,36 @@ class Declared : public Classifier {
     return kernels::BatchNormRelu(x, bn->weight, bn->bias, mean, var, momentum, o.eps(), relu);
   }
 
+  // A convolution: with the pooling and ReLU after it in one of our kernels where they fuse (the
+  // image's first layer; Winograd; oneDNN's bf16 blocked convolution), else oneDNN's or ATen's.
+  // Returns how many layers it ran; `how` says whose kernels.
+  size_t Conv(std::vector<Built>& layers, size_t i, bool first, torch::Tensor* x, std::string* how) {
+    Built& b = layers[i];
+    if (const size_t fused = Fusable(layers, i, *x, first)) {
+      const bool relu = fused == 3;
+      const std::string pool = relu ? "maxpool+relu" : "maxpool";
+      if (first) {
+        *x = kernels::ImageConvPoolRelu(*x, b.conv->weight, b.conv->bias, relu);
+        *how = "ours (conv+" + pool + ", image)";
+      } else if (Bf16Blocked()) {
+        *x = Bf16ConvPoolRelu(*x, b, relu);
+        *how = "oneDNN bf16 (conv, blocked) + ours (" + pool + ")";
+      } else {
+        *x = kernels::ConvPoolRelu(*x, b.conv->weight, b.conv->bias, relu);
+        *how = "ours (conv+" + pool + ", Winograd)";
+      }
+      return fused;
+    }
+    if (torch::Tensor y = OneDnnConv(*x, b); y.defined()) {
+      *x = y;
+      *how = Bf16Autocast() ? "oneDNN bf16 (conv, channels-last)" : "oneDNN (conv, channels-last)";
+    } else {
+      *x = b.conv->forward(*x);
+      *how = "ATen";
+    }
+    return 1;
+  }
+
   torch::Tensor Run(std::vector<Built>& layers, torch::Tensor x, bool input, const std::string& prefix,
                     std::vector<std::string>* where) {
     auto note = [&](size_t i, const std::string& how) {
@@ -243,29 +273,13 @@ class Declared : public Classifier {
       const LayerSpec& l = b.spec;
       const bool cpu_f32 = x.is_cpu() && x.scalar_type() == torch::kFloat32;
       switch (l.kind) {
-        case Kind::kConv:
-          if (const size_t fused = Fusable(layers, i, x, input && i == 0)) {
-            const bool image = input && i == 0, relu = fused == 3;
-            const std::string pool = relu ? "maxpool+relu" : "maxpool";
-            if (image) {
-              x = kernels::ImageConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);
-              note(i, "ours (conv+" + pool + ", image)");
-            } else if (Bf16Blocked()) {
-              x = Bf16ConvPoolRelu(x, b, relu);
-              note(i, "oneDNN bf16 (conv, blocked) + ours (" + pool + ")");
-            } else {
-              x = kernels::ConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);
-              note(i, "ours (conv+" + pool + ", Winograd)");
-            }
-            i += fused - 1;
-          } else if (torch::Tensor y = OneDnnConv(x, b); y.defined()) {
-            x = y;
-            note(i, Bf16Autocast() ? "oneDNN bf16 (conv, channels-last)" : "oneDNN (conv, channels-last)");
-          } else {
-            x = b.conv->forward(x);
-            note(i, "ATen");
-          }
+        case Kind::kConv: {
+          std::string how;
+          const size_t ran = Conv(layers, i, input && i == 0, &x, &how);
+          note(i, how);
+          i += ran - 1;
           break;
+        }
         case Kind::kBatchNorm:
           // A bf16 activation (a convolution's under autocast) too, in f32: ATen's bf16 batch norm
           // and ReLU cost more than the conversion.

@@ -252,39 +252,135 @@ void HttpServer::Work() {
   }
 }
 
-void HttpServer::Loop() {
-  std::deque<Pending> pending;    // oldest first
-  std::deque<Pending> lingering;  // answered and refused: read until the client closes
-  Clock::time_point resting_until;
-  std::vector<pollfd> fds;
+void HttpServer::Refuse(int fd, int status, const std::string& why) {
+  HttpResponse res;
+  res.status = status;
+  res.set_content(why + "\n", "text/plain");
+  std::string out = "HTTP/1.1 " + std::to_string(status) + " " + Reason(status) + "\r\nContent-Type: text/plain\r\n"
+                    "Content-Length: " + std::to_string(res.body.size()) + "\r\nConnection: close\r\n\r\n" + res.body;
+  ssize_t ignored = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);  // best effort, never waits
+  (void)ignored;
+  // Closed only once what the client still sends is read (a second at most, 256 KiB at most):
+  // closing with unread bytes would reset the connection and lose the answer on its way.
+  ::shutdown(fd, SHUT_WR);
+  if (lingering_.size() >= limits_.max_connections) {
+    ::close(lingering_.front().fd);
+    lingering_.pop_front();
+  }
+  lingering_.push_back({fd, Clock::now() + std::chrono::seconds(1), {}, 0});
+}
+
+void HttpServer::ReadLingering(const pollfd* revents) {
+  // Refused connections: what the client still sends is read and dropped until it closes.
   char buf[4096];
-  auto refuse = [&](int fd, int status, const std::string& why) {
-    HttpResponse res;
-    res.status = status;
-    res.set_content(why + "\n", "text/plain");
-    std::string out = "HTTP/1.1 " + std::to_string(status) + " " + Reason(status) + "\r\nContent-Type: text/plain\r\n"
-                      "Content-Length: " + std::to_string(res.body.size()) + "\r\nConnection: close\r\n\r\n" + res.body;
-    ssize_t ignored = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);  // best effort, never waits
-    (void)ignored;
-    // Closed only once what the client still sends is read (a second at most, 256 KiB at most):
-    // closing with unread bytes would reset the connection and lose the answer on its way.
-    ::shutdown(fd, SHUT_WR);
-    if (lingering.size() >= limits_.max_connections) {
-      ::close(lingering.front().fd);
-      lingering.pop_front();
+  const auto now = Clock::now();
+  std::deque<Pending> still;
+  for (size_t i = 0; i < lingering_.size(); ++i) {
+    Pending& l = lingering_[i];
+    bool close = now >= l.deadline;
+    if (!close && revents[i].revents) {
+      const ssize_t n = ::recv(l.fd, buf, sizeof buf, MSG_DONTWAIT);
+      close = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
+      if (n > 0) l.dropped += static_cast<size_t>(n);
+      close = close || l.dropped >= (1 << 18);
     }
-    lingering.push_back({fd, Clock::now() + std::chrono::seconds(1), {}, 0});
-  };
+    if (close) {
+      ::close(l.fd);
+    } else {
+      still.push_back(std::move(l));
+    }
+  }
+  lingering_.swap(still);
+}
+
+void HttpServer::ReadHeads(const pollfd* revents) {
+  // Heads that grew: complete ones go to the workers, bad ones are refused.
+  char buf[4096];
+  std::vector<bool> done(pending_.size(), false);
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (revents[i].revents == 0) continue;
+    Pending& p = pending_[i];
+    const ssize_t n = ::recv(p.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+      ::close(p.fd);
+      done[i] = true;
+      continue;
+    }
+    if (n < 0) continue;
+    p.head.append(buf, static_cast<size_t>(n));
+    const size_t end = p.head.find("\r\n\r\n");
+    if (end == std::string::npos) {
+      if (p.head.size() > limits_.max_head) {
+        Refuse(p.fd, 431, "request head larger than " + std::to_string(limits_.max_head) + " bytes");
+        done[i] = true;
+      }
+      continue;
+    }
+    HttpRequest req;
+    std::string why;
+    if (int status = Parse(p.head.substr(0, end + 2), &req, &why); status != 0) {
+      Refuse(p.fd, status, why);
+    } else {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.size() >= 256) {
+        Refuse(p.fd, 503, "busy");
+      } else {
+        queue_.emplace_back(p.fd, std::move(req));
+        ready_.notify_one();
+      }
+    }
+    done[i] = true;
+  }
+  // Heads not whole by their deadline: closed.
+  const auto now = Clock::now();
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (!done[i] && now >= pending_[i].deadline) {
+      Refuse(pending_[i].fd, 408, "the request head did not arrive in time");
+      done[i] = true;
+    }
+  }
+  std::deque<Pending> kept;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (!done[i]) kept.push_back(std::move(pending_[i]));
+  }
+  pending_.swap(kept);
+}
+
+void HttpServer::AcceptAll() {
+  while (true) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+      if (pending_.empty()) {
+        resting_until_ = Clock::now() + std::chrono::milliseconds(100);
+        break;
+      }
+      ::close(pending_.front().fd);  // the oldest unfinished one makes way
+      pending_.pop_front();
+      continue;
+    }
+    if (fd < 0) break;
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (pending_.size() >= limits_.max_connections) {  // the oldest unfinished one makes way
+      ::close(pending_.front().fd);
+      pending_.pop_front();
+    }
+    pending_.push_back({fd, Clock::now() + limits_.head_deadline, {}, 0});
+  }
+}
+
+void HttpServer::Loop() {
+  std::vector<pollfd> fds;
   while (!stopping_) {
     fds.clear();
     // Out of descriptors with nothing to close: the listener rests a moment rather than spin.
-    fds.push_back({listen_fd_, static_cast<short>(Clock::now() < resting_until ? 0 : POLLIN), 0});
+    fds.push_back({listen_fd_, static_cast<short>(Clock::now() < resting_until_ ? 0 : POLLIN), 0});
     fds.push_back({wake_[0], POLLIN, 0});
-    for (const auto& p : pending) fds.push_back({p.fd, POLLIN, 0});
-    for (const auto& p : lingering) fds.push_back({p.fd, POLLIN, 0});
-    int timeout_ms = lingering.empty() ? 1000 : 100;
-    if (!pending.empty()) {
-      auto soonest = std::min_element(pending.begin(), pending.end(),
+    for (const auto& p : pending_) fds.push_back({p.fd, POLLIN, 0});
+    for (const auto& p : lingering_) fds.push_back({p.fd, POLLIN, 0});
+    int timeout_ms = lingering_.empty() ? 1000 : 100;
+    if (!pending_.empty()) {
+      auto soonest = std::min_element(pending_.begin(), pending_.end(),
                                       [](const Pending& a, const Pending& b) { return a.deadline < b.deadline; });
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(soonest->deadline - Clock::now()).count();
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 1000));
@@ -292,106 +388,16 @@ void HttpServer::Loop() {
     const int rc = ::poll(fds.data(), fds.size(), timeout_ms);
     if (rc < 0 && errno != EINTR) break;
     if (stopping_) break;
-    // Refused connections: what the client still sends is read and dropped until it closes.
-    {
-      const auto now = Clock::now();
-      std::deque<Pending> still;
-      for (size_t i = 0; i < lingering.size(); ++i) {
-        Pending& l = lingering[i];
-        bool close = now >= l.deadline;
-        if (!close && fds[2 + pending.size() + i].revents) {
-          const ssize_t n = ::recv(l.fd, buf, sizeof buf, MSG_DONTWAIT);
-          close = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR);
-          if (n > 0) l.dropped += static_cast<size_t>(n);
-          close = close || l.dropped >= (1 << 18);
-        }
-        if (close) {
-          ::close(l.fd);
-        } else {
-          still.push_back(std::move(l));
-        }
-      }
-      lingering.swap(still);
-    }
-    // Heads that grew: complete ones go to the workers, bad ones are refused.
-    std::vector<bool> done(pending.size(), false);
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (fds[i + 2].revents == 0) continue;
-      Pending& p = pending[i];
-      const ssize_t n = ::recv(p.fd, buf, sizeof buf, MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-        ::close(p.fd);
-        done[i] = true;
-        continue;
-      }
-      if (n < 0) continue;
-      p.head.append(buf, static_cast<size_t>(n));
-      const size_t end = p.head.find("\r\n\r\n");
-      if (end == std::string::npos) {
-        if (p.head.size() > limits_.max_head) {
-          refuse(p.fd, 431, "request head larger than " + std::to_string(limits_.max_head) + " bytes");
-          done[i] = true;
-        }
-        continue;
-      }
-      HttpRequest req;
-      std::string why;
-      if (int status = Parse(p.head.substr(0, end + 2), &req, &why); status != 0) {
-        refuse(p.fd, status, why);
-      } else {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (queue_.size() >= 256) {
-          refuse(p.fd, 503, "busy");
-        } else {
-          queue_.emplace_back(p.fd, std::move(req));
-          ready_.notify_one();
-        }
-      }
-      done[i] = true;
-    }
-    // Heads not whole by their deadline: closed.
-    const auto now = Clock::now();
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (!done[i] && now >= pending[i].deadline) {
-        refuse(pending[i].fd, 408, "the request head did not arrive in time");
-        done[i] = true;
-      }
-    }
-    std::deque<Pending> kept;
-    for (size_t i = 0; i < pending.size(); ++i) {
-      if (!done[i]) kept.push_back(std::move(pending[i]));
-    }
-    pending.swap(kept);
+    ReadLingering(fds.data() + 2 + pending_.size());  // before ReadHeads refuses more
+    ReadHeads(fds.data() + 2);
     if (fds[1].revents) {
       char drain[64];
       while (::read(wake_[0], drain, sizeof drain) > 0) {
       }
     }
-    if (fds[0].revents) {
-      while (true) {
-        const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
-          if (pending.empty()) {
-            resting_until = Clock::now() + std::chrono::milliseconds(100);
-            break;
-          }
-          ::close(pending.front().fd);  // the oldest unfinished one makes way
-          pending.pop_front();
-          continue;
-        }
-        if (fd < 0) break;
-        const int one = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        if (pending.size() >= limits_.max_connections) {  // the oldest unfinished one makes way
-          ::close(pending.front().fd);
-          pending.pop_front();
-        }
-        pending.push_back({fd, Clock::now() + limits_.head_deadline, {}, 0});
-      }
-    }
+    if (fds[0].revents) AcceptAll();
   }
-  for (const auto& p : pending) ::close(p.fd);
-  for (const auto& p : lingering) ::close(p.fd);
+  for (const auto& p : pending_) ::close(p.fd);
+  for (const auto& p : lingering_) ::close(p.fd);
 }
-
 }  // namespace trainctl::monitor

@@ -8,6 +8,8 @@
 // Plugin side (trainctl-http.so); internal to monitor/.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -83,7 +85,13 @@ class HttpServer : public HttpService {
     std::string head;
     size_t dropped = 0;  // bytes read and dropped after a refusal
   };
+  // The accepting thread: reads each connection's head (within its deadline, of bounded size) and
+  // queues the request for the workers, or refuses it. Its state is its own (pending_, lingering_).
   void Loop();
+  void Refuse(int fd, int status, const std::string& why);  // answers, then lingers until closed
+  void ReadLingering(const pollfd* revents);                // one per lingering_ connection
+  void ReadHeads(const pollfd* revents);                    // one per pending_ connection
+  void AcceptAll();
   void Work();
   // Parses a complete head; a status other than 0 refuses it (with `why`).
   int Parse(const std::string& head, HttpRequest* req, std::string* why) const;
@@ -91,6 +99,9 @@ class HttpServer : public HttpService {
   void Answer(int fd, const HttpResponse& res);
 
   Limits limits_;
+  std::deque<Pending> pending_;    // heads not whole yet, oldest first
+  std::deque<Pending> lingering_;  // answered and refused: read until the client closes
+  Clock::time_point resting_until_;  // out of descriptors: the listener rests until then
   std::vector<std::pair<std::regex, Handler>> routes_;
   Filter filter_;
   int listen_fd_ = -1, wake_[2] = {-1, -1};

@@ -488,62 +488,9 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     // On a GPU the phases are the host's: its kernels run behind it, and it waits for them only
     // where it reads a result (a log line, a checkpoint).
     metrics::Timeline::Step phases(timeline_.get(), s_.step + 1);
-    const auto fetch = Clock::now();
-    Enter(comm::Phase::kData);
-    if (Balanced()) {
-      int64_t offset = 0;
-      for (int r = 0; r < s_.rank; ++r) offset += shares_[r];
-      batches_->SetShare(offset, shares_[s_.rank]);
-    }
-    Batch b = batches_->Next();
-    RETURN_IF_ERROR(b.error);
-    window_data += SecondsSince(fetch);
-    phases.Items(b.x.size(0));
-    if (ChannelsLast()) b.x = b.x.contiguous(torch::MemoryFormat::ChannelsLast);
-    phases.End("data");
-    s_.reducer->ZeroGrad();
-    // Dropout's masks come from the generator: seeded from the step and rank, so a resumed run
-    // draws what the uninterrupted one drew (the generator's state is in no checkpoint).
-    if (random_layers_) {
-      torch::manual_seed(static_cast<uint64_t>(t_.seed) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(s_.step) * 65537u +
-                         static_cast<uint64_t>(s_.rank));
-    }
-    torch::Tensor logits;
-    Enter(comm::Phase::kForward);
-    {
-      Autocast autocast(t_.precision == "bf16", s_.device);
-      logits = s_.model->forward(b.x);
-    }
-    torch::Tensor loss = torch::nn::functional::cross_entropy(
-        logits.to(torch::kFloat32), b.y,
-        torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(t_.label_smoothing));
-    // A rank's loss is the mean over its items; weighted by its part of the global batch, the
-    // ranks' average is the mean over the global batch, as with even parts.
-    if (Balanced() && shares_[s_.rank] != s_.batch) loss = loss * (double(shares_[s_.rank]) / double(s_.batch));
-    phases.End("forward");
-    Enter(comm::Phase::kBackward);
-    loss.backward();
-    phases.End("backward");
-    if (Balanced()) {
-      work_seconds_ += SecondsSince(fetch);
-      work_items_ += b.x.size(0);
-    }
-    Enter(comm::Phase::kGradients);
-    RETURN_IF_ERROR(s_.reducer->Finish());
-    Enter(comm::Phase::kApply);
-    lr = LearningRate(t_.optimizer, t_.schedule, s_.step, s_.total_steps, s_.world);
-    if (strategy_->Collective()) phases.End("gradient average");
-    RETURN_IF_ERROR(strategy_->Apply(s_, lr));
-    phases.End(strategy_->ApplyPhase());
-    ++s_.step;
-    ++s_.batch_in_epoch;
-    last_saved_ = false;
-    if (watchdog_) watchdog_->StepDone(SecondsSince(fetch));
-    if (Balanced() && s_.step % kBalanceEvery == 0) {
-      Enter(comm::Phase::kCollective);
-      RETURN_IF_ERROR(Rebalance());
-      phases.End("balance");
-    }
+    auto stepped = Step(phases, &window_data, &lr);
+    if (!stepped.ok()) return stepped.status();
+    const torch::Tensor& loss = *stepped;
     loss_sum.add_(loss.detach());
     loss_count += 1;
     window_samples += s_.batch * s_.world;
@@ -579,6 +526,70 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
   }
   double seconds = SecondsSince(epoch_start);
   const double waited = epoch_comm + strategy_->TakeWaitSeconds(s_);
+  return EndEpoch(epoch, first_batch, count, seconds, waited);
+}
+
+Result<torch::Tensor> Trainer::Step(metrics::Timeline::Step& phases, double* data_seconds, double* lr) {
+  const auto fetch = Clock::now();
+  Enter(comm::Phase::kData);
+  if (Balanced()) {
+    int64_t offset = 0;
+    for (int r = 0; r < s_.rank; ++r) offset += shares_[r];
+    batches_->SetShare(offset, shares_[s_.rank]);
+  }
+  Batch b = batches_->Next();
+  RETURN_IF_ERROR(b.error);
+  *data_seconds += SecondsSince(fetch);
+  phases.Items(b.x.size(0));
+  if (ChannelsLast()) b.x = b.x.contiguous(torch::MemoryFormat::ChannelsLast);
+  phases.End("data");
+  s_.reducer->ZeroGrad();
+  // Dropout's masks come from the generator: seeded from the step and rank, so a resumed run
+  // draws what the uninterrupted one drew (the generator's state is in no checkpoint).
+  if (random_layers_) {
+    torch::manual_seed(static_cast<uint64_t>(t_.seed) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(s_.step) * 65537u +
+                       static_cast<uint64_t>(s_.rank));
+  }
+  torch::Tensor logits;
+  Enter(comm::Phase::kForward);
+  {
+    Autocast autocast(t_.precision == "bf16", s_.device);
+    logits = s_.model->forward(b.x);
+  }
+  torch::Tensor loss = torch::nn::functional::cross_entropy(
+      logits.to(torch::kFloat32), b.y,
+      torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(t_.label_smoothing));
+  // A rank's loss is the mean over its items; weighted by its part of the global batch, the
+  // ranks' average is the mean over the global batch, as with even parts.
+  if (Balanced() && shares_[s_.rank] != s_.batch) loss = loss * (double(shares_[s_.rank]) / double(s_.batch));
+  phases.End("forward");
+  Enter(comm::Phase::kBackward);
+  loss.backward();
+  phases.End("backward");
+  if (Balanced()) {
+    work_seconds_ += SecondsSince(fetch);
+    work_items_ += b.x.size(0);
+  }
+  Enter(comm::Phase::kGradients);
+  RETURN_IF_ERROR(s_.reducer->Finish());
+  Enter(comm::Phase::kApply);
+  *lr = LearningRate(t_.optimizer, t_.schedule, s_.step, s_.total_steps, s_.world);
+  if (strategy_->Collective()) phases.End("gradient average");
+  RETURN_IF_ERROR(strategy_->Apply(s_, *lr));
+  phases.End(strategy_->ApplyPhase());
+  ++s_.step;
+  ++s_.batch_in_epoch;
+  last_saved_ = false;
+  if (watchdog_) watchdog_->StepDone(SecondsSince(fetch));
+  if (Balanced() && s_.step % kBalanceEvery == 0) {
+    Enter(comm::Phase::kCollective);
+    RETURN_IF_ERROR(Rebalance());
+    phases.End("balance");
+  }
+  return loss;
+}
+
+Status Trainer::EndEpoch(int64_t epoch, int64_t first_batch, int64_t count, double seconds, double waited) {
   LOG_INFO("epoch {}: {:.2f} s training, {:.2f} s of it waiting for the {}", epoch + 1, seconds,
            waited, strategy_->WaitName());
   if (train_set_.stream) {  // each rank its own shard's: every name once, in the file

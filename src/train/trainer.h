@@ -140,6 +140,11 @@ class Trainer : private StateSource {
   Status Setup();
   Status LoadNewest(ResumePoint* p, int64_t* optimizer_steps) override;
   Status TrainEpoch(int64_t epoch, int64_t first_batch);
+  // One training step: a batch, forward, backward, the gradients exchanged and applied at `*lr`.
+  // Adds the seconds spent waiting for the batch to `*data_seconds`; returns the step's loss.
+  Result<torch::Tensor> Step(metrics::Timeline::Step& phases, double* data_seconds, double* lr);
+  // The epoch's end: its line in the log and, on rank 0, in metrics.jsonl (`count` steps in `seconds`).
+  Status EndEpoch(int64_t epoch, int64_t first_batch, int64_t count, double seconds, double waited);
   Status EvalEpoch(int64_t epoch);
   Status SaveCheckpoint();
   Status SaveSnapshot();

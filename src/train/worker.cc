@@ -25,6 +25,153 @@
 
 namespace trainctl::train {
 
+namespace {
+
+// A configuration error (kInvalidArgument: a dataset that is not there, a checkpoint of another
+// model, a GPU this build cannot use) fails the same way every time: exit code 2 tells the agent
+// not to spend the restart budget on it. Anything else may pass (a peer lost). The error file
+// torchrun's contract asks for, as torch's @record writes it: the agent reads it for the report
+// and to find the first failure across ranks.
+int Fail(const std::string& error_file, const Status& st) {
+  LOG_ERROR("{}", st.message());
+  if (!error_file.empty()) {
+    TaskError e{std::string(CodeName(st.code())) + ": " + st.message(), "", static_cast<int64_t>(std::time(nullptr))};
+    if (Status w = AtomicWriteFile(error_file, ErrorFileJson(e)); !w.ok()) LOG_WARN("{}", w.message());
+  }
+  return st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
+}
+
+// The device this worker trains on (device: cuda: one GPU per worker of the node, by local rank),
+// and LibTorch's threads and determinism set for it.
+Result<torch::Device> SetUpDevice(const TrainerSpec& t, const TaskEnv& env) {
+  torch::Device device(torch::kCPU);
+  if (t.device == "cuda") {
+    if (!torch::cuda::is_available()) {
+      return InvalidArgument(
+          "trainer.device: cuda, but this worker cannot use a GPU: either this trainctl was built "
+          "against a LibTorch without CUDA (Debian's is CPU-only; see docs/trainer.md, GPUs) or "
+          "no GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)");
+    }
+    if (!comm::NcclAvailable()) {
+      return InvalidArgument("trainer.device: cuda needs the NCCL backend, and this trainctl "
+                             "was built without NCCL (see docs/trainer.md, GPUs)");
+    }
+    // One GPU per worker on each node, as torchrun scripts use LOCAL_RANK. NCCL refuses two
+    // ranks on one GPU, so more workers than GPUs is a spec error, said before NCCL says it.
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    if (env.local_world_size > gpus) {
+      return InvalidArgument("trainer.device: cuda: " + std::to_string(env.local_world_size) +
+                             " workers on this node but " + std::to_string(gpus) +
+                             " GPU(s); expected procs_per_node at most " + std::to_string(gpus) +
+                             " (one GPU per worker)");
+    }
+    device = torch::Device(torch::kCUDA, env.local_rank % gpus);
+    // Deterministic cuBLAS needs a fixed workspace, chosen before the first cuBLAS call.
+    if (t.deterministic) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  }
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  int threads = t.threads > 0 ? t.threads : omp && *omp ? std::atoi(omp) : 1;
+  at::set_num_interop_threads(1);
+  at::set_num_threads(std::max(1, threads));
+  if (t.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
+  // Every training batch has the same shape (the sampler drops a short last batch): cuDNN times
+  // its algorithms once. The fastest one is not always deterministic.
+  if (device.is_cuda()) at::globalContext().setBenchmarkCuDNN(t.cudnn_benchmark && !t.deterministic);
+  return device;
+}
+
+// How this training rank exchanges gradients: with the parameter servers (`*ps`, and a local
+// communicator for the rest), or a collective among the workers: NCCL on GPUs, shared memory
+// when every rank is on this host, else Gloo over TCP.
+struct Exchange {
+  std::unique_ptr<comm::Communicator> comm;
+  std::unique_ptr<comm::ps::Client> ps;
+};
+Result<Exchange> Connect(const JobSpec& spec, const TaskEnv& env, int rank, int world, const torch::Device& device,
+                         Store& comm_store, Duration comm_timeout) {
+  const TrainerSpec& t = spec.trainer;
+  Exchange x;
+  const std::string host = env.host.empty() ? "127.0.0.1" : env.host;
+  if (t.strategy == "parameter_server") {  // no collective among the workers
+    comm::ps::ClientOptions po;
+    try {
+      po.shards = nlohmann::json::parse(env.tf_config).at("cluster").at("ps").get<std::vector<std::string>>();
+    } catch (const nlohmann::json::exception& e) {
+      return Internal(std::string("TF_CONFIG names no parameter servers: ") + e.what());
+    }
+    po.token = env.store_token;
+    po.worker = rank;
+    po.local_host = host;
+    po.timeout = spec.timeouts.collective;
+    ASSIGN_OR_RETURN(x.ps, comm::ps::Client::Connect(po));
+    x.comm = comm::ConnectLocal();
+    return x;
+  }
+  const bool one_node = env.group_world_size == 1 || (spec.roles.empty() && env.local_world_size == world);
+  const bool nccl = device.is_cuda();  // the spec allows only nccl (or auto) with cuda
+  const bool shm = !nccl && (t.backend == "shm" || (t.backend == "auto" && one_node));
+  if (nccl) {
+    comm::NcclOptions no;
+    no.rank = rank;
+    no.size = world;
+    no.device = device.index();
+    no.timeout = comm_timeout;
+    ASSIGN_OR_RETURN(x.comm, comm::ConnectNccl(comm_store, no));
+  } else if (shm) {
+    comm::ShmOptions so;
+    so.rank = rank;
+    so.size = world;
+    so.timeout = comm_timeout;
+    ASSIGN_OR_RETURN(x.comm, comm::ConnectShm(comm_store, so));
+  } else {
+    comm::GlooOptions go;
+    go.rank = rank;
+    go.size = world;
+    go.host = host;
+    go.timeout = comm_timeout;
+    ASSIGN_OR_RETURN(x.comm, comm::ConnectGloo(comm_store, go));
+  }
+  return x;
+}
+
+// A rank that stops making progress is named within seconds, not at the collective timeout: the
+// others end the group (comm/progress.h). Its own store client: the loop's is not shared.
+std::unique_ptr<comm::ProgressWatchdog> StartWatchdog(const TaskEnv& env, int rank, int world,
+                                                      comm::Communicator* comm, Duration limit) {
+  auto own = OpenStore(env.store_addr, env.store_token);
+  if (!own.ok()) {
+    LOG_WARN("no progress watchdog: {}", own.status().message());
+    return nullptr;
+  }
+  comm::ProgressOptions po;
+  po.rank = rank;
+  po.size = world;
+  po.limit = limit;
+  po.behind = [comm] { return comm->Behind(); };
+  return std::make_unique<comm::ProgressWatchdog>(
+      std::make_unique<PrefixStore>(std::move(*own), env.store_prefix + keys::CommPrefix(env.round)), po,
+      [error_file = env.error_file](const Status& st) {
+        const int code = Fail(error_file, st);
+        std::fflush(nullptr);
+        ::_exit(code);
+      });
+}
+
+// The evaluator's part: each checkpoint as it appears, until the run's final model.
+int RunEvaluator(const JobSpec& spec, const TaskEnv& env) {
+  EvalOptions watch;
+  watch.watch = spec.checkpoint_dir;
+  watch.metrics_dir = spec.output_dir;
+  watch.threads = spec.trainer.threads;
+  watch.limit = spec.trainer.data.test_limit;
+  // A final model from before this run is not its end; one written since the run began is,
+  // even if this evaluator started after it (a late start on a busy machine, a restart).
+  watch.since = runs::RunStarted(spec.output_dir, env.run_id);
+  return RunEval(watch);
+}
+
+}  // namespace
+
 int RunTrainer(const TrainOptions& options) {
   const auto begun = Clock::now();
   log::SetLevel(options.log_level);
@@ -34,20 +181,8 @@ int RunTrainer(const TrainOptions& options) {
                          "trainer section): %s\n", env.status().message().c_str());
     return kExitInvalidSpec;
   }
-  // A configuration error (kInvalidArgument: a dataset that is not there, a checkpoint of
-  // another model, a GPU this build cannot use) fails the same way every time: exit code 2 tells
-  // the agent not to spend the restart budget on it. Anything else may pass (a peer lost).
-  // The error file torchrun's contract asks for, as torch's @record writes it: the agent reads it
-  // for the report and to find the first failure across ranks.
   const std::string error_file = env->error_file;
-  auto fail = [error_file](const Status& st) {
-    LOG_ERROR("{}", st.message());
-    if (!error_file.empty()) {
-      TaskError e{std::string(CodeName(st.code())) + ": " + st.message(), "", static_cast<int64_t>(std::time(nullptr))};
-      if (Status w = AtomicWriteFile(error_file, ErrorFileJson(e)); !w.ok()) LOG_WARN("{}", w.message());
-    }
-    return st.code() == Code::kInvalidArgument ? kExitInvalidSpec : kExitError;
-  };
+  auto fail = [&error_file](const Status& st) { return Fail(error_file, st); };
   auto client = OpenStore(env->store_addr, env->store_token);
   if (!client.ok()) return fail(client.status());
   PrefixStore store(client->get(), env->store_prefix);
@@ -60,22 +195,11 @@ int RunTrainer(const TrainOptions& options) {
   if (!spec.ok()) return fail(spec.status());
   // The task's part: a job without roles is all workers; with roles, each role has its part.
   const std::string part = spec->roles.empty() ? "worker" : env->role_name;
-  const int restart = env->restart_count;
   log::SetContext(spec->name, spec->roles.empty() ? "rank=" + std::to_string(env->rank)
                                                   : part + "=" + std::to_string(env->role_rank),
-                  restart);
+                  env->restart_count);
   if (part == "ps") return RunParameterServer(*spec, *env);
-  if (part == "evaluator") {
-    EvalOptions watch;
-    watch.watch = spec->checkpoint_dir;
-    watch.metrics_dir = spec->output_dir;
-    watch.threads = spec->trainer.threads;
-    watch.limit = spec->trainer.data.test_limit;
-    // A final model from before this run is not its end; one written since the run began is,
-    // even if this evaluator started after it (a late start on a busy machine, a restart).
-    watch.since = runs::RunStarted(spec->output_dir, env->run_id);
-    return RunEval(watch);
-  }
+  if (part == "evaluator") return RunEvaluator(*spec, *env);
   if (!TrainingRole(part)) {
     return fail(InvalidArgument("the built-in trainer has no part for the role " + part));
   }
@@ -86,115 +210,22 @@ int RunTrainer(const TrainOptions& options) {
                                        : (has_chief ? 1 : 0) + env->role_rank;
   // Without roles the round's size (an elastic job shrinks and grows); roles are fixed.
   const int world = spec->roles.empty() ? env->world_size : TrainingWorkers(*spec);
-  const bool ps_strategy = spec->trainer.strategy == "parameter_server";
+  auto device = SetUpDevice(spec->trainer, *env);
+  if (!device.ok()) return fail(device.status());
 
-  const TrainerSpec& t = spec->trainer;
-  torch::Device device(torch::kCPU);
-  if (t.device == "cuda") {
-    if (!torch::cuda::is_available()) {
-      return fail(InvalidArgument(
-          "trainer.device: cuda, but this worker cannot use a GPU: either this trainctl was built "
-          "against a LibTorch without CUDA (Debian's is CPU-only; see docs/trainer.md, GPUs) or "
-          "no GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)"));
-    }
-    if (!comm::NcclAvailable()) {
-      return fail(InvalidArgument("trainer.device: cuda needs the NCCL backend, and this trainctl "
-                                  "was built without NCCL (see docs/trainer.md, GPUs)"));
-    }
-    // One GPU per worker on each node, as torchrun scripts use LOCAL_RANK. NCCL refuses two
-    // ranks on one GPU, so more workers than GPUs is a spec error, said before NCCL says it.
-    const int gpus = static_cast<int>(torch::cuda::device_count());
-    if (env->local_world_size > gpus) {
-      return fail(InvalidArgument("trainer.device: cuda: " + std::to_string(env->local_world_size) +
-                                  " workers on this node but " + std::to_string(gpus) +
-                                  " GPU(s); expected procs_per_node at most " + std::to_string(gpus) +
-                                  " (one GPU per worker)"));
-    }
-    device = torch::Device(torch::kCUDA, env->local_rank % gpus);
-    // Deterministic cuBLAS needs a fixed workspace, chosen before the first cuBLAS call.
-    if (t.deterministic) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-  }
-  const char* omp = std::getenv("OMP_NUM_THREADS");
-  int threads = t.threads > 0 ? t.threads : omp && *omp ? std::atoi(omp) : 1;
-  at::set_num_interop_threads(1);
-  at::set_num_threads(std::max(1, threads));
-  if (t.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
-  // Every training batch has the same shape (the sampler drops a short last batch): cuDNN times
-  // its algorithms once. The fastest one is not always deterministic.
-  if (device.is_cuda()) at::globalContext().setBenchmarkCuDNN(t.cudnn_benchmark && !t.deterministic);
-
-  // Collectives: shared memory when every rank is on this host, else Gloo over TCP.
   // A fresh key space per rendezvous round (a membership change starts a round, not a restart).
   PrefixStore comm_store(client->get(), env->store_prefix + keys::CommPrefix(env->round));
-  const bool one_node = env->group_world_size == 1 || (spec->roles.empty() && env->local_world_size == world);
-  const bool nccl = device.is_cuda();  // the spec allows only nccl (or auto) with cuda
-  const bool shm = !nccl && (t.backend == "shm" || (t.backend == "auto" && one_node));
   // A hang is reported within timeouts.collective: the collective gives up a little earlier and
   // the rest goes to finding out which ranks are stalled (NameStalledRanks).
   const Duration stall_grace = std::min<Duration>(spec->timeouts.collective / 10, std::chrono::seconds(3));
   const Duration comm_timeout = spec->timeouts.collective - stall_grace;
+  auto exchange = Connect(*spec, *env, rank, world, *device, comm_store, comm_timeout);
+  if (!exchange.ok()) return fail(exchange.status());
   const std::string host = env->host.empty() ? "127.0.0.1" : env->host;
-  Result<std::unique_ptr<comm::Communicator>> comm = Unavailable("");
-  std::unique_ptr<comm::ps::Client> ps;
-  if (ps_strategy) {  // gradients go to the parameter servers: no collective among the workers
-    comm::ps::ClientOptions po;
-    try {
-      po.shards = nlohmann::json::parse(env->tf_config).at("cluster").at("ps").get<std::vector<std::string>>();
-    } catch (const nlohmann::json::exception& e) {
-      return fail(Internal(std::string("TF_CONFIG names no parameter servers: ") + e.what()));
-    }
-    po.token = env->store_token;
-    po.worker = rank;
-    po.local_host = env->host.empty() ? "127.0.0.1" : env->host;
-    po.timeout = spec->timeouts.collective;
-    auto connected = comm::ps::Client::Connect(po);
-    if (!connected.ok()) return fail(connected.status());
-    ps = std::move(*connected);
-    comm = comm::ConnectLocal();
-  } else if (nccl) {
-    comm::NcclOptions no;
-    no.rank = rank;
-    no.size = world;
-    no.device = device.index();
-    no.timeout = comm_timeout;
-    comm = comm::ConnectNccl(comm_store, no);
-  } else if (shm) {
-    comm::ShmOptions so;
-    so.rank = rank;
-    so.size = world;
-    so.timeout = comm_timeout;
-    comm = comm::ConnectShm(comm_store, so);
-  } else {
-    comm::GlooOptions go;
-    go.rank = rank;
-    go.size = world;
-    go.host = host;
-    go.timeout = comm_timeout;
-    comm = comm::ConnectGloo(comm_store, go);
-  }
-  if (!comm.ok()) return fail(comm.status());
   if (Status st = comm::AnnounceRank(comm_store, rank, host); !st.ok()) return fail(st);
-  // A rank that stops making progress is named within seconds, not at the collective timeout: the
-  // others end the group (comm/progress.h). Its own store client: the loop's is not shared.
+  comm::ps::Client* ps = exchange->ps.get();
   std::unique_ptr<comm::ProgressWatchdog> watchdog;
-  if (!ps && world > 1) {
-    if (auto own = OpenStore(env->store_addr, env->store_token); own.ok()) {
-      comm::ProgressOptions po;
-      po.rank = rank;
-      po.size = world;
-      po.limit = comm_timeout;
-      po.behind = [c = comm->get()] { return c->Behind(); };
-      watchdog = std::make_unique<comm::ProgressWatchdog>(
-          std::make_unique<PrefixStore>(std::move(*own), env->store_prefix + keys::CommPrefix(env->round)), po,
-          [fail](const Status& st) {
-            const int code = fail(st);
-            std::fflush(nullptr);
-            ::_exit(code);
-          });
-    } else {
-      LOG_WARN("no progress watchdog: {}", own.status().message());
-    }
-  }
+  if (!ps && world > 1) watchdog = StartWatchdog(*env, rank, world, exchange->comm.get(), comm_timeout);
 
   try {
     TrainerOptions o;
@@ -202,13 +233,13 @@ int RunTrainer(const TrainOptions& options) {
     o.env = *env;
     o.rank = rank;
     o.world = world;
-    o.comm = comm->get();
-    o.device = device;
+    o.comm = exchange->comm.get();
+    o.device = *device;
     o.store = &comm_store;
     o.begun = begun;
     o.connected = Clock::now();
     o.watchdog = watchdog.get();
-    Trainer trainer(std::move(o), ps ? ParameterServerStrategy(ps.get()) : AllreduceStrategy());
+    Trainer trainer(std::move(o), ps ? ParameterServerStrategy(ps) : AllreduceStrategy());
     Status st = trainer.Run();
     if (st.code() == Code::kTimeout && !ps) {
       st = comm::NameStalledRanks(comm_store, rank, world, stall_grace, st);

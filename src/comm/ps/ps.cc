@@ -245,35 +245,37 @@ void Server::Accept() {
   }
 }
 
-void Server::Serve(int fd) {
-  State& s = *state_;
+bool Server::Greet(int fd, int* worker) {
   // Nothing but a small hello, within 10 s, before the token is checked.
   SetTimeout(fd, SO_RCVTIMEO, std::chrono::seconds(10));
   SetTimeout(fd, SO_SNDTIMEO, o_.timeout);
   uint8_t op = 0;
-  std::string payload;
-  int worker = -1;
-  {
-    std::string token;
-    int64_t w = -1;
-    if (!ReadMessage(fd, wire::kMaxHelloBytes - wire::kFrameHeaderBytes, &op, &payload) || op != kHello) return;
-    In hello(payload);
-    if (!hello.Str(&token) || !hello.I64(&w) || !ConstantTimeEquals(token, o_.token)) {
-      WriteAll(fd, Out(kUnauthorized).Str("wrong token").Frame());
-      return;
-    }
-    if (w < -1 || w >= o_.workers) {
-      WriteAll(fd, ErrorReply("worker " + std::to_string(w) + " is not one of the " +
-                              std::to_string(o_.workers) + " workers"));
-      return;
-    }
-    worker = static_cast<int>(w);
-    std::lock_guard<std::mutex> lock(s.mu);
-    if (!WriteAll(fd, s.Info(worker))) return;
+  std::string payload, token;
+  int64_t w = -1;
+  if (!ReadMessage(fd, wire::kMaxHelloBytes - wire::kFrameHeaderBytes, &op, &payload) || op != kHello) return false;
+  In hello(payload);
+  if (!hello.Str(&token) || !hello.I64(&w) || !ConstantTimeEquals(token, o_.token)) {
+    WriteAll(fd, Out(kUnauthorized).Str("wrong token").Frame());
+    return false;
   }
+  if (w < -1 || w >= o_.workers) {
+    WriteAll(fd, ErrorReply("worker " + std::to_string(w) + " is not one of the " + std::to_string(o_.workers) +
+                            " workers"));
+    return false;
+  }
+  *worker = static_cast<int>(w);
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return WriteAll(fd, state_->Info(*worker));
+}
+
+void Server::Serve(int fd) {
+  int worker = -1;
+  if (!Greet(fd, &worker)) return;
   SetTimeout(fd, SO_RCVTIMEO, Duration(0));  // an idle worker (evaluating, checkpointing) is fine
   Conn conn;
+  uint8_t op = 0;
   uint64_t len = 0;
+  std::string payload;
   while (!stopping_ && ReadHead(fd, &op, &len)) {
     if (op == kPushPull || op == kPushPullShm) {
       if (!ServePush(fd, worker, op, len, &conn)) break;
@@ -282,105 +284,100 @@ void Server::Serve(int fd) {
     if (len > kMaxPayloadBytes) break;
     payload.resize(len);
     if (!RecvExact(fd, payload.data(), len)) break;
-    In in(payload);
-    std::string reply;
-    std::unique_lock<std::mutex> lock(s.mu);
-    switch (op) {
-      case kInfo:
-        reply = s.Info(worker);
-        break;
-      case kInit: {
-        int64_t total_steps, opt_steps, step, count, nstate;
-        if (!in.I64(&total_steps) || !in.I64(&opt_steps) || !in.I64(&step) || !in.I64(&count) ||
-            !in.I64(&nstate) || count < 0 || nstate < 0 || nstate > 8) {
-          reply = ErrorReply("malformed init");
-          break;
-        }
-        std::vector<std::string> names(nstate);
-        bool ok = true;
-        for (auto& n : names) ok = ok && in.Str(&n);
-        auto opt = ok ? o_.make_optimizer(count, total_steps) : nullptr;
-        if (!opt) {
-          reply = ErrorReply("malformed init");
-          break;
-        }
-        auto state = opt->state();
-        ok = in.Floats(opt->params(), count) && state.size() == names.size();
-        for (size_t i = 0; ok && i < state.size(); ++i) ok = state[i].first == names[i] && in.Floats(state[i].second, count);
-        if (!ok || !in.done()) {
-          reply = ErrorReply("malformed init: the optimizer's state does not match the shard's");
-          break;
-        }
-        opt->set_steps(opt_steps);
-        s.opt = std::move(opt);
-        s.count = count;
-        // A sync version is a step; async, every worker's push is one.
-        s.version = o_.async ? step * o_.workers : step;
-        s.init_step = step;
-        s.initialized = true;
-        for (auto& p : s.pending) p.assign(count, 0);
-        s.arrived.assign(o_.workers, false);
-        s.arrived_count = 0;
-        s.steps_done.assign(o_.workers, 0);
-        s.cv.notify_all();
-        reply = Out(kOk).Frame();
-        break;
-      }
-      case kPull:
-        reply = s.initialized ? s.Params() : ErrorReply("the shard is not initialized yet");
-        break;
-      case kState: {
-        if (!s.initialized) {
-          reply = ErrorReply("the shard is not initialized yet");
-          break;
-        }
-        auto state = s.opt->state();
-        wire::Writer o = Out(kOk);
-        o.I64(s.version).I64(s.opt->steps()).I64(static_cast<int64_t>(state.size()));
-        for (const auto& [name, buf] : state) o.Str(name);
-        o.Floats(s.opt->params(), s.count);
-        for (const auto& [name, buf] : state) o.Floats(buf, s.count);
-        reply = o.Frame();
-        break;
-      }
-      case kDone:
-        if (worker >= 0 && !s.done[worker]) {
-          s.done[worker] = true;
-          ++s.done_count;
-        }
-        reply = Out(kOk).I64(s.done_count).Frame();
-        break;
-      case kDoneCount:
-        reply = Out(kOk).I64(s.done_count).Frame();
-        break;
-      case kShmAttach: {
-        // The worker's segment for this shard: its gradients, then the parameters it gets back.
-        std::string name;
-        int64_t count = -1;
-        if (!in.Str(&name) || !in.I64(&count) || !s.initialized || count != s.count || count <= 0) {
-          reply = ErrorReply("cannot attach a segment for " + std::to_string(count) + " floats");
-          break;
-        }
-        const size_t bytes = 2 * count * sizeof(float);
-        auto opened = OpenSegment(name, bytes);
-        void* base = opened.ok() ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *opened, 0) : MAP_FAILED;
-        if (opened.ok()) ::close(*opened);
-        if (base == MAP_FAILED) {
-          reply = ErrorReply(opened.ok() ? "cannot map " + name : opened.status().message());
-          break;
-        }
-        conn.Unmap();
-        conn.base = base;
-        conn.bytes = bytes;
-        reply = Out(kOk).Frame();
-        break;
-      }
-      default:
-        reply = ErrorReply("unknown request " + std::to_string(op));
-    }
+    std::unique_lock<std::mutex> lock(state_->mu);
+    const std::string reply = Answer(op, payload, worker, &conn);
     lock.unlock();
     if (!WriteAll(fd, reply)) break;
   }
+}
+
+std::string Server::Answer(uint8_t op, const std::string& payload, int worker, Conn* conn) {
+  State& s = *state_;
+  switch (op) {
+    case kInfo:
+      return s.Info(worker);
+    case kInit:
+      return Init(payload);
+    case kPull:
+      return s.initialized ? s.Params() : ErrorReply("the shard is not initialized yet");
+    case kState: {
+      if (!s.initialized) return ErrorReply("the shard is not initialized yet");
+      auto state = s.opt->state();
+      wire::Writer o = Out(kOk);
+      o.I64(s.version).I64(s.opt->steps()).I64(static_cast<int64_t>(state.size()));
+      for (const auto& [name, buf] : state) o.Str(name);
+      o.Floats(s.opt->params(), s.count);
+      for (const auto& [name, buf] : state) o.Floats(buf, s.count);
+      return o.Frame();
+    }
+    case kDone:
+      if (worker >= 0 && !s.done[worker]) {
+        s.done[worker] = true;
+        ++s.done_count;
+      }
+      return Out(kOk).I64(s.done_count).Frame();
+    case kDoneCount:
+      return Out(kOk).I64(s.done_count).Frame();
+    case kShmAttach:
+      return ShmAttach(payload, conn);
+    default:
+      return ErrorReply("unknown request " + std::to_string(op));
+  }
+}
+
+// The shard's first parameters and optimizer state, from worker 0 (or a checkpoint it read).
+std::string Server::Init(const std::string& payload) {
+  State& s = *state_;
+  In in(payload);
+  int64_t total_steps, opt_steps, step, count, nstate;
+  if (!in.I64(&total_steps) || !in.I64(&opt_steps) || !in.I64(&step) || !in.I64(&count) ||
+      !in.I64(&nstate) || count < 0 || nstate < 0 || nstate > 8) {
+    return ErrorReply("malformed init");
+  }
+  std::vector<std::string> names(nstate);
+  bool ok = true;
+  for (auto& n : names) ok = ok && in.Str(&n);
+  auto opt = ok ? o_.make_optimizer(count, total_steps) : nullptr;
+  if (!opt) return ErrorReply("malformed init");
+  auto state = opt->state();
+  ok = in.Floats(opt->params(), count) && state.size() == names.size();
+  for (size_t i = 0; ok && i < state.size(); ++i) ok = state[i].first == names[i] && in.Floats(state[i].second, count);
+  if (!ok || !in.done()) {
+    return ErrorReply("malformed init: the optimizer's state does not match the shard's");
+  }
+  opt->set_steps(opt_steps);
+  s.opt = std::move(opt);
+  s.count = count;
+  // A sync version is a step; async, every worker's push is one.
+  s.version = o_.async ? step * o_.workers : step;
+  s.init_step = step;
+  s.initialized = true;
+  for (auto& p : s.pending) p.assign(count, 0);
+  s.arrived.assign(o_.workers, false);
+  s.arrived_count = 0;
+  s.steps_done.assign(o_.workers, 0);
+  s.cv.notify_all();
+  return Out(kOk).Frame();
+}
+
+// The worker's segment for this shard: its gradients, then the parameters it gets back.
+std::string Server::ShmAttach(const std::string& payload, Conn* conn) {
+  State& s = *state_;
+  In in(payload);
+  std::string name;
+  int64_t count = -1;
+  if (!in.Str(&name) || !in.I64(&count) || !s.initialized || count != s.count || count <= 0) {
+    return ErrorReply("cannot attach a segment for " + std::to_string(count) + " floats");
+  }
+  const size_t bytes = 2 * count * sizeof(float);
+  auto opened = OpenSegment(name, bytes);
+  void* base = opened.ok() ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *opened, 0) : MAP_FAILED;
+  if (opened.ok()) ::close(*opened);
+  if (base == MAP_FAILED) return ErrorReply(opened.ok() ? "cannot map " + name : opened.status().message());
+  conn->Unmap();
+  conn->base = base;
+  conn->bytes = bytes;
+  return Out(kOk).Frame();
 }
 
 // A push. Over TCP the gradients go straight from the socket into this connection's buffer (no

@@ -96,6 +96,12 @@ class Server {
     ~Conn() { Unmap(); }
   };
   void Serve(int fd);
+  // The connection's hello: the job's token and which worker it is (-1: not one); false when refused.
+  bool Greet(int fd, int* worker);
+  // The reply to one request other than a push (state_->mu held).
+  std::string Answer(uint8_t op, const std::string& payload, int worker, Conn* conn);
+  std::string Init(const std::string& payload);
+  std::string ShmAttach(const std::string& payload, Conn* conn);
   bool ServePush(int fd, int worker, uint8_t op, uint64_t len, Conn* c);
 
   ServerOptions o_;
