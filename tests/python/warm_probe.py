@@ -85,8 +85,18 @@ probe = {
     "torch_seed": torch.initial_seed(), "torch_rand": torch.rand(3).tolist(), "threads": torch.get_num_threads(),
 }
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
-with open(os.path.join(os.environ["PROBE_DIR"], "probe-%s-%s.json" % (os.environ["RANK"], restart)), "w") as f:
+path = os.path.join(os.environ["PROBE_DIR"], "probe-%s-%s.json" % (os.environ["RANK"], restart))
+with open(path + ".part", "w") as f:  # whole or not at all: a peer's failure may stop this worker
     json.dump(probe, f, indent=1, sort_keys=True)
+os.replace(path + ".part", path)
 print("probe written", flush=True)
 if mode == "fail-once" and os.environ["RANK"] == "1" and restart == "0":
+    # The failure once rank 0 has written its probe too: the restart it causes stops rank 0, which
+    # on a loaded machine may still be importing torch.
+    import time
+    first = os.path.join(os.environ["PROBE_DIR"], "probe-0-0.json")
+    for _ in range(1200):
+        if os.path.exists(first):
+            break
+        time.sleep(0.05)
     sys.exit(1)
