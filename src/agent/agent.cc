@@ -261,7 +261,7 @@ FailureRecord Agent::NewFailure(FailureKind kind, int round, int group_rank) con
 Result<std::string> Agent::WaitForKey(int round, const std::string& key) {
   const auto deadline = env_->Now() + o_.spec.timeouts.rendezvous;
   while (true) {
-    auto got = store_->Get(key, std::chrono::milliseconds(200));
+    auto got = env_->WaitForKey(*store_, key, std::chrono::milliseconds(200));
     if (got.ok() || got.status().code() != Code::kTimeout) return got;
     RETURN_IF_ERROR(CheckStop());
     ASSIGN_OR_RETURN(auto end, store_->TryGet(keys::RoundEnd(round)));
@@ -402,6 +402,10 @@ std::optional<Agent::Outcome> Agent::Rendezvous(int restarts, Round* r) {
   ro.node_id = node_id_;
   ro.replaces = o_.replaces;
   ro.check = [this] { return CheckStop(); };
+  ro.now = [this] { return env_->Now(); };
+  ro.wait_for_key = [this](Store& store, const std::string& key, Duration timeout) {
+    return env_->WaitForKey(store, key, timeout);
+  };
   ro.check_every = ByJobSize(std::chrono::seconds(1), std::chrono::milliseconds(100), std::chrono::seconds(5));
   LOG_DEBUG("round {}: joining as {}", r->round, node_id_);
   auto joined = JoinRound(*store_, r->round, restarts, ro);
@@ -698,7 +702,7 @@ Agent::Outcome Agent::Watch(Round& r) {
   while (true) {
     if (all_exited()) {
       const Duration wait = std::clamp<Duration>(env_->Remaining(r.next_beat), Duration(1), quiet);
-      (void)store_->Get(keys::RoundEnd(r.round), wait);  // read again below, with the stop key
+      (void)env_->WaitForKey(*store_, keys::RoundEnd(r.round), wait);  // read again below, with the stop key
       while (env_->WaitSignal(Duration(0)) != 0) {}  // a stop signal that came meanwhile
     } else {
       env_->WaitSignal(poll);

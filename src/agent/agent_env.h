@@ -1,5 +1,6 @@
 // What the agent needs from the machine, behind one seam (as leveldb's Env): the clock, waiting
-// for signals, this process's environment and id, and the group of task processes a round runs.
+// for signals and for store keys (the rendezvous waits on it too), this process's environment and
+// id, and the group of task processes a round runs.
 // ProcessEnv() is the real machine; tests hand the agent a fake one (a clock they move, tasks
 // whose exits they script) and run its policies in-process against a MemoryStore.
 #pragma once
@@ -15,6 +16,7 @@
 #include "common/duration.h"
 #include "common/status.h"
 #include "common/subprocess.h"
+#include "store/store.h"
 
 namespace trainctl {
 
@@ -79,6 +81,9 @@ class AgentEnv {
   virtual int WaitSignal(Duration wait) = 0;
   // A pending stop signal (SIGINT, SIGTERM, SIGHUP), taken; 0 when there is none.
   virtual int StopSignal() = 0;
+  // Waits up to `timeout` for `key` to be set in `store`: its value, or kTimeout. On this clock:
+  // the real one waits on the store (which answers as the key is set); a test's moves its clock.
+  virtual Result<std::string> WaitForKey(Store& store, const std::string& key, Duration timeout) = 0;
   // A variable of this process's environment.
   virtual std::optional<std::string> GetEnv(const std::string& name) const = 0;
   virtual long Pid() const = 0;

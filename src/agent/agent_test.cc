@@ -1,6 +1,7 @@
-// The agent's policies in-process: a fake machine (a clock the agent's own waits move, tasks whose
-// exits each test scripts) and a MemoryStore, so that a restart budget, a back-off, a lost peer
-// or a scale-up is tested in milliseconds without starting a process. The process tests
+// The agent's policies in-process: a fake machine (a clock the agent's own waits move, its waits
+// for store keys and the rendezvous's among them; tasks whose exits each test scripts) and a
+// MemoryStore, so that a restart budget, a back-off, a lost peer or a scale-up with an hour's last
+// call is tested in milliseconds without starting a process. The process tests
 // (tests/cli_test.cc and others) cover the same agent on the real machine.
 #include "agent/agent.h"
 
@@ -81,6 +82,13 @@ class FakeEnv : public AgentEnv {
     }
     now_ = until;
     return 0;
+  }
+  // A key that is not there yet: the whole wait passes on this clock, at once.
+  Result<std::string> WaitForKey(Store& store, const std::string& key, Duration timeout) override {
+    ASSIGN_OR_RETURN(auto value, store.TryGet(key));
+    if (value) return *value;
+    now_ += std::max(timeout, Duration(1));
+    return Timeout("no " + key);
   }
   int StopSignal() override {
     if (stop_at_ && now_ >= *stop_at_) {
@@ -293,9 +301,13 @@ TEST_F(AgentPolicy, APeerWhoseHeartbeatStopsIsLostAfterTheHeartbeatTimeout) {
     ro.timeout = 10s;
     (void)JoinRound(store_, 0, 0, ro);
   });
-  const auto began = env.Now();
+  // The agent starts once the peer has its slot: the agent's clock runs as fast as it waits, and
+  // would otherwise pass a rendezvous timeout while the peer's thread starts.
+  while (Key(keys::RoundMember(0, 0)) == "(none)") std::this_thread::sleep_for(1ms);
   EXPECT_EQ(agent.Run(), kExitWorkerFailed);
   peer.join();
+  ASSERT_EQ(env.starts.size(), 1u);
+  const auto began = env.starts[0];  // heartbeats begin with the tasks
   auto end = End(0);
   ASSERT_TRUE(end.has_value());
   EXPECT_EQ(end->kind, FailureKind::kNodeLost);
@@ -312,9 +324,13 @@ TEST_F(AgentPolicy, ANodeWaitingToJoinEndsTheRoundWithoutSpendingARestart) {
     return std::nullopt;
   });
   ASSERT_TRUE(store_.Set(keys::RoundWaiting(0), "1").ok());
-  Agent agent(Options("nodes: {min: 1, max: 2}\ntimeouts: {last_call: 100ms}\nrestart: {max_restarts: 0}\n"), &store_,
-              &env);
+  // An hour's last call: the rendezvous waits on the agent's clock, which moves at once here.
+  Agent agent(Options("nodes: {min: 1, max: 2}\ntimeouts: {last_call: 1h, rendezvous: 3h}\n"
+                      "restart: {max_restarts: 0}\n"),
+              &store_, &env);
+  const auto start = env.Now();
   EXPECT_EQ(agent.Run(), kExitOk);
+  EXPECT_GE(env.Now() - start, std::chrono::hours(2));  // two rounds' last calls
   EXPECT_EQ(env.starts.size(), 2u);
   auto end = End(0);
   ASSERT_TRUE(end.has_value());

@@ -39,6 +39,16 @@ struct State {
   }
 };
 
+Clock::time_point Now(const RendezvousOptions& o) { return o.now ? o.now() : Clock::now(); }
+
+Duration Left(const RendezvousOptions& o, Clock::time_point deadline) {
+  return std::max<Duration>(Duration(0), std::chrono::duration_cast<Duration>(deadline - Now(o)));
+}
+
+Result<std::string> WaitForKey(Store& store, const RendezvousOptions& o, const std::string& key, Duration timeout) {
+  return o.wait_for_key ? o.wait_for_key(store, key, timeout) : store.Get(key, timeout);
+}
+
 Status Corrupt(int round, const std::string& what, const std::string& why) {
   return Internal("rendezvous round " + std::to_string(round) + " has a corrupt " + what + ": " + why);
 }
@@ -156,7 +166,7 @@ Status TimedOut(Store& store, int round, const RendezvousOptions& o, const std::
 // without it and joins the next), while a fixed-size round needs every slot.
 Status Close(Store& store, int round, int slots, Clock::time_point deadline, const RendezvousOptions& o) {
   const bool elastic = o.min_nodes < o.max_nodes;
-  const auto give_up = elastic ? std::min(deadline, Clock::now() + std::chrono::seconds(1)) : deadline;
+  const auto give_up = elastic ? std::min(deadline, Now(o) + std::chrono::seconds(1)) : deadline;
   State s;
   s.closed = true;
   for (int i = 0; i < slots; ++i) {
@@ -168,13 +178,13 @@ Status Close(Store& store, int round, int slots, Clock::time_point deadline, con
         s.nodes.push_back(std::move(m));
         break;
       }
-      if (elastic && Clock::now() >= give_up) break;  // closed without it
-      if (Clock::now() >= deadline) {
+      if (elastic && Now(o) >= give_up) break;  // closed without it
+      if (Now(o) >= deadline) {
         return TimedOut(store, round, o, "; slot " + std::to_string(i) + " was taken and never filled (its agent died?)");
       }
       if (o.check) RETURN_IF_ERROR(o.check());
-      Status waited = store.Wait({keys::RoundMember(round, i)}, std::max(std::min(Remaining(give_up), o.poll), Duration(1)));
-      if (!waited.ok() && waited.code() != Code::kTimeout) return waited;
+      auto waited = WaitForKey(store, o, keys::RoundMember(round, i), std::max(std::min(Left(o, give_up), o.poll), Duration(1)));
+      if (!waited.ok() && waited.status().code() != Code::kTimeout) return waited.status();
     }
   }
   if (static_cast<int>(s.nodes.size()) < o.min_nodes) return Status::Ok();  // too few yet: tried again later
@@ -231,7 +241,7 @@ Result<int> CurrentRound(Store& store) {
 
 Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts,
                                            const RendezvousOptions& o) {
-  const auto deadline = Clock::now() + o.timeout;
+  const auto deadline = Now(o) + o.timeout;
   if (o.rank_hint >= o.max_nodes) {
     return InvalidArgument("node rank " + std::to_string(o.rank_hint) + " is out of range for " +
                            std::to_string(o.max_nodes) + " nodes");
@@ -264,25 +274,25 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
   // Elastic rounds watch the count for their last call; a fixed-size round's members need only
   // the closed key.
   const bool counting = o.min_nodes < o.max_nodes && slot < o.max_nodes;
-  auto next_count = Clock::now();
+  auto next_count = Now(o);
   while (true) {
-    if (counting && Clock::now() >= next_count) {
-      next_count = Clock::now() + o.poll;
+    if (counting && Now(o) >= next_count) {
+      next_count = Now(o) + o.poll;
       ASSIGN_OR_RETURN(int joined, Joined(store, round));
       if (joined >= o.min_nodes) {
-        if (!last_call_since) last_call_since = Clock::now();
-        if (Clock::now() - *last_call_since >= last_call) {
+        if (!last_call_since) last_call_since = Now(o);
+        if (Now(o) - *last_call_since >= last_call) {
           RETURN_IF_ERROR(Close(store, round, std::min(joined, o.max_nodes), deadline, o));
         } else {
           next_count = std::min(next_count, *last_call_since + last_call);
         }
       }
     }
-    if (Clock::now() >= deadline) return TimedOut(store, round, o);
+    if (Now(o) >= deadline) return TimedOut(store, round, o);
     if (o.check) RETURN_IF_ERROR(o.check());
-    Duration wait = std::min(Remaining(deadline), o.check_every);
-    if (counting) wait = std::min(wait, Remaining(next_count));
-    auto announced = store.Get(keys::RoundClosed(round), std::max(wait, Duration(1)));
+    Duration wait = std::min(Left(o, deadline), o.check_every);
+    if (counting) wait = std::min(wait, Left(o, next_count));
+    auto announced = WaitForKey(store, o, keys::RoundClosed(round), std::max(wait, Duration(1)));
     if (announced.ok()) {
       if (slot >= o.max_nodes) return std::optional<RoundInfo>();
       return FinishSlot(store, round, slot, *announced);

@@ -49,6 +49,11 @@ struct RendezvousOptions {
   // join with that status (a stop request). The wait itself ends as the round closes.
   std::function<Status()> check;
   Duration check_every = std::chrono::milliseconds(500);
+  // The clock the round's deadlines and windows are on, and the wait for a key to be set (its
+  // value, or kTimeout): the agent's (agent/agent_env.h), whose tests move a clock of their own.
+  // Unset: the steady clock, and the store's own blocking Get.
+  std::function<Clock::time_point()> now;
+  std::function<Result<std::string>(Store&, const std::string& key, Duration timeout)> wait_for_key;
 };
 
 struct RoundInfo {
