@@ -2,7 +2,8 @@
 // for the statistics and one for the output forward, one for the gradient's two sums and one for
 // the input's gradient backward. The activation is channels-last (N x H x W x C in memory) in
 // every pass: a row is one position's C channels, and with C a multiple of 8 the AVX2 loops take
-// 8 channels of a row at a time (the AVX-512 ones 16, with C a multiple of 16). Sums are in
+// 8 channels of a row at a time (the AVX-512 ones 16, with C a multiple of 16: the same loops,
+// kernels/batchnorm_simd.inc). Sums are in
 // double, over fixed runs of rows added in order (the vector loops add 8 rows in f32 first), so
 // that the result does not depend on the number of threads.
 #include "kernels/ops.h"
@@ -16,9 +17,7 @@
 #include <cmath>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "kernels/simd.h"
 
 namespace trainctl::kernels {
 namespace {
@@ -99,192 +98,19 @@ void InputGradPortable(const float* x, const float* y, const float* g, int64_t r
   }
 }
 
-#if defined(__x86_64__)
-// Sums of 8 channels in double: lo the first 4, hi the others.
-struct Acc8 {
-  __m256d lo, hi;
-  __attribute__((target("avx2,fma"))) Acc8() : lo(_mm256_setzero_pd()), hi(_mm256_setzero_pd()) {}
-  __attribute__((target("avx2,fma"))) void Add(__m256 v) {
-    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
-    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
-  }
-  __attribute__((target("avx2,fma"))) void StoreAdding(double* p) const {
-    _mm256_storeu_pd(p, _mm256_add_pd(_mm256_loadu_pd(p), lo));
-    _mm256_storeu_pd(p + 4, _mm256_add_pd(_mm256_loadu_pd(p + 4), hi));
-  }
-};
-
-// The AVX2 loops sum in f32 over kSub rows, then add that in double: a conversion to double per
+// The vector loops sum in f32 over kSub rows, then add that in double: a conversion to double per
 // element cost more than the rest of the pass.
 constexpr int64_t kSub = 8;
 
-__attribute__((target("avx2,fma"))) void StatsAvx2(const float* x, int64_t r0, int64_t r1, int64_t c,
-                                                   const float* k, double* out) {
-  for (int64_t j = 0; j < c; j += 8) {
-    const __m256 kv = _mm256_loadu_ps(k + j);
-    Acc8 s, q;
-    for (int64_t r = r0; r < r1; r += kSub) {
-      __m256 fs = _mm256_setzero_ps(), fq = _mm256_setzero_ps();
-      for (int64_t e = std::min(r1, r + kSub), i = r; i < e; ++i) {
-        const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i * c + j), kv);
-        fs = _mm256_add_ps(fs, v);
-        fq = _mm256_fmadd_ps(v, v, fq);
-      }
-      s.Add(fs);
-      q.Add(fq);
-    }
-    s.StoreAdding(out + j);
-    q.StoreAdding(out + c + j);
-  }
-}
+}  // namespace
 
-__attribute__((target("avx2,fma"))) void NormalizeAvx2(const float* x, int64_t r0, int64_t r1, int64_t c,
-                                                       const float* scale, const float* shift, bool relu, float* y) {
-  const __m256 floor = relu ? _mm256_setzero_ps() : _mm256_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < c; j += 8) {
-    const __m256 a = _mm256_loadu_ps(scale + j), b = _mm256_loadu_ps(shift + j);
-    for (int64_t r = r0; r < r1; ++r) {
-      const __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * c + j), a, b);
-      _mm256_storeu_ps(y + r * c + j, _mm256_max_ps(floor, v));  // a NaN v stays (max's second operand)
-    }
-  }
-}
+// The four passes at each vector width: one text, kernels/batchnorm_simd.inc.
+#define TRAINCTL_SIMD_BODY "kernels/batchnorm_simd.inc"
+#include "kernels/each_width.inc"
 
-// g where the output is positive (with the ReLU), else 0.
-__attribute__((target("avx2,fma"))) inline __m256 PastRelu(const float* y, const float* g, bool relu) {
-  const __m256 gv = _mm256_loadu_ps(g);
-  return relu ? _mm256_and_ps(_mm256_cmp_ps(_mm256_loadu_ps(y), _mm256_setzero_ps(), _CMP_GT_OQ), gv) : gv;
-}
+namespace {
 
-__attribute__((target("avx2,fma"))) void GradSumsAvx2(const float* x, const float* y, const float* g, int64_t r0,
-                                                      int64_t r1, int64_t c, const float* mean, const float* invstd,
-                                                      bool relu, double* out) {
-  for (int64_t j = 0; j < c; j += 8) {
-    const __m256 m = _mm256_loadu_ps(mean + j), is = _mm256_loadu_ps(invstd + j);
-    Acc8 s, p;
-    for (int64_t r = r0; r < r1; r += kSub) {
-      __m256 fs = _mm256_setzero_ps(), fp = _mm256_setzero_ps();
-      for (int64_t e = std::min(r1, r + kSub), i = r; i < e; ++i) {
-        const __m256 gv = PastRelu(y + i * c + j, g + i * c + j, relu);
-        fs = _mm256_add_ps(fs, gv);
-        fp = _mm256_fmadd_ps(gv, _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i * c + j), m), is), fp);
-      }
-      s.Add(fs);
-      p.Add(fp);
-    }
-    s.StoreAdding(out + j);
-    p.StoreAdding(out + c + j);
-  }
-}
-
-__attribute__((target("avx2,fma"))) void InputGradAvx2(const float* x, const float* y, const float* g, int64_t r0,
-                                                       int64_t r1, int64_t c, const float* mean, const float* invstd,
-                                                       const float* k, const float* mg, const float* mgx, bool relu,
-                                                       float* dx) {
-  for (int64_t j = 0; j < c; j += 8) {
-    const __m256 m = _mm256_loadu_ps(mean + j), is = _mm256_loadu_ps(invstd + j), kv = _mm256_loadu_ps(k + j);
-    const __m256 a = _mm256_loadu_ps(mg + j), b = _mm256_loadu_ps(mgx + j);
-    for (int64_t r = r0; r < r1; ++r) {
-      const __m256 gv = PastRelu(y + r * c + j, g + r * c + j, relu);
-      const __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + r * c + j), m), is);
-      _mm256_storeu_ps(dx + r * c + j, _mm256_mul_ps(kv, _mm256_sub_ps(_mm256_sub_ps(gv, a), _mm256_mul_ps(xh, b))));
-    }
-  }
-}
-
-// The same four on AVX-512, 16 channels a register: each element's arithmetic, and each sum's
-// order, are the AVX2 loops', so the results are the same bits.
-struct Acc16 {
-  __m512d lo, hi;
-  __attribute__((target("avx512f"))) Acc16() : lo(_mm512_setzero_pd()), hi(_mm512_setzero_pd()) {}
-  // By vector builtins: GCC 12's conversion intrinsic starts from an undefined register, and
-  // -Wmaybe-uninitialized says so wherever it is inlined.
-  __attribute__((target("avx512f"))) void Add(__m512 v) {
-    lo = _mm512_add_pd(lo, __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), __m512d));
-    hi = _mm512_add_pd(hi, __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), __m512d));
-  }
-  __attribute__((target("avx512f"))) void StoreAdding(double* p) const {
-    _mm512_storeu_pd(p, _mm512_add_pd(_mm512_loadu_pd(p), lo));
-    _mm512_storeu_pd(p + 8, _mm512_add_pd(_mm512_loadu_pd(p + 8), hi));
-  }
-};
-
-__attribute__((target("avx512f"))) void StatsAvx512(const float* x, int64_t r0, int64_t r1, int64_t c,
-                                                    const float* k, double* out) {
-  for (int64_t j = 0; j < c; j += 16) {
-    const __m512 kv = _mm512_loadu_ps(k + j);
-    Acc16 s, q;
-    for (int64_t r = r0; r < r1; r += kSub) {
-      __m512 fs = _mm512_setzero_ps(), fq = _mm512_setzero_ps();
-      for (int64_t e = std::min(r1, r + kSub), i = r; i < e; ++i) {
-        const __m512 v = _mm512_sub_ps(_mm512_loadu_ps(x + i * c + j), kv);
-        fs = _mm512_add_ps(fs, v);
-        fq = _mm512_fmadd_ps(v, v, fq);
-      }
-      s.Add(fs);
-      q.Add(fq);
-    }
-    s.StoreAdding(out + j);
-    q.StoreAdding(out + c + j);
-  }
-}
-
-__attribute__((target("avx512f"))) void NormalizeAvx512(const float* x, int64_t r0, int64_t r1, int64_t c,
-                                                        const float* scale, const float* shift, bool relu, float* y) {
-  const __m512 floor = relu ? _mm512_setzero_ps() : _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < c; j += 16) {
-    const __m512 a = _mm512_loadu_ps(scale + j), b = _mm512_loadu_ps(shift + j);
-    for (int64_t r = r0; r < r1; ++r) {
-      const __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * c + j), a, b);
-      // max(floor, v) as the AVX2 loop's: floor where it is the greater, else v (NaN included); not
-      // by _mm512_max_ps, which GCC 12 builds on an undefined register (-Wmaybe-uninitialized).
-      _mm512_storeu_ps(y + r * c + j, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(floor, v, _CMP_GT_OQ), v, floor));
-    }
-  }
-}
-
-__attribute__((target("avx512f"))) inline __m512 PastRelu16(const float* y, const float* g, bool relu) {
-  const __m512 gv = _mm512_loadu_ps(g);
-  return relu ? _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(y), _mm512_setzero_ps(), _CMP_GT_OQ), gv)
-              : gv;
-}
-
-__attribute__((target("avx512f"))) void GradSumsAvx512(const float* x, const float* y, const float* g, int64_t r0,
-                                                       int64_t r1, int64_t c, const float* mean, const float* invstd,
-                                                       bool relu, double* out) {
-  for (int64_t j = 0; j < c; j += 16) {
-    const __m512 m = _mm512_loadu_ps(mean + j), is = _mm512_loadu_ps(invstd + j);
-    Acc16 s, p;
-    for (int64_t r = r0; r < r1; r += kSub) {
-      __m512 fs = _mm512_setzero_ps(), fp = _mm512_setzero_ps();
-      for (int64_t e = std::min(r1, r + kSub), i = r; i < e; ++i) {
-        const __m512 gv = PastRelu16(y + i * c + j, g + i * c + j, relu);
-        fs = _mm512_add_ps(fs, gv);
-        fp = _mm512_fmadd_ps(gv, _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i * c + j), m), is), fp);
-      }
-      s.Add(fs);
-      p.Add(fp);
-    }
-    s.StoreAdding(out + j);
-    p.StoreAdding(out + c + j);
-  }
-}
-
-__attribute__((target("avx512f"))) void InputGradAvx512(const float* x, const float* y, const float* g, int64_t r0,
-                                                        int64_t r1, int64_t c, const float* mean, const float* invstd,
-                                                        const float* k, const float* mg, const float* mgx, bool relu,
-                                                        float* dx) {
-  for (int64_t j = 0; j < c; j += 16) {
-    const __m512 m = _mm512_loadu_ps(mean + j), is = _mm512_loadu_ps(invstd + j), kv = _mm512_loadu_ps(k + j);
-    const __m512 a = _mm512_loadu_ps(mg + j), b = _mm512_loadu_ps(mgx + j);
-    for (int64_t r = r0; r < r1; ++r) {
-      const __m512 gv = PastRelu16(y + r * c + j, g + r * c + j, relu);
-      const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + r * c + j), m), is);
-      _mm512_storeu_ps(dx + r * c + j, _mm512_mul_ps(kv, _mm512_sub_ps(_mm512_sub_ps(gv, a), _mm512_mul_ps(xh, b))));
-    }
-  }
-}
-
+#if defined(__x86_64__)
 const bool kAvx2Fma = CpuHasAvx2Fma();
 #else
 const bool kAvx2Fma = false;
@@ -301,9 +127,9 @@ struct Passes {
 Passes PassesFor(int64_t c) {
 #if defined(__x86_64__)
   if (kAvx2Fma && c % 16 == 0 && Avx512Products()) {
-    return {StatsAvx512, NormalizeAvx512, GradSumsAvx512, InputGradAvx512};
+    return {avx512::Stats, avx512::Normalize, avx512::GradSums, avx512::InputGrad};
   }
-  if (kAvx2Fma && c % 8 == 0) return {StatsAvx2, NormalizeAvx2, GradSumsAvx2, InputGradAvx2};
+  if (kAvx2Fma && c % 8 == 0) return {avx2::Stats, avx2::Normalize, avx2::GradSums, avx2::InputGrad};
 #endif
   return {StatsPortable, NormalizePortable, GradSumsPortable, InputGradPortable};
 }

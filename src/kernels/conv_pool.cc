@@ -25,6 +25,7 @@
 
 #include "common/cpus.h"
 #include "kernels/pool_avx2.h"
+#include "kernels/simd.h"
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -95,76 +96,13 @@ __attribute__((target("avx2,fma"))) void WeightTransform(const float* w, int64_t
   }
 }
 
-// An R x 16 block of C (row stride `ldc`) = or += A B, for A R x k (element (r, c) at
-// a[r * a_row + c * a_k]) and B k x 16 (row stride `ldb`): 2R accumulators in registers over k.
-template <int R>
-__attribute__((target("avx2,fma"))) inline void Block(const float* a, int64_t a_row, int64_t a_k, const float* b,
-                                                      int64_t ldb, int64_t k, float* c, int64_t ldc, bool add) {
-  __m256 acc[R][2];
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) {
-    acc[r][0] = add ? _mm256_loadu_ps(c + r * ldc) : _mm256_setzero_ps();
-    acc[r][1] = add ? _mm256_loadu_ps(c + r * ldc + 8) : _mm256_setzero_ps();
-  }
-  for (int64_t kk = 0; kk < k; ++kk) {
-    const __m256 b0 = _mm256_loadu_ps(b + kk * ldb), b1 = _mm256_loadu_ps(b + kk * ldb + 8);
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const __m256 x = _mm256_broadcast_ss(a + r * a_row + kk * a_k);
-      acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
-    }
-  }
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(c + r * ldc, acc[r][0]);
-    _mm256_storeu_ps(c + r * ldc + 8, acc[r][1]);
-  }
-}
+}  // namespace
 
-// The same on AVX-512 for an R x 16V block (V registers of 16 a row). Each entry of C is the
-// same chain of FMAs over k, in the same order, as in Block: the same bits on either CPU.
-template <int R, int V>
-__attribute__((target("avx512f"))) inline void Block512(const float* a, int64_t a_row, int64_t a_k, const float* b,
-                                                        int64_t ldb, int64_t k, float* c, int64_t ldc, bool add) {
-  __m512 acc[R][V];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < V; ++v) acc[r][v] = add ? _mm512_loadu_ps(c + r * ldc + 16 * v) : _mm512_setzero_ps();
-  }
-  for (int64_t kk = 0; kk < k; ++kk) {
-    __m512 bv[V];
-    for (int v = 0; v < V; ++v) bv[v] = _mm512_loadu_ps(b + kk * ldb + 16 * v);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 x = _mm512_set1_ps(a[r * a_row + kk * a_k]);
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(x, bv[v], acc[r][v]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < V; ++v) _mm512_storeu_ps(c + r * ldc + 16 * v, acc[r][v]);
-  }
-}
+// Gemm's blocks at each vector width: one text, kernels/gemm_simd.inc.
+#define TRAINCTL_SIMD_BODY "kernels/gemm_simd.inc"
+#include "kernels/each_width.inc"
 
-// Gemm's columns j to j + 16V on AVX-512: blocks of 6 rows (7 and 8 measured no faster), then
-// what is left.
-template <int V>
-__attribute__((target("avx512f"))) void Strip512(const float* a, int64_t rows, int64_t a_row, int64_t a_k,
-                                                 const float* b, int64_t k, int64_t cols, float* c, bool add) {
-  int64_t r = 0;
-  for (; r + 6 <= rows; r += 6) Block512<6, V>(a + r * a_row, a_row, a_k, b, cols, k, c + r * cols, cols, add);
-  const float* ar = a + r * a_row;
-  float* cr = c + r * cols;
-  switch (rows - r) {
-    case 1: Block512<1, V>(ar, a_row, a_k, b, cols, k, cr, cols, add); break;
-    case 2: Block512<2, V>(ar, a_row, a_k, b, cols, k, cr, cols, add); break;
-    case 3: Block512<3, V>(ar, a_row, a_k, b, cols, k, cr, cols, add); break;
-    case 4: Block512<4, V>(ar, a_row, a_k, b, cols, k, cr, cols, add); break;
-    case 5: Block512<5, V>(ar, a_row, a_k, b, cols, k, cr, cols, add); break;
-    default: break;
-  }
-}
+namespace {
 
 // Relaxed: set by tests between calls, read by every product.
 std::atomic<bool> avx512_products{CpuHasAvx512()};
@@ -176,24 +114,11 @@ __attribute__((target("avx2,fma"))) void Gemm(const float* a, int64_t rows, int6
                                               const float* b, int64_t k, int64_t cols, float* c, bool add) {
   if (avx512_products.load(std::memory_order_relaxed)) {
     int64_t j = 0;
-    for (; j + 32 <= cols; j += 32) Strip512<2>(a, rows, a_row, a_k, b + j, k, cols, c + j, add);
-    if (j < cols) Strip512<1>(a, rows, a_row, a_k, b + j, k, cols, c + j, add);
+    for (; j + 32 <= cols; j += 32) avx512::Strip<2>(a, rows, a_row, a_k, b + j, k, cols, c + j, add);
+    if (j < cols) avx512::Strip<1>(a, rows, a_row, a_k, b + j, k, cols, c + j, add);
     return;
   }
-  for (int64_t j = 0; j < cols; j += 16) {
-    int64_t r = 0;
-    for (; r + 6 <= rows; r += 6) Block<6>(a + r * a_row, a_row, a_k, b + j, cols, k, c + r * cols + j, cols, add);
-    const float* ar = a + r * a_row;
-    float* cr = c + r * cols + j;
-    switch (rows - r) {
-      case 1: Block<1>(ar, a_row, a_k, b + j, cols, k, cr, cols, add); break;
-      case 2: Block<2>(ar, a_row, a_k, b + j, cols, k, cr, cols, add); break;
-      case 3: Block<3>(ar, a_row, a_k, b + j, cols, k, cr, cols, add); break;
-      case 4: Block<4>(ar, a_row, a_k, b + j, cols, k, cr, cols, add); break;
-      case 5: Block<5>(ar, a_row, a_k, b + j, cols, k, cr, cols, add); break;
-      default: break;
-    }
-  }
+  for (int64_t j = 0; j < cols; j += 16) avx2::Strip<2>(a, rows, a_row, a_k, b + j, k, cols, c + j, add);
 }
 
 // An h x w x c plane in a zero border of 1: zeroed only when its shape changes (not only its
@@ -498,58 +423,6 @@ const float* BorderedImage(const float* x, int64_t c, int64_t h, int64_t w, Scra
   return plane;
 }
 
-// One image x (c x h x w) through the first layer by wt (9c x out, the weight transposed), for 16
-// output channels at a time: a window's 2 x 2 outputs in registers, plus bias, pooled and ReLU'd
-// (R: or not): y (tiles x out, channels-last) and the window bytes win (tiles x out). C: the
-// channels when known at compile time (the CNN's 1: the taps' offsets become constants), else 0
-// and c says.
-template <int C, bool R>
-__attribute__((target("avx2,fma"))) void ImageLayerForward(const float* x, int64_t c, int64_t h, int64_t w,
-                                                           const float* wt, const float* bias, int64_t out,
-                                                           float* y, uint8_t* win, Scratch* s) {
-  const int64_t cs = C > 0 ? C : c, wp = w + 2, th = h / 2, tw = w / 2;
-  const float* plane = BorderedImage(x, cs, h, w, s);
-  for (int64_t o = 0; o < out; o += 16) {
-    const __m256 b0 = _mm256_loadu_ps(bias + o), b1 = _mm256_loadu_ps(bias + o + 8);
-    for (int64_t ty = 0; ty < th; ++ty) {
-      for (int64_t tx = 0; tx < tw; ++tx) {
-        __m256 acc[4][2];
-#pragma GCC unroll 4
-        for (int q = 0; q < 4; ++q) acc[q][0] = acc[q][1] = _mm256_setzero_ps();
-        const float* wk = wt + o;  // tap k's 16 weights, k = 9 ch + 3 i + j
-        for (int64_t ch = 0; ch < cs; ++ch) {
-          // The rows of the window's 4 x 4 inputs: tap (i, j) of output (qy, qx) is row i + qy,
-          // column j + qx.
-          const float* row = plane + (2 * ty * wp + 2 * tx) * cs + ch;
-#pragma GCC unroll 3
-          for (int i = 0; i < 3; ++i, row += wp * cs) {
-#pragma GCC unroll 3
-            for (int j = 0; j < 3; ++j, wk += out) {
-              const __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
-#pragma GCC unroll 4
-              for (int q = 0; q < 4; ++q) {
-                const __m256 xv = _mm256_broadcast_ss(row + (q / 2) * wp * cs + (j + q % 2) * cs);
-                acc[q][0] = _mm256_fmadd_ps(xv, w0, acc[q][0]);
-                acc[q][1] = _mm256_fmadd_ps(xv, w1, acc[q][1]);
-              }
-            }
-          }
-        }
-        const int64_t t = ty * tw + tx;
-#pragma GCC unroll 2
-        for (int v = 0; v < 2; ++v) {
-          const __m256 b = v == 0 ? b0 : b1;
-          __m256i k;
-          const __m256 m = MaxPool8<R>(_mm256_add_ps(acc[0][v], b), _mm256_add_ps(acc[1][v], b),
-                                       _mm256_add_ps(acc[2][v], b), _mm256_add_ps(acc[3][v], b), &k);
-          _mm256_storeu_ps(y + t * out + o + 8 * v, m);
-          StoreWindows8(k, win + t * out + o + 8 * v);
-        }
-      }
-    }
-  }
-}
-
 // db += the sum over `tiles` windows of the gradient g (tiles x out) that each window's winner
 // (win) takes, windows in order, 8 channels at a time.
 __attribute__((target("avx2,fma"))) void ImageBiasGrad(const float* g, const uint8_t* win, int64_t tiles,
@@ -563,154 +436,13 @@ __attribute__((target("avx2,fma"))) void ImageBiasGrad(const float* g, const uin
   }
 }
 
-// One image's share of the first layer's weight and bias gradients: dwt (9c x out) += the sum
-// over positions of each tap times the convolution's output gradient there, db += that gradient's
-// sum per channel, the gradient being g (tiles x out, channels-last) at the position that won
-// each window (win) and zero at the others. 8 channels and one input channel's 9 taps at a time;
-// C as for the forward.
-template <int C>
-__attribute__((target("avx2,fma"))) void ImageLayerBackward(const float* x, int64_t c, int64_t h, int64_t w,
-                                                            const float* g, const uint8_t* win, int64_t out,
-                                                            float* dwt, float* db, Scratch* s) {
-  const int64_t cs = C > 0 ? C : c, wp = w + 2, th = h / 2, tw = w / 2;
-  const float* plane = BorderedImage(x, cs, h, w, s);
-  ImageBiasGrad(g, win, th * tw, out, db);
-  for (int64_t ch = 0; ch < cs; ++ch) {
-    for (int64_t o = 0; o < out; o += 8) {
-      __m256 acc[9];
-#pragma GCC unroll 9
-      for (int k = 0; k < 9; ++k) acc[k] = _mm256_loadu_ps(dwt + (9 * ch + k) * out + o);
-      for (int64_t ty = 0; ty < th; ++ty) {
-        for (int qy = 0; qy < 2; ++qy) {  // positions in row-major order
-          // The window's first tap of the three rows of taps of the positions in row 2 ty + qy.
-          const float* r = plane + (2 * ty + qy) * wp * cs + ch;
-          for (int64_t tx = 0; tx < tw; ++tx, r += 2 * cs) {
-            const int64_t t = ty * tw + tx;
-            const __m256i k = LoadWindows8(win + t * out + o);
-            const __m256 gv = _mm256_loadu_ps(g + t * out + o);
-            // The window's gradient at its two positions in this row, then each tap's two terms
-            // in order: the tap (i, j) of the second position is the tap (i, j + 1) of the first.
-            const __m256 g0 = WindowGrad8(k, gv, 2 * qy), g1 = WindowGrad8(k, gv, 2 * qy + 1);
-#pragma GCC unroll 3
-            for (int i = 0; i < 3; ++i) {
-              const float* row = r + i * wp * cs;
-              __m256 left = _mm256_broadcast_ss(row);
-#pragma GCC unroll 3
-              for (int j = 0; j < 3; ++j) {
-                const __m256 right = _mm256_broadcast_ss(row + (j + 1) * cs);
-                acc[3 * i + j] = _mm256_fmadd_ps(left, g0, acc[3 * i + j]);
-                acc[3 * i + j] = _mm256_fmadd_ps(right, g1, acc[3 * i + j]);
-                left = right;
-              }
-            }
-          }
-        }
-      }
-#pragma GCC unroll 9
-      for (int k = 0; k < 9; ++k) _mm256_storeu_ps(dwt + (9 * ch + k) * out + o, acc[k]);
-    }
-  }
-}
+}  // namespace
 
-// The two on AVX-512, 16 output channels a register instead of two: each sum is the same chain of
-// FMAs as above, so the results are the same bits (AllowAvx512Products). On a Zen 5 the recipe
-// network's step took 2.66-2.69 ms against 2.69-2.82 on AVX2 (best of 60 blocks, alternating).
-// The halves of a register and back, by vector shuffles: GCC 12's extract and insert intrinsics
-// start from an undefined register, and -Wmaybe-uninitialized says so wherever they are inlined.
-__attribute__((target("avx512f,avx2,fma"))) inline __m256 Half(__m512 v, int k) {
-  return k == 0 ? __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
-                : __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-__attribute__((target("avx512f,avx2,fma"))) inline __m512 Join(__m256 lo, __m256 hi) {
-  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
+// The first layer's kernels at each vector width: one text, kernels/image_layer_simd.inc.
+#define TRAINCTL_SIMD_BODY "kernels/image_layer_simd.inc"
+#include "kernels/each_width.inc"
 
-template <int C, bool R>
-__attribute__((target("avx512f,avx2,fma"))) void ImageLayerForward512(const float* x, int64_t c, int64_t h,
-                                                                     int64_t w, const float* wt, const float* bias,
-                                                                     int64_t out, float* y, uint8_t* win,
-                                                                     Scratch* s) {
-  const int64_t cs = C > 0 ? C : c, wp = w + 2, th = h / 2, tw = w / 2;
-  const float* plane = BorderedImage(x, cs, h, w, s);
-  for (int64_t o = 0; o < out; o += 16) {
-    const __m256 b0 = _mm256_loadu_ps(bias + o), b1 = _mm256_loadu_ps(bias + o + 8);
-    for (int64_t ty = 0; ty < th; ++ty) {
-      for (int64_t tx = 0; tx < tw; ++tx) {
-        __m512 acc[4];
-#pragma GCC unroll 4
-        for (int q = 0; q < 4; ++q) acc[q] = _mm512_setzero_ps();
-        const float* wk = wt + o;
-        for (int64_t ch = 0; ch < cs; ++ch) {
-          const float* row = plane + (2 * ty * wp + 2 * tx) * cs + ch;
-#pragma GCC unroll 3
-          for (int i = 0; i < 3; ++i, row += wp * cs) {
-#pragma GCC unroll 3
-            for (int j = 0; j < 3; ++j, wk += out) {
-              const __m512 wv = _mm512_loadu_ps(wk);
-#pragma GCC unroll 4
-              for (int q = 0; q < 4; ++q) {
-                acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(row[(q / 2) * wp * cs + (j + q % 2) * cs]), wv, acc[q]);
-              }
-            }
-          }
-        }
-        const int64_t t = ty * tw + tx;
-#pragma GCC unroll 2
-        for (int v = 0; v < 2; ++v) {
-          const __m256 b = v == 0 ? b0 : b1;
-          __m256i k;
-          const __m256 m = MaxPool8<R>(_mm256_add_ps(Half(acc[0], v), b), _mm256_add_ps(Half(acc[1], v), b),
-                                       _mm256_add_ps(Half(acc[2], v), b), _mm256_add_ps(Half(acc[3], v), b), &k);
-          _mm256_storeu_ps(y + t * out + o + 8 * v, m);
-          StoreWindows8(k, win + t * out + o + 8 * v);
-        }
-      }
-    }
-  }
-}
-
-template <int C>
-__attribute__((target("avx512f,avx2,fma"))) void ImageLayerBackward512(const float* x, int64_t c, int64_t h,
-                                                                      int64_t w, const float* g, const uint8_t* win,
-                                                                      int64_t out, float* dwt, float* db,
-                                                                      Scratch* s) {
-  const int64_t cs = C > 0 ? C : c, wp = w + 2, th = h / 2, tw = w / 2;
-  const float* plane = BorderedImage(x, cs, h, w, s);
-  ImageBiasGrad(g, win, th * tw, out, db);
-  for (int64_t ch = 0; ch < cs; ++ch) {
-    for (int64_t o = 0; o < out; o += 16) {
-      __m512 acc[9];
-#pragma GCC unroll 9
-      for (int k = 0; k < 9; ++k) acc[k] = _mm512_loadu_ps(dwt + (9 * ch + k) * out + o);
-      for (int64_t ty = 0; ty < th; ++ty) {
-        for (int qy = 0; qy < 2; ++qy) {
-          const float* r = plane + (2 * ty + qy) * wp * cs + ch;
-          for (int64_t tx = 0; tx < tw; ++tx, r += 2 * cs) {
-            const int64_t t = ty * tw + tx;
-            const __m256i k0 = LoadWindows8(win + t * out + o), k1 = LoadWindows8(win + t * out + o + 8);
-            const __m256 gv0 = _mm256_loadu_ps(g + t * out + o), gv1 = _mm256_loadu_ps(g + t * out + o + 8);
-            const __m512 g0 = Join(WindowGrad8(k0, gv0, 2 * qy), WindowGrad8(k1, gv1, 2 * qy));
-            const __m512 g1 = Join(WindowGrad8(k0, gv0, 2 * qy + 1), WindowGrad8(k1, gv1, 2 * qy + 1));
-#pragma GCC unroll 3
-            for (int i = 0; i < 3; ++i) {
-              const float* row = r + i * wp * cs;
-              __m512 left = _mm512_set1_ps(row[0]);
-#pragma GCC unroll 3
-              for (int j = 0; j < 3; ++j) {
-                const __m512 right = _mm512_set1_ps(row[(j + 1) * cs]);
-                acc[3 * i + j] = _mm512_fmadd_ps(left, g0, acc[3 * i + j]);
-                acc[3 * i + j] = _mm512_fmadd_ps(right, g1, acc[3 * i + j]);
-                left = right;
-              }
-            }
-          }
-        }
-      }
-#pragma GCC unroll 9
-      for (int k = 0; k < 9; ++k) _mm512_storeu_ps(dwt + (9 * ch + k) * out + o, acc[k]);
-    }
-  }
-}
+namespace {
 
 // dst[e] += src[e] for n floats.
 __attribute__((target("avx2,fma"))) void AddTo(float* dst, const float* src, int64_t n) {
@@ -749,14 +481,15 @@ using ImageLayerFn = void (*)(const float*, int64_t, int64_t, int64_t, const flo
                               uint8_t*, Scratch*);
 // [AVX-512][relu][c == 1]
 const ImageLayerFn kImageLayer[2][2][2] = {
-    {{ImageLayerForward<0, false>, ImageLayerForward<1, false>}, {ImageLayerForward<0, true>, ImageLayerForward<1, true>}},
-    {{ImageLayerForward512<0, false>, ImageLayerForward512<1, false>},
-     {ImageLayerForward512<0, true>, ImageLayerForward512<1, true>}}};
+    {{avx2::ImageLayerForward<0, false>, avx2::ImageLayerForward<1, false>},
+     {avx2::ImageLayerForward<0, true>, avx2::ImageLayerForward<1, true>}},
+    {{avx512::ImageLayerForward<0, false>, avx512::ImageLayerForward<1, false>},
+     {avx512::ImageLayerForward<0, true>, avx512::ImageLayerForward<1, true>}}};
 using ImageGradFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, const uint8_t*, int64_t, float*,
                              float*, Scratch*);
 // [AVX-512][c == 1]
-const ImageGradFn kImageGrad[2][2] = {{ImageLayerBackward<0>, ImageLayerBackward<1>},
-                                      {ImageLayerBackward512<0>, ImageLayerBackward512<1>}};
+const ImageGradFn kImageGrad[2][2] = {{avx2::ImageLayerBackward<0>, avx2::ImageLayerBackward<1>},
+                                      {avx512::ImageLayerBackward<0>, avx512::ImageLayerBackward<1>}};
 
 class ImageConvPoolFunction : public torch::autograd::Function<ImageConvPoolFunction> {
  public:
