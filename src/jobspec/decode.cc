@@ -87,34 +87,32 @@ void DecodeProgram(Decoder& d, const Node& root, JobSpec* spec) {
 }
 
 // restart: the job's budget of worker-group restarts and their back-off.
-void DecodeRestart(Decoder& d, const Node& n_node, RestartSpec* r) {
-  const Node* n = &n_node;
-  if (n->kind != Kind::kMap) {
-    d.Error(*n, "restart", std::string("expected a mapping {max_restarts, backoff, backoff_max}, got ") + n->KindName());
+void DecodeRestart(Decoder& d, const Node& n, RestartSpec* r) {
+  if (n.kind != Kind::kMap) {
+    d.Error(n, "restart", std::string("expected a mapping {max_restarts, backoff, backoff_max}, got ") + n.KindName());
   } else {
-    d.CheckKeys(*n, "restart", {"max_restarts", "backoff", "backoff_max"});
-    if (const Node* m = Decoder::Child(*n, "max_restarts")) {
+    d.CheckKeys(n, "restart", {"max_restarts", "backoff", "backoff_max"});
+    if (const Node* m = Decoder::Child(n, "max_restarts")) {
       if (auto v = d.Int(*m, "restart.max_restarts", 0, kMaxRestarts)) {
         r->max_restarts = static_cast<int>(*v);
       }
     }
-    if (const Node* m = Decoder::Child(*n, "backoff")) {
+    if (const Node* m = Decoder::Child(n, "backoff")) {
       if (auto v = d.DurationField(*m, "restart.backoff")) r->backoff = *v;
     }
-    if (const Node* m = Decoder::Child(*n, "backoff_max")) {
+    if (const Node* m = Decoder::Child(n, "backoff_max")) {
       if (auto v = d.DurationField(*m, "restart.backoff_max")) r->backoff_max = *v;
     }
   }
 }
 
 // timeouts: each a duration; those that cannot be 0 say so.
-void DecodeTimeouts(Decoder& d, const Node& n_node, TimeoutsSpec* t) {
-  const Node* n = &n_node;
-  if (n->kind != Kind::kMap) {
-    d.Error(*n, "timeouts", std::string("expected a mapping {rendezvous, stop_grace, job, last_call, heartbeat, collective, finish}, got ") +
-                                n->KindName());
+void DecodeTimeouts(Decoder& d, const Node& n, TimeoutsSpec* t) {
+  if (n.kind != Kind::kMap) {
+    d.Error(n, "timeouts", std::string("expected a mapping {rendezvous, stop_grace, job, last_call, heartbeat, collective, finish}, got ") +
+                               n.KindName());
   } else {
-    d.CheckKeys(*n, "timeouts",
+    d.CheckKeys(n, "timeouts",
                 {"rendezvous", "stop_grace", "job", "last_call", "heartbeat", "collective", "finish"});
     struct { const char* key; Duration* out; bool zero_ok; } fields[] = {
         {"rendezvous", &t->rendezvous, false},
@@ -125,7 +123,7 @@ void DecodeTimeouts(Decoder& d, const Node& n_node, TimeoutsSpec* t) {
         {"collective", &t->collective, false},
         {"finish", &t->finish, true}};
     for (auto& f : fields) {
-      const Node* m = Decoder::Child(*n, f.key);
+      const Node* m = Decoder::Child(n, f.key);
       if (!m) continue;
       std::string path = std::string("timeouts.") + f.key;
       if (auto v = d.DurationField(*m, path)) {

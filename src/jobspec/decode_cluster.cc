@@ -154,8 +154,8 @@ void Decoder::DecodeCluster(const Node& n, ClusterSpec* c) {
   Field(n, p, "image_pull_secret", &c->image_pull_secret, name);
   Field(n, p, "namespace", &c->namespace_, name);
   Field(n, p, "token_secret", &c->token_secret, name);
-  Field(n, p, "tensorboard", &c->tensorboard, [&](const Node& v, const std::string& path) { return Bool(v, path); });
-  Field(n, p, "pod_monitor", &c->pod_monitor, [&](const Node& v, const std::string& path) { return Bool(v, path); });
+  Field(n, p, "tensorboard", &c->tensorboard, Boolean());
+  Field(n, p, "pod_monitor", &c->pod_monitor, Boolean());
   if (const Node* port = Child(n, "metrics_port")) {
     if (auto v = Int(*port, p + ".metrics_port", 0, 65535)) c->metrics_port = static_cast<int>(*v);
   }
@@ -236,15 +236,10 @@ void Decoder::DecodePlacement(const Node& n, const std::string& p, ClusterSpec* 
       const Node& t = tl->seq[i];
       if (!Section(t, tp, {"key", "operator", "value", "effect"})) continue;
       Toleration tol;
-      auto str = [&](const Node& v, const std::string& path) { return String(v, path); };
-      Field(t, tp, "key", &tol.key, str);
-      Field(t, tp, "value", &tol.value, str);
-      Field(t, tp, "operator", &tol.op, [&](const Node& v, const std::string& path) {
-        return OneOf(v, path, {"Equal", "Exists"});
-      });
-      Field(t, tp, "effect", &tol.effect, [&](const Node& v, const std::string& path) {
-        return OneOf(v, path, {"NoSchedule", "PreferNoSchedule", "NoExecute"});
-      });
+      Field(t, tp, "key", &tol.key, Text());
+      Field(t, tp, "value", &tol.value, Text());
+      Field(t, tp, "operator", &tol.op, OneOfThese({"Equal", "Exists"}));
+      Field(t, tp, "effect", &tol.effect, OneOfThese({"NoSchedule", "PreferNoSchedule", "NoExecute"}));
       c->tolerations.push_back(tol);
     }
   }

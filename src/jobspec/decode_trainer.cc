@@ -6,6 +6,8 @@
 
 namespace trainctl::jobspec {
 
+constexpr long long kBig = 1LL << 40;  // "no bound" for counts of steps and samples
+
 void Decoder::DecodeTrainer(const Node& n, TrainerSpec* t) {
   const std::string p = "trainer";
   if (!Section(n, p, {"strategy", "parameter_server", "model", "data", "epochs", "max_steps", "batch_size", "balance",
@@ -15,7 +17,6 @@ void Decoder::DecodeTrainer(const Node& n, TrainerSpec* t) {
     return;
   }
   t->enabled = true;
-  constexpr long long kBig = 1LL << 40;
   Field(n, p, "strategy", &t->strategy, OneOfThese({"allreduce", "parameter_server"}));
   if (const Node* ps = Child(n, "parameter_server")) {
     const std::string pp = p + ".parameter_server";
@@ -77,29 +78,27 @@ void Decoder::DecodeTrainer(const Node& n, TrainerSpec* t) {
 }
 
 // trainer.data: the dataset, where it is, how it is read and how big its images are.
-void Decoder::DecodeData(const Node& d_node, const std::string& dp, DataSpec* ds_out) {
-  const Node* d = &d_node;
+void Decoder::DecodeData(const Node& d, const std::string& dp, DataSpec* ds_out) {
   DataSpec& ds = *ds_out;
-  constexpr long long kBig = 1LL << 40;
-  if (!Section(*d, dp, {"dataset", "dir", "test_dir", "holdout", "bad_images", "augment", "limit", "test_limit",
-                        "samples", "shape", "classes", "load", "threads", "crop_pct"})) {
+  if (!Section(d, dp, {"dataset", "dir", "test_dir", "holdout", "bad_images", "augment", "limit", "test_limit",
+                       "samples", "shape", "classes", "load", "threads", "crop_pct"})) {
     return;
   }
-  Field(*d, dp, "dataset", &ds.dataset,
+  Field(d, dp, "dataset", &ds.dataset,
         OneOfThese({"fashion-mnist", "mnist", "cifar10", "imagefolder", "synthetic"}));
-  Field(*d, dp, "dir", &ds.dir, Text());
-  Field(*d, dp, "test_dir", &ds.test_dir, Text());
-  Field(*d, dp, "holdout", &ds.holdout, NumIn(0, 0.9));
-  Field(*d, dp, "bad_images", &ds.bad_images, OneOfThese({"skip", "fail"}));
-  if (const Node* a = Child(*d, "augment")) DecodeAugment(*a, dp + ".augment", &ds);
-  Field(*d, dp, "load", &ds.load, OneOfThese({"auto", "stream", "memory"}));
-  Field(*d, dp, "threads", &ds.threads, IntIn(0, 1024));
-  Field(*d, dp, "crop_pct", &ds.crop_pct, NumIn(0, 1));  // 0: by augment (job_spec.h)
-  Field(*d, dp, "limit", &ds.limit, IntIn(0, kBig));
-  Field(*d, dp, "test_limit", &ds.test_limit, IntIn(0, kBig));
-  Field(*d, dp, "samples", &ds.samples, IntIn(1, kBig));
-  Field(*d, dp, "classes", &ds.classes, IntIn(2, 4096));
-  if (const Node* sh = Child(*d, "shape")) {
+  Field(d, dp, "dir", &ds.dir, Text());
+  Field(d, dp, "test_dir", &ds.test_dir, Text());
+  Field(d, dp, "holdout", &ds.holdout, NumIn(0, 0.9));
+  Field(d, dp, "bad_images", &ds.bad_images, OneOfThese({"skip", "fail"}));
+  if (const Node* a = Child(d, "augment")) DecodeAugment(*a, dp + ".augment", &ds);
+  Field(d, dp, "load", &ds.load, OneOfThese({"auto", "stream", "memory"}));
+  Field(d, dp, "threads", &ds.threads, IntIn(0, 1024));
+  Field(d, dp, "crop_pct", &ds.crop_pct, NumIn(0, 1));  // 0: by augment (job_spec.h)
+  Field(d, dp, "limit", &ds.limit, IntIn(0, kBig));
+  Field(d, dp, "test_limit", &ds.test_limit, IntIn(0, kBig));
+  Field(d, dp, "samples", &ds.samples, IntIn(1, kBig));
+  Field(d, dp, "classes", &ds.classes, IntIn(2, 4096));
+  if (const Node* sh = Child(d, "shape")) {
     Note(dp + ".shape", {{"type", "array"}, {"minItems", 3}, {"maxItems", 3}});
     if (schema && sh->kind != Kind::kSeq) Int(Node(), dp + ".shape[0]", 1, 4096);
     if (sh->kind != Kind::kSeq || sh->seq.size() != 3) {
@@ -115,26 +114,26 @@ void Decoder::DecodeData(const Node& d_node, const std::string& dp, DataSpec* ds
     }
   }
   const bool folder = ds.dataset == "imagefolder";
-  if (folder && !Child(*d, "shape")) ds.shape.clear();  // the first training picture's (FolderShape)
+  if (folder && !Child(d, "shape")) ds.shape.clear();  // the first training picture's (FolderShape)
   for (const char* key : {"test_dir", "holdout", "bad_images", "load", "threads", "crop_pct"}) {
-    if (const Node* k = Child(*d, key); k && !folder) {
+    if (const Node* k = Child(d, key); k && !folder) {
       Error(*k, dp + "." + key, "goes with dataset: imagefolder");
     }
   }
   if (ds.random_resized_crop && !folder) {
-    Error(*Child(*Child(*d, "augment"), "random_resized_crop"), dp + ".augment.random_resized_crop",
+    Error(*Child(*Child(d, "augment"), "random_resized_crop"), dp + ".augment.random_resized_crop",
           "goes with dataset: imagefolder (pictures of any size; the other datasets' images have theirs)");
   } else if (ds.random_resized_crop && ds.load == "memory") {
-    Error(*Child(*d, "load"), dp + ".load",
+    Error(*Child(d, "load"), dp + ".load",
           "memory keeps each picture decoded once; augment.random_resized_crop decodes a new crop of it "
           "every epoch: load: stream (or auto)");
   }
-  if (const Node* k = Child(*d, "holdout"); k && !ds.test_dir.empty()) {
+  if (const Node* k = Child(d, "holdout"); k && !ds.test_dir.empty()) {
     Error(*k, dp + ".holdout", "goes without test_dir: the test images come from test_dir, or are held out of dir");
   }
   bool needs_dir = ds.dataset == "mnist" || ds.dataset == "cifar10" || folder;
   if (needs_dir && ds.dir.empty()) {
-    Error(*d, dp + ".dir", "required for " + ds.dataset + "; expected the directory with " +
+    Error(d, dp + ".dir", "required for " + ds.dataset + "; expected the directory with " +
                                (ds.dataset == "mnist"  ? "the idx files"
                                 : folder               ? "a folder per class of images"
                                                        : "data_batch_N.bin and test_batch.bin"));
@@ -142,17 +141,16 @@ void Decoder::DecodeData(const Node& d_node, const std::string& dp, DataSpec* ds
 }
 
 // trainer.data.augment: crops and flips; ImageNet's random resized crops with their scale and ratio.
-void Decoder::DecodeAugment(const Node& a_node, const std::string& ap, DataSpec* ds_out) {
-  const Node* a = &a_node;
+void Decoder::DecodeAugment(const Node& a, const std::string& ap, DataSpec* ds_out) {
   DataSpec& ds = *ds_out;
-  if (!Section(*a, ap, {"crop_padding", "flip", "random_resized_crop", "scale", "ratio"})) return;
-  Field(*a, ap, "crop_padding", &ds.crop_padding, IntIn(0, 256));
-  Field(*a, ap, "flip", &ds.flip, Boolean());
-  Field(*a, ap, "random_resized_crop", &ds.random_resized_crop, Boolean());
+  if (!Section(a, ap, {"crop_padding", "flip", "random_resized_crop", "scale", "ratio"})) return;
+  Field(a, ap, "crop_padding", &ds.crop_padding, IntIn(0, 256));
+  Field(a, ap, "flip", &ds.flip, Boolean());
+  Field(a, ap, "random_resized_crop", &ds.random_resized_crop, Boolean());
   for (const auto& [key, out, lo, hi] : {std::tuple<const char*, std::vector<double>*, double, double>{
                                              "scale", &ds.scale, 0.0001, 1.0},
                                          {"ratio", &ds.ratio, 0.01, 100.0}}) {
-    const Node* r = Child(*a, key);
+    const Node* r = Child(a, key);
     if (!r) continue;
     const std::string rp = ap + "." + key;
     Note(rp, {{"type", "array"}, {"minItems", 2}, {"maxItems", 2}});
@@ -169,34 +167,31 @@ void Decoder::DecodeAugment(const Node& a_node, const std::string& ap, DataSpec*
 }
 
 // trainer.optimizer: SGD or Adam and their settings.
-void Decoder::DecodeOptimizer(const Node& o_node, const std::string& op, OptimizerSpec* os_out) {
-  const Node* o = &o_node;
+void Decoder::DecodeOptimizer(const Node& o, const std::string& op, OptimizerSpec* os_out) {
   OptimizerSpec& os = *os_out;
-  if (!Section(*o, op, {"name", "lr", "momentum", "weight_decay", "nesterov", "beta1", "beta2", "eps"})) return;
-  Field(*o, op, "name", &os.name, OneOfThese({"sgd", "adam"}));
-  Field(*o, op, "lr", &os.lr, NumIn(0, 100));
-  Field(*o, op, "momentum", &os.momentum, NumIn(0, 1));
-  Field(*o, op, "weight_decay", &os.weight_decay, NumIn(0, 10));
-  Field(*o, op, "nesterov", &os.nesterov, Boolean());
-  Field(*o, op, "beta1", &os.beta1, NumIn(0, 0.999999));
-  Field(*o, op, "beta2", &os.beta2, NumIn(0, 0.999999999));
-  Field(*o, op, "eps", &os.eps, NumIn(0, 1));
+  if (!Section(o, op, {"name", "lr", "momentum", "weight_decay", "nesterov", "beta1", "beta2", "eps"})) return;
+  Field(o, op, "name", &os.name, OneOfThese({"sgd", "adam"}));
+  Field(o, op, "lr", &os.lr, NumIn(0, 100));
+  Field(o, op, "momentum", &os.momentum, NumIn(0, 1));
+  Field(o, op, "weight_decay", &os.weight_decay, NumIn(0, 10));
+  Field(o, op, "nesterov", &os.nesterov, Boolean());
+  Field(o, op, "beta1", &os.beta1, NumIn(0, 0.999999));
+  Field(o, op, "beta2", &os.beta2, NumIn(0, 0.999999999));
+  Field(o, op, "eps", &os.eps, NumIn(0, 1));
 }
 
 // trainer.schedule: the learning rate's schedule.
-void Decoder::DecodeSchedule(const Node& sc_node, const std::string& sp, ScheduleSpec* ss_out) {
-  const Node* sc = &sc_node;
+void Decoder::DecodeSchedule(const Node& sc, const std::string& sp, ScheduleSpec* ss_out) {
   ScheduleSpec& ss = *ss_out;
-  constexpr long long kBig = 1LL << 40;
-  if (!Section(*sc, sp, {"name", "warmup_steps", "step_size", "gamma", "min_lr", "scale_by_world_size"})) return;
-  Field(*sc, sp, "name", &ss.name, OneOfThese({"constant", "step", "cosine", "one_cycle"}));
-  Field(*sc, sp, "warmup_steps", &ss.warmup_steps, IntIn(0, kBig));
-  Field(*sc, sp, "step_size", &ss.step_size, IntIn(1, kBig));
-  Field(*sc, sp, "gamma", &ss.gamma, NumIn(0, 1));
-  Field(*sc, sp, "min_lr", &ss.min_lr, NumIn(0, 100));
-  Field(*sc, sp, "scale_by_world_size", &ss.scale_by_world_size, Boolean());
+  if (!Section(sc, sp, {"name", "warmup_steps", "step_size", "gamma", "min_lr", "scale_by_world_size"})) return;
+  Field(sc, sp, "name", &ss.name, OneOfThese({"constant", "step", "cosine", "one_cycle"}));
+  Field(sc, sp, "warmup_steps", &ss.warmup_steps, IntIn(0, kBig));
+  Field(sc, sp, "step_size", &ss.step_size, IntIn(1, kBig));
+  Field(sc, sp, "gamma", &ss.gamma, NumIn(0, 1));
+  Field(sc, sp, "min_lr", &ss.min_lr, NumIn(0, 100));
+  Field(sc, sp, "scale_by_world_size", &ss.scale_by_world_size, Boolean());
   if (ss.name == "step" && ss.step_size == 0) {
-    Error(*sc, sp + ".step_size", "required for the step schedule; expected the number of "
+    Error(sc, sp + ".step_size", "required for the step schedule; expected the number of "
                                   "steps between LR drops, such as 1000");
   }
 }
