@@ -1,38 +1,25 @@
 #include "launch/local/local_launcher.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <ctime>
-#include <optional>
-#include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "job/agent_command.h"
 #include "job/keys.h"
 #include "job/paths.h"
-#include "job/records.h"
 #include "job/run_status.h"
 #include "job/runs.h"
 #include "common/address.h"
 #include "common/cgroup.h"
 #include "common/cpus.h"
 #include "common/exit_codes.h"
-#include "common/fork_server.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/random.h"
 #include "common/subprocess.h"
-#include "rendezvous/rendezvous.h"
-#include "rendezvous/round_end.h"
 #include "store/open_store.h"
 #include "store/tcp/tcp_store.h"
 #include "launch/local/agent_supervisor.h"
