@@ -90,9 +90,7 @@ class AgentEnv {
   // An empty group for a round's tasks; `forks` (the agent's worker servers) outlives it.
   virtual std::unique_ptr<TaskGroup> NewTaskGroup(bool color_output, WorkerForks* forks) = 0;
   // The time left until `deadline`, never negative.
-  Duration Remaining(Clock::time_point deadline) const {
-    return std::max<Duration>(Duration(0), std::chrono::duration_cast<Duration>(deadline - Now()));
-  }
+  Duration Remaining(Clock::time_point deadline) const { return trainctl::Remaining(deadline, Now()); }
 };
 
 // This process on this machine: the steady clock, BlockSupervisorSignals' signals, WorkerGroup.

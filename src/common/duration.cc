@@ -109,8 +109,10 @@ Result<int64_t> ParseBytes(std::string_view text) {
   return static_cast<int64_t>(bytes);
 }
 
-Duration Remaining(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+Duration Remaining(Clock::time_point deadline) { return Remaining(deadline, Clock::now()); }
+
+Duration Remaining(Clock::time_point deadline, Clock::time_point now) {
+  auto left = std::chrono::duration_cast<Duration>(deadline - now);
   return left.count() < 0 ? Duration(0) : left;
 }
 

@@ -22,8 +22,10 @@ std::string FormatDuration(Duration d);
 // Parses a Kubernetes-style quantity of bytes: plain, k/M/G/T (powers of 10), Ki/Mi/Gi/Ti.
 Result<int64_t> ParseBytes(std::string_view text);
 
-// Milliseconds left until `deadline`, never negative.
+// Milliseconds left until `deadline`, never negative: from now, or from `now` on another clock
+// (an agent's, which its tests move).
 Duration Remaining(Clock::time_point deadline);
+Duration Remaining(Clock::time_point deadline, Clock::time_point now);
 
 // Seconds since the Unix epoch (wall clock), for records that leave this process.
 double WallSeconds();

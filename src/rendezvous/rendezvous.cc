@@ -41,10 +41,6 @@ struct State {
 
 Clock::time_point Now(const RendezvousOptions& o) { return o.now ? o.now() : Clock::now(); }
 
-Duration Left(const RendezvousOptions& o, Clock::time_point deadline) {
-  return std::max<Duration>(Duration(0), std::chrono::duration_cast<Duration>(deadline - Now(o)));
-}
-
 Result<std::string> WaitForKey(Store& store, const RendezvousOptions& o, const std::string& key, Duration timeout) {
   return o.wait_for_key ? o.wait_for_key(store, key, timeout) : store.Get(key, timeout);
 }
@@ -183,7 +179,7 @@ Status Close(Store& store, int round, int slots, Clock::time_point deadline, con
         return TimedOut(store, round, o, "; slot " + std::to_string(i) + " was taken and never filled (its agent died?)");
       }
       if (o.check) RETURN_IF_ERROR(o.check());
-      auto waited = WaitForKey(store, o, keys::RoundMember(round, i), std::max(std::min(Left(o, give_up), o.poll), Duration(1)));
+      auto waited = WaitForKey(store, o, keys::RoundMember(round, i), std::max(std::min(Remaining(give_up, Now(o)), o.poll), Duration(1)));
       if (!waited.ok() && waited.status().code() != Code::kTimeout) return waited.status();
     }
   }
@@ -290,8 +286,8 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
     }
     if (Now(o) >= deadline) return TimedOut(store, round, o);
     if (o.check) RETURN_IF_ERROR(o.check());
-    Duration wait = std::min(Left(o, deadline), o.check_every);
-    if (counting) wait = std::min(wait, Left(o, next_count));
+    Duration wait = std::min(Remaining(deadline, Now(o)), o.check_every);
+    if (counting) wait = std::min(wait, Remaining(next_count, Now(o)));
     auto announced = WaitForKey(store, o, keys::RoundClosed(round), std::max(wait, Duration(1)));
     if (announced.ok()) {
       if (slot >= o.max_nodes) return std::optional<RoundInfo>();

@@ -87,11 +87,11 @@ struct Exchange {
   std::unique_ptr<comm::Communicator> comm;
   std::unique_ptr<comm::ps::Client> ps;
 };
-Result<Exchange> Connect(const JobSpec& spec, const TaskEnv& env, int rank, int world, const torch::Device& device,
-                         Store& comm_store, Duration comm_timeout) {
+// `host`: this task's address for its peers.
+Result<Exchange> Connect(const JobSpec& spec, const TaskEnv& env, const std::string& host, int rank, int world,
+                         const torch::Device& device, Store& comm_store, Duration comm_timeout) {
   const TrainerSpec& t = spec.trainer;
   Exchange x;
-  const std::string host = env.host.empty() ? "127.0.0.1" : env.host;
   if (t.strategy == "parameter_server") {  // no collective among the workers
     comm::ps::ClientOptions po;
     try {
@@ -219,9 +219,9 @@ int RunTrainer(const TrainOptions& options) {
   // the rest goes to finding out which ranks are stalled (NameStalledRanks).
   const Duration stall_grace = std::min<Duration>(spec->timeouts.collective / 10, std::chrono::seconds(3));
   const Duration comm_timeout = spec->timeouts.collective - stall_grace;
-  auto exchange = Connect(*spec, *env, rank, world, *device, comm_store, comm_timeout);
-  if (!exchange.ok()) return fail(exchange.status());
   const std::string host = env->host.empty() ? "127.0.0.1" : env->host;
+  auto exchange = Connect(*spec, *env, host, rank, world, *device, comm_store, comm_timeout);
+  if (!exchange.ok()) return fail(exchange.status());
   if (Status st = comm::AnnounceRank(comm_store, rank, host); !st.ok()) return fail(st);
   comm::ps::Client* ps = exchange->ps.get();
   std::unique_ptr<comm::ProgressWatchdog> watchdog;
