@@ -115,9 +115,11 @@ Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
     if (why.empty()) why = "load: memory";
     const auto& l = folder.listing;
     char listed[96];
-    std::snprintf(listed, sizeof listed, l.from_cache ? "its file list from the cache in %.2f s"
-                                                      : "%d class folder(s) listed in %.2f s",
-                  l.from_cache ? 0 : l.listed, l.seconds);
+    if (l.from_cache) {
+      std::snprintf(listed, sizeof listed, "its file list from the cache in %.2f s", l.seconds);
+    } else {
+      std::snprintf(listed, sizeof listed, "%d class folder(s) listed in %.2f s", l.listed, l.seconds);
+    }
     folder.set.origin = dir + ": " + std::to_string(folder.set.count) + (train ? " training" : " test") + " images in " +
                         std::to_string(folder.classes.size()) + " classes (" +
                         listed + "); " +
