@@ -536,7 +536,7 @@ Agent::Outcome Agent::FinishRound(Round& r, const FailureRecord& rec) {
                FormatDuration(s.timeouts.finish), left.size());
       said = true;
     }
-    env_->WaitSignal(o_.poll_interval);
+    r.group->WaitSignal(o_.poll_interval);
     if (env_->StopSignal()) break;
     for (const WorkerExit& e : r.group->ReapExited()) {
       const Task& t = r.mine[e.local_rank];
@@ -703,9 +703,10 @@ Agent::Outcome Agent::Watch(Round& r) {
     if (all_exited()) {
       const Duration wait = std::clamp<Duration>(env_->Remaining(r.next_beat), Duration(1), quiet);
       (void)env_->WaitForKey(*store_, keys::RoundEnd(r.round), wait);  // read again below, with the stop key
-      while (env_->WaitSignal(Duration(0)) != 0) {}  // a stop signal that came meanwhile
+      // A stop signal that came meanwhile, and what the tasks' children wrote.
+      while (r.group->WaitSignal(Duration(0)) != 0) {}
     } else {
-      env_->WaitSignal(poll);
+      r.group->WaitSignal(poll);
     }
     auto seen = store_->TryGetMany(watched_keys);
     Status st = CheckStopSignal();

@@ -70,6 +70,8 @@ class TaskGroup {
   virtual std::vector<std::pair<int, std::string>> KillStuck(Duration stopped, Duration blocked) = 0;
   // The last lines of a task's output, after giving it up to `drain` to end.
   virtual std::vector<std::string> Tail(int local_rank, Duration drain) = 0;
+  // AgentEnv::WaitSignal, copying the tasks' output meanwhile: how the agent waits while they run.
+  virtual int WaitSignal(Duration wait) = 0;
 };
 
 class AgentEnv {

@@ -53,6 +53,7 @@ class FakeTasks : public TaskGroup {
   std::vector<std::string> Tail(int local_rank, Duration) override {
     return {"last words of " + tasks_[local_rank].launch.label};
   }
+  int WaitSignal(Duration wait) override;
 
  private:
   struct Fake {
@@ -113,6 +114,8 @@ class FakeEnv : public AgentEnv {
   std::vector<WorkerLaunch> restarted;        // single-task restarts
   int stops = 0;
 };
+
+int FakeTasks::WaitSignal(Duration wait) { return env_->WaitSignal(wait); }
 
 void FakeTasks::Begin(Fake* t) {
   t->started = env_->now_;

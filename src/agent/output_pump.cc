@@ -10,12 +10,14 @@
 #include <cstring>
 
 #include "common/strings.h"
+#include "common/subprocess.h"
 
 namespace trainctl {
 namespace {
 
 constexpr size_t kMaxLine = 64 * 1024;  // longer lines are cut into pieces
 constexpr size_t kAtomicWrite = 4096;   // PIPE_BUF: writes up to this never interleave
+constexpr size_t kMaxQueued = 1 << 20;  // for stdout, before the tasks' pipes are left to fill
 
 // Returns 0, or the errno of a failed write (stdout gone, a full disk): the pipes are drained all
 // the same, so that workers never block.
@@ -34,15 +36,9 @@ int WriteFully(int fd, const char* p, size_t n) {
 
 }  // namespace
 
-OutputPump::OutputPump(int out_fd, bool color) : out_fd_(out_fd), color_(color) {
-  if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) wake_[0] = wake_[1] = -1;
-}
+OutputPump::OutputPump(int out_fd, bool color) : out_fd_(out_fd), color_(color) {}
 
-OutputPump::~OutputPump() {
-  Stop();
-  if (wake_[0] >= 0) ::close(wake_[0]);
-  if (wake_[1] >= 0) ::close(wake_[1]);
-}
+OutputPump::~OutputPump() { Stop(); }
 
 void OutputPump::Add(int id, const std::string& label, int read_fd, int log_fd, int times_fd) {
   static const char* kColors[] = {"\033[36m", "\033[32m", "\033[33m", "\033[35m",
@@ -53,24 +49,11 @@ void OutputPump::Add(int id, const std::string& label, int read_fd, int log_fd, 
   s.times_fd = times_fd;
   std::string tag = "[" + label + "] ";
   s.prefix = color_ ? std::string(kColors[id % 8]) + tag + "\033[0m" : tag;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    current_[id] = next_key_;
-    streams_[next_key_++] = std::move(s);
-  }
-  if (started_) {  // the loop polls a fixed set of fds: wake it to add this one
-    char b = 'a';
-    ssize_t ignored = ::write(wake_[1], &b, 1);
-    (void)ignored;
-  }
+  current_[id] = next_key_;
+  streams_[next_key_++] = std::move(s);
 }
 
-void OutputPump::Start() {
-  started_ = true;
-  thread_ = std::thread([this] { Loop(); });
-}
-
-std::string OutputPump::Consume(Stream& s, const char* data, size_t n, bool flush_partial) {
+void OutputPump::Consume(Stream& s, const char* data, size_t n, bool flush_partial) {
   std::string out;
   s.partial.append(data, n);
   size_t start = 0;
@@ -115,76 +98,86 @@ std::string OutputPump::Consume(Stream& s, const char* data, size_t n, bool flus
     // On a terminal, shown as text: a worker's escape sequences do not drive it (colours pass).
     std::string shown = (status_shown_ ? "\r\033[K" : "") + s.prefix + (color_ ? SafeForTerminal(line, true) : line) + "\n";
     status_shown_ = false;
-    if (!out.empty() && out.size() + shown.size() > kAtomicWrite) {
-      WriteOut(out);
-      out.clear();
-    }
+    if (!out.empty() && out.size() + shown.size() > kAtomicWrite) Queue(std::move(out));
     out += shown;
     s.tail.push_back(SafeForTerminal(line, false));  // for failure reports: plain text
     if (s.tail.size() > kTailLines) s.tail.pop_front();
   }
   s.partial.erase(0, start);
-  return out;
+  Queue(std::move(out));
 }
 
-void OutputPump::WriteOut(const std::string& text) { WriteFully(out_fd_, text.data(), text.size()); }
+void OutputPump::Queue(std::string text) {
+  if (text.empty()) return;
+  out_bytes_ += text.size();
+  out_.push_back(std::move(text));
+}
 
-void OutputPump::Loop() {
+void OutputPump::Read(Stream& s) {
   char buf[65536];
-  std::vector<struct pollfd> fds;
-  std::vector<int> ranks;
-  bool stopping = false;
+  const ssize_t n = ::read(s.fd, buf, sizeof buf);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  Consume(s, buf, n > 0 ? static_cast<size_t>(n) : 0, n <= 0);
+  if (n <= 0) s.eof = true;
+}
+
+int OutputPump::Turn(Duration timeout, bool signals) {
+  std::vector<pollfd> fds;
+  std::vector<Stream*> polled;
+  if (out_bytes_ < kMaxQueued) {  // else the writers wait, their pipes full, until stdout drains
+    for (auto& [key, s] : streams_) {
+      if (s.eof || s.fd < 0) continue;
+      fds.push_back({s.fd, POLLIN, 0});
+      polled.push_back(&s);
+    }
+  }
+  const bool writing = !out_.empty();
+  if (writing) fds.push_back({out_fd_, POLLOUT, 0});
+  int sig = 0;
+  if (signals) {
+    sig = trainctl::WaitSignalOrReady(timeout, &fds);
+  } else if (::poll(fds.data(), fds.size(), static_cast<int>(timeout.count())) <= 0) {
+    return 0;
+  }
+  for (size_t i = 0; i < polled.size(); ++i) {
+    if (fds[i].revents) Read(*polled[i]);
+  }
+  if (writing && fds.back().revents) {
+    // One piece: a pipe with room for PIPE_BUF bytes takes it without blocking.
+    std::string& piece = out_.front();
+    const ssize_t w = ::write(out_fd_, piece.data(), piece.size());
+    if (w > 0 || (w < 0 && errno != EINTR && errno != EAGAIN)) {  // a closed stdout: dropped
+      const size_t done = w > 0 ? static_cast<size_t>(w) : piece.size();
+      out_bytes_ -= done;
+      if (done < piece.size()) {
+        piece.erase(0, done);
+      } else {
+        out_.pop_front();
+      }
+    }
+  }
+  return sig;
+}
+
+int OutputPump::WaitSignal(Duration timeout) {
+  const auto deadline = Clock::now() + timeout;
   while (true) {
-    fds.clear();
-    ranks.clear();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto& [rank, s] : streams_) {
-        if (s.eof) continue;
-        fds.push_back({s.fd, POLLIN, 0});
-        ranks.push_back(rank);
-      }
-    }
-    if (fds.empty() && stopping) return;
-    fds.push_back({wake_[0], POLLIN, 0});  // a stop, or a stream added (a restarted task)
-    // When stopping, take only what is already there.
-    int rc = ::poll(fds.data(), fds.size(), stopping ? 0 : -1);
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc <= 0 && stopping) return;
-    if (fds.back().revents) {
-      char drain[64];
-      for (ssize_t n; (n = ::read(wake_[0], drain, sizeof drain)) > 0;) {
-        for (ssize_t i = 0; i < n; ++i) stopping = stopping || drain[i] == 's';
-      }
-    }
-    for (size_t i = 0; i + 1 < fds.size(); ++i) {
-      if (!fds[i].revents) continue;
-      ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      std::string out;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        Stream& s = streams_[ranks[i]];
-        out = Consume(s, buf, n > 0 ? static_cast<size_t>(n) : 0, n <= 0);
-        if (n <= 0) s.eof = true;
-      }
-      if (!out.empty()) WriteOut(out);
-      if (n <= 0) drained_.notify_all();
-    }
+    if (int sig = Turn(Remaining(deadline), true)) return sig;
+    if (Clock::now() >= deadline) return 0;
   }
 }
 
 void OutputPump::WaitDrained(int id, Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  drained_.wait_for(lock, timeout, [&] {
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
     auto key = current_.find(id);
     auto it = key == current_.end() ? streams_.end() : streams_.find(key->second);
-    return it == streams_.end() || it->second.eof || stopped_;
-  });
+    if (it == streams_.end() || it->second.eof || stopped_ || Clock::now() >= deadline) return;
+    Turn(Remaining(deadline), false);
+  }
 }
 
 std::vector<std::string> OutputPump::Tail(int id) {
-  std::lock_guard<std::mutex> lock(mu_);
   auto key = current_.find(id);
   auto it = key == current_.end() ? streams_.end() : streams_.find(key->second);
   if (it == streams_.end()) return {};
@@ -192,29 +185,24 @@ std::vector<std::string> OutputPump::Tail(int id) {
 }
 
 void OutputPump::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_) return;
-    stopped_ = true;
-  }
-  if (started_) {
-    char b = 's';
-    ssize_t ignored = ::write(wake_[1], &b, 1);
-    (void)ignored;
-    thread_.join();
-  }
-  drained_.notify_all();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [rank, s] : streams_) {
-    if (!s.partial.empty() && !s.eof) {
-      std::string out = Consume(s, "", 0, true);
-      WriteOut(out);
+  if (stopped_) return;
+  stopped_ = true;
+  for (auto& [key, s] : streams_) {
+    // What is there already, without waiting for writers that are still alive.
+    for (int i = 0; i < 64 && !s.eof && s.fd >= 0; ++i) {
+      pollfd p{s.fd, POLLIN, 0};
+      if (::poll(&p, 1, 0) <= 0) break;
+      Read(s);
     }
+    if (!s.partial.empty() && !s.eof) Consume(s, "", 0, true);
     if (s.fd >= 0) ::close(s.fd);
     if (s.log_fd >= 0) ::close(s.log_fd);
     if (s.times_fd >= 0) ::close(s.times_fd);
     s.fd = s.log_fd = s.times_fd = -1;
   }
+  for (const auto& piece : out_) WriteFully(out_fd_, piece.data(), piece.size());
+  out_.clear();
+  out_bytes_ = 0;
 }
 
 }  // namespace trainctl

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "common/fs.h"
 
@@ -28,7 +29,6 @@ Pumped Pump(const std::string& text, bool terminal) {
   {
     OutputPump pump(out[1], terminal);
     pump.Add(0, "worker-0", in[0], log_fd);
-    pump.Start();
     EXPECT_EQ(::write(in[1], text.data(), text.size()), ssize_t(text.size()));
     ::close(in[1]);
     pump.WaitDrained(0, std::chrono::seconds(10));
@@ -74,7 +74,6 @@ TEST(OutputPump, EscapeSequencesAreShownAsTextNotObeyed) {
   ASSERT_EQ(::pipe(in), 0);
   OutputPump pump(out[1], true);
   pump.Add(0, "worker-0", in[0], -1);
-  pump.Start();
   ASSERT_EQ(::write(in[1], hostile.data(), hostile.size()), ssize_t(hostile.size()));
   ::close(in[1]);
   pump.WaitDrained(0, std::chrono::seconds(10));
@@ -96,7 +95,6 @@ TEST(OutputPump, ALogThatCannotBeWrittenIsSaidOnce) {
   {
     OutputPump pump(out[1], false);
     pump.Add(0, "worker-0", in[0], full);
-    pump.Start();
     const std::string text = "one\ntwo\nthree\n";
     ASSERT_EQ(::write(in[1], text.data(), text.size()), ssize_t(text.size()));
     ::close(in[1]);
@@ -121,6 +119,64 @@ TEST(OutputPump, ElsewhereCarriageReturnIsText) {
   Pumped r = Pump("x\ry\n", false);
   EXPECT_EQ(r.shown, "[worker-0] x\ry\n");
   EXPECT_EQ(r.logged, "x\ry\n");
+}
+
+// The agent's one thread copies the output while it waits: a task that writes far more than its
+// pipe holds is never blocked for long, and all of it reaches the log, in order.
+TEST(OutputPump, OutputFlowsWhileTheAgentWaits) {
+  int in[2];
+  ASSERT_EQ(::pipe(in), 0);
+  const int out = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  char log_path[] = "/tmp/pump-log-XXXXXX";
+  const int log_fd = ::mkstemp(log_path);
+  std::string expected;
+  for (int i = 0; i < 40000; ++i) expected += "line " + std::to_string(i) + "\n";  // 400 kB
+  std::thread task([&] {
+    EXPECT_EQ(::write(in[1], expected.data(), expected.size()), ssize_t(expected.size()));
+    ::close(in[1]);
+  });
+  {
+    OutputPump pump(out, false);
+    pump.Add(0, "worker-0", in[0], log_fd);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (pump.Tail(0).empty() || pump.Tail(0).back() != "line 39999") {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the output stopped flowing";
+      pump.WaitSignal(std::chrono::milliseconds(50));
+    }
+    task.join();
+    pump.Stop();
+  }
+  ::close(out);
+  EXPECT_EQ(*ReadFile(log_path), expected);
+  ::unlink(log_path);
+}
+
+// A stdout that takes nothing (a paused pager, a stopped terminal) stalls the output, never the
+// agent's waits (its heartbeats go on); what waited is written once stdout takes it again.
+TEST(OutputPump, AStdoutThatTakesNothingDoesNotStallTheWait) {
+  int out[2], in[2];
+  ASSERT_EQ(::pipe2(out, O_NONBLOCK), 0);
+  ASSERT_EQ(::pipe(in), 0);
+  std::string filler(4096, 'x');
+  while (::write(out[1], filler.data(), filler.size()) > 0) {}  // full
+  ASSERT_EQ(::fcntl(out[1], F_SETFL, 0), 0);  // blocking again, as a terminal is
+  OutputPump pump(out[1], false);
+  pump.Add(0, "worker-0", in[0], -1);
+  ASSERT_EQ(::write(in[1], "hello\n", 6), 6);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) pump.WaitSignal(std::chrono::milliseconds(20));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_EQ(pump.Tail(0), std::vector<std::string>{"hello"});  // read, and waiting for stdout
+  std::string drained;
+  char buf[65536];
+  for (ssize_t n; drained.size() < 65536 && (n = ::read(out[0], buf, sizeof buf)) > 0;) drained.append(buf, n);
+  ::close(in[1]);
+  pump.WaitDrained(0, std::chrono::seconds(10));
+  pump.Stop();
+  ::close(out[1]);
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) drained.append(buf, n);
+  ::close(out[0]);
+  EXPECT_NE(drained.find("[worker-0] hello\n"), std::string::npos);
 }
 
 }  // namespace

@@ -88,7 +88,6 @@ Status WorkerGroup::Start(const std::vector<WorkerLaunch>& launches) {
     }
     workers_.push_back({launch, *pid, false});
   }
-  pump_->Start();
   return Status::Ok();
 }
 
@@ -148,7 +147,7 @@ void WorkerGroup::StopWhere(Pick pick, Duration grace) {
       if (pick(w) && !w.exited && ::waitpid(w.pid, &status, WNOHANG) == w.pid) w.exited = true;
     }
     if (all_exited() || Clock::now() >= deadline) break;
-    WaitSignal(std::min(Remaining(deadline), Duration(20)));
+    WaitSignal(std::min(Remaining(deadline), Duration(20)));  // the output flows meanwhile
   }
   for (auto& w : workers_) {
     if (!pick(w)) continue;
@@ -185,6 +184,8 @@ void WorkerGroup::Stop(Duration grace) {
   }
   if (pump_) pump_->Stop();
 }
+
+int WorkerGroup::WaitSignal(Duration wait) { return pump_ ? pump_->WaitSignal(wait) : trainctl::WaitSignal(wait); }
 
 std::vector<std::string> WorkerGroup::Tail(int local_rank, Duration drain) {
   for (const auto& w : workers_) {

@@ -49,6 +49,7 @@ class WorkerGroup : public TaskGroup {
   std::vector<std::pair<int, std::string>> KillStuck(Duration stopped, Duration blocked) override;
   // The last lines of a worker's output, after giving its pipe up to `drain` to reach EOF.
   std::vector<std::string> Tail(int local_rank, Duration drain) override;
+  int WaitSignal(Duration wait) override;
 
  private:
   struct Worker {

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -279,18 +280,54 @@ int StopSignal() {
 
 bool IsStopSignal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP; }
 
+namespace {
+int Took(int sig) {
+  if (IsStopSignal(sig)) {
+    int none = 0;
+    g_stop_signal.compare_exchange_strong(none, sig);
+  }
+  return sig;
+}
+}  // namespace
+
+int WaitSignalOrReady(Duration timeout, std::vector<struct pollfd>* fds) {
+  // The supervisor's signals are blocked, so they stay pending until taken: a signal fd reads
+  // them as poll sees them.
+  static const int signals = [] {
+    sigset_t set = SupervisorSet();
+    return ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+  }();
+  const auto deadline = Clock::now() + timeout;
+  while (true) {
+    for (auto& p : *fds) p.revents = 0;
+    // Without a signal fd (none to be had): the fds, and the signals every 20 ms.
+    Duration wait = Remaining(deadline);
+    if (signals < 0) {
+      if (int sig = WaitSignal(Duration(0))) return sig;
+      wait = std::min(wait, Duration(20));
+    }
+    fds->push_back({signals, POLLIN, 0});
+    const int rc = ::poll(fds->data(), fds->size() - (signals < 0 ? 1 : 0),
+                          static_cast<int>(std::min<int64_t>(wait.count(), INT32_MAX)));
+    const bool signalled = signals >= 0 && rc > 0 && fds->back().revents != 0;
+    fds->pop_back();
+    if (signalled) {
+      signalfd_siginfo info;
+      if (::read(signals, &info, sizeof info) == sizeof info) return Took(static_cast<int>(info.ssi_signo));
+    }
+    if (rc < 0 && errno != EINTR) return 0;
+    if (rc > 0 && std::any_of(fds->begin(), fds->end(), [](const pollfd& p) { return p.revents != 0; })) return 0;
+    if (Clock::now() >= deadline) return 0;
+  }
+}
+
 int WaitSignal(Duration timeout) {
   sigset_t set = SupervisorSet();
   struct timespec ts;
   ts.tv_sec = timeout.count() / 1000;
   ts.tv_nsec = (timeout.count() % 1000) * 1000000;
   int sig = ::sigtimedwait(&set, nullptr, &ts);
-  if (sig < 0) return 0;
-  if (IsStopSignal(sig)) {
-    int none = 0;
-    g_stop_signal.compare_exchange_strong(none, sig);
-  }
-  return sig;
+  return sig < 0 ? 0 : Took(sig);
 }
 
 }  // namespace trainctl

@@ -6,6 +6,7 @@
 // the child before exec, so the child starts as if from a shell.
 #pragma once
 
+#include <poll.h>
 #include <sys/types.h>
 #include <csignal>
 
@@ -93,6 +94,10 @@ void BlockSupervisorSignals();
 // (SIGINT, SIGTERM, SIGHUP) is also remembered for StopSignal(), so that code waiting only for
 // children (a stop in progress) never swallows a request to stop.
 int WaitSignal(Duration timeout);
+// WaitSignal(), that also returns (0) as soon as one of `fds` is ready as its events ask
+// (revents set): one thread that supervises children and copies their output, where a thread for
+// the output costs a small process (an agent of a wide job) a third of its start on a VM.
+int WaitSignalOrReady(Duration timeout, std::vector<struct pollfd>* fds);
 // SIGINT, SIGTERM or SIGHUP: what WaitSignal() returned asks the process to stop.
 bool IsStopSignal(int sig);
 // The first stop signal WaitSignal() took, or one pending now (taken by this call), or 0.
