@@ -31,6 +31,9 @@ namespace {
 // is killed and named as the job's failure.
 constexpr Duration kStoppedFor = std::chrono::seconds(5);
 constexpr Duration kBlockedFor = std::chrono::seconds(30);
+// The longest one wait on the store: what it waits for (a stop among it) wakes it sooner, and a
+// stop signal interrupts it; this bounds what a missed wake-up could cost.
+constexpr Duration kLongestWait = std::chrono::seconds(5);
 }  // namespace
 
 struct Agent::Outcome {
@@ -260,12 +263,15 @@ FailureRecord Agent::NewFailure(FailureKind kind, int round, int group_rank) con
 
 Result<std::string> Agent::WaitForKey(int round, const std::string& key) {
   const auto deadline = env_->Now() + o_.spec.timeouts.rendezvous;
+  // One wait on the store for the key, a stop, or the round's end (a peer failed to start).
+  const std::vector<std::string> wake_on = {key, keys::kStop, keys::RoundEnd(round)};
   while (true) {
-    auto got = env_->WaitForKey(*store_, key, std::chrono::milliseconds(200));
-    if (got.ok() || got.status().code() != Code::kTimeout) return got;
-    RETURN_IF_ERROR(CheckStop());
-    ASSIGN_OR_RETURN(auto end, store_->TryGet(keys::RoundEnd(round)));
-    if (end) return Aborted("round " + std::to_string(round) + " ended while starting");
+    RETURN_IF_ERROR(CheckStopSignal());
+    auto got = env_->WaitForAny(*store_, wake_on, std::min(env_->Remaining(deadline), kLongestWait));
+    if (got.ok() && got->first == 0) return std::move(got->second);
+    if (got.ok() && got->first == 1) return Aborted(got->second);
+    if (got.ok()) return Aborted("round " + std::to_string(round) + " ended while starting");
+    if (got.status().code() != Code::kTimeout && got.status().code() != Code::kAborted) return got.status();
     if (env_->Now() >= deadline) {
       return Timeout("no " + key + " within timeouts.rendezvous (" +
                      FormatDuration(o_.spec.timeouts.rendezvous) + ")");
@@ -403,10 +409,12 @@ std::optional<Agent::Outcome> Agent::Rendezvous(int restarts, Round* r) {
   ro.replaces = o_.replaces;
   ro.check = [this] { return CheckStop(); };
   ro.now = [this] { return env_->Now(); };
-  ro.wait_for_key = [this](Store& store, const std::string& key, Duration timeout) {
-    return env_->WaitForKey(store, key, timeout);
+  ro.wait_for_any = [this](Store& store, const std::vector<std::string>& keys, Duration timeout) {
+    return env_->WaitForAny(store, keys, timeout);
   };
-  ro.check_every = ByJobSize(std::chrono::seconds(1), std::chrono::milliseconds(100), std::chrono::seconds(5));
+  // The stop key wakes the wait, and a stop signal interrupts it: no polling for either.
+  ro.interrupt_keys = {keys::kStop};
+  ro.check_every = kLongestWait;
   LOG_DEBUG("round {}: joining as {}", r->round, node_id_);
   auto joined = JoinRound(*store_, r->round, restarts, ro);
   if (!joined.ok()) {
@@ -692,17 +700,18 @@ Agent::Outcome Agent::Watch(Round& r) {
   const Duration poll = s.nodes.max == 1 ? std::max<Duration>(o_.poll_interval, std::chrono::milliseconds(500))
                                          : ByJobSize(std::chrono::milliseconds(250), o_.poll_interval,
                                                      std::chrono::seconds(1));
-  const Duration quiet = ByJobSize(std::chrono::seconds(1), poll, std::chrono::seconds(5));
   // Once every task of this node has exited (its part is done, the job's is not), only the store
-  // can bring news: the watch waits there for the round's end, which the store answers the moment
-  // it is set, and reads the stop key between waits (every `quiet`), instead of polling.
+  // can bring news: the watch waits there for the round's end or the stop key, which the store
+  // answers the moment one is set, instead of polling.
   auto all_exited = [&] {
     return std::all_of(r.mine.begin(), r.mine.end(), [&](const Task& t) { return r.group->Exited(t.local); });
   };
   while (true) {
     if (all_exited()) {
-      const Duration wait = std::clamp<Duration>(env_->Remaining(r.next_beat), Duration(1), quiet);
-      (void)env_->WaitForKey(*store_, keys::RoundEnd(r.round), wait);  // read again below, with the stop key
+      // Until the next heartbeat, unless the round ends or the job stops first (read again
+      // below); a stop signal interrupts it.
+      const Duration wait = std::clamp<Duration>(env_->Remaining(r.next_beat), Duration(1), kLongestWait);
+      (void)env_->WaitForAny(*store_, watched_keys, wait);
       // A stop signal that came meanwhile, and what the tasks' children wrote.
       while (r.group->WaitSignal(Duration(0)) != 0) {}
     } else {

@@ -12,8 +12,9 @@ class Process : public AgentEnv {
   Clock::time_point Now() const override { return Clock::now(); }
   int WaitSignal(Duration wait) override { return trainctl::WaitSignal(wait); }
   int StopSignal() override { return trainctl::StopSignal(); }
-  Result<std::string> WaitForKey(Store& store, const std::string& key, Duration timeout) override {
-    return store.Get(key, timeout);
+  Result<std::pair<size_t, std::string>> WaitForAny(Store& store, const std::vector<std::string>& keys,
+                                                    Duration timeout) override {
+    return store.WaitAny(keys, timeout);
   }
   std::optional<std::string> GetEnv(const std::string& name) const override {
     const char* v = std::getenv(name.c_str());

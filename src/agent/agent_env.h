@@ -83,9 +83,11 @@ class AgentEnv {
   virtual int WaitSignal(Duration wait) = 0;
   // A pending stop signal (SIGINT, SIGTERM, SIGHUP), taken; 0 when there is none.
   virtual int StopSignal() = 0;
-  // Waits up to `timeout` for `key` to be set in `store`: its value, or kTimeout. On this clock:
-  // the real one waits on the store (which answers as the key is set); a test's moves its clock.
-  virtual Result<std::string> WaitForKey(Store& store, const std::string& key, Duration timeout) = 0;
+  // Waits up to `timeout` for one of `keys` to be set in `store`: the first set, by index, and its
+  // value; or kTimeout. On this clock: the real one waits on the store (which answers as a key is
+  // set, and ends the wait with kAborted on a stop signal); a test's moves its clock.
+  virtual Result<std::pair<size_t, std::string>> WaitForAny(Store& store, const std::vector<std::string>& keys,
+                                                            Duration timeout) = 0;
   // A variable of this process's environment.
   virtual std::optional<std::string> GetEnv(const std::string& name) const = 0;
   virtual long Pid() const = 0;

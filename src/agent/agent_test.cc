@@ -84,12 +84,15 @@ class FakeEnv : public AgentEnv {
     now_ = until;
     return 0;
   }
-  // A key that is not there yet: the whole wait passes on this clock, at once.
-  Result<std::string> WaitForKey(Store& store, const std::string& key, Duration timeout) override {
-    ASSIGN_OR_RETURN(auto value, store.TryGet(key));
-    if (value) return *value;
+  // Keys that are not there yet: the whole wait passes on this clock, at once.
+  Result<std::pair<size_t, std::string>> WaitForAny(Store& store, const std::vector<std::string>& keys,
+                                                    Duration timeout) override {
+    ASSIGN_OR_RETURN(auto values, store.TryGetMany(keys));
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (values[i]) return std::make_pair(i, *values[i]);
+    }
     now_ += std::max(timeout, Duration(1));
-    return Timeout("no " + key);
+    return Timeout("no " + keys[0]);
   }
   int StopSignal() override {
     if (stop_at_ && now_ >= *stop_at_) {

@@ -198,9 +198,10 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   if (f.serve_store && node_rank == 0) {
     if (auto code = ServeStore(f, file_spec, addr, token, &node_rank, &server, &served)) return *code;
   }
+  // Its waits on keys end at a stop signal (StopSignalFd): the agent never polls for one.
   auto client = OpenStore(server ? served : addr, token,
                           file_spec ? file_spec->timeouts.rendezvous : std::chrono::seconds(30),
-                          [] { return StopSignal() != 0; });
+                          [] { return StopSignal() != 0; }, StopSignalFd());
   if (!client.ok()) {
     LOG_ERROR("{}", client.status().message());
     return client.status().code() == Code::kAborted ? kExitInterrupted : CodeFor(client.status());

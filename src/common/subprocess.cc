@@ -280,6 +280,16 @@ int StopSignal() {
 
 bool IsStopSignal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP; }
 
+int StopSignalFd() {
+  static const int fd = [] {
+    sigset_t stops;
+    sigemptyset(&stops);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, s);
+    return ::signalfd(-1, &stops, SFD_NONBLOCK | SFD_CLOEXEC);
+  }();
+  return fd;
+}
+
 namespace {
 int Took(int sig) {
   if (IsStopSignal(sig)) {

@@ -98,6 +98,10 @@ int WaitSignal(Duration timeout);
 // (revents set): one thread that supervises children and copies their output, where a thread for
 // the output costs a small process (an agent of a wide job) a third of its start on a VM.
 int WaitSignalOrReady(Duration timeout, std::vector<struct pollfd>* fds);
+// An fd that is readable while a stop signal (SIGINT, SIGTERM, SIGHUP) is pending, never read
+// (StopSignal() takes the signal): what a blocking wait elsewhere polls beside its own fd, so that
+// a stop ends it (TcpStoreOptions::interrupt_fd). -1 if the system has no signal fds.
+int StopSignalFd();
 // SIGINT, SIGTERM or SIGHUP: what WaitSignal() returned asks the process to stop.
 bool IsStopSignal(int sig);
 // The first stop signal WaitSignal() took, or one pending now (taken by this call), or 0.

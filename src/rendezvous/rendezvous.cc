@@ -41,8 +41,9 @@ struct State {
 
 Clock::time_point Now(const RendezvousOptions& o) { return o.now ? o.now() : Clock::now(); }
 
-Result<std::string> WaitForKey(Store& store, const RendezvousOptions& o, const std::string& key, Duration timeout) {
-  return o.wait_for_key ? o.wait_for_key(store, key, timeout) : store.Get(key, timeout);
+Result<std::pair<size_t, std::string>> WaitForAny(Store& store, const RendezvousOptions& o,
+                                                  const std::vector<std::string>& keys, Duration timeout) {
+  return o.wait_for_any ? o.wait_for_any(store, keys, timeout) : store.WaitAny(keys, timeout);
 }
 
 Status Corrupt(int round, const std::string& what, const std::string& why) {
@@ -179,7 +180,8 @@ Status Close(Store& store, int round, int slots, Clock::time_point deadline, con
         return TimedOut(store, round, o, "; slot " + std::to_string(i) + " was taken and never filled (its agent died?)");
       }
       if (o.check) RETURN_IF_ERROR(o.check());
-      auto waited = WaitForKey(store, o, keys::RoundMember(round, i), std::max(std::min(Remaining(give_up, Now(o)), o.poll), Duration(1)));
+      auto waited = WaitForAny(store, o, {keys::RoundMember(round, i)},
+                               std::max(std::min(Remaining(give_up, Now(o)), o.poll), Duration(1)));
       if (!waited.ok() && waited.status().code() != Code::kTimeout) return waited.status();
     }
   }
@@ -271,6 +273,9 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
   // the closed key.
   const bool counting = o.min_nodes < o.max_nodes && slot < o.max_nodes;
   auto next_count = Now(o);
+  // The closed key, then the interrupt keys: one wait on the store, woken by whichever is set.
+  std::vector<std::string> wake_on = {keys::RoundClosed(round)};
+  wake_on.insert(wake_on.end(), o.interrupt_keys.begin(), o.interrupt_keys.end());
   while (true) {
     if (counting && Now(o) >= next_count) {
       next_count = Now(o) + o.poll;
@@ -288,12 +293,20 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
     if (o.check) RETURN_IF_ERROR(o.check());
     Duration wait = std::min(Remaining(deadline, Now(o)), o.check_every);
     if (counting) wait = std::min(wait, Remaining(next_count, Now(o)));
-    auto announced = WaitForKey(store, o, keys::RoundClosed(round), std::max(wait, Duration(1)));
-    if (announced.ok()) {
+    auto woke = WaitForAny(store, o, wake_on, std::max(wait, Duration(1)));
+    if (woke.ok() && woke->first == 0) {
       if (slot >= o.max_nodes) return std::optional<RoundInfo>();
-      return FinishSlot(store, round, slot, *announced);
+      return FinishSlot(store, round, slot, woke->second);
     }
-    if (announced.status().code() != Code::kTimeout) return announced.status();
+    if (woke.ok() || woke.status().code() == Code::kAborted) {
+      // An interrupt: check() decides. Should it find nothing wrong, the join goes on without
+      // the interrupt keys (one that stays set would otherwise wake every wait at once).
+      if (o.check) RETURN_IF_ERROR(o.check());
+      if (woke.ok()) wake_on.resize(1);
+      if (!woke.ok() && !o.check) return woke.status();
+    } else if (woke.status().code() != Code::kTimeout) {
+      return woke.status();
+    }
   }
 }
 

@@ -46,14 +46,19 @@ struct RendezvousOptions {
   std::vector<std::string> replaces;
   Duration poll = std::chrono::milliseconds(100);  // an elastic round's count, read this often
   // Called between waits for the round to close, at least this often; a non-ok status ends the
-  // join with that status (a stop request). The wait itself ends as the round closes.
+  // join with that status (a stop request). The wait itself ends as the round closes, as one of
+  // `interrupt_keys` is set (the agent's stop key: check() is asked at once), or as the store's
+  // wait is interrupted (kAborted: a stop signal; check() is asked too).
   std::function<Status()> check;
   Duration check_every = std::chrono::milliseconds(500);
-  // The clock the round's deadlines and windows are on, and the wait for a key to be set (its
-  // value, or kTimeout): the agent's (agent/agent_env.h), whose tests move a clock of their own.
-  // Unset: the steady clock, and the store's own blocking Get.
+  std::vector<std::string> interrupt_keys;
+  // The clock the round's deadlines and windows are on, and the wait for one of several keys to
+  // be set (the first set, by index, and its value; or kTimeout): the agent's
+  // (agent/agent_env.h), whose tests move a clock of their own. Unset: the steady clock, and the
+  // store's own WaitAny.
   std::function<Clock::time_point()> now;
-  std::function<Result<std::string>(Store&, const std::string& key, Duration timeout)> wait_for_key;
+  std::function<Result<std::pair<size_t, std::string>>(Store&, const std::vector<std::string>& keys, Duration timeout)>
+      wait_for_any;
 };
 
 struct RoundInfo {

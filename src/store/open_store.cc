@@ -15,7 +15,8 @@ constexpr const char* kUnix = "unix:";
 }  // namespace
 
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::string& token,
-                                         Duration connect_timeout, const std::function<bool()>& stop) {
+                                         Duration connect_timeout, const std::function<bool()>& stop,
+                                         int interrupt_fd) {
   if (IsEtcdUrl(url)) {
     ASSIGN_OR_RETURN(EtcdUrl parsed, ParseEtcdUrl(url));
     EtcdStoreOptions o;
@@ -50,6 +51,7 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::stri
   o.token = token;
   o.connect_timeout = connect_timeout;
   o.stop = stop;
+  o.interrupt_fd = interrupt_fd;
   ASSIGN_OR_RETURN(auto store, TcpStore::Connect(o));
   return std::unique_ptr<Store>(std::move(store));
 }

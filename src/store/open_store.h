@@ -18,9 +18,10 @@ namespace trainctl {
 inline constexpr const char* kEnvEtcdPassword = "TRAINCTL_ETCD_PASSWORD";
 
 // Retries until `connect_timeout` while the store is not there yet; `stop`, when given, is asked
-// meanwhile (at least every half second): true ends the wait with kAborted.
+// meanwhile (at least every half second): true ends the wait with kAborted. The TCP store's waits
+// on keys end with kAborted as `interrupt_fd` becomes readable (TcpStoreOptions::interrupt_fd).
 Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::string& token,
                                          Duration connect_timeout = std::chrono::seconds(30),
-                                         const std::function<bool()>& stop = nullptr);
+                                         const std::function<bool()>& stop = nullptr, int interrupt_fd = -1);
 
 }  // namespace trainctl

@@ -1,5 +1,9 @@
 #include "store/store.h"
 
+#include <thread>
+
+#include "common/strings.h"
+
 namespace trainctl {
 
 Status Store::MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs) {
@@ -15,6 +19,24 @@ Result<std::vector<std::optional<std::string>>> Store::TryGetMany(const std::vec
     values.push_back(std::move(value));
   }
   return values;
+}
+
+Status KeysTimeout(const std::vector<std::string>& keys, Duration timeout, bool any) {
+  return Timeout(std::string("waiting for ") + (any && keys.size() > 1 ? "any of " : "") + "store key" +
+                 (keys.size() > 1 ? "s " : " ") + Join(keys, ", ") + " (gave up after " + FormatDuration(timeout) + ")");
+}
+
+Result<std::pair<size_t, std::string>> Store::WaitAny(const std::vector<std::string>& keys, Duration timeout) {
+  if (keys.empty()) return InvalidArgument("WaitAny needs a key");
+  const auto deadline = Clock::now() + timeout;
+  for (Duration pause(10);; pause = std::min<Duration>(pause * 2, std::chrono::milliseconds(500))) {
+    ASSIGN_OR_RETURN(auto values, TryGetMany(keys));
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (values[i]) return std::make_pair(i, std::move(*values[i]));
+    }
+    if (Clock::now() >= deadline) return KeysTimeout(keys, timeout, true);
+    std::this_thread::sleep_for(std::min(pause, Remaining(deadline)));
+  }
 }
 
 template <typename T, typename F>
@@ -75,6 +97,12 @@ Result<std::vector<std::optional<std::string>>> PrefixStore::TryGetMany(const st
   full.reserve(keys.size());
   for (const auto& k : keys) full.push_back(prefix_ + k);
   return Call<Result<std::vector<std::optional<std::string>>>>([&] { return base_->TryGetMany(full); });
+}
+Result<std::pair<size_t, std::string>> PrefixStore::WaitAny(const std::vector<std::string>& keys, Duration timeout) {
+  std::vector<std::string> full;
+  full.reserve(keys.size());
+  for (const auto& k : keys) full.push_back(prefix_ + k);
+  return Call<Result<std::pair<size_t, std::string>>>([&] { return base_->WaitAny(full, timeout); });
 }
 Result<bool> PrefixStore::Delete(const std::string& key) {
   return Call<Result<bool>>([&] { return base_->Delete(prefix_ + key); });

@@ -47,7 +47,14 @@ class Store {
   // TryGet of each key, in one call (what a polling agent reads each turn); the TCP store reads
   // them in one round trip, this default one by one.
   virtual Result<std::vector<std::optional<std::string>>> TryGetMany(const std::vector<std::string>& keys);
+  // Waits until any of `keys` exists, up to `timeout`: the first in `keys` that exists, by its
+  // index, and its value (an agent waits for the round to close or the job to stop, in one
+  // call). The TCP store waits on the server, which answers as one is set; this default polls.
+  virtual Result<std::pair<size_t, std::string>> WaitAny(const std::vector<std::string>& keys, Duration timeout);
 };
+
+// "timeout: waiting for store keys a, b (gave up after 5s)"; with `any`, "for any of store keys".
+Status KeysTimeout(const std::vector<std::string>& keys, Duration timeout, bool any = false);
 
 // Namespaces every key under `prefix` (for example "/trainctl/<run-id>/"), so that jobs, runs and
 // rounds never see each other's keys. Does not own `base` unless constructed with a unique_ptr.
@@ -67,6 +74,7 @@ class PrefixStore : public Store {
   Result<bool> Delete(const std::string& key) override;
   Status MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs) override;
   Result<std::vector<std::optional<std::string>>> TryGetMany(const std::vector<std::string>& keys) override;
+  Result<std::pair<size_t, std::string>> WaitAny(const std::vector<std::string>& keys, Duration timeout) override;
 
   // Once a call finds the store gone (kUnavailable), every later call fails at once with that
   // status instead of waiting out the store's own timeouts again (a launcher writing its report).

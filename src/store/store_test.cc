@@ -247,6 +247,34 @@ TYPED_TEST(StoreTest, WaitForSeveralKeys) {
   t.join();
 }
 
+// What an agent waits on: the round's closed key or the job's stop key, whichever comes first.
+TYPED_TEST(StoreTest, WaitAnyAnswersWithTheFirstKeySet) {
+  auto s = this->backend_.NewClient();
+  auto none = s->WaitAny({"closed", "stop"}, milliseconds(100));
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), Code::kTimeout);
+  EXPECT_NE(none.status().message().find("any of store keys "), std::string::npos) << none.status().message();
+  EXPECT_NE(none.status().message().find("closed, "), std::string::npos) << none.status().message();
+  EXPECT_NE(none.status().message().find("stop (gave up after 100ms)"), std::string::npos) << none.status().message();
+  auto other = this->backend_.NewClient();
+  std::thread t([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    ASSERT_TRUE(other->Set("stop", "by the user").ok());
+  });
+  auto woke = s->WaitAny({"closed", "stop"}, seconds(10));
+  t.join();
+  ASSERT_TRUE(woke.ok()) << woke.status().ToString();
+  EXPECT_EQ(woke->first, 1u);
+  EXPECT_EQ(woke->second, "by the user");
+  ASSERT_TRUE(s->Set("closed", "4 0").ok());  // both set: the first in the list
+  woke = s->WaitAny({"closed", "stop"}, seconds(10));
+  ASSERT_TRUE(woke.ok());
+  EXPECT_EQ(woke->first, 0u);
+  EXPECT_EQ(woke->second, "4 0");
+  // The waits that came and went left the connection in step.
+  EXPECT_EQ(**s->TryGet("stop"), "by the user");
+}
+
 TYPED_TEST(StoreTest, PrefixesKeepJobsApart) {
   auto raw = this->backend_.NewClient();
   PrefixStore job1(raw.get(), "/job1/"), job2(raw.get(), "/job2/");
@@ -311,6 +339,38 @@ TEST(TcpStore, LongValuesAndBatchesKeepTheConnectionInStep) {
   ASSERT_TRUE(c->MultiSet(pairs).ok());
   EXPECT_EQ(**c->TryGet("k4999"), std::string(100, 'v'));
   EXPECT_EQ(*c->Add("n", 1), 2);
+}
+
+// A stop signal must not wait out a long wait on the store: the interrupt fd ends it at once;
+// the server lets the waiter go, and the client's next call runs on a new connection.
+TEST(TcpStore, AnInterruptEndsAWaitAndTheNextCallStillWorks) {
+  auto server = StartTcpServer("secret-token");
+  int wake[2];
+  ASSERT_EQ(::pipe(wake), 0);
+  TcpStoreOptions o;
+  o.port = server->port();
+  o.token = "secret-token";
+  o.interrupt_fd = wake[0];
+  auto client = std::move(TcpStore::Connect(o).value());
+  std::thread t([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    ASSERT_EQ(::write(wake[1], "x", 1), 1);
+  });
+  const auto start = Clock::now();
+  auto woke = client->WaitAny({"never"}, seconds(60));
+  t.join();
+  ASSERT_FALSE(woke.ok());
+  EXPECT_EQ(woke.status().code(), Code::kAborted) << woke.status().ToString();
+  EXPECT_LT(Clock::now() - start, seconds(10));
+  char drained;
+  ASSERT_EQ(::read(wake[0], &drained, 1), 1);
+  ASSERT_TRUE(client->Set("never", "now").ok());
+  EXPECT_EQ(*client->Get("never", seconds(1)), "now");
+  // Calls that do not wait are not interrupted.
+  ASSERT_EQ(::write(wake[1], "x", 1), 1);
+  EXPECT_EQ(**client->TryGet("never"), "now");
+  ::close(wake[0]);
+  ::close(wake[1]);
 }
 
 TEST(TcpStore, RefusesAClientWithoutTheToken) {

@@ -42,11 +42,6 @@ bool KvTable::HasAll(const std::vector<std::string>& keys) const {
   return true;
 }
 
-Status KeysTimeout(const std::vector<std::string>& keys, Duration timeout) {
-  return Timeout("waiting for store key" + std::string(keys.size() > 1 ? "s " : " ") +
-                 Join(keys, ", ") + " (gave up after " + FormatDuration(timeout) + ")");
-}
-
 Status MemoryStore::Set(const std::string& key, const std::string& value) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -42,7 +42,4 @@ class MemoryStore : public Store {
   KvTable table_;
 };
 
-// "timeout: waiting for store keys a, b (gave up after 5s)"
-Status KeysTimeout(const std::vector<std::string>& keys, Duration timeout);
-
 }  // namespace trainctl

@@ -102,17 +102,19 @@ Status TcpStore::EnsureConnected() {
   return Status::Ok();
 }
 
-int TcpStore::ReadFrame(std::string* body, Clock::time_point deadline) {
+int TcpStore::ReadFrame(std::string* body, Clock::time_point deadline, bool interruptible) {
+  interruptible = interruptible && options_.interrupt_fd >= 0;
   while (true) {
     const int got = wire::TakeFrame(&in_, body, wire::kMaxFrameBytes);
     if (got == 1 && in_.empty() && in_.capacity() > 4096) std::string().swap(in_);  // a long reply's room
     if (got == 1) return body->empty() ? -3 : 1;
     if (got < 0) return -3;
-    struct pollfd p{fd_, POLLIN, 0};
+    struct pollfd p[2] = {{fd_, POLLIN, 0}, {options_.interrupt_fd, POLLIN, 0}};
     const Duration slice = connecting_ ? std::min<Duration>(Remaining(deadline), std::chrono::milliseconds(100))
                                        : Remaining(deadline);
-    const int ready = ::poll(&p, 1, static_cast<int>(slice.count()));
+    const int ready = ::poll(p, interruptible ? 2 : 1, static_cast<int>(slice.count()));
     if (ready < 0 && errno == EINTR) continue;
+    if (ready > 0 && interruptible && p[1].revents && !p[0].revents) return -5;
     if (ready == 0 && Stopping()) return -4;
     if (ready == 0 && Clock::now() < deadline) continue;
     if (ready == 0) return -1;
@@ -159,7 +161,11 @@ Result<std::vector<TcpStore::RawReply>> TcpStore::CallMany(const std::string& fr
   out.reserve(replies);
   std::string body;
   for (size_t i = 0; i < replies; ++i) {
-    const int rc = ReadFrame(&body, deadline);
+    const int rc = ReadFrame(&body, deadline, wait > Duration(0));
+    if (rc == -5) {
+      drop("interrupted");
+      return Aborted("a wait on the store at " + Where() + " was interrupted");
+    }
     if (rc == 0) return drop("the server closed the connection");
     if (rc == -1) return drop("no reply within " + FormatDuration(wait + options_.io_timeout));
     if (rc == -3) return drop("malformed reply");
@@ -297,6 +303,24 @@ Result<std::vector<std::optional<std::string>>> TcpStore::TryGetMany(const std::
     values.push_back(std::move(value));
   }
   return values;
+}
+
+Result<std::pair<size_t, std::string>> TcpStore::WaitAny(const std::vector<std::string>& keys, Duration timeout) {
+  if (keys.empty()) return InvalidArgument("WaitAny needs a key");
+  wire::Writer w;
+  w.U8(static_cast<uint8_t>(Op::kWaitAny)).I64(static_cast<int64_t>(keys.size()));
+  for (const auto& k : keys) w.Str(k);
+  w.I64(std::max<int64_t>(1, timeout.count()));
+  ASSIGN_OR_RETURN(auto reply, Call(w.Frame(), timeout));
+  if (reply.first == static_cast<uint8_t>(Reply::kTimeout)) return KeysTimeout(keys, timeout, true);
+  RETURN_IF_ERROR(OkReply(reply, Where()));
+  int64_t index = -1;
+  std::string value;
+  wire::Reader r(reply.second);
+  if (!r.I64(&index) || !r.Str(&value) || index < 0 || index >= static_cast<int64_t>(keys.size())) {
+    return Internal("store at " + Where() + ": malformed reply");
+  }
+  return std::make_pair(static_cast<size_t>(index), std::move(value));
 }
 
 Result<bool> TcpStore::Delete(const std::string& key) {

@@ -80,6 +80,11 @@ struct TcpStoreOptions {
   // While Connect() retries and greets: asked every 100 ms or sooner; true ends it with kAborted
   // (a stop signal came). Not asked once connected.
   std::function<bool()> stop;
+  // While a call waits on the server for keys (Get, Wait, WaitAny), this fd becoming readable
+  // ends it with kAborted and drops the connection (the server would answer the wait first; the
+  // next call makes a new one): an agent's pending stop signal (StopSignalFd), which so never
+  // waits out a long wait. -1: none.
+  int interrupt_fd = -1;
 };
 
 class TcpStore : public Store {
@@ -99,6 +104,8 @@ class TcpStore : public Store {
   // These send their requests in one go and read the replies together: one round trip.
   Status MultiSet(const std::vector<std::pair<std::string, std::string>>& pairs) override;
   Result<std::vector<std::optional<std::string>>> TryGetMany(const std::vector<std::string>& keys) override;
+  // One round trip, answered by the server as soon as one of the keys is set.
+  Result<std::pair<size_t, std::string>> WaitAny(const std::vector<std::string>& keys, Duration timeout) override;
 
  private:
   explicit TcpStore(TcpStoreOptions options) : options_(std::move(options)) {}
@@ -111,9 +118,9 @@ class TcpStore : public Store {
   Result<RawReply> Call(const std::string& frame, Duration wait);  // one request, one reply
   // Reads one reply frame's body: 1; 0 when the server closed the connection, -1 when `deadline`
   // passed, -2 on a receive error, -3 for a malformed frame, -4 when options_.stop said so (only
-  // while connecting). One poll and one recv for a reply that arrives whole (the usual case),
+  // while connecting), -5 when options_.interrupt_fd did (only with `interruptible`). One poll and one recv for a reply that arrives whole (the usual case),
   // where reading the length first took two of each.
-  int ReadFrame(std::string* body, Clock::time_point deadline);
+  int ReadFrame(std::string* body, Clock::time_point deadline, bool interruptible = false);
   bool Stopping() const { return connecting_ && options_.stop && options_.stop(); }
   std::string Where() const;
 

@@ -111,8 +111,36 @@ struct TcpStoreServer::State {
     return it == conns.end() ? nullptr : &it->second;
   }
 
-  // Lists `c` under a key its wait lacks; false when it lacks none.
+  // The first of a WaitAny's keys that exists, or -1.
+  int FirstPresent(const Conn* c) const {
+    for (size_t i = 0; i < c->wait_keys.size(); ++i) {
+      if (table.Find(c->wait_keys[i])) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  // Takes a WaitAny's listings off its keys' lists (the key that woke it was taken already), so
+  // that waits that come and go leave nothing behind.
+  void Unlist(const Conn* c) {
+    if (c->wait_op != Op::kWaitAny) return;
+    for (const auto& k : c->wait_keys) {
+      auto it = waiting_on.find(k);
+      if (it == waiting_on.end()) continue;
+      auto& fds = it->second;
+      fds.erase(std::remove(fds.begin(), fds.end(), c->fd), fds.end());
+      if (fds.empty()) waiting_on.erase(it);
+    }
+  }
+
+  // Lists `c` under a key its wait lacks (a WaitAny: under each of its keys); false when it needs
+  // none (a WaitAny: one of them exists).
   bool ListWaiter(Conn* c) {
+    if (c->wait_op == Op::kWaitAny) {
+      if (FirstPresent(c) >= 0) return false;
+      Unlist(c);  // never twice on one list
+      for (const auto& k : c->wait_keys) waiting_on[k].push_back(c->fd);
+      return true;
+    }
     for (const auto& k : c->wait_keys) {
       if (!table.Find(k)) {
         waiting_on[k].push_back(c->fd);
@@ -132,6 +160,7 @@ struct TcpStoreServer::State {
   }
 
   void EndWait(Conn* c) {
+    Unlist(c);
     c->waiting = false;
     deadlines.erase({c->deadline, c->fd});
     touched.insert(c->fd);
@@ -150,6 +179,9 @@ struct TcpStoreServer::State {
       EndWait(c);
       if (c->wait_op == Op::kGet) {
         Send(c, ReplyOf(Reply::kOk).Str(*table.Find(c->wait_keys[0])));
+      } else if (c->wait_op == Op::kWaitAny) {
+        const int i = FirstPresent(c);
+        Send(c, ReplyOf(Reply::kOk).I64(i).Str(*table.Find(c->wait_keys[static_cast<size_t>(i)])));
       } else {
         Send(c, ReplyOf(Reply::kOk));
       }
@@ -162,6 +194,7 @@ struct TcpStoreServer::State {
       Conn* c = Find(deadlines.begin()->second);
       deadlines.erase(deadlines.begin());
       if (!c || !c->waiting) continue;
+      Unlist(c);
       c->waiting = false;
       touched.insert(c->fd);
       Send(c, ReplyOf(Reply::kTimeout));
@@ -241,7 +274,8 @@ struct TcpStoreServer::State {
         *changed = std::move(key);
         return true;
       }
-      case Op::kWait: {
+      case Op::kWait:
+      case Op::kWaitAny: {
         int64_t count = 0;
         if (!r.I64(&count) || count < 0 || count > static_cast<int64_t>(kMaxWaitKeys)) {
           return malformed();
@@ -250,13 +284,16 @@ struct TcpStoreServer::State {
         for (auto& k : keys) {
           if (!r.Str(&k)) return malformed();
         }
-        if (!r.I64(&n)) return malformed();
-        if (table.HasAll(keys)) {
-          Send(c, ReplyOf(Reply::kOk));
+        if (!r.I64(&n) || (op == Op::kWaitAny && keys.empty())) return malformed();
+        const std::string* any = nullptr;
+        int64_t index = 0;
+        for (; op == Op::kWaitAny && !any && index < count; ++index) any = table.Find(keys[index]);
+        if (op == Op::kWait ? table.HasAll(keys) : any != nullptr) {
+          Send(c, op == Op::kWait ? ReplyOf(Reply::kOk) : ReplyOf(Reply::kOk).I64(index - 1).Str(*any));
         } else if (n <= 0) {
           Send(c, ReplyOf(Reply::kTimeout));
         } else {
-          StartWait(c, Op::kWait, std::move(keys), Clock::now() + Duration(std::min(n, kMaxWaitMs)));
+          StartWait(c, op, std::move(keys), Clock::now() + Duration(std::min(n, kMaxWaitMs)));
         }
         return false;
       }
@@ -478,7 +515,10 @@ void TcpStoreServer::State::Settle() {
     Flush(c);
     if (c->authed) strangers.erase(fd);
     if (c->dead || (c->closing && c->out.empty())) {
-      if (c->waiting) deadlines.erase({c->deadline, fd});
+      if (c->waiting) {
+        deadlines.erase({c->deadline, fd});
+        Unlist(c);
+      }
       strangers.erase(fd);
       ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
       ::close(fd);
@@ -487,6 +527,9 @@ void TcpStoreServer::State::Settle() {
     }
     uint32_t events = 0;
     if (!c->waiting && !c->closing) events |= EPOLLIN;
+    // A waiting client that gives up (an agent stopped by a signal drops its connection) is
+    // seen at once, not at its wait's deadline.
+    if (c->waiting) events |= EPOLLRDHUP;
     if (!c->out.empty()) events |= EPOLLOUT;
     if (events != c->events && Watch(EPOLL_CTL_MOD, fd, events)) c->events = events;
   }
@@ -581,7 +624,11 @@ void TcpStoreServer::State::Run() {
       Conn* c = Find(fd);
       if (!c || c->dead) continue;
       touched.insert(fd);
-      if (ready[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ReadFrom(c);
+      if (c->waiting && (ready[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+        c->dead = true;
+      } else if (ready[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+        ReadFrom(c);
+      }
     }
     Settle();
   }

@@ -13,7 +13,8 @@ namespace trainctl::wire {
 
 inline constexpr uint64_t kMaxFrameBytes = 64u << 20;
 // 2: the framing shared with the parameter servers (kind, u64 length); 1 had a u32 length first.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: kWaitAny.
+inline constexpr uint32_t kProtocolVersion = 3;
 
 enum class Op : uint8_t {
   kHello = 1,   // version, token
@@ -24,6 +25,7 @@ enum class Op : uint8_t {
   kCompareSet,  // key, expected, desired   -> value
   kWait,        // n, keys..., timeout_ms   -> ok | kTimeout
   kDelete,      // key                      -> i64 (1 if it existed)
+  kWaitAny,     // n, keys..., timeout_ms   -> i64 index, value (the first key that exists) | kTimeout
 };
 
 enum class Reply : uint8_t { kOk = 0, kNotFound, kTimeout, kError, kUnauthorized };
