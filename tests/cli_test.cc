@@ -179,6 +179,7 @@ output_dir: {out}/out
     EXPECT_NE(log.find("\nline one from " + R + "\n"), std::string::npos) << log;
     EXPECT_NE(log.find("to stderr from " + R), std::string::npos);
     EXPECT_EQ(log.find("[worker-"), std::string::npos) << "the log holds the raw lines";
+    EXPECT_TRUE(Exists(s.path("out/logs/worker-" + R + ".log.times"))) << "logs --since reads the time marks";
   }
 }
 
@@ -490,6 +491,11 @@ TEST(Cli, ALocalJobsAgentsAreTheLaunchersChildrenWithTheirOwnCommandLines) {
     const std::string env = s.Read("env-" + std::to_string(rank));
     EXPECT_EQ(env.find("TRAINCTL_FORK_SERVER_FD"), std::string::npos) << env;
     EXPECT_EQ(env.find("LD_BIND_NOW"), std::string::npos) << env;
+    // The server took the store's token out of the environment it copies (and read the spec).
+    EXPECT_EQ(env.find("TRAINCTL_AGENT_TOKEN"), std::string::npos) << env;
+    // A task that wrote nothing has a log and no time marks beside it (a file fewer a task).
+    EXPECT_TRUE(Exists(s.path("out/logs/worker-" + std::to_string(rank) + ".log")));
+    EXPECT_FALSE(Exists(s.path("out/logs/worker-" + std::to_string(rank) + ".log.times")));
   }
   EXPECT_EQ(run_id.rfind("forked-", 0), 0u) << run_id;
   auto of_run = [&] {

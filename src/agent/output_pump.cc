@@ -40,13 +40,13 @@ OutputPump::OutputPump(int out_fd, bool color) : out_fd_(out_fd), color_(color) 
 
 OutputPump::~OutputPump() { Stop(); }
 
-void OutputPump::Add(int id, const std::string& label, int read_fd, int log_fd, int times_fd) {
+void OutputPump::Add(int id, const std::string& label, int read_fd, int log_fd, const std::string& times_path) {
   static const char* kColors[] = {"\033[36m", "\033[32m", "\033[33m", "\033[35m",
                                   "\033[34m", "\033[96m", "\033[92m", "\033[93m"};
   Stream s;
   s.fd = read_fd;
   s.log_fd = log_fd;
-  s.times_fd = times_fd;
+  s.times_path = times_path;
   std::string tag = "[" + label + "] ";
   s.prefix = color_ ? std::string(kColors[id % 8]) + tag + "\033[0m" : tag;
   current_[id] = next_key_;
@@ -77,6 +77,11 @@ void OutputPump::Consume(Stream& s, const char* data, size_t n, bool flush_parti
     std::string line = s.partial.substr(start, end - start);
     if (!line.empty() && line.back() == '\r') line.pop_back();  // a "\r\n" line end
     start = nl != std::string::npos ? nl + 1 : end;
+    if (s.log_fd >= 0 && s.times_fd < 0 && !s.times_path.empty()) {
+      // Best effort: without it only `logs --since` reads the whole log.
+      s.times_fd = ::open(s.times_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (s.times_fd < 0) s.times_path.clear();
+    }
     if (s.log_fd >= 0 && s.times_fd >= 0) {
       // A time mark at most once a second: what follows the offset was written at or after it.
       const int64_t now = static_cast<int64_t>(std::time(nullptr));

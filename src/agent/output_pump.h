@@ -29,9 +29,10 @@ class OutputPump {
   ~OutputPump();  // Stop()
 
   // Takes ownership of `read_fd` (a pipe read end) and `log_fd` (may be -1); `label` is the
-  // prefix ("worker-3"). Adding `id` again (a restarted task) makes the new stream the one
+  // prefix ("worker-3"). `times_path`, if not empty, is where the log's time marks go (opened at
+  // the first line: a task that writes nothing costs no second file). Adding `id` again (a restarted task) makes the new stream the one
   // WaitDrained and Tail look at, while the old one drains.
-  void Add(int id, const std::string& label, int read_fd, int log_fd, int times_fd = -1);
+  void Add(int id, const std::string& label, int read_fd, int log_fd, const std::string& times_path = "");
   // Copies output until one of the supervisor's signals comes (returned, as trainctl::WaitSignal
   // returns it) or `timeout` passes (0).
   int WaitSignal(Duration timeout);
@@ -46,7 +47,8 @@ class OutputPump {
   struct Stream {
     int fd = -1;
     int log_fd = -1;
-    int times_fd = -1;          // <log>.times: "OFFSET UNIX_SECONDS" lines, for `logs --since`
+    std::string times_path;     // <log>.times: "OFFSET UNIX_SECONDS" lines, for `logs --since`
+    int times_fd = -1;          // open once there is a line to mark
     int64_t last_mark = -1;     // unix seconds of the last line written there
     std::string prefix;
     std::string partial;

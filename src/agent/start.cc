@@ -167,8 +167,25 @@ Result<JobSpec> TheJobsSpec(Store& store, const std::optional<JobSpec>& file_spe
 
 }  // namespace
 
+void PrepareAgentCopies(AgentProcessOptions* f, JobSpec* spec) {
+  if (f->cgroup.empty()) f->cgroup = EnterTheJobsCgroup();
+  if (f->spec || !f->spec_file.empty() || f->serve_store) return;
+  auto credentials = StoreCredentials(*f);
+  if (!credentials.ok()) return;
+  f->store_addr = credentials->first;
+  f->store_token = credentials->second;
+  if (IsEtcdUrl(f->store_addr)) return;  // its client is a plugin, which may start threads
+  auto client = OpenStore(f->store_addr, f->store_token, std::chrono::seconds(30), [] { return StopSignal() != 0; });
+  if (!client.ok()) return;
+  PrefixStore store(std::move(*client), keys::RunPrefix(f->run_id));
+  auto read = TheJobsSpec(store, std::nullopt);
+  if (!read.ok()) return;
+  *spec = std::move(*read);
+  f->spec = spec;
+}  // the connection closes: a copy makes its own
+
 int RunAgentProcess(const AgentProcessOptions& f) {
-  const std::string cgroup = EnterTheJobsCgroup();
+  const std::string cgroup = f.cgroup.empty() ? EnterTheJobsCgroup() : f.cgroup;
   // A local job's launcher ends the job's cgroup when the job ends. Should it die (SIGKILL: the
   // agent gets its death signal and stops its tasks), the agent does so as it exits: what the
   // tasks left (double-forked daemons) goes with the job, without waiting for a later ps or stop.

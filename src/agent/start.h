@@ -28,6 +28,9 @@ struct AgentProcessOptions {
   // machine serves it, as torchrun's c10d backend allows), join it by arrival instead.
   bool join_if_served = false;
   bool color = false;
+  // The job's cgroup (its directory), entered already (by a fork server, PrepareAgentCopies);
+  // "": the one the environment names (kEnvCgroup), entered first thing.
+  std::string cgroup;
   // Serves the node's Prometheus metrics on metrics_port while the agent runs (0: not). The
   // server lives in the monitor module, which the agent does not link: the CLI passes it in.
   int metrics_port = 0;
@@ -39,5 +42,12 @@ struct AgentProcessOptions {
 
 // Returns the process's exit code. Expects BlockSupervisorSignals() and the log level set.
 int RunAgentProcess(const AgentProcessOptions& options);
+
+// For the fork server of a local job's agents (common/fork_server.h), before it serves: what each
+// copy would do alike, done once. Enters the job's cgroup (the copies are born in it), takes the
+// store's URL and token from the environment into `*options`, and reads and decodes the job's
+// spec from the store into `*spec`, where options->spec then points. What fails is left for each
+// copy to do, and report, itself. Starts no thread and writes nothing to stdio (ServeForks).
+void PrepareAgentCopies(AgentProcessOptions* options, JobSpec* spec);
 
 }  // namespace trainctl

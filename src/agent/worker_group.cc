@@ -63,12 +63,8 @@ Result<pid_t> WorkerGroup::SpawnOne(const WorkerLaunch& launch) {
     if (log_fd >= 0) ::close(log_fd);
     return pid.status();
   }
-  // Best effort: without it only `logs --since` reads the whole log.
-  const int times_fd = log_fd < 0 ? -1
-                                  : ::open((launch.log_path + ".times").c_str(),
-                                           O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   pump_->Add(launch.rank, launch.label.empty() ? "worker-" + std::to_string(launch.rank) : launch.label,
-             fds[0], log_fd, times_fd);
+             fds[0], log_fd, launch.log_path.empty() ? "" : launch.log_path + ".times");
   return *pid;
 }
 

@@ -82,6 +82,8 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
     log::SetLevel(flags.log_level);
     // A local job's launcher starts one agent this way and has it fork the others, whose
     // --node-rank (the last argument) each copy rewrites: common/fork_server.h.
+    static JobSpec copies_spec;  // a fork server's, which its copies share
+    if (std::getenv(kEnvForkServerFd)) PrepareAgentCopies(f, &copies_spec);
     const auto node_rank = ServeForks(flags.argc, flags.argv);
     if (node_rank) f->node_rank = std::atoi(node_rank->c_str());
     BlockSupervisorSignals();

@@ -43,7 +43,15 @@ void SetContext(const std::string& job, const std::string& role, int restart) {
     escaped += c;
     if (c == '%') escaped += '%';
   }
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ [" + escaped + "] %v");
+  // Each pattern set builds a formatter: not again for the context already set (an agent sets
+  // its node's again once the rendezvous has ranked it, most often the same).
+  const std::string pattern = "%Y-%m-%dT%H:%M:%S.%e %^%L%$ [" + escaped + "] %v";
+  static std::mutex mu;
+  static std::string current;
+  std::lock_guard<std::mutex> lock(mu);
+  if (pattern == current) return;
+  current = pattern;
+  spdlog::set_pattern(pattern);
 }
 
 }  // namespace trainctl::log
