@@ -49,8 +49,9 @@ struct Agent::Round {
   int round = 0;
   RoundInfo info;
   std::vector<RoleSpec> roles;
-  std::vector<Task> all;    // every task of the round, by rank
+  std::vector<Task> all;    // every task of the round, by rank (jobs with roles: TF_CONFIG)
   std::vector<Task> mine;   // this node's, by local rank
+  int world_size = 0;       // the round's tasks
   int deciders = 0;         // tasks whose success decides the job's
   std::string master;       // MASTER_ADDR:MASTER_PORT
   std::vector<std::string> addrs;  // every task's host:port, for TF_CONFIG (jobs with roles)
@@ -165,7 +166,7 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
   TaskEnv e;
   e.rank = t.rank;
   e.local_rank = t.local;
-  e.world_size = static_cast<int>(r.all.size());
+  e.world_size = r.world_size;
   e.local_world_size = t.local_size;
   e.group_rank = r.info.group_rank;
   e.group_world_size = r.info.group_world_size;
@@ -435,12 +436,16 @@ std::optional<Agent::Outcome> Agent::Rendezvous(int restarts, Round* r) {
   r->roles = JobRoles(s, info.group_world_size);
   std::vector<RoleSize> sizes;
   for (const auto& role : r->roles) sizes.push_back({role.name, role.replicas});
-  r->all = PlaceTasks(sizes, info.group_world_size);
-  r->mine = TasksOfNode(r->all, info.group_rank);
-  for (const auto& t : r->all) r->deciders += r->RoleOf(t).success ? 1 : 0;
+  // Every task only where the job's roles need each other's addresses; else this node's alone.
+  if (!s.roles.empty()) r->all = PlaceTasks(sizes, info.group_world_size);
+  r->mine = PlaceNodeTasks(sizes, info.group_world_size, info.group_rank);
+  for (const auto& role : r->roles) {
+    r->world_size += role.replicas;
+    r->deciders += role.success ? role.replicas : 0;
+  }
   if (info.group_rank == 0 && (r->round > 0 || info.group_world_size < s.nodes.max)) {
     LOG_INFO("round {}: {} node(s), world size {} (restart {} of {})", r->round, info.group_world_size,
-             r->all.size(), info.restarts, s.restart.max_restarts);
+             r->world_size, info.restarts, s.restart.max_restarts);
   }
   return std::nullopt;
 }

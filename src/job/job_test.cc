@@ -289,6 +289,29 @@ TEST(Tasks, RolesAreSpreadOverNodesAndOneTaskPerNodeIsNodeN) {
   EXPECT_EQ(*std::max_element(per.begin(), per.end()) - *std::min_element(per.begin(), per.end()), 1);
 }
 
+// What each agent places for itself is its share of the whole placement, field by field.
+TEST(Tasks, ANodesOwnPlacementIsItsShareOfTheWhole) {
+  const std::vector<std::vector<RoleSize>> jobs = {
+      {{"worker", 6}}, {{"ps", 2}, {"worker", 3}, {"chief", 1}}, {{"worker", 1024}}, {{"a", 0}, {"b", 5}}};
+  for (const auto& roles : jobs) {
+    for (int nodes : {1, 2, 3, 4, 6, 7}) {
+      const auto all = PlaceTasks(roles, nodes);
+      for (int node = 0; node < nodes; ++node) {
+        SCOPED_TRACE(std::to_string(nodes) + " nodes, node " + std::to_string(node));
+        const auto expected = TasksOfNode(all, node);
+        const auto mine = PlaceNodeTasks(roles, nodes, node);
+        ASSERT_EQ(mine.size(), expected.size());
+        for (size_t i = 0; i < mine.size(); ++i) {
+          EXPECT_EQ(std::tie(mine[i].rank, mine[i].role, mine[i].index, mine[i].role_size, mine[i].node, mine[i].local,
+                             mine[i].local_size),
+                    std::tie(expected[i].rank, expected[i].role, expected[i].index, expected[i].role_size,
+                             expected[i].node, expected[i].local, expected[i].local_size));
+        }
+      }
+    }
+  }
+}
+
 TEST(Tasks, TfConfigIsKubeflowsWithTheEvaluatorOutsideTheCluster) {
   auto tasks = PlaceTasks({{"chief", 1}, {"ps", 2}, {"worker", 2}, {"evaluator", 1}}, 2);
   std::vector<std::string> addrs = {"h0:1", "h0:2", "h0:3", "h1:1", "h1:2", "h1:3"};

@@ -42,6 +42,31 @@ std::vector<Task> TasksOfNode(const std::vector<Task>& tasks, int node) {
   return out;
 }
 
+std::vector<Task> PlaceNodeTasks(const std::vector<RoleSize>& roles, int nodes, int node) {
+  int64_t total = 0;
+  for (const auto& r : roles) total += std::max(0, r.replicas);
+  nodes = std::max(1, nodes);
+  const int64_t first = node * total / nodes, end = (node + 1) * total / nodes;
+  std::vector<Task> out;
+  int64_t role_first = 0;  // the rank of the role's first task
+  for (const auto& r : roles) {
+    const int64_t role_end = role_first + std::max(0, r.replicas);
+    for (int64_t t = std::max(first, role_first); t < std::min(end, role_end); ++t) {
+      Task task;
+      task.rank = static_cast<int>(t);
+      task.role = r.name;
+      task.index = static_cast<int>(t - role_first);
+      task.role_size = r.replicas;
+      task.node = node;
+      task.local = static_cast<int>(t - first);
+      task.local_size = static_cast<int>(end - first);
+      out.push_back(std::move(task));
+    }
+    role_first = role_end;
+  }
+  return out;
+}
+
 std::string TfConfig(const std::vector<Task>& tasks, const std::vector<std::string>& addrs,
                      const Task& task) {
   // Kubeflow leaves the evaluator out of the cluster: TensorFlow's strategies would otherwise

@@ -31,6 +31,9 @@ struct Task {
 std::vector<Task> PlaceTasks(const std::vector<RoleSize>& roles, int nodes);
 // The tasks that node `node` runs, in local order.
 std::vector<Task> TasksOfNode(const std::vector<Task>& tasks, int node);
+// The same as TasksOfNode(PlaceTasks(roles, nodes), node), without placing the others: what each
+// agent of a wide job needs (placing every task in every agent costs the job nodes^2).
+std::vector<Task> PlaceNodeTasks(const std::vector<RoleSize>& roles, int nodes, int node);
 
 // TF_CONFIG for `task`, as Kubeflow's TFJob writes it: the cluster map of every role but the
 // evaluator (its tasks' addresses, by index), the task's own type and index, and
