@@ -40,47 +40,58 @@ struct Reply {
   int32_t error;
 };
 
+// What the kernel noted of the server's memory at exec (/proc/self/stat's fields, by proc(5)'s
+// 1-based numbers, and the auxiliary vector): the same in every copy, so read once, by the server.
+struct ProcMap {
+  uint64_t field[53] = {};
+  uint64_t auxv[128] = {};
+  ssize_t auxv_size = 0;
+  int error = 0;  // reading them failed: the errno
+};
+
+ProcMap ReadProcMap() {
+  ProcMap m;
+  char stat[2048];
+  int fd = ::open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return m.error = errno, m;
+  ssize_t n = ::read(fd, stat, sizeof stat - 1);
+  ::close(fd);
+  const char* p = n > 0 ? (stat[n] = 0, std::strrchr(stat, ')')) : nullptr;
+  if (!p) return m.error = EIO, m;
+  for (int i = 3; i < 53 && *p; ++i) {  // the command ends field 2
+    while (*p && *p != ' ') ++p;
+    while (*p == ' ') ++p;
+    m.field[i] = std::strtoull(p, nullptr, 10);
+  }
+  fd = ::open("/proc/self/auxv", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return m.error = errno, m;
+  m.auxv_size = ::read(fd, m.auxv, sizeof m.auxv);
+  ::close(fd);
+  if (m.auxv_size <= 0) m.error = EIO;
+  return m;
+}
+
 // What /proc/PID/cmdline and /proc/PID/environ show is the memory the kernel noted at exec, not
 // argv and `environ`: end the command line after the copy's own argument (not the placeholder's
 // padding), and point the environment at `env_begin` (a copy's strings, back to back; null: the
 // server's), as checkpoint/restore tools do. PR_SET_MM_MAP takes the whole map, so the rest is
-// passed back as it is (/proc/self/stat, the auxiliary vector).
-int ShowInProc(const char* arg_end, const char* env_begin, const char* env_end) {
-  char stat[2048];
-  int fd = ::open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno;
-  ssize_t n = ::read(fd, stat, sizeof stat - 1);
-  ::close(fd);
-  if (n <= 0) return EIO;
-  stat[n] = 0;
-  const char* p = std::strrchr(stat, ')');
-  if (!p) return EIO;
-  uint64_t field[53] = {};  // 1-based, as proc(5) numbers them; the command ends field 2
-  for (int i = 3; i < 53 && *p; ++i) {
-    while (*p && *p != ' ') ++p;
-    while (*p == ' ') ++p;
-    field[i] = std::strtoull(p, nullptr, 10);
-  }
-  uint64_t auxv[128];
-  fd = ::open("/proc/self/auxv", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno;
-  ssize_t auxv_size = ::read(fd, auxv, sizeof auxv);
-  ::close(fd);
-  if (auxv_size <= 0) return EIO;
+// passed back as it is (`m`, the server's).
+int ShowInProc(const ProcMap& m, const char* arg_end, const char* env_begin, const char* env_end) {
+  if (m.error) return m.error;
   prctl_mm_map map{};
-  map.start_code = field[26];
-  map.end_code = field[27];
-  map.start_stack = field[28];
-  map.start_data = field[45];
-  map.end_data = field[46];
-  map.start_brk = field[47];
+  map.start_code = m.field[26];
+  map.end_code = m.field[27];
+  map.start_stack = m.field[28];
+  map.start_data = m.field[45];
+  map.end_data = m.field[46];
+  map.start_brk = m.field[47];
   map.brk = static_cast<uint64_t>(::syscall(SYS_brk, 0));
-  map.arg_start = field[48];
+  map.arg_start = m.field[48];
   map.arg_end = reinterpret_cast<uint64_t>(arg_end);
-  map.env_start = env_begin ? reinterpret_cast<uint64_t>(env_begin) : field[50];
-  map.env_end = env_begin ? reinterpret_cast<uint64_t>(env_end) : field[51];
-  map.auxv = reinterpret_cast<__u64*>(auxv);
-  map.auxv_size = static_cast<uint32_t>(auxv_size);
+  map.env_start = env_begin ? reinterpret_cast<uint64_t>(env_begin) : m.field[50];
+  map.env_end = env_begin ? reinterpret_cast<uint64_t>(env_end) : m.field[51];
+  map.auxv = const_cast<__u64*>(reinterpret_cast<const __u64*>(m.auxv));
+  map.auxv_size = static_cast<uint32_t>(m.auxv_size);
   map.exe_fd = static_cast<uint32_t>(-1);
   if (::prctl(PR_SET_MM, PR_SET_MM_MAP, &map, sizeof map, 0) != 0) return errno;
   return 0;
@@ -98,7 +109,7 @@ int ThreadCount() {
 // In a new copy: what its request asks, its argument written over the placeholder `slot` (of
 // `room` bytes). Returns 0 or the errno it failed with. The strings stay for the copy's life
 // (environ points into them).
-int SetUpCopy(const std::vector<std::string_view>& fields, int output_fd, char* slot, size_t room) {
+int SetUpCopy(const std::vector<std::string_view>& fields, const ProcMap& proc, int output_fd, char* slot, size_t room) {
   const std::string_view cwd = fields[1], cpus = fields[2];
   if (output_fd >= 0) {
     if (::dup2(output_fd, 1) < 0 || ::dup2(output_fd, 2) < 0) return errno;
@@ -140,7 +151,7 @@ int SetUpCopy(const std::vector<std::string_view>& fields, int output_fd, char* 
   ::memcpy(slot, fields[0].data(), fields[0].size());
   // Only where the copy has an environment of its own must /proc show it; a command line that
   // still ends in padding is only untidy.
-  const int err = ShowInProc(slot + fields[0].size() + 1, env_begin, env_end);
+  const int err = ShowInProc(proc, slot + fields[0].size() + 1, env_begin, env_end);
   return env_begin ? err : 0;
 }
 
@@ -278,9 +289,11 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
   const pid_t parent = ::getppid();
   char* slot = argv[argc - 1];
   const size_t room = ::strlen(slot);
-  std::vector<char> request(kMaxRequest);
+  // Static: a copy returns from here, and freeing a buffer this size costs it a munmap.
+  static char request[kMaxRequest];
+  const ProcMap proc = ReadProcMap();
   while (true) {
-    iovec iov{request.data(), request.size()};
+    iovec iov{request, sizeof request};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -296,9 +309,9 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
     }
     std::vector<std::string_view> fields;
     for (size_t at = 0; at < static_cast<size_t>(n);) {
-      const void* end = std::memchr(request.data() + at, 0, static_cast<size_t>(n) - at);
-      const size_t len = end ? static_cast<const char*>(end) - (request.data() + at) : static_cast<size_t>(n) - at;
-      fields.emplace_back(request.data() + at, len);
+      const void* end = std::memchr(request + at, 0, static_cast<size_t>(n) - at);
+      const size_t len = end ? static_cast<const char*>(end) - (request + at) : static_cast<size_t>(n) - at;
+      fields.emplace_back(request + at, len);
       at += len + 1;
     }
     Reply reply{0, 0};
@@ -321,7 +334,7 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
         ::setpgid(0, 0);
         ::prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (::getppid() != parent) ::_exit(127);  // the requester died meanwhile
-        if (int err = SetUpCopy(fields, output_fd, slot, room)) {
+        if (int err = SetUpCopy(fields, proc, output_fd, slot, room)) {
           ssize_t ignored = ::write(setup[1], &err, sizeof err);
           (void)ignored;
           ::_exit(127);
