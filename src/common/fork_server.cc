@@ -316,11 +316,14 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
     }
     Reply reply{0, 0};
     int setup[2] = {-1, -1};
+    // A copy that only takes its argument (a local job's agent) cannot fail to be set up: it is
+    // answered at once, without waiting for the copy to run (two context switches a copy).
+    const bool reports = fields.size() != 3 || output_fd >= 0 || !fields[1].empty() || !fields[2].empty();
     if (fields.size() < 3 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
       reply.pid = -EPROTO;
     } else if (fields[0].size() > room) {
       reply.pid = -E2BIG;
-    } else if (::pipe2(setup, O_CLOEXEC) != 0) {
+    } else if (reports && ::pipe2(setup, O_CLOEXEC) != 0) {
       reply.pid = -errno;
     } else {
       // A fork whose child is the requester's: the exit signal is this process's own (SIGCHLD).
@@ -330,7 +333,7 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
       long pid = ::syscall(SYS_clone, CLONE_PARENT, 0, 0, 0, 0);
       if (pid == 0) {
         ::close(fd);
-        ::close(setup[0]);
+        if (setup[0] >= 0) ::close(setup[0]);
         ::setpgid(0, 0);
         ::prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (::getppid() != parent) ::_exit(127);  // the requester died meanwhile
@@ -339,18 +342,18 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
           (void)ignored;
           ::_exit(127);
         }
-        ::close(setup[1]);
+        if (setup[1] >= 0) ::close(setup[1]);
         return std::string(fields[0]);
       }
-      ::close(setup[1]);
+      if (setup[1] >= 0) ::close(setup[1]);
       reply.pid = pid < 0 ? -errno : static_cast<int32_t>(pid);
-      if (pid > 0) {  // the copy says whether it could be set up: EOF when it could
+      if (pid > 0 && reports) {  // the copy says whether it could be set up: EOF when it could
         int err = 0;
         ssize_t got;
         while ((got = ::read(setup[0], &err, sizeof err)) < 0 && errno == EINTR) {}
         if (got == sizeof err) reply.error = err;
       }
-      ::close(setup[0]);
+      if (setup[0] >= 0) ::close(setup[0]);
     }
     if (output_fd >= 0) ::close(output_fd);
     if (::send(fd, &reply, sizeof reply, MSG_NOSIGNAL) != sizeof reply) ::_exit(0);
