@@ -26,7 +26,7 @@ std::string RoundState(int round);      // the rendezvous state once closed (ren
 std::string RoundJoined(int round);     // counter: joins so far (a joiner's slot is its count - 1)
 std::string RoundMember(int round, int slot);  // who took the slot: {"id", "hint", "restarts"}
 std::string RoundHint(int round, int hint);    // the node id holding a rank hint
-std::string RoundRank(int round, int slot);    // the group rank of the slot's node, once closed
+std::string RoundRank(int round, int slot);    // "<rank> <world size> <restarts>" of the slot's node, once closed
 std::string RoundClosed(int round);     // "<world size> <restarts>", set once the round is closed
 std::string RoundEnd(int round);        // the FailureRecord that ended it (compare-and-set)
 // The failure with the earliest error-file timestamp of the round's tasks, those stopped after

@@ -120,16 +120,13 @@ Result<std::optional<RoundInfo>> Finish(Store& store, int round, const State& s,
   return std::optional<RoundInfo>(Info(round, s, me));
 }
 
-// What a member in `slot` learns once the round is announced closed (`closed`: "<world> <restarts>").
-Result<std::optional<RoundInfo>> FinishSlot(Store& store, int round, int slot, const std::string& closed) {
+// What a member learns from its slot's rank key ("<rank> <world size> <restarts>").
+Result<std::optional<RoundInfo>> FromRankKey(int round, const std::string& value) {
   RoundInfo info;
   info.round = round;
-  if (std::sscanf(closed.c_str(), "%d %d", &info.group_world_size, &info.restarts) != 2) {
-    return Corrupt(round, "closed key", "\"" + closed + "\"");
+  if (std::sscanf(value.c_str(), "%d %d %d", &info.group_rank, &info.group_world_size, &info.restarts) != 3) {
+    return Corrupt(round, "rank key", "\"" + value + "\"");
   }
-  ASSIGN_OR_RETURN(auto rank, store.TryGet(keys::RoundRank(round, slot)));
-  if (!rank) return std::optional<RoundInfo>();  // closed without this slot (a last call before it)
-  info.group_rank = std::atoi(rank->c_str());
   return std::optional<RoundInfo>(info);
 }
 
@@ -193,12 +190,14 @@ Status Close(Store& store, int round, int slots, Clock::time_point deadline, con
   const std::string desired = s.Encode();
   ASSIGN_OR_RETURN(std::string now, store.CompareSet(keys::RoundState(round), "", desired));
   if (now != desired) return Status::Ok();  // another closer won; it announces the round
-  // In one batch, in order: each slot's rank, the current round (a node joining the running job
-  // starts there), then the closed key that wakes the members, who find the rest already set.
+  // In one batch, in order: each slot's rank with the round's size and restarts (what wakes its
+  // member), the current round (a node joining the running job starts there), then the closed
+  // key (what wakes the slots left out, and the nodes past max).
   std::vector<std::pair<std::string, std::string>> announce;
   announce.reserve(s.nodes.size() + 2);
+  const std::string size_and_restarts = " " + std::to_string(s.nodes.size()) + " " + std::to_string(s.restarts);
   for (size_t rank = 0; rank < s.nodes.size(); ++rank) {
-    announce.emplace_back(keys::RoundRank(round, s.nodes[rank].slot), std::to_string(rank));
+    announce.emplace_back(keys::RoundRank(round, s.nodes[rank].slot), std::to_string(rank) + size_and_restarts);
   }
   announce.emplace_back(keys::kCurrentRound, std::to_string(round));
   announce.emplace_back(keys::RoundClosed(round), std::to_string(s.nodes.size()) + " " + std::to_string(s.restarts));
@@ -273,8 +272,12 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
   // the closed key.
   const bool counting = o.min_nodes < o.max_nodes && slot < o.max_nodes;
   auto next_count = Now(o);
-  // The closed key, then the interrupt keys: one wait on the store, woken by whichever is set.
-  std::vector<std::string> wake_on = {keys::RoundClosed(round)};
+  // This slot's rank (a slot past max has none), the closed key, then the interrupt keys: one wait
+  // on the store, woken by whichever is set; the rank comes before the closed key.
+  std::vector<std::string> wake_on;
+  if (slot < o.max_nodes) wake_on.push_back(keys::RoundRank(round, slot));
+  const size_t closed_at = wake_on.size();
+  wake_on.push_back(keys::RoundClosed(round));
   wake_on.insert(wake_on.end(), o.interrupt_keys.begin(), o.interrupt_keys.end());
   while (true) {
     if (counting && Now(o) >= next_count) {
@@ -294,15 +297,14 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
     Duration wait = std::min(Remaining(deadline, Now(o)), o.check_every);
     if (counting) wait = std::min(wait, Remaining(next_count, Now(o)));
     auto woke = WaitForAny(store, o, wake_on, std::max(wait, Duration(1)));
-    if (woke.ok() && woke->first == 0) {
-      if (slot >= o.max_nodes) return std::optional<RoundInfo>();
-      return FinishSlot(store, round, slot, woke->second);
-    }
+    if (woke.ok() && woke->first < closed_at) return FromRankKey(round, woke->second);
+    // Closed without this slot (a last call before it took it, or past max): not in the round.
+    if (woke.ok() && woke->first == closed_at) return std::optional<RoundInfo>();
     if (woke.ok() || woke.status().code() == Code::kAborted) {
       // An interrupt: check() decides. Should it find nothing wrong, the join goes on without
       // the interrupt keys (one that stays set would otherwise wake every wait at once).
       if (o.check) RETURN_IF_ERROR(o.check());
-      if (woke.ok()) wake_on.resize(1);
+      if (woke.ok()) wake_on.resize(closed_at + 1);
       if (!woke.ok() && !o.check) return woke.status();
     } else if (woke.status().code() != Code::kTimeout) {
       return woke.status();

@@ -14,9 +14,9 @@
 // wins: "round/<r>/state" = {"v": 1, "restarts": k, "closed": true, "nodes": [{"id", "hint"}...]}
 // with the nodes in rank order: nodes with a rank hint (the launcher's node index) first, by hint,
 // then the others in the order they joined; the restart count is the first joiner's. The winner
-// then gives each slot in the round its rank ("round/<r>/rank/<slot>") and sets
-// "round/<r>/closed" = "<world size> <restarts>", which the members wait on: each reads two small
-// values, not the state of all of them.
+// then gives each slot in the round its rank ("round/<r>/rank/<slot>" = "<rank> <world size>
+// <restarts>"), which that slot's member waits on (one small value, not the state of all of
+// them), and sets "round/<r>/closed" = "<world size> <restarts>", which wakes the others.
 //
 // An agent that finds a round closed without it is not in that round: it waits for the round to
 // end (see the agent) and joins the next one. That is how a node joins a running job (scale-up).
