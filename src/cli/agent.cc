@@ -91,7 +91,7 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
     if (node_rank) {
       // A copy ends here: returning would run the destructors of the server's state (the command
       // line's parser, the logger), whose every page it shares copy-on-write and would copy
-      // first, only to free it (a tenth of a wide job's CPU on a VM). Its own work is done and
+      // first, only to free it (an eighth of a 1024-node job's CPU on a VM). Its own work is done and
       // written; stdio is flushed.
       std::fflush(nullptr);
       ::_exit(*code);
