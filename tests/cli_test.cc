@@ -1,6 +1,7 @@
 // End-to-end: the real trainctl binary running real worker processes (POSIX sh programs).
 #include <sys/syscall.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -453,6 +454,30 @@ TEST(Cli, AJobOf256NodesSucceeds) {
   EXPECT_EQ(logs, 256);
 }
 
+// Whether the kernel gives transparent huge pages to a process that asks (madvise).
+bool TransparentHugePages() {
+  auto mode = ReadFile("/sys/kernel/mm/transparent_hugepage/enabled");
+  return mode.ok() && mode->find("[never]") == std::string::npos;
+}
+
+// The KiB of a process's executable mappings held in anonymous huge pages.
+long HugeCodeKiB(pid_t pid) {
+  std::ifstream smaps("/proc/" + std::to_string(pid) + "/smaps");
+  long kib = 0;
+  bool code = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::istringstream in(line);
+    std::string first, second;
+    in >> first >> second;
+    if (first.find('-') != std::string::npos && second.size() == 4) {
+      code = second == "r-xp";
+    } else if (code && first == "AnonHugePages:") {
+      kib += std::stol(second);
+    }
+  }
+  return kib;
+}
+
 // A local job's agents are forked from one exec'd agent (common/fork_server.h); to the user and
 // to the launcher each is what an exec'd `trainctl agent` was: the launcher's child, leading its
 // own process group, with its own command line, and nothing of the fork server in its tasks'
@@ -498,6 +523,14 @@ TEST(Cli, ALocalJobsAgentsAreTheLaunchersChildrenWithTheirOwnCommandLines) {
     EXPECT_FALSE(Exists(s.path("out/logs/worker-" + std::to_string(rank) + ".log.times")));
   }
   EXPECT_EQ(run_id.rfind("forked-", 0), 0u) << run_id;
+  // The server moved its code onto huge pages, which each copy maps with the fork
+  // (common/huge_text.h), where the kernel has transparent huge pages.
+  if (TransparentHugePages()) {
+    for (int rank = 0; rank < 12; ++rank) {
+      const pid_t agent = ReadPids(s.path("agent-" + std::to_string(rank)))[0];
+      EXPECT_GE(HugeCodeKiB(agent), 2048) << "node " << rank;
+    }
+  }
   auto of_run = [&] {
     return LiveProcesses([&](pid_t p) {
       auto argv = ProcStrings(p, "cmdline");
@@ -508,6 +541,27 @@ TEST(Cli, ALocalJobsAgentsAreTheLaunchersChildrenWithTheirOwnCommandLines) {
   ::kill(job.pid(), SIGTERM);
   EXPECT_EQ(job.Wait(seconds(60)).code, kExitInterrupted) << job.Output();
   EXPECT_TRUE(Eventually([&] { return of_run().empty(); }, seconds(15))) << "agents outlived the job";
+}
+
+// TRAINCTL_HUGE_TEXT=0 leaves the fork server's code the executable's (for a profiler).
+TEST(Cli, HugeTextZeroLeavesTheAgentsCodeTheExecutables) {
+  Scratch s;
+  WriteSpec(s, "name: small-pages\nnodes: 2\ncommand: [sh, -c, 'echo $PPID > {out}/agent-$RANK; exec sleep 60']\n"
+               "timeouts: {stop_grace: 2s}\n");
+  Background job({"run", "job.yaml"}, s.path(""), s.path("log"), {{"TRAINCTL_HUGE_TEXT", "0"}});
+  ASSERT_TRUE(Eventually([&] { return !ReadPids(s.path("agent-1")).empty() && !ReadPids(s.path("agent-0")).empty(); },
+                         seconds(60)))
+      << job.Output();
+  for (const char* file : {"agent-0", "agent-1"}) {
+    const pid_t agent = ReadPids(s.path(file))[0];
+    EXPECT_EQ(HugeCodeKiB(agent), 0) << file;
+    const auto maps = ReadFile("/proc/" + std::to_string(agent) + "/maps");
+    ASSERT_TRUE(maps.ok());
+    EXPECT_NE(maps->find("r-xp"), std::string::npos);
+    EXPECT_NE(maps->find(std::filesystem::canonical(TRAINCTL_BIN).string() + "\n"), std::string::npos) << *maps;
+  }
+  ::kill(job.pid(), SIGTERM);
+  EXPECT_EQ(job.Wait(seconds(60)).code, kExitInterrupted) << job.Output();
 }
 
 // While the tasks run, a one-node job's launcher and agent sleep until something happens (a

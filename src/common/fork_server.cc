@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "common/exit_codes.h"
+#include "common/huge_text.h"
 #include "common/strings.h"
 
 extern char** environ;
@@ -286,6 +287,7 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
                  threads);
     ::_exit(kExitError);
   }
+  MapTextOnHugePages();  // each copy then maps the server's code with the fork, not page by page
   const pid_t parent = ::getppid();
   char* slot = argv[argc - 1];
   const size_t room = ::strlen(slot);
