@@ -172,21 +172,25 @@ int OutputPump::WaitSignal(Duration timeout) {
   }
 }
 
+OutputPump::Stream* OutputPump::Current(int id) {
+  auto key = current_.find(id);
+  auto it = key == current_.end() ? streams_.end() : streams_.find(key->second);
+  return it == streams_.end() ? nullptr : &it->second;
+}
+
 void OutputPump::WaitDrained(int id, Duration timeout) {
   const auto deadline = Clock::now() + timeout;
   while (true) {
-    auto key = current_.find(id);
-    auto it = key == current_.end() ? streams_.end() : streams_.find(key->second);
-    if (it == streams_.end() || it->second.eof || stopped_ || Clock::now() >= deadline) return;
+    const Stream* s = Current(id);  // looked up again each turn: a turn may end streams
+    if (!s || s->eof || stopped_ || Clock::now() >= deadline) return;
     Turn(Remaining(deadline), false);
   }
 }
 
 std::vector<std::string> OutputPump::Tail(int id) {
-  auto key = current_.find(id);
-  auto it = key == current_.end() ? streams_.end() : streams_.find(key->second);
-  if (it == streams_.end()) return {};
-  return {it->second.tail.begin(), it->second.tail.end()};
+  const Stream* s = Current(id);
+  if (!s) return {};
+  return {s->tail.begin(), s->tail.end()};
 }
 
 void OutputPump::Stop() {

@@ -60,6 +60,8 @@ class OutputPump {
   // One wait of at most `timeout` for output, room on stdout or (when `signals`) a signal, and
   // what it allows: copies each readable stream, writes a queued piece. The signal, or 0.
   int Turn(Duration timeout, bool signals);
+  // Task `id`'s newest stream; nullptr if it has none.
+  Stream* Current(int id);
   void Read(Stream& s);
   // Handles freshly read bytes, queueing the prefixed text for out_fd_.
   void Consume(Stream& s, const char* data, size_t n, bool flush_partial);

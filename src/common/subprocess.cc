@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <initializer_list>
 #include <thread>
 
 extern char** environ;
@@ -245,12 +246,16 @@ Result<CommandResult> RunCommand(const SpawnOptions& options, Duration timeout) 
 namespace trainctl {
 
 namespace {
-sigset_t SupervisorSet() {
+sigset_t SignalSet(std::initializer_list<int> signals) {
   sigset_t set;
   sigemptyset(&set);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, kNudgeSignal}) sigaddset(&set, sig);
+  for (int sig : signals) sigaddset(&set, sig);
   return set;
 }
+sigset_t SupervisorSet() { return SignalSet({SIGCHLD, SIGINT, SIGTERM, SIGHUP, kNudgeSignal}); }
+sigset_t StopSet() { return SignalSet({SIGINT, SIGTERM, SIGHUP}); }
+// Reads the (blocked) signals of `set` as poll sees them; -1 where there is none to be had.
+int SignalFd(const sigset_t& set) { return ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC); }
 }  // namespace
 
 void BlockSupervisorSignals() {
@@ -267,9 +272,7 @@ int StopSignal() {
   if (int sig = g_stop_signal.load()) return sig;
   // One that came while this process waited on something else (a socket, a peer) is still
   // pending: taken now, so that every waiting loop that asks ends within its own period.
-  sigset_t stops;
-  sigemptyset(&stops);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, s);
+  const sigset_t stops = StopSet();
   const struct timespec zero = {0, 0};
   if (int sig = ::sigtimedwait(&stops, nullptr, &zero); sig > 0) {
     int none = 0;
@@ -281,12 +284,7 @@ int StopSignal() {
 bool IsStopSignal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP; }
 
 int StopSignalFd() {
-  static const int fd = [] {
-    sigset_t stops;
-    sigemptyset(&stops);
-    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, s);
-    return ::signalfd(-1, &stops, SFD_NONBLOCK | SFD_CLOEXEC);
-  }();
+  static const int fd = SignalFd(StopSet());
   return fd;
 }
 
@@ -303,10 +301,7 @@ int Took(int sig) {
 int WaitSignalOrReady(Duration timeout, std::vector<struct pollfd>* fds) {
   // The supervisor's signals are blocked, so they stay pending until taken: a signal fd reads
   // them as poll sees them.
-  static const int signals = [] {
-    sigset_t set = SupervisorSet();
-    return ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
-  }();
+  static const int signals = SignalFd(SupervisorSet());
   const auto deadline = Clock::now() + timeout;
   while (true) {
     for (auto& p : *fds) p.revents = 0;

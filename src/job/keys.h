@@ -27,7 +27,9 @@ std::string RoundJoined(int round);     // counter: joins so far (a joiner's slo
 std::string RoundMember(int round, int slot);  // who took the slot: {"id", "hint", "restarts"}
 std::string RoundHint(int round, int hint);    // the node id holding a rank hint
 std::string RoundRank(int round, int slot);    // "<rank> <world size> <restarts>" of the slot's node, once closed
-std::string RoundClosed(int round);     // "<world size> <restarts>", set once the round is closed
+// "<world size> <restarts>", set once the round is closed: members wait on it (a slot the round
+// closed without) and read their rank key instead; its value is for people reading the store.
+std::string RoundClosed(int round);
 std::string RoundEnd(int round);        // the FailureRecord that ended it (compare-and-set)
 // The failure with the earliest error-file timestamp of the round's tasks, those stopped after
 // the first exit included (each agent compare-and-sets the earlier one in).
