@@ -194,7 +194,9 @@ int RunAgentProcess(const AgentProcessOptions& f) {
     const std::string& cgroup;
     pid_t launcher;
     ~EndIfOrphaned() {
-      if (cgroup.empty() || ::getppid() == launcher) return;
+      // The launcher's spawning thread may be dead (the stop signal came from its death) while its
+      // other threads are still torn down: getppid() names it a moment longer.
+      if (cgroup.empty() || (::getppid() == launcher && !ProcessEnding(launcher))) return;
       if (Status st = LeaveCgroup(cgroup); !st.ok()) return;
       const int ended = KillJobCgroup(cgroup);
       if (ended > 0) LOG_WARN("the launcher is gone: ended the {} process(es) left in the job's cgroup", ended);

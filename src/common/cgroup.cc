@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -106,8 +107,15 @@ int KillJobCgroup(const std::string& dir) {
   if (held > 0 && !WriteControl(dir + "/cgroup.kill", "1\n")) {
     for (const auto& pid : SplitLines(procs.ok() ? *procs : "")) ::kill(std::atoi(pid.c_str()), SIGKILL);
   }
-  for (int i = 0; i < 200 && CgroupPopulated(dir); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ::rmdir(dir.c_str());
+  // The kill is asynchronous: the cgroup empties as its processes exit, and rmdir says EBUSY
+  // until it has (and for a moment after, while the last ones are torn down). A loaded machine
+  // takes a while; the first empty moment is taken.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (true) {
+    if (!CgroupPopulated(dir) && (::rmdir(dir.c_str()) == 0 || errno != EBUSY)) break;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   return held;
 }
 

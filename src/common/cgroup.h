@@ -24,8 +24,9 @@ Status EnterCgroup(const std::string& dir);
 Status LeaveCgroup(const std::string& dir);
 // Whether `dir` (a job's cgroup) exists and still holds a process.
 bool CgroupPopulated(const std::string& dir);
-// Kills every process in `dir` (cgroup.kill, else SIGKILL to each), waits up to 2 s for it to
-// empty, and removes it. Returns how many processes it held; -1 when `dir` is not a job's cgroup.
+// Kills every process in `dir` (cgroup.kill, else SIGKILL to each), waits up to 5 s for it to
+// empty, and removes it (again while the kernel says it is busy). Returns how many processes it
+// held; -1 when `dir` is not a job's cgroup.
 int KillJobCgroup(const std::string& dir);
 
 }  // namespace trainctl

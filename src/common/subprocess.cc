@@ -17,7 +17,11 @@
 #include <atomic>
 #include <cerrno>
 #include <initializer_list>
+#include <sstream>
 #include <thread>
+
+#include "common/fs.h"
+#include "common/strings.h"
 
 extern char** environ;
 
@@ -279,6 +283,32 @@ int StopSignal() {
     g_stop_signal.compare_exchange_strong(none, sig);
   }
   return g_stop_signal.load();
+}
+
+bool ProcessEnding(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid);
+  // "pid (comm) state ppid pgrp session tty_nr tpgid flags ..."; comm may hold spaces and ')'.
+  auto stat = ReadFile(dir + "/stat", 4096);
+  if (!stat.ok()) return true;
+  const size_t close = stat->rfind(')');
+  if (close == std::string::npos) return true;
+  std::istringstream fields(stat->substr(close + 1));
+  char state = 0;
+  long skip = 0;
+  unsigned long flags = 0;
+  fields >> state >> skip >> skip >> skip >> skip >> skip >> flags;
+  constexpr unsigned long kExiting = 0x4;  // PF_EXITING
+  if (state == 'Z' || state == 'X' || (flags & kExiting)) return true;
+  // A killed process's threads each hold SIGKILL pending until they exit.
+  auto status = ReadFile(dir + "/status", 1 << 16);
+  if (!status.ok()) return true;
+  for (const std::string& line : SplitLines(*status)) {
+    if (line.rfind("SigPnd:", 0) == 0 || line.rfind("ShdPnd:", 0) == 0) {
+      const unsigned long long pending = std::strtoull(line.c_str() + 7, nullptr, 16);
+      if (pending & (1ULL << (SIGKILL - 1))) return true;
+    }
+  }
+  return false;
 }
 
 bool IsStopSignal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP; }

@@ -107,4 +107,10 @@ bool IsStopSignal(int sig);
 // The first stop signal WaitSignal() took, or one pending now (taken by this call), or 0.
 int StopSignal();
 
+// Whether process `pid` is gone or on its way out: no such process, its main thread a zombie or
+// exiting, or a SIGKILL pending (the whole process killed). A child whose parent's spawning
+// thread died (PR_SET_PDEATHSIG fired) may still see getppid() name the parent while its other
+// threads are being torn down; this tells that moment from a parent that lives.
+bool ProcessEnding(pid_t pid);
+
 }  // namespace trainctl

@@ -34,6 +34,30 @@ TEST(Subprocess, CapturesOutputAndExitCode) {
   EXPECT_EQ(r->exit.Describe(), "exit code 3");
 }
 
+// An agent asks whether its launcher is gone or going (ProcessEnding) before it ends what the
+// launcher's job left: a live process is not, an exited one (a zombie, then reaped) is.
+TEST(Subprocess, ProcessEndingTellsALiveProcessFromAnEndedOne) {
+  EXPECT_FALSE(ProcessEnding(::getpid()));
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(go[1]);
+    char c;
+    (void)!::read(go[0], &c, 1);
+    ::_exit(0);
+  }
+  ::close(go[0]);
+  EXPECT_FALSE(ProcessEnding(child)) << "waiting on a pipe";
+  ::close(go[1]);  // it exits, and stays a zombie until reaped
+  siginfo_t info{};
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT), 0);
+  EXPECT_TRUE(ProcessEnding(child)) << "a zombie";
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  EXPECT_TRUE(ProcessEnding(child)) << "reaped";
+}
+
 TEST(Subprocess, DescribesDeathBySignal) {
   auto r = RunCommand(Sh("kill -SEGV $$"), std::chrono::seconds(10));
   ASSERT_TRUE(r.ok());
