@@ -221,7 +221,16 @@ void Decoder::DecodePlacement(const Node& n, const std::string& p, ClusterSpec* 
       Error(*ns, p + ".node_selector", std::string("expected a mapping of label: value, got ") + ns->KindName());
     } else {
       for (const auto& [key, value] : ns->map) {
-        if (auto v = String(value, p + ".node_selector." + key)) c->node_selector.emplace_back(key, *v);
+        const std::string path = p + ".node_selector." + key;
+        if (!IsLabelKey(key)) {
+          Error(value, p + ".node_selector", "expected a Kubernetes label key (letters, digits, '-', '_', '.', an "
+                "optional prefix/ such as kubernetes.io/), got " + Quote(key));
+        } else if (auto v = String(value, path); v && !IsLabelValue(*v)) {
+          Error(value, path, "expected a Kubernetes label value (at most 63 letters, digits, '-', '_' or '.', "
+                "starting and ending with a letter or digit), got " + Quote(*v));
+        } else if (v) {
+          c->node_selector.emplace_back(key, *v);
+        }
       }
     }
   }
@@ -236,8 +245,23 @@ void Decoder::DecodePlacement(const Node& n, const std::string& p, ClusterSpec* 
       const Node& t = tl->seq[i];
       if (!Section(t, tp, {"key", "operator", "value", "effect"})) continue;
       Toleration tol;
-      Field(t, tp, "key", &tol.key, Text());
-      Field(t, tp, "value", &tol.value, Text());
+      Field(t, tp, "key", &tol.key, [&](const Node& v, const std::string& path) {
+        auto s = String(v, path);
+        if (s && !s->empty() && !IsLabelKey(*s)) {
+          Error(v, path, "expected a taint's key, a Kubernetes label key such as nvidia.com/gpu, got " + Quote(*s));
+          return std::optional<std::string>();
+        }
+        return s;
+      });
+      Field(t, tp, "value", &tol.value, [&](const Node& v, const std::string& path) {
+        auto s = String(v, path);
+        if (s && !IsLabelValue(*s)) {
+          Error(v, path, "expected a taint's value, a Kubernetes label value (at most 63 letters, digits, '-', "
+                "'_' or '.'), got " + Quote(*s));
+          return std::optional<std::string>();
+        }
+        return s;
+      });
       Field(t, tp, "operator", &tol.op, OneOfThese({"Equal", "Exists"}));
       Field(t, tp, "effect", &tol.effect, OneOfThese({"NoSchedule", "PreferNoSchedule", "NoExecute"}));
       c->tolerations.push_back(tol);

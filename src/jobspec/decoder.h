@@ -322,6 +322,29 @@ class Decoder {
     auto ok = [](char c) { return (c >= 'a' && c <= 'z') || std::isdigit(c) || c == '-'; };
     return std::all_of(s.begin(), s.end(), ok) && s.front() != '-' && s.back() != '-';
   }
+  // A Kubernetes label value: empty, or at most 63 of letters, digits, '-', '_' and '.', starting
+  // and ending with a letter or digit.
+  static bool IsLabelValue(std::string_view s) {
+    if (s.empty()) return true;
+    auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 && static_cast<unsigned char>(c) < 0x80; };
+    auto ok = [&](char c) { return alnum(c) || c == '-' || c == '_' || c == '.'; };
+    return s.size() <= 63 && std::all_of(s.begin(), s.end(), ok) && alnum(s.front()) && alnum(s.back());
+  }
+  // A Kubernetes label key (a qualified name): a non-empty label value, after an optional prefix of
+  // a DNS subdomain (at most 253 of lowercase letters, digits, '-' and '.') and '/'.
+  static bool IsLabelKey(std::string_view s) {
+    const size_t slash = s.find('/');
+    if (slash != std::string_view::npos) {
+      const std::string_view prefix = s.substr(0, slash);
+      auto ok = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.'; };
+      if (prefix.empty() || prefix.size() > 253 || !std::all_of(prefix.begin(), prefix.end(), ok) ||
+          !std::isalnum(static_cast<unsigned char>(prefix.front())) || !std::isalnum(static_cast<unsigned char>(prefix.back()))) {
+        return false;
+      }
+      s = s.substr(slash + 1);
+    }
+    return !s.empty() && IsLabelValue(s);
+  }
 };
 
 // The whole spec, with `d`'s mode (decode.cc).

@@ -589,7 +589,7 @@ class Renderer {
 bool NeedsQuotes(const std::string& s) {
   if (s.empty()) return true;
   static const std::set<std::string> words = {"y", "n", "yes", "no", "on", "off", "true",
-                                              "false", "null", "~"};
+                                              "false", "null", "~", "="};
   std::string lower = s;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
   if (words.count(lower)) return true;
@@ -604,13 +604,34 @@ bool NeedsQuotes(const std::string& s) {
   return s.find(": ") != std::string::npos || s.back() == ':';
 }
 
+// Whether `s` reads back from a literal block (`|`) exactly as it is: printable ASCII and line
+// feeds only (a carriage return, NEL, U+2028 or U+2029 is a line break to a YAML reader that the
+// block would not indent, so it could end the block and write fields of its own), one final line
+// feed (what `|` keeps), and a first line that starts with neither a space nor a line feed (which
+// would need an indentation indicator). Anything else is double-quoted, every byte outside
+// printable ASCII escaped (the emitter's EscapeNonAscii).
+bool LiteralReadsBack(const std::string& s) {
+  if (s.size() < 2 || s.back() != '\n' || s[s.size() - 2] == '\n' || s[0] == ' ' || s[0] == '\n') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) { return c == '\n' || (c >= 0x20 && c <= 0x7e); });
+}
+
+// One string, as a key or a value: plain where every YAML reader reads it as this string, a
+// literal block for a script (values only), else double-quoted.
+void EmitString(YAML::Emitter& out, const std::string& s, bool key) {
+  if (!key && LiteralReadsBack(s)) out << YAML::Literal << s;
+  else if (NeedsQuotes(s)) out << YAML::DoubleQuoted << s;
+  else out << s;
+}
+
 void Emit(YAML::Emitter& out, const json& j) {
   switch (j.type()) {
     case json::value_t::object:
       if (j.empty()) { out << YAML::Flow << YAML::BeginMap << YAML::EndMap; return; }
       out << YAML::BeginMap;
       for (auto it = j.begin(); it != j.end(); ++it) {
-        out << YAML::Key << it.key() << YAML::Value;
+        out << YAML::Key;
+        EmitString(out, it.key(), true);
+        out << YAML::Value;
         Emit(out, it.value());
       }
       out << YAML::EndMap;
@@ -621,13 +642,7 @@ void Emit(YAML::Emitter& out, const json& j) {
       for (const auto& v : j) Emit(out, v);
       out << YAML::EndSeq;
       return;
-    case json::value_t::string: {
-      const std::string& s = j.get_ref<const std::string&>();
-      if (s.find('\n') != std::string::npos) out << YAML::Literal << s;
-      else if (NeedsQuotes(s)) out << YAML::DoubleQuoted << s;
-      else out << s;
-      return;
-    }
+    case json::value_t::string: EmitString(out, j.get_ref<const std::string&>(), false); return;
     case json::value_t::boolean: out << j.get<bool>(); return;
     case json::value_t::number_integer: out << j.get<int64_t>(); return;
     case json::value_t::number_unsigned: out << j.get<uint64_t>(); return;
@@ -716,6 +731,7 @@ std::string ToYaml(const std::vector<json>& docs) {
     YAML::Emitter out;
     out.SetIndent(2);
     out.SetSeqFormat(YAML::Block);
+    out.SetOutputCharset(YAML::EscapeNonAscii);  // every quoted byte outside printable ASCII escaped
     Emit(out, docs[i]);
     if (i > 0) text += "---\n";
     text += out.c_str();

@@ -5,6 +5,9 @@
 #include "render/k8s/render.h"
 
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <random>
 
 namespace trainctl::k8s {
 namespace {
@@ -223,6 +226,109 @@ TEST(Render, YamlQuotesWhatAYaml11ReaderWouldMisread) {
                               {"f", "two\nlines\n"}, {"g", 3}, {"h", false}}});
   // (the literal block keeps its one final newline; the blank line after it is yaml-cpp's)
   EXPECT_EQ(y, "a: \"yes\"\nb: \"8080\"\nc: \"\"\nd: plain\ne: \"x: y\"\nf: |\n  two\n  lines\n\ng: 3\nh: false\n");
+}
+
+// What a YAML reader builds from the text, as JSON with every scalar as its text.
+json AsRead(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: {
+      json o = json::object();
+      for (const auto& kv : n) o[kv.first.Scalar()] = AsRead(kv.second);
+      return o;
+    }
+    case YAML::NodeType::Sequence: {
+      json a = json::array();
+      for (const auto& v : n) a.push_back(AsRead(v));
+      return a;
+    }
+    case YAML::NodeType::Scalar: return n.Scalar();
+    default: return nullptr;
+  }
+}
+
+// The rendered object with every scalar as its text, as AsRead gives it.
+json AsText(const json& j) {
+  if (j.is_object()) {
+    json o = json::object();
+    for (const auto& [k, v] : j.items()) o[k] = AsText(v);
+    return o;
+  }
+  if (j.is_array()) {
+    json a = json::array();
+    for (const auto& v : j) a.push_back(AsText(v));
+    return a;
+  }
+  if (j.is_string()) return j;
+  if (j.is_null()) return nullptr;
+  return YAML::Load(ToYaml({json{{"v", j}}}))["v"].Scalar();
+}
+
+// Random text of what breaks YAML: every line break (LF, CR, NEL, U+2028, U+2029), indicators,
+// quotes, tabs, spaces at either end, document markers, words YAML 1.1 reads as booleans, the
+// red team's fields, control bytes, non-ASCII letters.
+std::string HostileText(std::mt19937_64& rng) {
+  static const std::vector<std::string> pieces = {
+      "\n", "\r", "\r\n", "\xc2\x85", "\xe2\x80\xa8", "\xe2\x80\xa9", "\t", " ", "  ", ": ", "- ", "#", "'", "\"",
+      "\\", "|", ">", "{", "}", "[", "]", ",", "&a", "*a", "!", "%", "@", "`", "---", "...", "yes", "on", "~",
+      "hostNetwork: true", "      hostPID: true", "a", "zone", "1", "0x1F", "\x7f", "\x01", "\xc3\xa9",
+      "\xf0\x9f\x98\x80"};
+  std::string s;
+  const int n = static_cast<int>(rng() % 9);
+  for (int i = 0; i < n; ++i) s += pieces[rng() % pieces.size()];
+  return s;
+}
+
+// Issue 71: a string with a carriage return or U+2028 wrote hostNetwork: true into the pods.
+// Whatever text reaches a manifest, a YAML reader gets back that text in the same place and
+// nothing else: the documents read back equal the objects rendered.
+TEST(Render, AnyStringReadsBackAsItselfAndAddsNoField) {
+  std::mt19937_64 rng(71);
+  int documents = 0;
+  for (int round = 0; round < 60; ++round) {
+    JobSpec spec = Parse(kSpec);
+    spec.cluster.node_selector = {{"pool", HostileText(rng)}, {HostileText(rng) + "k", HostileText(rng)}};
+    spec.cluster.tolerations[0].key = HostileText(rng);
+    spec.output_dir = "runs/" + HostileText(rng);
+    spec.trainer.data.dir = HostileText(rng) + "d";
+    spec.cluster.stage.url = "https://example.com/" + HostileText(rng);
+    spec.env = {{"NOTE", HostileText(rng)}};
+    for (const auto& format : kFormats) {
+      const std::vector<json> objects = Render(spec, format);
+      const std::string text = ToYaml(objects);
+      std::vector<YAML::Node> read;
+      try {
+        read = YAML::LoadAll(text);
+      } catch (const YAML::Exception& e) {
+        FAIL() << format << ": the rendered YAML does not parse: " << e.what() << "\n" << text;
+      }
+      ASSERT_EQ(read.size(), objects.size()) << format;
+      for (size_t i = 0; i < objects.size(); ++i, ++documents) {
+        ASSERT_EQ(AsRead(read[i]), AsText(objects[i])) << format << " document " << i << ":\n" << text;
+      }
+    }
+  }
+  EXPECT_GT(documents, 500);
+}
+
+// The spec's own check: a line break, a control byte or a space in a node selector or a
+// toleration is refused with the field named, as Kubernetes would refuse it later.
+TEST(Render, ValidateRefusesLabelsKubernetesWouldRefuse) {
+  for (const std::string& bad : {std::string("node_selector: {zone: \"a\\n\\r      hostNetwork: true\"}"),
+                                 std::string("node_selector: {zone: \"a\\u2028hostPID: true\"}"),
+                                 std::string("node_selector: {\"zo ne\": a}"),
+                                 std::string("tolerations: [{key: \"k\\rx\", operator: Exists}]"),
+                                 std::string("tolerations: [{key: k, value: \"v\\u0085\"}]")}) {
+    auto spec = ParseJobSpec("name: fm\ncommand: [\"true\"]\ncluster:\n  " + bad + "\n", "job.yaml");
+    ASSERT_FALSE(spec.ok()) << bad;
+    EXPECT_NE(spec.status().message().find("job.yaml:4"), std::string::npos) << spec.status().message();
+    EXPECT_NE(spec.status().message().find(bad.rfind("node", 0) == 0 ? "cluster.node_selector" : "cluster.tolerations[0]"),
+              std::string::npos)
+        << spec.status().message();
+  }
+  EXPECT_TRUE(ParseJobSpec("name: fm\ncommand: [\"true\"]\ncluster:\n  node_selector: {node.kubernetes.io/instance-type: "
+                           "p4d.24xlarge, pool: \"\"}\n  tolerations: [{key: nvidia.com/gpu, operator: Exists}]\n",
+                           "job.yaml")
+                  .ok());
 }
 
 }  // namespace
