@@ -1,6 +1,7 @@
-// libFuzzer target: an image file's bytes, as `trainctl predict` reads them (PNG through libpng,
-// PGM/PPM parsed by trainctl), and as the streamed pipeline decodes them into a view (JPEG through
-// libjpeg-turbo at a DCT scale, a crop, the resampler). A decoded image must be as large as its
+// libFuzzer target: an image file's bytes, as `trainctl predict` reads them and as the streamed
+// pipeline decodes them into a view, through the bounded row decoders (data/image_rows.h: PNG by
+// libpng, JPEG by libjpeg-turbo with its scan, memory and time limits, PGM/PPM parsed by trainctl;
+// a view at a DCT scale, cropped, resampled as rows come). A decoded image must be as large as its
 // header says; a view writes exactly its bytes (AddressSanitizer watches the rest).
 #include <cstdint>
 #include <cstdlib>

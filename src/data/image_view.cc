@@ -2,22 +2,17 @@
 
 #include "data/dataset.h"
 
-#include <csetjmp>
-#include <cstdio>
-// clang-format off: jpeglib.h needs stdio.h's FILE first.
-#include <jpeglib.h>
-// clang-format on
+#include "data/image_rows.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 namespace trainctl::data {
 namespace {
-
-constexpr int64_t kMaxPixels = int64_t{1} << 26;  // as image_file.cc: 8192 x 8192
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -37,11 +32,7 @@ double Uniform(uint64_t* state) { return double(SplitMix(state) >> 11) * 0x1.0p-
 // in its fixed point: for output pixel i, `count[i]` weights from source pixel `first[i]` on.
 constexpr int kPrecisionBits = 32 - 8 - 2;
 
-struct Taps {
-  std::vector<int> first, count;
-  std::vector<int32_t> weights;  // count.size() x `width`
-  int width = 0;
-};
+using Taps = RowResampler::Taps;
 
 Taps Coefficients(int in_size, double in0, double in1, int out_size) {
   Taps t;
@@ -82,28 +73,6 @@ Taps Coefficients(int in_size, double in0, double in1, int out_size) {
 inline uint8_t Clip8(int32_t v) {
   v >>= kPrecisionBits;
   return static_cast<uint8_t>(v < 0 ? 0 : v > 255 ? 255 : v);
-}
-
-// libjpeg's errors end the decode by a jump back, not the process.
-struct JpegError {
-  jpeg_error_mgr mgr;
-  jmp_buf jump;
-  char message[JMSG_LENGTH_MAX];
-};
-
-void OnJpegError(j_common_ptr cinfo) {
-  auto* e = reinterpret_cast<JpegError*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, e->message);
-  std::longjmp(e->jump, 1);
-}
-
-void QuietJpegWarning(j_common_ptr, int) {}
-
-// PIL's CMYK to RGB (Convert.c, cmyk2rgb), from the bytes as stored: Photoshop's (an Adobe
-// marker) store them inverted.
-inline uint8_t MulDiv255(int a, int b) {
-  const int t = a * b + 128;
-  return static_cast<uint8_t>((t + (t >> 8)) >> 8);
 }
 
 }  // namespace
@@ -170,44 +139,53 @@ Box ViewBox(int W, int H, const ViewOptions& o, uint64_t draw) {
   return o.random_resized_crop ? RandomResizedBox(W, H, o, draw) : CenterBox(W, H, o);
 }
 
-void ResampleBox(const uint8_t* src, int W, int H, int C, ptrdiff_t col_step, ptrdiff_t row_step,
-                 ptrdiff_t channel_step, const Box& box, int rows, int cols, uint8_t* out) {
+RowResampler::RowResampler(int W, int H, int C, const Box& box, int rows, int cols, uint8_t* out)
+    : C_(C), rows_(rows), cols_(cols), out_(out) {
   // A clipped box is a picture of its own (PIL's crop, then resize): shift to it.
   int width = W, height = H;
   double bx = box.x, by = box.y;
   if (box.clip) {
-    const int x0 = static_cast<int>(box.x), y0 = static_cast<int>(box.y);
-    src += static_cast<ptrdiff_t>(y0) * row_step + static_cast<ptrdiff_t>(x0) * col_step;
-    width = std::max(1, std::min(W - x0, static_cast<int>(std::lround(box.w))));
-    height = std::max(1, std::min(H - y0, static_cast<int>(std::lround(box.h))));
-    bx -= x0;
-    by -= y0;
+    x0_ = static_cast<int>(box.x);
+    y0_ = static_cast<int>(box.y);
+    width = std::max(1, std::min(W - x0_, static_cast<int>(std::lround(box.w))));
+    height = std::max(1, std::min(H - y0_, static_cast<int>(std::lround(box.h))));
+    bx -= x0_;
+    by -= y0_;
   }
-  const Taps horizontal = Coefficients(width, bx, bx + box.w, cols);
-  const Taps vertical = Coefficients(height, by, by + box.h, rows);
+  horizontal_ = Coefficients(width, bx, bx + box.w, cols);
+  vertical_ = Coefficients(height, by, by + box.h, rows);
   // PIL skips an axis whose size and box leave it as it is.
-  const bool need_h = cols != width || bx != 0 || box.w != width;
-  const bool need_v = rows != height || by != 0 || box.h != height;
-  // The source rows the vertical pass reads, through the horizontal pass first.
-  const int y_first = need_v ? vertical.first[0] : static_cast<int>(by);
-  const int y_last = need_v ? vertical.first[rows - 1] + vertical.count[rows - 1] : y_first + rows;
-  const int span = y_last - y_first;
-  thread_local std::vector<uint8_t> middle;
-  middle.resize(static_cast<size_t>(span) * cols * C);
-  // Horizontal: rows y_first..y_last of the source, to cols wide (channel-interleaved here).
-  const bool interleaved3 = C == 3 && col_step == 3 && channel_step == 1;
-  for (int y = 0; y < span; ++y) {
-    const uint8_t* line = src + static_cast<ptrdiff_t>(y_first + y) * row_step;
-    uint8_t* to = middle.data() + static_cast<size_t>(y) * cols * C;
-    if (!need_h) {
-      for (int x = 0; x < cols; ++x) {
-        for (int c = 0; c < C; ++c) to[x * C + c] = line[(static_cast<ptrdiff_t>(bx) + x) * col_step + c * channel_step];
-      }
-      continue;
-    }
+  need_h_ = cols != width || bx != 0 || box.w != width;
+  need_v_ = rows != height || by != 0 || box.h != height;
+  bx_ = static_cast<int>(bx);
+  // The source rows the vertical pass reads (box-local), through the horizontal pass first.
+  y_first_ = need_v_ ? vertical_.first[0] : static_cast<int>(by);
+  y_last_ = need_v_ ? vertical_.first[rows - 1] + vertical_.count[rows - 1] : y_first_ + rows;
+  int ring = 1;
+  if (need_v_) {
+    for (int y = 0; y < rows; ++y) ring = std::max(ring, vertical_.count[y]);
+  }
+  ring_ = std::min(ring, std::max(1, y_last_ - y_first_));
+  middle_.resize(static_cast<size_t>(ring_) * cols * C);
+  sums_.resize(static_cast<size_t>(cols) * C);
+}
+
+void RowResampler::AddRow(int y, const uint8_t* line, ptrdiff_t col_step, ptrdiff_t channel_step) {
+  const int ly = y - y0_;  // box-local
+  if (ly < y_first_ || ly >= y_last_ || ly <= last_) return;
+  line += static_cast<ptrdiff_t>(x0_) * col_step;
+  uint8_t* to = middle_.data() + static_cast<size_t>((ly - y_first_) % ring_) * cols_ * C_;
+  const int C = C_, cols = cols_;
+  // Horizontal: to cols wide (channel-interleaved here).
+  if (!need_h_) {
     for (int x = 0; x < cols; ++x) {
-      const int first = horizontal.first[x], count = horizontal.count[x];
-      const int32_t* k = horizontal.weights.data() + static_cast<size_t>(x) * horizontal.width;
+      for (int c = 0; c < C; ++c) to[x * C + c] = line[(static_cast<ptrdiff_t>(bx_) + x) * col_step + c * channel_step];
+    }
+  } else {
+    const bool interleaved3 = C == 3 && col_step == 3 && channel_step == 1;
+    for (int x = 0; x < cols; ++x) {
+      const int first = horizontal_.first[x], count = horizontal_.count[x];
+      const int32_t* k = horizontal_.weights.data() + static_cast<size_t>(x) * horizontal_.width;
       if (interleaved3) {  // the three channels of a tap at once (a JPEG's RGB)
         int32_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
         const uint8_t* p = line + static_cast<ptrdiff_t>(first) * 3;
@@ -229,57 +207,73 @@ void ResampleBox(const uint8_t* src, int W, int H, int C, ptrdiff_t col_step, pt
       }
     }
   }
-  // Vertical: a whole output row at a time (each tap a contiguous row of sums), into the planes.
-  const size_t plane = static_cast<size_t>(rows) * cols, row_bytes = static_cast<size_t>(cols) * C;
-  thread_local std::vector<int32_t> sums;
-  sums.resize(row_bytes);
-  for (int y = 0; y < rows; ++y) {
-    uint8_t* const plane_row = out + static_cast<size_t>(y) * cols;
-    if (!need_v) {
-      const uint8_t* from = middle.data() + static_cast<size_t>(y) * row_bytes;
-      for (int x = 0; x < cols; ++x) {
-        for (int c = 0; c < C; ++c) plane_row[c * plane + x] = from[x * C + c];
-      }
-      continue;
-    }
-    const int first = vertical.first[y] - y_first, count = vertical.count[y];
-    const int32_t* k = vertical.weights.data() + static_cast<size_t>(y) * vertical.width;
-    int32_t* __restrict acc = sums.data();
-    std::fill(sums.begin(), sums.end(), 1 << (kPrecisionBits - 1));
-    for (int t = 0; t < count; ++t) {
-      const uint8_t* __restrict row = middle.data() + static_cast<size_t>(first + t) * row_bytes;
-      const int32_t w = k[t];
-      for (size_t i = 0; i < row_bytes; ++i) acc[i] += row[i] * w;
-    }
-    for (int x = 0; x < cols; ++x) {
-      for (int c = 0; c < C; ++c) plane_row[c * plane + x] = Clip8(acc[x * C + c]);
-    }
+  last_ = ly;
+  // Every output row whose source rows have all come.
+  while (next_ < rows_ && (need_v_ ? vertical_.first[next_] + vertical_.count[next_] : y_first_ + next_ + 1) <= ly + 1) {
+    EmitRow(next_++);
   }
+}
+
+void RowResampler::EmitRow(int y) {
+  // Vertical: a whole output row at a time (each tap a contiguous row of sums), into the planes;
+  // a tap on a row that never came (a picture that ended early) counts nothing.
+  const size_t plane = static_cast<size_t>(rows_) * cols_, row_bytes = static_cast<size_t>(cols_) * C_;
+  uint8_t* const plane_row = out_ + static_cast<size_t>(y) * cols_;
+  auto ring_row = [&](int ly) { return middle_.data() + static_cast<size_t>((ly - y_first_) % ring_) * row_bytes; };
+  auto have = [&](int ly) { return ly >= y_first_ && ly <= last_ && ly > last_ - ring_; };
+  if (!need_v_) {
+    const int ly = y_first_ + y;
+    for (int x = 0; x < cols_; ++x) {
+      for (int c = 0; c < C_; ++c) plane_row[c * plane + x] = have(ly) ? ring_row(ly)[x * C_ + c] : 0;
+    }
+    return;
+  }
+  const int first = vertical_.first[y], count = vertical_.count[y];
+  const int32_t* k = vertical_.weights.data() + static_cast<size_t>(y) * vertical_.width;
+  int32_t* __restrict acc = sums_.data();
+  std::fill(sums_.begin(), sums_.end(), 1 << (kPrecisionBits - 1));
+  for (int t = 0; t < count; ++t) {
+    if (!have(first + t)) continue;
+    const uint8_t* __restrict row = ring_row(first + t);
+    const int32_t w = k[t];
+    for (size_t i = 0; i < row_bytes; ++i) acc[i] += row[i] * w;
+  }
+  for (int x = 0; x < cols_; ++x) {
+    for (int c = 0; c < C_; ++c) plane_row[c * plane + x] = Clip8(acc[x * C_ + c]);
+  }
+}
+
+void RowResampler::Finish() {
+  while (next_ < rows_) EmitRow(next_++);
+}
+
+void ResampleBox(const uint8_t* src, int W, int H, int C, ptrdiff_t col_step, ptrdiff_t row_step,
+                 ptrdiff_t channel_step, const Box& box, int rows, int cols, uint8_t* out) {
+  RowResampler r(W, H, C, box, rows, cols, out);
+  for (int y = r.first_row(); y < std::min(H, r.end_row()); ++y) {
+    r.AddRow(y, src + static_cast<ptrdiff_t>(y) * row_step, col_step, channel_step);
+  }
+  r.Finish();
 }
 
 namespace {
 
 // A JPEG decoded only as far as `o`'s box needs: at the smallest DCT scale at which the box still
-// covers the output, its rows and (to the next iMCU boundary) columns only.
+// covers the output, its rows and (to the next iMCU boundary) columns only, each row resampled as
+// it comes.
 Status DecodeJpegView(std::string_view bytes, const std::string& path, const ViewOptions& o, uint64_t draw,
                       uint8_t* out, ViewTimes* times) {
-  jpeg_decompress_struct cinfo;
-  JpegError err;
-  cinfo.err = jpeg_std_error(&err.mgr);
-  err.mgr.error_exit = OnJpegError;
-  err.mgr.emit_message = QuietJpegWarning;
-  std::vector<uint8_t> region;  // before setjmp: its destructor runs after a jump too
-  if (setjmp(err.jump)) {
-    jpeg_destroy_decompress(&cinfo);
-    return InvalidArgument(path + ": not a JPEG libjpeg-turbo can read: " + err.message);
-  }
+  JpegSession s;
+  std::vector<uint8_t> line;        // before setjmp: their destructors run after a jump too
+  std::optional<RowResampler> resample;
+  if (setjmp(s.jump)) return s.Failed(path);
   const double start = Now();
-  jpeg_create_decompress(&cinfo);
-  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
-  jpeg_read_header(&cinfo, TRUE);
+  double resized = 0;
+  s.Start(bytes);
+  jpeg_read_header(&s.cinfo, TRUE);
+  jpeg_decompress_struct& cinfo = s.cinfo;
   const int W = static_cast<int>(cinfo.image_width), H = static_cast<int>(cinfo.image_height);
-  if (W < 1 || H < 1 || int64_t{W} * H > kMaxPixels) {
-    jpeg_destroy_decompress(&cinfo);
+  if (!PictureSizeOk(W, H)) {
     return InvalidArgument(path + ": its header declares " + std::to_string(W) + "x" + std::to_string(H) +
                            " pixels; at most 2^26 are decoded");
   }
@@ -293,12 +287,11 @@ Status DecodeJpegView(std::string_view bytes, const std::string& path, const Vie
   cinfo.out_color_space = cmyk ? JCS_CMYK : o.channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   jpeg_start_decompress(&cinfo);
   const int sw = static_cast<int>(cinfo.output_width), sh = static_cast<int>(cinfo.output_height);
-  const int comps = cinfo.output_components;
   const double fx = double(sw) / W, fy = double(sh) / H;
   // The scaled box, and the pixels around it the filter reads (unless it is clipped to the box),
   // and one more: a cropped decode's first and last columns are upsampled without their
   // neighbours' chroma, so they differ from a whole decode's.
-  Box scaled{box.x * fx, box.y * fy, box.w * fx, box.h * fy, box.clip};
+  const Box scaled{box.x * fx, box.y * fy, box.w * fx, box.h * fy, box.clip};
   const int margin = (box.clip ? 0 : static_cast<int>(std::ceil(std::max(scaled.w / o.cols, scaled.h / o.rows))) + 2) + 1;
   int x0 = std::clamp(static_cast<int>(std::floor(scaled.x)) - margin, 0, sw - 1);
   const int x1 = std::clamp(static_cast<int>(std::ceil(scaled.x + scaled.w)) + margin, x0 + 1, sw);
@@ -309,63 +302,72 @@ Status DecodeJpegView(std::string_view bytes, const std::string& path, const Vie
   x0 = static_cast<int>(xoff);
   if (y0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(y0));
   const int rows_needed = y1 - y0;
-  region.resize(static_cast<size_t>(rows_needed) * cw * comps);
-  for (int r = 0; r < rows_needed;) {
-    JSAMPROW row = region.data() + static_cast<size_t>(r) * cw * comps;
-    const JDIMENSION got = jpeg_read_scanlines(&cinfo, &row, 1);
-    if (got == 0) break;
-    r += static_cast<int>(got);
-  }
-  jpeg_abort_decompress(&cinfo);
-  const bool adobe = cinfo.saw_Adobe_marker;
-  jpeg_destroy_decompress(&cinfo);
-  int C = comps;
-  if (cmyk) {  // to RGB (or luma) in place, as PIL
-    const size_t n = static_cast<size_t>(rows_needed) * cw;
-    for (size_t p = 0; p < n; ++p) {
-      uint8_t* q = region.data() + p * 4;
-      const int c = adobe ? q[0] : 255 - q[0], m = adobe ? q[1] : 255 - q[1], y = adobe ? q[2] : 255 - q[2],
-                k = adobe ? q[3] : 255 - q[3];
-      const uint8_t r = MulDiv255(c, k), g = MulDiv255(m, k), b = MulDiv255(y, k);
-      uint8_t* to = region.data() + p * o.channels;
-      if (o.channels == 1) {
-        to[0] = static_cast<uint8_t>((299 * r + 587 * g + 114 * b + 500) / 1000);
-      } else {
-        to[0] = r, to[1] = g, to[2] = b;
-      }
-    }
-    C = o.channels;
-  }
-  const double decoded = Now();
   Box local = scaled;
   local.x -= x0;
   local.y -= y0;
-  ResampleBox(region.data(), static_cast<int>(cw), rows_needed, C, C, static_cast<ptrdiff_t>(cw) * C, 1, local, o.rows,
-              o.cols, out);
+  resample.emplace(static_cast<int>(cw), rows_needed, o.channels, local, o.rows, o.cols, out);
+  line.resize(static_cast<size_t>(cw) * cinfo.output_components);
+  for (int r = 0; r < rows_needed; ++r) {
+    JSAMPROW row = line.data();
+    if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) break;
+    if (cmyk) s.FromCmyk(line.data(), cw, o.channels);  // to RGB (or luma) in place, as PIL
+    const double at = Now();
+    resample->AddRow(r, line.data(), o.channels, 1);
+    resized += Now() - at;
+  }
+  jpeg_abort_decompress(&cinfo);
+  resample->Finish();
   if (times) {
-    times->decode += decoded - start;
-    times->resize += Now() - decoded;
+    times->decode += Now() - start - resized;
+    times->resize += resized;
   }
   return Status::Ok();
+}
+
+// One row's pixels to `to_channels`: grey repeated for colour, colour to luma (ITU-R BT.601).
+void ToChannelsRow(const uint8_t* in, int channels, int cols, uint8_t* out, int to_channels) {
+  for (int x = 0; x < cols; ++x) {
+    const uint8_t* p = in + x * channels;
+    if (to_channels == 1) {
+      out[x] = static_cast<uint8_t>((299 * p[0] + 587 * p[1] + 114 * p[2] + 500) / 1000);
+    } else {
+      for (int c = 0; c < to_channels; ++c) out[x * to_channels + c] = p[0];
+    }
+  }
 }
 
 }  // namespace
 
 Status DecodeView(std::string_view bytes, const std::string& path, const ViewOptions& o, uint64_t draw, uint8_t* out,
                   ViewTimes* times) {
-  if (bytes.size() >= 3 && std::memcmp(bytes.data(), "\xff\xd8\xff", 3) == 0) {
-    return DecodeJpegView(bytes, path, o, draw, out, times);
-  }
+  if (IsJpeg(bytes)) return DecodeJpegView(bytes, path, o, draw, out, times);
   const double start = Now();
-  ASSIGN_OR_RETURN(ImageSet one, DecodeImage(std::string(bytes), path));
-  one = ToChannels(one, o.channels);
-  const double decoded = Now();
-  const Box box = ViewBox(one.cols, one.rows, o, draw);
-  const ptrdiff_t plane = static_cast<ptrdiff_t>(one.rows) * one.cols;
-  ResampleBox(one.pixels.data(), one.cols, one.rows, one.channels, 1, one.cols, plane, box, o.rows, o.cols, out);
+  double resized = 0;
+  std::optional<RowResampler> resample;
+  std::vector<uint8_t> converted;
+  int channels = 0, cols = 0;
+  RETURN_IF_ERROR(DecodeRows(
+      bytes, path,
+      [&](const PictureSize& size) {
+        channels = size.channels;
+        cols = size.cols;
+        resample.emplace(size.cols, size.rows, o.channels, ViewBox(size.cols, size.rows, o, draw), o.rows, o.cols, out);
+        if (channels != o.channels) converted.resize(static_cast<size_t>(size.cols) * o.channels);
+        return Status::Ok();
+      },
+      [&](int y, const uint8_t* row) {
+        const double at = Now();
+        if (channels != o.channels) {
+          ToChannelsRow(row, channels, cols, converted.data(), o.channels);
+          row = converted.data();
+        }
+        resample->AddRow(y, row, o.channels, 1);
+        resized += Now() - at;
+      }));
+  resample->Finish();
   if (times) {
-    times->decode += decoded - start;
-    times->resize += Now() - decoded;
+    times->decode += Now() - start - resized;
+    times->resize += resized;
   }
   return Status::Ok();
 }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -58,6 +59,38 @@ Box ViewBox(int W, int H, const ViewOptions& o, uint64_t draw);
 // at the box.
 void ResampleBox(const uint8_t* src, int W, int H, int C, ptrdiff_t col_step, ptrdiff_t row_step,
                  ptrdiff_t channel_step, const Box& box, int rows, int cols, uint8_t* out);
+
+// ResampleBox fed a row at a time, in order, as a decoder makes them: it holds only the rows the
+// filter's taps span (for 8192 source rows to 224, some 75), and writes each output row as soon
+// as the source rows under it have come. Rows outside first_row()..end_row() are ignored.
+class RowResampler {
+ public:
+  RowResampler(int W, int H, int C, const Box& box, int rows, int cols, uint8_t* out);
+  int first_row() const { return y0_ + y_first_; }
+  int end_row() const { return y0_ + y_last_; }
+  // Source row `y` (pixel x channel c at line[x * col_step + c * channel_step]).
+  void AddRow(int y, const uint8_t* line, ptrdiff_t col_step, ptrdiff_t channel_step);
+  // Writes the output rows still to come (from the rows that came: none for a row that did not).
+  void Finish();
+
+  // One axis's filter: for output pixel i, count[i] weights from source pixel first[i] on.
+  struct Taps {
+    std::vector<int> first, count;
+    std::vector<int32_t> weights;  // count.size() x `width`
+    int width = 0;
+  };
+
+ private:
+  void EmitRow(int y);
+  int C_, rows_, cols_;
+  uint8_t* out_;
+  int x0_ = 0, y0_ = 0, bx_ = 0;
+  bool need_h_ = true, need_v_ = true;
+  Taps horizontal_, vertical_;
+  int y_first_ = 0, y_last_ = 0, ring_ = 1, last_ = -1, next_ = 0;
+  std::vector<uint8_t> middle_;  // ring_ rows of the horizontal pass
+  std::vector<int32_t> sums_;
+};
 
 // Time spent in each stage of DecodeView, in seconds (added to).
 struct ViewTimes {
