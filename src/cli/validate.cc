@@ -89,6 +89,7 @@ std::string DescribeFolder(const DataSpec& d) {
   std::snprintf(line, sizeof line, "data: %s: %lld training and %lld test images in %zu classes (list: %s, %.2f s)",
                 d.dir.c_str(), static_cast<long long>(train->size()), static_cast<long long>(tests),
                 train->classes().size(), report.from_cache ? "from the cache" : "made", report.seconds);
+  if (!report.cache_refused.empty()) return line + std::string("\n  the list cache not used: ") + report.cache_refused;
   return line;
 }
 

@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <filesystem>
 
+#include "common/random.h"
+
 namespace trainctl {
 namespace {
 
@@ -27,36 +29,47 @@ Status WriteAll(int fd, std::string_view data, const std::string& path) {
 
 }  // namespace
 
-Status AtomicWriteFile(const std::string& path, std::string_view data, int mode) {
-  std::filesystem::path p(path);
-  std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-  std::string tmpl = dir + "/." + p.filename().string() + ".tmp.XXXXXX";
-  int fd = ::mkstemp(tmpl.data());
+Status AtomicWriteFileAt(int dir_fd, const std::string& dir, const std::string& name, std::string_view data,
+                         int mode) {
+  // A temporary name of our own (O_EXCL: never one someone planted), in the same directory.
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    tmp = "." + name + ".tmp." + RandomHex(6);
+    fd = ::openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) return ErrnoStatus("creating a temporary file in " + dir, errno);
+  const std::string shown = dir + "/" + tmp;
   auto fail = [&](Status st) {
     ::close(fd);
-    ::unlink(tmpl.c_str());
+    ::unlinkat(dir_fd, tmp.c_str(), 0);
     return st;
   };
-  if (::fchmod(fd, static_cast<mode_t>(mode)) != 0) return fail(ErrnoStatus("chmod " + tmpl, errno));
-  if (Status st = WriteAll(fd, data, tmpl); !st.ok()) return fail(st);
-  if (::fsync(fd) != 0) return fail(ErrnoStatus("fsync " + tmpl, errno));
+  if (::fchmod(fd, static_cast<mode_t>(mode)) != 0) return fail(ErrnoStatus("chmod " + shown, errno));
+  if (Status st = WriteAll(fd, data, shown); !st.ok()) return fail(st);
+  if (::fsync(fd) != 0) return fail(ErrnoStatus("fsync " + shown, errno));
   if (::close(fd) != 0) {
-    ::unlink(tmpl.c_str());
-    return ErrnoStatus("closing " + tmpl, errno);
+    ::unlinkat(dir_fd, tmp.c_str(), 0);
+    return ErrnoStatus("closing " + shown, errno);
   }
-  if (::rename(tmpl.c_str(), path.c_str()) != 0) {
+  if (::renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) {
     int err = errno;
-    ::unlink(tmpl.c_str());
-    return ErrnoStatus("renaming " + tmpl + " to " + path, err);
+    ::unlinkat(dir_fd, tmp.c_str(), 0);
+    return ErrnoStatus("renaming " + shown + " to " + dir + "/" + name, err);
   }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return ErrnoStatus("opening directory " + dir, errno);
-  int rc = ::fsync(dfd);
-  int err = errno;
-  ::close(dfd);
-  if (rc != 0) return ErrnoStatus("fsync of directory " + dir, err);
+  if (::fsync(dir_fd) != 0) return ErrnoStatus("fsync of directory " + dir, errno);
   return Status::Ok();
+}
+
+Status AtomicWriteFile(const std::string& path, std::string_view data, int mode) {
+  std::filesystem::path p(path);
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return ErrnoStatus("opening directory " + dir, errno);
+  Status st = AtomicWriteFileAt(dfd, dir, p.filename().string(), data, mode);
+  ::close(dfd);
+  return st;
 }
 
 bool Exists(const std::string& path) {

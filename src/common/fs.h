@@ -15,6 +15,11 @@ namespace trainctl {
 // `path`, fsync of the directory. On error the old file (if any) is untouched and the temporary
 // file is removed.
 Status AtomicWriteFile(const std::string& path, std::string_view data, int mode = 0644);
+// The same in the directory open as `dir_fd` (`dir` names it in errors), `name` a file name in it:
+// for a directory checked once and then used by its descriptor, so that nobody can swap it
+// between the check and the write. The temporary is created exclusively, following no link.
+Status AtomicWriteFileAt(int dir_fd, const std::string& dir, const std::string& name, std::string_view data,
+                         int mode = 0644);
 bool Exists(const std::string& path);
 bool IsDirectory(const std::string& path);
 // Every reader below opens without blocking (a FIFO, or a device that never answers, hangs

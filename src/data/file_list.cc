@@ -1,6 +1,8 @@
 #include "data/file_list.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -49,48 +51,131 @@ Result<std::vector<std::string>> Names(const std::string& dir, bool folders) {
   return out;
 }
 
-std::string MtimeOf(const std::string& dir) {
+// What identifies a class folder's contents: its device, inode and modification time (to the
+// nanosecond), which adding, removing or renaming a file in it changes; another folder extracted
+// at the same path with the same times has another inode.
+std::string StampOf(const std::string& dir) {
   struct stat st{};
   if (::stat(dir.c_str(), &st) != 0) return "";
-  return std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec);
 }
 
-// One class folder's image files, and when the folder was last changed.
+// One class folder's image files, and its stamp.
 struct ClassFiles {
-  std::string mtime;
+  std::string stamp;
   std::vector<std::string> files;
 };
 
-// The cache file: "trainctl file list 1", the folder, then per class "MTIME COUNT NAME" and its
-// COUNT file names, a line each.
-std::map<std::string, ClassFiles> ReadCache(const std::string& path, const std::string& root) {
-  std::map<std::string, ClassFiles> out;
-  auto text = ReadFile(path, int64_t{1} << 30);
-  if (!text.ok()) return out;
-  std::istringstream in(*text);
+constexpr const char* kListFormat = "trainctl file list 2";
+constexpr int64_t kMaxListBytes = int64_t{1} << 30;
+
+// A name read from a list: a file or folder name as readdir gives it, never a path.
+bool PlainName(std::string_view n) {
+  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string_view::npos &&
+         n.find('\0') == std::string_view::npos;
+}
+
+}  // namespace
+
+std::map<std::string, std::vector<std::string>> ParseFileList(const std::string& text, const std::string& root,
+                                                              std::map<std::string, std::string>* stamps) {
+  std::map<std::string, std::vector<std::string>> out;
+  std::istringstream in(text);
   std::string line;
-  if (!std::getline(in, line) || line != "trainctl file list 1" || !std::getline(in, line) || line != root) return {};
+  if (!std::getline(in, line) || line != kListFormat || !std::getline(in, line) || line != root) return {};
+  int64_t names = 0;
   while (std::getline(in, line)) {
     std::istringstream head(line);
-    std::string mtime;
+    std::string stamp;
     int64_t count = -1;
-    head >> mtime >> count;
+    head >> stamp >> count;
     std::string name;
     std::getline(head, name);
-    if (count < 0 || name.size() < 2) return {};
-    ClassFiles& c = out[name.substr(1)];
-    c.mtime = mtime;
-    c.files.reserve(static_cast<size_t>(std::min<int64_t>(count, 1 << 24)));
+    // Each name takes at least two bytes of the file (a letter and its line feed).
+    if (count < 1 || (names += count) > static_cast<int64_t>(text.size()) / 2 || name.size() < 2 || name[0] != ' ' ||
+        !PlainName(std::string_view(name).substr(1)) || out.count(name.substr(1))) {
+      return {};
+    }
+    std::vector<std::string>& files = out[name.substr(1)];
+    if (stamps) (*stamps)[name.substr(1)] = stamp;
+    files.reserve(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) {
-      if (!std::getline(in, line)) return {};
-      c.files.push_back(line);
+      if (!std::getline(in, line) || !PlainName(line) || !IsImageName(line)) return {};
+      files.push_back(line);
     }
   }
   return out;
 }
 
-std::string CachePath(const std::string& cache_dir, const std::string& root) {
-  return cache_dir + "/" + Sha256Hex(root).substr(0, 24) + ".list";
+namespace {
+
+// The cache file, parsed (ParseFileList): {} when it fails a check.
+std::map<std::string, ClassFiles> ParseList(const std::string& text, const std::string& root) {
+  std::map<std::string, std::string> stamps;
+  std::map<std::string, ClassFiles> out;
+  for (auto& [name, files] : ParseFileList(text, root, &stamps)) out[name] = {stamps[name], std::move(files)};
+  return out;
+}
+
+std::string ListName(const std::string& root) { return Sha256Hex(root).substr(0, 24) + ".list"; }
+
+// The cache's directory, open (following no link) and checked: this user's own and writable by
+// no one else; made private (0700) when it is ours and only readable by others (as trainctl made
+// it before). Made, private, when missing. -1 and `why` when it is refused.
+int OpenCacheDir(const std::string& dir, std::string* why) {
+  const std::filesystem::path p(dir);
+  const std::string top = p.parent_path().parent_path().string();
+  if (!top.empty() && !MakeDirs(top).ok()) {
+    *why = "cannot create " + top;
+    return -1;
+  }
+  ::mkdir(p.parent_path().c_str(), 0700);
+  ::mkdir(dir.c_str(), 0700);
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st{};
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    const int err = errno;
+    *why = dir + ": " + std::strerror(err) + (err == ELOOP || err == ENOTDIR ? " (a link is not followed)" : "");
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  if (st.st_uid != ::geteuid()) {
+    *why = dir + " belongs to user " + std::to_string(st.st_uid) + ", not to you";
+  } else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    *why = dir + " can be written by other users (mode " + mode + "), who could plant lists in it";
+  } else if ((st.st_mode & 077) != 0 && ::fchmod(fd, 0700) != 0) {
+    *why = dir + " can be read by other users (mode " + mode + ") and cannot be made private";
+  } else {
+    return fd;
+  }
+  ::close(fd);
+  return -1;
+}
+
+// The list in the cache directory: a regular file of this user's that no one else can write,
+// at most kMaxListBytes; "" when there is none or it is not to be trusted.
+std::string ReadList(int dir_fd, const std::string& name) {
+  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat st{};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+      (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 && st.st_size <= kMaxListBytes) {
+    text.resize(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t n = ::pread(fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    text.resize(got);
+  }
+  ::close(fd);
+  return text;
 }
 
 }  // namespace
@@ -143,8 +228,17 @@ class FileListBuilder {
       }
     }
     // Each class folder's files: from the cache while the folder is unchanged, else read afresh.
-    const std::string cache = o.cache_dir.empty() ? "" : CachePath(o.cache_dir, root);
-    std::map<std::string, ClassFiles> cached = cache.empty() ? std::map<std::string, ClassFiles>{} : ReadCache(cache, root);
+    std::string refused;
+    const int cache_fd = o.cache_dir.empty() ? -1 : OpenCacheDir(o.cache_dir, &refused);
+    struct Closer {
+      int fd;
+      ~Closer() {
+        if (fd >= 0) ::close(fd);
+      }
+    } closer{cache_fd};
+    const std::string list_name = ListName(root);
+    std::map<std::string, ClassFiles> cached;
+    if (cache_fd >= 0) cached = ParseList(ReadList(cache_fd, list_name), root);
     std::vector<ClassFiles> files(own.size());
     std::vector<std::string> errors(own.size());
     std::atomic<size_t> next{0};
@@ -152,9 +246,9 @@ class FileListBuilder {
     auto work = [&] {
       for (size_t i; (i = next.fetch_add(1)) < own.size();) {
         const std::string path = root + "/" + own[i];
-        files[i].mtime = MtimeOf(path);
+        files[i].stamp = StampOf(path);
         auto it = cached.find(own[i]);
-        if (it != cached.end() && !files[i].mtime.empty() && it->second.mtime == files[i].mtime) {
+        if (it != cached.end() && !files[i].stamp.empty() && it->second.stamp == files[i].stamp) {
           files[i].files = std::move(it->second.files);
           continue;
         }
@@ -178,13 +272,13 @@ class FileListBuilder {
                                "remove it, or put its images in it");
       }
     }
-    if (!cache.empty() && listed.load() > 0) {
-      std::string text = "trainctl file list 1\n" + root + "\n";
+    if (cache_fd >= 0 && listed.load() > 0) {
+      std::string text = std::string(kListFormat) + "\n" + root + "\n";
       for (size_t i = 0; i < own.size(); ++i) {
-        text += files[i].mtime + " " + std::to_string(files[i].files.size()) + " " + own[i] + "\n";
+        text += files[i].stamp + " " + std::to_string(files[i].files.size()) + " " + own[i] + "\n";
         for (const auto& f : files[i].files) text += f + "\n";
       }
-      if (MakeDirs(o.cache_dir).ok()) (void)AtomicWriteFile(cache, text);  // a cache: best effort
+      (void)AtomicWriteFileAt(cache_fd, o.cache_dir, list_name, text, 0600);  // a cache: best effort
     }
     // The order: a hash of each path inside the folder (then the path), the holdout by it too.
     struct Item {
@@ -221,6 +315,7 @@ class FileListBuilder {
     if (report) {
       report->listed = listed.load();
       report->from_cache = listed.load() == 0 && !cached.empty();
+      if (!refused.empty()) report->cache_refused = refused + "; listing the folder without the cache";
       report->seconds = SecondsSince(start);
     }
     return list;

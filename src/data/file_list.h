@@ -2,13 +2,18 @@
 // files in it), listed once and kept: listing 1.28 M files on a network file system takes
 // minutes, so the list is cached (ListOptions::cache_dir) and reused while no class folder has
 // changed (its modification time, to the nanosecond, which adding, removing or renaming a file in
-// it changes); only the folders that changed are listed again, many at a time.
+// it changes, and its device and inode); only the folders that changed are listed again, many at a
+// time. The cache is the user's alone: its directory 0700 and its lists 0600, opened without
+// following links; a directory another user owns or can write is not used (the folder is listed,
+// and ListReport says why), and a list that fails any check (a name with '/' or "..", an empty
+// one, counts past what the file can hold) is ignored and written anew.
 //
 // The names are held in one block (about 40 bytes a file: ImageNet's list is some 50 MB), not a
 // string each.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -50,7 +55,8 @@ struct ListOptions {
   // The classes the labels index; empty: the folder's own. A test folder takes the training
   // folder's: a class it lacks is an error, and so is one it has that training lacks.
   std::vector<std::string> classes;
-  // Where the lists are kept ("" for none): one file per folder, named by a hash of its path.
+  // Where the lists are kept ("" for none): one file per folder, named by a hash of its path; its
+  // parent is made private too when missing.
   std::string cache_dir;
   int threads = 8;  // class folders listed at once
   // With holdout > 0, the folder is split by a hash of each file's path inside it: the fraction
@@ -64,6 +70,7 @@ struct ListOptions {
 struct ListReport {
   bool from_cache = false;  // every class folder's list came from the cache
   int listed = 0;           // class folders read afresh
+  std::string cache_refused;  // why the cache directory was not used ("": it was, or none was asked)
   double seconds = 0;
 };
 
@@ -77,6 +84,12 @@ Result<FileList> ListImageFolder(const std::string& dir, const ListOptions& opti
 // is no folder or holds fewer than `least` of them (2 for a training folder; a test folder may
 // hold one), or more than kMaxClasses.
 Result<std::vector<std::string>> ListClassFolders(const std::string& dir, int least = 2);
+
+// A cached list's text (for the fuzz target and the tests): class name -> its files, and into
+// `stamps` each class folder's stamp; {} when any check fails (the format line, the folder,
+// names that are no plain file names or no image's, counts past what `text` can hold).
+std::map<std::string, std::vector<std::string>> ParseFileList(const std::string& text, const std::string& root,
+                                                              std::map<std::string, std::string>* stamps = nullptr);
 
 // $XDG_CACHE_HOME/trainctl/lists, else ~/.cache/trainctl/lists.
 std::string DefaultListCacheDir();

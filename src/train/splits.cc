@@ -122,7 +122,7 @@ Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
     }
     folder.set.origin = dir + ": " + std::to_string(folder.set.count) + (train ? " training" : " test") + " images in " +
                         std::to_string(folder.classes.size()) + " classes (" +
-                        listed + "); " +
+                        listed + (l.cache_refused.empty() ? "" : "; the list cache not used: " + l.cache_refused) + "); " +
                         (folder.set.stream ? "streamed, each batch decoded as it is used (" + why + ")"
                                            : "decoded into memory (" + why + ")");
     folder.set.skipped = std::move(folder.skipped);  // the trainer names them, once
