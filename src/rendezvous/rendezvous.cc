@@ -298,8 +298,17 @@ Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts
     if (counting) wait = std::min(wait, Remaining(next_count, Now(o)));
     auto woke = WaitForAny(store, o, wake_on, std::max(wait, Duration(1)));
     if (woke.ok() && woke->first < closed_at) return FromRankKey(round, woke->second);
-    // Closed without this slot (a last call before it took it, or past max): not in the round.
-    if (woke.ok() && woke->first == closed_at) return std::optional<RoundInfo>();
+    // Closed: this slot's rank was written before the closed key, but a store's WaitAny may read
+    // the keys one by one (the rank's before the batch, the closed key's after it), so it is read
+    // again. Without one, it closed without this slot (a last call before it took it, or past
+    // max): not in the round.
+    if (woke.ok() && woke->first == closed_at) {
+      if (slot < o.max_nodes) {
+        ASSIGN_OR_RETURN(auto rank, store.TryGet(keys::RoundRank(round, slot)));
+        if (rank) return FromRankKey(round, *rank);
+      }
+      return std::optional<RoundInfo>();
+    }
     if (woke.ok() || woke.status().code() == Code::kAborted) {
       // An interrupt: check() decides. Should it find nothing wrong, the join goes on without
       // the interrupt keys (one that stays set would otherwise wake every wait at once).

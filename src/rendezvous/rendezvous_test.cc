@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <set>
 #include <thread>
 
@@ -152,6 +153,38 @@ TEST(Rendezvous, HintsOrderTheRanksAndCannotBeTakenTwice) {
   EXPECT_TRUE(JoinRound(store, 1, 0, Opts(2, 2, 0, "a")).ok());
   other.join();
   EXPECT_FALSE(JoinRound(store, 2, 0, Opts(2, 2, 2, "d")).ok());  // out of range
+}
+
+// Issue 71's flake (one run in 510): a store whose WaitAny reads its keys one by one (the memory
+// store's) can read a member's rank before the closer's batch and the closed key after it; the
+// member then took the round as closed without it. Forced here: the first member's wait reads its
+// rank, lets the round close, then reads the closed key.
+TEST(Rendezvous, AMemberThatSeesTheCloseBeforeItsRankIsStillInTheRound) {
+  MemoryStore store;
+  RendezvousOptions first = Opts(2, 2, -1, "first");
+  std::atomic<int> straddled{0};
+  first.wait_for_any = [&](Store& s, const std::vector<std::string>& keys,
+                           Duration timeout) -> Result<std::pair<size_t, std::string>> {
+    ASSIGN_OR_RETURN(auto rank, s.TryGet(keys[0]));
+    if (rank) return std::make_pair(size_t{0}, *rank);
+    ASSIGN_OR_RETURN(auto closed, s.WaitAny({keys[1]}, timeout));
+    ++straddled;
+    return std::make_pair(size_t{1}, closed.second);
+  };
+  std::vector<Result<std::optional<RoundInfo>>> results(2, Internal("not run"));
+  std::thread waiting([&] { results[0] = JoinRound(store, 0, 0, first); });  // slot 0: it waits
+  ASSERT_TRUE(testing::Eventually([&] {
+    auto peek = PeekRound(store, 0);
+    return peek.ok() && peek->has_value();
+  }));
+  results[1] = JoinRound(store, 0, 0, Opts(2, 2, -1, "second"));  // slot 1: it closes the round
+  waiting.join();
+  ASSERT_GE(straddled.load(), 1) << "the interleaving was not forced";
+  for (auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r->has_value()) << "a member of the round was told it was left out";
+  }
+  EXPECT_NE((*results[0])->group_rank, (*results[1])->group_rank);
 }
 
 // A local launcher starts a killed agent again with the dead one's id: the rank the dead agent
