@@ -208,6 +208,14 @@ TEST(Bench, TheResultSetIsUploadedToS3WithSignedRequests) {
   auto far = Trainctl({"bench", "far.yaml", "--dry-run"}, s.path(""), seconds(60), keys);
   EXPECT_NE(far.output.find("warning: upload.endpoint http://s3.example.com:9000 is plain http"), std::string::npos)
       << far.output;
+  EXPECT_EQ(far.output.find("session token"), std::string::npos) << "none was set\n" << far.output;
+  // A session token travels in every request's headers: the warning names it (issue 71).
+  auto with_token = keys;
+  with_token.push_back({"AWS_SESSION_TOKEN", "IQoJb3JpZ2luX2VjE"});
+  auto far_token = Trainctl({"bench", "far.yaml", "--dry-run"}, s.path(""), seconds(60), with_token);
+  EXPECT_NE(far_token.output.find("and your session token (AWS_SESSION_TOKEN) cross the network unencrypted"),
+            std::string::npos)
+      << far_token.output;
   EXPECT_NE(r.output.find("uploaded " + std::to_string(files) + " files"), std::string::npos) << r.output;
 
   // An access key the server does not know: refused; the bench fails, its results stay here.

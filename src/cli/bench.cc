@@ -124,9 +124,12 @@ int RunBench(const BenchFlags& f) {
       const std::string host = host_port[0] == '[' ? host_port.substr(1, host_port.find(']') - 1)
                                                    : host_port.substr(0, host_port.rfind(':'));
       if (!IsLoopbackHost(host)) {
-        std::fprintf(stderr, "trainctl bench: warning: upload.endpoint %s is plain http: the results and your access "
-                             "key id cross the network unencrypted (requests are signed; the secret key is not "
-                             "sent); use https://\n", ep.c_str());
+        // The session token travels in every request's X-Amz-Security-Token header, as it is.
+        const bool token = GetEnv(CurrentEnvironment(), "AWS_SESSION_TOKEN").value_or("") != "";
+        std::fprintf(stderr, "trainctl bench: warning: upload.endpoint %s is plain http: the results and your "
+                             "access key id%s cross the network unencrypted (requests are signed; the secret key is not "
+                             "sent); use https://\n", ep.c_str(),
+                     token ? " and your session token (AWS_SESSION_TOKEN)" : "");
       }
     }
   }

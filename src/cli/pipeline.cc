@@ -73,6 +73,7 @@ data::StreamOptions StreamOptionsOf(const JobSpec& spec, const PipelineFlags& f,
   so.view.ratio_max = d.ratio[1];
   so.threads = f.threads > 0 ? f.threads : d.threads > 0 ? d.threads : data::DefaultDecodeThreads(f.workers);
   so.seed = static_cast<uint64_t>(spec.trainer.seed);
+  so.fail_on_bad = d.bad_images == "fail";  // as the trainer's stream: the first bad picture ends the run
   return so;
 }
 
