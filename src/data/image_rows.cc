@@ -94,11 +94,13 @@ Status DecodeJpegRows(std::string_view bytes, const std::string& path, const OnP
   const bool grey = s.cinfo.num_components == 1;
   s.cinfo.out_color_space = cmyk ? JCS_CMYK : grey ? JCS_GRAYSCALE : JCS_RGB;
   const PictureSize ps{static_cast<int>(s.cinfo.image_width), static_cast<int>(s.cinfo.image_height), grey ? 1 : 3};
+  // Started first: a progressive JPEG's scans, their cap and the decoder's budget are past before
+  // the caller allocates anything for its pixels.
+  jpeg_start_decompress(&s.cinfo);
   if (Status st = size(ps); !st.ok()) {
     jpeg_abort_decompress(&s.cinfo);
     return st;
   }
-  jpeg_start_decompress(&s.cinfo);
   line.resize(static_cast<size_t>(s.cinfo.output_width) * s.cinfo.output_components);
   for (int y = 0; y < ps.rows; ++y) {
     JSAMPROW r = line.data();
