@@ -146,27 +146,29 @@ std::string ReadTail(const std::string& path, int64_t bytes) {
   return ReadFrom(path, std::max<int64_t>(0, st.st_size - bytes), bytes);
 }
 
-Result<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
-  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
+Result<std::string> ReadAll(int fd, const std::string& path, int64_t max_bytes) {
   std::string out;
   char buf[65536];
   while (true) {
     ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return ErrnoStatus("reading " + path, err);
+      return ErrnoStatus("reading " + path, errno);
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
     if (static_cast<int64_t>(out.size()) > max_bytes) {
-      ::close(fd);
       std::string limit = max_bytes % (1 << 20) == 0 ? std::to_string(max_bytes >> 20) + " MiB"
                                                      : std::to_string(max_bytes) + " bytes";
       return InvalidArgument(path + " is larger than " + limit);
     }
   }
+  return out;
+}
+
+Result<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path));
+  auto out = ReadAll(fd, path, max_bytes);
   ::close(fd);
   return out;
 }

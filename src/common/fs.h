@@ -31,6 +31,9 @@ bool IsDirectory(const std::string& path);
 Result<int> OpenRegularFile(const std::string& path, struct stat* st = nullptr);
 // Reads a whole file; fails with kInvalidArgument if it is larger than `max_bytes`.
 Result<std::string> ReadFile(const std::string& path, int64_t max_bytes = 64 << 20);
+// The rest of what the open descriptor `fd` reads (`path` names it in errors), as ReadFile: at most
+// `max_bytes`. Leaves `fd` open.
+Result<std::string> ReadAll(int fd, const std::string& path, int64_t max_bytes);
 // What `path` holds from byte `offset` on (what was appended since an earlier read), at most
 // `max_bytes` and no further than its size when opened, or "" when it cannot be opened or is not
 // a regular file; for files that grow while they are read (logs, metrics): read again for more.

@@ -61,11 +61,6 @@ std::string StampOf(const std::string& dir) {
          std::to_string(st.st_mtim.tv_nsec);
 }
 
-// One class folder's image files, and its stamp.
-struct ClassFiles {
-  std::string stamp;
-  std::vector<std::string> files;
-};
 
 constexpr const char* kListFormat = "trainctl file list 2";
 constexpr int64_t kMaxListBytes = int64_t{1} << 30;
@@ -78,9 +73,8 @@ bool PlainName(std::string_view n) {
 
 }  // namespace
 
-std::map<std::string, std::vector<std::string>> ParseFileList(const std::string& text, const std::string& root,
-                                                              std::map<std::string, std::string>* stamps) {
-  std::map<std::string, std::vector<std::string>> out;
+std::map<std::string, CachedFolder> ParseFileList(const std::string& text, const std::string& root) {
+  std::map<std::string, CachedFolder> out;
   std::istringstream in(text);
   std::string line;
   if (!std::getline(in, line) || line != kListFormat || !std::getline(in, line) || line != root) return {};
@@ -97,26 +91,18 @@ std::map<std::string, std::vector<std::string>> ParseFileList(const std::string&
         !PlainName(std::string_view(name).substr(1)) || out.count(name.substr(1))) {
       return {};
     }
-    std::vector<std::string>& files = out[name.substr(1)];
-    if (stamps) (*stamps)[name.substr(1)] = stamp;
-    files.reserve(static_cast<size_t>(count));
+    CachedFolder& folder = out[name.substr(1)];
+    folder.stamp = stamp;
+    folder.files.reserve(static_cast<size_t>(count));
     for (int64_t i = 0; i < count; ++i) {
       if (!std::getline(in, line) || !PlainName(line) || !IsImageName(line)) return {};
-      files.push_back(line);
+      folder.files.push_back(line);
     }
   }
   return out;
 }
 
 namespace {
-
-// The cache file, parsed (ParseFileList): {} when it fails a check.
-std::map<std::string, ClassFiles> ParseList(const std::string& text, const std::string& root) {
-  std::map<std::string, std::string> stamps;
-  std::map<std::string, ClassFiles> out;
-  for (auto& [name, files] : ParseFileList(text, root, &stamps)) out[name] = {stamps[name], std::move(files)};
-  return out;
-}
 
 std::string ListName(const std::string& root) { return Sha256Hex(root).substr(0, 24) + ".list"; }
 
@@ -161,21 +147,13 @@ std::string ReadList(int dir_fd, const std::string& name) {
   const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return "";
   struct stat st{};
-  std::string text;
+  Result<std::string> text = std::string();
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
-      (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 && st.st_size <= kMaxListBytes) {
-    text.resize(static_cast<size_t>(st.st_size));
-    size_t got = 0;
-    while (got < text.size()) {
-      const ssize_t n = ::pread(fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      got += static_cast<size_t>(n);
-    }
-    text.resize(got);
+      (st.st_mode & (S_IWGRP | S_IWOTH)) == 0) {
+    text = ReadAll(fd, name, kMaxListBytes);
   }
   ::close(fd);
-  return text;
+  return text.ok() ? *text : std::string();
 }
 
 }  // namespace
@@ -237,9 +215,9 @@ class FileListBuilder {
       }
     } closer{cache_fd};
     const std::string list_name = ListName(root);
-    std::map<std::string, ClassFiles> cached;
-    if (cache_fd >= 0) cached = ParseList(ReadList(cache_fd, list_name), root);
-    std::vector<ClassFiles> files(own.size());
+    std::map<std::string, CachedFolder> cached;
+    if (cache_fd >= 0) cached = ParseFileList(ReadList(cache_fd, list_name), root);
+    std::vector<CachedFolder> files(own.size());
     std::vector<std::string> errors(own.size());
     std::atomic<size_t> next{0};
     std::atomic<int> listed{0};

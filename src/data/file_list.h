@@ -85,11 +85,16 @@ Result<FileList> ListImageFolder(const std::string& dir, const ListOptions& opti
 // hold one), or more than kMaxClasses.
 Result<std::vector<std::string>> ListClassFolders(const std::string& dir, int least = 2);
 
-// A cached list's text (for the fuzz target and the tests): class name -> its files, and into
-// `stamps` each class folder's stamp; {} when any check fails (the format line, the folder,
-// names that are no plain file names or no image's, counts past what `text` can hold).
-std::map<std::string, std::vector<std::string>> ParseFileList(const std::string& text, const std::string& root,
-                                                              std::map<std::string, std::string>* stamps = nullptr);
+// One class folder in a cached list: its stamp (device, inode, modification time) and its files.
+struct CachedFolder {
+  std::string stamp;
+  std::vector<std::string> files;
+};
+
+// A cached list's text (the cache's reader, also for the fuzz target and the tests): class name
+// -> its folder; {} when any check fails (the format line, the folder, names that are no plain
+// file names or no image's, counts past what `text` can hold).
+std::map<std::string, CachedFolder> ParseFileList(const std::string& text, const std::string& root);
 
 // $XDG_CACHE_HOME/trainctl/lists, else ~/.cache/trainctl/lists.
 std::string DefaultListCacheDir();

@@ -5,8 +5,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include <cctype>
-#include <cerrno>
 #include <cstring>
 
 #include "common/fs.h"

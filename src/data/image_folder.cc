@@ -7,6 +7,7 @@
 #include "common/strings.h"
 #include "data/dataset.h"
 #include "data/file_list.h"
+#include "data/image_rows.h"
 #include "data/image_stream.h"
 
 namespace trainctl::data {
@@ -41,7 +42,7 @@ ImageSet ToChannels(const ImageSet& set, int channels) {
     uint8_t* dst = out.pixels.data() + i * channels * plane;
     for (int64_t k = 0; k < plane; ++k) {
       if (channels == 1) {  // RGB to luma (ITU-R BT.601)
-        dst[k] = static_cast<uint8_t>((299 * src[k] + 587 * src[plane + k] + 114 * src[2 * plane + k] + 500) / 1000);
+        dst[k] = Luma(src[k], src[plane + k], src[2 * plane + k]);
       } else {
         for (int c = 0; c < channels; ++c) dst[c * plane + k] = src[k];
       }

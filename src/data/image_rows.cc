@@ -6,16 +6,13 @@
 
 #include <algorithm>
 #include <cctype>
-#include <chrono>
 #include <cstring>
 #include <vector>
 
+#include "common/duration.h"
+
 namespace trainctl::data {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 Status Bad(const std::string& path, const std::string& what) { return InvalidArgument(path + ": " + what); }
 
@@ -67,8 +64,9 @@ void OnJpegProgress(j_common_ptr c) {
                   kMaxJpegScans);
     JumpBack(c);
   }
-  if (Now() > p->deadline) {
-    std::snprintf(e->message, sizeof e->message, "still decoding after %.0f s; abandoned", kMaxDecodeSeconds);
+  if (Clock::now() > p->deadline) {
+    std::snprintf(e->message, sizeof e->message, "still decoding after %lld s; abandoned",
+                  static_cast<long long>(kMaxDecodeTime.count()));
     JumpBack(c);
   }
 }
@@ -85,12 +83,8 @@ Status DecodeJpegRows(std::string_view bytes, const std::string& path, const OnP
   Status refused;
   if (setjmp(s.jump)) return refused.ok() ? s.Failed(path) : refused;
   s.Start(bytes);
-  jpeg_read_header(&s.cinfo, TRUE);
-  if (!PictureSizeOk(s.cinfo.image_width, s.cinfo.image_height)) {
-    return Bad(path, "its header declares " + std::to_string(s.cinfo.image_width) + "x" +
-                         std::to_string(s.cinfo.image_height) + " pixels; at most 2^26 are decoded");
-  }
-  const bool cmyk = s.cinfo.jpeg_color_space == JCS_CMYK || s.cinfo.jpeg_color_space == JCS_YCCK;
+  RETURN_IF_ERROR(s.ReadHeader(path));
+  const bool cmyk = s.Cmyk();
   const bool grey = s.cinfo.num_components == 1;
   s.cinfo.out_color_space = cmyk ? JCS_CMYK : grey ? JCS_GRAYSCALE : JCS_RGB;
   const PictureSize ps{static_cast<int>(s.cinfo.image_width), static_cast<int>(s.cinfo.image_height), grey ? 1 : 3};
@@ -120,7 +114,7 @@ Status DecodeJpegRows(std::string_view bytes, const std::string& path, const OnP
 struct PngInput {
   std::string_view bytes;
   size_t at = 0;
-  double deadline = 0;
+  Clock::time_point deadline;
   char message[256] = {0};
 };
 
@@ -141,14 +135,14 @@ void OnPngWarning(png_structp, png_const_charp) {}
 
 void OnPngRow(png_structp p, png_uint_32, int) {
   auto* in = static_cast<PngInput*>(png_get_io_ptr(p));
-  if (Now() > in->deadline) png_error(p, "still decoding after the time a picture may take; abandoned");
+  if (Clock::now() > in->deadline) png_error(p, "still decoding after the time a picture may take; abandoned");
 }
 
 Status DecodePngRows(std::string_view bytes, const std::string& path, const OnPictureSize& size,
                      const OnPictureRow& row) {
   PngInput in;
   in.bytes = bytes;
-  in.deadline = Now() + kMaxDecodeSeconds;
+  in.deadline = Clock::now() + kMaxDecodeTime;
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &in, OnPngError, OnPngWarning);
   if (!png) return Bad(path, "cannot start the PNG decoder");
   png_infop info = png_create_info_struct(png);
@@ -301,7 +295,6 @@ JpegSession::JpegSession() {
   err.jump = &jump;
   err.message[0] = '\0';
   progress.mgr.progress_monitor = OnJpegProgress;
-  progress.deadline = 0;
 }
 
 JpegSession::~JpegSession() {
@@ -313,8 +306,17 @@ void JpegSession::Start(std::string_view bytes) {
   created = true;
   cinfo.mem->max_memory_to_use = static_cast<long>(kMaxDecodeBytes);
   cinfo.progress = &progress.mgr;
-  progress.deadline = Now() + kMaxDecodeSeconds;
+  progress.deadline = Clock::now() + kMaxDecodeTime;
   jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
+}
+
+Status JpegSession::ReadHeader(const std::string& path) {
+  jpeg_read_header(&cinfo, TRUE);
+  if (!PictureSizeOk(cinfo.image_width, cinfo.image_height)) {
+    return Bad(path, "its header declares " + std::to_string(cinfo.image_width) + "x" +
+                         std::to_string(cinfo.image_height) + " pixels; at most 2^26 are decoded");
+  }
+  return Status::Ok();
 }
 
 Status JpegSession::Failed(const std::string& path) const {
@@ -330,7 +332,7 @@ void JpegSession::FromCmyk(uint8_t* pixels, int64_t n, int channels) const {
     const uint8_t r = MulDiv255(c, k), g = MulDiv255(m, k), b = MulDiv255(y, k);
     uint8_t* to = pixels + p * channels;
     if (channels == 1) {
-      to[0] = static_cast<uint8_t>((299 * r + 587 * g + 114 * b + 500) / 1000);
+      to[0] = Luma(r, g, b);
     } else {
       to[0] = r, to[1] = g, to[2] = b;
     }

@@ -7,7 +7,7 @@
 //     repeated scans cost minutes at 8192 x 8192);
 //   - at most kMaxDecodeBytes held by the decoder itself (a progressive JPEG's coefficients, an
 //     interlaced PNG's pixels: both need the whole picture before its first row);
-//   - at most kMaxDecodeSeconds of decoding; the picture is then abandoned as bad;
+//   - at most kMaxDecodeTime of decoding; the picture is then abandoned as bad;
 //   - sizes checked against the file's own length before anything is allocated (a 17-byte PPM
 //     header promising 8192 x 8192 allocates nothing);
 //   - libjpeg's and libpng's warnings (a truncated or corrupt stream, decoded as grey or not at
@@ -15,6 +15,7 @@
 // Errors are kInvalidArgument and name the file.
 #pragma once
 
+#include <chrono>
 #include <csetjmp>
 #include <cstdint>
 #include <cstdio>
@@ -31,7 +32,7 @@ namespace trainctl::data {
 
 inline constexpr int kMaxJpegScans = 256;
 inline constexpr int64_t kMaxDecodeBytes = int64_t{96} << 20;
-inline constexpr double kMaxDecodeSeconds = 10;
+inline constexpr std::chrono::seconds kMaxDecodeTime{10};
 inline constexpr int64_t kMaxPicturePixels = int64_t{1} << 26;  // 8192 x 8192
 inline constexpr int64_t kMaxPictureSide = 65536;
 
@@ -64,6 +65,10 @@ struct JpegSession {
   JpegSession& operator=(const JpegSession&) = delete;
 
   void Start(std::string_view bytes);
+  // jpeg_read_header, and its size checked (PictureSizeOk): an error naming `path` when it is not.
+  Status ReadHeader(const std::string& path);
+  // Whether the picture is stored as CMYK (or YCCK): decode it as JCS_CMYK, then FromCmyk.
+  bool Cmyk() const { return cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK; }
   Status Failed(const std::string& path) const;
   // PIL's CMYK to RGB (or luma for one channel) of `n` pixels in place: 4 bytes each in, `channels`
   // out; Photoshop's (an Adobe marker) store them inverted.
@@ -77,7 +82,7 @@ struct JpegSession {
   } err;
   struct Progress {
     jpeg_progress_mgr mgr;  // first, as above
-    double deadline;
+    std::chrono::steady_clock::time_point deadline;
   } progress;
   std::jmp_buf jump;
   bool created = false;
@@ -86,6 +91,9 @@ struct JpegSession {
 // A PGM/PPM header field at `*at` in `bytes`: the number after whitespace and '#' comments (at
 // most 10 digits); false when there is none. Moves `*at` past it.
 bool PnmField(std::string_view bytes, size_t* at, int64_t* out);
+
+// ITU-R BT.601 luma, as PIL's convert('L') computes it.
+inline uint8_t Luma(int r, int g, int b) { return static_cast<uint8_t>((299 * r + 587 * g + 114 * b + 500) / 1000); }
 
 // PNM and JPEG headers' sizes checked as DecodeRows checks them: both sides at least 1, each at
 // most kMaxPictureSide, their product at most kMaxPicturePixels.

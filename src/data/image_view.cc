@@ -270,20 +270,16 @@ Status DecodeJpegView(std::string_view bytes, const std::string& path, const Vie
   const double start = Now();
   double resized = 0;
   s.Start(bytes);
-  jpeg_read_header(&s.cinfo, TRUE);
+  RETURN_IF_ERROR(s.ReadHeader(path));
   jpeg_decompress_struct& cinfo = s.cinfo;
   const int W = static_cast<int>(cinfo.image_width), H = static_cast<int>(cinfo.image_height);
-  if (!PictureSizeOk(W, H)) {
-    return InvalidArgument(path + ": its header declares " + std::to_string(W) + "x" + std::to_string(H) +
-                           " pixels; at most 2^26 are decoded");
-  }
   const Box box = ViewBox(W, H, o, draw);
   // The smallest scale (1/8 .. 1) at which the box is still at least the output's size.
   int denom = 8;
   while (denom > 1 && (box.w / denom < o.cols || box.h / denom < o.rows)) denom /= 2;
   cinfo.scale_num = 1;
   cinfo.scale_denom = static_cast<unsigned>(denom);
-  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  const bool cmyk = s.Cmyk();
   cinfo.out_color_space = cmyk ? JCS_CMYK : o.channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   jpeg_start_decompress(&cinfo);
   const int sw = static_cast<int>(cinfo.output_width), sh = static_cast<int>(cinfo.output_height);
@@ -329,7 +325,7 @@ void ToChannelsRow(const uint8_t* in, int channels, int cols, uint8_t* out, int 
   for (int x = 0; x < cols; ++x) {
     const uint8_t* p = in + x * channels;
     if (to_channels == 1) {
-      out[x] = static_cast<uint8_t>((299 * p[0] + 587 * p[1] + 114 * p[2] + 500) / 1000);
+      out[x] = Luma(p[0], p[1], p[2]);
     } else {
       for (int c = 0; c < to_channels; ++c) out[x * to_channels + c] = p[0];
     }
