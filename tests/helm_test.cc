@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "common/strings.h"
@@ -246,6 +247,54 @@ TEST(Helm, UserStringsWithTemplateBracesComeOutLiterally) {
     EXPECT_EQ(job["command"][2], "echo {{ .Release.Name }} {{ fail 1 }}") << job.dump();
     EXPECT_EQ(job["env"]["GREETING"], "{{ .Values.name }}") << job.dump();
   }
+}
+
+// Every key of a parsed document, at any depth.
+void Keys(const YAML::Node& n, std::set<std::string>* out) {
+  if (n.IsMap()) {
+    for (const auto& kv : n) {
+      out->insert(kv.first.Scalar());
+      Keys(kv.second, out);
+    }
+  } else if (n.IsSequence()) {
+    for (const auto& v : n) Keys(v, out);
+  }
+}
+
+// Issue 71: the red team's line breaks (a carriage return, U+2028, U+2029) in a spec's strings go
+// through the chart's values.yaml (trainctl's emitter, read by Helm's Go YAML parser) and its
+// templates (toYaml) and come out as the same strings, with no field of their own. (NEL, which
+// Helm reads as a space however it is written, render refuses: src/render/k8s/render_test.cc.)
+TEST(Helm, HostileLineBreaksInValuesComeOutAsThemselves) {
+  RequireTools();
+  Scratch s;
+  const std::string command = "echo a\n\r      hostNetwork: true\r      hostPID: true";
+  const std::string note = "x\xe2\x80\xa8hostPID: true\xe2\x80\xa9y\rz\r\n  - k: v";
+  const std::string spec = s.Write("hostile.yaml",
+      "name: hostile\n"
+      "command: [sh, -c, \"echo a\\n\\r      hostNetwork: true\\r      hostPID: true\"]\n"
+      "env: {NOTE: \"x\\u2028hostPID: true\\u2029y\\rz\\r\\n  - k: v\"}\n");
+  const std::string chart = Chart(s, "hostile", spec, "job");
+  auto lint = Helm(s, {"lint", "--strict", chart});
+  EXPECT_EQ(lint.exit.code, 0) << lint.output;
+  const std::string helm = Template(s, chart, "hostile", "default", {}, "helm.yaml");
+  const std::string plain = RenderManifests(s, "render.yaml", {spec}, kSrc);
+  auto same = RunProgram({"node", kSrc + "/tests/k8s/compare.mjs", plain, helm, "--helm", TRAINCTL_BIN}, kSrc);
+  EXPECT_EQ(same.exit.code, 0) << same.output;
+  int configmaps = 0;
+  for (const std::string& file : {helm, plain}) {
+    for (const auto& doc : YAML::LoadAll(*ReadFile(file))) {
+      std::set<std::string> keys;
+      Keys(doc, &keys);
+      EXPECT_EQ(keys.count("hostNetwork") + keys.count("hostPID"), 0u) << file;
+      if (!doc.IsMap() || doc["kind"].as<std::string>() != "ConfigMap") continue;
+      ++configmaps;
+      auto job = nlohmann::json::parse(doc["data"]["job.json"].as<std::string>());
+      EXPECT_EQ(job["command"][2], command) << job.dump();
+      EXPECT_EQ(job["env"]["NOTE"], note) << job.dump();
+    }
+  }
+  EXPECT_EQ(configmaps, 2);
 }
 
 // A stand-in API server (tests/k8s/apiserver_standin.py): discovery plus GETs of the objects

@@ -651,6 +651,19 @@ void Emit(YAML::Emitter& out, const json& j) {
   }
 }
 
+// The first field of `j` (the spec's own names: a dotted path, list items in brackets) whose key
+// or text holds `bytes`; "" when none does.
+std::string FieldHolding(const json& j, const std::string& path, std::string_view bytes) {
+  if (j.is_string()) return j.get_ref<const std::string&>().find(bytes) != std::string::npos ? path : "";
+  size_t i = 0;
+  for (auto it = j.begin(); j.is_structured() && it != j.end(); ++it, ++i) {
+    const std::string at = j.is_object() ? (path.empty() ? "" : path + ".") + it.key() : path + "[" + std::to_string(i) + "]";
+    if (j.is_object() && it.key().find(bytes) != std::string::npos) return at;
+    if (std::string found = FieldHolding(*it, at, bytes); !found.empty()) return found;
+  }
+  return "";
+}
+
 std::string Key(const json& o) { return o.at("kind").get<std::string>() + "/" + o.at("metadata").at("name").get<std::string>(); }
 
 std::string FileName(const json& o) {
@@ -680,6 +693,13 @@ JobSpec PodSpec(const JobSpec& spec) {
 }
 
 Status CheckFormat(const JobSpec& spec, const std::string& format) {
+  // The emitter escapes NEL as it does every byte outside printable ASCII, but the YAML readers of
+  // kubectl, kustomize and Helm fold it into a space even so (escaped or not): the pods would get
+  // another value than the spec's. U+2028, U+2029 and CR come through as themselves.
+  if (std::string field = FieldHolding(json::parse(JobSpecToJson(spec)), "", "\xc2\x85"); !field.empty()) {
+    return InvalidArgument(field + ": holds U+0085 (NEL), which kubectl, kustomize and Helm read as a space; the "
+                           "pods would not get the spec's text (write a line break as \\n)");
+  }
   const bool elastic = spec.nodes.min < spec.nodes.max;
   if (format == "pytorchjob" || format == "mpijob" || format == "trainjob") {
     if (!spec.roles.empty()) {

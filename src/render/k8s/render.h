@@ -35,7 +35,8 @@ extern const char* const kEtcdImage;
 // under the shared volume's mount, the rendezvous pointed at the in-cluster store.
 JobSpec PodSpec(const JobSpec& spec);
 
-// Whether `format` can express the job; kInvalidArgument naming the field and what to use instead.
+// Whether `format` can express the job, and its text reach the pods as it is; kInvalidArgument
+// naming the field and what to use instead.
 Status CheckFormat(const JobSpec& spec, const std::string& format);
 
 // The manifests, in apply order. `format` is one of kFormats and passed CheckFormat.

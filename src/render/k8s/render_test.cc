@@ -310,6 +310,22 @@ TEST(Render, AnyStringReadsBackAsItselfAndAddsNoField) {
   EXPECT_GT(documents, 500);
 }
 
+// What Kubernetes' own YAML readers would change is refused before anything is rendered: kubectl,
+// kustomize and Helm read U+0085 (NEL) as a space, escaped or not (tests/helm_test.cc shows the
+// rest of the red team's line breaks coming through Helm as themselves).
+TEST(Render, TextThatKubectlWouldReadAsSomethingElseIsRefusedNamingTheField) {
+  JobSpec spec = Parse(kSpec);
+  spec.env = {{"A", "fine\r\xe2\x80\xa8"}, {"NOTE", "y\xc2\x85z"}};
+  for (const auto& format : kFormats) {
+    const Status st = CheckFormat(spec, format);
+    ASSERT_FALSE(st.ok()) << format;
+    EXPECT_EQ(st.message().rfind("env.NOTE: holds U+0085 (NEL), which kubectl, kustomize and Helm read as a space", 0), 0u)
+        << st.message();
+  }
+  spec.env.pop_back();
+  EXPECT_TRUE(CheckFormat(spec, "job").ok());
+}
+
 // The spec's own check: a line break, a control byte or a space in a node selector or a
 // toleration is refused with the field named, as Kubernetes would refuse it later.
 TEST(Render, ValidateRefusesLabelsKubernetesWouldRefuse) {
