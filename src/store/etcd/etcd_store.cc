@@ -106,13 +106,15 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::Connect(const EtcdStoreOptions& op
   }
 }
 
-Status EtcdStore::Authenticate() {
+Status EtcdStore::Authenticate(std::chrono::microseconds attempt) {
   // Without the old token: etcd refuses an authentication that carries a token it no longer
   // knows ("invalid auth token"), which is why a new one is wanted.
   client_->set_default_headers({});
+  client_->set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(options_.request_timeout));
   auto res = client_->Post("/v3/auth/authenticate",
                            json{{"name", options_.user}, {"password", options_.password}}.dump(),
                            "application/json");
+  client_->set_read_timeout(attempt);
   if (!res) return Unavailable("etcd authentication: " + httplib::to_string(res.error()));
   if (res->status != 200) {
     return PermissionDenied("etcd refused user " + options_.user + ": " + res->body);
@@ -165,7 +167,7 @@ Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string
     client_->set_write_timeout(attempt);
     if (fresh && !options_.user.empty() && path != "auth/authenticate") {
       if (auth_token_.empty()) {
-        if (Status st = Authenticate(); st.code() == Code::kPermissionDenied) return st;
+        if (Status st = Authenticate(attempt); st.code() == Code::kPermissionDenied) return st;
       }
       client_->set_default_headers({{"Authorization", auth_token_}});
     }
@@ -176,7 +178,10 @@ Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string
       // Expired (etcd's simple tokens live 5 minutes) or forgotten (auth disabled and enabled
       // again, a restarted member): a new one, once.
       auth_token_.clear();
-      if (Status st = Authenticate(); !st.ok()) return st;
+      if (Status st = Authenticate(attempt); !st.ok()) {
+        client_.reset();  // a reply cut off by its timeout leaves the connection unusable
+        return st;
+      }
       client_->set_default_headers({{"Authorization", auth_token_}});
       res = client_->Post(("/v3/" + path).c_str(), body, "application/json");
       if (res && res->status == 200) return res->body;

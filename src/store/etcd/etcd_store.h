@@ -69,7 +69,10 @@ class EtcdStore : public Store {
   Result<bool> PutIf(const std::string& key, const Value& seen, const std::string& value);
 
   // Asks etcd for an auth token (mu_ held); kPermissionDenied for a wrong user or password.
-  Status Authenticate();
+  // A new token for options_.user, waited for up to request_timeout (etcd checks the password with
+  // bcrypt: a busy member takes longer than one of a request's attempts), then the client's read
+  // timeout set back to `attempt`.
+  Status Authenticate(std::chrono::microseconds attempt);
 
   EtcdStoreOptions options_;
   std::string auth_token_;
