@@ -38,6 +38,7 @@ class Scratch {
   ~Scratch() { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
   std::string Write(const std::string& name, const std::string& text) const {
+    fs::create_directories(fs::path(path(name)).parent_path());
     std::ofstream(path(name)) << text;
     return path(name);
   }

@@ -2,6 +2,7 @@
 // the flags trainctl cannot honour named, one host as `run` does, and two torchrun commands on
 // this machine forming one 2-host job with Debian's real PyTorch (gloo allreduce).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <regex>
 
@@ -17,6 +18,7 @@ namespace trainctl::testing {
 namespace {
 
 using std::chrono::seconds;
+using Env = std::vector<std::pair<std::string, std::string>>;
 
 TEST(Torchrun, EveryFlagMeansTheSameInBothSpellingsAndMapsOntoTheSpec) {
   Scratch s;
@@ -223,6 +225,62 @@ TEST(Torchrun, WorkersGetEveryVariableTorchrunSets) {
     EXPECT_EQ(theirs["ROLE_NAME"], "default");
     EXPECT_EQ(mine["ROLE_NAME"], "worker");
   }
+}
+
+// A python3 first on PATH that lacks torch (a pyenv, a bare venv) is named before any worker
+// starts, with the interpreter here that has torch; --python and TRAINCTL_PYTHON choose it.
+TEST(Torchrun, APythonWithoutTorchIsNamedWithOneThatHasIt) {
+  Scratch s;
+  // A real interpreter without torch: Debian's, without its site-packages (as a bare venv is).
+  const std::string bare = s.Write("bin/python3", "#!/bin/sh\nexec /usr/bin/python3 -S \"$@\"\n");
+  ASSERT_EQ(::chmod(bare.c_str(), 0755), 0);
+  const std::string script = s.Write("hi.py", "import os\nprint('rank', os.environ['RANK'], 'ran')\n");
+  const Env env = {{"PATH", s.path("bin") + ":/usr/bin:/bin"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
+  auto r = Trainctl({"torchrun", "--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir",
+                     s.path("out"), script}, s.path(""), seconds(60), env);
+  EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
+  EXPECT_NE(r.output.find("python3 from PATH (" + bare + ") cannot import torch"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("/usr/bin/python3 has torch: run with --python /usr/bin/python3"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(Exists(s.path("out/logs"))) << "no worker started";
+  for (const auto& [how, extra] : std::vector<std::pair<std::string, Env>>{
+           {"--python", {}}, {"TRAINCTL_PYTHON", {{"TRAINCTL_PYTHON", "/usr/bin/python3"}}}}) {
+    Env with = env;
+    with.insert(with.end(), extra.begin(), extra.end());
+    std::vector<std::string> argv = {"torchrun", "--standalone", "--nproc-per-node", "2"};
+    if (how == "--python") argv.insert(argv.end(), {"--python", "/usr/bin/python3"});
+    argv.push_back(script);
+    auto ok = Trainctl(argv, s.path(""), seconds(60), with);
+    EXPECT_EQ(ok.exit.code, 0) << how << "\n" << ok.output;
+    EXPECT_NE(ok.output.find("rank 1 ran"), std::string::npos) << how << "\n" << ok.output;
+  }
+  auto wrong = Trainctl({"torchrun", "--python", bare, script}, s.path(""), seconds(60), env);
+  EXPECT_EQ(wrong.exit.code, kExitInvalidSpec) << wrong.output;
+  EXPECT_NE(wrong.output.find("--python " + bare + ": " + bare + " cannot import torch"), std::string::npos)
+      << wrong.output;
+}
+
+// A module the script imports that is not installed fails the same way on every restart: the
+// first start's import error ends the job at once (exit code 2), the restarts left unspent; an
+// error later on restarts as ever.
+TEST(Torchrun, AnImportErrorAtTheFirstStartSpendsNoRestart) {
+  Scratch s;
+  const Env env = {{"PATH", "/usr/bin:/bin"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
+  const std::string missing = s.Write("missing.py", "import os\nimport no_such_module_here\n");
+  auto r = Trainctl({"torchrun", "--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir",
+                     s.path("out"), missing}, s.path(""), seconds(60), env);
+  EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
+  EXPECT_NE(r.output.find("a restart would fail the same way, so none is spent"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ModuleNotFoundError: No module named 'no_such_module_here'"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("restarting the worker group"), std::string::npos) << r.output;
+  // The same error once the first start is past: restarts go on as for any other failure.
+  const std::string later = s.Write("later.py",
+                                    "import os\nif int(os.environ['TORCHELASTIC_RESTART_COUNT']) > 0:\n"
+                                    "    import no_such_module_here\nraise SystemExit(1)\n");
+  auto again = Trainctl({"torchrun", "--standalone", "--nproc-per-node", "1", "--max-restarts", "2", "--log-dir",
+                         s.path("out2"), later}, s.path(""), seconds(60), env);
+  EXPECT_EQ(again.exit.code, kExitWorkerFailed) << again.output;
+  EXPECT_NE(again.output.find("after 2 restart(s)"), std::string::npos) << again.output;
 }
 
 // Two `trainctl torchrun` commands, as two hosts would run them: one job of 2 nodes x 2 workers,

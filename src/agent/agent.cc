@@ -34,6 +34,26 @@ constexpr Duration kBlockedFor = std::chrono::seconds(30);
 // The longest one wait on the store: what it waits for (a stop among it) wakes it sooner, and a
 // stop signal interrupts it; this bounds what a missed wake-up could cost.
 constexpr Duration kLongestWait = std::chrono::seconds(5);
+
+// A Python program's failure to import a module (ModuleNotFoundError or ImportError) as the last
+// line of its traceback, or as the exception its error file records.
+bool ImportFailure(const std::vector<std::string>& last_lines, const std::string& error) {
+  auto is_import = [](std::string_view line) {
+    return line.starts_with("ModuleNotFoundError: ") || line.starts_with("ImportError: ");
+  };
+  if (is_import(error)) return true;
+  for (auto it = last_lines.rbegin(); it != last_lines.rend(); ++it) {
+    std::string_view line = *it;
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
+    if (line.empty()) continue;
+    return is_import(line);  // the last line a traceback prints is its exception
+  }
+  return false;
+}
+
+// How soon after its first start an import error counts as one no restart can mend: imports come
+// first in a program, training after.
+constexpr Duration kImportWindow = std::chrono::seconds(30);
 }  // namespace
 
 struct Agent::Outcome {
@@ -60,6 +80,7 @@ struct Agent::Round {
   std::vector<WorkerLaunch> launches;  // by local rank
   std::vector<int> task_restarts;      // by local rank
   std::map<int, std::string> stuck;    // local rank -> why trainctl killed it
+  Clock::time_point started;           // when its tasks were started
   // Liveness: its heartbeat, and the one of the node it watches in the ring.
   int watched = 0;
   std::string watched_beat;
@@ -501,6 +522,7 @@ std::optional<Agent::Outcome> Agent::StartTasks(Round* rp) {
   LOG_DEBUG("round {}: node {} of {}, master {}, starting {} tasks", r.round, r.info.group_rank,
             r.info.group_world_size, r.master, r.launches.size());
   const int forked_before = forks_.forked();
+  r.started = env_->Now();
   Status st = r.group->Start(r.launches);
   if (st.ok() && forks_.forked() > forked_before) {
     LOG_DEBUG("round {}: {} of {} tasks copied from a worker server (LibTorch, or preloaded Python modules)", r.round,
@@ -633,6 +655,17 @@ std::optional<Agent::Outcome> Agent::OnTaskExit(Round& r, const WorkerExit& e) {
     rec.kind = FailureKind::kConfig;
     rec.restarts = r.info.restarts;
     rec.final = true;
+    return EndAndStop(r, rec, /*root_cause=*/true);
+  }
+  if (!role.command.empty() && r.info.restarts == 0 && r.task_restarts[e.local_rank] == 0 &&
+      env_->Now() - r.started < kImportWindow && ImportFailure(rec.last_lines, rec.error)) {
+    // A Python program that could not import what it needs, at its first start: every restart
+    // would fail the same way, so none is spent (as for a program that cannot be run).
+    rec.kind = FailureKind::kConfig;
+    rec.restarts = r.info.restarts;
+    rec.final = true;
+    rec.exit += " at its first start with an import error: a restart would fail the same way, so none is spent "
+                "(install the module for " + role.command[0] + ", or run an interpreter that has it)";
     return EndAndStop(r, rec, /*root_cause=*/true);
   }
   if (role.on_failure == "ignore") {

@@ -52,6 +52,7 @@ struct TorchrunFlags {
   bool module = false, no_python = false, run_path = false;
   bool print_spec = false;
   std::string preload;               // MODULE[,MODULE...]
+  std::string python;                // --python, else TRAINCTL_PYTHON, else python3 from PATH
   std::vector<std::string> program;  // SCRIPT (or MODULE) and its arguments
 };
 
@@ -109,7 +110,7 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
   if (f.no_python) {
     command = f.program;
   } else {
-    command = {"python3", "-u"};
+    command = {f.python.empty() ? "python3" : f.python, "-u"};
     if (f.module) command.push_back("-m");
     command.insert(command.end(), f.program.begin(), f.program.end());
   }
@@ -164,6 +165,69 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
   return ParseJobSpec(*yaml, "torchrun command line");
 }
 
+// Whether `python` (a name on PATH or a path) can import torch, without importing it: find_spec
+// takes milliseconds where `import torch` takes seconds. Its resolved path in `*path`.
+bool HasTorch(const std::string& python, std::string* path) {
+  auto exe = FindExecutable(python, CurrentEnvironment());
+  if (!exe.ok()) return false;
+  *path = *exe;
+  SpawnOptions o;
+  o.argv = {*exe, "-c", "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 3)"};
+  o.env = CurrentEnvironment();
+  auto r = RunCommand(o, std::chrono::seconds(20));
+  return r.ok() && r->exit.success();
+}
+
+// Whether the interpreter the workers run has torch, as torchrun's (the Python that runs it)
+// always does: --python (or TRAINCTL_PYTHON) as given, else python3 from PATH. If not, an error
+// that names the interpreter tried and one on this machine that has torch, before any worker
+// spends a restart on a ModuleNotFoundError.
+Status CheckPython(const TorchrunFlags& f) {
+  if (f.no_python) return Status::Ok();
+  const char* env = std::getenv("TRAINCTL_PYTHON");
+  const std::string given = f.python;  // --python, else TRAINCTL_PYTHON (put there by Torchrun)
+  const std::string how = env && given == env ? "TRAINCTL_PYTHON=" : "--python ";
+  std::string tried;
+  if (!given.empty()) {
+    if (!HasTorch(given, &tried)) {
+      return InvalidArgument(how + given + ": " +
+                             (tried.empty() ? "no such interpreter" : tried + " cannot import torch"));
+    }
+    return Status::Ok();
+  }
+  if (HasTorch("python3", &tried)) return Status::Ok();
+  if (tried.empty()) return Status::Ok();  // no python3 at all: the preflight names it
+  std::vector<std::string> seen = {std::filesystem::weakly_canonical(tried).string()};
+  std::string other;
+  std::vector<std::string> candidates;
+  for (const auto& dir : Split(std::getenv("PATH") ? std::getenv("PATH") : "", ':')) {
+    for (const char* name : {"python3", "python"}) candidates.push_back(dir + "/" + name);
+  }
+  for (const char* p : {"/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"}) candidates.push_back(p);
+  for (const auto& c : candidates) {
+    std::error_code ec;
+    if (!std::filesystem::exists(c, ec)) continue;
+    const std::string real = std::filesystem::weakly_canonical(c, ec).string();
+    if (std::find(seen.begin(), seen.end(), real) != seen.end()) continue;
+    seen.push_back(real);
+    std::string at;
+    if (HasTorch(c, &at)) {
+      other = c;
+      break;
+    }
+  }
+  std::string message = "python3 from PATH (" + tried + ") cannot import torch, so every worker would fail with "
+                        "ModuleNotFoundError; ";
+  if (!other.empty()) {
+    message += other + " has torch: run with --python " + other + " (or TRAINCTL_PYTHON=" + other +
+               "), put it first on PATH, or install torch for " + tried;
+  } else {
+    message += "no interpreter on PATH has it: install torch (pip install torch) for " + tried +
+               ", or name one that has it with --python or TRAINCTL_PYTHON";
+  }
+  return InvalidArgument(message);
+}
+
 // --rdzv-conf is_host=true|false (torchrun's): whether this host serves the store; unset: inferred.
 std::optional<bool> IsHostConf(const std::string& rdzv_conf) {
   for (const auto& kv : Split(rdzv_conf, ',')) {
@@ -205,6 +269,9 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
   if (f.start_method != "spawn" && f.start_method != "fork" && f.start_method != "forkserver") {
     return bad("--start-method: expected spawn, fork or forkserver, got " + Quote(f.start_method));
   }
+  if (const char* env = std::getenv("TRAINCTL_PYTHON"); f.python.empty() && env && *env && !f.no_python) {
+    f.python = env;
+  }
   std::string yaml;
   auto spec = ToSpec(f, &yaml);
   if (!spec.ok()) return bad(spec.status().message());
@@ -212,6 +279,8 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
     std::fputs(yaml.c_str(), stdout);
     return kExitOk;
   }
+  // The command line is sound; now whether its interpreter can run a PyTorch program.
+  if (Status st = CheckPython(f); !st.ok()) return bad(st.message());
   if (f.log_dir.empty()) {
     // As torchrun keeps its logs out of the working directory: in trainctl's state directory,
     // where ps, logs and status find them.
@@ -339,6 +408,9 @@ void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code) {
       ->capture_default_str();
   cmd->add_flag("-m,--module", f.module, "run SCRIPT as a Python module (python -m)");
   cmd->add_flag("--no-python,--no_python", f.no_python, "run SCRIPT as a program, not through python3");
+  cmd->add_option("--python", f.python,
+                  "the interpreter the workers run (default: TRAINCTL_PYTHON, else python3 from PATH; either must "
+                  "import torch, as torchrun's own Python does)");
   cmd->add_flag("--run-path,--run_path", f.run_path, "run SCRIPT as a Python file (the default)");
   cmd->add_option("--preload", f.preload,
                   "MODULE[,MODULE...]: import these once per host in a warm interpreter and fork each worker "
