@@ -72,7 +72,7 @@ TEST(Predict, AnswersForImageFilesAgreeWithEvalOnTheTestSet) {
     args.insert(args.begin(), {"predict", "--checkpoint", model, "-o", "json", "--threads", "2"});
     auto r = Trainctl(args, s.path(""), seconds(120));
     EXPECT_EQ(r.exit.code, 0) << r.output;
-    return nlohmann::json::parse(r.output, nullptr, false);
+    return nlohmann::json::parse(r.output.substr(std::min(r.output.size(), r.output.find('['))), nullptr, false);
   };
   auto from_pgm = predict(pgms);
   auto from_png = predict(pngs);
@@ -93,7 +93,7 @@ TEST(Predict, AnswersForImageFilesAgreeWithEvalOnTheTestSet) {
   // The same answers as eval gives on the same 100 test images.
   auto eval = Trainctl({"eval", "--checkpoint", model, "--limit", std::to_string(kImages), "-o", "json"}, s.path(""));
   ASSERT_EQ(eval.exit.code, 0) << eval.output;
-  EXPECT_DOUBLE_EQ(nlohmann::json::parse(eval.output)["accuracy"].get<double>(), correct / double(kImages));
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(eval.output.substr(eval.output.find('{')))["accuracy"].get<double>(), correct / double(kImages));
   EXPECT_GT(correct, 40) << "better than chance (10 of 100)";
 
   // Every class's probability, summing to 1; a colour image of the same pixels (the model is
@@ -111,7 +111,10 @@ TEST(Predict, AnswersForImageFilesAgreeWithEvalOnTheTestSet) {
     EXPECT_NEAR(idx[7]["top"][k]["probability"].get<double>(), from_pgm[7]["top"][k]["probability"].get<double>(), 1e-5);
   }
   auto text = Trainctl({"predict", "--checkpoint", model, pgms[0]}, s.path(""));
-  EXPECT_TRUE(text.output.rfind(pgms[0] + ": ", 0) == 0 && text.output.find(" %, ") != std::string::npos) << text.output;
+  // On stderr first the run and file it uses, then each picture's answer on a line of its own.
+  EXPECT_EQ(text.output.rfind("trainctl predict: run predict-", 0), 0u) << text.output;
+  EXPECT_NE(text.output.find(" of job predict: " + model + "\n" + pgms[0] + ": "), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find(" %, "), std::string::npos) << text.output;
 
   // Bad images: each named, nothing predicted.
   std::vector<uint8_t> big(32 * 32, 128);

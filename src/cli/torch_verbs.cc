@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <set>
 #include <cstdlib>
 #include <optional>
 #include <thread>
@@ -23,6 +25,7 @@
 #include "monitor/view.h"
 #include "common/strings.h"
 #include "checkpoint/checkpoint.h"
+#include "job/run_status.h"
 #include "job/runs.h"
 #include "jobspec/job_spec.h"
 #include "train/entry.h"
@@ -87,23 +90,73 @@ std::string RunModel(const std::string& dir) {
   return IsDirectory(checkpoints) && !checkpoint::CheckpointDir(checkpoints, 1).List().empty() ? checkpoints : "";
 }
 
+// The file a model path means: itself, or a checkpoint directory's newest checkpoint file.
+std::string NewestFile(const std::string& model) {
+  if (!IsDirectory(model)) return model;
+  const auto files = checkpoint::CheckpointDir(model, 1).List();
+  return files.empty() ? model : files.back();
+}
+
+// Says on stderr which run and file `verb` uses, and, for a run still training, that it is (its
+// newest checkpoint, not a final model): eval's and predict's figures are that model's.
+void SayModel(const std::string& verb, const std::string& model, const std::string& run) {
+  const std::string file = NewestFile(model);
+  const std::string base = std::filesystem::path(file).filename().string();
+  std::string step;
+  if (base.rfind("ckpt-", 0) == 0) step = ", step " + std::to_string(std::atoll(base.c_str() + 5));
+  std::fprintf(stderr, "trainctl %s: %s%s%s\n", verb.c_str(), run.empty() ? "" : (run + ": ").c_str(), file.c_str(),
+               step.c_str());
+}
+
+// "run ID of job NAME", and that it is still running (so a checkpoint, not its final model).
+std::string RunLabel(const std::string& run_id, const std::string& job, RunState state) {
+  return "run " + run_id + " of job " + job + (state == RunState::kRunning ? " (still running: its newest checkpoint)" : "");
+}
+
+// RunLabel for the run of a model path: the status.json of its output directory (the file's
+// directory, or the one above a checkpoints/ directory); "" when none names a run.
+std::string RunOfModel(const std::string& model) {
+  std::filesystem::path dir = std::filesystem::absolute(model).lexically_normal();
+  if (!IsDirectory(model) || dir.filename().empty()) dir = dir.parent_path();  // a file, or "dir/"
+  for (int up = 0; up < 2 && !dir.empty(); ++up, dir = dir.parent_path()) {
+    const RunStatus st = ReadRunStatus(dir.string());
+    if (!st.run_id.empty()) return RunLabel(st.run_id, st.job, st.state);
+  }
+  return "";
+}
+
 // A model as users name it: a model or checkpoint file, a checkpoint directory, a run's output
 // directory (its model.safetensors, else its checkpoints), or a job run here by its run id (that
-// run's model, wherever a rerun moved it) or its name (its newest run that has a model, named
-// when it is not the newest), as kubectl names a pod.
+// run's model, wherever a rerun moved it) or its name, as kubectl names a pod. A name whose runs
+// wrote to several output directories means the one in (or under) the working directory, else is
+// refused with each; a directory that holds no model is a job's name when a job has it. The run
+// and file it comes to are said on stderr.
 Result<std::string> ModelPath(const std::string& verb, const std::string& arg) {
+  std::string path_note;  // why a directory of that name was not taken
   if (Exists(arg)) {
-    if (!IsDirectory(arg)) return arg;
-    const std::string model = RunModel(arg);
-    if (!model.empty()) return model;
-    return IsDirectory(arg + "/checkpoints") ? arg + "/checkpoints" : arg;  // a checkpoint directory, or an error
+    std::string model = !IsDirectory(arg) ? arg : RunModel(arg);
+    if (model.empty() && IsDirectory(arg) && !checkpoint::CheckpointDir(arg, 1).List().empty()) model = arg;
+    if (!model.empty()) {
+      SayModel(verb, model, RunOfModel(model));
+      return model;
+    }
+    path_note = arg + " is a directory here without a model or checkpoint (no model.safetensors, checkpoints/ or "
+                "ckpt-*.safetensors in it)";
   }
   auto found = runs::Find(arg);  // the index's checks, and its error naming the jobs
   if (!found.ok()) {
+    if (!path_note.empty()) return InvalidArgument(path_note + ", and no job of that name ran on this machine");
     return NotFound(arg + ": no such model file or directory, nor a job run on this machine (trainctl ps lists "
                     "them)");
   }
+  if (!path_note.empty()) std::fprintf(stderr, "trainctl %s: %s; taking it as the job's name\n", verb.c_str(), path_note.c_str());
   const bool by_id = found->run_id == arg;
+  struct Candidate {
+    runs::RunEntry entry;
+    std::string model, dir;
+    RunState state;
+  };
+  std::vector<Candidate> with;       // the runs that have a model, newest first
   std::vector<std::string> without;  // newer runs of the job that have no model
   for (const runs::RunEntry& e : runs::List()) {  // newest first
     if (by_id ? e.run_id != arg : e.name != arg) continue;
@@ -114,17 +167,47 @@ Result<std::string> ModelPath(const std::string& verb, const std::string& arg) {
         return NotFound("run " + e.run_id + " of job " + e.name + " wrote no model and no checkpoint (" + RunStateName(v.state) +
                         "; trainctl status " + e.run_id + " says how it ended)");
       }
-      without.push_back(e.run_id + " (" + std::string(RunStateName(v.state)) + ")");
+      if (with.empty()) without.push_back(e.run_id + " (" + std::string(RunStateName(v.state)) + ")");
       continue;
     }
-    if (!without.empty()) {
-      std::fprintf(stderr, "trainctl %s: job %s: its newest run%s %s wrote no model; using run %s, from %s\n",
-                   verb.c_str(), arg.c_str(), without.size() > 1 ? "s" : "", Join(without, ", ").c_str(),
-                   e.run_id.c_str(), model.c_str());
-    }
-    return model;
+    with.push_back({e, model, v.dir, v.state});
   }
-  return NotFound("job " + arg + ": none of its runs wrote a model or a checkpoint (" + Join(without, ", ") + ")");
+  if (with.empty()) {
+    return NotFound("job " + arg + ": none of its runs wrote a model or a checkpoint (" + Join(without, ", ") + ")");
+  }
+  // Several output directories: the working directory's own, else the user says which.
+  std::vector<Candidate> here;
+  std::set<std::string> dirs;
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string() + "/";
+  for (const auto& c : with) {
+    dirs.insert(c.entry.output_dir);
+    if ((c.entry.output_dir + "/").rfind(cwd, 0) == 0) here.push_back(c);
+  }
+  const Candidate* chosen = &with.front();
+  if (dirs.size() > 1) {
+    std::set<std::string> here_dirs;
+    for (const auto& c : here) here_dirs.insert(c.entry.output_dir);
+    if (here_dirs.size() != 1) {
+      std::vector<std::string> each;
+      std::set<std::string> named;
+      for (const auto& c : with) {
+        if (named.insert(c.entry.output_dir).second) {
+          each.push_back(c.entry.run_id + " (" + RunStateName(c.state) + ", in " + c.entry.output_dir + ")");
+        }
+      }
+      return InvalidArgument("job " + arg + " ran in " + std::to_string(dirs.size()) + " output directories" +
+                             (here_dirs.empty() ? ", none of them under this one" : ", several under this one") +
+                             ": " + Join(each, "; ") + ". Give the run id, or the output directory, to say which");
+    }
+    chosen = &here.front();
+  }
+  if (!without.empty() && chosen == &with.front()) {
+    std::fprintf(stderr, "trainctl %s: job %s: its newest run%s %s wrote no model; using run %s\n", verb.c_str(),
+                 arg.c_str(), without.size() > 1 ? "s" : "", Join(without, ", ").c_str(), chosen->entry.run_id.c_str());
+  }
+  SayModel(verb, chosen->model, RunLabel(chosen->entry.run_id, chosen->entry.name, chosen->state));
+  return chosen->model;
 }
 
 }  // namespace
