@@ -67,8 +67,22 @@ void RemoveStaleOverlays(const std::string& out, const std::vector<std::pair<std
 
 }  // namespace
 
-std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string& spec_file) {
+std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string& spec_file, const std::string& format) {
   std::vector<std::string> warnings;
+  // trainctl's own image, of a stage that cannot run this job: the CPU image for a GPU trainer,
+  // an image without sshd for an MPIJob's workers.
+  const std::string& image = spec.cluster.image;
+  if (IsTrainctlImage(image) && spec.trainer.enabled && spec.trainer.device == "cuda" &&
+      image.find("cuda") == std::string::npos) {
+    warnings.push_back(spec_file + ": trainer.device: cuda needs trainctl's CUDA image (deploy/Dockerfile.cuda, "
+                       "tagged trainctl:cuda for example); cluster.image is " + image +
+                       ", deploy/Dockerfile's CPU build, whose LibTorch has no CUDA");
+  }
+  if (IsTrainctlImage(image) && format == "mpijob" && image.find("mpi") == std::string::npos) {
+    warnings.push_back(spec_file + ": --format mpijob: the workers run sshd and the launcher mpirun, which only "
+                       "deploy/Dockerfile's mpi stage has (docker build -f deploy/Dockerfile --target mpi -t trainctl:mpi .); "
+                       "cluster.image is " + image);
+  }
   const auto roles = JobRoles(spec, spec.nodes.max);
   std::vector<std::string> seen;
   for (size_t i = 0; i < roles.size() && IsTrainctlImage(spec.cluster.image); ++i) {
@@ -248,7 +262,7 @@ int Render(RenderFlags& f) {
     std::fprintf(stderr, "%s: %s\n", f.spec.Sources().files[0].c_str(), st.message().c_str());
     return kExitInvalidSpec;
   }
-  for (const auto& w : ClusterWarnings(*spec, f.spec.Sources().files[0])) {
+  for (const auto& w : ClusterWarnings(*spec, f.spec.Sources().files[0], workload)) {
     std::fprintf(stderr, "warning: %s\n", w.c_str());
   }
   if (f.format == "helm") return RenderHelm(*spec, f, workload);

@@ -90,7 +90,9 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::v
 // What renders for Kubernetes but would not run there: a program that trainctl's own image lacks
 // (python3, torchrun...), a script that is a file on this machine only. One line each, to print
 // as warnings before render and submit.
-std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string& spec_file);
+// A trainctl image of the wrong stage (the CPU one for trainer.device: cuda, one without the mpi
+// stage for `format` mpijob) is one too.
+std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string& spec_file, const std::string& format);
 
 // Prints "trainctl VERB: message" to stderr; returns the exit code: 2 for what the user asked
 // wrongly (kNotFound, kInvalidArgument: a missing program, an unknown job), else 1.

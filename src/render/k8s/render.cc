@@ -182,8 +182,13 @@ class Renderer {
     return c;
   }
 
+  // A pod of `component`. Only the pods that train (the workers) get the spec's node selector and
+  // tolerations: eval, TensorBoard, staging, etcd and an MPI launcher neither
+  // need a GPU node nor should hold one (a TensorBoard pinned to a GPU node keeps the autoscaler
+  // from removing it).
   json PodTemplate(const std::string& component, json containers, json init = json::array(),
                    bool read_only_data = false) const {
+    const bool trains = component == "worker";
     json spec = {{"serviceAccountName", n_.job},
                  {"automountServiceAccountToken", false},
                  {"enableServiceLinks", false},
@@ -191,12 +196,12 @@ class Renderer {
                  {"containers", std::move(containers)},
                  {"volumes", Volumes(read_only_data)}};
     if (!init.empty()) spec["initContainers"] = std::move(init);
-    if (!c_.node_selector.empty()) {
+    if (trains && !c_.node_selector.empty()) {
       json sel = json::object();
       for (const auto& [k, v] : c_.node_selector) sel[k] = v;
       spec["nodeSelector"] = sel;
     }
-    if (!c_.tolerations.empty()) {
+    if (trains && !c_.tolerations.empty()) {
       json tol = json::array();
       for (const auto& t : c_.tolerations) {
         json one = {{"operator", t.op}};
@@ -235,6 +240,14 @@ class Renderer {
     return res;
   }
   json Resources() const { return PodResources(s_.resources, s_.procs_per_node); }
+  // Requests and limits of a pod that does not train (eval, TensorBoard, staging, the MPI
+  // launcher, etcd): enough for it, so it is neither starved on a busy node nor unbounded.
+  static json SideResources(double cpus, int64_t memory_mib) {
+    ResourcesSpec r;
+    r.cpus = cpus;
+    r.memory_bytes = memory_mib << 20;
+    return PodResources(r, 1);
+  }
 
   // The agent, one per pod. `rank` ("ROLE:INDEX" for a pod per task) and `store` are what this
   // format's pods know of themselves; `resources` the pod's.
@@ -331,7 +344,9 @@ class Renderer {
     auto replica = [&](int replicas) {
       json tmpl = PodTemplate("worker", {AgentContainer("pytorch", "$(RANK)", StoreUrl("$(MASTER_ADDR)"), "")},
                               Init());
-      return json{{"replicas", replicas}, {"restartPolicy", "OnFailure"}, {"template", tmpl}};
+      // As the TFJob's: trainctl's verdicts (exit codes 1-127) fail the job; 128+ (a signal: a lost
+      // node, OOM) restart the pod.
+      return json{{"replicas", replicas}, {"restartPolicy", "ExitCode"}, {"template", tmpl}};
     };
     json replicas = {{"Master", replica(1)}};
     if (s_.nodes.max > 1) replicas["Worker"] = replica(s_.nodes.max - 1);
@@ -407,6 +422,7 @@ class Renderer {
                    "--resume"};  // a restarted launcher pod continues the run
     json env = {{{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}}};
     json launcher = Container("launcher", c_.image, launch, env);
+    launcher["resources"] = SideResources(0.5, 1024);  // mpirun and the job's store
     json worker = Container("worker", c_.image, {"/usr/sbin/sshd", "-De"}, json::array());
     worker["ports"] = {{{"name", "ssh"}, {"containerPort", 2222}}, {{"name", "store"}, {"containerPort", kStorePort}}};
     json res = Resources();
@@ -427,7 +443,9 @@ class Renderer {
   // the name <job>-node-0-i.<job> and JOB_COMPLETION_INDEX = i. The pods' security context is
   // the runtime's; the volumes and mounts come through podSpecOverrides.
   json TrainJob() const {
-    json c = AgentContainer("node", "$(JOB_COMPLETION_INDEX)", StoreUrl(n_.job + "-node-0-0." + n_.job), "");
+    // A fresh run id per submission: the JobSet's uid, which JobSet labels each pod with.
+    json c = AgentContainer("node", "$(JOB_COMPLETION_INDEX)", StoreUrl(n_.job + "-node-0-0." + n_.job),
+                            "jobset.sigs.k8s.io/jobset-uid");
     json trainer = {{"image", c_.image},
                     {"command", c["command"]},
                     {"env", c["env"]},
@@ -509,6 +527,7 @@ class Renderer {
     c["ports"] = {{{"name", "client"}, {"containerPort", 2379}}};
     c.erase("workingDir");
     c["volumeMounts"] = {{{"name", "tmp"}, {"mountPath", "/tmp"}}};
+    c["resources"] = SideResources(0.5, 1024);
     json tmpl = PodTemplate("etcd", {c});
     tmpl["spec"]["volumes"] = {{{"name", "tmp"}, {"emptyDir", json::object()}}};
     return Object("apps/v1", "StatefulSet", n_.etcd, "etcd",
@@ -523,7 +542,9 @@ class Renderer {
     json env = {{{"name", "URL"}, {"value", c_.stage.url}},
                 {{"name", "SHA256"}, {"value", c_.stage.sha256}},
                 {{"name", "DEST"}, {"value", pod_.trainer.data.dir}}};
-    json tmpl = PodTemplate("stage", {Container("stage", c_.image, {"sh", "-c", kStageScript}, env)});
+    json stage = Container("stage", c_.image, {"sh", "-c", kStageScript}, env);
+    stage["resources"] = SideResources(1, 1024);
+    json tmpl = PodTemplate("stage", {stage});
     tmpl["spec"]["restartPolicy"] = "Never";
     return Object("batch/v1", "Job", n_.stage, "stage",
                   {{"spec", {{"backoffLimit", 3}, {"activeDeadlineSeconds", 4 * 3600},
@@ -535,8 +556,9 @@ class Renderer {
     // Waits for the trained model as long as the job may run (timeouts.job, else a week).
     const Duration limit = s_.timeouts.job.count() > 0 ? s_.timeouts.job : Duration(std::chrono::hours(24 * 7));
     json command = {"trainctl", "eval", "--checkpoint", model, "-o", "json"};
-    json tmpl = PodTemplate("eval", {Container("eval", c_.image, command, json::array(), true)},
-                            {WaitFor("model", model, limit)}, true);
+    json c = Container("eval", c_.image, command, json::array(), true);
+    c["resources"] = SideResources(2, 4096);  // a ResNet-50 on a CPU, its test set in batches
+    json tmpl = PodTemplate("eval", {c}, {WaitFor("model", model, limit)}, true);
     tmpl["spec"]["restartPolicy"] = "Never";
     return Object("batch/v1", "Job", n_.eval, "eval",
                   {{"spec", {{"backoffLimit", 2}, {"template", tmpl}}}});
@@ -546,6 +568,7 @@ class Renderer {
     json command = {"tensorboard", "--logdir", pod_.output_dir, "--host", "0.0.0.0", "--port", "6006"};
     json c = Container("tensorboard", c_.tensorboard_image, command, json::array(), true);
     c["ports"] = {{{"name", "http"}, {"containerPort", 6006}}};
+    c["resources"] = SideResources(0.5, 2048);
     json tmpl = PodTemplate("tensorboard", {c}, json::array(), true);
     return Object("apps/v1", "Deployment", n_.tensorboard, "tensorboard",
                   {{"spec", {{"replicas", 1},

@@ -202,6 +202,55 @@ TEST(Render, WorkersGetOneNodeEachWithGpusSelectorsAndTheStagedData) {
   EXPECT_EQ(pod_spec->trainer.data.dir, "/mnt/trainctl/datasets/fm");
 }
 
+// A GPU cluster's spec (issue 75): only the pods that train get the GPU node selector and
+// tolerations; every other pod has requests and limits of its own; every Kubeflow v1 format
+// restarts a pod for a signal and fails for trainctl's verdicts; a TrainJob's run id is fresh per
+// submission (its JobSet's uid), as the Job format's is (its Job's uid).
+TEST(Render, OnlyTrainingPodsHoldGpuNodesAndEveryOtherPodHasResources) {
+  JobSpec elastic = Parse(kSpec);
+  elastic.nodes.min = 1;  // with the rendered etcd
+  int side = 0, training = 0;
+  for (const JobSpec& spec : {Parse(kSpec), elastic}) {
+    for (const auto& o : All(spec)) {
+      for (const auto& t : PodTemplates(o)) {
+        const std::string component = t["metadata"]["labels"]["app.kubernetes.io/component"];
+        const std::string what = o["kind"].get<std::string>() + "/" + o["metadata"]["name"].get<std::string>() + " " +
+                                 component;
+        const json& pod = t["spec"];
+        if (component == "worker") {
+          ++training;
+          EXPECT_EQ(pod["nodeSelector"], json({{"pool", "gpu"}})) << what;
+          continue;
+        }
+        ++side;
+        EXPECT_FALSE(pod.contains("nodeSelector")) << what;
+        EXPECT_FALSE(pod.contains("tolerations")) << what;
+        for (const auto& c : pod["containers"]) {
+          EXPECT_TRUE(c["resources"]["requests"].contains("cpu")) << what;
+          EXPECT_TRUE(c["resources"]["limits"].contains("memory")) << what;
+          EXPECT_FALSE(c["resources"]["limits"].contains("nvidia.com/gpu")) << what;
+        }
+      }
+      for (const char* replicas : {"pytorchReplicaSpecs", "tfReplicaSpecs"}) {
+        if (!o.contains("spec") || !o["spec"].contains(replicas)) continue;
+        for (const auto& [type, r] : o["spec"][replicas].items()) EXPECT_EQ(r["restartPolicy"], "ExitCode") << type;
+      }
+      if (o["kind"] == "TrainJob") {
+        const json& env = o["spec"]["trainer"]["env"];
+        std::string uid_from, run_id;
+        for (const auto& e : env) {
+          if (e["name"] == "JOB_UID") uid_from = e["valueFrom"]["fieldRef"]["fieldPath"];
+          if (e["name"] == "TRAINCTL_RUN_ID") run_id = e["value"];
+        }
+        EXPECT_EQ(uid_from, "metadata.labels['jobset.sigs.k8s.io/jobset-uid']");
+        EXPECT_EQ(run_id, "fm-$(JOB_UID)");
+      }
+    }
+  }
+  EXPECT_GE(training, 8);
+  EXPECT_GE(side, 6);  // eval, TensorBoard, staging, the MPI launcher, etcd
+}
+
 TEST(Render, ElasticJobsGetAnEtcdAndRanksByArrival) {
   JobSpec spec = Parse(kSpec);
   spec.nodes.min = 1;
