@@ -123,8 +123,22 @@ TEST(K8s, AProgramTrainctlsImageLacksIsWarnedAbout) {
                       "cluster.image=registry.example.com/ml/trainctl:0.1.0"}, kSrc);
   EXPECT_NE(tf.output.find("warning: examples/tensorflow.yaml: roles[0].command: runs python3"), std::string::npos)
       << tf.output;
+  // trainctl's own image of a stage that cannot run the job: the CPU one for a GPU trainer, one
+  // without sshd for an MPIJob.
+  auto gpu = Trainctl({"render", "examples/k8s/base.yaml", "--set", "trainer.device=cuda", "-o", s.path("gpu")}, kSrc);
+  EXPECT_EQ(gpu.exit.code, 0) << gpu.output;
+  EXPECT_NE(gpu.output.find("warning: examples/k8s/base.yaml: trainer.device: cuda needs trainctl's CUDA image "
+                            "(deploy/Dockerfile.cuda"), std::string::npos) << gpu.output;
+  auto mpi = Trainctl({"render", "examples/k8s/base.yaml", "--format", "mpijob", "-o", s.path("mpi")}, kSrc);
+  EXPECT_EQ(mpi.exit.code, 0) << mpi.output;
+  EXPECT_NE(mpi.output.find("warning: examples/k8s/base.yaml: --format mpijob: the workers run sshd and the launcher "
+                            "mpirun, which only deploy/Dockerfile's mpi stage has"), std::string::npos) << mpi.output;
   for (const std::vector<std::string>& quiet :
        {std::vector<std::string>{"render", "examples/ddp.yaml", "--set", "cluster.image=me/pytorch:2", "-o", s.path("own")},
+        {"render", "examples/k8s/base.yaml", "--set", "trainer.device=cuda", "--set", "cluster.image=trainctl:cuda",
+         "-o", s.path("cuda")},
+        {"render", "examples/k8s/base.yaml", "--format", "mpijob", "--set", "cluster.image=trainctl:mpi", "-o",
+         s.path("mpi-ok")},
         {"render", "examples/tensorflow.yaml", "--set", "cluster.image=trainctl:python", "-o", s.path("py")},
         {"render", "examples/hello.yaml", "-o", s.path("hello")},
         {"render", "examples/k8s/base.yaml", "-o", s.path("base")}}) {
@@ -275,7 +289,15 @@ TEST(K8s, ClusterVerbsNameAnUnreachableClusterAndAMissingKubectl) {
     // One line saying why, not kubectl's log of its retries ("E1123 12:00:00 memcache.go:265] ...").
     EXPECT_FALSE(std::regex_search(r.output, std::regex("(^|\n)E\\d{4} "))) << verb << ": " << r.output;
     EXPECT_EQ(CountLines(r.output, "refused"), 1) << verb << ": " << r.output;
+    EXPECT_NE(r.output.find("that is the cluster of kubectl's context c in KUBECONFIG=" + kubeconfig), std::string::npos)
+        << verb << ": " << r.output;
   }
+  // No kubeconfig at all: kubectl's default localhost:8080, and what to set.
+  auto none = Trainctl({"submit", spec}, s.path(""), std::chrono::seconds(60),
+                       {{"KUBECONFIG", s.path("no-such-kubeconfig")}, {"HOME", s.path("")}});
+  EXPECT_EQ(none.exit.code, 1) << none.output;
+  EXPECT_NE(none.output.find("kubectl has no current context in KUBECONFIG=" + s.path("no-such-kubeconfig") +
+                             ": set KUBECONFIG to your cluster's kubeconfig"), std::string::npos) << none.output;
   auto r = Trainctl({"status", spec}, s.path(""), std::chrono::seconds(60), {{"PATH", s.path("")}});
   EXPECT_EQ(r.exit.code, 2) << r.output;
   EXPECT_NE(r.output.find("trainctl status: kubectl is not on the PATH"), std::string::npos) << r.output;

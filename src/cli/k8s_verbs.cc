@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <cstdlib>
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -54,7 +56,28 @@ Result<CommandResult> Kubectl(const std::vector<std::string>& args, const std::s
 std::string KubectlWhy(const CommandResult& r) {
   auto lines = SplitLines(r.output);
   while (!lines.empty() && lines.back().find_first_not_of(" \t\r") == std::string::npos) lines.pop_back();
-  return lines.empty() ? "kubectl ended with " + r.exit.Describe() : lines.back();
+  std::string why = lines.empty() ? "kubectl ended with " + r.exit.Describe() : lines.back();
+  // No cluster answered: which one kubectl tried, from which kubeconfig, and how to choose another.
+  for (const char* unreachable : {"connection to the server", "Unable to connect to the server", "no such host",
+                                  "i/o timeout", "connection refused"}) {
+    if (why.find(unreachable) == std::string::npos) continue;
+    const char* env = std::getenv("KUBECONFIG");
+    const std::string config = env && *env ? std::string("KUBECONFIG=") + env : "~/.kube/config (KUBECONFIG is not set)";
+    auto context = Kubectl({"config", "current-context"});
+    std::string name;
+    if (context.ok() && context->exit.success()) {
+      name = context->output;
+      while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+    }
+    why += name.empty() ? "; kubectl has no current context in " + config +
+                              ": set KUBECONFIG to your cluster's kubeconfig, or choose a context (kubectl config "
+                              "get-contexts lists them; kubectl config use-context NAME)"
+                        : "; that is the cluster of kubectl's context " + name + " in " + config +
+                              ": check that it is up, or choose another context (kubectl config get-contexts, "
+                              "kubectl config use-context NAME)";
+    break;
+  }
+  return why;
 }
 
 namespace {
@@ -251,7 +274,7 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   submit->callback([code] {
     auto spec = LoadOrReport(submit_c.spec);
     if (spec) {
-      for (const auto& w : ClusterWarnings(*spec, submit_c.spec.Sources().files[0])) {
+      for (const auto& w : ClusterWarnings(*spec, submit_c.spec.Sources().files[0], submit_c.format)) {
         std::fprintf(stderr, "warning: %s\n", w.c_str());
       }
     }
