@@ -20,6 +20,10 @@ constexpr int64_t kMaxFileBytes = int64_t{256} << 20;
 
 Status Bad(const std::string& path, const std::string& what) { return InvalidArgument(path + ": " + what); }
 
+// An idx1 file (Fashion-MNIST's *-labels-idx1-ubyte) where pictures were expected.
+constexpr const char* kLabelsNotImages =
+    "an idx1 labels file, not images: give the images file itself (the *-images-idx3-ubyte beside it)";
+
 }  // namespace
 
 Result<ImageSet> ReadImageFile(const std::string& path) {
@@ -80,6 +84,7 @@ Result<ImageHeader> ReadImageHeader(const std::string& path) {
     std::string idx(16, '\0');
     const int got = ::gzread(gz, idx.data(), 16);
     ::gzclose(gz);
+    if (got >= 4 && std::memcmp(idx.data(), "\0\0\x08\x01", 4) == 0) return Bad(path, kLabelsNotImages);
     if (got != 16 || std::memcmp(idx.data(), "\0\0\x08\x03", 4) != 0) return Bad(path, "not an idx3 image file");
     h.count = be32(idx, 4);
     h.rows = be32(idx, 8);
@@ -114,7 +119,8 @@ Result<ImageHeader> ReadImageHeader(const std::string& path) {
       return h;
     }
   }
-  return Bad(path, "not a PNG, JPEG, PGM or PPM image (for idx files, give the images file itself)");
+  if (head.size() >= 4 && std::memcmp(head.data(), "\0\0\x08\x01", 4) == 0) return Bad(path, kLabelsNotImages);
+  return Bad(path, "not a PNG, JPEG, PGM or PPM image");
 }
 
 }  // namespace trainctl::data

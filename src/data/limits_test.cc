@@ -133,6 +133,30 @@ TEST(ImageLimits, TruncatedJpegsAreBadNotGrey) {
   EXPECT_FALSE(DecodeImage(cut, "cut.jpg").ok());
 }
 
+// A labels file given for pictures is named as one (plain or gzipped, as Debian ships them);
+// any other file that is no picture gets no word about idx files (issue 75).
+TEST(ImageLimits, OnlyAnIdxLabelsFileGetsTheIdxHint) {
+  const fs::path dir = fs::temp_directory_path() / ("trainctl-idx-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string labels("\0\0\x08\x01\0\0\0\x02\x01\x02", 10);
+  ASSERT_TRUE(AtomicWriteFile((dir / "t10k-labels-idx1-ubyte").string(), labels).ok());
+  gzFile gz = ::gzopen((dir / "labels.gz").c_str(), "wb");
+  ASSERT_NE(gz, nullptr);
+  ASSERT_EQ(::gzwrite(gz, labels.data(), labels.size()), static_cast<int>(labels.size()));
+  ::gzclose(gz);
+  ASSERT_TRUE(AtomicWriteFile((dir / "notes.txt").string(), "a text file, no picture").ok());
+  for (const char* name : {"t10k-labels-idx1-ubyte", "labels.gz"}) {
+    auto h = ReadImageHeader((dir / name).string());
+    ASSERT_FALSE(h.ok()) << name;
+    EXPECT_NE(h.status().message().find("an idx1 labels file, not images: give the images file itself"),
+              std::string::npos) << h.status().message();
+  }
+  auto notes = ReadImageHeader((dir / "notes.txt").string());
+  ASSERT_FALSE(notes.ok());
+  EXPECT_EQ(notes.status().message(), (dir / "notes.txt").string() + ": not a PNG, JPEG, PGM or PPM image");
+  fs::remove_all(dir);
+}
+
 // A 17-byte PPM whose header promises 8192 x 8192: refused before anything is allocated.
 TEST(ImageLimits, APnmHeaderThatPromisesMoreThanTheFileHoldsAllocatesNothing) {
   const long before = PeakMib();
