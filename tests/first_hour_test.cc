@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <regex>
 #include <nlohmann/json.hpp>
 
 #include "common/exit_codes.h"
@@ -322,7 +323,136 @@ TEST(FirstHour, ARunEndedByMaxStepsIsEvaluated) {
   EXPECT_GT(FinalAccuracy(s, "out"), 0.05);
   EXPECT_NE(r.output.find("test accuracy"), std::string::npos) << r.output;
   EXPECT_EQ(s.Read("out/metrics.jsonl").find("\"epoch_seconds\""), std::string::npos) << "a part of an epoch";
+  // Every step is in a record (fewer than log_every's 50 here): the samples Prometheus counts.
+  double steps = 0, samples = 0;
+  for (const auto& line : SplitLines(s.Read("out/metrics.jsonl"))) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("window_steps")) continue;
+    steps += j["window_steps"].get<double>();
+    samples += j["samples_per_s"].get<double>() * j["window_seconds"].get<double>();
+  }
+  EXPECT_EQ(steps, 5);
+  EXPECT_NEAR(samples, 5 * 32, 0.5);
 }
 
+
+// A job's name that two directories ran means the run in (or under) the working directory, else
+// is refused naming each; a directory of that name without a model is taken for the name, said;
+// a job still running is evaluated from its newest checkpoint, said with its step; eval and
+// predict always name the run and the file.
+TEST(FirstHour, EvalByNameTakesTheRunHereAndSaysWhichItTook) {
+  Scratch s;
+  const Env env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+  const std::string spec = "name: twice\nprocs_per_node: 1\noutput_dir: out\ntrainer:\n  model: cnn\n"
+                           "  data: {limit: 256, test_limit: 64}\n  batch_size: 32\n  max_steps: 3\n  threads: 1\n";
+  std::string ids[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string dir = i == 0 ? "a" : "b";
+    s.Write(dir + "/job.yaml", spec);
+    ASSERT_EQ(Trainctl({"run", "job.yaml"}, s.path(dir), seconds(120), env).exit.code, 0);
+    ids[i] = ReadStatus(s, dir + "/out")["run_id"];
+  }
+  auto above = Trainctl({"eval", "twice"}, s.path(""), seconds(60), env);
+  EXPECT_EQ(above.exit.code, kExitInvalidSpec) << above.output;
+  EXPECT_NE(above.output.find("job twice ran in 2 output directories, several under this one"), std::string::npos)
+      << above.output;
+  for (const auto& id : ids) EXPECT_NE(above.output.find(id + " (succeeded, in "), std::string::npos) << above.output;
+  auto in_a = Trainctl({"eval", "twice", "-o", "json"}, s.path("a"), seconds(60), env);
+  ASSERT_EQ(in_a.exit.code, 0) << in_a.output;
+  EXPECT_NE(in_a.output.find("trainctl eval: run " + ids[0] + " of job twice: " + s.path("a/out/model.safetensors")),
+            std::string::npos) << in_a.output;
+  auto in_b = Trainctl({"predict", "--checkpoint", "twice", kSrc + "/examples/images/ankle-boot.png"}, s.path("b"),
+                       seconds(60), env);
+  ASSERT_EQ(in_b.exit.code, 0) << in_b.output;
+  EXPECT_NE(in_b.output.find("trainctl predict: run " + ids[1] + " of job twice: "), std::string::npos) << in_b.output;
+  // A folder named like the job (a dataset's, say) holds no model: the job's name, said so.
+  ASSERT_TRUE(MakeDirs(s.path("a/twice")).ok());
+  auto folder = Trainctl({"eval", "twice", "-o", "json"}, s.path("a"), seconds(60), env);
+  ASSERT_EQ(folder.exit.code, 0) << folder.output;
+  EXPECT_NE(folder.output.find("twice is a directory here without a model or checkpoint"), std::string::npos)
+      << folder.output;
+  EXPECT_NE(folder.output.find("taking it as the job's name"), std::string::npos) << folder.output;
+  ASSERT_TRUE(MakeDirs(s.path("a/nothing")).ok());
+  auto nothing = Trainctl({"eval", "nothing"}, s.path("a"), seconds(60), env);
+  EXPECT_EQ(nothing.exit.code, kExitInvalidSpec) << nothing.output;
+  EXPECT_NE(nothing.output.find("and no job of that name ran on this machine"), std::string::npos) << nothing.output;
+  // A run still training: its newest checkpoint, and that it is running.
+  s.Write("c/job.yaml", "name: busy\nprocs_per_node: 1\noutput_dir: out\ntrainer:\n  model: cnn\n"
+                        "  data: {limit: 256, test_limit: 64}\n  batch_size: 32\n  epochs: 100000\n"
+                        "  checkpoint_every: 2\n  threads: 1\n");
+  Background busy({"run", "job.yaml"}, s.path("c"), s.path("busy.log"), env);
+  auto checkpointed = [&] {
+    std::error_code ec;
+    return std::filesystem::exists(s.path("c/out/checkpoints"), ec) &&
+           !std::filesystem::is_empty(s.path("c/out/checkpoints"), ec);
+  };
+  ASSERT_TRUE(Eventually(checkpointed, seconds(120))) << busy.Output();
+  auto running = Trainctl({"eval", "busy", "-o", "json"}, s.path("c"), seconds(60), env);
+  EXPECT_EQ(running.exit.code, 0) << running.output;
+  EXPECT_NE(running.output.find("of job busy (still running: its newest checkpoint): " +
+                                s.path("c/out/checkpoints/ckpt-")), std::string::npos) << running.output;
+  EXPECT_NE(running.output.find(".safetensors, step "), std::string::npos) << running.output;
+  EXPECT_EQ(Trainctl({"stop", "busy"}, s.path("c"), seconds(60), env).exit.code, 0);
+  EXPECT_NE(busy.Wait(seconds(60)).code, 0);
+}
+
+// Bad pictures in a streamed folder under two ranks (issue 75): a truncated JPEG is flagged (not
+// decoded with its missing part grey); skipped-images.txt names each bad file once, the first
+// one the log names among them, whichever rank skipped it, also for a run max_steps ends; and the
+// count is logged every epoch.
+TEST(FirstHour, BadPicturesAreCountedEveryEpochAndNamedOnce) {
+  Scratch s;
+  const Env env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
+  PicturesFolder(s, "photos", 3, 24);
+  PicturesFolder(s, "test", 3, 6);
+  namespace fs = std::filesystem;
+  std::vector<std::string> bad;
+  for (const auto& e : fs::directory_iterator(s.path("photos"))) {
+    for (const auto& f : fs::directory_iterator(e.path())) {
+      const std::string cut = e.path().string() + "/cut-" + f.path().filename().string();
+      const std::string whole = s.Read(fs::relative(f.path(), s.path("")).string());
+      ASSERT_GT(whole.size(), 400u);
+      s.Write(fs::relative(cut, s.path("")).string(), whole.substr(0, whole.size() / 2));
+      bad.push_back(fs::path(cut).filename().string());
+      break;
+    }
+  }
+  ASSERT_EQ(bad.size(), 3u);
+  auto spec = [&](const std::string& name, const std::string& steps) {
+    return s.Write(name + ".yaml", "name: " + name + "\nprocs_per_node: 2\noutput_dir: " + s.path(name) +
+                                       "\ntrainer:\n  model: cnn\n  data: {dataset: imagefolder, dir: photos, "
+                                       "test_dir: test, shape: [1, 28, 28], load: stream}\n  batch_size: 8\n"
+                                       "  threads: 1\n" + steps);
+  };
+  for (const auto& [name, steps] : std::vector<std::pair<std::string, std::string>>{
+           {"epochs", "  epochs: 3\n"}, {"short", "  epochs: 5\n  max_steps: 5\n"}}) {
+    auto r = Trainctl({"run", spec(name, steps)}, s.path(""), seconds(240), env);
+    ASSERT_EQ(r.exit.code, 0) << r.output;
+    const std::string list = s.Read(name + "/skipped-images.txt");
+    int listed = 0;
+    for (const auto& b : bad) listed += CountLines(list, b);
+    EXPECT_GE(listed, 1) << name << ": " << list;
+    for (const auto& line : SplitLines(list)) {
+      if (line.empty()) continue;
+      EXPECT_EQ(CountLines(list, line), 1) << name << ": listed twice: " << line;
+      EXPECT_NE(line.find("cut-"), std::string::npos) << name << ": a good picture listed: " << line;
+    }
+    // The first the log names is in the file.
+    const size_t first = r.output.find("picture file(s) skipped");
+    ASSERT_NE(first, std::string::npos) << r.output;
+    const size_t named = r.output.find("first: ", first);
+    ASSERT_NE(named, std::string::npos) << r.output;
+    const std::string first_line = r.output.substr(named + 7, r.output.find('\n', named) - named - 7);
+    EXPECT_NE(list.find(first_line), std::string::npos) << first_line << "\n" << list;
+    if (name == "epochs") {
+      for (int e = 1; e <= 3; ++e) {
+        EXPECT_NE(r.output.find("epoch " + std::to_string(e) + ": "), std::string::npos) << r.output;
+        EXPECT_TRUE(std::regex_search(r.output, std::regex("epoch " + std::to_string(e) +
+                                                           ": [0-9]+ picture file\\(s\\) skipped")))
+            << "epoch " << e << "\n" << r.output;
+      }
+    }
+  }
+}
 }  // namespace
 }  // namespace trainctl::testing

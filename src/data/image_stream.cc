@@ -1,12 +1,15 @@
 #include "data/image_stream.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <set>
 
 #include "common/cpus.h"
 #include "common/fs.h"
@@ -45,6 +48,39 @@ Status ReadPicture(const std::string& path, std::string* bytes) {
   return Status::Ok();
 }
 
+Status RecordSkipped(const std::string& file, const std::vector<std::string>& lines) {
+  if (lines.empty() || file.empty()) return Status::Ok();
+  const std::string dir = std::filesystem::path(file).parent_path().string();
+  if (!dir.empty()) RETURN_IF_ERROR(MakeDirs(dir));
+  const int fd = ::open(file.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return Internal(file + ": cannot open: " + std::strerror(errno));
+  // Every rank of the job appends to the one file: under its lock, each line once.
+  while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+  }
+  auto have = ReadAll(fd, file, int64_t{64} << 20);
+  Status st = have.ok() ? Status::Ok() : have.status();
+  std::string add;
+  if (st.ok()) {
+    std::set<std::string_view> seen;
+    for (std::string_view rest = *have; !rest.empty();) {
+      const size_t end = rest.find('\n');
+      seen.insert(rest.substr(0, end));
+      rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 1);
+    }
+    for (const auto& line : lines) {
+      if (seen.insert(line).second) add += line + "\n";
+    }
+  }
+  for (size_t done = 0; st.ok() && done < add.size();) {
+    const ssize_t n = ::write(fd, add.data() + done, add.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) st = Internal(file + ": cannot write: " + std::strerror(errno));
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+  ::close(fd);  // (and the lock with it)
+  return st;
+}
+
 int DefaultDecodeThreads(int workers) { return std::max(1, UsableCpus() / std::max(1, workers)); }
 
 ImageStream::ImageStream(std::shared_ptr<const FileList> list, StreamOptions options)
@@ -57,6 +93,9 @@ void ImageStream::Configure(int threads, uint64_t seed, const std::string& skipp
   o_.threads = std::max(1, threads);
   o_.seed = seed;
   o_.skipped_file = skipped_file;
+  // What was skipped before there was a file to name it in (a loader's first picture) goes there now.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = RecordSkipped(o_.skipped_file, skipped_new_); !st.ok() && skip_error_.empty()) skip_error_ = st.message();
 }
 
 void ImageStream::Start() {
@@ -122,16 +161,12 @@ void ImageStream::Decode(Batch* batch, int64_t i) {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
+      ++skips_;
+      if (first_skip_.empty()) first_skip_ = st.message();
       if (skipped_seen_.insert(at).second) {
         skipped_new_.push_back(st.message());
-        if (!o_.skipped_file.empty()) {
-          const int fd = ::open(o_.skipped_file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-          if (fd >= 0) {
-            const std::string line = st.message() + "\n";
-            ssize_t ignored = ::write(fd, line.data(), line.size());
-            (void)ignored;
-            ::close(fd);
-          }
+        if (Status wrote = RecordSkipped(o_.skipped_file, {st.message()}); !wrote.ok() && skip_error_.empty()) {
+          skip_error_ = wrote.message();
         }
       }
     }
@@ -204,6 +239,15 @@ std::vector<std::string> ImageStream::TakeSkipped() {
   std::vector<std::string> out;
   out.swap(skipped_new_);
   return out;
+}
+
+SkipCount ImageStream::TakeSkipCount() {
+  std::lock_guard<std::mutex> lock(mu_);
+  SkipCount c{skips_, std::move(first_skip_), std::move(skip_error_)};
+  skips_ = 0;
+  first_skip_.clear();
+  skip_error_.clear();
+  return c;
 }
 
 StreamStats ImageStream::Stats() const {

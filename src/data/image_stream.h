@@ -32,9 +32,18 @@ struct StreamOptions {
   // the list that does decode is taken in its place (the batch keeps its size; its label comes
   // with it), or with fail_on_bad, Get fails naming it.
   bool fail_on_bad = false;
-  // Where the names of skipped files are appended, each once ("" for nowhere).
+  // Where the names of skipped files are appended, each once, whichever process of the job
+  // skipped it (RecordSkipped; "" for nowhere).
   std::string skipped_file;
   uint64_t seed = 0;  // the views' draws: ImageDraw(seed, epoch, index)
+};
+
+// The files skipped since the last TakeSkipCount, each time one was (a file skipped in every
+// epoch counts in each), the first of them, and why they could not be named in the file.
+struct SkipCount {
+  int64_t count = 0;
+  std::string first;
+  std::string file_error;
 };
 
 // Per stage, seconds of thread time, summed over the pool's threads, and the images done.
@@ -63,6 +72,7 @@ class ImageStream {
   Status Get(const int64_t* indices, int64_t n, int64_t epoch, uint8_t* out, uint16_t* labels);
   // The names of the files skipped since the last call (each file once per process).
   std::vector<std::string> TakeSkipped();
+  SkipCount TakeSkipCount();
   StreamStats Stats() const;
   // Ends the pool's threads (they start again when needed): before a worker server forks.
   void Stop();
@@ -96,8 +106,14 @@ class ImageStream {
   bool stop_ = false;
   std::set<int64_t> skipped_seen_;
   std::vector<std::string> skipped_new_;
+  int64_t skips_ = 0;        // under mu_, as the two below
+  std::string first_skip_, skip_error_;
   std::atomic<int64_t> images_{0}, read_ns_{0}, decode_ns_{0}, resize_ns_{0};
 };
+
+// Appends to `file` each of `lines` it does not hold yet, under an exclusive lock of the file:
+// the processes of a job that skip pictures share one list, each name in it once.
+Status RecordSkipped(const std::string& file, const std::vector<std::string>& lines);
 
 // Reads the picture file at `path` whole into `bytes` (reused: no allocation once it is large
 // enough), opened without blocking, a regular file of at most 64 MiB.

@@ -133,13 +133,7 @@ Status Trainer::Setup() {
       if (set->skipped.empty()) continue;
       // One line, every name in a file beside the run's other output.
       const std::string file = spec_.output_dir + "/skipped-images.txt";
-      std::string names;
-      for (const auto& why : set->skipped) names += why + "\n";
-      Status st = MakeDirs(spec_.output_dir);
-      if (st.ok()) {
-        auto before = ReadFile(file, 64 << 20);  // the test split's after the training split's
-        st = AtomicWriteFile(file, (before.ok() ? *before : std::string()) + names);
-      }
+      const Status st = data::RecordSkipped(file, set->skipped);  // beside the streams' own
       LOG_WARN("{} picture file(s) skipped, not pictures that decode (data.bad_images: skip; {}), first: {}",
                set->skipped.size(), st.ok() ? "every name in " + file : st.message(), set->skipped[0]);
     }
@@ -524,6 +518,15 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       std::fflush(stdout);
     }
   }
+  if (loss_count > 0) {
+    // The steps since the last record (an epoch's or a max_steps run's last, fewer than log_every):
+    // recorded too, so that the samples and steps metrics.jsonl (and Prometheus) count are all of them.
+    Enter(comm::Phase::kCollective);
+    const double comm = strategy_->TakeWaitSeconds(s_);
+    epoch_comm += comm;
+    RETURN_IF_ERROR(LogStep(loss_sum.item<double>(), loss_count, lr, SecondsSince(window_start), window_samples,
+                            window_data, comm));
+  }
   double seconds = SecondsSince(epoch_start);
   const double waited = epoch_comm + strategy_->TakeWaitSeconds(s_);
   return EndEpoch(epoch, first_batch, count, seconds, waited);
@@ -589,16 +592,20 @@ Result<torch::Tensor> Trainer::Step(metrics::Timeline::Step& phases, double* dat
   return loss;
 }
 
+void Trainer::LogSkipped(data::ImageStream& stream, const std::string& when) {
+  const size_t fresh = stream.TakeSkipped().size();
+  const data::SkipCount c = stream.TakeSkipCount();
+  if (c.count == 0) return;
+  // Each rank its own shard's, every epoch; every name once in the file, whichever rank skipped it.
+  LOG_WARN("{}: {} picture file(s) skipped ({} not skipped before), each replaced by the next that decodes "
+           "(data.bad_images: skip; {}), first: {}", when, c.count, fresh,
+           c.file_error.empty() ? "every name in " + spec_.output_dir + "/skipped-images.txt" : c.file_error, c.first);
+}
+
 Status Trainer::EndEpoch(int64_t epoch, int64_t first_batch, int64_t count, double seconds, double waited) {
   LOG_INFO("epoch {}: {:.2f} s training, {:.2f} s of it waiting for the {}", epoch + 1, seconds,
            waited, strategy_->WaitName());
-  if (train_set_.stream) {  // each rank its own shard's: every name once, in the file
-    if (const auto skipped = train_set_.stream->TakeSkipped(); !skipped.empty()) {
-      LOG_WARN("epoch {}: {} picture file(s) skipped, each replaced by the next that decodes (data.bad_images: "
-               "skip; names in {}/skipped-images.txt), first: {}",
-               epoch + 1, skipped.size(), spec_.output_dir, skipped[0]);
-    }
-  }
+  if (train_set_.stream) LogSkipped(*train_set_.stream, "epoch " + std::to_string(epoch + 1));
   if (s_.rank == 0 && count > 0) {
     // An epoch begun by a resume or cut by max_steps is a part of one: its seconds are not an epoch's.
     const bool part = first_batch > 0 || s_.batch_in_epoch < s_.steps_per_epoch;
@@ -623,6 +630,7 @@ Status Trainer::EvalEpoch(int64_t epoch) {
   int64_t n = test_set_.count;
   ASSIGN_OR_RETURN(Confusion c,
                    Evaluate(*s_.model, test_set_, n * eval_rank / eval_world, n * (eval_rank + 1) / eval_world, norm_));
+  if (test_set_.stream) LogSkipped(*test_set_.stream, "epoch " + std::to_string(epoch + 1) + "'s test");
   std::vector<float> counts(c.counts.begin(), c.counts.end());
   RETURN_IF_ERROR(s_.comm->AllReduceSum(counts.data(), counts.size()));
   c.counts.assign(counts.begin(), counts.end());

@@ -143,6 +143,8 @@ class Trainer : private StateSource {
   // One training step: a batch, forward, backward, the gradients exchanged and applied at `*lr`.
   // Adds the seconds spent waiting for the batch to `*data_seconds`; returns the step's loss.
   Result<torch::Tensor> Step(metrics::Timeline::Step& phases, double* data_seconds, double* lr);
+  // The skips `stream` counted since the last call, logged (when any) for `when`.
+  void LogSkipped(data::ImageStream& stream, const std::string& when);
   // The epoch's end: its line in the log and, on rank 0, in metrics.jsonl (`count` steps in `seconds`).
   Status EndEpoch(int64_t epoch, int64_t first_batch, int64_t count, double seconds, double waited);
   Status EvalEpoch(int64_t epoch);
