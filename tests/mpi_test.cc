@@ -46,6 +46,21 @@ TEST(Mpi, AgentsStartedByMpirunRunTheJobWithTheirRanks) {
   }
 }
 
+// Two nodes on this one machine named as hosts (localhost,localhost): an agent per mention, the
+// store on loopback, which both reach.
+TEST(Mpi, ThisMachineNamedTwiceRunsTwoNodesWithALoopbackStore) {
+  RequireMpirun();
+  Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("mpi-twice", s.path("out"),
+      "command: [sh, -c, 'echo rank=$RANK of $WORLD_SIZE node=$GROUP_RANK']\n"));
+  auto r = Trainctl({"run", spec, "--target", "mpi", "--hosts", "localhost,localhost"}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.output.find("rank=" + std::to_string(rank) + " of 4 node=" + std::to_string(rank / 2)),
+              std::string::npos) << r.output;
+  }
+}
+
 TEST(Mpi, AFailedWorkerIsRestartedAcrossTheMpiAgents) {
   RequireMpirun();
   Scratch s;

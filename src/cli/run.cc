@@ -4,6 +4,7 @@
 #include "common/address.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
+#include "common/strings.h"
 #include "common/subprocess.h"
 #include "launch/local/local_launcher.h"
 
@@ -15,6 +16,17 @@ namespace {
 int LocalTaskLimit() {
   const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
   return static_cast<int>(std::max<long>(1024, 64 * std::max(1L, cpus)));
+}
+
+// Whether every host of --hosts is this machine (localhost,localhost: two nodes here), whose
+// agents reach a store on loopback.
+bool AllHostsHere(const LaunchOptions& o) {
+  if (o.mpi_hosts.empty() || !o.mpi_hostfile.empty()) return false;
+  for (const auto& h : Split(o.mpi_hosts, ',')) {
+    const std::string host = h.substr(0, h.find(':'));
+    if (!IsLoopbackHost(host) && !IsThisMachine(host)) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -67,7 +79,7 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
     } else if (slurm && GetEnv(CurrentEnvironment(), "SLURM_JOB_ID").value_or("").empty()) {
       bad_flags = "--target slurm runs inside a Slurm allocation (sbatch or salloc); to submit a "
                   "job, write its batch script with trainctl render --target slurm";
-    } else if (remote && spec->rendezvous.empty() && IsLoopbackHost(lo->store_host)) {
+    } else if (remote && spec->rendezvous.empty() && IsLoopbackHost(lo->store_host) && !AllHostsHere(*lo)) {
       bad_flags = "agents on other hosts cannot reach a store on " + lo->store_host +
                   "; give --store-host with this machine's address on their network (or a "
                   "rendezvous: etcd://... in the spec)";

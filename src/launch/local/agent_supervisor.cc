@@ -13,6 +13,7 @@
 
 #include "common/fork_server.h"
 #include "common/log.h"
+#include "common/strings.h"
 #include "job/agent_command.h"
 #include "job/keys.h"
 #include "job/paths.h"
@@ -118,7 +119,16 @@ std::vector<std::string> PlacementArgv(const JobSpec& spec, const LaunchOptions&
   if (options.mpi_hosts.empty() && options.mpi_hostfile.empty()) {
     argv.push_back("--oversubscribe");  // N agents on this machine, whatever its core count
   } else {
-    argv.insert(argv.end(), {"--map-by", "ppr:1:node"});
+    // One agent per host; a host named twice in --hosts (localhost,localhost: two nodes on one
+    // machine) has a slot per mention, and one agent per slot.
+    std::vector<std::string> named;
+    bool repeated = false;
+    for (const auto& h : Split(options.mpi_hosts, ',')) {
+      const std::string host = h.substr(0, h.find(':'));
+      repeated = repeated || std::find(named.begin(), named.end(), host) != named.end();
+      named.push_back(host);
+    }
+    argv.insert(argv.end(), {"--map-by", repeated ? "slot" : "ppr:1:node"});
     agent.insert(agent.end(), {"--host", "auto"});  // each agent's own host name
   }
   argv.insert(argv.end(), agent.begin(), agent.end());
