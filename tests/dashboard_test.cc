@@ -105,6 +105,9 @@ TEST_F(DashboardTest, ThePageShowsJobsCurvesLogsAndEvalInChromiumAndEscapesWhatR
   const std::string trained = dom(trained_id_, s_.path("trained.png"));
   EXPECT_NE(trained.find(trained_id_), std::string::npos);
   EXPECT_NE(trained.find(hostile_id_), std::string::npos);
+  // The front page says that a row opens its run, and each run id is a link to it.
+  EXPECT_NE(trained.find("<p id=\"jobs-hint\">Click a row, or its run id, to open that run"), std::string::npos) << trained;
+  EXPECT_NE(trained.find("<a href=\"#" + trained_id_ + "\">" + trained_id_ + "</a>"), std::string::npos) << trained;
   EXPECT_EQ(CountLines(std::regex_replace(trained, std::regex("<path class=\"curve\""), "\n@curve@\n"), "@curve@"), 3)
       << "loss, throughput and test accuracy";
   EXPECT_NE(trained.find("Accuracy of the model on 10000 test images: "), std::string::npos) << trained;

@@ -70,6 +70,7 @@ function lineChart(svg, xs, ys, empty) {
 
 function renderJobs(runs) {
   document.getElementById('no-jobs').hidden = runs.length > 0;
+  document.getElementById('jobs-hint').hidden = runs.length === 0;
   fillTable(document.querySelector('#jobs tbody'), runs.map((r) => {
     const tr = el('tr');
     tr.dataset.run = r.run_id;
@@ -78,6 +79,10 @@ function renderJobs(runs) {
                                 [r.elapsed], [r.output_dir]]) {
       tr.append(el('td', value, cls));
     }
+    // The run id is a link too: the row opens the run, and so do a keyboard and a middle click.
+    const link = el('a', r.run_id);
+    link.href = '#' + encodeURIComponent(r.run_id);
+    tr.children[1].replaceChildren(link);
     tr.addEventListener('click', () => { location.hash = encodeURIComponent(r.run_id); });
     return tr;
   }));
