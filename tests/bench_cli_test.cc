@@ -116,6 +116,13 @@ TEST(Bench, AMatrixRunsItsExperimentsAndTheReportDrawsThemInChromium) {
   EXPECT_EQ(all(chart("efficiency"), "class=\"tick barlabel\">([^<]*)<"),
             (std::vector<std::string>{"trainctl procs_per_node=1", "trainctl procs_per_node=2"}));
   EXPECT_EQ(all(chart("efficiency"), "class=\"bar\"[^>]*fill=\"([^\"]*)\""), all(chart("tta"), "class=\"bar\"[^>]*fill=\"([^\"]*)\""));
+  // The legend's labels whole, in lines that fit its column.
+  std::string legend;
+  for (const auto& line : all(chart("loss"), "<tspan[^>]*>([^<]*)</tspan>")) {
+    EXPECT_LE(line.size(), 26u) << line;
+    legend += line;
+  }
+  EXPECT_EQ(legend, "trainctl procs_per_node=1trainctl procs_per_node=2");
   const auto loss_colors = all(chart("loss"), "<polyline[^>]*stroke=\"([^\"]*)\"");
   EXPECT_EQ(loss_colors, all(chart("tta"), "class=\"bar\"[^>]*fill=\"([^\"]*)\""));
   const std::string summary = *ReadFile(dir + "/summary.md");

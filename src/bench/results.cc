@@ -171,6 +171,8 @@ std::string LineChart(const std::string& id, const std::string& title, const std
          "\" text-anchor=\"middle\" class=\"label\">" + Html(xlabel) + "</text>";
   svg += "<text x=\"14\" y=\"" + Fmt((T + H - B) / 2, "%.0f") + "\" transform=\"rotate(-90 14 " +
          Fmt((T + H - B) / 2, "%.0f") + ")\" text-anchor=\"middle\" class=\"label\">" + Html(ylabel) + "</text>";
+  constexpr size_t kLegendChars = 26;
+  double ly = T + 8;  // the next legend entry's first line
   for (size_t i = 0; i < series.size(); ++i) {
     const char* color = series[i].color;
     std::string pts;
@@ -183,10 +185,25 @@ std::string LineChart(const std::string& id, const std::string& title, const std
                "\" r=\"3\" fill=\"" + color + "\"/>";
       }
     }
-    const double ly = T + 14 * i + 8;
+    // The whole name, in lines that fit the legend's column (11 px text: 26 characters), broken
+    // after a space, comma, '=' or '/' where one is near the end.
+    std::vector<std::string> lines;
+    for (std::string rest = series[i].name; !rest.empty();) {
+      size_t cut = rest.size() <= kLegendChars ? rest.size() : rest.find_last_of(" ,=/", kLegendChars - 1);
+      cut = cut == std::string::npos || cut < kLegendChars / 2 ? std::min(rest.size(), kLegendChars)
+            : cut == rest.size()                              ? cut
+                                                              : cut + 1;
+      lines.push_back(rest.substr(0, cut));
+      rest.erase(0, cut);
+    }
     svg += "<rect x=\"" + Fmt(W - R + 10, "%.0f") + "\" y=\"" + Fmt(ly - 8, "%.0f") + "\" width=\"10\" height=\"10\" fill=\"" +
-           color + "\"/><text x=\"" + Fmt(W - R + 24, "%.0f") + "\" y=\"" + Fmt(ly + 1, "%.0f") +
-           "\" class=\"legend\">" + Html(series[i].name.substr(0, 34)) + "</text>";
+           color + "\"/><text class=\"legend\">";
+    for (const auto& line : lines) {
+      svg += "<tspan x=\"" + Fmt(W - R + 24, "%.0f") + "\" y=\"" + Fmt(ly + 1, "%.0f") + "\">" + Html(line) + "</tspan>";
+      ly += 13;
+    }
+    svg += "</text>";
+    ly += 3;
   }
   return svg + "</svg>";
 }
