@@ -76,6 +76,11 @@ object for every example and workload format, so a change to one needs the same 
 {{- toJson $res -}}
 {{- end -}}
 
+{{/* The requests and limits of a pod that does not train: .cpus and .memory (render's SideResources). */}}
+{{- define "trainctl.sideResources" -}}
+{{- include "trainctl.resources" (dict "r" (dict "cpus" .cpus "memory" .memory) "tasks" 1) -}}
+{{- end -}}
+
 {{/* `path` under the shared volume's mount unless it is absolute (render's Under). */}}
 {{- define "trainctl.under" -}}
 {{- if not .path }}{{ .mount }}{{ else if hasPrefix "/" .path }}{{ .path }}{{ else }}{{ .mount }}/{{ .path }}{{ end -}}
@@ -199,8 +204,9 @@ object for every example and workload format, so a change to one needs the same 
 {{- $_ := set $spec "securityContext" (dict "runAsNonRoot" true "runAsUser" 1000 "runAsGroup" 1000 "fsGroup" 1000 "seccompProfile" (dict "type" "RuntimeDefault")) -}}
 {{- $_ := set $spec "volumes" (include "trainctl.volumes" . | fromJsonArray) -}}
 {{- if .init }}{{ $_ := set $spec "initContainers" .init }}{{ end -}}
-{{- if .s.nodeSelector }}{{ $_ := set $spec "nodeSelector" .s.nodeSelector }}{{ end -}}
-{{- if .s.tolerations }}{{ $_ := set $spec "tolerations" .s.tolerations }}{{ end -}}
+{{- /* Only the pods that train get the node selector and tolerations (render's PodTemplate). */ -}}
+{{- if and .s.nodeSelector (eq .component "worker") }}{{ $_ := set $spec "nodeSelector" .s.nodeSelector }}{{ end -}}
+{{- if and .s.tolerations (eq .component "worker") }}{{ $_ := set $spec "tolerations" .s.tolerations }}{{ end -}}
 {{- if .s.pullSecret }}{{ $_ := set $spec "imagePullSecrets" (list (dict "name" .s.pullSecret)) }}{{ end -}}
 {{- toJson (dict "metadata" (dict "labels" (include "trainctl.labels" . | fromJson)) "spec" $spec) -}}
 {{- end -}}
