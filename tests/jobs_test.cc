@@ -46,7 +46,7 @@ TEST(Jobs, ARerunStartsFreshAndResumeSaysWhereItContinues) {
   EXPECT_EQ(second.output.find("resuming from"), std::string::npos) << second.output;
   EXPECT_TRUE(Exists(s.path("out/previous/" + first_id + "/checkpoints")));
   EXPECT_TRUE(Exists(s.path("out/previous/" + first_id + "/logs/worker-0.log")));
-  EXPECT_EQ(CountLines(s.Read("out/metrics.jsonl"), "\"step\": 4"), 1) << "the rerun trained its 4 steps";
+  EXPECT_EQ(CountLines(s.Read("out/metrics.jsonl"), "{\"step\": 4, "), 1) << "the rerun trained its 4 steps";
   auto resumed = Trainctl({"run", "job.yaml", "--resume", "--set", "trainer.max_steps=6"}, s.path(""), seconds(120),
                           StateIn(s));
   ASSERT_EQ(resumed.exit.code, 0) << resumed.output;

@@ -218,7 +218,8 @@ TEST(Preload, TheWarmInterpreterImportsNothingFromTheWorkingDirectory) {
   s.Write("code/ok.py", "import json, sys, helper\nprint('path0', sys.path[0], helper.WHERE, json.dumps(1))\n");
   auto r = Trainctl({"torchrun", "--preload", "json", "--nproc-per-node", "2", "--log-dir", s.path("out"),
                      s.path("code/ok.py")},
-                    s.path("shared"), std::chrono::seconds(60), {{"TRAINCTL_STATE_DIR", s.path("state")}});
+                    s.path("shared"), std::chrono::seconds(60),
+                    {{"TRAINCTL_STATE_DIR", s.path("state")}, {"TRAINCTL_PYTHON", TRAINCTL_TEST_PYTHON}});
   EXPECT_EQ(r.exit.code, 0) << r.output;
   EXPECT_EQ(CountLines(r.output, "path0 " + s.path("code") + " code 1"), 2) << r.output;
   EXPECT_EQ(r.output.find("each worker starts its own interpreter"), std::string::npos) << "not warm:\n" << r.output;

@@ -79,7 +79,7 @@ TEST(Security, AnotherUsersSnapshotLocationIsRefusedNotUsed) {
                                   : " belongs to uid 65534, not to this user (uid 64000); refusing to use it")),
               std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("resuming from"), std::string::npos) << r.output;
-    EXPECT_EQ(CountLines(s.Read("victim/metrics.jsonl"), "\"step\": 6"), 1) << "it did not train all its steps";
+    EXPECT_EQ(CountLines(s.Read("victim/metrics.jsonl"), "{\"step\": 6, "), 1) << "it did not train all its steps";
     // Nothing was written into or pruned from the attacker's directories.
     EXPECT_EQ(s.Read("attacker/ckpt-0000099999.safetensors"), "poison\n");
     if (!link) {
