@@ -65,20 +65,20 @@ std::optional<JobSpec> LoadOrReport(const SpecFlags& flags) {
 
 // "data: DIR: 1281167 training and 50000 test images in 1000 classes (list: from the cache, 0.8 s)":
 // from the listing a run reads (and keeps: data/file_list.h).
-std::string DescribeFolder(const DataSpec& d) {
+Result<std::string> DescribeFolder(const DataSpec& d) {
   data::ListOptions lo;
   lo.cache_dir = data::DefaultListCacheDir();
   lo.threads = 8;
   lo.holdout = d.test_dir.empty() ? d.holdout : 0;
   data::ListReport report;
   auto train = data::ListImageFolder(d.dir, lo, &report);
-  if (!train.ok()) return "data: " + train.status().message();
+  if (!train.ok()) return train.status();
   int64_t tests = 0;
   if (!d.test_dir.empty()) {
     data::ListOptions to = lo;
     to.classes = train->classes();
     auto test = data::ListImageFolder(d.test_dir, to);
-    if (!test.ok()) return "data: " + test.status().message();
+    if (!test.ok()) return test.status();
     tests = test->size();
   } else if (d.holdout > 0) {
     lo.test = true;
@@ -90,7 +90,7 @@ std::string DescribeFolder(const DataSpec& d) {
                 d.dir.c_str(), static_cast<long long>(train->size()), static_cast<long long>(tests),
                 train->classes().size(), report.from_cache ? "from the cache" : "made", report.seconds);
   if (!report.cache_refused.empty()) return line + std::string("\n  the list cache not used: ") + report.cache_refused;
-  return line;
+  return std::string(line);
 }
 
 void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
@@ -148,12 +148,24 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
       }
       module = "model: the TorchScript module " + t.torchscript + ": " + *checked;
     }
+    // The folders listed as a worker lists them (an empty class folder, a test class training
+    // lacks), before the spec is called valid: with a shape given, nothing above listed them.
+    std::string folder;
+    if (t.enabled && t.data.dataset == "imagefolder" && !*fields_only) {
+      auto described = DescribeFolder(t.data);
+      if (!described.ok()) {
+        std::fprintf(stderr, "%s: trainer.data: %s\n", spec_file.c_str(), described.status().message().c_str());
+        *code = kExitInvalidSpec;
+        return;
+      }
+      folder = *described;
+    }
     if (*print) {
       std::printf("%s\n", JobSpecToJson(*spec, 2).c_str());
     } else {
       std::printf("%s: valid: job %s, %s\n", Join(spec_flags->Sources().files, " + ").c_str(),
                   spec->name.c_str(), DescribeTasks(*spec).c_str());
-      if (t.enabled && t.data.dataset == "imagefolder" && !*fields_only) std::printf("%s\n", DescribeFolder(t.data).c_str());
+      if (!folder.empty()) std::printf("%s\n", folder.c_str());
       if (!shape_note.empty()) std::printf("%s\n", shape_note.c_str());
       if (!module.empty()) std::printf("%s\n", module.c_str());
       // The model's layer table (declared, or a built-in one's layers), as Keras's summary() prints it.
