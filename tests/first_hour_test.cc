@@ -275,6 +275,12 @@ TEST(FirstHour, ImageFoldersAreCheckedAsTheyWillBeRead) {
   auto empty = Trainctl({"validate", spec}, s.path(""));
   EXPECT_EQ(empty.exit.code, kExitInvalidSpec) << empty.output;
   EXPECT_NE(empty.output.find("specs/train/Empty: an empty class folder"), std::string::npos) << empty.output;
+  // With the shape given (nothing decodes a first picture), the same: never "valid" first.
+  auto shaped = Trainctl({"validate", spec, "--set", "trainer.data.shape=[1, 28, 28]"}, s.path(""));
+  EXPECT_EQ(shaped.exit.code, kExitInvalidSpec) << shaped.output;
+  EXPECT_NE(shaped.output.find("trainer.data: " + s.path("specs/train") + "/Empty: an empty class folder"),
+            std::string::npos) << shaped.output;
+  EXPECT_EQ(shaped.output.find(": valid: "), std::string::npos) << shaped.output;
 }
 
 // A .pt that run would refuse is refused by validate, which loads it and runs a batch of the
@@ -418,6 +424,14 @@ TEST(FirstHour, BadPicturesAreCountedEveryEpochAndNamedOnce) {
     }
   }
   ASSERT_EQ(bad.size(), 3u);
+  // And one in the test folder: left out of the test's figures, as eval leaves it out.
+  for (const auto& e : fs::directory_iterator(s.path("test"))) {
+    const auto f = *fs::directory_iterator(e.path());
+    const std::string whole = s.Read(fs::relative(f.path(), s.path("")).string());
+    s.Write(fs::relative(e.path().string() + "/cut-" + f.path().filename().string(), s.path("")).string(),
+            whole.substr(0, whole.size() / 2));
+    break;
+  }
   auto spec = [&](const std::string& name, const std::string& steps) {
     return s.Write(name + ".yaml", "name: " + name + "\nprocs_per_node: 2\noutput_dir: " + s.path(name) +
                                        "\ntrainer:\n  model: cnn\n  data: {dataset: imagefolder, dir: photos, "
@@ -445,6 +459,12 @@ TEST(FirstHour, BadPicturesAreCountedEveryEpochAndNamedOnce) {
     const std::string first_line = r.output.substr(named + 7, r.output.find('\n', named) - named - 7);
     EXPECT_NE(list.find(first_line), std::string::npos) << first_line << "\n" << list;
     if (name == "epochs") {
+      // 18 good test pictures: training's figure and eval's count the same ones.
+      EXPECT_NE(r.output.find("epoch 3/3: test accuracy "), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find(" (18 images)"), std::string::npos) << r.output;
+      auto eval = Trainctl({"eval", "--checkpoint", s.path("epochs/model.safetensors")}, s.path(""), seconds(60), env);
+      EXPECT_EQ(eval.exit.code, 0) << eval.output;
+      EXPECT_NE(eval.output.find("Accuracy of the network on the 18 test images"), std::string::npos) << eval.output;
       for (int e = 1; e <= 3; ++e) {
         EXPECT_NE(r.output.find("epoch " + std::to_string(e) + ": "), std::string::npos) << r.output;
         EXPECT_TRUE(std::regex_search(r.output, std::regex("epoch " + std::to_string(e) +

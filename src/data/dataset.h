@@ -71,6 +71,10 @@ struct FolderOptions {
   // A file that is not a decodable image: skipped, and named in Folder::skipped (a streamed one:
   // in skipped_file, and another image decoded in its place); else the load fails naming it.
   bool skip_bad = true;
+  // Streamed and skip_bad: a file that does not decode is left out of its batch (its label
+  // kLeftOut, its pixels zero) instead of replaced by the next that does: a test split's figures
+  // count each picture once, as a split decoded into memory (which leaves it out) does.
+  bool leave_out_bad = false;
   // With holdout > 0 the folder is split by a hash of each image's path: the fraction `holdout`
   // is the test split (test: true), the rest the training split. The same folder splits the same
   // way on every worker and every run.

@@ -81,6 +81,7 @@ Result<Folder> LoadImageFolder(const std::string& dir, const FolderOptions& o) {
     so.view = o.view;
     so.threads = o.threads;
     so.fail_on_bad = !o.skip_bad;
+    so.leave_out_bad = o.leave_out_bad;
     so.skipped_file = o.skipped_file;
     so.seed = o.seed;
     set.stream = std::make_shared<ImageStream>(std::make_shared<const FileList>(std::move(list)), so);

@@ -174,6 +174,11 @@ void ImageStream::Decode(Batch* batch, int64_t i) {
       batch->errors[static_cast<size_t>(i)] = st.message() + " (data.bad_images: fail)";
       return;
     }
+    if (o_.leave_out_bad) {
+      std::memset(out, 0, static_cast<size_t>(image_bytes()));
+      batch->labels[static_cast<size_t>(i)] = kLeftOut;
+      return;
+    }
   }
   batch->errors[static_cast<size_t>(i)] = "no picture decodes among " + std::to_string(kTries) + " files from " +
                                           list_->Path(batch->indices[static_cast<size_t>(i)]) + " on";

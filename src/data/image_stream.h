@@ -32,11 +32,17 @@ struct StreamOptions {
   // the list that does decode is taken in its place (the batch keeps its size; its label comes
   // with it), or with fail_on_bad, Get fails naming it.
   bool fail_on_bad = false;
+  // Instead of the next file: the image is left out, its label kLeftOut and its pixels zero (a
+  // test split, whose every picture counts once).
+  bool leave_out_bad = false;
   // Where the names of skipped files are appended, each once, whichever process of the job
   // skipped it (RecordSkipped; "" for nowhere).
   std::string skipped_file;
   uint64_t seed = 0;  // the views' draws: ImageDraw(seed, epoch, index)
 };
+
+// The label of an image a batch leaves out (StreamOptions::leave_out_bad): no class.
+constexpr uint16_t kLeftOut = 0xFFFF;
 
 // The files skipped since the last TakeSkipCount, each time one was (a file skipped in every
 // epoch counts in each), the first of them, and why they could not be named in the file.

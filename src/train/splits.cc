@@ -77,6 +77,7 @@ Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
     data::FolderOptions o;
     o.view = FolderView(spec, train);
     o.skip_bad = spec.bad_images != "fail";
+    o.leave_out_bad = !train;  // a test picture that does not decode counts nowhere, not as another
     o.limit = limit;
     o.threads = spec.threads > 0 ? spec.threads : UsableCpus();
     o.cache_dir = data::DefaultListCacheDir();

@@ -597,8 +597,9 @@ void Trainer::LogSkipped(data::ImageStream& stream, const std::string& when) {
   const data::SkipCount c = stream.TakeSkipCount();
   if (c.count == 0) return;
   // Each rank its own shard's, every epoch; every name once in the file, whichever rank skipped it.
-  LOG_WARN("{}: {} picture file(s) skipped ({} not skipped before), each replaced by the next that decodes "
-           "(data.bad_images: skip; {}), first: {}", when, c.count, fresh,
+  LOG_WARN("{}: {} picture file(s) skipped ({} not skipped before), each {} (data.bad_images: skip; {}), first: {}",
+           when, c.count, fresh,
+           stream.options().leave_out_bad ? "left out of the test's figures" : "replaced by the next that decodes",
            c.file_error.empty() ? "every name in " + spec_.output_dir + "/skipped-images.txt" : c.file_error, c.first);
 }
 
