@@ -57,7 +57,7 @@ struct AgentOptions {
   bool color_output = false;
   std::atomic<int>* group_rank = nullptr;  // if set: this node's group rank in the current round
   // How often a round's watch reads the store (the stop key, the round's end; a task's exit
-  // wakes it at once). Jobs of many nodes read less often: 0.1 ms x nodes, up to 200 ms, so
+  // wakes it at once). Jobs of many nodes read less often: 0.25 ms x nodes, up to 1 s, so
   // that a thousand agents polling do not become the store's whole load; a job of one node every
   // 500 ms, since its launcher nudges it to stop (kNudgeSignal).
   Duration poll_interval = std::chrono::milliseconds(50);

@@ -29,7 +29,7 @@ struct ModelMeta {
   int classes = 0;              // 2 to 4096
   std::vector<float> mean, std; // one per channel; finite; std > 0
 };
-// kInvalidArgument: "<source>: metadata field 'classes' is '0', expected a whole number from 2 to 256".
+// kInvalidArgument: "<source>: metadata field 'classes' is '0', expected a whole number from 2 to 4096".
 Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source);
 
 // Where training stood: a checkpoint's, not an exported model's (which lacks these fields).
