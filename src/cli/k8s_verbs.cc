@@ -147,7 +147,9 @@ int Submit(const JobSpec& s, const std::string& format) {
     if (!made.ok()) return Fail("submit", made.status());
     if (made->exit.code != 0) return Fail("submit", Unavailable("cannot create the token Secret " + secret + ": " + KubectlWhy(*made)));
   }
-  auto applied = Kubectl({"apply", "-f", "-"}, k8s::ToYaml(k8s::Render(s, format)));
+  auto objects = k8s::Render(s, format);
+  k8s::SetSubmissionRunId(&objects, s.name + "-" + RandomHex(4));  // as a local run's: <name>-<8 hex>
+  auto applied = Kubectl({"apply", "-f", "-"}, k8s::ToYaml(objects));
   if (!applied.ok()) return Fail("submit", applied.status());
   std::fputs(applied->output.c_str(), stdout);
   if (applied->exit.code != 0) return Fail("submit", Unavailable("kubectl apply failed"));

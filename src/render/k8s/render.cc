@@ -768,6 +768,22 @@ std::vector<json> Render(const JobSpec& spec, const std::string& format) {
   return Renderer(spec, format).All();
 }
 
+void SetSubmissionRunId(std::vector<json>* objects, const std::string& run_id) {
+  for (json& o : *objects) {
+    const char* replicas = o.value("kind", "") == "PyTorchJob" ? "pytorchReplicaSpecs"
+                           : o.value("kind", "") == "TFJob"    ? "tfReplicaSpecs"
+                                                               : nullptr;
+    if (!replicas || !o.contains("spec") || !o["spec"].contains(replicas)) continue;
+    for (auto& [type, r] : o["spec"][replicas].items()) {
+      for (json& c : r["template"]["spec"]["containers"]) {
+        for (json& e : c["env"]) {
+          if (e.value("name", "") == "TRAINCTL_RUN_ID") e["value"] = run_id;
+        }
+      }
+    }
+  }
+}
+
 std::string ToYaml(const std::vector<json>& docs) {
   std::string text;
   for (size_t i = 0; i < docs.size(); ++i) {

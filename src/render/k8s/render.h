@@ -42,6 +42,11 @@ Status CheckFormat(const JobSpec& spec, const std::string& format);
 // The manifests, in apply order. `format` is one of kFormats and passed CheckFormat.
 std::vector<nlohmann::json> Render(const JobSpec& spec, const std::string& format);
 
+// For `submit`: the agents' TRAINCTL_RUN_ID set to `run_id` (a fresh one per submission) in the
+// formats whose pods learn no uid of their object (the Training Operator's PyTorchJob and TFJob:
+// no label carries it); the other formats' pods take theirs from a uid and are left as they are.
+void SetSubmissionRunId(std::vector<nlohmann::json>* objects, const std::string& run_id);
+
 // Multi-document YAML ("---" between documents), keys sorted.
 std::string ToYaml(const std::vector<nlohmann::json>& docs);
 

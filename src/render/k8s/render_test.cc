@@ -251,6 +251,29 @@ TEST(Render, OnlyTrainingPodsHoldGpuNodesAndEveryOtherPodHasResources) {
   EXPECT_GE(side, 6);  // eval, TensorBoard, staging, the MPI launcher, etcd
 }
 
+// submit gives the PyTorchJob's and TFJob's agents a fresh run id (their pods see no uid of the
+// object); the formats whose pods read one from a uid label keep theirs.
+TEST(Render, SubmitGivesTheTrainingOperatorsFormatsAFreshRunId) {
+  for (const char* format : {"pytorchjob", "tfjob", "job", "trainjob"}) {
+    auto objects = Render(Parse(kSpec), format);
+    SetSubmissionRunId(&objects, "fm-0123abcd");
+    int agents = 0;
+    const bool fresh = std::string(format) == "pytorchjob" || std::string(format) == "tfjob";
+    for (const auto& o : objects) {
+      for (const auto& t : PodTemplates(o)) {
+        for (const auto& c : t["spec"]["containers"]) {
+          for (const auto& e : c.value("env", json::array())) {
+            if (e["name"] != "TRAINCTL_RUN_ID") continue;
+            ++agents;
+            EXPECT_EQ(e["value"], fresh ? "fm-0123abcd" : "fm-$(JOB_UID)") << format;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(agents > 0, std::string(format) != "trainjob") << format;  // a TrainJob's env is its trainer's
+  }
+}
+
 TEST(Render, ElasticJobsGetAnEtcdAndRanksByArrival) {
   JobSpec spec = Parse(kSpec);
   spec.nodes.min = 1;
