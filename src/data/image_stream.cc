@@ -52,8 +52,15 @@ Status RecordSkipped(const std::string& file, const std::vector<std::string>& li
   if (lines.empty() || file.empty()) return Status::Ok();
   const std::string dir = std::filesystem::path(file).parent_path().string();
   if (!dir.empty()) RETURN_IF_ERROR(MakeDirs(dir));
-  const int fd = ::open(file.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // In the run's directory: a FIFO or a device planted there must not stall the decode thread
+  // that reads it (opened without blocking, refused unless it is a regular file).
+  const int fd = ::open(file.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
   if (fd < 0) return Internal(file + ": cannot open: " + std::strerror(errno));
+  struct stat info{};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(file + " is not a regular file; the skipped pictures are not named in it");
+  }
   // Every rank of the job appends to the one file: under its lock, each line once.
   while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
   }

@@ -157,6 +157,23 @@ TEST(ImageLimits, OnlyAnIdxLabelsFileGetsTheIdxHint) {
   fs::remove_all(dir);
 }
 
+// The list of skipped pictures sits in the run's directory: a FIFO planted under its name is
+// refused at once (a decode thread reading it would wait forever), and a file gets each line once.
+TEST(ImageLimits, TheSkippedPicturesListIsARegularFileWithEachNameOnce) {
+  const fs::path dir = fs::temp_directory_path() / ("trainctl-skips-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string fifo = (dir / "fifo.txt").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const Status planted = RecordSkipped(fifo, {"a.jpg: damaged"});
+  ASSERT_FALSE(planted.ok());
+  EXPECT_NE(planted.message().find("is not a regular file"), std::string::npos) << planted.message();
+  const std::string list = (dir / "skipped-images.txt").string();
+  ASSERT_TRUE(RecordSkipped(list, {"a.jpg: damaged", "b.jpg: damaged"}).ok());
+  ASSERT_TRUE(RecordSkipped(list, {"b.jpg: damaged", "c.jpg: damaged"}).ok());
+  EXPECT_EQ(*ReadFile(list, 1 << 20), "a.jpg: damaged\nb.jpg: damaged\nc.jpg: damaged\n");
+  fs::remove_all(dir);
+}
+
 // A 17-byte PPM whose header promises 8192 x 8192: refused before anything is allocated.
 TEST(ImageLimits, APnmHeaderThatPromisesMoreThanTheFileHoldsAllocatesNothing) {
   const long before = PeakMib();
