@@ -153,7 +153,7 @@ Result<std::string> ModelPath(const std::string& verb, const std::string& arg) {
   const bool by_id = found->run_id == arg;
   struct Candidate {
     runs::RunEntry entry;
-    std::string model, dir;
+    std::string model;
     RunState state;
   };
   std::vector<Candidate> with;       // the runs that have a model, newest first
@@ -170,7 +170,7 @@ Result<std::string> ModelPath(const std::string& verb, const std::string& arg) {
       if (with.empty()) without.push_back(e.run_id + " (" + std::string(RunStateName(v.state)) + ")");
       continue;
     }
-    with.push_back({e, model, v.dir, v.state});
+    with.push_back({e, model, v.state});
   }
   if (with.empty()) {
     return NotFound("job " + arg + ": none of its runs wrote a model or a checkpoint (" + Join(without, ", ") + ")");
