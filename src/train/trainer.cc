@@ -474,6 +474,20 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
   // Where each log window's time went (`trainctl top`): waiting for the next batch, waiting for
   // the other ranks' gradients (or the parameter servers), and the rest: compute.
   double window_data = 0, epoch_comm = 0;
+  // A record of the steps since the last (every log_every steps, and the epoch's last ones).
+  auto record = [&]() -> Status {
+    Enter(comm::Phase::kCollective);
+    const double comm = strategy_->TakeWaitSeconds(s_);
+    epoch_comm += comm;
+    RETURN_IF_ERROR(LogStep(loss_sum.item<double>(), loss_count, lr, SecondsSince(window_start), window_samples,
+                            window_data, comm));
+    window_data = 0;
+    loss_sum.zero_();
+    loss_count = 0;
+    window_samples = 0;
+    window_start = Clock::now();
+    return Status::Ok();
+  };
   for (int64_t i = 0; i < count; ++i) {
     if (timeline_ && s_.step == timeline_->last()) {  // the steps are all there
       Enter(comm::Phase::kRecording);
@@ -489,16 +503,7 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
     loss_count += 1;
     window_samples += s_.batch * s_.world;
     if (s_.step % t_.log_every == 0) {
-      Enter(comm::Phase::kCollective);
-      const double comm = strategy_->TakeWaitSeconds(s_);
-      epoch_comm += comm;
-      RETURN_IF_ERROR(LogStep(loss_sum.item<double>(), loss_count, lr, SecondsSince(window_start),
-                              window_samples, window_data, comm));
-      window_data = 0;
-      loss_sum.zero_();
-      loss_count = 0;
-      window_samples = 0;
-      window_start = Clock::now();
+      RETURN_IF_ERROR(record());
       phases.End("log");
     }
     if (t_.checkpoint_every > 0 && s_.step % t_.checkpoint_every == 0) {
@@ -518,15 +523,9 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       std::fflush(stdout);
     }
   }
-  if (loss_count > 0) {
-    // The steps since the last record (an epoch's or a max_steps run's last, fewer than log_every):
-    // recorded too, so that the samples and steps metrics.jsonl (and Prometheus) count are all of them.
-    Enter(comm::Phase::kCollective);
-    const double comm = strategy_->TakeWaitSeconds(s_);
-    epoch_comm += comm;
-    RETURN_IF_ERROR(LogStep(loss_sum.item<double>(), loss_count, lr, SecondsSince(window_start), window_samples,
-                            window_data, comm));
-  }
+  // The steps since the last record (an epoch's or a max_steps run's last, fewer than log_every):
+  // recorded too, so that the samples and steps metrics.jsonl (and Prometheus) count are all of them.
+  if (loss_count > 0) RETURN_IF_ERROR(record());
   double seconds = SecondsSince(epoch_start);
   const double waited = epoch_comm + strategy_->TakeWaitSeconds(s_);
   return EndEpoch(epoch, first_batch, count, seconds, waited);
