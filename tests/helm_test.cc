@@ -90,6 +90,8 @@ TEST(Helm, TheChartMakesWhatRenderMakesForEveryExampleFormatAndEnvironment) {
       {base, "job", "default", {"-f", nulls, "--set", "restart.max_restarts=7"}},
       {base, "pytorchjob", "ml-prod", {"-f", "examples/k8s/prod.yaml"}},
       {base, "tfjob", "ml", {"--set", "cluster.token_secret=team-token"}},
+      // Part of the side pods' resources: the rest stays the default, field by field.
+      {base, "job", "ml", {"--set", "cluster.eval_resources.cpus=0.25", "--set", "cluster.tensorboard_resources.memory=1Gi"}},
       {base, "mpijob", "ml", {}},
       {base, "trainjob", "ml", {}},
       {"examples/hello.yaml", "job", "default", {}},

@@ -143,7 +143,7 @@ void Decoder::DecodeResources(const Node& n, const std::string& p, ResourcesSpec
 void Decoder::DecodeCluster(const Node& n, ClusterSpec* c) {
   const std::string p = "cluster";
   if (!Section(n, p, {"image", "image_pull_secret", "namespace", "token_secret", "storage", "stage",
-                      "tensorboard", "tensorboard_image", "metrics_port", "pod_monitor", "node_selector",
+                      "tensorboard", "tensorboard_image", "eval_resources", "tensorboard_resources", "metrics_port", "pod_monitor", "node_selector",
                       "tolerations"})) {
     return;
   }
@@ -158,6 +158,10 @@ void Decoder::DecodeCluster(const Node& n, ClusterSpec* c) {
   Field(n, p, "pod_monitor", &c->pod_monitor, Boolean());
   if (const Node* port = Child(n, "metrics_port")) {
     if (auto v = Int(*port, p + ".metrics_port", 0, 65535)) c->metrics_port = static_cast<int>(*v);
+  }
+  if (const Node* r = Child(n, "eval_resources")) DecodeResources(*r, p + ".eval_resources", &c->eval_resources);
+  if (const Node* r = Child(n, "tensorboard_resources")) {
+    DecodeResources(*r, p + ".tensorboard_resources", &c->tensorboard_resources);
   }
   if (const Node* st = Child(n, "storage")) DecodeStorage(*st, p + ".storage", &c->storage);
   if (const Node* st = Child(n, "stage")) DecodeStage(*st, p + ".stage", &c->stage);

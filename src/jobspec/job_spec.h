@@ -188,6 +188,10 @@ struct ClusterSpec {
   StageSpec stage;
   bool tensorboard = true;
   std::string tensorboard_image = "tensorflow/tensorflow:2.15.0";
+  // The pods that do not train: the eval Job's (a ResNet-50 on a CPU, its test set in batches;
+  // it holds them from the job's start, waiting for the model) and TensorBoard's.
+  ResourcesSpec eval_resources{2, int64_t{4} << 30, 0};
+  ResourcesSpec tensorboard_resources{0.5, int64_t{2} << 30, 0};
   int metrics_port = 9400;           // each pod's agent serves /metrics here (the job's token); 0: not
   bool pod_monitor = false;          // render a PodMonitor (Prometheus Operator) that scrapes it
   std::vector<std::pair<std::string, std::string>> node_selector;

@@ -152,6 +152,8 @@ ordered_json Cluster(const ClusterSpec& c) {
   }
   j["tensorboard"] = c.tensorboard;
   j["tensorboard_image"] = c.tensorboard_image;
+  j["eval_resources"] = Resources(c.eval_resources);
+  j["tensorboard_resources"] = Resources(c.tensorboard_resources);
   j["metrics_port"] = c.metrics_port;
   j["pod_monitor"] = c.pod_monitor;
   if (!c.node_selector.empty()) j["node_selector"] = Env(c.node_selector);

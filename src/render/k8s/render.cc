@@ -473,8 +473,7 @@ class Renderer {
     return Object("v1", "PersistentVolumeClaim", n_.data, "storage", {{"spec", spec}});
   }
 
-  // Only the job's own pods reach the job's pods, on any port (the store, Gloo, NCCL, etcd).
-  // Only the job's own pods reach its pods; the agents' metrics port (token-guarded) is open to
+  // Only the job's own pods reach its pods, on any port (the store, Gloo, NCCL, etcd); the agents' metrics port (token-guarded) is open to
   // the cluster's Prometheus, wherever it runs.
   json Policy() const {
     json job_pods = {{"matchLabels", {{"trainctl.dev/job", n_.job}}}};
@@ -557,7 +556,7 @@ class Renderer {
     const Duration limit = s_.timeouts.job.count() > 0 ? s_.timeouts.job : Duration(std::chrono::hours(24 * 7));
     json command = {"trainctl", "eval", "--checkpoint", model, "-o", "json"};
     json c = Container("eval", c_.image, command, json::array(), true);
-    c["resources"] = SideResources(2, 4096);  // a ResNet-50 on a CPU, its test set in batches
+    c["resources"] = PodResources(c_.eval_resources, 1);
     json tmpl = PodTemplate("eval", {c}, {WaitFor("model", model, limit)}, true);
     tmpl["spec"]["restartPolicy"] = "Never";
     return Object("batch/v1", "Job", n_.eval, "eval",
@@ -568,7 +567,7 @@ class Renderer {
     json command = {"tensorboard", "--logdir", pod_.output_dir, "--host", "0.0.0.0", "--port", "6006"};
     json c = Container("tensorboard", c_.tensorboard_image, command, json::array(), true);
     c["ports"] = {{{"name", "http"}, {"containerPort", 6006}}};
-    c["resources"] = SideResources(0.5, 2048);
+    c["resources"] = PodResources(c_.tensorboard_resources, 1);
     json tmpl = PodTemplate("tensorboard", {c}, json::array(), true);
     return Object("apps/v1", "Deployment", n_.tensorboard, "tensorboard",
                   {{"spec", {{"replicas", 1},

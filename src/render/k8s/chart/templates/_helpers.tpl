@@ -102,6 +102,9 @@ object for every example and workload format, so a change to one needs the same 
 {{- $_ := set $s "image" (hasKey $c "image" | ternary $c.image $dc.image) -}}
 {{- $_ := set $s "tensorboardImage" (hasKey $c "tensorboard_image" | ternary $c.tensorboard_image $dc.tensorboard_image) -}}
 {{- $_ := set $s "tensorboard" (hasKey $c "tensorboard" | ternary $c.tensorboard $dc.tensorboard) -}}
+{{- /* What the spec sets of them over trainctl's defaults, field by field (as trainctl reads it). */ -}}
+{{- $_ := set $s "evalResources" (merge (deepCopy ($c.eval_resources | default dict)) $dc.eval_resources) -}}
+{{- $_ := set $s "tensorboardResources" (merge (deepCopy ($c.tensorboard_resources | default dict)) $dc.tensorboard_resources) -}}
 {{- $_ := set $s "podMonitor" (hasKey $c "pod_monitor" | ternary $c.pod_monitor $dc.pod_monitor) -}}
 {{- $_ := set $s "metricsPort" (hasKey $c "metrics_port" | ternary $c.metrics_port $dc.metrics_port | int) -}}
 {{- $_ := set $s "pullSecret" ($c.image_pull_secret | default "") -}}
