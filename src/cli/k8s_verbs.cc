@@ -148,6 +148,11 @@ int Submit(const JobSpec& s, const std::string& format) {
     if (made->exit.code != 0) return Fail("submit", Unavailable("cannot create the token Secret " + secret + ": " + KubectlWhy(*made)));
   }
   auto objects = k8s::Render(s, format);
+  // Not the submitters' Role: it is what lets them submit, so whoever administers the namespace
+  // applies it (from `trainctl render`) and binds it; its holders cannot manage Roles themselves.
+  std::erase_if(objects, [&](const json& o) {
+    return o.value("kind", "") == "Role" && o["metadata"].value("name", "") == s.name + "-submitter";
+  });
   k8s::SetSubmissionRunId(&objects, s.name + "-" + RandomHex(4));  // as a local run's: <name>-<8 hex>
   auto applied = Kubectl({"apply", "-f", "-"}, k8s::ToYaml(objects));
   if (!applied.ok()) return Fail("submit", applied.status());
@@ -246,21 +251,27 @@ int KubernetesLogs(const JobSpec& spec, const std::string& component, const std:
   return kExitOk;
 }
 
-// `delete`: every object of the submitted job (its volume and token Secret too `with_data`).
+// `delete`: every object that submit made (its volume and token Secret too `with_data`), with
+// no more than the submitters' Role allows: the objects by the job's label, the token by its
+// name (the Role may delete that one Secret, and list none).
 int DeleteJob(const JobSpec& spec, const std::string& format, bool with_data) {
   std::string kinds = WorkloadKind(format) +
                       ",jobs.batch,deployments.apps,statefulsets.apps,services,configmaps,"
-                      "networkpolicies.networking.k8s.io,roles.rbac.authorization.k8s.io,serviceaccounts";
-  if (with_data) kinds += ",persistentvolumeclaims,secrets";
-  auto r = Kubectl({"delete", kinds, "-n", spec.cluster.namespace_, "-l", Selector(spec),
-                    "--ignore-not-found", "--wait=false"});
-  if (!r.ok()) {
-    return Fail("delete", r.status());
+                      "networkpolicies.networking.k8s.io,serviceaccounts";
+  if (with_data) kinds += ",persistentvolumeclaims";
+  const std::string& ns = spec.cluster.namespace_;
+  std::vector<std::vector<std::string>> calls = {
+      {"delete", kinds, "-n", ns, "-l", Selector(spec), "--ignore-not-found", "--wait=false"}};
+  if (with_data) {
+    const std::string token = spec.cluster.token_secret.empty() ? spec.name + "-token" : spec.cluster.token_secret;
+    calls.push_back({"delete", "secret", token, "-n", ns, "--ignore-not-found", "--wait=false"});
   }
-  if (r->exit.code != 0) {
-    return Fail("delete", Unavailable(KubectlWhy(*r)));
+  for (const auto& call : calls) {
+    auto r = Kubectl(call);
+    if (!r.ok()) return Fail("delete", r.status());
+    if (r->exit.code != 0) return Fail("delete", Unavailable(KubectlWhy(*r)));
+    std::fputs(r->output.c_str(), stdout);
   }
-  std::fputs(r->output.c_str(), stdout);
   return kExitOk;
 }
 

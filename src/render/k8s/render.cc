@@ -330,7 +330,7 @@ class Renderer {
          {{"rules",
            {{{"action", "FailJob"},
              {"onExitCodes", {{"containerName", "trainctl"}, {"operator", "In"}, {"values", {2, 3, 4, 5}}}}},
-            {{"action", "Ignore"}, {"onPodConditions", {{{"type", "DisruptionTarget"}}}}}}}}},
+            {{"action", "Ignore"}, {"onPodConditions", {{{"type", "DisruptionTarget"}, {"status", "True"}}}}}}}}},
         {"template", tmpl}};
     if (s_.timeouts.job.count() > 0) {
       spec["activeDeadlineSeconds"] = std::max<int64_t>(1, s_.timeouts.job.count() / 1000);
@@ -585,6 +585,8 @@ class Renderer {
          {"resources", {"configmaps", "services", "serviceaccounts", "persistentvolumeclaims"}},
          {"verbs", manage}},
         {{"apiGroups", {""}}, {"resources", {"secrets"}}, {"verbs", {"get", "create"}}},
+        // delete --data: the job's token, by name (a Secret that submit may have made).
+        {{"apiGroups", {""}}, {"resources", {"secrets"}}, {"resourceNames", {n_.token}}, {"verbs", {"delete"}}},
         {{"apiGroups", {""}}, {"resources", {"pods"}}, {"verbs", {"get", "list", "watch"}}},
         {{"apiGroups", {""}}, {"resources", {"pods/log"}}, {"verbs", {"get"}}},
         {{"apiGroups", {"batch"}}, {"resources", {"jobs"}}, {"verbs", {"get", "list", "watch", "create", "patch", "delete"}}},

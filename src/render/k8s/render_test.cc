@@ -109,9 +109,13 @@ TEST(Render, RbacIsNamespacedMinimalAndWithoutWildcards) {
         EXPECT_NE(v, "bind");
         EXPECT_NE(v, "impersonate");
       }
-      // Secrets: create the token, read it back; never list every secret of the namespace.
-      if (rule["resources"].front() == "secrets") {
+      // Secrets: create the token, read it back, delete it by name (delete --data); never list
+      // every secret of the namespace, nor delete another.
+      if (rule["resources"].front() == "secrets" && !rule.contains("resourceNames")) {
         EXPECT_EQ(rule["verbs"], json::array({"get", "create"}));
+      } else if (rule["resources"].front() == "secrets") {
+        EXPECT_EQ(rule["resourceNames"], json::array({"fm-token"}));
+        EXPECT_EQ(rule["verbs"], json::array({"delete"}));
       }
     }
   }

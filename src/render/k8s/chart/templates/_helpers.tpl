@@ -260,7 +260,7 @@ object for every example and workload format, so a change to one needs the same 
 {{/* An Indexed Job of .pods agents of the pod template .tmpl (render's AgentJob). */}}
 {{- define "trainctl.agentJob" -}}
 {{- $tmpl := .tmpl }}{{ $_ := set $tmpl.spec "subdomain" .s.name }}{{ $_ := set $tmpl.spec "restartPolicy" "Never" -}}
-{{- $rules := list (dict "action" "FailJob" "onExitCodes" (dict "containerName" "trainctl" "operator" "In" "values" (list 2 3 4 5))) (dict "action" "Ignore" "onPodConditions" (list (dict "type" "DisruptionTarget"))) -}}
+{{- $rules := list (dict "action" "FailJob" "onExitCodes" (dict "containerName" "trainctl" "operator" "In" "values" (list 2 3 4 5))) (dict "action" "Ignore" "onPodConditions" (list (dict "type" "DisruptionTarget" "status" "True"))) -}}
 {{- $spec := dict "completionMode" "Indexed" "completions" .pods "parallelism" .pods "backoffLimit" .s.maxRestarts "podFailurePolicy" (dict "rules" $rules) "template" $tmpl -}}
 {{- if gt (int64 .s.jobMs) 0 }}{{ $_ := set $spec "activeDeadlineSeconds" (max 1 (div (int64 .s.jobMs) 1000)) }}{{ end -}}
 {{- include "trainctl.object" (dict "s" .s "api" "batch/v1" "kind" "Job" "name" .name "component" "worker" "rest" (dict "spec" $spec)) -}}
