@@ -124,6 +124,7 @@ Status Agent::CheckStop() {
 Status Agent::CheckStopSignal() {
   if (int sig = env_->StopSignal()) {
     std::string reason = std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " on " + node_id_;
+    if (o_.leave_on_signal) return Aborted(reason + ": this node leaves the job, the others go on without it");
     auto ignored = store_->CompareSet(keys::kStop, "", StopRecord{reason, kExitInterrupted}.ToJson());
     return Aborted(reason);
   }

@@ -55,6 +55,10 @@ struct AgentOptions {
   std::string store_token;      // handed to tasks
   std::string store_prefix;     // handed to tasks
   bool color_output = false;
+  // A stop signal (SIGTERM, SIGINT) takes this node out of the job instead of stopping the job:
+  // the others go on at a new round, as when a node is lost. A Kubernetes pod's SIGTERM means
+  // the pod is going away (deleted, evicted, its node drained), not that the job should end.
+  bool leave_on_signal = false;
   std::atomic<int>* group_rank = nullptr;  // if set: this node's group rank in the current round
   // How often a round's watch reads the store (the stop key, the round's end; a task's exit
   // wakes it at once). Jobs of many nodes read less often: 0.25 ms x nodes, up to 1 s, so

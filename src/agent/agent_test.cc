@@ -359,5 +359,18 @@ TEST_F(AgentPolicy, AStopSignalStopsTheTasksAndTellsTheJob) {
   EXPECT_EQ(stop.code, kExitInterrupted);
 }
 
+// With leave_on_signal (a Kubernetes pod's agent), the signal takes this node out and leaves the
+// job to the others: its tasks stop, it exits 130, and no stop is recorded for the job.
+TEST_F(AgentPolicy, WithLeaveOnSignalAStopSignalTakesOnlyThisNodeOut) {
+  FakeEnv env([](int, int, int) { return std::optional<Fate>(); });
+  env.stop_at_ = env.Now() + 30s;
+  AgentOptions o = Options("");
+  o.leave_on_signal = true;
+  Agent agent(o, &store_, &env);
+  EXPECT_EQ(agent.Run(), kExitInterrupted);
+  EXPECT_EQ(env.stops, 1);
+  EXPECT_EQ(Key(keys::kStop), "(none)");
+}
+
 }  // namespace
 }  // namespace trainctl

@@ -264,6 +264,7 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   o.store_token = token;
   o.store_prefix = prefix;
   o.color_output = f.color;
+  o.leave_on_signal = f.leave_on_signal;
   auto started = store.Add(keys::kAgentsStarted, 1);
   Agent agent(o, &store);
   const int code = agent.Run();

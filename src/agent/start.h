@@ -28,6 +28,7 @@ struct AgentProcessOptions {
   // machine serves it, as torchrun's c10d backend allows), join it by arrival instead.
   bool join_if_served = false;
   bool color = false;
+  bool leave_on_signal = false;    // AgentOptions::leave_on_signal
   // The job's cgroup (its directory), entered already (by a fork server, PrepareAgentCopies);
   // "": the one the environment names (kEnvCgroup), entered first thing.
   std::string cgroup;

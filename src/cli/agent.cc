@@ -59,6 +59,10 @@ void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_option("--host", f->host, "this node's address for its peers; auto: its host name")
       ->capture_default_str();
   cmd->add_flag("--color", f->color, "colour the [worker-N] prefixes");
+  cmd->add_flag("--leave-on-signal", f->leave_on_signal,
+                "a stop signal (SIGTERM, SIGINT) takes this node out of the job instead of stopping "
+                "it: the other nodes go on at a new round, as when a node is lost (what a Kubernetes "
+                "pod's SIGTERM means: the pod is going away)");
   cmd->add_option("--replaces", f->replaces,
                   "HOST:PID[,...]: the dead agents of this node that this one takes the place of (the "
                   "local launcher starts a killed agent again so): a node rank one of them still holds "

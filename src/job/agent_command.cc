@@ -19,6 +19,7 @@ std::vector<std::string> AgentCommand::Argv() const {
   if (!replaces.empty()) argv.insert(argv.end(), {"--replaces", Join(replaces, ",")});
   if (serve_store) argv.push_back("--serve-store");
   if (color) argv.push_back("--color");
+  if (leave_on_signal) argv.push_back("--leave-on-signal");
   if (metrics_port > 0) argv.insert(argv.end(), {"--metrics-port", std::to_string(metrics_port)});
   return argv;
 }

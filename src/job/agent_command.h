@@ -23,6 +23,7 @@ struct AgentCommand {
   std::vector<std::string> replaces;  // --replaces: the ids (host:pid) of the dead agents it replaces
   bool serve_store = false;           // --serve-store (needs spec_file)
   bool color = false;                 // --color
+  bool leave_on_signal = false;       // --leave-on-signal: a signal takes the node out, not the job
   int metrics_port = 0;               // --metrics-port: serve /metrics there (0: not)
 
   std::vector<std::string> Argv() const;

@@ -337,10 +337,11 @@ TEST(AgentCommand, TheFlagsTheAgentParses) {
   c.host = "$(POD_IP)";
   c.spec_file = "/etc/trainctl/job.json";
   c.serve_store = true;
+  c.leave_on_signal = true;
   EXPECT_EQ(c.Argv(), (std::vector<std::string>{"/bin/trainctl", "--log-level", "debug", "agent", "--spec",
                                                 "/etc/trainctl/job.json", "--run-id", "r", "--node-rank",
                                                 "$(JOB_COMPLETION_INDEX)", "--host", "$(POD_IP)",
-                                                "--serve-store"}));
+                                                "--serve-store", "--leave-on-signal"}));
   AgentCommand local;
   local.run_id = "r";
   EXPECT_EQ(local.Argv(), (std::vector<std::string>{"trainctl", "agent", "--run-id", "r", "--node-rank", "-1"}));

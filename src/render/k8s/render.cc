@@ -260,6 +260,10 @@ class Renderer {
     agent.host = "$(POD_IP)";
     agent.serve_store = store.rfind("tcp://", 0) == 0;
     agent.metrics_port = c_.metrics_port;
+    // A pod's SIGTERM is the pod going away (deleted, evicted, drained), not the job's end: the
+    // Job replaces the pod and the other agents go on at a new round (trainctl delete removes
+    // them all).
+    agent.leave_on_signal = true;
     json command = agent.Argv();
     json env = {
         {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},

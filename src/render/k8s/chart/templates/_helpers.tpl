@@ -238,6 +238,7 @@ object for every example and workload format, so a change to one needs the same 
 {{- $argv := list "trainctl" "agent" "--spec" "/etc/trainctl/job.json" "--run-id" "$(TRAINCTL_RUN_ID)" -}}
 {{- $argv = concat $argv (list (contains ":" .rank | ternary "--task" "--node-rank") .rank "--host" "$(POD_IP)") -}}
 {{- if hasPrefix "tcp://" .store }}{{ $argv = append $argv "--serve-store" }}{{ end -}}
+{{- $argv = append $argv "--leave-on-signal" -}}
 {{- if gt (int .s.metricsPort) 0 }}{{ $argv = concat $argv (list "--metrics-port" (toString (int .s.metricsPort))) }}{{ end -}}
 {{- $env := list (dict "name" "POD_IP" "valueFrom" (dict "fieldRef" (dict "fieldPath" "status.podIP"))) -}}
 {{- if .uidLabel -}}
