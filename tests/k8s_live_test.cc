@@ -1,0 +1,524 @@
+// trainctl against a live Kubernetes (scripts/cluster/cluster, started by the Live.ClusterUp
+// fixture and stopped by Live.ClusterDown): what the API server enforces (Pod Security admission,
+// RBAC, the upstream CRDs' schemas) and what the cluster does with the jobs (real pods training,
+// the Job's replacement of a deleted pod, podFailurePolicy), through trainctl's own verbs.
+// Each test works in a namespace of its own labelled to enforce the "restricted" profile.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+
+namespace trainctl::testing {
+namespace {
+
+using json = nlohmann::json;
+const std::string kSrc = TRAINCTL_SOURCE_DIR;
+const std::string kCluster = kSrc + "/scripts/cluster/cluster";
+
+// The cluster's KUBECONFIG and kubectl, from `cluster env`, for this process and every child.
+class Live : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto r = RunProgram({kCluster, "env"}, kSrc);
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+      std::smatch m;
+      if (!std::regex_match(line, m, std::regex("export ([A-Z]+)=(.*)"))) continue;
+      std::string value = m[2];
+      if (auto pos = value.find("$PATH"); pos != std::string::npos) value.replace(pos, 5, ::getenv("PATH"));
+      ::setenv(m[1].str().c_str(), value.c_str(), 1);
+    }
+  }
+
+  void SetUp() override {
+    ns_ = "live-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++);
+    ASSERT_EQ(Kubectl({"create", "namespace", ns_}).exit.code, 0);
+    auto label = Kubectl({"label", "namespace", ns_, "pod-security.kubernetes.io/enforce=restricted",
+                          "pod-security.kubernetes.io/warn=restricted"});
+    ASSERT_EQ(label.exit.code, 0) << label.output;
+  }
+  void TearDown() override { Kubectl({"delete", "namespace", ns_, "--wait=false"}); }
+
+  static CommandResult Kubectl(std::vector<std::string> args, const std::string& input_file = "",
+                               Duration timeout = std::chrono::seconds(60)) {
+    args.insert(args.begin(), "kubectl");
+    args.insert(args.begin() + 1, "--request-timeout=30s");
+    if (!input_file.empty()) args.insert(args.end(), {"-f", input_file});
+    return RunProgram(args, kSrc, timeout);
+  }
+  static json KubectlJson(std::vector<std::string> args) {
+    args.insert(args.end(), {"-o", "json"});
+    auto r = Kubectl(args);
+    EXPECT_EQ(r.exit.code, 0) << r.output;
+    try {
+      return json::parse(r.output);
+    } catch (const json::exception&) {
+      ADD_FAILURE() << r.output;
+      return json::object();
+    }
+  }
+  // The rendered objects, as the API's JSON (kubectl's client-side reading of the YAML: one JSON
+  // document per object).
+  static json Objects(const std::string& manifests) {
+    auto r = Kubectl({"create", "--dry-run=client", "-o", "json", "-f", manifests});
+    EXPECT_EQ(r.exit.code, 0) << r.output;
+    json all = json::array();
+    std::istringstream in(r.output);
+    try {
+      while (in >> std::ws && in.peek() != EOF) {
+        json o;
+        in >> o;
+        all.push_back(o);
+      }
+    } catch (const json::exception& e) {
+      ADD_FAILURE() << e.what() << "\n" << r.output;
+    }
+    return all;
+  }
+
+  Scratch s_;
+  std::string ns_;
+  static inline int counter_ = 0;
+};
+
+// Every pod template inside `o` (a Job's, a Deployment's, each replica spec's of an operator's
+// kind, a JobSet's inside a TrainJob runtime), as found by shape: an object whose spec has containers.
+void PodTemplates(const json& o, const std::string& where, std::vector<std::pair<std::string, json>>* out) {
+  if (o.is_object()) {
+    if (o.contains("spec") && o["spec"].is_object() && o["spec"].contains("containers")) {
+      out->push_back({where, o});
+      return;
+    }
+    for (const auto& [k, v] : o.items()) PodTemplates(v, where + "." + k, out);
+  } else if (o.is_array()) {
+    for (size_t i = 0; i < o.size(); ++i) PodTemplates(o[i], where + "[" + std::to_string(i) + "]", out);
+  }
+}
+
+// Every pod of every format trainctl renders is admitted under "restricted": each pod template
+// is created as a Pod, server-side and dry-run, in the restricted namespace (its ServiceAccounts
+// applied first, for the ServiceAccount admission). The operators' kinds themselves pass the
+// upstream CRDs' schemas on the server (tests/k8s/crds, installed here).
+TEST_F(Live, EveryPodOfEveryFormatIsAdmittedUnderRestricted) {
+  auto crds = Kubectl({"apply", "--server-side", "-f", kSrc + "/tests/k8s/crds"});
+  ASSERT_EQ(crds.exit.code, 0) << crds.output;
+  for (const std::string crd : {"pytorchjobs.kubeflow.org", "tfjobs.kubeflow.org", "mpijobs.kubeflow.org",
+                                "trainjobs.trainer.kubeflow.org"}) {
+    ASSERT_EQ(Kubectl({"wait", "--for=condition=Established", "crd/" + crd, "--timeout=60s"}).exit.code, 0) << crd;
+  }
+  const std::string base = kSrc + "/examples/k8s/base.yaml";
+  const std::string ns = "cluster.namespace=" + ns_;
+  struct Case {
+    std::string name;
+    std::vector<std::string> args;
+  };
+  std::vector<Case> cases = {
+      {"job", {base, "--set", ns}},
+      {"job-prod", {base, "-f", kSrc + "/examples/k8s/prod.yaml", "--set", ns}},  // elastic, etcd, staging
+      {"job-roles", {kSrc + "/examples/parameter-server.yaml", "--set", ns}},
+      {"pytorchjob", {base, "--format", "pytorchjob", "--set", ns}},
+      {"tfjob", {kSrc + "/examples/parameter-server.yaml", "--format", "tfjob", "--set", ns}},
+      {"mpijob", {base, "--format", "mpijob", "--set", ns, "--set", "cluster.image=trainctl:mpi"}},
+      {"trainjob", {base, "--format", "trainjob", "--set", ns}},
+      {"ddp", {kSrc + "/examples/ddp.yaml", "--set", ns}},  // a user program, no trainer
+  };
+  int pods = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string manifests = RenderManifests(s_, c.name + ".yaml", c.args, kSrc);
+    json objects = Objects(manifests);
+    ASSERT_FALSE(objects.empty());
+    // The whole set against the server's own validation (schemas, CRDs, immutable defaults).
+    auto dry = Kubectl({"apply", "--server-side", "--dry-run=server", "-n", ns_}, manifests);
+    EXPECT_EQ(dry.exit.code, 0) << dry.output;
+    EXPECT_EQ(dry.output.find("would violate PodSecurity"), std::string::npos) << dry.output;
+    // And against the server's OpenAPI schema, field by field, as kubectl checks a List of them
+    // (a List is what GitOps tools and `kubectl get -o json` hand on).
+    s_.Write("list.json", json({{"apiVersion", "v1"}, {"kind", "List"}, {"items", objects}}).dump());
+    auto schema = Kubectl({"create", "--dry-run=client", "--validate=true", "-o", "name", "-n", ns_}, s_.path("list.json"));
+    EXPECT_EQ(schema.exit.code, 0) << schema.output;
+    for (const auto& o : objects) {
+      if (o.value("kind", "") != "ServiceAccount") continue;
+      s_.Write("sa.json", o.dump());
+      EXPECT_EQ(Kubectl({"apply", "--server-side", "-n", ns_}, s_.path("sa.json")).exit.code, 0);
+    }
+    for (const auto& o : objects) {
+      std::vector<std::pair<std::string, json>> templates;
+      PodTemplates(o.value("spec", json::object()), o.value("kind", "") + "/" + o["metadata"].value("name", "") + ".spec",
+                   &templates);
+      for (const auto& [where, t] : templates) {
+        json pod = {{"apiVersion", "v1"}, {"kind", "Pod"},
+                    {"metadata", {{"name", "admission-" + std::to_string(pods++)}, {"namespace", ns_}}},
+                    {"spec", t["spec"]}};
+        s_.Write("pod.json", pod.dump());
+        auto r = Kubectl({"create", "--dry-run=server", "-n", ns_}, s_.path("pod.json"));
+        EXPECT_EQ(r.exit.code, 0) << where << ": " << r.output;
+      }
+    }
+  }
+  EXPECT_GE(pods, 20);  // every format's workers, launchers, stores, eval, TensorBoard, staging
+  std::printf("%d pod templates admitted under restricted\n", pods);
+
+  // The namespace does enforce it: the first worker's pod, allowed to escalate, is refused.
+  json objects = Objects(s_.path("job.yaml"));
+  std::vector<std::pair<std::string, json>> templates;
+  for (const auto& o : objects) PodTemplates(o.value("spec", json::object()), "", &templates);
+  ASSERT_FALSE(templates.empty());
+  json spec = templates[0].second["spec"];
+  spec["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = true;
+  s_.Write("bad-pod.json", json({{"apiVersion", "v1"}, {"kind", "Pod"},
+                                 {"metadata", {{"name", "escalating"}, {"namespace", ns_}}}, {"spec", spec}}).dump());
+  auto refused = Kubectl({"create", "--dry-run=server", "-n", ns_}, s_.path("bad-pod.json"));
+  EXPECT_NE(refused.exit.code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("violates PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false"),
+            std::string::npos) << refused.output;
+}
+
+// The example job as docs/cluster.md submits it, cut only to what two cores hold.
+std::vector<std::string> BaseExample(const std::string& ns) {
+  return {kSrc + "/examples/k8s/base.yaml", "--set", "cluster.namespace=" + ns,
+          "--set", "resources.cpus=0.45",                      // 2 pods of 2 workers: 1.8 cores
+          "--set", "cluster.eval_resources.cpus=0.2", "--set", "cluster.eval_resources.memory=1Gi",
+          "--set", "cluster.tensorboard=false"};               // its image cannot be pulled here
+}
+
+// A restricted pod that tries to open a TCP connection to `address` (once, for 5 s) and prints
+// "open" or "closed"; `labels` make it one of the job's pods or not.
+std::string Probe(const std::string& ns, const std::string& name, const json& labels, const std::string& address) {
+  json pod = {{"apiVersion", "v1"}, {"kind", "Pod"},
+              {"metadata", {{"name", name}, {"namespace", ns}, {"labels", labels}}},
+              {"spec", {{"restartPolicy", "Never"},
+                        {"securityContext", {{"runAsNonRoot", true}, {"runAsUser", 1000},
+                                             {"seccompProfile", {{"type", "RuntimeDefault"}}}}},
+                        {"containers", {{{"name", "probe"}, {"image", "trainctl:latest"}, {"imagePullPolicy", "IfNotPresent"},
+                                         {"command", {"bash", "-c", "timeout 5 bash -c '</dev/tcp/" + address +
+                                                                        "' 2>/dev/null && echo open || echo closed"}},
+                                         {"securityContext", {{"allowPrivilegeEscalation", false},
+                                                              {"capabilities", {{"drop", {"ALL"}}}}}}}}}}}};
+  return pod.dump();
+}
+
+std::vector<std::string> Verb(const std::string& verb, std::vector<std::string> spec,
+                              std::vector<std::string> more = {}) {
+  spec.insert(spec.begin(), verb);
+  spec.insert(spec.end(), more.begin(), more.end());
+  return spec;
+}
+
+// Waits for `trainctl status` of `spec` (as `env` says: KUBECONFIG) to leave "running"; returns its
+// JSON, and its last output in `last`.
+json WaitForEnd(const std::vector<std::string>& spec, Duration timeout, std::string* last,
+                const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  json status = json::object();
+  Eventually([&] {
+    auto r = Trainctl(Verb("status", spec, {"--json"}), kSrc, std::chrono::seconds(60), env);
+    *last = r.output;
+    try {
+      status = json::parse(r.output);
+    } catch (const json::exception&) {
+      return false;
+    }
+    return status.value("state", "") != "running";
+  }, timeout);
+  return status;
+}
+
+// The eval Job's report (`trainctl eval -o json`: accuracy, per class) from its pod's log.
+json EvalReport(const std::string& ns, std::string* last) {
+  json report = json::object();
+  Eventually([&] {
+    auto r = RunProgram({"kubectl", "--request-timeout=30s", "logs", "-n", ns, "job/fashion-mnist-eval"}, kSrc);
+    *last = r.output;
+    auto brace = r.output.find('{');
+    if (r.exit.code != 0 || brace == std::string::npos) return false;
+    try {
+      report = json::parse(r.output.substr(brace));
+      return true;
+    } catch (const json::exception&) {
+      return false;
+    }
+  }, std::chrono::minutes(5));
+  return report;
+}
+
+// Fashion-MNIST in real pods (Indexed Jobs, the store's headless Service, the claim the default
+// class binds), followed through trainctl's verbs from submit to delete.
+TEST_F(Live, TheExampleTrainsInPodsAndTheVerbsFollowIt) {
+  const auto spec = BaseExample(ns_);
+  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  ASSERT_EQ(submit.exit.code, 0) << submit.output;
+  EXPECT_NE(submit.output.find("submitted fashion-mnist to namespace " + ns_), std::string::npos) << submit.output;
+
+  // The job's NetworkPolicy, enforced (kube-network-policies): the store on node 0's pod answers
+  // a pod of the job, and not a pod outside it.
+  std::string store;
+  ASSERT_TRUE(Eventually([&] {
+    json pods = KubectlJson({"get", "pods", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist,"
+                             "app.kubernetes.io/component=worker,batch.kubernetes.io/job-completion-index=0"});
+    for (const auto& p : pods.value("items", json::array())) {
+      if (p["status"].value("phase", "") == "Running" && !p["status"].value("podIP", "").empty()) {
+        store = p["status"].value("podIP", "") + "/29400";
+      }
+    }
+    return !store.empty();
+  }, std::chrono::minutes(3))) << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
+  auto probe = [&](const std::string& name, const json& labels) {
+    s_.Write(name + ".json", Probe(ns_, name, labels, store));
+    EXPECT_EQ(Kubectl({"apply", "-n", ns_}, s_.path(name + ".json")).exit.code, 0);
+    std::string out;
+    Eventually([&] {
+      auto phase = Kubectl({"get", "pod", name, "-n", ns_, "-o", "jsonpath={.status.phase}"});
+      if (phase.output != "Succeeded" && phase.output != "Failed") return false;
+      out = Kubectl({"logs", name, "-n", ns_}).output;
+      return true;
+    }, std::chrono::seconds(90));
+    Kubectl({"delete", "pod", name, "-n", ns_, "--wait=false"});
+    return out;
+  };
+  std::string inside;
+  for (int i = 0; i < 20 && inside.find("open") == std::string::npos; ++i) {  // until the agent listens
+    inside = probe("inside-" + std::to_string(i), {{"trainctl.dev/job", "fashion-mnist"}});
+  }
+  EXPECT_EQ(inside, "open\n");
+  EXPECT_EQ(probe("outside", json::object()), "closed\n");
+
+  std::string last;
+  json status = WaitForEnd(spec, std::chrono::minutes(12), &last);
+  EXPECT_EQ(status.value("state", ""), "succeeded") << last;
+  std::set<std::string> components;
+  for (const auto& pod : status["pods"]) components.insert(pod.value("component", ""));
+  EXPECT_TRUE(components.count("worker")) << last;
+  EXPECT_GE(status["pods"].size(), 2u) << last;
+
+  // Every worker pod's lines, each prefixed with its pod.
+  auto logs = Trainctl(Verb("logs", spec), kSrc);
+  EXPECT_EQ(logs.exit.code, 0) << logs.output;
+  for (const std::string pod : {"fashion-mnist-0-", "fashion-mnist-1-"}) {
+    EXPECT_TRUE(std::regex_search(logs.output, std::regex("(^|\n)\\[pod/" + pod))) << pod << "\n" << logs.output;
+  }
+  // The eval Job: the trained model's test accuracy, per class, as the example reaches locally.
+  json report = EvalReport(ns_, &last);
+  EXPECT_GE(report.value("accuracy", 0.0), 0.85) << last;
+  EXPECT_EQ(report.value("images", 0), 10000) << last;
+  ASSERT_EQ(report["classes"].size(), 10u) << last;
+  EXPECT_EQ(report["classes"][0].value("name", ""), "T-shirt/top") << last;
+
+  // delete: nothing labelled with the job is left but its volume and its token.
+  auto del = Trainctl(Verb("delete", spec), kSrc);
+  EXPECT_EQ(del.exit.code, 0) << del.output;
+  std::string left;
+  EXPECT_TRUE(Eventually([&] {
+    auto r = Kubectl({"get", "all,configmaps,secrets,pvc,networkpolicies,roles,rolebindings,serviceaccounts", "-n",
+                      ns_, "-l", "trainctl.dev/job=fashion-mnist", "-o", "name"});
+    left = r.output;
+    return r.exit.code == 0 && CountLines(r.output, "/") == 2;
+  }, std::chrono::seconds(90))) << left;
+  EXPECT_NE(left.find("persistentvolumeclaim/fashion-mnist-data"), std::string::npos) << left;
+  EXPECT_NE(left.find("secret/fashion-mnist-token"), std::string::npos) << left;
+}
+
+// A worker pod deleted mid-training (its node lost, a spot instance reclaimed): the Job makes a
+// new pod for its index, the agents rejoin at a new round, training resumes from the last
+// snapshot and finishes with the accuracy of an undisturbed run. Prints the time from the
+// deletion to node 0's first training step after the restart (log_every 10 steps).
+TEST_F(Live, ADeletedWorkerPodIsReplacedAndTheJobFinishes) {
+  auto spec = BaseExample(ns_);
+  spec.insert(spec.end(), {"--set", "trainer.log_every=10"});
+  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  ASSERT_EQ(submit.exit.code, 0) << submit.output;
+  const std::vector<std::string> node0 = {"logs", "-n", ns_, "--tail=-1", "-l",
+                                          "trainctl.dev/job=fashion-mnist,batch.kubernetes.io/job-completion-index=0"};
+  std::string log;
+  ASSERT_TRUE(Eventually([&] {  // well into training: the second epoch
+    log = Kubectl(node0).output;
+    return log.find("epoch 2/5 [") != std::string::npos;
+  }, std::chrono::minutes(5))) << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
+  auto deleted = Kubectl({"delete", "pod", "-n", ns_, "--wait=false", "-l",
+                          "trainctl.dev/job=fashion-mnist,batch.kubernetes.io/job-completion-index=1"});
+  ASSERT_EQ(deleted.exit.code, 0) << deleted.output;
+  const auto t0 = Clock::now();
+  // Node 0's log, from its first line of the next round on: a training step there means every
+  // rank trains (each step's allreduce waits for all of them).
+  const std::regex step("(^|\n)\\[worker-0\\] epoch \\d/5 \\[");
+  ASSERT_TRUE(Eventually([&] {
+    log = Kubectl(node0).output;
+    auto restart = log.find("restart=1]");
+    return restart != std::string::npos && std::regex_search(log.substr(restart), step);
+  }, std::chrono::minutes(4))) << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
+  const double recovered = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("a deleted worker pod: every rank training again %.1f s after the deletion\n", recovered);
+
+  std::string last;
+  json status = WaitForEnd(spec, std::chrono::minutes(10), &last);
+  EXPECT_EQ(status.value("state", ""), "succeeded") << last;
+  json report = EvalReport(ns_, &last);
+  EXPECT_GE(report.value("accuracy", 0.0), 0.85) << last;
+  std::printf("test accuracy after the restart: %.4f\n", report.value("accuracy", 0.0));
+}
+
+// The rendered submitter Role is all that submit, status, logs and delete need: they run as a
+// ServiceAccount bound to it alone (a kubeconfig with its token), which cannot read another
+// namespace's Secrets.
+TEST_F(Live, TheSubmitterRoleIsEnoughForEveryVerb) {
+  auto spec = BaseExample(ns_);
+  spec.insert(spec.end(), {"--set", "trainer.max_steps=20", "--set", "nodes=1"});
+  // The administrator's part: the Role (as rendered), an account, its binding, a token.
+  const std::string manifests = RenderManifests(s_, "job.yaml", spec, kSrc);
+  for (const auto& o : Objects(manifests)) {
+    if (o.value("kind", "") != "Role") continue;
+    s_.Write("role.json", o.dump());
+    ASSERT_EQ(Kubectl({"apply", "-n", ns_}, s_.path("role.json")).exit.code, 0);
+  }
+  ASSERT_EQ(Kubectl({"create", "serviceaccount", "ci", "-n", ns_}).exit.code, 0);
+  ASSERT_EQ(Kubectl({"create", "rolebinding", "ci", "-n", ns_, "--role=fashion-mnist-submitter",
+                     "--serviceaccount=" + ns_ + ":ci"}).exit.code, 0);
+  auto token = Kubectl({"create", "token", "ci", "-n", ns_, "--duration=1h"});
+  ASSERT_EQ(token.exit.code, 0) << token.output;
+  json admin = KubectlJson({"config", "view", "--raw", "--minify"});
+  const json& cluster = admin["clusters"][0]["cluster"];
+  json kubeconfig = {
+      {"apiVersion", "v1"}, {"kind", "Config"},
+      {"clusters", {{{"name", "c"}, {"cluster", cluster}}}},
+      {"users", {{{"name", "ci"}, {"user", {{"token", token.output.substr(0, token.output.find_last_not_of("\n") + 1)}}}}}},
+      {"contexts", {{{"name", "ci"}, {"context", {{"cluster", "c"}, {"user", "ci"}, {"namespace", ns_}}}}}},
+      {"current-context", "ci"}};
+  const std::string config = s_.Write("ci.kubeconfig", kubeconfig.dump());
+  const std::vector<std::pair<std::string, std::string>> as_ci = {{"KUBECONFIG", config}};
+
+  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120), as_ci);
+  ASSERT_EQ(submit.exit.code, 0) << submit.output;
+  std::string last;
+  json status = WaitForEnd(spec, std::chrono::minutes(8), &last, as_ci);
+  EXPECT_EQ(status.value("state", ""), "succeeded") << last;
+  auto logs = Trainctl(Verb("logs", spec), kSrc, std::chrono::seconds(60), as_ci);
+  EXPECT_EQ(logs.exit.code, 0) << logs.output;
+  EXPECT_NE(logs.output.find("[pod/fashion-mnist-0-"), std::string::npos) << logs.output;
+  auto del = Trainctl(Verb("delete", spec, {"--data"}), kSrc, std::chrono::seconds(60), as_ci);
+  EXPECT_EQ(del.exit.code, 0) << del.output;
+  std::string left;
+  EXPECT_TRUE(Eventually([&] {  // --data: the volume and the token went too
+    auto r = Kubectl({"get", "all,configmaps,secrets,pvc,networkpolicies,serviceaccounts", "-n", ns_, "-l",
+                      "trainctl.dev/job=fashion-mnist", "-o", "name"});
+    left = r.output;
+    return r.exit.code == 0 && r.output.empty();
+  }, std::chrono::seconds(90))) << left;
+
+  SpawnOptions o;
+  o.argv = {"kubectl", "--request-timeout=30s", "get", "secrets", "-n", "default"};
+  o.env = CurrentEnvironment();
+  SetEnv(&o.env, "KUBECONFIG", config);
+  auto outside = RunCommand(o, std::chrono::seconds(60));
+  ASSERT_TRUE(outside.ok());
+  EXPECT_NE(outside->exit.code, 0) << outside->output;
+  EXPECT_NE(outside->output.find("forbidden"), std::string::npos) << outside->output;
+}
+
+// An agent's verdict that no restart can change (exit 2: the spec its pod was given is invalid)
+// fails the Job at once through its podFailurePolicy, not after backoffLimit retries.
+TEST_F(Live, AnInvalidSpecInThePodFailsTheJobAtOnce) {
+  auto spec = BaseExample(ns_);
+  spec.insert(spec.end(), {"--set", "nodes=1"});
+  const std::string manifests = RenderManifests(s_, "job.yaml", spec, kSrc);
+  json objects = Objects(manifests);
+  bool patched = false;
+  for (auto& o : objects) {  // the pods' job.json, as a hand edit or a bad GitOps merge would leave it
+    if (o.value("kind", "") != "ConfigMap" || !o.contains("data") || !o["data"].contains("job.json")) continue;
+    json job = json::parse(o["data"]["job.json"].get<std::string>());
+    job["trainer"]["epochs"] = "many";
+    o["data"]["job.json"] = job.dump();
+    patched = true;
+  }
+  ASSERT_TRUE(patched);
+  ASSERT_EQ(Kubectl({"create", "secret", "generic", "fashion-mnist-token", "-n", ns_, "--from-literal=token=t0"}).exit.code, 0);
+  s_.Write("bad.json", json({{"apiVersion", "v1"}, {"kind", "List"}, {"items", objects}}).dump());
+  auto applied = Kubectl({"apply", "-n", ns_}, s_.path("bad.json"));
+  ASSERT_EQ(applied.exit.code, 0) << applied.output;
+  std::string last;
+  const auto started = Clock::now();
+  json status = WaitForEnd(spec, std::chrono::minutes(4), &last);
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  EXPECT_EQ(status.value("state", "").rfind("failed: PodFailurePolicy", 0), 0u) << last;
+  json jobs = KubectlJson({"get", "jobs.batch", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist,app.kubernetes.io/component=worker"});
+  ASSERT_FALSE(jobs.value("items", json::array()).empty());
+  EXPECT_EQ(jobs["items"][0]["status"].value("failed", 0), 1) << jobs.dump(2);  // one pod, no retries
+  std::printf("an exit-2 verdict failed the Job %.1f s after apply\n", seconds);
+}
+
+// A job with roles (parameter servers, workers, a chief, an evaluator), a pod per task.
+TEST_F(Live, AJobWithRolesTrainsToTheEnd) {
+  const std::vector<std::string> spec = {kSrc + "/examples/parameter-server.yaml", "--set", "cluster.namespace=" + ns_,
+                                         "--set", "cluster.tensorboard=false", "--set", "trainer.epochs=1",
+                                         "--set", "trainer.max_steps=150"};
+  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  ASSERT_EQ(submit.exit.code, 0) << submit.output;
+  std::string last;
+  json status = WaitForEnd(spec, std::chrono::minutes(10), &last);
+  EXPECT_EQ(status.value("state", ""), "succeeded")
+      << last << Kubectl({"get", "pods,jobs", "-n", ns_, "-o", "wide"}).output;
+  auto chief = Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=parameter-server,trainctl.dev/role=chief", "--tail=-1"});
+  EXPECT_NE(chief.output.find("step"), std::string::npos) << chief.output;
+  EXPECT_EQ(Trainctl(Verb("delete", spec), kSrc).exit.code, 0);
+}
+
+// The Helm chart of `render --format helm` installed against the live API server, the job run,
+// and removed by helm uninstall.
+TEST_F(Live, TheHelmChartInstallsRunsAndUninstalls) {
+  const std::string helm = kSrc + "/tests/k8s/.helm/helm";
+  ASSERT_TRUE(fs::exists(helm)) << "scripts/dev deps installs Helm";
+  auto spec = BaseExample(ns_);
+  spec.insert(spec.end(), {"--set", "nodes=1", "--set", "trainer.max_steps=20", "--format", "helm",
+                           "-o", s_.path("chart")});
+  auto r = Trainctl(Verb("render", spec), kSrc);
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  SpawnOptions o;
+  o.env = CurrentEnvironment();
+  for (const char* k : {"HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"}) SetEnv(&o.env, k, s_.path("helm"));
+  o.argv = {helm, "install", "fm", s_.path("chart"), "-n", ns_, "--wait-for-jobs", "--wait", "--timeout", "8m"};
+  auto install = RunCommand(o, std::chrono::minutes(9));
+  ASSERT_TRUE(install.ok());
+  EXPECT_EQ(install->exit.code, 0) << install->output << Kubectl({"get", "pods,jobs", "-n", ns_, "-o", "wide"}).output;
+  json jobs = KubectlJson({"get", "jobs.batch", "-n", ns_, "-l", "app.kubernetes.io/component=worker"});
+  ASSERT_EQ(jobs.value("items", json::array()).size(), 1u);
+  EXPECT_EQ(jobs["items"][0]["status"].value("succeeded", 0), 1) << jobs.dump(2);
+  o.argv = {helm, "uninstall", "fm", "-n", ns_, "--wait", "--timeout", "2m"};
+  auto uninstall = RunCommand(o, std::chrono::minutes(3));
+  ASSERT_TRUE(uninstall.ok());
+  EXPECT_EQ(uninstall->exit.code, 0) << uninstall->output;
+  auto left = Kubectl({"get", "jobs,pods,services,configmaps", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "-o", "name"});
+  EXPECT_TRUE(Eventually([&] {
+    left = Kubectl({"get", "jobs,services,configmaps", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "-o", "name"});
+    return left.exit.code == 0 && left.output.empty();
+  }, std::chrono::seconds(60))) << left.output;
+}
+
+// `render --format kustomize`, two overlays applied with kubectl apply -k, each into the namespace
+// its environment names, and removed with kubectl delete -k.
+TEST_F(Live, KustomizeOverlaysApply) {
+  const std::string dir = s_.path("deploy");
+  auto r = Trainctl({"render", kSrc + "/examples/k8s/base.yaml", "--format", "kustomize", "-o", dir,
+                     "--env", "dev=" + s_.Write("dev.yaml", "nodes: 1\ncluster: {namespace: " + ns_ + "-dev, tensorboard: false}\n"),
+                     "--env", "small=" + s_.Write("small.yaml", "nodes: 1\nresources: {cpus: 0.2}\ncluster: {namespace: " + ns_ +
+                                                  "-small, tensorboard: false}\n")},
+                    kSrc);
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  for (const std::string env : {"dev", "small"}) {
+    SCOPED_TRACE(env);
+    const std::string ns = ns_ + "-" + env;
+    ASSERT_EQ(Kubectl({"create", "namespace", ns}).exit.code, 0);
+    Kubectl({"label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted"});
+    auto applied = Kubectl({"apply", "-k", dir + "/overlays/" + env});
+    EXPECT_EQ(applied.exit.code, 0) << applied.output;
+    json jobs = KubectlJson({"get", "jobs.batch", "-n", ns, "-l", "app.kubernetes.io/component=worker"});
+    EXPECT_EQ(jobs.value("items", json::array()).size(), 1u) << jobs.dump(2);
+    auto deleted = Kubectl({"delete", "-k", dir + "/overlays/" + env, "--wait=false"});
+    EXPECT_EQ(deleted.exit.code, 0) << deleted.output;
+    Kubectl({"delete", "namespace", ns, "--wait=false"});
+  }
+}
+
+}  // namespace
+}  // namespace trainctl::testing
