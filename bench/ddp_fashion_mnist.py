@@ -2,7 +2,7 @@
 PyTorch's own DistributedDataParallel (gloo), started by torch.distributed.run.
 
 Prints one JSON line per epoch from rank 0: epoch seconds (training only), test accuracy, and the
-peak RSS of this rank.
+peak RSS of this rank; with --first-step, one when its first step is done (bench/k8s_side_by_side.py).
 """
 import argparse, gzip, json, os, resource, time
 
@@ -51,6 +51,7 @@ def main():
     p.add_argument("--bf16", action="store_true",
                    help="bf16 autocast around the forward pass (the loss in f32), as "
                         "trainer.precision: bf16")
+    p.add_argument("--first-step", action="store_true", help="print a line when the first step is done")
     a = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo")
@@ -92,6 +93,9 @@ def main():
                 logits = model(bx)
             F.cross_entropy(logits.float(), by).backward()
             opt.step()
+            if a.first_step and rank == 0:
+                print(json.dumps({"first_step": time.time()}), flush=True)
+                a.first_step = False
         seconds = time.time() - start
         with torch.no_grad():
             correct = (model.module(tx).argmax(1) == ty).sum().item()
