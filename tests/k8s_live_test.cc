@@ -488,7 +488,7 @@ TEST_F(Live, TheHelmChartInstallsRunsAndUninstalls) {
   auto uninstall = RunCommand(o, std::chrono::minutes(3));
   ASSERT_TRUE(uninstall.ok());
   EXPECT_EQ(uninstall->exit.code, 0) << uninstall->output;
-  auto left = Kubectl({"get", "jobs,pods,services,configmaps", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "-o", "name"});
+  CommandResult left;
   EXPECT_TRUE(Eventually([&] {
     left = Kubectl({"get", "jobs,services,configmaps", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "-o", "name"});
     return left.exit.code == 0 && left.output.empty();

@@ -126,13 +126,18 @@ std::string WorkloadKind(const std::string& format) {
   return "jobs.batch";
 }
 
+// The Secret holding the job's store token: cluster.token_secret, else <name>-token.
+std::string TokenSecret(const JobSpec& s) {
+  return s.cluster.token_secret.empty() ? s.name + "-token" : s.cluster.token_secret;
+}
+
 int Submit(const JobSpec& s, const std::string& format) {
   if (Status st = k8s::CheckFormat(s, format); !st.ok()) {
     std::fprintf(stderr, "trainctl submit: %s\n", st.message().c_str());
     return kExitInvalidSpec;
   }
   const std::string& ns = s.cluster.namespace_;
-  const std::string secret = s.cluster.token_secret.empty() ? s.name + "-token" : s.cluster.token_secret;
+  const std::string secret = TokenSecret(s);
   // The store token: a Secret made once, from a random value that only the cluster keeps.
   auto got = Kubectl({"get", "secret", secret, "-n", ns, "-o", "name", "--ignore-not-found"});
   if (!got.ok()) return Fail("submit", got.status());
@@ -263,8 +268,7 @@ int DeleteJob(const JobSpec& spec, const std::string& format, bool with_data) {
   std::vector<std::vector<std::string>> calls = {
       {"delete", kinds, "-n", ns, "-l", Selector(spec), "--ignore-not-found", "--wait=false"}};
   if (with_data) {
-    const std::string token = spec.cluster.token_secret.empty() ? spec.name + "-token" : spec.cluster.token_secret;
-    calls.push_back({"delete", "secret", token, "-n", ns, "--ignore-not-found", "--wait=false"});
+    calls.push_back({"delete", "secret", TokenSecret(spec), "-n", ns, "--ignore-not-found", "--wait=false"});
   }
   for (const auto& call : calls) {
     auto r = Kubectl(call);
