@@ -387,12 +387,7 @@ TEST(FirstHour, EvalByNameTakesTheRunHereAndSaysWhichItTook) {
                         "  data: {limit: 256, test_limit: 64}\n  batch_size: 32\n  epochs: 100000\n"
                         "  checkpoint_every: 2\n  threads: 1\n");
   Background busy({"run", "job.yaml"}, s.path("c"), s.path("busy.log"), env);
-  auto checkpointed = [&] {
-    std::error_code ec;
-    return std::filesystem::exists(s.path("c/out/checkpoints"), ec) &&
-           !std::filesystem::is_empty(s.path("c/out/checkpoints"), ec);
-  };
-  ASSERT_TRUE(Eventually(checkpointed, seconds(120))) << busy.Output();
+  ASSERT_TRUE(Eventually([&] { return HasCheckpoint(s.path("c/out/checkpoints")); }, seconds(120))) << busy.Output();
   auto running = Trainctl({"eval", "busy", "-o", "json"}, s.path("c"), seconds(60), env);
   EXPECT_EQ(running.exit.code, 0) << running.output;
   EXPECT_NE(running.output.find("of job busy (still running: its newest checkpoint): " +
