@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <regex>
 
+#include "tests/s3_server.h"
 #include "tests/test_util.h"
 
 namespace trainctl::testing {
@@ -23,8 +24,8 @@ using nlohmann::json;
 const std::string kSrc = TRAINCTL_SOURCE_DIR;
 
 // The one result set under `results`.
-std::string ResultSet(const Scratch& s, const std::string& name) {
-  for (const auto& e : fs::directory_iterator(s.path("results/" + name))) return e.path().string();
+std::string ResultSet(const Scratch& s, const std::string& name, const std::string& results = "results") {
+  for (const auto& e : fs::directory_iterator(s.path(results + "/" + name))) return e.path().string();
   return "";
 }
 
@@ -166,46 +167,43 @@ TEST(Bench, CtrlCStopsEveryProcessKeepsPartialResultsAndResumeFinishesTheRest) {
   EXPECT_EQ(fs::last_write_time(dir + "/experiments/trainctl-procs_per_node_1/output/bench.log"), first_run);
 }
 
-// upload: the result set PUT to an S3 API (npm's s3rver on loopback) with SigV4-signed requests:
-// every file, byte for byte. s3rver knows one access key id (S3RVER) and refuses others, but does
-// not verify signatures: an unknown key id is refused and the bench says so, its results kept here.
+// upload: the result set PUT to a real S3 server (versitygw on loopback, which checks every
+// signature) with SigV4-signed requests: every file, byte for byte, results.json last. A wrong
+// secret and a missing bucket are refused with the server's error code, the results kept here
+// and no results.json in the bucket; `bench --resume` after the fix uploads everything.
 TEST(Bench, TheResultSetIsUploadedToS3WithSignedRequests) {
   Scratch s;
-  const std::string s3rver = kSrc + "/tests/k8s/node_modules/.bin/s3rver";
-  ASSERT_TRUE(fs::exists(s3rver)) << "npm ci --prefix tests/k8s (scripts/dev deps) installs s3rver";
-  const int port = FreePort();
-  SpawnOptions so;
-  so.argv = {"node", s3rver, "-d", s.path("s3"), "-a", "127.0.0.1", "-p", std::to_string(port), "--silent",
-             "--configure-bucket", "team-results"};
-  so.env = CurrentEnvironment();
-  so.output_fd = ::open(s.path("s3rver.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  auto server = Spawn(so);
-  ::close(so.output_fd);
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  const std::string endpoint = "http://127.0.0.1:" + std::to_string(port);
-  auto get = [&](const std::string& key) {
-    return RunProgram({"python3", "-c", "import sys,urllib.request\ntry:\n sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())\n"
-                       "except Exception as e:\n print('ERROR', e)", endpoint + "/team-results/" + key}, s.path("")).output;
-  };
-  ASSERT_TRUE(Eventually([&] { return get("none").find("ERROR HTTP Error 404") != std::string::npos; }, seconds(30)))
-      << s.Read("s3rver.log");
+  S3Server server(s.path("s3"));
+  ASSERT_TRUE(server.ok()) << server.Log();
+  const std::string endpoint = server.endpoint();
   s.Write("m.yaml", "name: shared\nspec: {name: quick, command: [sh, -c, 'echo done, secret [$AWS_SECRET_ACCESS_KEY]']}\n"
-                    "upload: {url: s3://team-results/nightly/, endpoint: '" + endpoint + "', region: eu-west-1}\n");
-  const std::vector<std::pair<std::string, std::string>> keys = {{"AWS_ACCESS_KEY_ID", "S3RVER"},
-                                                                 {"AWS_SECRET_ACCESS_KEY", "S3RVER"}};
+                    "upload: {url: s3://trainctl/nightly/, endpoint: '" + endpoint + "', region: us-east-1}\n");
+  const std::vector<std::pair<std::string, std::string>> keys = {
+      {"AWS_ACCESS_KEY_ID", server.Var("AWS_ACCESS_KEY_ID")}, {"AWS_SECRET_ACCESS_KEY", server.Var("AWS_SECRET_ACCESS_KEY")}};
   auto r = Trainctl({"bench", "m.yaml", "--results", "results"}, s.path(""), seconds(60), keys);
   EXPECT_EQ(r.exit.code, 0) << r.output;
   const std::string dir = ResultSet(s, "shared");
   const std::string stamp = dir.substr(dir.rfind('/') + 1);
-  EXPECT_NE(r.output.find("to s3://team-results/nightly/shared/" + stamp), std::string::npos) << r.output;
-  int files = 0;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    ++files;
-    const std::string rel = fs::relative(e.path(), dir).string();
-    EXPECT_EQ(get("nightly/shared/" + stamp + "/" + rel), *ReadFile(e.path().string())) << rel;
-  }
+  EXPECT_NE(r.output.find("to s3://trainctl/nightly/shared/" + stamp), std::string::npos) << r.output;
+  auto all_uploaded = [&](const std::string& set, const std::string& prefix) {
+    int files = 0;
+    for (const auto& e : fs::recursive_directory_iterator(set)) {
+      if (!e.is_regular_file()) continue;
+      ++files;
+      const std::string rel = fs::relative(e.path(), set).string();
+      auto got = server.Request("trainctl/" + prefix + rel);
+      EXPECT_EQ(got.code, 200) << rel << ": " << got.body;
+      EXPECT_EQ(got.body, *ReadFile(e.path().string())) << rel;
+    }
+    return files;
+  };
+  const int files = all_uploaded(dir, "nightly/shared/" + stamp + "/");
   EXPECT_GE(files, 7);  // results.json/csv, summary.md, report.html, point.yaml, job.json, bench.log...
+  EXPECT_NE(r.output.find("uploaded " + std::to_string(files) + " files"), std::string::npos) << r.output;
+  // The server checks signatures: the same request signed with another secret is refused.
+  auto forged = server.Request("trainctl/nightly/shared/" + stamp + "/results.json", "", "not-the-secret");
+  EXPECT_EQ(forged.code, 403);
+  EXPECT_NE(forged.body.find("<Code>SignatureDoesNotMatch</Code>"), std::string::npos) << forged.body;
   // The experiments never saw the upload's secret, so no log of theirs carries it to the bucket.
   EXPECT_NE(ReadFile(dir + "/experiments/trainctl/output/logs/worker-0.log")->find("done, secret []"), std::string::npos);
   EXPECT_EQ(r.output.find("plain http"), std::string::npos) << "loopback is not the network\n" << r.output;
@@ -223,22 +221,36 @@ TEST(Bench, TheResultSetIsUploadedToS3WithSignedRequests) {
   EXPECT_NE(far_token.output.find("and your session token (AWS_SESSION_TOKEN) cross the network unencrypted"),
             std::string::npos)
       << far_token.output;
-  EXPECT_NE(r.output.find("uploaded " + std::to_string(files) + " files"), std::string::npos) << r.output;
 
-  // An access key the server does not know: refused; the bench fails, its results stay here.
-  auto wrong = Trainctl({"bench", "m.yaml", "--results", "wrong"}, s.path(""), seconds(60),
-                        {{"AWS_ACCESS_KEY_ID", "NOT-A-KEY"}, {"AWS_SECRET_ACCESS_KEY", "S3RVER"}});
+  // A wrong secret: refused with the server's code; the bench fails, its results stay here, and
+  // nothing in the bucket is named as a finished set.
+  s.Write("wrong.yaml", "name: shared\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
+                        "upload: {url: s3://trainctl/retried/, endpoint: '" + endpoint + "', region: us-east-1}\n");
+  auto wrong = Trainctl({"bench", "wrong.yaml", "--results", "wrong"}, s.path(""), seconds(60),
+                        {keys[0], {"AWS_SECRET_ACCESS_KEY", "not-the-secret"}});
   EXPECT_EQ(wrong.exit.code, 1) << wrong.output;
   EXPECT_NE(wrong.output.find("upload failed (the results are still in"), std::string::npos) << wrong.output;
-  EXPECT_NE(wrong.output.find("HTTP 403"), std::string::npos) << wrong.output;
+  EXPECT_NE(wrong.output.find("HTTP 403 SignatureDoesNotMatch (AWS_SECRET_ACCESS_KEY is not the secret of"),
+            std::string::npos) << wrong.output;
+  const std::string wrong_dir = ResultSet(s, "shared", "wrong");
+  const std::string wrong_stamp = wrong_dir.substr(wrong_dir.rfind('/') + 1);
+  EXPECT_EQ(server.Request("trainctl/retried/shared/" + wrong_stamp + "/results.json").code, 404);
+  // Once mended, --resume runs nothing again and uploads the whole set.
+  auto mended = Trainctl({"bench", "--resume", wrong_dir}, s.path(""), seconds(60), keys);
+  EXPECT_EQ(mended.exit.code, 0) << mended.output;
+  EXPECT_GE(all_uploaded(wrong_dir, "retried/shared/" + wrong_stamp + "/"), 7);
+  // A bucket the server does not have: its code, named.
+  s.Write("nobucket.yaml", "name: nobucket\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
+                           "upload: {url: s3://no-such-bucket/x/, endpoint: '" + endpoint + "', region: us-east-1}\n");
+  auto nobucket = Trainctl({"bench", "nobucket.yaml", "--results", "nb"}, s.path(""), seconds(60), keys);
+  EXPECT_EQ(nobucket.exit.code, 1) << nobucket.output;
+  EXPECT_NE(nobucket.output.find("HTTP 404 NoSuchBucket"), std::string::npos) << nobucket.output;
   // No credentials at all: refused before anything runs.
   auto none = Trainctl({"bench", "m.yaml", "--results", "none"}, s.path(""), seconds(60),
                        {{"AWS_ACCESS_KEY_ID", ""}, {"AWS_SECRET_ACCESS_KEY", ""}});
   EXPECT_EQ(none.exit.code, 2) << none.output;
   EXPECT_NE(none.output.find("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"), std::string::npos) << none.output;
   EXPECT_FALSE(fs::exists(s.path("none")));
-  ::kill(*server, SIGTERM);
-  ::waitpid(*server, nullptr, 0);
 }
 
 // --format argo: a Workflow that Argo's schema takes (npm's @kubernetes-models/argo-workflows),

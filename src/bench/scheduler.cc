@@ -229,8 +229,10 @@ class Scheduler::Impl {
     const std::string name = m_.name + "/" + dir_.substr(dir_.rfind('/') + 1);
     auto n = UploadTree(m_.upload, dir_, name);
     if (!n.ok()) {
-      std::fprintf(stderr, "trainctl bench: upload failed (the results are still in %s): %s\n", dir_.c_str(),
-                   n.status().message().c_str());
+      std::fprintf(stderr,
+                   "trainctl bench: upload failed (the results are still in %s; once mended, `trainctl bench "
+                   "--resume %s` uploads them all again): %s\n",
+                   dir_.c_str(), dir_.c_str(), n.status().message().c_str());
       return false;
     }
     std::string url = m_.upload.url;

@@ -3,6 +3,7 @@
 #include <curl/curl.h>  // types and constants only: libcurl itself is loaded when an upload runs
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include <cstdio>
@@ -80,6 +81,27 @@ std::string EncodeKey(const Curl& lib, CURL* curl, const std::string& key) {
   return out;
 }
 
+// " SignatureDoesNotMatch" from an S3 error document's <Code>, with what it means where that is
+// not plain; "" when the reply has none.
+std::string S3ErrorCode(const std::string& reply) {
+  const size_t open = reply.find("<Code>");
+  const size_t close = open == std::string::npos ? open : reply.find("</Code>", open);
+  if (close == std::string::npos) return "";
+  const std::string code = reply.substr(open + 6, close - open - 6);
+  if (code.empty() || code.size() > 64 || code.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz") != std::string::npos) {
+    return "";
+  }
+  static const std::pair<const char*, const char*> hints[] = {
+      {"SignatureDoesNotMatch", "AWS_SECRET_ACCESS_KEY is not the secret of AWS_ACCESS_KEY_ID"},
+      {"InvalidAccessKeyId", "the store knows no such AWS_ACCESS_KEY_ID"},
+      {"NoSuchBucket", "the bucket of upload.url does not exist"},
+      {"AccessDenied", "the key may not write there"}};
+  for (const auto& [name, hint] : hints) {
+    if (code == name) return " " + code + " (" + hint + ")";
+  }
+  return " " + code;
+}
+
 }  // namespace
 
 Status CheckUpload(const UploadTarget& t) {
@@ -118,6 +140,14 @@ Result<int> UploadTree(const UploadTarget& t, const std::string& dir, const std:
     if (it->is_regular_file(ec)) files.push_back(it->path());
   }
   if (ec) result = Internal("cannot list " + dir + ": " + ec.message());
+  // results.json last: a set in the bucket without it is one whose upload did not finish, and a
+  // rerun puts every file again.
+  std::sort(files.begin(), files.end(), [&](const std::filesystem::path& a, const std::filesystem::path& b) {
+    const bool a_last = a == std::filesystem::path(dir) / "results.json";
+    const bool b_last = b == std::filesystem::path(dir) / "results.json";
+    return a_last != b_last ? b_last : a < b;
+  });
+  std::string reply;
   for (const auto& path : files) {
     if (!result.ok()) break;
     const std::string rel = std::filesystem::relative(path, dir, ec).string();
@@ -141,7 +171,13 @@ Result<int> UploadTree(const UploadTarget& t, const std::string& dir, const std:
     lib.easy_setopt(curl, CURLOPT_TIMEOUT, 600L);
     lib.easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     lib.easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
-    lib.easy_setopt(curl, CURLOPT_WRITEFUNCTION, +[](char*, size_t size, size_t n, void*) { return size * n; });
+    reply.clear();
+    lib.easy_setopt(curl, CURLOPT_WRITEDATA, &reply);
+    lib.easy_setopt(curl, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t n, void* out) {
+      auto* text = static_cast<std::string*>(out);
+      text->append(data, std::min(size * n, text->size() < 65536 ? 65536 - text->size() : 0));
+      return size * n;
+    });
     const CURLcode rc = lib.easy_perform(curl);
     std::fclose(in);
     long http = 0;
@@ -149,7 +185,7 @@ Result<int> UploadTree(const UploadTarget& t, const std::string& dir, const std:
     if (rc != CURLE_OK) {
       result = Unavailable("PUT " + url + ": " + (error[0] ? error : lib.easy_strerror(rc)));
     } else if (http < 200 || http >= 300) {
-      result = Unavailable("PUT " + url + ": HTTP " + std::to_string(http));
+      result = Unavailable("PUT " + url + ": HTTP " + std::to_string(http) + S3ErrorCode(reply));
     } else {
       ++count;
     }
