@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/s3_server.h"
 #include "tests/test_util.h"
 
 namespace trainctl::testing {
@@ -319,6 +320,71 @@ TEST_F(Live, TheExampleTrainsInPodsAndTheVerbsFollowIt) {
   }, std::chrono::seconds(90))) << left;
   EXPECT_NE(left.find("persistentvolumeclaim/fashion-mnist-data"), std::string::npos) << left;
   EXPECT_NE(left.find("secret/fashion-mnist-token"), std::string::npos) << left;
+}
+
+// The dataset staged from S3: the project's S3 server (versitygw, which checks signatures) on the
+// bridge's address, where the pods reach it, the credentials in a Secret. With a wrong secret the
+// stage Job fails at once (its podFailurePolicy: one pod, no retries), its log names the server's
+// code, `status` says staging failed, and no worker starts; with the right one the workers train
+// on what the stage Job fetched.
+TEST_F(Live, TheDatasetIsStagedFromS3AndAWrongSecretFailsTheStageAtOnce) {
+  S3Server server(s_.path("s3"), "10.244.0.1");
+  ASSERT_TRUE(server.ok()) << server.Log();
+  ASSERT_EQ(RunProgram({"tar", "-czf", s_.path("fashion-mnist.tar.gz"), "-C", "/usr/share/datasets/fashion-mnist", "."},
+                       kSrc).exit.code, 0);
+  ASSERT_EQ(server.Request("trainctl/datasets/fashion-mnist.tar.gz", s_.path("fashion-mnist.tar.gz")).code, 200);
+  const std::string sha =
+      RunProgram({"sh", "-c", "sha256sum fashion-mnist.tar.gz | cut -c1-64"}, s_.path("")).output.substr(0, 64);
+  auto secret = [&](const std::string& secret_key) {
+    s_.Write("s3.env", "AWS_ACCESS_KEY_ID=" + server.Var("AWS_ACCESS_KEY_ID") + "\nAWS_SECRET_ACCESS_KEY=" + secret_key +
+                           "\nAWS_ENDPOINT_URL=" + server.endpoint() + "\n");
+    Kubectl({"delete", "secret", "s3-readers", "-n", ns_, "--ignore-not-found"});
+    auto r = Kubectl({"create", "secret", "generic", "s3-readers", "-n", ns_, "--from-env-file=" + s_.path("s3.env")});
+    EXPECT_EQ(r.exit.code, 0) << r.output;
+  };
+  auto spec = BaseExample(ns_);
+  spec.insert(spec.end(), {"--set", "cluster.stage.url=s3://trainctl/datasets/fashion-mnist.tar.gz", "--set",
+                           "cluster.stage.sha256=" + sha, "--set", "cluster.stage.credentials=s3-readers",
+                           "--set", "trainer.epochs=1", "--set", "trainer.max_steps=40"});
+  auto gone = [&] {
+    std::string left;
+    EXPECT_TRUE(Eventually([&] {
+      auto r = Kubectl({"get", "jobs,pods", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "-o", "name"});
+      left = r.output;
+      return r.exit.code == 0 && r.output.empty();
+    }, std::chrono::seconds(120))) << left;
+  };
+
+  secret("not-the-secret");
+  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  ASSERT_EQ(submit.exit.code, 0) << submit.output;
+  std::string last;
+  json status = WaitForEnd(spec, std::chrono::minutes(4), &last);
+  EXPECT_EQ(status.value("state", "").rfind("failed: staging the dataset failed", 0), 0u) << last;
+  json stage = KubectlJson({"get", "job", "fashion-mnist-stage", "-n", ns_});
+  EXPECT_EQ(stage["status"].value("failed", 0), 1) << "one try: exit 2 is final\n" << stage.dump(1);
+  auto logs = Trainctl(Verb("logs", spec, {"--component", "stage"}), kSrc);
+  EXPECT_NE(logs.output.find("HTTP 403 SignatureDoesNotMatch"), std::string::npos) << logs.output;
+  EXPECT_EQ(logs.output.find(server.Var("AWS_SECRET_ACCESS_KEY")), std::string::npos);
+  for (const auto& pod : status["pods"]) {
+    if (pod.value("component", "") == "worker") EXPECT_EQ(pod.value("phase", ""), "Pending") << last;
+  }
+  EXPECT_EQ(Trainctl(Verb("delete", spec), kSrc).exit.code, 0);
+  gone();
+
+  secret(server.Var("AWS_SECRET_ACCESS_KEY"));
+  const auto started = std::chrono::steady_clock::now();
+  submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  ASSERT_EQ(submit.exit.code, 0) << submit.output;
+  status = WaitForEnd(spec, std::chrono::minutes(10), &last);
+  EXPECT_EQ(status.value("state", ""), "succeeded") << last;
+  logs = Trainctl(Verb("logs", spec, {"--component", "stage"}), kSrc);
+  EXPECT_NE(logs.output.find("staged s3://trainctl/datasets/fashion-mnist.tar.gz into /mnt/trainctl/datasets/fashion-mnist"),
+            std::string::npos) << logs.output;
+  std::printf("staged from S3 and trained 40 steps in %.0f s from submit\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  EXPECT_EQ(Trainctl(Verb("delete", spec), kSrc).exit.code, 0);
+  gone();
 }
 
 // A worker pod deleted mid-training (its node lost, a spot instance reclaimed): the Job makes a

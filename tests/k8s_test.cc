@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/s3_server.h"
 #include "tests/test_util.h"
 
 namespace trainctl::testing {
@@ -406,6 +407,113 @@ TEST(K8s, TheRenderedPodCommandRunsTheJobWithNodeZeroServingTheStore) {
   EXPECT_TRUE(fs::exists(s.path("volume/runs/podjob/model.safetensors")));
   EXPECT_NE(s.Read("podjob0.log").find("2 workers x batch 16"), std::string::npos)
       << s.Read("podjob0.log");
+}
+
+// The stage Job as a pod runs it: its rendered script, under the image's sh (dash), with the
+// environment its manifest gives (the Secret's keys as the kubelet would inject them), against a
+// real S3 server that checks signatures. The archive is fetched, checked, unpacked and marked; a
+// wrong secret, a missing key or bucket and a checksum mismatch each fail it with exit 2 (which
+// the Job's podFailurePolicy makes final) and one line that says which; no secret is rendered.
+TEST(K8s, TheStageJobFetchesTheDatasetFromS3WithTheSecretsCredentials) {
+  Scratch s;
+  S3Server server(s.path("s3"));
+  ASSERT_TRUE(server.ok()) << server.Log();
+  s.Write("data/train/a.txt", "first\n");
+  s.Write("data/train/b.txt", "second\n");
+  ASSERT_EQ(Exec({"tar", "-czf", s.path("set.tar.gz"), "-C", s.path("data"), "train"}).exit.code, 0);
+  ASSERT_EQ(server.Request("trainctl/datasets/set.tar.gz", s.path("set.tar.gz")).code, 200);
+  const std::string sha = Exec({"sh", "-c", "sha256sum set.tar.gz | cut -c1-64"}, s.path("")).output.substr(0, 64);
+
+  auto render = [&](const std::string& url, const std::string& sum) {
+    const std::string spec = s.Write("job.yaml", "name: staged\nnodes: 1\ntrainer: {model: cnn}\ncluster:\n"
+                                                 "  stage: {url: '" + url + "', sha256: '" + sum + "', credentials: s3-readers}\n");
+    auto r = Trainctl({"render", spec}, s.path(""));
+    EXPECT_EQ(r.exit.code, 0) << r.output;
+    return r.output;
+  };
+  // Runs the stage container's command with the environment its manifest names.
+  auto stage = [&](const std::string& manifests, const std::string& secret, const std::string& dest) {
+    YAML::Node job;
+    for (const auto& doc : YAML::LoadAll(manifests)) {
+      if (doc["kind"].as<std::string>() == "Job" && doc["metadata"]["name"].as<std::string>() == "staged-stage") job = doc;
+    }
+    EXPECT_TRUE(job) << manifests;
+    if (!job) return CommandResult{};
+    const YAML::Node rule = job["spec"]["podFailurePolicy"]["rules"][0];
+    EXPECT_EQ(rule["action"].as<std::string>(), "FailJob");
+    EXPECT_EQ(rule["onExitCodes"]["values"][0].as<int>(), 2);
+    const YAML::Node c = job["spec"]["template"]["spec"]["containers"][0];
+    SpawnOptions o;
+    for (const auto& a : c["command"]) o.argv.push_back(a.as<std::string>());
+    o.env = {"PATH=/usr/bin:/bin"};
+    for (const auto& e : c["env"]) {
+      const std::string name = e["name"].as<std::string>();
+      if (e["value"]) {
+        o.env.push_back(name + "=" + (name == "DEST" ? dest : e["value"].as<std::string>()));
+        continue;
+      }
+      const YAML::Node ref = e["valueFrom"]["secretKeyRef"];
+      EXPECT_EQ(ref["name"].as<std::string>(), "s3-readers") << name;
+      EXPECT_EQ(ref["key"].as<std::string>(), name);
+      std::string v = name == "AWS_SECRET_ACCESS_KEY" && !secret.empty() ? secret : server.Var(name);
+      if (!v.empty()) o.env.push_back(name + "=" + v);
+      else EXPECT_TRUE(ref["optional"] && ref["optional"].as<bool>()) << name << " is required but the Secret has none";
+    }
+    o.cwd = s.path("");
+    auto r = RunCommand(o, std::chrono::seconds(120));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : CommandResult{};
+  };
+
+  const std::string good = render("s3://trainctl/datasets/set.tar.gz", sha);
+  EXPECT_EQ(good.find(server.Var("AWS_SECRET_ACCESS_KEY")), std::string::npos);
+  EXPECT_EQ(good.find(server.Var("AWS_ACCESS_KEY_ID")), std::string::npos);
+  auto ok = stage(good, "", s.path("volume/ok"));
+  EXPECT_EQ(ok.exit.code, 0) << ok.output;
+  EXPECT_EQ(s.Read("volume/ok/train/b.txt"), "second\n");
+  EXPECT_TRUE(fs::exists(s.path("volume/ok/.trainctl-staged")));
+  EXPECT_FALSE(fs::exists(s.path("volume/ok/.download")));
+  EXPECT_EQ(ok.output.find(server.Var("AWS_SECRET_ACCESS_KEY")), std::string::npos) << ok.output;
+  auto again = stage(good, "", s.path("volume/ok"));
+  EXPECT_NE(again.output.find("already staged in"), std::string::npos) << again.output;
+
+  struct Refusal { std::string url, sum, secret, says; };
+  const std::vector<Refusal> refusals = {
+      {"s3://trainctl/datasets/set.tar.gz", sha, "not-the-secret",
+       "GET s3://trainctl/datasets/set.tar.gz failed: HTTP 403 SignatureDoesNotMatch: the secret key is not the access key's"},
+      {"s3://trainctl/datasets/none.tar.gz", sha, "", "failed: HTTP 404 NoSuchKey: no such key in the bucket"},
+      {"s3://no-such-bucket/set.tar.gz", sha, "", "failed: HTTP 404 NoSuchBucket: no such bucket"},
+      {"s3://trainctl/datasets/set.tar.gz", std::string(64, '0'), "",
+       "stage: s3://trainctl/datasets/set.tar.gz has sha256 " + sha + ", not cluster.stage.sha256 " + std::string(64, '0')}};
+  int i = 0;
+  for (const auto& f : refusals) {
+    const std::string dest = s.path("volume/refused" + std::to_string(i++));
+    auto r = stage(render(f.url, f.sum), f.secret, dest);
+    EXPECT_EQ(r.exit.code, 2) << f.url << "\n" << r.output;
+    EXPECT_NE(r.output.find(f.says), std::string::npos) << r.output;
+    EXPECT_EQ(CountLines(r.output, "stage: "), 1) << "one line says why\n" << r.output;
+    EXPECT_FALSE(fs::exists(dest + "/.trainctl-staged"));
+    EXPECT_FALSE(fs::exists(dest + "/.download"));
+  }
+}
+
+// A stage URL the stage Job could not fetch as written is refused by validate, naming the field.
+TEST(K8s, AStageUrlItCannotFetchIsRefusedNamingTheField) {
+  Scratch s;
+  struct Case { std::string stage, says; };
+  const std::vector<Case> cases = {
+      {"{url: 's3://bucket/my key.tar'}", "cluster.stage.url: expected s3://BUCKET/KEY"},
+      {"{url: 's3://bucket'}", "cluster.stage.url: expected s3://BUCKET/KEY"},
+      {"{url: 's3://bucket/k.tar'}", "cluster.stage.credentials: an s3:// URL needs the name of a Secret"},
+      {"{url: 'https://example.com/k.tar', credentials: s3}", "cluster.stage.credentials: credentials are for an s3:// URL"},
+      {"{url: 'ftp://example.com/k.tar'}", "expected an s3://, http:// or https:// URL"},
+      {"{url: 's3://b/k.tar', credentials: Not_A_Name}", "cluster.stage.credentials: expected a Kubernetes object name"}};
+  for (const auto& c : cases) {
+    const std::string spec = s.Write("job.yaml", "name: staged\nnodes: 1\ntrainer: {model: cnn}\ncluster:\n  stage: " + c.stage + "\n");
+    auto r = Trainctl({"validate", spec}, s.path(""));
+    EXPECT_EQ(r.exit.code, 2) << c.stage << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.says), std::string::npos) << c.stage << "\n" << r.output;
+  }
 }
 
 // The pods' agents serve /metrics with the job's token: a real Prometheus, configured as the

@@ -196,6 +196,18 @@ int ShowStatus(const JobSpec& s, const std::string& format, bool as_json) {
       }
     }
     if (state == "running" && done > 0 && done == static_cast<int>(objects.size())) state = "succeeded";
+    // The workers wait for the dataset as long as an hour: a stage Job that failed is the job's end.
+    if (state == "running" && !s.cluster.stage.url.empty()) {
+      auto stage = Kubectl({"get", "jobs.batch", s.name + "-stage", "-n", ns, "-o", "json"});
+      if (stage.ok() && stage->exit.code == 0) {
+        for (const auto& c : json::parse(stage->output).value("status", json::object()).value("conditions", json::array())) {
+          if (c.value("type", "") == "Failed" && c.value("status", "") == "True") {
+            state = "failed: staging the dataset failed (" + c.value("reason", "") + "; `trainctl logs --component stage` "
+                    "says why): " + c.value("message", "");
+          }
+        }
+      }
+    }
     json out = {{"job", s.name}, {"namespace", ns}, {"state", state},
                 {"active", st.value("active", 0)}, {"succeeded", st.value("succeeded", 0)},
                 {"failed", st.value("failed", 0)}, {"pods", json::array()}};

@@ -195,13 +195,26 @@ void Decoder::DecodeStorage(const Node& st, const std::string& sp, StorageSpec* 
   });
 }
 
-// cluster.stage: the dataset archive staged onto the volume before the job starts.
+// cluster.stage: the dataset archive staged onto the volume before the job starts: an http(s) URL,
+// or s3://BUCKET/KEY read with SigV4 and the credentials of the Secret `credentials` names.
 void Decoder::DecodeStage(const Node& st, const std::string& sp, StageSpec* stage) {
-  if (!Section(st, sp, {"url", "sha256"})) return;
+  if (!Section(st, sp, {"url", "sha256", "credentials"})) return;
   Field(st, sp, "url", &stage->url, [&](const Node& v, const std::string& path) {
     auto s = String(v, path);
-    if (s && s->rfind("https://", 0) != 0 && s->rfind("http://", 0) != 0) {
-      Error(v, path, "expected an http:// or https:// URL of a dataset archive, got " + Quote(*s));
+    if (!s) return s;
+    if (s->rfind("s3://", 0) == 0) {
+      // The stage script puts the key into the request's path as it is: only characters that
+      // need no percent-encoding (and so sign the same in curl and in the server).
+      const std::string rest = s->substr(5);
+      const size_t slash = rest.find('/');
+      if (slash == 0 || slash == std::string::npos || slash + 1 == rest.size() ||
+          rest.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~/") !=
+              std::string::npos) {
+        Error(v, path, "expected s3://BUCKET/KEY (letters, digits and - . _ ~ / in the key), got " + Quote(*s));
+        return std::optional<std::string>();
+      }
+    } else if (s->rfind("https://", 0) != 0 && s->rfind("http://", 0) != 0) {
+      Error(v, path, "expected an s3://, http:// or https:// URL of a dataset archive, got " + Quote(*s));
       return std::optional<std::string>();
     }
     return s;
@@ -214,6 +227,15 @@ void Decoder::DecodeStage(const Node& st, const std::string& sp, StageSpec* stag
     }
     return s;
   });
+  Field(st, sp, "credentials", &stage->credentials, NameReader(*this));
+  const bool s3 = stage->url.rfind("s3://", 0) == 0;
+  if (s3 && stage->credentials.empty()) {
+    Error(st, sp + ".credentials",
+          "an s3:// URL needs the name of a Secret in the job's namespace with AWS_ACCESS_KEY_ID and "
+          "AWS_SECRET_ACCESS_KEY (optional: AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL)");
+  } else if (!s3 && !stage->url.empty() && !stage->credentials.empty()) {
+    Error(st, sp + ".credentials", "credentials are for an s3:// URL; " + Quote(stage->url) + " is fetched as it is");
+  }
 }
 
 // cluster.node_selector and cluster.tolerations: where the pods may run.

@@ -173,6 +173,7 @@ struct StorageSpec {
 struct StageSpec {
   std::string url;     // an archive (.tar, .tar.gz, .tgz, .zip, .gz) fetched into datasets/<name>
   std::string sha256;  // checked when set
+  std::string credentials;  // s3:// only: the Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...
 };
 
 struct Toleration {

@@ -148,6 +148,7 @@ ordered_json Cluster(const ClusterSpec& c) {
   if (!c.stage.url.empty()) {
     ordered_json stage = {{"url", c.stage.url}};
     SetIf(stage, "sha256", c.stage.sha256);
+    SetIf(stage, "credentials", c.stage.credentials);
     j["stage"] = stage;
   }
   j["tensorboard"] = c.tensorboard;

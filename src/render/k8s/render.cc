@@ -16,13 +16,49 @@ namespace trainctl::k8s {
 
 using nlohmann::json;
 
-// The URL travels in the environment, never through the shell's parser.
+// The URL travels in the environment, never through the shell's parser. An s3:// URL is read with
+// curl's SigV4 (path-style, from AWS_ENDPOINT_URL or AWS's regional endpoint), its credentials
+// from a Secret by way of the environment and handed to curl on its standard input, never in an
+// argument. Exit 2 (no retry: the Job's podFailurePolicy fails it at once) is a refusal that
+// trying again cannot mend, said in one line: a 4xx answer with S3's error code, a checksum that
+// does not match (a 5xx answer, once curl's retries are spent, exits 1: the Job tries again).
 const char* const kStageScript = R"(set -eu
 mkdir -p "$DEST"
 cd "$DEST"
 if [ -e .trainctl-staged ]; then echo "already staged in $DEST"; exit 0; fi
-curl -fsSL --retry 5 --max-time 3600 -o .download "$URL"
-if [ -n "$SHA256" ]; then echo "$SHA256  .download" | sha256sum -c -; fi
+region=${AWS_REGION:-us-east-1}
+case "$URL" in
+  s3://*)
+    endpoint=${AWS_ENDPOINT_URL:-https://s3.$region.amazonaws.com}
+    src="${endpoint%/}/${URL#s3://}"
+    code=$( { printf 'user = "%s:%s"\n' "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY"
+              if [ -n "${AWS_SESSION_TOKEN:-}" ]; then printf 'header = "x-amz-security-token: %s"\n' "$AWS_SESSION_TOKEN"; fi
+            } | curl -sS -K - --aws-sigv4 "aws:amz:$region:s3" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
+                --retry 5 --max-time 3600 -o .download -w '%{http_code}' "$src") ;;
+  *) code=$(curl -sSL --retry 5 --max-time 3600 -o .download -w '%{http_code}' "$URL") ;;
+esac
+if [ "$code" != 200 ]; then
+  reason=$(sed -n 's:.*<Code>\([A-Za-z]*\)</Code>.*:\1:p' .download 2>/dev/null | head -n 1)
+  case "$reason" in
+    SignatureDoesNotMatch) hint=": the secret key is not the access key's" ;;
+    InvalidAccessKeyId) hint=": the store knows no such access key" ;;
+    NoSuchBucket) hint=": no such bucket" ;;
+    NoSuchKey) hint=": no such key in the bucket" ;;
+    AccessDenied) hint=": the key may not read it" ;;
+    *) hint="" ;;
+  esac
+  rm -f .download
+  echo "stage: GET $URL failed: HTTP $code${reason:+ $reason}$hint" >&2
+  case "$code" in 4*) exit 2 ;; *) exit 1 ;; esac
+fi
+if [ -n "$SHA256" ]; then
+  got=$(sha256sum .download | cut -d' ' -f1)
+  if [ "$got" != "$SHA256" ]; then
+    rm -f .download
+    echo "stage: $URL has sha256 $got, not cluster.stage.sha256 $SHA256" >&2
+    exit 2
+  fi
+fi
 name=$(basename "${URL%%\?*}")
 case "$name" in
   *.tar.gz|*.tgz) tar -xzf .download ;;
@@ -545,13 +581,26 @@ class Renderer {
     json env = {{{"name", "URL"}, {"value", c_.stage.url}},
                 {{"name", "SHA256"}, {"value", c_.stage.sha256}},
                 {{"name", "DEST"}, {"value", pod_.trainer.data.dir}}};
+    if (!c_.stage.credentials.empty()) {
+      const std::pair<const char*, bool> keys[] = {{"AWS_ACCESS_KEY_ID", false}, {"AWS_SECRET_ACCESS_KEY", false},
+                                                   {"AWS_SESSION_TOKEN", true}, {"AWS_REGION", true},
+                                                   {"AWS_ENDPOINT_URL", true}};
+      for (const auto& [key, optional] : keys) {
+        json ref = {{"name", c_.stage.credentials}, {"key", key}};
+        if (optional) ref["optional"] = true;
+        env.push_back({{"name", key}, {"valueFrom", {{"secretKeyRef", ref}}}});
+      }
+    }
     json stage = Container("stage", c_.image, {"sh", "-c", kStageScript}, env);
     stage["resources"] = SideResources(1, 1024);
     json tmpl = PodTemplate("stage", {stage});
     tmpl["spec"]["restartPolicy"] = "Never";
+    // Exit 2: a refusal that another try cannot mend (a wrong key, no such object, a checksum).
+    json failure = {{"rules", {{{"action", "FailJob"},
+                                {"onExitCodes", {{"containerName", "stage"}, {"operator", "In"}, {"values", {2}}}}}}}};
     return Object("batch/v1", "Job", n_.stage, "stage",
                   {{"spec", {{"backoffLimit", 3}, {"activeDeadlineSeconds", 4 * 3600},
-                             {"template", tmpl}}}});
+                             {"podFailurePolicy", failure}, {"template", tmpl}}}});
   }
 
   json EvalJob() const {

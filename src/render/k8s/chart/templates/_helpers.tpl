@@ -116,6 +116,7 @@ object for every example and workload format, so a change to one needs the same 
 {{- $_ := set $s "mount" ($st.mount | default $dc.storage.mount) -}}
 {{- $_ := set $s "stageUrl" ($stage.url | default "") -}}
 {{- $_ := set $s "stageSha" ($stage.sha256 | default "") -}}
+{{- $_ := set $s "stageCredentials" ($stage.credentials | default "") -}}
 {{- $_ := set $s "nodeSelector" ($c.node_selector | default dict) -}}
 {{- $tolerations := list -}}
 {{- range $c.tolerations | default list -}}
