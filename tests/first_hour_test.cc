@@ -10,6 +10,7 @@
 
 #include "common/exit_codes.h"
 #include "common/strings.h"
+#include "checkpoint/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace trainctl::testing {
@@ -387,7 +388,9 @@ TEST(FirstHour, EvalByNameTakesTheRunHereAndSaysWhichItTook) {
                         "  data: {limit: 256, test_limit: 64}\n  batch_size: 32\n  epochs: 100000\n"
                         "  checkpoint_every: 2\n  threads: 1\n");
   Background busy({"run", "job.yaml"}, s.path("c"), s.path("busy.log"), env);
-  ASSERT_TRUE(Eventually([&] { return HasCheckpoint(s.path("c/out/checkpoints")); }, seconds(120))) << busy.Output();
+  ASSERT_TRUE(Eventually([&] { return !checkpoint::CheckpointDir(s.path("c/out/checkpoints"), 1).List().empty(); },
+                         seconds(120)))
+      << busy.Output();
   auto running = Trainctl({"eval", "busy", "-o", "json"}, s.path("c"), seconds(60), env);
   EXPECT_EQ(running.exit.code, 0) << running.output;
   EXPECT_NE(running.output.find("of job busy (still running: its newest checkpoint): " +

@@ -121,21 +121,6 @@ bool Eventually(F cond, Duration timeout = std::chrono::seconds(30)) {
   return true;
 }
 
-// Whether `dir` holds a finished checkpoint (ckpt-*.safetensors): while one is written the
-// directory holds only its temporary (.ckpt-....tmp.*), which is no checkpoint yet.
-inline bool HasCheckpoint(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const std::string suffix = ".safetensors";
-    if (name.rfind("ckpt-", 0) == 0 && name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      return true;
-    }
-  }
-  return false;
-}
-
 // trainctl in the background, its output going to a file; `wrapper` runs it (setpriv ...).
 // `trainctl render ARGS` run in `cwd`, the manifests alone (written with -o: warnings on stderr
 // stay out of them) saved as `out` in the scratch directory; returns its path.

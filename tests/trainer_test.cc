@@ -20,6 +20,7 @@
 #include "common/exit_codes.h"
 #include "common/strings.h"
 #include "tests/etcd_server.h"
+#include "checkpoint/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace trainctl::testing {
@@ -824,7 +825,7 @@ timeouts: {collective: 2s, stop_grace: 2s}
   Background job({"run", spec}, s.path(""), s.path("run.log"));
   // Once rank 1 is training and a checkpoint exists, stop rank 1 as a debugger or a stuck NFS
   // read would.
-  ASSERT_TRUE(Eventually([&] { return HasCheckpoint(s.path("out/checkpoints")); },
+  ASSERT_TRUE(Eventually([&] { return !checkpoint::CheckpointDir(s.path("out/checkpoints"), 1).List().empty(); },
                          std::chrono::seconds(60))) << job.Output();
   auto rank1 = ProcessesWithEnv({"RANK=1", "TRAINCTL_JOB_NAME=stall"});
   ASSERT_EQ(rank1.size(), 1u);
