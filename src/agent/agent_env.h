@@ -81,7 +81,7 @@ class AgentEnv {
   // Waits up to `wait` for a signal the agent handles (a task's exit, a stop, a nudge); returns
   // it, or 0 when none came. A stop signal is left pending for StopSignal.
   virtual int WaitSignal(Duration wait) = 0;
-  // A pending stop signal (SIGINT, SIGTERM, SIGHUP), taken; 0 when there is none.
+  // A pending stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT), taken; 0 when there is none.
   virtual int StopSignal() = 0;
   // Waits up to `timeout` for one of `keys` to be set in `store`: the first set, by index, and its
   // value; or kTimeout. On this clock: the real one waits on the store (which answers as a key is

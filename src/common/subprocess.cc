@@ -256,8 +256,8 @@ sigset_t SignalSet(std::initializer_list<int> signals) {
   for (int sig : signals) sigaddset(&set, sig);
   return set;
 }
-sigset_t SupervisorSet() { return SignalSet({SIGCHLD, SIGINT, SIGTERM, SIGHUP, kNudgeSignal}); }
-sigset_t StopSet() { return SignalSet({SIGINT, SIGTERM, SIGHUP}); }
+sigset_t SupervisorSet() { return SignalSet({SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, kNudgeSignal}); }
+sigset_t StopSet() { return SignalSet({SIGINT, SIGTERM, SIGHUP, SIGQUIT}); }
 // Reads the (blocked) signals of `set` as poll sees them; -1 where there is none to be had.
 int SignalFd(const sigset_t& set) { return ::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC); }
 }  // namespace
@@ -311,7 +311,7 @@ bool ProcessEnding(pid_t pid) {
   return false;
 }
 
-bool IsStopSignal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP; }
+bool IsStopSignal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT; }
 
 int StopSignalFd() {
   static const int fd = SignalFd(StopSet());

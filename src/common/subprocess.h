@@ -86,23 +86,23 @@ namespace trainctl {
 // process blocks it is lost, not fatal.
 inline constexpr int kNudgeSignal = SIGURG;
 
-// Blocks SIGCHLD, SIGINT, SIGTERM, SIGHUP and kNudgeSignal in the calling thread (call before
+// Blocks SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT and kNudgeSignal in the calling thread (call before
 // starting any thread, so all inherit it) and ignores SIGPIPE. Supervisors then take these signals
 // with WaitSignal() instead of handlers, and sleep until one comes rather than polling.
 void BlockSupervisorSignals();
 // Waits up to `timeout` for one of the blocked signals; returns it, or 0 on timeout. A stop signal
-// (SIGINT, SIGTERM, SIGHUP) is also remembered for StopSignal(), so that code waiting only for
+// (SIGINT, SIGTERM, SIGHUP, SIGQUIT) is also remembered for StopSignal(), so that code waiting only for
 // children (a stop in progress) never swallows a request to stop.
 int WaitSignal(Duration timeout);
 // WaitSignal(), that also returns (0) as soon as one of `fds` is ready as its events ask
 // (revents set): one thread that supervises children and copies their output, where a thread for
 // the output cost each agent of a 1024-node job a ninth of its CPU on a 2-core VM.
 int WaitSignalOrReady(Duration timeout, std::vector<struct pollfd>* fds);
-// An fd that is readable while a stop signal (SIGINT, SIGTERM, SIGHUP) is pending, never read
+// An fd that is readable while a stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) is pending, never read
 // (StopSignal() takes the signal): what a blocking wait elsewhere polls beside its own fd, so that
 // a stop ends it (TcpStoreOptions::interrupt_fd). -1 if the system has no signal fds.
 int StopSignalFd();
-// SIGINT, SIGTERM or SIGHUP: what WaitSignal() returned asks the process to stop.
+// SIGINT, SIGTERM, SIGHUP or SIGQUIT (torchrun's four): what WaitSignal() returned asks the process to stop.
 bool IsStopSignal(int sig);
 // The first stop signal WaitSignal() took, or one pending now (taken by this call), or 0.
 int StopSignal();

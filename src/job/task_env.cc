@@ -56,6 +56,9 @@ constexpr StringVar kStrings[] = {
 // Written for torchrun's sake, never read back.
 constexpr const char* kRunIdAlias = "TRAINCTL_RUN_ID";
 constexpr const char* kUseAgentStore = "TORCHELASTIC_USE_AGENT_STORE";
+// torch 2.x's torchrun names the signals its agent passes on to the workers (its
+// --signals-to-handle default); trainctl's agent stops its workers on the same four.
+constexpr const char* kSignalsToHandle = "TORCHELASTIC_SIGNALS_TO_HANDLE";
 constexpr const char* kTty = "TRAINCTL_TTY";
 
 }  // namespace
@@ -73,6 +76,7 @@ void TaskEnv::ApplyTo(std::vector<std::string>* env) const {
   }
   SetEnv(env, kRunIdAlias, run_id);
   SetEnv(env, kUseAgentStore, "False");
+  SetEnv(env, kSignalsToHandle, "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
   if (tty) SetEnv(env, kTty, "1");
 }
 
@@ -115,6 +119,7 @@ const std::vector<std::string>& ReservedEnvNames() {
     for (const auto& v : kInts) out.push_back(v.name);
     for (const auto& v : kStrings) out.push_back(v.name);
     out.push_back(kUseAgentStore);
+    out.push_back(kSignalsToHandle);
     return out;
   }();
   return names;
