@@ -367,7 +367,9 @@ TEST_F(Live, TheDatasetIsStagedFromS3AndAWrongSecretFailsTheStageAtOnce) {
   EXPECT_NE(logs.output.find("HTTP 403 SignatureDoesNotMatch"), std::string::npos) << logs.output;
   EXPECT_EQ(logs.output.find(server.Var("AWS_SECRET_ACCESS_KEY")), std::string::npos);
   for (const auto& pod : status["pods"]) {
-    if (pod.value("component", "") == "worker") EXPECT_EQ(pod.value("phase", ""), "Pending") << last;
+    if (pod.value("component", "") == "worker") {
+      EXPECT_EQ(pod.value("phase", ""), "Pending") << last;
+    }
   }
   EXPECT_EQ(Trainctl(Verb("delete", spec), kSrc).exit.code, 0);
   gone();
