@@ -627,6 +627,24 @@ TEST(TcpStore, BindsLoopbackByDefault) {
   ::close(fd);
 }
 
+// A store host with no name yet (a pod whose headless Service publishes it once the pod is ready)
+// is retried until the connect timeout, not given up at once; then the error says what is wrong.
+TEST(TcpStore, AStoreHostWhoseNameDoesNotResolveIsRetriedUntilTheConnectTimeout) {
+  TcpStoreOptions o = ClientOptions(29400, "t");
+  o.host = "store.trainctl.invalid";  // .invalid never resolves (RFC 6761)
+  o.connect_timeout = std::chrono::milliseconds(1500);
+  const auto t0 = Clock::now();
+  auto client = TcpStore::Connect(o);
+  const auto waited = Clock::now() - t0;
+  ASSERT_FALSE(client.ok());
+  EXPECT_GE(waited, std::chrono::milliseconds(1400));
+  EXPECT_LT(waited, std::chrono::seconds(20));
+  EXPECT_EQ(client.status().code(), Code::kUnavailable);
+  EXPECT_NE(client.status().message().find("cannot connect to the store at store.trainctl.invalid:29400: its name does "
+                                           "not resolve or there is no route to it"),
+            std::string::npos) << client.status().ToString();
+}
+
 TEST(TcpStore, AWaitingClientFailsFastWhenTheServerStops) {
   auto server = StartTcpServer("t");
   auto client = ConnectTcp(server->port(), "t");

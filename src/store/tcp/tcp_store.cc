@@ -31,12 +31,20 @@ Result<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOptions& optio
   auto stopped = [&] { return Aborted("stopped while connecting to the store at " + store->Where()); };
   store->connecting_ = true;
   int fd;
-  // The server may still be starting: retry refused connections until the deadline.
+  // The server may still be starting: retry until the deadline a refused connection, and a host
+  // that has no name or route yet (a pod starting: its headless Service publishes its name once
+  // it is ready, a NetworkPolicy admits a new pod a moment after it starts).
   while (true) {
     fd = store->ConnectOnce(deadline);
     if (fd >= 0) break;
     if (fd == -ECANCELED || store->Stopping()) return stopped();
-    if (Clock::now() >= deadline || (fd != -ECONNREFUSED && fd != -ETIMEDOUT && fd != -EAGAIN)) {
+    const bool later = fd == -ECONNREFUSED || fd == -ETIMEDOUT || fd == -EAGAIN || fd == -EHOSTUNREACH ||
+                       fd == -ENETUNREACH;
+    if (Clock::now() >= deadline || !later) {
+      if (fd == -EHOSTUNREACH) {  // ConnectOnce's answer for a name that does not resolve, too
+        return Unavailable("cannot connect to the store at " + store->Where() +
+                           ": its name does not resolve or there is no route to it");
+      }
       return ErrnoStatus("cannot connect to the store at " + store->Where(), -fd);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
