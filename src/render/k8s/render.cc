@@ -22,6 +22,21 @@ using nlohmann::json;
 // argument. Exit 2 (no retry: the Job's podFailurePolicy fails it at once) is a refusal that
 // trying again cannot mend, said in one line: a 4xx answer with S3's error code, a checksum that
 // does not match (a 5xx answer, once curl's retries are spent, exits 1: the Job tries again).
+// A new pod's first connections may be dropped while the cluster's NetworkPolicy enforcer admits
+// it (on the live cluster, the launcher's first ssh failed with "ssh_dispatch_run_fatal ...
+// Resource temporarily unavailable" and mpirun with it; 12 s later the same pod trained), so the
+// launcher waits for every worker's sshd, up to the rendezvous timeout (then exit 4, trainctl's
+// rendezvous verdict).
+const char* const kSshWaitScript = R"(limit=$1; shift
+for h in $(awk '{print $1}' /etc/mpi/hostfile); do
+  until timeout 2 bash -c "exec 3<>/dev/tcp/$h/2222 && head -c 4 <&3 | grep -q SSH-" 2>/dev/null; do
+    if ((SECONDS >= limit)); then echo "trainctl: $h's sshd did not answer on port 2222 in ${limit}s" >&2; exit 4; fi
+    sleep 1
+  done
+done
+exec "$@"
+)";
+
 const char* const kStageScript = R"(set -eu
 mkdir -p "$DEST"
 cd "$DEST"
@@ -378,23 +393,21 @@ class Renderer {
     return Object("batch/v1", "Job", name, "worker", {{"spec", spec}});
   }
 
+  // Kubeflow's PyTorchJob: Worker pods only, as the TFJob's without roles. The operator's
+  // per-replica Services give the first pod the name <job>-worker-0, which serves the store, and
+  // each pod learns its index from the replica-index label; the container must be "pytorch".
+  // No Master: with one, the Training Operator adds its own init container to every Worker
+  // (init-pytorch: alpine as root, no securityContext), which a "restricted" namespace refuses
+  // (seen on the live cluster); trainctl's agents wait for the store themselves.
   json PyTorchJob() const {
-    // The operator gives every pod RANK (node rank) and MASTER_ADDR (the master's headless
-    // Service), and its container must be named "pytorch".
-    auto replica = [&](int replicas) {
-      json tmpl = PodTemplate("worker", {AgentContainer("pytorch", "$(RANK)", StoreUrl("$(MASTER_ADDR)"), "")},
-                              Init());
-      // As the TFJob's: trainctl's verdicts (exit codes 1-127) fail the job; 128+ (a signal: a lost
-      // node, OOM) restart the pod.
-      return json{{"replicas", replicas}, {"restartPolicy", "ExitCode"}, {"template", tmpl}};
-    };
-    json replicas = {{"Master", replica(1)}};
-    if (s_.nodes.max > 1) replicas["Worker"] = replica(s_.nodes.max - 1);
-    json spec = {{"runPolicy", {{"cleanPodPolicy", "None"}, {"backoffLimit", s_.restart.max_restarts}}},
-                 {"pytorchReplicaSpecs", replicas}};
-    if (s_.timeouts.job.count() > 0) {
-      spec["runPolicy"]["activeDeadlineSeconds"] = std::max<int64_t>(1, s_.timeouts.job.count() / 1000);
-    }
+    const bool elastic = s_.nodes.min < s_.nodes.max;
+    json c = AgentContainer("pytorch", elastic ? "-1" : "$(REPLICA_INDEX)", StoreUrl(n_.job + "-worker-0"), "");
+    EnvFromLabel(c, "REPLICA_INDEX", "training.kubeflow.org/replica-index");
+    json tmpl = PodTemplate("worker", {c}, Init());
+    // As the TFJob's: trainctl's verdicts (exit codes 1-127) fail the job; 128+ (a signal: a lost
+    // node, OOM) restart the pod. Without a Master the job succeeds when every Worker has.
+    json replicas = {{"Worker", {{"replicas", s_.nodes.max}, {"restartPolicy", "ExitCode"}, {"template", tmpl}}}};
+    json spec = {{"runPolicy", RunPolicy(s_.restart.max_restarts)}, {"pytorchReplicaSpecs", replicas}};
     return Object("kubeflow.org/v1", "PyTorchJob", n_.job, "worker", {{"spec", spec}});
   }
 
@@ -457,7 +470,9 @@ class Renderer {
   // sshd as the image's non-root user on port 2222 (deploy/Dockerfile's mpi stage), with the
   // operator's keys at sshAuthMountPath. The launcher serves the job's store on its pod IP.
   json MPIJob() const {
-    json launch = {"trainctl", "run", std::string(kSpecDir) + "/job.json", "--target", "mpi",
+    const int64_t wait_s = std::max<int64_t>(1, s_.timeouts.rendezvous.count() / 1000);
+    json launch = {"bash", "-c", kSshWaitScript, "wait-for-sshd", std::to_string(wait_s),
+                   "trainctl", "run", std::string(kSpecDir) + "/job.json", "--target", "mpi",
                    "--hostfile", "/etc/mpi/hostfile", "--store-host", "$(POD_IP)",
                    "--resume"};  // a restarted launcher pod continues the run
     json env = {{{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}}};
@@ -465,11 +480,16 @@ class Renderer {
     launcher["resources"] = SideResources(0.5, 1024);  // mpirun and the job's store
     json worker = Container("worker", c_.image, {"/usr/sbin/sshd", "-De"}, json::array());
     worker["ports"] = {{{"name", "ssh"}, {"containerPort", 2222}}, {{"name", "store"}, {"containerPort", kStorePort}}};
+    // Ready once sshd answers: the operator makes the launcher only then (WaitForWorkersReady), and
+    // the workers' names in its hostfile resolve only for ready pods (seen on the live cluster:
+    // "ssh: Could not resolve hostname" at once, without them).
+    worker["readinessProbe"] = {{"tcpSocket", {{"port", 2222}}}, {"periodSeconds", 2}};
     json res = Resources();
     if (!res.empty()) worker["resources"] = res;
     json launcher_tmpl = PodTemplate("launcher", {launcher}, Init());
     json worker_tmpl = PodTemplate("worker", {worker});
     json spec = {{"slotsPerWorker", 1},
+                 {"launcherCreationPolicy", "WaitForWorkersReady"},
                  {"runPolicy", RunPolicy(0)},  // trainctl restarts the workers itself
                  {"sshAuthMountPath", "/home/trainctl/.ssh"},
                  {"mpiImplementation", "OpenMPI"},

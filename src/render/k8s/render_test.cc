@@ -140,6 +140,27 @@ TEST(Render, OnlyTheJobsOwnPodsReachItsPods) {
   FAIL() << "no NetworkPolicy rendered";
 }
 
+// A PyTorchJob of Workers only, each pod's agent ranked by the operator's replica-index label and
+// node 0 (the operator's Service <job>-worker-0) serving the store: with a Master, the Training
+// Operator would add its own init container to the Workers, which "restricted" refuses.
+TEST(Render, APyTorchJobHasWorkersOnlyRankedByTheOperatorsIndexLabel) {
+  for (const auto& o : Render(Parse(kSpec), "pytorchjob")) {
+    if (o["kind"] != "PyTorchJob") continue;
+    const json& replicas = o["spec"]["pytorchReplicaSpecs"];
+    ASSERT_EQ(replicas.size(), 1u) << replicas.dump();
+    ASSERT_TRUE(replicas.contains("Worker")) << replicas.dump();
+    EXPECT_EQ(replicas["Worker"]["replicas"], 2);
+    const json& c = replicas["Worker"]["template"]["spec"]["containers"][0];
+    EXPECT_EQ(c["name"], "pytorch");
+    EXPECT_NE(c["command"].dump().find(R"x("--node-rank","$(REPLICA_INDEX)")x"), std::string::npos) << c["command"];
+    EXPECT_NE(c["env"].dump().find(R"({"name":"REPLICA_INDEX","valueFrom":{"fieldRef":{"fieldPath":"metadata.labels['training.kubeflow.org/replica-index']"}}})"),
+              std::string::npos) << c["env"];
+    EXPECT_NE(c["env"].dump().find(R"("value":"tcp://fm-worker-0:29400")"), std::string::npos) << c["env"];
+    return;
+  }
+  FAIL() << "no PyTorchJob rendered";
+}
+
 // Prometheus Operator users get a PodMonitor that scrapes every agent's metrics port with the
 // job's token; the agents are told to serve it.
 TEST(Render, APodMonitorScrapesTheAgentsWithTheJobsToken) {
@@ -151,7 +172,7 @@ TEST(Render, APodMonitorScrapesTheAgentsWithTheJobsToken) {
       if (o["kind"] != "Job" && o["kind"] != "PyTorchJob") continue;
       if (o["metadata"]["name"] != "fm") continue;
       const json& c = format == "job" ? o["spec"]["template"]["spec"]["containers"][0]
-                                      : o["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0];
+                                      : o["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0];
       const std::string argv = c["command"].dump();
       EXPECT_NE(argv.find(R"("--metrics-port","9500")"), std::string::npos) << argv;
       EXPECT_NE(c["ports"].dump().find(R"({"containerPort":9500,"name":"metrics"})"), std::string::npos) << c["ports"];
