@@ -187,7 +187,11 @@ int ShowStatus(const JobSpec& s, const std::string& format, bool as_json) {
     int done = 0;
     for (const auto& o : objects) {
       const json ost = o.value("status", json::object());
-      for (const char* k : {"active", "succeeded", "failed"}) st[k] = st[k].get<int>() + ost.value(k, 0);
+      // A Job counts its pods in its status; a Kubeflow kind per replica type (Worker, PS, ...).
+      json counts = ost.contains("replicaStatuses") ? ost["replicaStatuses"] : json::array({ost});
+      for (const auto& [type, c] : counts.items()) {
+        for (const char* k : {"active", "succeeded", "failed"}) st[k] = st[k].get<int>() + c.value(k, 0);
+      }
       for (const auto& c : ost.value("conditions", json::array())) {
         if (c.value("status", "") != "True") continue;
         const std::string type = c.value("type", "");
@@ -340,10 +344,11 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   logs->add_option("--rank", log_rank, "a job on this machine: only this rank's output");
   logs->add_option("--role", log_role, "a job on this machine: only this role's tasks");
   logs->add_option("--since", log_since, "only what was written in this last while (10m, 30s; to the second)");
-  logs->add_option("--component", component, "worker, stage, eval, tensorboard or etcd")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"worker", "stage", "eval", "tensorboard", "etcd"}));
-  logs->callback([code] {
+  logs->add_option("--component", component,
+                   "worker, launcher, stage, eval, tensorboard or etcd (default: worker; launcher for "
+                   "--format mpijob, whose agents write through mpirun there)")
+      ->check(CLI::IsMember({"worker", "launcher", "stage", "eval", "tensorboard", "etcd"}));
+  logs->callback([code, logs] {
     if (logs_c.spec.file.empty() && logs_c.spec.files.empty()) {
       *code = Fail("logs", NoJobGiven());
       return;
@@ -357,7 +362,10 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
       *code = kExitInvalidSpec;
       return;
     }
-    *code = KubernetesLogs(*spec, component, log_since, follow);
+    // An MPIJob's agents are started by mpirun in the launcher, which prints their lines; its
+    // Worker pods' own log is sshd's.
+    const bool chosen = logs->get_option("--component")->count() > 0;
+    *code = KubernetesLogs(*spec, !chosen && logs_c.format == "mpijob" ? "launcher" : component, log_since, follow);
   });
 
   static bool with_data = false;
