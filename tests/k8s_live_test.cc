@@ -103,9 +103,11 @@ void PodTemplates(const json& o, const std::string& where, std::vector<std::pair
 // Every pod of every format trainctl renders is admitted under "restricted": each pod template
 // is created as a Pod, server-side and dry-run, in the restricted namespace (its ServiceAccounts
 // applied first, for the ServiceAccount admission). The operators' kinds themselves pass the
-// upstream CRDs' schemas on the server (tests/k8s/crds, installed here).
+// upstream CRDs' schemas on the server: those of the operators the cluster runs, as they installed
+// them, and the TrainJob's from tests/k8s/crds. The PyTorchJob and TFJob also pass the Training
+// Operator's validating webhook.
 TEST_F(Live, EveryPodOfEveryFormatIsAdmittedUnderRestricted) {
-  auto crds = Kubectl({"apply", "--server-side", "-f", kSrc + "/tests/k8s/crds"});
+  auto crds = Kubectl({"apply", "--server-side", "-f", kSrc + "/tests/k8s/crds/trainer.kubeflow.org_trainjobs.v1alpha1.yaml"});
   ASSERT_EQ(crds.exit.code, 0) << crds.output;
   for (const std::string crd : {"pytorchjobs.kubeflow.org", "tfjobs.kubeflow.org", "mpijobs.kubeflow.org",
                                 "trainjobs.trainer.kubeflow.org"}) {
@@ -426,6 +428,135 @@ TEST_F(Live, ADeletedWorkerPodIsReplacedAndTheJobFinishes) {
   json report = EvalReport(ns_, &last);
   EXPECT_GE(report.value("accuracy", 0.0), 0.85) << last;
   std::printf("test accuracy after the restart: %.4f\n", report.value("accuracy", 0.0));
+}
+
+// The pods of one job, as `kubectl get pods -l` lists them.
+json Pods(const std::string& ns, const std::string& selector) {
+  auto r = RunProgram({"kubectl", "--request-timeout=30s", "get", "pods", "-n", ns, "-l", selector, "-o", "json"}, kSrc);
+  try {
+    return json::parse(r.output).value("items", json::array());
+  } catch (const json::exception&) {
+    return json::array();
+  }
+}
+
+// The PyTorchJob under the real Training Operator (the cluster runs it beside the control plane,
+// with its webhook): Worker pods only, wired by the operator's per-replica Services and its
+// replica-index labels, none refused by "restricted". A Worker pod deleted mid-run is made again
+// by the operator and its agent rejoins; status, logs and delete follow the PyTorchJob.
+TEST_F(Live, APyTorchJobTrainsUnderTheTrainingOperatorThroughALostWorkerPod) {
+  auto spec = BaseExample(ns_);
+  spec.insert(spec.end(), {"--format", "pytorchjob", "--set", "trainer.epochs=1", "--set", "trainer.max_steps=300",
+                           "--set", "trainer.log_every=10"});
+  const auto submitted = Clock::now();
+  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  ASSERT_EQ(submit.exit.code, 0) << submit.output;
+  const std::string job = "trainctl.dev/job=fashion-mnist";
+  const std::vector<std::string> node0 = {"logs", "-n", ns_, "--tail=-1", "-l", job + ",training.kubeflow.org/replica-index=0"};
+  std::string log;
+  ASSERT_TRUE(Eventually([&] {
+    log = Kubectl(node0).output;
+    return log.find("epoch 1/1 [") != std::string::npos;
+  }, std::chrono::minutes(5))) << log << Kubectl({"get", "pytorchjobs,pods,events", "-n", ns_, "-o", "wide"}).output;
+  json first = Pods(ns_, job + ",training.kubeflow.org/replica-index=1");
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0]["spec"].value("initContainers", json::array()).size(), 0u) << first[0]["spec"].dump();
+  auto deleted = Kubectl({"delete", "pod", "-n", ns_, "--wait=false", first[0]["metadata"].value("name", "")});
+  ASSERT_EQ(deleted.exit.code, 0) << deleted.output;
+  const auto t0 = Clock::now();
+  const std::regex step("(^|\n)\\[worker-0\\] epoch 1/1 \\[");
+  ASSERT_TRUE(Eventually([&] {  // a step on node 0 after the new round: every rank trains again
+    log = Kubectl(node0).output;
+    auto restart = log.find("restart=1]");
+    return restart != std::string::npos && std::regex_search(log.substr(restart), step);
+  }, std::chrono::minutes(4))) << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
+  std::printf("a deleted PyTorchJob Worker pod: every rank training again %.1f s after the deletion\n",
+              std::chrono::duration<double>(Clock::now() - t0).count());
+  json again = Pods(ns_, job + ",training.kubeflow.org/replica-index=1");
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_NE(again[0]["metadata"].value("uid", ""), first[0]["metadata"].value("uid", ""));
+
+  std::string last;
+  json status = WaitForEnd(spec, std::chrono::minutes(8), &last);
+  EXPECT_EQ(status.value("state", ""), "succeeded")
+      << last << Kubectl({"get", "pytorchjobs", "-n", ns_, "-o", "yaml"}).output;
+  std::printf("PyTorchJob (Training Operator): submit to success in %.0f s\n",
+              std::chrono::duration<double>(Clock::now() - submitted).count());
+  EXPECT_EQ(status.value("succeeded", 0), 2) << last;
+  auto logs = Trainctl(Verb("logs", spec), kSrc);
+  EXPECT_EQ(logs.exit.code, 0) << logs.output;
+  for (const std::string pod : {"fashion-mnist-worker-0", "fashion-mnist-worker-1"}) {
+    EXPECT_TRUE(std::regex_search(logs.output, std::regex("(^|\n)\\[pod/" + pod + "/"))) << pod << "\n" << logs.output;
+  }
+  auto del = Trainctl(Verb("delete", spec), kSrc);
+  EXPECT_EQ(del.exit.code, 0) << del.output;
+  std::string left;
+  EXPECT_TRUE(Eventually([&] {  // the PyTorchJob, and with it the operator's pods and Services
+    auto r = Kubectl({"get", "pytorchjobs,pods,services", "-n", ns_, "-o", "name"});
+    left = r.output;
+    return r.exit.code == 0 && r.output.empty();
+  }, std::chrono::seconds(90))) << left;
+}
+
+// The TFJob of the parameter-server example under the real Training Operator: PS, Worker, Chief
+// and Evaluator replicas, a pod per task; the chief decides the job's success.
+TEST_F(Live, ATFJobWithRolesTrainsUnderTheTrainingOperator) {
+  const std::vector<std::string> spec = {kSrc + "/examples/parameter-server.yaml", "--format", "tfjob",
+                                         "--set", "cluster.namespace=" + ns_, "--set", "cluster.tensorboard=false",
+                                         "--set", "trainer.epochs=1", "--set", "trainer.max_steps=150"};
+  const auto submitted = Clock::now();
+  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  ASSERT_EQ(submit.exit.code, 0) << submit.output;
+  std::string last;
+  json status = WaitForEnd(spec, std::chrono::minutes(10), &last);
+  EXPECT_EQ(status.value("state", ""), "succeeded")
+      << last << Kubectl({"get", "tfjobs,pods", "-n", ns_, "-o", "wide"}).output;
+  std::printf("TFJob with roles (Training Operator): submit to success in %.0f s\n",
+              std::chrono::duration<double>(Clock::now() - submitted).count());
+  std::set<std::string> types;
+  for (const auto& p : Pods(ns_, "trainctl.dev/job=parameter-server,training.kubeflow.org/replica-type")) {
+    types.insert(p["metadata"]["labels"].value("training.kubeflow.org/replica-type", ""));
+  }
+  EXPECT_EQ(types, (std::set<std::string>{"chief", "evaluator", "ps", "worker"}));
+  auto chief = Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=parameter-server,trainctl.dev/role=chief", "--tail=-1"});
+  EXPECT_NE(chief.output.find("step"), std::string::npos) << chief.output;
+  EXPECT_EQ(Trainctl(Verb("delete", spec), kSrc).exit.code, 0);
+}
+
+// The MPIJob under the real MPI Operator: its launcher runs `trainctl run --target mpi`, whose
+// mpirun starts an agent in each Worker pod over the operator's ssh keys, into sshd run by the
+// image's user 1000 on port 2222 (deploy/Dockerfile's mpi stage), all under "restricted".
+TEST_F(Live, AnMPIJobTrainsUnderTheMPIOperator) {
+  auto spec = BaseExample(ns_);
+  spec.insert(spec.end(), {"--format", "mpijob", "--set", "cluster.image=trainctl:mpi", "--set", "trainer.epochs=1",
+                           "--set", "trainer.max_steps=150",
+                           "--set", "resources.cpus=0.3"});  // beside the launcher's 0.5 and eval's 0.2: 1.9 cores
+  const auto submitted = Clock::now();
+  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  ASSERT_EQ(submit.exit.code, 0) << submit.output;
+  std::string last;
+  json status = WaitForEnd(spec, std::chrono::minutes(10), &last);
+  EXPECT_EQ(status.value("state", ""), "succeeded")
+      << last << Kubectl({"get", "mpijobs,jobs,pods", "-n", ns_, "-o", "wide"}).output
+      << Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "--tail=40", "--prefix"}).output;
+  std::printf("MPIJob (MPI Operator): submit to success in %.0f s\n",
+              std::chrono::duration<double>(Clock::now() - submitted).count());
+  // The launcher's log holds both agents' training, each started by mpirun in its Worker pod.
+  auto launcher = Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist,app.kubernetes.io/component=launcher",
+                           "--tail=-1"});
+  EXPECT_NE(launcher.output.find("[worker-0]"), std::string::npos) << launcher.output;
+  EXPECT_NE(launcher.output.find("[worker-3]"), std::string::npos) << launcher.output;  // 2 pods of 2 workers
+  auto logs = Trainctl(Verb("logs", spec), kSrc);
+  EXPECT_EQ(logs.exit.code, 0) << logs.output;
+  EXPECT_NE(logs.output.find("[pod/fashion-mnist-launcher-"), std::string::npos) << logs.output;
+  auto del = Trainctl(Verb("delete", spec), kSrc);
+  EXPECT_EQ(del.exit.code, 0) << del.output;
+  std::string left;
+  EXPECT_TRUE(Eventually([&] {
+    auto r = Kubectl({"get", "mpijobs,pods", "-n", ns_, "-o", "name"});
+    left = r.output;
+    return r.exit.code == 0 && r.output.empty();
+  }, std::chrono::seconds(90))) << left;
 }
 
 // The rendered submitter Role is all that submit, status, logs and delete need: they run as a
