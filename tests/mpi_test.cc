@@ -5,6 +5,12 @@
 #include <gtest/gtest.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -105,11 +111,10 @@ TEST(Mpi, OtherHostsNeedAStoreAddressTheyCanReach) {
   EXPECT_NE(r.output.find("--hosts and --hostfile go with --target mpi"), std::string::npos) << r.output;
 }
 
-// Hosts mpirun cannot reach: ssh's own lines, one line for each of Open MPI's help texts (whose
-// whole text is in logs/mpirun.log), and exit code 1 with mpirun named, not mpirun's 255.
-TEST(Mpi, HostsMpirunCannotReachAreNamedInAFewLines) {
-  RequireMpirun();
-  std::string address;  // one of this machine's, not loopback: the store listens there
+// One of this machine's IPv4 addresses, not loopback ("" if it has none): a store other hosts
+// could reach listens there.
+std::string ThisMachinesAddress() {
+  std::string address;
   ifaddrs* all = nullptr;
   if (::getifaddrs(&all) == 0) {
     for (ifaddrs* a = all; a && address.empty(); a = a->ifa_next) {
@@ -120,16 +125,87 @@ TEST(Mpi, HostsMpirunCannotReachAreNamedInAFewLines) {
     }
     ::freeifaddrs(all);
   }
+  return address;
+}
+
+// A host's sshd as far as its first line: on 127.0.0.2 (another host to mpirun), listening only
+// from `after` on, it sends each connection sshd's banner and closes it, so a wait for the sshd
+// ends there and the real ssh that mpirun runs fails at the key exchange.
+class BannerOnlySshd {
+ public:
+  explicit BannerOnlySshd(Duration after) : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(0x7f000002);
+    socklen_t len = sizeof a;
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this, listen_at = Clock::now() + after] {
+      while (!stop_ && Clock::now() < listen_at) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      ::listen(fd_, 16);
+      while (!stop_) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 50) != 1) continue;
+        int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        auto ignored = ::write(c, "SSH-2.0-standin\r\n", 17);
+        ::close(c);
+      }
+    });
+  }
+  ~BannerOnlySshd() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// A host whose sshd never answers (here: a name that does not resolve) is waited for up to
+// timeouts.rendezvous, at the port mpirun's ssh arguments give, then named with why, and the job
+// ends as a rendezvous that timed out does: exit 4, mpirun never started.
+TEST(Mpi, AHostWhoseSshdNeverAnswersIsNamedAtTheRendezvousTimeout) {
+  RequireMpirun();
+  const std::string address = ThisMachinesAddress();
   if (address.empty()) GTEST_SKIP() << "this machine has no IPv4 address but loopback";
   Scratch s;
+  std::string spec = s.Write("job.yaml", Spec("silent", s.path("out"), "command: [true]\ntimeouts: {rendezvous: 3s}\n"));
+  const auto start = Clock::now();
+  auto r = Trainctl({"run", spec, "--target", "mpi", "--hosts", "nosuchhost1.invalid", "--store-host", address},
+                    s.path(""), std::chrono::seconds(60), {{"OMPI_MCA_plm_rsh_args", "-p 2299"}});
+  EXPECT_EQ(r.exit.code, 4) << r.output;
+  EXPECT_NE(r.output.find("waiting for nosuchhost1.invalid's sshd (nosuchhost1.invalid port 2299) before mpirun "
+                          "starts: its name does not resolve, or there is no route to it"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("nosuchhost1.invalid's sshd (nosuchhost1.invalid port 2299) did not answer within "
+                          "timeouts.rendezvous (3s)"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(s.path("out/logs/mpirun.log"))) << "mpirun started:\n" << r.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << r.output;
+}
+
+// Hosts whose sshd answers but that mpirun cannot reach (ssh fails after the banner): the wait
+// ends when the sshd listens, then ssh's own lines, one line for each of Open MPI's help texts
+// (whose whole text is in logs/mpirun.log), and exit code 1 with mpirun named, not mpirun's 255.
+TEST(Mpi, HostsMpirunCannotReachAreNamedInAFewLines) {
+  RequireMpirun();
+  const std::string address = ThisMachinesAddress();
+  if (address.empty()) GTEST_SKIP() << "this machine has no IPv4 address but loopback";
+  BannerOnlySshd sshd(std::chrono::seconds(2));
+  const std::string port = std::to_string(sshd.port());
+  Scratch s;
   std::string spec = s.Write("job.yaml", Spec("unreachable", s.path("out"), "command: [true]\n"));
-  auto r = Trainctl({"run", spec, "--target", "mpi", "--hosts", "nosuchhost1.invalid,nosuchhost2.invalid",
-                     "--store-host", address}, s.path(""));
+  auto r = Trainctl({"run", spec, "--target", "mpi", "--hosts", "127.0.0.2", "--store-host", address}, s.path(""),
+                    std::chrono::seconds(60), {{"OMPI_MCA_plm_rsh_args", "-p " + port}});
   EXPECT_EQ(r.exit.code, 1) << r.output;
-  // mpirun starts both ssh at once and gives up at the first that fails: either host may be named.
-  EXPECT_TRUE(r.output.find("ssh: Could not resolve hostname nosuchhost1") != std::string::npos ||
-              r.output.find("ssh: Could not resolve hostname nosuchhost2") != std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("waiting for 127.0.0.2's sshd (127.0.0.2 port " + port + ") before mpirun starts: the "
+                          "connection was refused"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("127.0.0.2 port " + port), std::string::npos) << "ssh's own line:\n" << r.output;
   EXPECT_NE(r.output.find("job unreachable failed: mpirun ended with exit code"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("it could not run the agents"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("mpirun: ORTE was unable to reliably start one or more daemons. (Open MPI's whole "

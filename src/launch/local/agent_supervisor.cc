@@ -7,12 +7,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <thread>
 
 #include "common/fork_server.h"
+#include "common/fs.h"
 #include "common/log.h"
+#include "common/socket.h"
 #include "common/strings.h"
 #include "job/agent_command.h"
 #include "job/keys.h"
@@ -135,6 +140,84 @@ std::vector<std::string> PlacementArgv(const JobSpec& spec, const LaunchOptions&
   return argv;
 }
 
+// The hosts mpirun reaches over ssh: those of --hosts and of the hostfile (a line's first word,
+// its comment left out), each once, less this machine's own names (mpirun starts agents there
+// without ssh).
+std::vector<std::string> SshHosts(const LaunchOptions& options) {
+  std::vector<std::string> named;
+  for (const auto& h : Split(options.mpi_hosts, ',')) named.push_back(h.substr(0, h.find(':')));
+  if (!options.mpi_hostfile.empty()) {
+    auto text = ReadFile(options.mpi_hostfile);  // unreadable: mpirun says so, in its words
+    for (const auto& line : text.ok() ? SplitLines(*text) : std::vector<std::string>{}) {
+      auto words = Split(line.substr(0, line.find('#')), ' ');
+      auto first = std::find_if(words.begin(), words.end(), [](const std::string& w) { return !w.empty(); });
+      if (first != words.end()) named.push_back(*first);
+    }
+  }
+  char self[256] = {0};
+  ::gethostname(self, sizeof self - 1);
+  std::vector<std::string> hosts;
+  for (const auto& h : named) {
+    if (h.empty() || h == "localhost" || h == "127.0.0.1" || h == self) continue;
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  }
+  return hosts;
+}
+
+// Why no sshd answers at `name`:`port` within 2 s; empty when one does (its banner begins "SSH-").
+std::string SshdSilence(const std::string& name, uint16_t port) {
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  int fd = ConnectOnce(name, port, deadline);
+  if (fd == -EHOSTUNREACH || fd == -ENETUNREACH) return "its name does not resolve, or there is no route to it";
+  if (fd == -ECONNREFUSED) return "the connection was refused";
+  if (fd < 0) return "no answer";
+  char banner[4];
+  const int got = RecvAll(fd, banner, sizeof banner, deadline);
+  ::close(fd);
+  if (got == 1 && std::memcmp(banner, "SSH-", 4) == 0) return "";
+  return got == -1 ? "it accepted the connection but sent no ssh banner" : "it answered, but not as an sshd";
+}
+
+// Waits, up to `limit`, until the sshd of every host mpirun will reach answers, at the name and
+// port ssh gives it (`ssh -G` with mpirun's ssh arguments, OMPI_MCA_plm_rsh_args: the ssh
+// configuration's Port lines count, as the MPI Operator's 2222 does). mpirun gives up on a host
+// whose sshd is not up yet (a pod just started, a node still booting) with an ssh error; this
+// names the host instead, and waits as a rendezvous does. kAborted when a stop signal comes first.
+Status AwaitSshd(const LaunchOptions& options, Duration limit) {
+  const auto deadline = Clock::now() + limit;
+  for (const auto& host : SshHosts(options)) {
+    SpawnOptions o;
+    o.argv = {"ssh"};
+    const char* args = std::getenv("OMPI_MCA_plm_rsh_args");
+    for (const auto& a : Split(args ? args : "", ' ')) {
+      if (!a.empty()) o.argv.push_back(a);
+    }
+    o.argv.insert(o.argv.end(), {"-G", host});
+    o.env = CurrentEnvironment();
+    auto config = RunCommand(o, std::chrono::seconds(10));
+    if (!config.ok() || !config->exit.success()) return Status::Ok();  // no ssh here: mpirun says so
+    std::string name = host;
+    int port = 22;
+    for (const auto& line : SplitLines(config->output)) {
+      if (line.rfind("hostname ", 0) == 0) name = line.substr(9);
+      if (line.rfind("port ", 0) == 0) port = std::atoi(line.c_str() + 5);
+    }
+    const std::string where = host + "'s sshd (" + name + " port " + std::to_string(port) + ")";
+    bool said = false;
+    for (std::string why; !(why = SshdSilence(name, uint16_t(port))).empty();) {
+      if (Clock::now() >= deadline) {
+        return Status(Code::kTimeout, where + " did not answer within timeouts.rendezvous (" + FormatDuration(limit) +
+                                          "): " + why);
+      }
+      if (!said) LOG_INFO("waiting for {} before mpirun starts: {}", where, why);
+      said = true;
+      if (int sig = WaitSignal(std::chrono::seconds(1)); IsStopSignal(sig)) {
+        return Status(Code::kAborted, std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " while waiting for " + where);
+      }
+    }
+  }
+  return Status::Ok();
+}
 
 // The agent this launcher starts for `node_rank`.
 AgentCommand LaunchedAgent(const LaunchOptions& options, const std::string& run_id, const std::string& node_rank) {
@@ -211,6 +294,13 @@ void AgentSupervisor::BeginStop(const std::string& reason, int stop_code) {
 void AgentSupervisor::StartAgents() {
   // Local agents: one is exec'd as a fork server, the others are its copies (the launcher's
   // children all the same); an agent exec'd costs a 2-core machine ~3 ms of CPU, a copy a tenth.
+  if (options_.placement == "mpi") {
+    if (Status st = AwaitSshd(options_, spec_.timeouts.rendezvous); !st.ok()) {
+      LOG_ERROR("{}", st.message());
+      BeginStop(st.message(), st.code() == Code::kAborted ? kExitInterrupted : kExitRendezvousTimeout);
+      return;
+    }
+  }
   std::optional<ForkServer> forks =
       !one_ && spec_.nodes.max > 1 ? StartAgentForkServer(spec_, options_, run_id_, env_) : std::nullopt;
   for (int node = 0; node < (one_ ? 1 : spec_.nodes.max); ++node) {

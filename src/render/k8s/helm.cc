@@ -113,8 +113,7 @@ std::map<std::string, std::string> HelmChart(const JobSpec& spec, const std::str
       "{{- define \"trainctl.format\" -}}" + format + "{{- end -}}\n"
       "{{- define \"trainctl.defaults\" -}}" + Defaults() + "{{- end -}}\n"
       "{{- define \"trainctl.etcdImage\" -}}" + kEtcdImage + "{{- end -}}\n"
-      "{{- define \"trainctl.stageScript\" -}}{{ " + GoString(kStageScript) + " }}{{- end -}}\n"
-      "{{- define \"trainctl.sshWaitScript\" -}}{{ " + GoString(kSshWaitScript) + " }}{{- end -}}\n";
+      "{{- define \"trainctl.stageScript\" -}}{{ " + GoString(kStageScript) + " }}{{- end -}}\n";
   return files;
 }
 

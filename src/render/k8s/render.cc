@@ -22,21 +22,6 @@ using nlohmann::json;
 // argument. Exit 2 (no retry: the Job's podFailurePolicy fails it at once) is a refusal that
 // trying again cannot mend, said in one line: a 4xx answer with S3's error code, a checksum that
 // does not match (a 5xx answer, once curl's retries are spent, exits 1: the Job tries again).
-// A new pod's first connections may be dropped while the cluster's NetworkPolicy enforcer admits
-// it (on the live cluster, the launcher's first ssh failed with "ssh_dispatch_run_fatal ...
-// Resource temporarily unavailable" and mpirun with it; 12 s later the same pod trained), so the
-// launcher waits for every worker's sshd, up to the rendezvous timeout (then exit 4, trainctl's
-// rendezvous verdict).
-const char* const kSshWaitScript = R"(limit=$1; shift
-for h in $(awk '{print $1}' /etc/mpi/hostfile); do
-  until timeout 2 bash -c "exec 3<>/dev/tcp/$h/2222 && head -c 4 <&3 | grep -q SSH-" 2>/dev/null; do
-    if ((SECONDS >= limit)); then echo "trainctl: $h's sshd did not answer on port 2222 in ${limit}s" >&2; exit 4; fi
-    sleep 1
-  done
-done
-exec "$@"
-)";
-
 const char* const kStageScript = R"(set -eu
 mkdir -p "$DEST"
 cd "$DEST"
@@ -470,9 +455,10 @@ class Renderer {
   // sshd as the image's non-root user on port 2222 (deploy/Dockerfile's mpi stage), with the
   // operator's keys at sshAuthMountPath. The launcher serves the job's store on its pod IP.
   json MPIJob() const {
-    const int64_t wait_s = std::max<int64_t>(1, s_.timeouts.rendezvous.count() / 1000);
-    json launch = {"bash", "-c", kSshWaitScript, "wait-for-sshd", std::to_string(wait_s),
-                   "trainctl", "run", std::string(kSpecDir) + "/job.json", "--target", "mpi",
+    // `run --target mpi` waits for every worker's sshd first (a new pod's first connections may
+    // be dropped while the cluster's NetworkPolicy enforcer admits it: on the live cluster,
+    // mpirun's first ssh failed with "Resource temporarily unavailable", and 12 s later trained).
+    json launch = {"trainctl", "run", std::string(kSpecDir) + "/job.json", "--target", "mpi",
                    "--hostfile", "/etc/mpi/hostfile", "--store-host", "$(POD_IP)",
                    "--resume"};  // a restarted launcher pod continues the run
     json env = {{{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}}};

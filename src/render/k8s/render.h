@@ -30,9 +30,6 @@ constexpr int kStorePort = 29400;
 // of elastic jobs: shared by the manifests and the Helm chart.
 extern const char* const kStageScript;
 extern const char* const kEtcdImage;
-// What the MPIJob's launcher runs before mpirun (bash -c; $1 the seconds it may wait, then the
-// command): until each host of the operator's hostfile answers with sshd's banner from this pod.
-extern const char* const kSshWaitScript;
 
 // The spec as the pods see it: relative output, checkpoint, working and data directories moved
 // under the shared volume's mount, the rendezvous pointed at the in-cluster store.

@@ -147,7 +147,6 @@ object for every example and workload format, so a change to one needs the same 
 {{- $timeouts := $v.timeouts | default dict -}}
 {{- $jobMs := include "trainctl.ms" ($timeouts.job | default "0s") | int64 -}}
 {{- $_ := set $s "jobMs" $jobMs -}}
-{{- $_ := set $s "rendezvousS" (max 1 (div (include "trainctl.ms" ($timeouts.rendezvous | default "5m") | int64) 1000)) -}}
 {{- $_ := set $s "trainer" (hasKey $v "trainer") -}}
 {{- /* The spec as the pods see it (render's PodSpec): directories under the shared volume. */ -}}
 {{- $pod := deepCopy $v -}}
