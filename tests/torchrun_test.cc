@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <map>
 #include <regex>
 
 #include <nlohmann/json.hpp>
@@ -112,6 +113,62 @@ TEST(Torchrun, WhatTrainctlCannotHonourIsNamed) {
                      "--rdzv-id", "x", "--no-python", "/bin/true"}, s.path(""), seconds(30), {{"TRAINCTL_TOKEN", ""}});
   EXPECT_EQ(r.exit.code, kExitInvalidSpec);
   EXPECT_NE(r.output.find("needs its token in TRAINCTL_TOKEN"), std::string::npos) << r.output;
+}
+
+// torch 2.x's --shutdown-timeout is the stop grace; --signals-to-handle takes trainctl's stop
+// signals (torchrun's default list) and refuses any other by name.
+TEST(Torchrun, TheShutdownTimeoutIsTheStopGraceAndOnlyStopSignalsAreHandled) {
+  Scratch s;
+  auto r = Trainctl({"torchrun", "--print-spec", "--shutdown-timeout", "2.5", "--signals-to-handle",
+                     "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "t.py"}, s.path(""));
+  ASSERT_EQ(r.exit.code, 0) << r.output;
+  EXPECT_NE(r.output.find("stop_grace: \"2500ms\""), std::string::npos) << r.output;
+  r = Trainctl({"torchrun", "--signals_to_handle", "SIGTERM,SIGUSR1", "t.py"}, s.path(""));
+  EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
+  EXPECT_NE(r.output.find("--signals-to-handle \"SIGUSR1\": trainctl stops the job"), std::string::npos) << r.output;
+  r = Trainctl({"torchrun", "--shutdown-timeout", "soon", "t.py"}, s.path(""));
+  EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
+  EXPECT_NE(r.output.find("--shutdown-timeout: expected a number of seconds, got \"soon\""), std::string::npos) << r.output;
+}
+
+// Every flag in the usage of the test's own torchrun (`torchrun --help` of TRAINCTL_TEST_PYTHON's
+// torch: Debian's 1.13, or today's in the .torch2 variant) is one of trainctl torchrun's: taken,
+// or refused with a line that names it, never called unknown or taken for the script.
+TEST(Torchrun, EveryFlagOfTorchrunsHelpIsTakenOrRefusedByName) {
+  Scratch s;
+  auto help = RunProgram({TRAINCTL_TEST_PYTHON, "-m", "torch.distributed.run", "--help"}, s.path(""));
+  ASSERT_EQ(help.exit.code, 0) << help.output;
+  const std::string usage = help.output.substr(0, help.output.find("positional arguments"));
+  auto dashed = [](std::string text) {
+    std::replace(text.begin(), text.end(), '_', '-');
+    return text;
+  };
+  // A value each flag can take (its first choice, when the usage lists them).
+  const std::map<std::string, std::string> values = {
+      {"--nnodes", "1"}, {"--nproc-per-node", "2"}, {"--rdzv-backend", "c10d"}, {"--rdzv-endpoint", "localhost:29400"},
+      {"--rdzv-id", "x"}, {"--rdzv-conf", "join_timeout=5"}, {"--max-restarts", "1"}, {"--monitor-interval", "0.1"},
+      {"--start-method", "spawn"}, {"--role", "default"}, {"--log-dir", s.path("logs")}, {"-r", "0"}, {"--redirects", "0"},
+      {"-t", "0"}, {"--tee", "0"}, {"--node-rank", "0"}, {"--master-addr", "127.0.0.1"}, {"--master-port", "29500"},
+      {"--local-addr", "127.0.0.1"}, {"--shutdown-timeout", "5"}, {"--signals-to-handle", "SIGTERM"}};
+  const std::regex option(R"(\[(-{1,2}[A-Za-z][A-Za-z0-9_-]*)( ([A-Z_]+|\{([^,}]+)[^}]*\}))?\])");
+  int flags = 0;
+  for (std::sregex_iterator m(usage.begin(), usage.end(), option), end; m != end; ++m) {
+    const std::string flag = (*m)[1];
+    if (flag == "-h" || flag == "--help") continue;
+    ++flags;
+    std::vector<std::string> argv = {"torchrun", "--print-spec", flag};
+    if ((*m)[2].matched) {
+      const auto known = values.find(dashed(flag));
+      argv.push_back((*m)[4].matched ? (*m)[4].str() : known != values.end() ? known->second : "1");
+    }
+    argv.push_back("t.py");
+    auto r = Trainctl(argv, s.path(""));
+    if (r.exit.code == 0) continue;
+    EXPECT_EQ(r.exit.code, kExitInvalidSpec) << flag << "\n" << r.output;
+    EXPECT_EQ(r.output.find("unknown flag"), std::string::npos) << flag << "\n" << r.output;
+    EXPECT_NE(dashed(r.output).find(dashed(flag)), std::string::npos) << flag << " is not named:\n" << r.output;
+  }
+  EXPECT_GE(flags, 20) << usage;
 }
 
 // The help shows the script after the flags, as torchrun's usage does.

@@ -51,6 +51,8 @@ struct TorchrunFlags {
   int master_port = 29500;
   bool module = false, no_python = false, run_path = false;
   bool print_spec = false;
+  std::string shutdown_timeout;      // seconds: timeouts.stop_grace
+  std::string signals_to_handle;     // only trainctl's stop signals
   std::string preload;               // MODULE[,MODULE...]
   std::string python;                // --python, else TRAINCTL_PYTHON, else python3 from PATH
   std::vector<std::string> program;  // SCRIPT (or MODULE) and its arguments
@@ -154,6 +156,22 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
     } else {
       return InvalidArgument("--rdzv-conf: trainctl knows join_timeout, last_call_timeout, close_timeout, "
                              "read_timeout, timeout and is_host, not " + Quote(key));
+    }
+  }
+  // torch 2.x's --shutdown-timeout: the grace between SIGTERM and SIGKILL when workers are stopped.
+  if (!f.shutdown_timeout.empty()) {
+    char* end = nullptr;
+    const double s = std::strtod(f.shutdown_timeout.c_str(), &end);
+    if (*end != '\0' || s < 0) {
+      return InvalidArgument("--shutdown-timeout: expected a number of seconds, got " + Quote(f.shutdown_timeout));
+    }
+    timeouts["stop_grace"] = std::to_string(static_cast<int64_t>(s * 1000)) + "ms";
+  }
+  for (const auto& sig : Split(f.signals_to_handle, ',')) {
+    if (!sig.empty() && sig != "SIGTERM" && sig != "SIGINT" && sig != "SIGHUP" && sig != "SIGQUIT") {
+      return InvalidArgument("--signals-to-handle " + Quote(sig) + ": trainctl stops the job (every worker, "
+                             "SIGTERM then SIGKILL after the grace) on SIGTERM, SIGINT, SIGHUP and SIGQUIT, and "
+                             "passes no other signal on");
     }
   }
   if (!timeouts.empty()) spec["timeouts"] = timeouts;
@@ -369,6 +387,20 @@ std::string NotTaken(const std::string& flag) {
     return "every rank's output is shown, prefixed with its rank; trainctl logs JOB --rank N shows one rank's";
   }
   if (f == "--logs-specs") return "every rank's output goes to <--log-dir>/logs/";
+  if (f == "--duplicate-stdout-filters" || f == "--duplicate-stderr-filters") {
+    return "every rank's whole output is in <--log-dir>/logs/worker-RANK.log: grep it there";
+  }
+  if (f == "--log-line-prefix-template") return "every rank's lines are shown prefixed with [worker-RANK]";
+  if (f == "--event-log-handler") {
+    return "a job's events are in <--log-dir>/status.json, metrics.jsonl and the agents' log, for no handler to take";
+  }
+  if (f == "--numa-binding") {
+    return "a job spec's cpu_bind: cores gives each worker cores of its own (--print-spec writes the spec)";
+  }
+  if (f == "--virtual-local-rank") {
+    return "LOCAL_RANK is each worker's index on its host and every worker sees the host's GPUs, as torchrun's default";
+  }
+  if (f == "--print-completion") return "trainctl has no shell completion script";
   return "";
 }
 
@@ -406,6 +438,10 @@ void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_option("--master-port,--master_port", f.master_port, "static rendezvous: node 0's port")->capture_default_str();
   cmd->add_option("--start-method,--start_method", f.start_method, "accepted: workers are always new processes")
       ->capture_default_str();
+  cmd->add_option("--shutdown-timeout,--shutdown_timeout", f.shutdown_timeout,
+                  "seconds between SIGTERM and SIGKILL when the workers are stopped (timeouts.stop_grace)");
+  cmd->add_option("--signals-to-handle,--signals_to_handle", f.signals_to_handle,
+                  "accepted for SIGTERM, SIGINT, SIGHUP, SIGQUIT: each stops the job");
   cmd->add_flag("-m,--module", f.module, "run SCRIPT as a Python module (python -m)");
   cmd->add_flag("--no-python,--no_python", f.no_python, "run SCRIPT as a program, not through python3");
   cmd->add_option("--python", f.python,
