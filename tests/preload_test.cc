@@ -202,6 +202,61 @@ TEST(Preload, RealProgramsGiveTheSameResultsFromAWarmInterpreter) {
   EXPECT_EQ(w["weights"], f["weights"]);
 }
 
+// The major version of the test's PyTorch (TRAINCTL_TEST_PYTHON's), 0 if it has none.
+int TorchMajor() {
+  auto r = RunProgram({TRAINCTL_TEST_PYTHON, "-c", "import torch; print(torch.__version__.split('.')[0])"}, "/");
+  return r.exit.code == 0 ? std::atoi(r.output.c_str()) : 0;
+}
+
+// Programs of today's PyTorch (tests/python/today.py, 2 ranks on gloo): DDP of a torch.compile'd
+// model (inductor builds its kernels in compile workers, processes the forked workers start),
+// torch.distributed.checkpoint with rank 1 SIGKILLed at step 12 and the group resumed from step
+// 10, and FSDP2's fully_shard. Each gives `trainctl torchrun --preload` (workers forked from a
+// warm interpreter) the very losses and parameters PyTorch's own torchrun gives it, and leaves
+// no process behind.
+TEST(Preload, TodaysProgramsGiveTorchrunsResultsFromAWarmInterpreter) {
+  if (TorchMajor() < 2) GTEST_SKIP() << "programs of torch 2.x: the .torch2 variant runs them";
+  Scratch s;
+  const std::string today = std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/today.py";
+  for (const std::string mode : {"dcp", "fsdp2", "compile"}) {
+    SCOPED_TRACE(mode);
+    auto run = [&](const std::string& name, std::vector<std::string> launcher) {
+      MakeDirs(s.path(name));
+      SpawnOptions o;
+      o.argv = std::move(launcher);
+      o.argv.insert(o.argv.end(), {"--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
+                                   today, mode});
+      o.env = CurrentEnvironment();
+      SetEnv(&o.env, "RESULT_DIR", s.path(name));
+      SetEnv(&o.env, "TORCHINDUCTOR_CACHE_DIR", s.path(name + "/inductor"));  // each compiles its own
+      SetEnv(&o.env, "TRAINCTL_STATE_DIR", s.path("state"));
+      SetEnv(&o.env, "TODAY_SCRATCH", s.path(""));  // in every process of the runs, compile workers too
+      o.cwd = s.path("");
+      auto r = RunCommand(o, std::chrono::seconds(240));
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(r->exit.code, 0) << r->output;
+    };
+    run(mode + "-torchrun", {TRAINCTL_TEST_PYTHON, "-m", "torch.distributed.run"});
+    run(mode + "-warm", {TRAINCTL_BIN, "torchrun", "--python", TRAINCTL_TEST_PYTHON, "--preload",
+                         "torch,torch.distributed,xml.dom.minidom"});
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string file = "/result-" + std::to_string(rank) + ".json";
+      auto theirs = nlohmann::json::parse(s.Read(mode + "-torchrun" + file), nullptr, false);
+      auto ours = nlohmann::json::parse(s.Read(mode + "-warm" + file), nullptr, false);
+      ASSERT_TRUE(theirs.is_object() && ours.is_object()) << s.Read(mode + "-warm" + file);
+      EXPECT_FALSE(theirs["preloaded"]);
+      EXPECT_TRUE(ours["preloaded"]);
+      EXPECT_EQ(theirs["resumed_from"], mode == "dcp" ? 10 : 0);
+      EXPECT_EQ(ours["resumed_from"], theirs["resumed_from"]);
+      EXPECT_EQ(ours["losses"], theirs["losses"]);
+      EXPECT_EQ(ours["weights"].size(), 321u);
+      EXPECT_EQ(ours["weights"], theirs["weights"]);
+    }
+  }
+  EXPECT_TRUE(Eventually([&] { return ProcessesWithEnv({"TODAY_SCRATCH=" + s.path("")}).empty(); },
+                         std::chrono::seconds(10)));
+}
+
 // A warm interpreter started from a directory another user can write imports nothing from it, as
 // `python3 /path/script.py` imports nothing from it: modules planted there under the names of what
 // the interpreter itself imports (ctypes, socket, runpy) and of the preload (json) stay unread;
