@@ -5,7 +5,8 @@
 # carry .dev), builds build-gpu with the tests, then runs the phases named. Logs and the
 # ResNet runs' metrics go to $OUT (default /tmp/device-out).
 #
-# usage: bench/device.sh PHASE...
+# usage: [TARGETS=...] bench/device.sh PHASE...   (TARGETS: what to build; default trainctl and
+#                                                  the test phase's tests)
 #   test     the GPU tests (NCCL, the reducer on the GPU, training and resuming on the GPU), and
 #            cpu_bind on these cores
 #   gpu      ResNet-50, trainctl beside PyTorch DDP, plain layout then channels-last + cuDNN benchmark
@@ -15,6 +16,9 @@
 #   weak16   1 and 16 workers, $ROUNDS alternating rounds (default 3; the machine's noise)
 #            (trainctl with balance: even and balance: speed side by side)
 #   weak16b  the same with every worker bound to a core of its own (cpu_bind: cores)
+#   recipe   ResNet-50 learning to tell photographs apart at 112 and 224 pixels, trainctl beside
+#            torchvision under one recipe (issue 75); needs the photographs in .dev/photos
+#            (`bench/make_image_folder.py --save-sources .dev/photos` here; carry .dev)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -44,7 +48,7 @@ lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core)'
 # touched first.
 sources=build-gpu/.sources.sha1
 [ -f "$sources" ] && sha1sum --check --quiet "$sources" 2>/dev/null | sed -n 's/: FAILED.*$//p' | xargs -r touch
-PYTHON=python3 BUILD_TESTING=ON scripts/dev gpu-build --target trainctl trainer_test train_test cli_test -- -j"$(nproc)" -k 0 \
+PYTHON=python3 BUILD_TESTING=ON scripts/dev gpu-build --target ${TARGETS:-trainctl trainer_test train_test cli_test} -- -j"$(nproc)" -k 0 \
   > "$OUT/build.log" 2>&1 || { grep -E "error:|FAILED" "$OUT/build.log" | head -40; exit 1; }
 find src tests -type f \( -name '*.cc' -o -name '*.h' -o -name '*.txt' \) -print0 | xargs -0 sha1sum > "$sources"
 stamp "built"
@@ -84,6 +88,18 @@ for phase in "$@"; do
       timeout 300 python3 bench/weak_scaling.py --trainctl build-gpu/src/trainctl --python python3 \
         --workers 1,16 --rounds "${ROUNDS:-3}" --window 50 --windows 4 --balance --keep "$OUT/timelines-$phase" \
         $([ "$phase" = weak16b ] && echo --bind) 2>&1 ;;
+    recipe)
+      [ -d /tmp/photos/test ] || python3 bench/make_image_folder.py /tmp/photos --by-source --sources .dev/photos \
+        --files "${FILES:-5100}" --test "${TESTS:-1700}"
+      # torchvision's reference recipe (SGD 0.1 per 256 pictures, momentum 0.9, weight decay 1e-4)
+      # at a batch of 64, with a warm-up; fp32, plain layout on both sides.
+      # RECIPES: SIZE:LR pairs.
+      for recipe in ${RECIPES:-112:0.025 224:0.025}; do
+        timeout 300 python3 bench/resnet50_recipe.py --trainctl build-gpu/src/trainctl --device cuda \
+          --folder /tmp/photos/train --test-folder /tmp/photos/test --size "${recipe%%:*}" --batch 64 \
+          --steps "${STEPS:-600}" --lr "${recipe#*:}" --momentum 0.9 --weight-decay 1e-4 --warmup 100 --loaders 12 2>&1 |
+          tee "$OUT/recipe-${recipe/:/-lr}.txt"
+      done ;;
     *) echo "bench/device.sh: unknown phase $phase" >&2 ;;
   esac
 done
