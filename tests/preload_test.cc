@@ -155,10 +155,11 @@ TEST(Preload, AWarmInterpreterThatCannotServeSaysWhyAndTheJobRunsWithoutIt) {
 // checkpoint after a rank's failure compute the same numbers, to the bit, from copies.
 TEST(Preload, RealProgramsGiveTheSameResultsFromAWarmInterpreter) {
   Scratch s;
-  auto job = [&](const std::string& name, const std::string& script, const std::string& preload) {
+  // `program`: the script and its arguments, as items of the command's YAML list.
+  auto job = [&](const std::string& name, const std::string& program, const std::string& preload) {
     MakeDirs(s.path(name));
     s.Write(name + ".yaml", "name: " + name + "\nprocs_per_node: 2\ncommand: [" + std::string(TRAINCTL_TEST_PYTHON) +
-                                ", " + script + "]\nenv: {STEPS: \"40\", RESULT_DIR: " + s.path(name) + "}\n" +
+                                ", " + program + "]\nenv: {STEPS: \"40\", RESULT_DIR: " + s.path(name) + "}\n" +
                                 (preload.empty() ? "" : "preload: [" + preload + "]\n") + "output_dir: " + s.path(name) +
                                 "\nrestart: {max_restarts: 1, backoff: 0s}\n");
     auto r = Trainctl({"run", name + ".yaml"}, s.path(""), std::chrono::seconds(180));
@@ -189,17 +190,21 @@ TEST(Preload, RealProgramsGiveTheSameResultsFromAWarmInterpreter) {
     EXPECT_EQ(w["spawned"], f["spawned"]);
   }
   // Checkpoints every 5 steps; a rank fails at step 12; the group resumes from step 10.
-  const std::string ckpt = std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/ckpt_ddp.py";
+  const std::string ckpt = std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/today.py, ckpt";
   job("ckpt-fresh", ckpt, "");
   job("ckpt-warm", ckpt, "torch, torch.distributed, xml.dom.minidom");
-  auto f = nlohmann::json::parse(s.Read("ckpt-fresh/weights.json"));
-  auto w = nlohmann::json::parse(s.Read("ckpt-warm/weights.json"));
-  EXPECT_FALSE(f["preloaded"]);
-  EXPECT_TRUE(w["preloaded"]);
-  EXPECT_EQ(f["resumed_from"], 10);
-  EXPECT_EQ(w["resumed_from"], 10);
-  EXPECT_EQ(w["weights"].size(), 161u);
-  EXPECT_EQ(w["weights"], f["weights"]);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string file = "/result-" + std::to_string(rank) + ".json";
+    auto f = nlohmann::json::parse(s.Read("ckpt-fresh" + file));
+    auto w = nlohmann::json::parse(s.Read("ckpt-warm" + file));
+    EXPECT_FALSE(f["preloaded"]);
+    EXPECT_TRUE(w["preloaded"]);
+    EXPECT_EQ(f["resumed_from"], 10);
+    EXPECT_EQ(w["resumed_from"], 10);
+    EXPECT_EQ(w["weights"].size(), 321u);
+    EXPECT_EQ(w["weights"], f["weights"]);
+    EXPECT_EQ(w["losses"], f["losses"]);
+  }
 }
 
 // The major version of the test's PyTorch (TRAINCTL_TEST_PYTHON's), 0 if it has none.

@@ -1,4 +1,9 @@
-"""Programs of today's PyTorch (2.x), as their users write them, 2 ranks on gloo (issue 74, part 3):
+"""DDP programs as their users write them, 2 ranks on gloo:
+
+  today.py ckpt      checkpoints with torch.save every 5 steps (rank 0); in the first attempt
+                     rank 1 fails at step 12, and the group resumes from step 10 (torch 1.13 too)
+
+and programs of today's PyTorch, 2.x only (issue 74, part 3):
 
   today.py compile   DDP of a torch.compile'd model (inductor: C++ kernels built by its compile
                      workers, processes of their own)
@@ -50,6 +55,11 @@ opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 start = 0
 ckpt = os.path.join(out, "ckpt")
+if mode == "ckpt" and os.path.exists(ckpt):
+    state = torch.load(ckpt)
+    net.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    start = state["step"]
 if mode == "dcp":
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -71,6 +81,14 @@ for step in range(start, 20):
     loss.backward()
     opt.step()
     losses.append(loss.item())
+    if mode == "ckpt" and step == 12 and rank == 1 and attempt == "0":
+        sys.exit(1)
+    if mode == "ckpt" and (step + 1) % 5 == 0:
+        dist.barrier()
+        if rank == 0:
+            torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step + 1}, ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)
+        dist.barrier()
     if mode == "dcp" and step == 12 and rank == 1 and attempt == "0":
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "dcp" and (step + 1) % 5 == 0:
