@@ -20,6 +20,33 @@ using json = nlohmann::json;
 const std::string kSrc = TRAINCTL_SOURCE_DIR;
 const std::string kCluster = kSrc + "/scripts/cluster/cluster";
 
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+std::vector<std::string> Verb(const std::string& verb, std::vector<std::string> spec,
+                              std::vector<std::string> more = {}) {
+  spec.insert(spec.begin(), verb);
+  spec.insert(spec.end(), more.begin(), more.end());
+  return spec;
+}
+
+// Waits for `trainctl status` of `spec` (as `env` says: KUBECONFIG) to leave "running"; returns its
+// JSON, and its last output in `last`.
+json WaitForEnd(const std::vector<std::string>& spec, Duration timeout, std::string* last,
+                const Env& env = {}) {
+  json status = json::object();
+  Eventually([&] {
+    auto r = Trainctl(Verb("status", spec, {"--json"}), kSrc, std::chrono::seconds(60), env);
+    *last = r.output;
+    try {
+      status = json::parse(r.output);
+    } catch (const json::exception&) {
+      return false;
+    }
+    return status.value("state", "") != "running";
+  }, timeout);
+  return status;
+}
+
 // The cluster's KUBECONFIG and kubectl, from `cluster env`, for this process and every child.
 class Live : public ::testing::Test {
  protected:
@@ -62,6 +89,41 @@ class Live : public ::testing::Test {
       return json::object();
     }
   }
+  // The namespace's pods that `selector` selects.
+  json Pods(const std::string& selector) {
+    return KubectlJson({"get", "pods", "-n", ns_, "-l", selector}).value("items", json::array());
+  }
+  // What `kubectl get KINDS -o name` lists in the namespace (of what `selector` selects) once it
+  // lists `left` objects or fewer, or after `timeout`: the controllers delete what a job owns.
+  std::string Left(const std::string& kinds, const std::string& selector = "", size_t left = 0,
+                   Duration timeout = std::chrono::seconds(90)) {
+    std::vector<std::string> args = {"get", kinds, "-n", ns_, "-o", "name"};
+    if (!selector.empty()) args.insert(args.end(), {"-l", selector});
+    std::string out;
+    Eventually([&] {
+      auto r = Kubectl(args);
+      out = r.exit.code == 0 ? r.output : "kubectl failed: " + r.output;
+      return r.exit.code == 0 && size_t(CountLines(r.output, "/")) <= left;
+    }, timeout);
+    return out;
+  }
+  // `trainctl submit SPEC` (with `env`: its KUBECONFIG), its time noted for Finish.
+  CommandResult Submit(const std::vector<std::string>& spec, const Env& env = {}) {
+    submitted_ = Clock::now();
+    return Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120), env);
+  }
+  // `trainctl status` followed to the job's end, which must be success (else the failure shows
+  // `kinds` of the namespace); prints the seconds from Submit to the end. The final status, and
+  // status's last output in `last`.
+  json Finish(const std::vector<std::string>& spec, Duration timeout, const std::string& kinds, std::string* last,
+              const Env& env = {}) {
+    json status = WaitForEnd(spec, timeout, last, env);
+    EXPECT_EQ(status.value("state", ""), "succeeded") << *last << Kubectl({"get", kinds, "-n", ns_, "-o", "wide"}).output;
+    std::printf("%s: %s %.0f s after submit\n", ::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                status.value("state", "?").c_str(), std::chrono::duration<double>(Clock::now() - submitted_).count());
+    return status;
+  }
+
   // The rendered objects, as the API's JSON (kubectl's client-side reading of the YAML: one JSON
   // document per object).
   static json Objects(const std::string& manifests) {
@@ -83,6 +145,7 @@ class Live : public ::testing::Test {
 
   Scratch s_;
   std::string ns_;
+  Clock::time_point submitted_ = Clock::now();
   static inline int counter_ = 0;
 };
 
@@ -205,31 +268,6 @@ std::string Probe(const std::string& ns, const std::string& name, const json& la
   return pod.dump();
 }
 
-std::vector<std::string> Verb(const std::string& verb, std::vector<std::string> spec,
-                              std::vector<std::string> more = {}) {
-  spec.insert(spec.begin(), verb);
-  spec.insert(spec.end(), more.begin(), more.end());
-  return spec;
-}
-
-// Waits for `trainctl status` of `spec` (as `env` says: KUBECONFIG) to leave "running"; returns its
-// JSON, and its last output in `last`.
-json WaitForEnd(const std::vector<std::string>& spec, Duration timeout, std::string* last,
-                const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  json status = json::object();
-  Eventually([&] {
-    auto r = Trainctl(Verb("status", spec, {"--json"}), kSrc, std::chrono::seconds(60), env);
-    *last = r.output;
-    try {
-      status = json::parse(r.output);
-    } catch (const json::exception&) {
-      return false;
-    }
-    return status.value("state", "") != "running";
-  }, timeout);
-  return status;
-}
-
 // The eval Job's report (`trainctl eval -o json`: accuracy, per class) from its pod's log.
 json EvalReport(const std::string& ns, std::string* last) {
   json report = json::object();
@@ -252,7 +290,7 @@ json EvalReport(const std::string& ns, std::string* last) {
 // class binds), followed through trainctl's verbs from submit to delete.
 TEST_F(Live, TheExampleTrainsInPodsAndTheVerbsFollowIt) {
   const auto spec = BaseExample(ns_);
-  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   EXPECT_NE(submit.output.find("submitted fashion-mnist to namespace " + ns_), std::string::npos) << submit.output;
 
@@ -260,9 +298,8 @@ TEST_F(Live, TheExampleTrainsInPodsAndTheVerbsFollowIt) {
   // a pod of the job, and not a pod outside it.
   std::string store;
   ASSERT_TRUE(Eventually([&] {
-    json pods = KubectlJson({"get", "pods", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist,"
-                             "app.kubernetes.io/component=worker,batch.kubernetes.io/job-completion-index=0"});
-    for (const auto& p : pods.value("items", json::array())) {
+    for (const auto& p : Pods("trainctl.dev/job=fashion-mnist,app.kubernetes.io/component=worker,"
+                              "batch.kubernetes.io/job-completion-index=0")) {
       if (p["status"].value("phase", "") == "Running" && !p["status"].value("podIP", "").empty()) {
         store = p["status"].value("podIP", "") + "/29400";
       }
@@ -290,8 +327,7 @@ TEST_F(Live, TheExampleTrainsInPodsAndTheVerbsFollowIt) {
   EXPECT_EQ(probe("outside", json::object()), "closed\n");
 
   std::string last;
-  json status = WaitForEnd(spec, std::chrono::minutes(12), &last);
-  EXPECT_EQ(status.value("state", ""), "succeeded") << last;
+  json status = Finish(spec, std::chrono::minutes(12), "pods", &last);
   std::set<std::string> components;
   for (const auto& pod : status["pods"]) components.insert(pod.value("component", ""));
   EXPECT_TRUE(components.count("worker")) << last;
@@ -313,13 +349,9 @@ TEST_F(Live, TheExampleTrainsInPodsAndTheVerbsFollowIt) {
   // delete: nothing labelled with the job is left but its volume and its token.
   auto del = Trainctl(Verb("delete", spec), kSrc);
   EXPECT_EQ(del.exit.code, 0) << del.output;
-  std::string left;
-  EXPECT_TRUE(Eventually([&] {
-    auto r = Kubectl({"get", "all,configmaps,secrets,pvc,networkpolicies,roles,rolebindings,serviceaccounts", "-n",
-                      ns_, "-l", "trainctl.dev/job=fashion-mnist", "-o", "name"});
-    left = r.output;
-    return r.exit.code == 0 && CountLines(r.output, "/") == 2;
-  }, std::chrono::seconds(90))) << left;
+  const std::string left = Left("all,configmaps,secrets,pvc,networkpolicies,roles,rolebindings,serviceaccounts",
+                                "trainctl.dev/job=fashion-mnist", 2);
+  EXPECT_EQ(CountLines(left, "/"), 2) << left;
   EXPECT_NE(left.find("persistentvolumeclaim/fashion-mnist-data"), std::string::npos) << left;
   EXPECT_NE(left.find("secret/fashion-mnist-token"), std::string::npos) << left;
 }
@@ -348,17 +380,10 @@ TEST_F(Live, TheDatasetIsStagedFromS3AndAWrongSecretFailsTheStageAtOnce) {
   spec.insert(spec.end(), {"--set", "cluster.stage.url=s3://trainctl/datasets/fashion-mnist.tar.gz", "--set",
                            "cluster.stage.sha256=" + sha, "--set", "cluster.stage.credentials=s3-readers",
                            "--set", "trainer.epochs=1", "--set", "trainer.max_steps=40"});
-  auto gone = [&] {
-    std::string left;
-    EXPECT_TRUE(Eventually([&] {
-      auto r = Kubectl({"get", "jobs,pods", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "-o", "name"});
-      left = r.output;
-      return r.exit.code == 0 && r.output.empty();
-    }, std::chrono::seconds(120))) << left;
-  };
+  auto gone = [&] { EXPECT_EQ(Left("jobs,pods", "trainctl.dev/job=fashion-mnist", 0, std::chrono::seconds(120)), ""); };
 
   secret("not-the-secret");
-  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   std::string last;
   json status = WaitForEnd(spec, std::chrono::minutes(4), &last);
@@ -377,16 +402,12 @@ TEST_F(Live, TheDatasetIsStagedFromS3AndAWrongSecretFailsTheStageAtOnce) {
   gone();
 
   secret(server.Var("AWS_SECRET_ACCESS_KEY"));
-  const auto started = std::chrono::steady_clock::now();
-  submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
-  status = WaitForEnd(spec, std::chrono::minutes(10), &last);
-  EXPECT_EQ(status.value("state", ""), "succeeded") << last;
+  status = Finish(spec, std::chrono::minutes(10), "jobs,pods", &last);  // staged, and 40 steps trained
   logs = Trainctl(Verb("logs", spec, {"--component", "stage"}), kSrc);
   EXPECT_NE(logs.output.find("staged s3://trainctl/datasets/fashion-mnist.tar.gz into /mnt/trainctl/datasets/fashion-mnist"),
             std::string::npos) << logs.output;
-  std::printf("staged from S3 and trained 40 steps in %.0f s from submit\n",
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   EXPECT_EQ(Trainctl(Verb("delete", spec), kSrc).exit.code, 0);
   gone();
 }
@@ -398,7 +419,7 @@ TEST_F(Live, TheDatasetIsStagedFromS3AndAWrongSecretFailsTheStageAtOnce) {
 TEST_F(Live, ADeletedWorkerPodIsReplacedAndTheJobFinishes) {
   auto spec = BaseExample(ns_);
   spec.insert(spec.end(), {"--set", "trainer.log_every=10"});
-  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   const std::vector<std::string> node0 = {"logs", "-n", ns_, "--tail=-1", "-l",
                                           "trainctl.dev/job=fashion-mnist,batch.kubernetes.io/job-completion-index=0"};
@@ -423,21 +444,10 @@ TEST_F(Live, ADeletedWorkerPodIsReplacedAndTheJobFinishes) {
   std::printf("a deleted worker pod: every rank training again %.1f s after the deletion\n", recovered);
 
   std::string last;
-  json status = WaitForEnd(spec, std::chrono::minutes(10), &last);
-  EXPECT_EQ(status.value("state", ""), "succeeded") << last;
+  Finish(spec, std::chrono::minutes(10), "pods", &last);
   json report = EvalReport(ns_, &last);
   EXPECT_GE(report.value("accuracy", 0.0), 0.85) << last;
   std::printf("test accuracy after the restart: %.4f\n", report.value("accuracy", 0.0));
-}
-
-// The pods of one job, as `kubectl get pods -l` lists them.
-json Pods(const std::string& ns, const std::string& selector) {
-  auto r = RunProgram({"kubectl", "--request-timeout=30s", "get", "pods", "-n", ns, "-l", selector, "-o", "json"}, kSrc);
-  try {
-    return json::parse(r.output).value("items", json::array());
-  } catch (const json::exception&) {
-    return json::array();
-  }
 }
 
 // The PyTorchJob under the real Training Operator (the cluster runs it beside the control plane,
@@ -448,8 +458,7 @@ TEST_F(Live, APyTorchJobTrainsUnderTheTrainingOperatorThroughALostWorkerPod) {
   auto spec = BaseExample(ns_);
   spec.insert(spec.end(), {"--format", "pytorchjob", "--set", "trainer.epochs=1", "--set", "trainer.max_steps=300",
                            "--set", "trainer.log_every=10"});
-  const auto submitted = Clock::now();
-  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   const std::string job = "trainctl.dev/job=fashion-mnist";
   const std::vector<std::string> node0 = {"logs", "-n", ns_, "--tail=-1", "-l", job + ",training.kubeflow.org/replica-index=0"};
@@ -458,7 +467,7 @@ TEST_F(Live, APyTorchJobTrainsUnderTheTrainingOperatorThroughALostWorkerPod) {
     log = Kubectl(node0).output;
     return log.find("epoch 1/1 [") != std::string::npos;
   }, std::chrono::minutes(5))) << log << Kubectl({"get", "pytorchjobs,pods,events", "-n", ns_, "-o", "wide"}).output;
-  json first = Pods(ns_, job + ",training.kubeflow.org/replica-index=1");
+  json first = Pods(job + ",training.kubeflow.org/replica-index=1");
   ASSERT_EQ(first.size(), 1u);
   EXPECT_EQ(first[0]["spec"].value("initContainers", json::array()).size(), 0u) << first[0]["spec"].dump();
   auto deleted = Kubectl({"delete", "pod", "-n", ns_, "--wait=false", first[0]["metadata"].value("name", "")});
@@ -472,16 +481,12 @@ TEST_F(Live, APyTorchJobTrainsUnderTheTrainingOperatorThroughALostWorkerPod) {
   }, std::chrono::minutes(4))) << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
   std::printf("a deleted PyTorchJob Worker pod: every rank training again %.1f s after the deletion\n",
               std::chrono::duration<double>(Clock::now() - t0).count());
-  json again = Pods(ns_, job + ",training.kubeflow.org/replica-index=1");
+  json again = Pods(job + ",training.kubeflow.org/replica-index=1");
   ASSERT_EQ(again.size(), 1u);
   EXPECT_NE(again[0]["metadata"].value("uid", ""), first[0]["metadata"].value("uid", ""));
 
   std::string last;
-  json status = WaitForEnd(spec, std::chrono::minutes(8), &last);
-  EXPECT_EQ(status.value("state", ""), "succeeded")
-      << last << Kubectl({"get", "pytorchjobs", "-n", ns_, "-o", "yaml"}).output;
-  std::printf("PyTorchJob (Training Operator): submit to success in %.0f s\n",
-              std::chrono::duration<double>(Clock::now() - submitted).count());
+  json status = Finish(spec, std::chrono::minutes(8), "pytorchjobs,pods", &last);
   EXPECT_EQ(status.value("succeeded", 0), 2) << last;
   auto logs = Trainctl(Verb("logs", spec), kSrc);
   EXPECT_EQ(logs.exit.code, 0) << logs.output;
@@ -490,12 +495,7 @@ TEST_F(Live, APyTorchJobTrainsUnderTheTrainingOperatorThroughALostWorkerPod) {
   }
   auto del = Trainctl(Verb("delete", spec), kSrc);
   EXPECT_EQ(del.exit.code, 0) << del.output;
-  std::string left;
-  EXPECT_TRUE(Eventually([&] {  // the PyTorchJob, and with it the operator's pods and Services
-    auto r = Kubectl({"get", "pytorchjobs,pods,services", "-n", ns_, "-o", "name"});
-    left = r.output;
-    return r.exit.code == 0 && r.output.empty();
-  }, std::chrono::seconds(90))) << left;
+  EXPECT_EQ(Left("pytorchjobs,pods,services"), "");  // the PyTorchJob, and with it the operator's pods and Services
 }
 
 // The TFJob of the parameter-server example under the real Training Operator: PS, Worker, Chief
@@ -504,17 +504,12 @@ TEST_F(Live, ATFJobWithRolesTrainsUnderTheTrainingOperator) {
   const std::vector<std::string> spec = {kSrc + "/examples/parameter-server.yaml", "--format", "tfjob",
                                          "--set", "cluster.namespace=" + ns_, "--set", "cluster.tensorboard=false",
                                          "--set", "trainer.epochs=1", "--set", "trainer.max_steps=150"};
-  const auto submitted = Clock::now();
-  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   std::string last;
-  json status = WaitForEnd(spec, std::chrono::minutes(10), &last);
-  EXPECT_EQ(status.value("state", ""), "succeeded")
-      << last << Kubectl({"get", "tfjobs,pods", "-n", ns_, "-o", "wide"}).output;
-  std::printf("TFJob with roles (Training Operator): submit to success in %.0f s\n",
-              std::chrono::duration<double>(Clock::now() - submitted).count());
+  Finish(spec, std::chrono::minutes(10), "tfjobs,pods", &last);
   std::set<std::string> types;
-  for (const auto& p : Pods(ns_, "trainctl.dev/job=parameter-server,training.kubeflow.org/replica-type")) {
+  for (const auto& p : Pods("trainctl.dev/job=parameter-server,training.kubeflow.org/replica-type")) {
     types.insert(p["metadata"]["labels"].value("training.kubeflow.org/replica-type", ""));
   }
   EXPECT_EQ(types, (std::set<std::string>{"chief", "evaluator", "ps", "worker"}));
@@ -531,16 +526,13 @@ TEST_F(Live, AnMPIJobTrainsUnderTheMPIOperator) {
   spec.insert(spec.end(), {"--format", "mpijob", "--set", "cluster.image=trainctl:mpi", "--set", "trainer.epochs=1",
                            "--set", "trainer.max_steps=150",
                            "--set", "resources.cpus=0.3"});  // beside the launcher's 0.5 and eval's 0.2: 1.9 cores
-  const auto submitted = Clock::now();
-  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   std::string last;
-  json status = WaitForEnd(spec, std::chrono::minutes(10), &last);
-  EXPECT_EQ(status.value("state", ""), "succeeded")
-      << last << Kubectl({"get", "mpijobs,jobs,pods", "-n", ns_, "-o", "wide"}).output
-      << Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "--tail=40", "--prefix"}).output;
-  std::printf("MPIJob (MPI Operator): submit to success in %.0f s\n",
-              std::chrono::duration<double>(Clock::now() - submitted).count());
+  json status = Finish(spec, std::chrono::minutes(10), "mpijobs,jobs,pods", &last);
+  if (status.value("state", "") != "succeeded") {
+    ADD_FAILURE() << Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "--tail=40", "--prefix"}).output;
+  }
   // The launcher's log holds both agents' training, each started by mpirun in its Worker pod.
   auto launcher = Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist,app.kubernetes.io/component=launcher",
                            "--tail=-1"});
@@ -551,12 +543,7 @@ TEST_F(Live, AnMPIJobTrainsUnderTheMPIOperator) {
   EXPECT_NE(logs.output.find("[pod/fashion-mnist-launcher-"), std::string::npos) << logs.output;
   auto del = Trainctl(Verb("delete", spec), kSrc);
   EXPECT_EQ(del.exit.code, 0) << del.output;
-  std::string left;
-  EXPECT_TRUE(Eventually([&] {
-    auto r = Kubectl({"get", "mpijobs,pods", "-n", ns_, "-o", "name"});
-    left = r.output;
-    return r.exit.code == 0 && r.output.empty();
-  }, std::chrono::seconds(90))) << left;
+  EXPECT_EQ(Left("mpijobs,pods"), "");
 }
 
 // The rendered submitter Role is all that submit, status, logs and delete need: they run as a
@@ -588,23 +575,17 @@ TEST_F(Live, TheSubmitterRoleIsEnoughForEveryVerb) {
   const std::string config = s_.Write("ci.kubeconfig", kubeconfig.dump());
   const std::vector<std::pair<std::string, std::string>> as_ci = {{"KUBECONFIG", config}};
 
-  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120), as_ci);
+  auto submit = Submit(spec, as_ci);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   std::string last;
-  json status = WaitForEnd(spec, std::chrono::minutes(8), &last, as_ci);
-  EXPECT_EQ(status.value("state", ""), "succeeded") << last;
+  Finish(spec, std::chrono::minutes(8), "pods", &last, as_ci);
   auto logs = Trainctl(Verb("logs", spec), kSrc, std::chrono::seconds(60), as_ci);
   EXPECT_EQ(logs.exit.code, 0) << logs.output;
   EXPECT_NE(logs.output.find("[pod/fashion-mnist-0-"), std::string::npos) << logs.output;
   auto del = Trainctl(Verb("delete", spec, {"--data"}), kSrc, std::chrono::seconds(60), as_ci);
   EXPECT_EQ(del.exit.code, 0) << del.output;
-  std::string left;
-  EXPECT_TRUE(Eventually([&] {  // --data: the volume and the token went too
-    auto r = Kubectl({"get", "all,configmaps,secrets,pvc,networkpolicies,serviceaccounts", "-n", ns_, "-l",
-                      "trainctl.dev/job=fashion-mnist", "-o", "name"});
-    left = r.output;
-    return r.exit.code == 0 && r.output.empty();
-  }, std::chrono::seconds(90))) << left;
+  EXPECT_EQ(Left("all,configmaps,secrets,pvc,networkpolicies,serviceaccounts", "trainctl.dev/job=fashion-mnist"), "")
+      << "--data: the volume and the token go too";
 
   SpawnOptions o;
   o.argv = {"kubectl", "--request-timeout=30s", "get", "secrets", "-n", "default"};
@@ -652,12 +633,10 @@ TEST_F(Live, AJobWithRolesTrainsToTheEnd) {
   const std::vector<std::string> spec = {kSrc + "/examples/parameter-server.yaml", "--set", "cluster.namespace=" + ns_,
                                          "--set", "cluster.tensorboard=false", "--set", "trainer.epochs=1",
                                          "--set", "trainer.max_steps=150"};
-  auto submit = Trainctl(Verb("submit", spec), kSrc, std::chrono::seconds(120));
+  auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   std::string last;
-  json status = WaitForEnd(spec, std::chrono::minutes(10), &last);
-  EXPECT_EQ(status.value("state", ""), "succeeded")
-      << last << Kubectl({"get", "pods,jobs", "-n", ns_, "-o", "wide"}).output;
+  Finish(spec, std::chrono::minutes(10), "pods,jobs", &last);
   auto chief = Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=parameter-server,trainctl.dev/role=chief", "--tail=-1"});
   EXPECT_NE(chief.output.find("step"), std::string::npos) << chief.output;
   EXPECT_EQ(Trainctl(Verb("delete", spec), kSrc).exit.code, 0);
@@ -687,11 +666,7 @@ TEST_F(Live, TheHelmChartInstallsRunsAndUninstalls) {
   auto uninstall = RunCommand(o, std::chrono::minutes(3));
   ASSERT_TRUE(uninstall.ok());
   EXPECT_EQ(uninstall->exit.code, 0) << uninstall->output;
-  CommandResult left;
-  EXPECT_TRUE(Eventually([&] {
-    left = Kubectl({"get", "jobs,services,configmaps", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "-o", "name"});
-    return left.exit.code == 0 && left.output.empty();
-  }, std::chrono::seconds(60))) << left.output;
+  EXPECT_EQ(Left("jobs,services,configmaps", "trainctl.dev/job=fashion-mnist"), "");
 }
 
 // `render --format kustomize`, two overlays applied with kubectl apply -k, each into the namespace
