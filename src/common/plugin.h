@@ -1,7 +1,7 @@
 // Plugins: the parts of trainctl that need heavy libraries live in shared objects loaded only by
 // the code that uses them, so that every other process (an agent, a CLI verb) starts without
 // paying for them: trainctl-torch.so (LibTorch: the trainer, eval, predict) and trainctl-http.so
-// (cpp-httplib with OpenSSL: the etcd store's client, the dashboard, the agents' /metrics).
+// (the etcd store's client, on cpp-httplib with OpenSSL; the dashboard and the agents' /metrics).
 // They are built from the same sources as the binary, so C++ types cross their entry points.
 #pragma once
 

@@ -1,6 +1,7 @@
 // The monitor's HTTP servers (the dashboard, the agents' /metrics) as the binary sees them: their
-// code, with cpp-httplib and OpenSSL, lives in the plugin trainctl-http.so (common/plugin.h),
-// loaded by the first one started. Internal to monitor/.
+// code (on trainctl's own HTTP server, monitor/http_server.h) lives in the plugin trainctl-http.so
+// beside the etcd store's cpp-httplib client (common/plugin.h), loaded by the first one started.
+// Internal to monitor/.
 #pragma once
 
 #include <functional>
