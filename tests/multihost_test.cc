@@ -144,7 +144,7 @@ TEST(MultiHost, CutLinkLostHostAndARejoiningHostOverRealTcp) {
   Scratch s;
   auto spec = ParseJobSpec(R"(name: multihost
 nodes: {min: 1, max: 2}
-timeouts: {heartbeat: 5s, last_call: 1s, collective: 3s, stop_grace: 2s, rendezvous: 60s}
+timeouts: {heartbeat: 5s, last_call: 8s, collective: 3s, stop_grace: 2s, rendezvous: 60s}
 output_dir: )" + s.path("out") + R"(
 trainer:
   model: cnn
@@ -165,7 +165,10 @@ trainer:
   ASSERT_TRUE(store.Set("spec", JobSpecToJson(*spec)).ok());
 
   // (A heartbeat of 5 s: with 2 s a rejoined agent starved by a loaded 2-core machine, a build
-  // beside the suite, was once taken for lost at once.)
+  // beside the suite, was once taken for lost at once. A last call of 8 s: round 0 closes that
+  // long after host 0 joins, and host 1's agent must have started and joined by then; with 1 s,
+  // CI's loaded machine once started it too late, round 0 trained host 0 alone and the rounds
+  // below were one off, as a test that starts host 1's agent 2.5 s late fails.)
   // Host 0 joins first, so it is group rank 0 (ranks go by arrival) and logs the rounds.
   auto a = std::make_unique<HostAgent>(hosts, 0, run_id, store_url, s.path("a.log"));
   ASSERT_TRUE(Eventually([&] {
