@@ -11,15 +11,18 @@ best plain-PyTorch recipe found for this machine, run alternately, MLPerf-style.
   trainctl  `trainctl run examples/fashion-mnist.yaml`: wall time from start to exit
             (launcher, agents, LibTorch load, data decode, training, eval, the model written).
 
+The peer runs on --python's torch (default Debian's 1.13; `scripts/dev pytorch-env`'s for today's),
+with --compile 1 its model through torch.compile (inductor; the compile counted in its time, as a
+user waits for it: the first steps, and the evaluation's other shape).
+
 A run that ends under 0.91 counts as the slowest (MLPerf); with >= 5 runs the fastest and the
 slowest are dropped and the rest averaged. Usage:
-  bench/fast_fashion_mnist.py [--runs 5] [--trainctl build/src/trainctl]
+  bench/fast_fashion_mnist.py [--runs 5] [--python PATH] [--compile 0|1] [--trainctl build/src/trainctl]
 The same comparison through `trainctl bench`: bench/time-to-accuracy.matrix.yaml.
 """
 import argparse, gzip, json, os, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYTHON = "/usr/bin/python3"  # Debian's, with python3-torch
 TARGET = 0.91
 
 
@@ -74,6 +77,8 @@ def peer(a):
         model = model.to(memory_format=torch.channels_last)
         xtr = xtr.contiguous(memory_format=torch.channels_last)
         xte = xte.contiguous(memory_format=torch.channels_last)
+    if a.compile:
+        model = torch.compile(model)
     steps_per_epoch = len(xtr) // a.batch
     total = steps_per_epoch * a.epochs
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
@@ -135,6 +140,8 @@ def main():
                    help="the peer's autocast: auto is bf16 where the CPU has bf16 instructions, else fp32")
     p.add_argument("--channels-last", dest="channels_last", type=int, choices=[0, 1],
                    help="the peer's model and batches channels-last (default: 1 for recipe, else 0)")
+    p.add_argument("--compile", type=int, choices=[0, 1], default=0, help="the peer's model through torch.compile")
+    p.add_argument("--python", default="/usr/bin/python3", help="the peer's Python (Debian's has python3-torch)")
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--trainctl", default=os.path.join(ROOT, "build/src/trainctl"))
     p.add_argument("--spec", default=os.path.join(ROOT, "examples/fashion-mnist.yaml"))
@@ -163,7 +170,7 @@ def main():
             acc = [json.loads(l)["test_accuracy"] for l in open(os.path.join(out, "metrics.jsonl")) if "test_accuracy" in l]
             accuracy["trainctl"].append(acc[-1])
             results["trainctl"].append(secs if acc[-1] >= TARGET else None)
-            secs, proc = timed([PYTHON, os.path.abspath(__file__), "--peer", "--seed", str(run), "--epochs", str(a.epochs),
+            secs, proc = timed([a.python, os.path.abspath(__file__), "--peer", "--compile", str(a.compile), "--seed", str(run), "--epochs", str(a.epochs),
                                 "--batch", str(a.batch), "--lr", str(a.lr), "--data", a.data, "--precision", a.precision,
                                 "--model", a.model, "--channels-last", str(int(a.channels_last))], env=peer_env)
             if proc.returncode != 0:
@@ -179,7 +186,10 @@ def main():
     fmt = lambda m, s: "no run reached the target" if m is None else f"{m:.2f} ± {s:.2f} s"
     print(f"| trainctl ({os.path.basename(a.spec)}) | {fmt(tm, ts)} | accuracy {min(accuracy['trainctl']):.4f}-{max(accuracy['trainctl']):.4f} |")
     precision = a.precision if a.precision != "auto" else ("bf16" if native_bf16() else "fp32")
-    print(f"| PyTorch, one process ({a.model} CNN, {precision}, one-cycle, {a.epochs} epochs, batch {a.batch}) | {fmt(pm, ps)} | accuracy {min(accuracy['pytorch']):.4f}-{max(accuracy['pytorch']):.4f} |")
+    torch = subprocess.run([a.python, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                           text=True).stdout.strip()
+    print(f"| PyTorch {torch}, one process ({a.model} CNN, {precision}{', torch.compile' if a.compile else ''}, "
+          f"one-cycle, {a.epochs} epochs, batch {a.batch}) | {fmt(pm, ps)} | accuracy {min(accuracy['pytorch']):.4f}-{max(accuracy['pytorch']):.4f} |")
     if tm and pm:
         print(f"trainctl / PyTorch: {tm / pm:.2f}x (target <= 0.5x)")
 
