@@ -218,19 +218,21 @@ int TorchMajor() {
 // torch.distributed.checkpoint with rank 1 SIGKILLed at step 12 and the group resumed from step
 // 10, and FSDP2's fully_shard. Each gives `trainctl torchrun --preload` (workers forked from a
 // warm interpreter) the very losses and parameters PyTorch's own torchrun gives it, and leaves
-// no process behind.
+// no process behind. The reference resumes from the checkpoint in a second torchrun: torch
+// 2.15's torchrun restarting its own group here once failed in gloo's connectFullMesh and then
+// hung (bench/RESULTS.md), which is torchrun's to mend, not what this test is about.
 TEST(Preload, TodaysProgramsGiveTorchrunsResultsFromAWarmInterpreter) {
   if (TorchMajor() < 2) GTEST_SKIP() << "programs of torch 2.x: the .torch2 variant runs them";
   Scratch s;
   const std::string today = std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/today.py";
   for (const std::string mode : {"dcp", "fsdp2", "compile"}) {
     SCOPED_TRACE(mode);
-    auto run = [&](const std::string& name, std::vector<std::string> launcher) {
+    auto run = [&](const std::string& name, std::vector<std::string> launcher, const std::string& restarts) {
       MakeDirs(s.path(name));
       SpawnOptions o;
       o.argv = std::move(launcher);
-      o.argv.insert(o.argv.end(), {"--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
-                                   today, mode});
+      o.argv.insert(o.argv.end(), {"--standalone", "--nproc-per-node", "2", "--max-restarts", restarts,
+                                   "--monitor-interval", "0.1", today, mode});
       o.env = CurrentEnvironment();
       SetEnv(&o.env, "RESULT_DIR", s.path(name));
       SetEnv(&o.env, "TORCHINDUCTOR_CACHE_DIR", s.path(name + "/inductor"));  // each compiles its own
@@ -238,12 +240,19 @@ TEST(Preload, TodaysProgramsGiveTorchrunsResultsFromAWarmInterpreter) {
       SetEnv(&o.env, "TODAY_SCRATCH", s.path(""));  // in every process of the runs, compile workers too
       o.cwd = s.path("");
       auto r = RunCommand(o, std::chrono::seconds(240));
-      ASSERT_TRUE(r.ok());
-      EXPECT_EQ(r->exit.code, 0) << r->output;
+      EXPECT_TRUE(r.ok() && !r->timed_out) << name << " did not end in 240 s:\n" << (r.ok() ? r->output : "");
+      return r.ok() ? *r : CommandResult{};
     };
-    run(mode + "-torchrun", {TRAINCTL_TEST_PYTHON, "-m", "torch.distributed.run"});
-    run(mode + "-warm", {TRAINCTL_BIN, "torchrun", "--python", TRAINCTL_TEST_PYTHON, "--preload",
-                         "torch,torch.distributed,xml.dom.minidom"});
+    const std::vector<std::string> torchrun = {TRAINCTL_TEST_PYTHON, "-m", "torch.distributed.run"};
+    if (mode == "dcp") {
+      auto killed = run(mode + "-torchrun", torchrun, "0");
+      EXPECT_FALSE(killed.exit.success()) << "rank 1 was not killed:\n" << killed.output;
+    }
+    auto theirs_run = run(mode + "-torchrun", torchrun, "0");
+    EXPECT_TRUE(theirs_run.exit.success()) << theirs_run.output;
+    auto ours_run = run(mode + "-warm", {TRAINCTL_BIN, "torchrun", "--python", TRAINCTL_TEST_PYTHON, "--preload",
+                                         "torch,torch.distributed,xml.dom.minidom"}, "1");
+    EXPECT_TRUE(ours_run.exit.success()) << ours_run.output;
     for (int rank = 0; rank < 2; ++rank) {
       const std::string file = "/result-" + std::to_string(rank) + ".json";
       auto theirs = nlohmann::json::parse(s.Read(mode + "-torchrun" + file), nullptr, false);

@@ -7,8 +7,9 @@ and programs of today's PyTorch, 2.x only (issue 74, part 3):
 
   today.py compile   DDP of a torch.compile'd model (inductor: C++ kernels built by its compile
                      workers, processes of their own)
-  today.py dcp       checkpoints with torch.distributed.checkpoint every 5 steps; in the first
-                     attempt rank 1 is SIGKILLed at step 12, and the group resumes from step 10
+  today.py dcp       checkpoints with torch.distributed.checkpoint every 5 steps; rank 1 is
+                     SIGKILLed at step 12 the first time (RESULT_DIR/killed says it was), and
+                     the group (restarted, or started again) resumes from step 10
   today.py fsdp2     the model sharded with FSDP2's fully_shard on a CPU device mesh
 
 Each trains a small MLP for 20 steps on data drawn from (step, rank) and writes
@@ -89,7 +90,8 @@ for step in range(start, 20):
             torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step + 1}, ckpt + ".tmp")
             os.replace(ckpt + ".tmp", ckpt)
         dist.barrier()
-    if mode == "dcp" and step == 12 and rank == 1 and attempt == "0":
+    if mode == "dcp" and step == 12 and rank == 1 and not os.path.exists(os.path.join(out, "killed")):
+        open(os.path.join(out, "killed"), "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "dcp" and (step + 1) % 5 == 0:
         model_state, opt_state = get_state_dict(model, opt)
