@@ -167,10 +167,10 @@ void PodTemplates(const json& o, const std::string& where, std::vector<std::pair
 // is created as a Pod, server-side and dry-run, in the restricted namespace (its ServiceAccounts
 // applied first, for the ServiceAccount admission). The operators' kinds themselves pass the
 // upstream CRDs' schemas on the server: those of the operators the cluster runs, as they installed
-// them, and the TrainJob's from tests/k8s/crds. The PyTorchJob and TFJob also pass the Training
+// them, and Trainer v2.3's TrainJob CRD (tests/k8s/crds/fetched, from its Go module). The PyTorchJob and TFJob also pass the Training
 // Operator's validating webhook.
 TEST_F(Live, EveryPodOfEveryFormatIsAdmittedUnderRestricted) {
-  auto crds = Kubectl({"apply", "--server-side", "-f", kSrc + "/tests/k8s/crds/trainer.kubeflow.org_trainjobs.v1alpha1.yaml"});
+  auto crds = Kubectl({"apply", "--server-side", "-f", kSrc + "/tests/k8s/crds/fetched/trainer.kubeflow.org_trainjobs.yaml"});
   ASSERT_EQ(crds.exit.code, 0) << crds.output;
   for (const std::string crd : {"pytorchjobs.kubeflow.org", "tfjobs.kubeflow.org", "mpijobs.kubeflow.org",
                                 "trainjobs.trainer.kubeflow.org"}) {

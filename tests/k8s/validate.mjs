@@ -41,12 +41,14 @@ function jsonSchema(s) {
   return out;
 }
 
-// "group/version Kind" -> a validate function, from every CRD file in crds/.
+// "group/version Kind" -> a validate function, from every CRD file in crds/ and in crds/fetched/
+// (those scripts/dev deps takes from an operator's Go module: Kubeflow Trainer's TrainJob).
 const crds = new Map();
 const ajv = new Ajv({ strict: false, allErrors: true, validateFormats: false });
 const crdDir = join(dirname(fileURLToPath(import.meta.url)), "crds");
-for (const file of readdirSync(crdDir).filter((f) => f.endsWith(".yaml"))) {
-  const crd = parse(readFileSync(join(crdDir, file), "utf8"));
+const crdFiles = (dir) => readdirSync(dir).filter((f) => f.endsWith(".yaml")).map((f) => join(dir, f));
+for (const file of [...crdFiles(crdDir), ...crdFiles(join(crdDir, "fetched"))]) {
+  const crd = parse(readFileSync(file, "utf8"));
   for (const version of crd.spec.versions) {
     const key = `${crd.spec.group}/${version.name} ${crd.spec.names.kind}`;
     crds.set(key, ajv.compile(jsonSchema(version.schema.openAPIV3Schema)));

@@ -485,9 +485,11 @@ class Renderer {
     return Object("kubeflow.org/v2beta1", "MPIJob", n_.job, "worker", {{"spec", spec}});
   }
 
-  // Kubeflow Trainer v2: a TrainJob on the torch-distributed runtime, whose JobSet gives node i
-  // the name <job>-node-0-i.<job> and JOB_COMPLETION_INDEX = i. The pods' security context is
-  // the runtime's; the volumes and mounts come through podSpecOverrides.
+  // Kubeflow Trainer v2 (v2.3): a TrainJob on the torch-distributed runtime, whose JobSet gives
+  // node i the name <job>-node-0-i.<job> and JOB_COMPLETION_INDEX = i. What the runtime's pod
+  // lacks comes in a runtime patch of trainctl's own: the job's labels (the NetworkPolicy selects
+  // by them), account, volumes, the restricted security contexts, the node selector,
+  // tolerations and pull secret, and the node container's mounts.
   json TrainJob() const {
     // A fresh run id per submission: the JobSet's uid, which JobSet labels each pod with.
     json c = AgentContainer("node", "$(JOB_COMPLETION_INDEX)", StoreUrl(n_.job + "-node-0-0." + n_.job),
@@ -498,17 +500,21 @@ class Renderer {
                     {"numNodes", s_.nodes.max},
                     {"numProcPerNode", s_.procs_per_node}};
     if (c.contains("resources")) trainer["resourcesPerNode"] = c["resources"];
-    json overrides = {{"targetJobs", {{{"name", "node"}}}},
-                      {"serviceAccountName", n_.job},
-                      {"volumes", Volumes(false)},
-                      {"containers", {{{"name", "node"}, {"volumeMounts", Mounts(false)}}}}};
-    json pod = PodTemplate("worker", json::array())["spec"];
-    if (pod.contains("nodeSelector")) overrides["nodeSelector"] = pod["nodeSelector"];
-    if (pod.contains("tolerations")) overrides["tolerations"] = pod["tolerations"];
+    json pod = PodTemplate("worker", json::array());
+    json patch = {{"containers", {{{"name", "node"}, {"volumeMounts", c["volumeMounts"]},
+                                   {"securityContext", c["securityContext"]}}}}};
+    for (const char* k : {"serviceAccountName", "securityContext", "volumes", "nodeSelector", "tolerations",
+                          "imagePullSecrets"}) {
+      if (pod["spec"].contains(k)) patch[k] = pod["spec"][k];
+    }
+    json node = {{"name", "node"},
+                 {"template", {{"spec", {{"template", {{"metadata", pod["metadata"]}, {"spec", patch}}}}}}}};
+    json runtime_patch = {{"manager", "trainctl.dev/render"},
+                          {"trainingRuntimeSpec", {{"template", {{"spec", {{"replicatedJobs", {node}}}}}}}}};
     json spec = {{"runtimeRef", {{"name", "torch-distributed"}, {"kind", "ClusterTrainingRuntime"},
                                  {"apiGroup", "trainer.kubeflow.org"}}},
                  {"trainer", trainer},
-                 {"podSpecOverrides", {overrides}}};
+                 {"runtimePatches", {runtime_patch}}};
     return Object("trainer.kubeflow.org/v1alpha1", "TrainJob", n_.job, "worker", {{"spec", spec}});
   }
 
@@ -797,7 +803,7 @@ Status CheckFormat(const JobSpec& spec, const std::string& format) {
   }
   if (format == "trainjob" && !spec.cluster.stage.url.empty()) {
     return InvalidArgument("cluster.stage: --format trainjob cannot wait for the data-staging Job "
-                           "(a TrainJob adds no init containers); stage the dataset first or use "
+                           "(trainctl's TrainJob adds no init containers); stage the dataset first or use "
                            "--format job");
   }
   if (spec.cluster.pod_monitor && (format == "mpijob" || format == "trainjob")) {
