@@ -149,10 +149,38 @@ class Live : public ::testing::Test {
   static inline int counter_ = 0;
 };
 
+// The pod a TrainJob's node gets: the torch-distributed runtime's (a container "node" and an
+// image, v2.3.0's manifests/base/runtimes/torch_distributed.yaml) with the trainer's image,
+// command, env and resources on that container, then trainctl's runtime patch over it: the
+// pod-level fields set, the container's fields set by name.
+json TrainJobPod(const json& spec) {
+  const json& trainer = spec["trainer"];
+  json node = {{"name", "node"}, {"image", trainer["image"]}, {"command", trainer["command"]},
+               {"env", trainer.value("env", json::array())}};
+  if (trainer.contains("resourcesPerNode")) node["resources"] = trainer["resourcesPerNode"];
+  json pod = {{"containers", {node}}};
+  const json& patch = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+                          ["template"]["spec"]["template"];
+  for (const auto& [k, v] : patch["spec"].items()) {
+    if (k != "containers") pod[k] = v;
+  }
+  for (const auto& c : patch["spec"].value("containers", json::array())) {
+    for (auto& mine : pod["containers"]) {
+      if (mine["name"] == c["name"]) mine.update(c);
+    }
+  }
+  return {{"metadata", patch.value("metadata", json::object())}, {"spec", pod}};
+}
+
 // Every pod template inside `o` (a Job's, a Deployment's, each replica spec's of an operator's
-// kind, a JobSet's inside a TrainJob runtime), as found by shape: an object whose spec has containers.
+// kind), as found by shape: an object whose spec has containers; a TrainJob's runtime patch is a
+// patch, not a pod (TrainJobPod).
 void PodTemplates(const json& o, const std::string& where, std::vector<std::pair<std::string, json>>* out) {
   if (o.is_object()) {
+    if (o.contains("runtimePatches")) {
+      out->push_back({where + " (the runtime's node pod, trainctl's patch applied)", TrainJobPod(o)});
+      return;
+    }
     if (o.contains("spec") && o["spec"].is_object() && o["spec"].contains("containers")) {
       out->push_back({where, o});
       return;
@@ -379,7 +407,13 @@ TEST_F(Live, TheDatasetIsStagedFromS3AndAWrongSecretFailsTheStageAtOnce) {
   auto spec = BaseExample(ns_);
   spec.insert(spec.end(), {"--set", "cluster.stage.url=s3://trainctl/datasets/fashion-mnist.tar.gz", "--set",
                            "cluster.stage.sha256=" + sha, "--set", "cluster.stage.credentials=s3-readers",
-                           "--set", "trainer.epochs=1", "--set", "trainer.max_steps=40"});
+                           "--set", "trainer.epochs=1", "--set", "trainer.max_steps=40",
+                           // Room for the stage pod (1 CPU) beside the workers (2 pods of 2 x 0.2)
+                           // and eval (0.2) on 2 cores: the workers are scheduled at once and wait
+                           // in their init containers, so with BaseExample's 1.8 cores for them the
+                           // stage pod fit only when the scheduler took it first (once in CI it did
+                           // not, and nothing ran for 4 minutes).
+                           "--set", "resources.cpus=0.2"});
   auto gone = [&] { EXPECT_EQ(Left("jobs,pods", "trainctl.dev/job=fashion-mnist", 0, std::chrono::seconds(120)), ""); };
 
   secret("not-the-secret");
