@@ -58,6 +58,17 @@ struct TorchrunFlags {
   std::vector<std::string> program;  // SCRIPT (or MODULE) and its arguments
 };
 
+// `value` seconds (torchrun's unit for every timeout) as a spec duration; `what` names the flag
+// in the error. Zero only where `zero_ok`.
+Result<std::string> SecondsFlag(const std::string& what, const std::string& value, bool zero_ok) {
+  char* end = nullptr;
+  const double s = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || s < 0 || (s == 0 && !zero_ok)) {
+    return InvalidArgument(what + ": expected a number of seconds, got " + Quote(value));
+  }
+  return std::to_string(static_cast<int64_t>(s * 1000)) + "ms";
+}
+
 // torchrun's --nproc-per-node: a number, or cpu, gpu, auto (GPUs when there are any, else CPUs).
 Result<int> ProcsPerNode(const std::string& v) {
   int gpus = 0;
@@ -135,12 +146,8 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
     const size_t eq = kv.find('=');
     const std::string key = kv.substr(0, eq), value = eq == std::string::npos ? "" : kv.substr(eq + 1);
     auto seconds = [&](const char* field) -> Status {
-      char* end = nullptr;
-      const double s = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || s <= 0) {
-        return InvalidArgument("--rdzv-conf " + key + ": expected a number of seconds, got " + Quote(value));
-      }
-      timeouts[field] = std::to_string(static_cast<int64_t>(s * 1000)) + "ms";
+      ASSIGN_OR_RETURN(std::string d, SecondsFlag("--rdzv-conf " + key, value, /*zero_ok=*/false));
+      timeouts[field] = d;
       return Status::Ok();
     };
     if (key == "join_timeout") {
@@ -160,12 +167,7 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
   }
   // torch 2.x's --shutdown-timeout: the grace between SIGTERM and SIGKILL when workers are stopped.
   if (!f.shutdown_timeout.empty()) {
-    char* end = nullptr;
-    const double s = std::strtod(f.shutdown_timeout.c_str(), &end);
-    if (*end != '\0' || s < 0) {
-      return InvalidArgument("--shutdown-timeout: expected a number of seconds, got " + Quote(f.shutdown_timeout));
-    }
-    timeouts["stop_grace"] = std::to_string(static_cast<int64_t>(s * 1000)) + "ms";
+    ASSIGN_OR_RETURN(timeouts["stop_grace"], SecondsFlag("--shutdown-timeout", f.shutdown_timeout, /*zero_ok=*/true));
   }
   for (const auto& sig : Split(f.signals_to_handle, ',')) {
     if (!sig.empty() && sig != "SIGTERM" && sig != "SIGINT" && sig != "SIGHUP" && sig != "SIGQUIT") {

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "common/fork_server.h"
@@ -149,9 +150,8 @@ std::vector<std::string> SshHosts(const LaunchOptions& options) {
   if (!options.mpi_hostfile.empty()) {
     auto text = ReadFile(options.mpi_hostfile);  // unreadable: mpirun says so, in its words
     for (const auto& line : text.ok() ? SplitLines(*text) : std::vector<std::string>{}) {
-      auto words = Split(line.substr(0, line.find('#')), ' ');
-      auto first = std::find_if(words.begin(), words.end(), [](const std::string& w) { return !w.empty(); });
-      if (first != words.end()) named.push_back(*first);
+      std::istringstream words(line.substr(0, line.find('#')));
+      if (std::string first; words >> first) named.push_back(first);
     }
   }
   char self[256] = {0};
@@ -185,13 +185,13 @@ std::string SshdSilence(const std::string& name, uint16_t port) {
 // names the host instead, and waits as a rendezvous does. kAborted when a stop signal comes first.
 Status AwaitSshd(const LaunchOptions& options, Duration limit) {
   const auto deadline = Clock::now() + limit;
+  const char* env_args = std::getenv("OMPI_MCA_plm_rsh_args");
+  const std::string rsh_args = env_args ? env_args : "";
   for (const auto& host : SshHosts(options)) {
     SpawnOptions o;
     o.argv = {"ssh"};
-    const char* args = std::getenv("OMPI_MCA_plm_rsh_args");
-    for (const auto& a : Split(args ? args : "", ' ')) {
-      if (!a.empty()) o.argv.push_back(a);
-    }
+    std::istringstream args(rsh_args);
+    for (std::string a; args >> a;) o.argv.push_back(a);
     o.argv.insert(o.argv.end(), {"-G", host});
     o.env = CurrentEnvironment();
     auto config = RunCommand(o, std::chrono::seconds(10));
