@@ -532,6 +532,56 @@ TEST_F(Live, APyTorchJobTrainsUnderTheTrainingOperatorThroughALostWorkerPod) {
   EXPECT_EQ(Left("pytorchjobs,pods,services"), "");  // the PyTorchJob, and with it the operator's pods and Services
 }
 
+// The TrainJob under the real Kubeflow Trainer and JobSet (scripts/cluster/operators): Trainer
+// makes the torch-distributed runtime's JobSet with trainctl's runtime patch, JobSet its Indexed
+// Job of two node pods; a node pod deleted mid-run is replaced by the Job and rejoins the round.
+// The image is trainctl:dev: a TrainJob's node cannot say IfNotPresent, and :latest is pulled.
+TEST_F(Live, ATrainJobTrainsUnderTrainerAndJobSetThroughALostNodePod) {
+  auto spec = BaseExample(ns_);
+  spec.insert(spec.end(), {"--format", "trainjob", "--set", "cluster.image=trainctl:dev", "--set", "trainer.epochs=1",
+                           "--set", "trainer.max_steps=300", "--set", "trainer.log_every=10"});
+  auto submit = Submit(spec);
+  ASSERT_EQ(submit.exit.code, 0) << submit.output;
+  EXPECT_EQ(submit.output.find("warning"), std::string::npos) << submit.output;
+  const std::string job = "trainctl.dev/job=fashion-mnist";
+  const std::string index = ",batch.kubernetes.io/job-completion-index=";
+  const std::vector<std::string> node0 = {"logs", "-n", ns_, "--tail=-1", "-l", job + index + "0"};
+  std::string log;
+  ASSERT_TRUE(Eventually([&] {
+    log = Kubectl(node0).output;
+    return log.find("epoch 1/1 [") != std::string::npos;
+  }, std::chrono::minutes(5))) << log << Kubectl({"get", "trainjobs,jobsets,jobs,pods,events", "-n", ns_, "-o", "wide"}).output;
+  json first = Pods(job + index + "1");
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0]["metadata"]["labels"].value("jobset.sigs.k8s.io/jobset-name", ""), "fashion-mnist");
+  auto deleted = Kubectl({"delete", "pod", "-n", ns_, "--wait=false", first[0]["metadata"].value("name", "")});
+  ASSERT_EQ(deleted.exit.code, 0) << deleted.output;
+  const auto t0 = Clock::now();
+  const std::regex step("(^|\n)\\[worker-0\\] epoch 1/1 \\[");
+  ASSERT_TRUE(Eventually([&] {  // a step on node 0 after the new round: every rank trains again
+    log = Kubectl(node0).output;
+    auto restart = log.find("restart=1]");
+    return restart != std::string::npos && std::regex_search(log.substr(restart), step);
+  }, std::chrono::minutes(4))) << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
+  std::printf("a deleted TrainJob node pod: every rank training again %.1f s after the deletion\n",
+              std::chrono::duration<double>(Clock::now() - t0).count());
+  json again = Pods(job + index + "1");
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_NE(again[0]["metadata"].value("uid", ""), first[0]["metadata"].value("uid", ""));
+
+  std::string last;
+  json status = Finish(spec, std::chrono::minutes(8), "trainjobs,jobsets,jobs,pods", &last);
+  EXPECT_EQ(status.value("succeeded", 0), 2) << last;  // the node pods, not the JobSet's one Job
+  auto logs = Trainctl(Verb("logs", spec), kSrc);
+  EXPECT_EQ(logs.exit.code, 0) << logs.output;
+  for (const std::string pod : {"fashion-mnist-node-0-0-", "fashion-mnist-node-0-1-"}) {
+    EXPECT_TRUE(std::regex_search(logs.output, std::regex("(^|\n)\\[pod/" + pod))) << pod << "\n" << logs.output;
+  }
+  auto del = Trainctl(Verb("delete", spec), kSrc);
+  EXPECT_EQ(del.exit.code, 0) << del.output;
+  EXPECT_EQ(Left("trainjobs,jobsets,jobs,pods,services"), "");  // Trainer's JobSet goes with it, and JobSet's Jobs
+}
+
 // The TFJob of the parameter-server example under the real Training Operator: PS, Worker, Chief
 // and Evaluator replicas, a pod per task; the chief decides the job's success.
 TEST_F(Live, ATFJobWithRolesTrainsUnderTheTrainingOperator) {

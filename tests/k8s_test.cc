@@ -134,6 +134,15 @@ TEST(K8s, AProgramTrainctlsImageLacksIsWarnedAbout) {
   EXPECT_EQ(mpi.exit.code, 0) << mpi.output;
   EXPECT_NE(mpi.output.find("warning: examples/k8s/base.yaml: --format mpijob: the workers run sshd and the launcher "
                             "mpirun, which only deploy/Dockerfile's mpi stage has"), std::string::npos) << mpi.output;
+  // An image the kubelet pulls on every start of a TrainJob's node (whose pull policy Trainer
+  // cannot set): tagged latest, or not tagged (a registry's port is no tag).
+  for (const std::string image : {"trainctl:latest", "registry.example.com:5000/ml/trainctl"}) {
+    auto tj = Trainctl({"render", "examples/k8s/base.yaml", "--format", "trainjob", "--set", "cluster.image=" + image,
+                        "-o", s.path("tj")}, kSrc);
+    EXPECT_EQ(tj.exit.code, 0) << tj.output;
+    EXPECT_NE(tj.output.find("warning: examples/k8s/base.yaml: cluster.image: " + image + " is pulled from its "
+                             "registry each time a TrainJob's node starts"), std::string::npos) << tj.output;
+  }
   for (const std::vector<std::string>& quiet :
        {std::vector<std::string>{"render", "examples/ddp.yaml", "--set", "cluster.image=me/pytorch:2", "-o", s.path("own")},
         {"render", "examples/k8s/base.yaml", "--set", "trainer.device=cuda", "--set", "cluster.image=trainctl:cuda",
@@ -142,6 +151,10 @@ TEST(K8s, AProgramTrainctlsImageLacksIsWarnedAbout) {
          s.path("mpi-ok")},
         {"render", "examples/tensorflow.yaml", "--set", "cluster.image=trainctl:python", "-o", s.path("py")},
         {"render", "examples/hello.yaml", "-o", s.path("hello")},
+        {"render", "examples/k8s/base.yaml", "--format", "trainjob", "--set", "cluster.image=trainctl:dev", "-o",
+         s.path("tj-dev")},
+        {"render", "examples/k8s/base.yaml", "--format", "trainjob", "--set",
+         "cluster.image=registry.example.com:5000/trainctl@sha256:" + std::string(64, 'a'), "-o", s.path("tj-digest")},
         {"render", "examples/k8s/base.yaml", "-o", s.path("base")}}) {
     auto r = Trainctl(quiet, kSrc);
     EXPECT_EQ(r.exit.code, 0) << r.output;

@@ -200,6 +200,16 @@ int ShowStatus(const JobSpec& s, const std::string& format, bool as_json) {
       }
     }
     if (state == "running" && done > 0 && done == static_cast<int>(objects.size())) state = "succeeded";
+    // A TrainJob counts the JobSet's Jobs, not pods (jobsStatus): its node pods are counted here.
+    if (format == "trainjob") {
+      st = {{"active", 0}, {"succeeded", 0}, {"failed", 0}};
+      for (const auto& pod : p.value("items", json::array())) {
+        if (pod["metadata"]["labels"].value("app.kubernetes.io/component", "") != "worker") continue;
+        const std::string phase = pod["status"].value("phase", "");
+        const char* k = phase == "Succeeded" ? "succeeded" : phase == "Failed" ? "failed" : "active";
+        st[k] = st[k].get<int>() + 1;
+      }
+    }
     // The workers wait for the dataset as long as an hour: a stage Job that failed is the job's end.
     if (state == "running" && !s.cluster.stage.url.empty()) {
       auto stage = Kubectl({"get", "jobs.batch", s.name + "-stage", "-n", ns, "-o", "json"});

@@ -83,6 +83,17 @@ std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string&
                        "deploy/Dockerfile's mpi stage has (docker build -f deploy/Dockerfile --target mpi -t trainctl:mpi .); "
                        "cluster.image is " + image);
   }
+  // Kubernetes pulls an image tagged :latest (or untagged) on every start unless the pod says
+  // IfNotPresent, and Trainer's runtime patches cannot say so for the node container.
+  if (format == "trainjob" && image.find('@') == std::string::npos) {
+    const size_t colon = image.rfind(':'), slash = image.rfind('/');
+    const bool tagged = colon != std::string::npos && (slash == std::string::npos || colon > slash);
+    if (!tagged || image.substr(colon + 1) == "latest") {
+      warnings.push_back(spec_file + ": cluster.image: " + image + " is pulled from its registry each time a TrainJob's "
+                         "node starts (Kubernetes pulls :latest always, and Trainer v2.3 cannot set the node's pull "
+                         "policy); an image that is only on the nodes needs a tag other than latest, or a digest");
+    }
+  }
   const auto roles = JobRoles(spec, spec.nodes.max);
   std::vector<std::string> seen;
   for (size_t i = 0; i < roles.size() && IsTrainctlImage(spec.cluster.image); ++i) {

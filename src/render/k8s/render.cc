@@ -803,7 +803,8 @@ Status CheckFormat(const JobSpec& spec, const std::string& format) {
   }
   if (format == "trainjob" && !spec.cluster.stage.url.empty()) {
     return InvalidArgument("cluster.stage: --format trainjob cannot wait for the data-staging Job "
-                           "(trainctl's TrainJob adds no init containers); stage the dataset first or use "
+                           "(Trainer v2.3's runtime patches cannot add the init container that waits: they set only "
+                           "env, mounts and security context of the runtime's own); stage the dataset first or use "
                            "--format job");
   }
   if (spec.cluster.pod_monitor && (format == "mpijob" || format == "trainjob")) {
