@@ -20,8 +20,8 @@
 #include <functional>
 #include <vector>
 
-#include "models/models.h"
 #include "kernels/ops.h"
+#include "models/models.h"
 #if TRAINCTL_HAVE_ONEDNN
 #include "kernels/onednn.h"
 #endif
@@ -111,13 +111,14 @@ int main(int argc, char** argv) {
   const Layer hidden = [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
     return trainctl::kernels::ConvPoolRelu(x, w, b, true);
   };
-  for (const Case& c : {Case{"1 -> 32 on 28 x 28", image, 1, 32, 28, 2}, Case{"32 -> 64 on 14 x 14", hidden, 32, 64, 14, 3}}) {
+  for (const Case& c :
+       {Case{"1 -> 32 on 28 x 28", image, 1, 32, 28, 2}, Case{"32 -> 64 on 14 x 14", hidden, 32, 64, 14, 3}}) {
     // Direct-convolution FLOP of the passes.
     const double flop = c.passes * 2.0 * batch * c.out * c.in * 9 * c.size * c.size;
     const auto theirs = Time(aten, reps, batch, c.in, c.out, c.size);
     const auto ours = Time(c.ours, reps, batch, c.in, c.out, c.size);
     std::vector<std::pair<const char*, std::pair<double, double>>> rows = {{"ATen conv + MaxPool2x2Relu", theirs},
-                                                                            {"trainctl fused", ours}};
+                                                                           {"trainctl fused", ours}};
 #if TRAINCTL_HAVE_ONEDNN
     if (trainctl::kernels::BlockedConvolutions() && c.in >= trainctl::kernels::kBlock) {
       const auto blocked = [](bool bf16) -> Layer {
@@ -142,9 +143,8 @@ int main(int argc, char** argv) {
   // The first linear layer, 3136 -> 128: ATen's (OpenBLAS) and, where it is built in, oneDNN's
   // sgemm (kernels::Linear), which the CNN runs on the CPU.
   std::vector<std::pair<const char*, Layer>> linears = {
-      {"ATen", [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
-         return torch::linear(x, w, b);
-       }}};
+      {"ATen",
+       [](const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) { return torch::linear(x, w, b); }}};
 #if TRAINCTL_HAVE_ONEDNN
   linears.emplace_back("oneDNN", trainctl::kernels::Linear);
 #endif
@@ -180,8 +180,9 @@ int main(int argc, char** argv) {
   torch::Tensor theirs = params.clone().requires_grad_(true);
   theirs.mutable_grad() = grads.clone();
   trainctl::train::Optimizer ours(spec, params, grads);
-  torch::optim::SGD reference({theirs}, torch::optim::SGDOptions(spec.lr).momentum(spec.momentum)
-                                            .nesterov(true).weight_decay(spec.weight_decay));
+  torch::optim::SGD reference(
+      {theirs},
+      torch::optim::SGDOptions(spec.lr).momentum(spec.momentum).nesterov(true).weight_decay(spec.weight_decay));
   auto median_ms = [&](const std::function<void()>& fn) {
     std::vector<double> ms;
     for (int r = 0; r < kWarmUp + reps; ++r) {
@@ -193,7 +194,8 @@ int main(int argc, char** argv) {
   };
   const double ours_ms = median_ms([&] { ours.Step(spec.lr); });
   const double theirs_ms = median_ms([&] { reference.step(); });
-  std::printf("the optimizer's step (SGD, %lld parameters): trainctl %.3f ms, torch.optim.SGD %.3f ms: %.3fx the time\n",
-              static_cast<long long>(count), ours_ms, theirs_ms, ours_ms / theirs_ms);
+  std::printf(
+      "the optimizer's step (SGD, %lld parameters): trainctl %.3f ms, torch.optim.SGD %.3f ms: %.3fx the time\n",
+      static_cast<long long>(count), ours_ms, theirs_ms, ours_ms / theirs_ms);
   return 0;
 }

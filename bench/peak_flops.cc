@@ -16,9 +16,7 @@ namespace {
 constexpr int kChains = 12;
 constexpr long kInner = 1 << 16;
 
-double Seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double Seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // GFLOP/s of `kernel` (which does `flops_per_call` each call) over about `seconds`.
 template <typename Kernel>
@@ -108,14 +106,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "peak_flops: this CPU has neither AVX-512 nor AVX2 with FMA\n");
       return 1;
     }
-    std::printf("fp32 (AVX2 FMA; no AVX-512 here): %.1f GFLOP/s per core\n", Measure(Fp32Avx2, per_call * 8 * 2, seconds));
+    std::printf("fp32 (AVX2 FMA; no AVX-512 here): %.1f GFLOP/s per core\n",
+                Measure(Fp32Avx2, per_call * 8 * 2, seconds));
     std::printf("bf16: this CPU has no AVX512-BF16\n");
     return 0;
   }
   std::printf("fp32 (AVX-512 FMA): %.1f GFLOP/s per core\n", Measure(Fp32, per_call * 16 * 2, seconds));
   if (__builtin_cpu_supports("avx512bf16")) {
-    std::printf("bf16 (AVX512-BF16 dot products): %.1f GFLOP/s per core\n",
-                Measure(Bf16, per_call * 32 * 2, seconds));
+    std::printf("bf16 (AVX512-BF16 dot products): %.1f GFLOP/s per core\n", Measure(Bf16, per_call * 32 * 2, seconds));
   } else {
     std::printf("bf16: this CPU has no AVX512-BF16\n");
   }

@@ -16,11 +16,11 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <barrier>
 #include <cstdio>
 #include <thread>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "common/fs.h"
 #include "rendezvous/rendezvous.h"
@@ -94,8 +94,10 @@ void Rendezvous(int n, bool unix_socket) {
       o.timeout = std::chrono::minutes(2);
       start.arrive_and_wait();
       auto r = JoinRound(*clients[i], 0, 0, o);
-      if (r.ok() && r->has_value()) ranks[i] = (*r)->group_rank;
-      else std::fprintf(stderr, "agent %d: %s\n", i, r.ok() ? "not in the round" : r.status().ToString().c_str());
+      if (r.ok() && r->has_value())
+        ranks[i] = (*r)->group_rank;
+      else
+        std::fprintf(stderr, "agent %d: %s\n", i, r.ok() ? "not in the round" : r.status().ToString().c_str());
     });
   }
   start.arrive_and_wait();
@@ -106,8 +108,8 @@ void Rendezvous(int n, bool unix_socket) {
   std::sort(sorted.begin(), sorted.end());
   bool ok = true;
   for (int i = 0; i < n; ++i) ok = ok && sorted[i] == i;
-  std::printf("rendezvous %5d agents (%s): %.3f s, ranks %s, %.1f KiB per connection (client and server side)\n",
-              n, Transport(unix_socket), took, ok ? "0..N-1 distinct" : "WRONG", per_client / 1024.0);
+  std::printf("rendezvous %5d agents (%s): %.3f s, ranks %s, %.1f KiB per connection (client and server side)\n", n,
+              Transport(unix_socket), took, ok ? "0..N-1 distinct" : "WRONG", per_client / 1024.0);
 }
 
 // The key pattern, through `ops` (a store's add/set/get/wait as lambdas), for client i of n.
@@ -151,14 +153,14 @@ double RunPattern(int n, std::vector<Ops>& ops) {
 double TrainctlPattern(int n, bool unix_socket) {
   auto server = Server(n, unix_socket);
   auto clients = Clients(*server, n);
-    std::vector<Ops> ops(n);
-    for (int i = 0; i < n; ++i) {
-      TcpStore* c = clients[i].get();
-      ops[i].add = [c](const std::string& k, int64_t d) { return *c->Add(k, d); };
-      ops[i].set = [c](const std::string& k, const std::string& v) { (void)c->Set(k, v); };
-      ops[i].get = [c](const std::string& k) { return *c->Get(k, std::chrono::seconds(120)); };
-      ops[i].wait = [c](const std::string& k) { (void)c->Wait({k}, std::chrono::seconds(120)); };
-    }
+  std::vector<Ops> ops(n);
+  for (int i = 0; i < n; ++i) {
+    TcpStore* c = clients[i].get();
+    ops[i].add = [c](const std::string& k, int64_t d) { return *c->Add(k, d); };
+    ops[i].set = [c](const std::string& k, const std::string& v) { (void)c->Set(k, v); };
+    ops[i].get = [c](const std::string& k) { return *c->Get(k, std::chrono::seconds(120)); };
+    ops[i].wait = [c](const std::string& k) { (void)c->Wait({k}, std::chrono::seconds(120)); };
+  }
   return RunPattern(n, ops);
 }
 
@@ -274,18 +276,24 @@ void ComparePattern(int n) {
     for (int i = 0; i < n; ++i) {
       c10d::TCPStore* c = clients[i].get();
       ops[i].add = [c](const std::string& k, int64_t d) { return c->add(k, d); };
-      ops[i].set = [c](const std::string& k, const std::string& v) { c->set(k, std::vector<uint8_t>(v.begin(), v.end())); };
-      ops[i].get = [c](const std::string& k) { auto v = c->get(k); return std::string(v.begin(), v.end()); };
+      ops[i].set = [c](const std::string& k, const std::string& v) {
+        c->set(k, std::vector<uint8_t>(v.begin(), v.end()));
+      };
+      ops[i].get = [c](const std::string& k) {
+        auto v = c->get(k);
+        return std::string(v.begin(), v.end());
+      };
       ops[i].wait = [c](const std::string& k) { c->wait({k}); };
     }
     torch_s = RunPattern(n, ops);
   }
   const double total = ops_per_client * n;
   const double echo_tcp_s = PingPong(n, false), echo_unix_s = PingPong(n, true);
-  std::printf("pattern %5d clients: TCPStore (tcp) %.0f ops/s; trainctl tcp %.0f ops/s, %.2fx; trainctl unix "
-              "%.0f ops/s, %.2fx; the sockets' request-reply ceiling: tcp %.0f, unix %.0f round trips/s\n",
-              n, total / torch_s, total / tcp_s, torch_s / tcp_s, total / unix_s, torch_s / unix_s,
-              total / echo_tcp_s, total / echo_unix_s);
+  std::printf(
+      "pattern %5d clients: TCPStore (tcp) %.0f ops/s; trainctl tcp %.0f ops/s, %.2fx; trainctl unix "
+      "%.0f ops/s, %.2fx; the sockets' request-reply ceiling: tcp %.0f, unix %.0f round trips/s\n",
+      n, total / torch_s, total / tcp_s, torch_s / tcp_s, total / unix_s, torch_s / unix_s, total / echo_tcp_s,
+      total / echo_unix_s);
 }
 
 }  // namespace

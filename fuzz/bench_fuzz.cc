@@ -3,9 +3,8 @@
 // an error, and experiments read back from JSON aggregate, compare and write back the same.
 #include <cstdint>
 #include <cstdlib>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "bench/matrix.h"
 #include "bench/results.h"

@@ -6,10 +6,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
-
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "tests/s3_server.h"
@@ -18,8 +18,8 @@
 namespace trainctl::testing {
 namespace {
 
-using std::chrono::seconds;
 using nlohmann::json;
+using std::chrono::seconds;
 
 const std::string kSrc = TRAINCTL_SOURCE_DIR;
 
@@ -49,18 +49,21 @@ std::vector<pid_t> ProcessesWith(const std::string& text) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     auto cmd = ReadFile(e.path().string() + "/cmdline");
-    if (cmd.ok() && cmd->find(text) != std::string::npos && std::stoi(name) != ::getpid()) out.push_back(std::stoi(name));
+    if (cmd.ok() && cmd->find(text) != std::string::npos && std::stoi(name) != ::getpid())
+      out.push_back(std::stoi(name));
   }
   return out;
 }
 
 TEST(Bench, AMatrixRunsItsExperimentsAndTheReportDrawsThemInChromium) {
   Scratch s;
-  s.Write("m.yaml", "name: tiny\nspec: " + kSrc + "/examples/fashion-mnist.yaml\n"
-                    "set: {trainer.epochs: 2, trainer.data.limit: 512, trainer.data.test_limit: 128, trainer.log_every: 4}\n"
-                    "axes: {procs_per_node: [1, 2]}\ntarget_accuracy: 0.2\n"
-                    "peers:\n  - name: broken\n    command: [sh, -c, 'echo disk full on {procs_per_node} >&2; "
-                    "echo =====; exit 3']\n");
+  s.Write("m.yaml",
+          "name: tiny\nspec: " + kSrc +
+              "/examples/fashion-mnist.yaml\n"
+              "set: {trainer.epochs: 2, trainer.data.limit: 512, trainer.data.test_limit: 128, trainer.log_every: 4}\n"
+              "axes: {procs_per_node: [1, 2]}\ntarget_accuracy: 0.2\n"
+              "peers:\n  - name: broken\n    command: [sh, -c, 'echo disk full on {procs_per_node} >&2; "
+              "echo =====; exit 3']\n");
   const std::vector<std::pair<std::string, std::string>> state = {{"TRAINCTL_STATE_DIR", s.path("state")}};
   auto r = Trainctl({"bench", "m.yaml", "--results", "results"}, s.path(""), seconds(240), state);
   EXPECT_EQ(r.exit.code, 1) << "a failed experiment fails the bench\n" << r.output;
@@ -92,11 +95,13 @@ TEST(Bench, AMatrixRunsItsExperimentsAndTheReportDrawsThemInChromium) {
   EXPECT_NE(ReadFile(dir + "/summary.md")->find("| trainctl | procs_per_node=2 | 2 | 1/1 |"), std::string::npos)
       << *ReadFile(dir + "/summary.md");
   // The report, as a browser shows it (no network: everything is in the file).
-  auto page = RunProgram({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu", "--window-size=1280,1800",
-                          "--screenshot=" + s.path("report.png"), "--dump-dom", "file://" + dir + "/report.html"},
-                         s.path(""));
+  auto page =
+      RunProgram({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu", "--window-size=1280,1800",
+                  "--screenshot=" + s.path("report.png"), "--dump-dom", "file://" + dir + "/report.html"},
+                 s.path(""));
   ASSERT_EQ(page.exit.code, 0) << page.output;
-  for (const char* chart : {"<svg id=\"throughput\"", "<svg id=\"efficiency\"", "<svg id=\"loss\"", "<svg id=\"tta\""}) {
+  for (const char* chart :
+       {"<svg id=\"throughput\"", "<svg id=\"efficiency\"", "<svg id=\"loss\"", "<svg id=\"tta\""}) {
     EXPECT_NE(page.output.find(chart), std::string::npos) << chart;
   }
   const std::string loss = page.output.substr(page.output.find("<svg id=\"loss\""));
@@ -116,7 +121,8 @@ TEST(Bench, AMatrixRunsItsExperimentsAndTheReportDrawsThemInChromium) {
   EXPECT_EQ(all(chart("throughput"), "class=\"tick xtick\">([^<]*)<"), (std::vector<std::string>{"1", "2"}));
   EXPECT_EQ(all(chart("efficiency"), "class=\"tick barlabel\">([^<]*)<"),
             (std::vector<std::string>{"trainctl procs_per_node=1", "trainctl procs_per_node=2"}));
-  EXPECT_EQ(all(chart("efficiency"), "class=\"bar\"[^>]*fill=\"([^\"]*)\""), all(chart("tta"), "class=\"bar\"[^>]*fill=\"([^\"]*)\""));
+  EXPECT_EQ(all(chart("efficiency"), "class=\"bar\"[^>]*fill=\"([^\"]*)\""),
+            all(chart("tta"), "class=\"bar\"[^>]*fill=\"([^\"]*)\""));
   // The legend's labels whole, in lines that fit its column.
   std::string legend;
   for (const auto& line : all(chart("loss"), "<tspan[^>]*>([^<]*)</tspan>")) {
@@ -127,7 +133,8 @@ TEST(Bench, AMatrixRunsItsExperimentsAndTheReportDrawsThemInChromium) {
   const auto loss_colors = all(chart("loss"), "<polyline[^>]*stroke=\"([^\"]*)\"");
   EXPECT_EQ(loss_colors, all(chart("tta"), "class=\"bar\"[^>]*fill=\"([^\"]*)\""));
   const std::string summary = *ReadFile(dir + "/summary.md");
-  EXPECT_EQ(summary.substr(summary.find("|---")).find("±"), std::string::npos) << "single runs have no spread\n" << summary;
+  EXPECT_EQ(summary.substr(summary.find("|---")).find("±"), std::string::npos) << "single runs have no spread\n"
+                                                                               << summary;
   EXPECT_GT(fs::file_size(s.path("report.png")), 10000u);
   // A result set compared with itself: no regression.
   auto same = Trainctl({"bench", "compare", dir, dir}, s.path(""));
@@ -138,16 +145,20 @@ TEST(Bench, AMatrixRunsItsExperimentsAndTheReportDrawsThemInChromium) {
 TEST(Bench, CtrlCStopsEveryProcessKeepsPartialResultsAndResumeFinishesTheRest) {
   Scratch s;
   // The peer waits until the test lets it finish (the file `go`), so Ctrl-C finds it running.
-  s.Write("m.yaml", "name: stopped\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
-                    "axes: {procs_per_node: [1]}\n"
-                    "peers:\n  - name: waiter\n    command: [sh, -c, 'while [ ! -e " + s.path("go") +
-                    " ]; do sleep 0.1; done; echo finished']\n");
+  s.Write("m.yaml",
+          "name: stopped\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
+          "axes: {procs_per_node: [1]}\n"
+          "peers:\n  - name: waiter\n    command: [sh, -c, 'while [ ! -e " +
+              s.path("go") + " ]; do sleep 0.1; done; echo finished']\n");
   Background bench({"bench", "m.yaml", "--results", "results"}, s.path(""), s.path("bench.log"));
   std::string dir;
-  ASSERT_TRUE(Eventually([&] {
-    dir = fs::exists(s.path("results/stopped")) ? ResultSet(s, "stopped") : "";
-    return !dir.empty() && fs::exists(dir + "/results.json") && States(dir)["waiter-procs_per_node_1"] == "running";
-  }, seconds(60))) << bench.Output();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        dir = fs::exists(s.path("results/stopped")) ? ResultSet(s, "stopped") : "";
+        return !dir.empty() && fs::exists(dir + "/results.json") && States(dir)["waiter-procs_per_node_1"] == "running";
+      },
+      seconds(60)))
+      << bench.Output();
   ASSERT_FALSE(ProcessesWith(s.path("go")).empty());
   ::kill(bench.pid(), SIGINT);
   EXPECT_EQ(bench.Wait(seconds(60)).code, 130) << bench.Output();
@@ -163,7 +174,8 @@ TEST(Bench, CtrlCStopsEveryProcessKeepsPartialResultsAndResumeFinishesTheRest) {
   EXPECT_EQ(resumed.exit.code, 0) << resumed.output;
   states = States(dir);
   EXPECT_EQ(states["waiter-procs_per_node_1"], "succeeded") << resumed.output;
-  EXPECT_EQ(resumed.output.find("[1/2] trainctl"), std::string::npos) << "what succeeded is not run again\n" << resumed.output;
+  EXPECT_EQ(resumed.output.find("[1/2] trainctl"), std::string::npos) << "what succeeded is not run again\n"
+                                                                      << resumed.output;
   EXPECT_EQ(fs::last_write_time(dir + "/experiments/trainctl-procs_per_node_1/output/bench.log"), first_run);
 }
 
@@ -176,10 +188,13 @@ TEST(Bench, TheResultSetIsUploadedToS3WithSignedRequests) {
   S3Server server(s.path("s3"));
   ASSERT_TRUE(server.ok()) << server.Log();
   const std::string endpoint = server.endpoint();
-  s.Write("m.yaml", "name: shared\nspec: {name: quick, command: [sh, -c, 'echo done, secret [$AWS_SECRET_ACCESS_KEY]']}\n"
-                    "upload: {url: s3://trainctl/nightly/, endpoint: '" + endpoint + "', region: us-east-1}\n");
+  s.Write("m.yaml",
+          "name: shared\nspec: {name: quick, command: [sh, -c, 'echo done, secret [$AWS_SECRET_ACCESS_KEY]']}\n"
+          "upload: {url: s3://trainctl/nightly/, endpoint: '" +
+              endpoint + "', region: us-east-1}\n");
   const std::vector<std::pair<std::string, std::string>> keys = {
-      {"AWS_ACCESS_KEY_ID", server.Var("AWS_ACCESS_KEY_ID")}, {"AWS_SECRET_ACCESS_KEY", server.Var("AWS_SECRET_ACCESS_KEY")}};
+      {"AWS_ACCESS_KEY_ID", server.Var("AWS_ACCESS_KEY_ID")},
+      {"AWS_SECRET_ACCESS_KEY", server.Var("AWS_SECRET_ACCESS_KEY")}};
   auto r = Trainctl({"bench", "m.yaml", "--results", "results"}, s.path(""), seconds(60), keys);
   EXPECT_EQ(r.exit.code, 0) << r.output;
   const std::string dir = ResultSet(s, "shared");
@@ -205,11 +220,13 @@ TEST(Bench, TheResultSetIsUploadedToS3WithSignedRequests) {
   EXPECT_EQ(forged.code, 403);
   EXPECT_NE(forged.body.find("<Code>SignatureDoesNotMatch</Code>"), std::string::npos) << forged.body;
   // The experiments never saw the upload's secret, so no log of theirs carries it to the bucket.
-  EXPECT_NE(ReadFile(dir + "/experiments/trainctl/output/logs/worker-0.log")->find("done, secret []"), std::string::npos);
+  EXPECT_NE(ReadFile(dir + "/experiments/trainctl/output/logs/worker-0.log")->find("done, secret []"),
+            std::string::npos);
   EXPECT_EQ(r.output.find("plain http"), std::string::npos) << "loopback is not the network\n" << r.output;
   // Off loopback, plain http is said (issue 49, item 9: it was accepted without a word).
-  s.Write("far.yaml", "name: far\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
-                      "upload: {url: s3://team-results/nightly/, endpoint: 'http://s3.example.com:9000', region: eu-west-1}\n");
+  s.Write("far.yaml",
+          "name: far\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
+          "upload: {url: s3://team-results/nightly/, endpoint: 'http://s3.example.com:9000', region: eu-west-1}\n");
   auto far = Trainctl({"bench", "far.yaml", "--dry-run"}, s.path(""), seconds(60), keys);
   EXPECT_NE(far.output.find("warning: upload.endpoint http://s3.example.com:9000 is plain http"), std::string::npos)
       << far.output;
@@ -224,14 +241,17 @@ TEST(Bench, TheResultSetIsUploadedToS3WithSignedRequests) {
 
   // A wrong secret: refused with the server's code; the bench fails, its results stay here, and
   // nothing in the bucket is named as a finished set.
-  s.Write("wrong.yaml", "name: shared\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
-                        "upload: {url: s3://trainctl/retried/, endpoint: '" + endpoint + "', region: us-east-1}\n");
+  s.Write("wrong.yaml",
+          "name: shared\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
+          "upload: {url: s3://trainctl/retried/, endpoint: '" +
+              endpoint + "', region: us-east-1}\n");
   auto wrong = Trainctl({"bench", "wrong.yaml", "--results", "wrong"}, s.path(""), seconds(60),
                         {keys[0], {"AWS_SECRET_ACCESS_KEY", "not-the-secret"}});
   EXPECT_EQ(wrong.exit.code, 1) << wrong.output;
   EXPECT_NE(wrong.output.find("upload failed (the results are still in"), std::string::npos) << wrong.output;
   EXPECT_NE(wrong.output.find("HTTP 403 SignatureDoesNotMatch (AWS_SECRET_ACCESS_KEY is not the secret of"),
-            std::string::npos) << wrong.output;
+            std::string::npos)
+      << wrong.output;
   const std::string wrong_dir = ResultSet(s, "shared", "wrong");
   const std::string wrong_stamp = wrong_dir.substr(wrong_dir.rfind('/') + 1);
   EXPECT_EQ(server.Request("trainctl/retried/shared/" + wrong_stamp + "/results.json").code, 404);
@@ -240,8 +260,10 @@ TEST(Bench, TheResultSetIsUploadedToS3WithSignedRequests) {
   EXPECT_EQ(mended.exit.code, 0) << mended.output;
   EXPECT_GE(all_uploaded(wrong_dir, "retried/shared/" + wrong_stamp + "/"), 7);
   // A bucket the server does not have: its code, named.
-  s.Write("nobucket.yaml", "name: nobucket\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
-                           "upload: {url: s3://no-such-bucket/x/, endpoint: '" + endpoint + "', region: us-east-1}\n");
+  s.Write("nobucket.yaml",
+          "name: nobucket\nspec: {name: quick, command: [sh, -c, 'echo done']}\n"
+          "upload: {url: s3://no-such-bucket/x/, endpoint: '" +
+              endpoint + "', region: us-east-1}\n");
   auto nobucket = Trainctl({"bench", "nobucket.yaml", "--results", "nb"}, s.path(""), seconds(60), keys);
   EXPECT_EQ(nobucket.exit.code, 1) << nobucket.output;
   EXPECT_NE(nobucket.output.find("HTTP 404 NoSuchBucket"), std::string::npos) << nobucket.output;
@@ -258,11 +280,14 @@ TEST(Bench, TheResultSetIsUploadedToS3WithSignedRequests) {
 // write the result set from the exit handler; a failed peer is recorded, the others succeed.
 TEST(Bench, TheArgoWorkflowValidatesAndItsPodsWriteTheResultSet) {
   Scratch s;
-  s.Write("m.yaml", "name: in-cluster\nspec:\n  name: wf\n  command: [sh, -c, 'echo trained on $WORLD_SIZE']\n"
-                    "  cluster: {storage: {mount: " + s.path("volume") + ", claim: shared}, namespace: ml}\n"
-                    "axes: {procs_per_node: [1, 2]}\nparallel: 2\n"
-                    "peers: [{name: peer, command: [sh, -c, 'echo \"{\\\"epoch_seconds\\\": 0.{procs_per_node}}\"; "
-                    "exit $(({procs_per_node} - 1))']}]\n");
+  s.Write("m.yaml",
+          "name: in-cluster\nspec:\n  name: wf\n  command: [sh, -c, 'echo trained on $WORLD_SIZE']\n"
+          "  cluster: {storage: {mount: " +
+              s.path("volume") +
+              ", claim: shared}, namespace: ml}\n"
+              "axes: {procs_per_node: [1, 2]}\nparallel: 2\n"
+              "peers: [{name: peer, command: [sh, -c, 'echo \"{\\\"epoch_seconds\\\": 0.{procs_per_node}}\"; "
+              "exit $(({procs_per_node} - 1))']}]\n");
   auto r = Trainctl({"bench", "m.yaml", "--format", "argo", "-o", "wf.yaml"}, s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   EXPECT_FALSE(fs::exists(s.path("bench-results"))) << "rendering runs nothing";
@@ -293,7 +318,8 @@ TEST(Bench, TheArgoWorkflowValidatesAndItsPodsWriteTheResultSet) {
     SpawnOptions o;
     o.argv = argv;
     o.env = CurrentEnvironment();
-    for (const auto& e : t["container"]["env"]) SetEnv(&o.env, e["name"].as<std::string>(), e["value"].as<std::string>());
+    for (const auto& e : t["container"]["env"])
+      SetEnv(&o.env, e["name"].as<std::string>(), e["value"].as<std::string>());
     o.cwd = t["container"]["workingDir"].as<std::string>();
     auto done = RunCommand(o, seconds(120));
     EXPECT_TRUE(done.ok());
@@ -321,7 +347,8 @@ TEST(Bench, TheArgoWorkflowValidatesAndItsPodsWriteTheResultSet) {
   EXPECT_EQ(states["trainctl-procs_per_node_2"], "succeeded");
   EXPECT_EQ(states["peer-procs_per_node_1"], "succeeded");
   EXPECT_EQ(states["peer-procs_per_node_2"], "failed");
-  EXPECT_NE(ReadFile(dir + "/results.csv")->find("peer-procs_per_node_1,peer,1,1,1,succeeded,0,,0.100,"), std::string::npos)
+  EXPECT_NE(ReadFile(dir + "/results.csv")->find("peer-procs_per_node_1,peer,1,1,1,succeeded,0,,0.100,"),
+            std::string::npos)
       << *ReadFile(dir + "/results.csv");
   EXPECT_TRUE(fs::exists(dir + "/report.html"));
 }
@@ -331,11 +358,16 @@ TEST(Bench, TheArgoWorkflowValidatesAndItsPodsWriteTheResultSet) {
 TEST(Bench, TheKubernetesTargetNamesAnUnreachableCluster) {
   Scratch s;
   s.Write("m.yaml", "name: far\nspec: {name: wf, command: [sh, -c, 'echo hi']}\ntarget: k8s\n");
-  const std::string kubeconfig = s.Write("kubeconfig", "apiVersion: v1\nkind: Config\nclusters:\n"
-      "- cluster: {server: \"https://127.0.0.1:" + std::to_string(FreePort()) + "\"}\n  name: c\n"
-      "contexts:\n- context: {cluster: c, user: u}\n  name: c\ncurrent-context: c\n"
-      "users:\n- name: u\n  user: {token: t}\n");
-  auto r = Trainctl({"bench", "m.yaml", "--results", "results"}, s.path(""), seconds(120), {{"KUBECONFIG", kubeconfig}});
+  const std::string kubeconfig =
+      s.Write("kubeconfig",
+              "apiVersion: v1\nkind: Config\nclusters:\n"
+              "- cluster: {server: \"https://127.0.0.1:" +
+                  std::to_string(FreePort()) +
+                  "\"}\n  name: c\n"
+                  "contexts:\n- context: {cluster: c, user: u}\n  name: c\ncurrent-context: c\n"
+                  "users:\n- name: u\n  user: {token: t}\n");
+  auto r =
+      Trainctl({"bench", "m.yaml", "--results", "results"}, s.path(""), seconds(120), {{"KUBECONFIG", kubeconfig}});
   EXPECT_EQ(r.exit.code, 1) << r.output;
   EXPECT_NE(r.output.find("trainctl bench: cannot create the workflow ("), std::string::npos) << r.output;
   EXPECT_EQ(CountLines(r.output, "refused"), 1) << r.output;
@@ -351,7 +383,8 @@ TEST(Bench, ABadPointIsRefusedBeforeAnythingRuns) {
   EXPECT_EQ(r.exit.code, 2) << r.output;
   EXPECT_NE(r.output.find("point {procs_per_node: 0}"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("procs_per_node"), std::string::npos) << r.output;
-  EXPECT_FALSE(fs::exists(s.path("results/bad")) && !fs::is_empty(s.path("results/bad"))) << "nothing ran, nothing kept";
+  EXPECT_FALSE(fs::exists(s.path("results/bad")) && !fs::is_empty(s.path("results/bad")))
+      << "nothing ran, nothing kept";
 }
 
 // --resume of a result set edited by hand or written by another tool: a mistyped field is named,

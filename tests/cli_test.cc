@@ -3,25 +3,22 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
 #include "common/cpus.h"
-#include "job/keys.h"
 #include "common/exit_codes.h"
+#include "job/keys.h"
 #include "jobspec/job_spec.h"
-#include "store/tcp/tcp_store.h"
 #include "store/etcd/etcd_store.h"
-#include "tests/etcd_server.h"
+#include "store/tcp/tcp_store.h"
 #include "test_util.h"
+#include "tests/etcd_server.h"
 
 namespace trainctl::testing {
 namespace {
 
 using std::chrono::seconds;
-
-
 
 TEST(Cli, HelpListsVerbsAndExitCodes) {
   Scratch s;
@@ -45,14 +42,15 @@ TEST(Cli, AnUnknownVerbIsNamedAndGlobalFlagsGoAnywhere) {
   Scratch s;
   auto typo = Trainctl({"trian"}, s.path(""));
   EXPECT_EQ(typo.exit.code, kExitInvalidSpec);
-  EXPECT_NE(typo.output.find("trainctl: unknown verb \"trian\"; did you mean 'train'?"), std::string::npos) << typo.output;
+  EXPECT_NE(typo.output.find("trainctl: unknown verb \"trian\"; did you mean 'train'?"), std::string::npos)
+      << typo.output;
   EXPECT_NE(typo.output.find("verbs: run, validate,"), std::string::npos) << typo.output;
   auto far = Trainctl({"--log-level", "warn", "frobnicate", "x.yaml"}, s.path(""));
   EXPECT_EQ(far.exit.code, kExitInvalidSpec);
   EXPECT_NE(far.output.find("unknown verb \"frobnicate\"\n"), std::string::npos) << far.output;
   s.Write("job.yaml", "name: g\ncommand: [sh, -c, 'exit 0']\n");
   for (const auto& argv : std::vector<std::vector<std::string>>{{"run", "job.yaml", "--log-level", "debug"},
-                                                               {"--log-level", "debug", "run", "job.yaml"}}) {
+                                                                {"--log-level", "debug", "run", "job.yaml"}}) {
     auto r = Trainctl(argv, s.path(""));
     EXPECT_EQ(r.exit.code, 0) << r.output;
     EXPECT_NE(r.output.find(" D [job=g"), std::string::npos) << "no debug lines:\n" << r.output;
@@ -67,7 +65,8 @@ TEST(Cli, ValidateReportsFileLineAndField) {
   std::string job = s.Write("job.yaml", "name: demo\ncommand: [x]\nprocs_per_node: 2\nnodes: two\n");
   auto r = Trainctl({"validate", "job.yaml"}, s.path(""));
   EXPECT_EQ(r.exit.code, kExitInvalidSpec);
-  EXPECT_NE(r.output.find("job.yaml:4: nodes: expected a positive integer, got \"two\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("job.yaml:4: nodes: expected a positive integer, got \"two\""), std::string::npos)
+      << r.output;
 
   s.Write("ok.yaml", "name: demo\ncommand: [python3, t.py]\n");
   s.Write("t.py", "print('the script validate looks for next to the spec')\n");
@@ -221,7 +220,8 @@ output_dir: {out}/out
   auto r = Trainctl({"run", "job.yaml"}, s.path(""));
   EXPECT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
   EXPECT_NE(r.output.find("job broken failed after 1 restart(s) (max_restarts: 1): worker 1 (rank 1"),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("failed: exit code 7"), std::string::npos);
   EXPECT_NE(r.output.find("| ValueError: bad shard 7"), std::string::npos);
   EXPECT_NE(r.output.find("log: " + s.path("out/logs/worker-1.log")), std::string::npos);
@@ -248,8 +248,7 @@ TEST(Cli, AProgramThatCannotStartIsASpecError) {
   WriteSpec(s, "name: typo\ncommand: [pythn3, train.py]\noutput_dir: {out}/out\n");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""));
   EXPECT_EQ(r.exit.code, kExitInvalidSpec);
-  EXPECT_NE(r.output.find("job.yaml: command: 'pythn3' was not found in PATH"), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("job.yaml: command: 'pythn3' was not found in PATH"), std::string::npos) << r.output;
 }
 
 // A program that ran once and then cannot start (it removed itself): one restart happened, and
@@ -292,8 +291,7 @@ procs_per_node: 2
 command: [sh, -c, 'sleep 300 & echo "$$ $!" >> {out}/pids; echo "$PPID" >> {out}/agents; wait']
 output_dir: {out}/out
 )");
-  auto job = std::make_unique<Background>(std::vector<std::string>{"run", "job.yaml"}, s.path(""),
-                                          s.path("log"));
+  auto job = std::make_unique<Background>(std::vector<std::string>{"run", "job.yaml"}, s.path(""), s.path("log"));
   EXPECT_TRUE(Eventually([&] { return ReadPids(s.path("pids")).size() == 8; }));
   return job;
 }
@@ -330,7 +328,8 @@ timeouts: {stop_grace: 2s}
 output_dir: {out}/out
 )");
   Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
-  ASSERT_TRUE(Eventually([&] { return ReadPids(s.path("agents")).size() == 3 && ReadPids(s.path("early")).size() == 2; }));
+  ASSERT_TRUE(
+      Eventually([&] { return ReadPids(s.path("agents")).size() == 3 && ReadPids(s.path("early")).size() == 2; }));
   const pid_t early = ReadPids(s.path("early"))[0], its_agent = ReadPids(s.path("early"))[1];
   ASSERT_TRUE(Eventually([early] { return ProcessGone(early); }, seconds(10)));
   // Its agent now waits in a read of the store (poll), not in a timed wait for signals.
@@ -351,7 +350,8 @@ output_dir: {out}/out
   ExitInfo exit = job.Wait(seconds(30));
   EXPECT_EQ(exit.code, kExitInterrupted) << job.Output();
   for (pid_t agent : ReadPids(s.path("agents"))) {
-    EXPECT_TRUE(Eventually([agent] { return ProcessGone(agent); }, seconds(5))) << "agent " << agent << " outlived the job";
+    EXPECT_TRUE(Eventually([agent] { return ProcessGone(agent); }, seconds(5)))
+        << "agent " << agent << " outlived the job";
   }
   EXPECT_EQ(ReadStatus(s)["state"], "interrupted");
 }
@@ -414,30 +414,37 @@ TEST(Cli, ASigkilledAgentsWorkersLeaveNothingBehind) {
 // started is gone soon after.
 TEST(Cli, ASignalDuringALargeStartUpIsHonoured) {
   Scratch s;
-  WriteSpec(s, "name: big\nnodes: 400\ncommand: [sleep, '60']\ntimeouts: {rendezvous: 60s, stop_grace: 2s}\n"
-               "output_dir: {out}/out\n");
+  WriteSpec(s,
+            "name: big\nnodes: 400\ncommand: [sleep, '60']\ntimeouts: {rendezvous: 60s, stop_grace: 2s}\n"
+            "output_dir: {out}/out\n");
   Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
-  ASSERT_TRUE(Eventually([&] {
-    return !ProcessesWithEnv({"TRAINCTL_AGENT_STORE=" + std::string()}).empty() ||
-           !LiveProcesses([&](pid_t p) {
-              auto argv = ProcStrings(p, "cmdline");
-              return argv.size() > 3 && std::find(argv.begin(), argv.end(), "agent") != argv.end() &&
-                     std::find(argv.begin(), argv.end(), "--run-id") != argv.end() &&
-                     argv[std::find(argv.begin(), argv.end(), "--run-id") - argv.begin() + 1].rfind("big-", 0) == 0;
-            }).empty();
-  }, seconds(30)));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return !ProcessesWithEnv({"TRAINCTL_AGENT_STORE=" + std::string()}).empty() ||
+               !LiveProcesses([&](pid_t p) {
+                  auto argv = ProcStrings(p, "cmdline");
+                  return argv.size() > 3 && std::find(argv.begin(), argv.end(), "agent") != argv.end() &&
+                         std::find(argv.begin(), argv.end(), "--run-id") != argv.end() &&
+                         argv[std::find(argv.begin(), argv.end(), "--run-id") - argv.begin() + 1].rfind("big-", 0) == 0;
+                }).empty();
+      },
+      seconds(30)));
   const auto start = Clock::now();
   ::kill(job.pid(), SIGTERM);
   ExitInfo exit = job.Wait(seconds(60));
   EXPECT_EQ(exit.code, kExitInterrupted) << job.Output();
   EXPECT_LT(Clock::now() - start, seconds(15)) << job.Output();
-  EXPECT_TRUE(Eventually([] {
-    return LiveProcesses([](pid_t p) {
-             auto argv = ProcStrings(p, "cmdline");
-             auto it = std::find(argv.begin(), argv.end(), "--run-id");
-             return it != argv.end() && it + 1 != argv.end() && (it + 1)->rfind("big-", 0) == 0;
-           }).empty();
-  }, seconds(15))) << "agents outlived the job";
+  EXPECT_TRUE(Eventually(
+      [] {
+        return LiveProcesses([](pid_t p) {
+                 auto argv = ProcStrings(p, "cmdline");
+                 auto it = std::find(argv.begin(), argv.end(), "--run-id");
+                 return it != argv.end() && it + 1 != argv.end() && (it + 1)->rfind("big-", 0) == 0;
+               })
+            .empty();
+      },
+      seconds(15)))
+      << "agents outlived the job";
 }
 
 // The scale path end to end at a size CI affords: 256 agent processes meet in one round on the
@@ -450,7 +457,8 @@ TEST(Cli, AJobOf256NodesSucceeds) {
   EXPECT_EQ(ReadStatus(s)["state"], "succeeded");
   EXPECT_EQ(ReadStatus(s)["restarts"], 0);
   int logs = 0;
-  for (int rank = 0; rank < 256; ++rank) logs += Exists(s.path("out/logs/worker-" + std::to_string(rank) + ".log")) ? 1 : 0;
+  for (int rank = 0; rank < 256; ++rank)
+    logs += Exists(s.path("out/logs/worker-" + std::to_string(rank) + ".log")) ? 1 : 0;
   EXPECT_EQ(logs, 256);
 }
 
@@ -484,15 +492,19 @@ long HugeCodeKiB(pid_t pid) {
 // environment. The server is gone once the agents have started, and a SIGTERM stops them all.
 TEST(Cli, ALocalJobsAgentsAreTheLaunchersChildrenWithTheirOwnCommandLines) {
   Scratch s;
-  WriteSpec(s, "name: forked\nnodes: 12\ncommand: [sh, -c, 'env > {out}/env-$RANK; echo $PPID > {out}/agent-$RANK; "
-               "exec sleep 60']\ntimeouts: {stop_grace: 2s}\noutput_dir: {out}/out\n");
+  WriteSpec(s,
+            "name: forked\nnodes: 12\ncommand: [sh, -c, 'env > {out}/env-$RANK; echo $PPID > {out}/agent-$RANK; "
+            "exec sleep 60']\ntimeouts: {stop_grace: 2s}\noutput_dir: {out}/out\n");
   Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
-  ASSERT_TRUE(Eventually([&] {
-    for (int rank = 0; rank < 12; ++rank) {
-      if (ReadPids(s.path("agent-" + std::to_string(rank))).empty()) return false;
-    }
-    return true;
-  }, seconds(60))) << job.Output();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        for (int rank = 0; rank < 12; ++rank) {
+          if (ReadPids(s.path("agent-" + std::to_string(rank))).empty()) return false;
+        }
+        return true;
+      },
+      seconds(60)))
+      << job.Output();
   // "pid (comm) state ppid pgrp ..."
   auto stat = [](pid_t pid) {
     auto text = ReadFile("/proc/" + std::to_string(pid) + "/stat");
@@ -546,8 +558,9 @@ TEST(Cli, ALocalJobsAgentsAreTheLaunchersChildrenWithTheirOwnCommandLines) {
 // TRAINCTL_HUGE_TEXT=0 leaves the fork server's code the executable's (for a profiler).
 TEST(Cli, HugeTextZeroLeavesTheAgentsCodeTheExecutables) {
   Scratch s;
-  WriteSpec(s, "name: small-pages\nnodes: 2\ncommand: [sh, -c, 'echo $PPID > {out}/agent-$RANK; exec sleep 60']\n"
-               "timeouts: {stop_grace: 2s}\n");
+  WriteSpec(s,
+            "name: small-pages\nnodes: 2\ncommand: [sh, -c, 'echo $PPID > {out}/agent-$RANK; exec sleep 60']\n"
+            "timeouts: {stop_grace: 2s}\n");
   Background job({"run", "job.yaml"}, s.path(""), s.path("log"), {{"TRAINCTL_HUGE_TEXT", "0"}});
   ASSERT_TRUE(Eventually([&] { return !ReadPids(s.path("agent-1")).empty() && !ReadPids(s.path("agent-0")).empty(); },
                          seconds(60)))
@@ -569,8 +582,9 @@ TEST(Cli, HugeTextZeroLeavesTheAgentsCodeTheExecutables) {
 // fill, every wake-up of theirs preempts a worker. A stop still reaches the tasks.
 TEST(Cli, AOneNodeJobsLauncherAndAgentRarelyWakeWhileTheTasksRun) {
   Scratch s;
-  WriteSpec(s, "name: quiet\ncommand: [sh, -c, 'echo $PPID > {out}/agent; exec sleep 60']\n"
-               "timeouts: {stop_grace: 2s}\noutput_dir: {out}/out\n");
+  WriteSpec(s,
+            "name: quiet\ncommand: [sh, -c, 'echo $PPID > {out}/agent; exec sleep 60']\n"
+            "timeouts: {stop_grace: 2s}\noutput_dir: {out}/out\n");
   Background job({"run", "job.yaml"}, s.path(""), s.path("log"));
   ASSERT_TRUE(Eventually([&] { return !ReadPids(s.path("agent")).empty(); }, seconds(60))) << job.Output();
   const pid_t agent = ReadPids(s.path("agent"))[0];
@@ -603,16 +617,19 @@ TEST(Cli, AJobTooLargeForThisMachineIsRefused) {
   WriteSpec(s, "name: huge\nnodes: 10000\nprocs_per_node: 1024\ncommand: [sleep, '1']\noutput_dir: {out}/out\n");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""));
   EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
-  EXPECT_NE(r.output.find("10000 node(s) x 1024 worker(s) is 10240000 tasks on this machine, more than trainctl starts on one"),
-            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(
+                "10000 node(s) x 1024 worker(s) is 10240000 tasks on this machine, more than trainctl starts on one"),
+            std::string::npos)
+      << r.output;
 }
 
 // Failures in a row come back ever slower (restart.backoff), so a large budget is not spent in a
 // burst: the first restart at once, then 300 ms, then 600 ms.
 TEST(Cli, RestartsAfterFailuresInARowBackOff) {
   Scratch s;
-  WriteSpec(s, "name: backoff\ncommand: [sh, -c, 'exit 4']\nrestart: {max_restarts: 3, backoff: 300ms}\n"
-               "output_dir: {out}/out\n");
+  WriteSpec(s,
+            "name: backoff\ncommand: [sh, -c, 'exit 4']\nrestart: {max_restarts: 3, backoff: 300ms}\n"
+            "output_dir: {out}/out\n");
   const auto start = Clock::now();
   auto r = Trainctl({"run", "job.yaml"}, s.path(""));
   EXPECT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
@@ -633,7 +650,8 @@ TEST(Cli, DirectoriesInTheWayAreFoundBeforeTheJobStarts) {
     auto r = Trainctl({verb, "job.yaml"}, s.path(""));
     EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
     EXPECT_NE(r.output.find("job.yaml: checkpoint_dir: " + s.path("file") + " is a file, expected a directory"),
-              std::string::npos) << r.output;
+              std::string::npos)
+        << r.output;
   }
 }
 
@@ -642,8 +660,8 @@ TEST(Cli, AJobCanRendezvousOnEtcd) {
   Scratch s;
   std::string url = "etcd://" + endpoint;
   WriteSpec(s, "name: on-etcd\nnodes: 2\nprocs_per_node: 2\nrendezvous: " + url +
-              "\ncommand: [sh, -c, 'echo \"$RANK $TRAINCTL_STORE_ADDR\" >> {out}/ranks']\n"
-              "output_dir: {out}/out\n");
+                   "\ncommand: [sh, -c, 'echo \"$RANK $TRAINCTL_STORE_ADDR\" >> {out}/ranks']\n"
+                   "output_dir: {out}/out\n");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   std::string ranks = s.Read("ranks");
@@ -678,7 +696,8 @@ TEST(Cli, AJobCanRendezvousOnEtcdWithTlsAndAuth) {
   auto no_password = Trainctl({"run", "job.yaml"}, s.path(""), seconds(60));
   EXPECT_NE(no_password.exit.code, 0);
   EXPECT_NE(no_password.output.find("etcd user trainctl: set TRAINCTL_ETCD_PASSWORD to its password"),
-            std::string::npos) << no_password.output;
+            std::string::npos)
+      << no_password.output;
   auto wrong = Trainctl({"run", "job.yaml"}, s.path(""), seconds(60), {{"TRAINCTL_ETCD_PASSWORD", "guess"}});
   EXPECT_NE(wrong.exit.code, 0);
   EXPECT_NE(wrong.output.find("etcd refused user trainctl"), std::string::npos) << wrong.output;
@@ -705,12 +724,13 @@ TEST(Cli, AnEtcdLostMidJobIsNamedInTheReport) {
 
 TEST(Cli, AnUnreachableEtcdIsReportedNotWaitedOnForever) {
   Scratch s;
-  WriteSpec(s, "name: no-etcd\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"
-          "command: [\"true\"]\noutput_dir: {out}/out\n");
+  WriteSpec(s,
+            "name: no-etcd\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"
+            "command: [\"true\"]\noutput_dir: {out}/out\n");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30));
   EXPECT_EQ(r.exit.code, kExitError) << r.output;
-  EXPECT_NE(r.output.find("cannot reach the job's store: cannot reach etcd at 127.0.0.1:1"),
-            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cannot reach the job's store: cannot reach etcd at 127.0.0.1:1"), std::string::npos)
+      << r.output;
 }
 
 // While the launcher waits for an etcd that is not there, Ctrl-C and SIGTERM end the wait within
@@ -754,10 +774,9 @@ class AgentTest : public ::testing::Test {
     ASSERT_TRUE(store_->Set(keys::kSpec, JobSpecToJson(*spec)).ok());
   }
   CommandResult RunAgent(const std::string& token) {
-    return Trainctl({"agent", "--node-rank", "0", "--run-id", "run-1"}, scratch_.path(""),
-                    seconds(60),
-                    {{"TRAINCTL_AGENT_STORE", "127.0.0.1:" + std::to_string(server_->port())},
-                     {"TRAINCTL_AGENT_TOKEN", token}});
+    return Trainctl(
+        {"agent", "--node-rank", "0", "--run-id", "run-1"}, scratch_.path(""), seconds(60),
+        {{"TRAINCTL_AGENT_STORE", "127.0.0.1:" + std::to_string(server_->port())}, {"TRAINCTL_AGENT_TOKEN", token}});
   }
   Scratch scratch_;
   std::unique_ptr<TcpStoreServer> server_;
@@ -765,8 +784,10 @@ class AgentTest : public ::testing::Test {
 };
 
 TEST_F(AgentTest, RendezvousTimeoutNamesTheMissingNodesAndExits4) {
-  Publish("name: rdzv\nnodes: 2\ncommand: [\"true\"]\ntimeouts: {rendezvous: 500ms}\n"
-          "output_dir: " + scratch_.path("out") + "\n");
+  Publish(
+      "name: rdzv\nnodes: 2\ncommand: [\"true\"]\ntimeouts: {rendezvous: 500ms}\n"
+      "output_dir: " +
+      scratch_.path("out") + "\n");
   auto r = RunAgent("agent-test-token");
   EXPECT_EQ(r.exit.code, kExitRendezvousTimeout) << r.output;
   EXPECT_NE(r.output.find("1 of 2 nodes joined within 500ms (joined: "), std::string::npos) << r.output;
@@ -781,7 +802,8 @@ TEST_F(AgentTest, ATaskThatCannotStartSpendsNoRestart) {
   auto r = RunAgent("agent-test-token");
   EXPECT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
   EXPECT_NE(r.output.find("could not start: /nonexistent/program is not an executable file; not restarting"),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
   EXPECT_EQ(store_->TryGet("restarts")->value_or(""), "0");
 }
 
@@ -807,8 +829,9 @@ TEST(Cli, TheHttpLibrariesAreLoadedOnlyByWhatSpeaksHttp) {
   for (const char* lib : {"file=libssl", "file=libcrypto", "file=libcpp-httplib", "trainctl-http.so"}) {
     EXPECT_EQ(r.output.find(lib), std::string::npos) << lib << " loaded:\n" << r.output;
   }
-  WriteSpec(s, "name: http\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"
-               "command: [\"true\"]\noutput_dir: {out}/out\n");
+  WriteSpec(s,
+            "name: http\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"
+            "command: [\"true\"]\noutput_dir: {out}/out\n");
   auto etcd = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30), {{"LD_DEBUG", "files"}});
   EXPECT_NE(etcd.output.find("trainctl-http.so"), std::string::npos) << etcd.output;
   EXPECT_NE(etcd.output.find("file=libssl"), std::string::npos) << etcd.output;
@@ -822,33 +845,41 @@ TEST(Cli, TheBundleRunsJobsInAnImageWithOnlyGlibcAndSh) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root for chroot";
   Scratch s;
   const std::string root = s.path("image");
-  auto sh = [](const std::string& script) { return RunProgram({"sh", "-ec", script}, TRAINCTL_SOURCE_DIR, seconds(60)); };
+  auto sh = [](const std::string& script) {
+    return RunProgram({"sh", "-ec", script}, TRAINCTL_SOURCE_DIR, seconds(60));
+  };
   auto bundled = sh("bash scripts/dev bundle " + root + "/opt/trainctl " TRAINCTL_BIN);
   ASSERT_EQ(bundled.exit.code, 0) << bundled.output;
   EXPECT_TRUE(Exists(root + "/opt/trainctl/lib/libyaml-cpp.so.0.7")) << bundled.output;
   EXPECT_FALSE(Exists(root + "/opt/trainctl/lib/libc.so.6")) << "glibc is the image's";
   EXPECT_TRUE(Exists(root + "/opt/trainctl/lib/trainctl/trainctl-http.so")) << bundled.output;
-  auto made = sh("R=" + root + "; mkdir -p $R/lib/x86_64-linux-gnu $R/lib64 $R/bin $R/proc $R/dev $R/tmp; "
+  auto made = sh("R=" + root +
+                 "; mkdir -p $R/lib/x86_64-linux-gnu $R/lib64 $R/bin $R/proc $R/dev $R/tmp; "
                  "for l in libc.so.6 libm.so.6 libstdc++.so.6 libgcc_s.so.1; do "
                  "cp -L /lib/x86_64-linux-gnu/$l $R/lib/x86_64-linux-gnu/; done; "
                  "cp -L /lib64/ld-linux-x86-64.so.2 $R/lib64/; cp -L /bin/sh $R/bin/sh");
   ASSERT_EQ(made.exit.code, 0) << made.output;
-  s.Write("image/job.yaml", "name: own\nnodes: 2\nprocs_per_node: 2\n"
-                            "command: [/bin/sh, -c, 'echo \"rank $RANK of $WORLD_SIZE\"']\noutput_dir: /tmp/out\n");
-  s.Write("image/etcd.yaml", "name: on-etcd\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"
-                             "command: [/bin/sh, -c, 'true']\noutput_dir: /tmp/etcd-out\n");
+  s.Write("image/job.yaml",
+          "name: own\nnodes: 2\nprocs_per_node: 2\n"
+          "command: [/bin/sh, -c, 'echo \"rank $RANK of $WORLD_SIZE\"']\noutput_dir: /tmp/out\n");
+  s.Write("image/etcd.yaml",
+          "name: on-etcd\nrendezvous: etcd://127.0.0.1:1\ntimeouts: {rendezvous: 1s}\n"
+          "command: [/bin/sh, -c, 'true']\noutput_dir: /tmp/etcd-out\n");
   auto in_image = [&](const std::string& spec) {
     return sh("unshare --mount --fork sh -ec 'mount -t proc proc " + root + "/proc; mount --rbind /dev " + root +
-              "/dev; mount --make-rslave " + root + "/dev; chroot " + root + " /opt/trainctl/bin/trainctl run " + spec + "'");
+              "/dev; mount --make-rslave " + root + "/dev; chroot " + root + " /opt/trainctl/bin/trainctl run " + spec +
+              "'");
   };
   auto etcd = in_image("/etcd.yaml");
   EXPECT_EQ(etcd.exit.code, kExitError) << etcd.output;
-  EXPECT_NE(etcd.output.find("cannot reach etcd at 127.0.0.1:1"), std::string::npos) << "the plugin loaded:\n" << etcd.output;
+  EXPECT_NE(etcd.output.find("cannot reach etcd at 127.0.0.1:1"), std::string::npos) << "the plugin loaded:\n"
+                                                                                     << etcd.output;
   auto r = in_image("/job.yaml");
   EXPECT_EQ(r.exit.code, 0) << r.output;
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_NE(r.output.find("[worker-" + std::to_string(rank) + "] rank " + std::to_string(rank) + " of 4"),
-              std::string::npos) << r.output;
+              std::string::npos)
+        << r.output;
   }
   EXPECT_NE(r.output.find("job own succeeded"), std::string::npos) << r.output;
 }

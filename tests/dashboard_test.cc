@@ -5,9 +5,8 @@
 #include <httplib.h>
 
 #include <fstream>
-#include <regex>
-
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "common/exit_codes.h"
 #include "common/strings.h"
@@ -29,12 +28,15 @@ struct Url {
 Url WaitForUrl(const Scratch& s, const std::string& log) {
   Url u;
   std::smatch m;
-  EXPECT_TRUE(Eventually([&] {
-    const std::string text = s.Read(log);
-    if (!std::regex_search(text, m, std::regex("http://([0-9.]+):(\\d+)/\\?token=([0-9a-f]+)"))) return false;
-    u = {m[1], std::stoi(m[2]), m[3]};
-    return true;
-  }, seconds(20))) << s.Read(log);
+  EXPECT_TRUE(Eventually(
+      [&] {
+        const std::string text = s.Read(log);
+        if (!std::regex_search(text, m, std::regex("http://([0-9.]+):(\\d+)/\\?token=([0-9a-f]+)"))) return false;
+        u = {m[1], std::stoi(m[2]), m[3]};
+        return true;
+      },
+      seconds(20)))
+      << s.Read(log);
   return u;
 }
 
@@ -57,7 +59,8 @@ class DashboardTest : public ::testing::Test {
                                             s_.path("hostile.log"), env_);
     ASSERT_TRUE(Eventually([&] { return s_.Read("hostile/logs/worker-0.log").find("<script>") != std::string::npos; }));
     hostile_id_ = nlohmann::json::parse(s_.Read("hostile/status.json"))["run_id"];
-    dashboard_ = std::make_unique<Background>(std::vector<std::string>{"dashboard"}, s_.path(""), s_.path("dash.log"), env_);
+    dashboard_ =
+        std::make_unique<Background>(std::vector<std::string>{"dashboard"}, s_.path(""), s_.path("dash.log"), env_);
     url_ = WaitForUrl(s_, "dash.log");
   }
   void TearDown() override {
@@ -94,9 +97,10 @@ TEST_F(DashboardTest, ThePageShowsJobsCurvesLogsAndEvalInChromiumAndEscapesWhatR
 
   const std::string page = Base() + "/?token=" + url_.token;
   auto dom = [&](const std::string& run, const std::string& shot) {
-    auto r = RunProgram({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu", "--window-size=1280,2400",
-                   "--virtual-time-budget=20000", "--screenshot=" + shot, "--dump-dom", page + "#" + run},
-                  s_.path(""));
+    auto r =
+        RunProgram({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu", "--window-size=1280,2400",
+                    "--virtual-time-budget=20000", "--screenshot=" + shot, "--dump-dom", page + "#" + run},
+                   s_.path(""));
     EXPECT_EQ(r.exit.code, 0) << r.output;
     return r.output;
   };
@@ -106,7 +110,8 @@ TEST_F(DashboardTest, ThePageShowsJobsCurvesLogsAndEvalInChromiumAndEscapesWhatR
   EXPECT_NE(trained.find(trained_id_), std::string::npos);
   EXPECT_NE(trained.find(hostile_id_), std::string::npos);
   // The front page says that a row opens its run, and each run id is a link to it.
-  EXPECT_NE(trained.find("<p id=\"jobs-hint\">Click a row, or its run id, to open that run"), std::string::npos) << trained;
+  EXPECT_NE(trained.find("<p id=\"jobs-hint\">Click a row, or its run id, to open that run"), std::string::npos)
+      << trained;
   EXPECT_NE(trained.find("<a href=\"#" + trained_id_ + "\">" + trained_id_ + "</a>"), std::string::npos) << trained;
   EXPECT_EQ(CountLines(std::regex_replace(trained, std::regex("<path class=\"curve\""), "\n@curve@\n"), "@curve@"), 3)
       << "loss, throughput and test accuracy";
@@ -130,13 +135,17 @@ TEST_F(DashboardTest, ThePageShowsJobsCurvesLogsAndEvalInChromiumAndEscapesWhatR
   const std::string hostile = dom(hostile_id_, s_.path("hostile.png"));
   EXPECT_NE(hostile.find("<title>trainctl</title>"), std::string::npos) << "a log line ran as script";
   EXPECT_NE(hostile.find("&lt;script&gt;document.title=1&lt;/script&gt;&lt;img src=x onerror=document.title=2&gt;"),
-            std::string::npos) << hostile;
+            std::string::npos)
+      << hostile;
   EXPECT_EQ(hostile.find("<img src=\"x\""), std::string::npos);
   EXPECT_TRUE(std::regex_search(hostile, std::regex("<td>worker-1</td><td>\\d+</td>"))) << hostile;
   EXPECT_NE(hostile.find("<p id=\"run-timeline\" hidden=\"\">"), std::string::npos) << hostile;
   // A run of its own program has no curves: each chart says so instead of drawing empty axes.
   EXPECT_EQ(CountLines(std::regex_replace(hostile, std::regex("class=\"empty\">none: this job runs its own program"),
-                                          "\n@empty@\n"), "@empty@"), 3) << hostile;
+                                          "\n@empty@\n"),
+                       "@empty@"),
+            3)
+      << hostile;
   EXPECT_EQ(trained.find("class=\"empty\""), std::string::npos) << trained;
 }
 
@@ -163,9 +172,7 @@ TEST_F(DashboardTest, ARunsCurvesFollowItsMetricsFileAsItGrows) {
   // The running one, written to by hand: nothing, then two lines and half of a third.
   const std::string file = s_.path("hostile/metrics.jsonl");
   EXPECT_TRUE(series(hostile_id_)["train"]["step"].empty());
-  auto append = [&](const std::string& text) {
-    std::ofstream(file, std::ios::app) << text << std::flush;
-  };
+  auto append = [&](const std::string& text) { std::ofstream(file, std::ios::app) << text << std::flush; };
   append("{\"step\": 1, \"loss\": 2.5, \"samples_per_s\": 10}\n{\"step\": 2, \"loss\": 2.0}\n{\"step\": 3, \"lo");
   EXPECT_EQ(series(hostile_id_)["train"]["step"], nlohmann::json({1, 2}));
   append("ss\": 1.5}\n{\"step\": 3, \"test_accuracy\": 0.5}\n");
@@ -201,15 +208,22 @@ TEST_F(DashboardTest, MetricsPassPromtoolAndARealPrometheusScrapesThem) {
   }
   ASSERT_GT(steps, 0);
   EXPECT_NE(metrics->body.find("trainctl_train_steps_total{job=\"trained\",run_id=\"" + trained_id_ + "\"} " +
-                               std::to_string(steps) + "\n"), std::string::npos) << metrics->body;
+                               std::to_string(steps) + "\n"),
+            std::string::npos)
+      << metrics->body;
   EXPECT_NE(metrics->body.find("trainctl_job_running{job=\"hostile\",run_id=\"" + hostile_id_ + "\"} 1\n"),
-            std::string::npos) << metrics->body;
+            std::string::npos)
+      << metrics->body;
 
   // A real Prometheus on loopback, scraping every second with the token.
   const int port = FreePort();
-  s_.Write("prometheus.yml", "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: trainctl\n    honor_labels: true\n"
-                             "    authorization: {type: Bearer, credentials: " + url_.token + "}\n"
-                             "    static_configs: [{targets: ['" + url_.host + ":" + std::to_string(url_.port) + "']}]\n");
+  s_.Write("prometheus.yml",
+           "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: trainctl\n    honor_labels: true\n"
+           "    authorization: {type: Bearer, credentials: " +
+               url_.token +
+               "}\n"
+               "    static_configs: [{targets: ['" +
+               url_.host + ":" + std::to_string(url_.port) + "']}]\n");
   int log = ::open(s_.path("prometheus.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   SpawnOptions po;
   po.argv = {"prometheus", "--config.file=" + s_.path("prometheus.yml"), "--storage.tsdb.path=" + s_.path("tsdb"),
@@ -221,13 +235,15 @@ TEST_F(DashboardTest, MetricsPassPromtoolAndARealPrometheusScrapesThem) {
   ASSERT_TRUE(prometheus.ok()) << prometheus.status().ToString();
   httplib::Client prom("127.0.0.1", port);
   std::string answer;
-  const bool scraped = Eventually([&] {
-    auto r = prom.Get("/api/v1/query?query=trainctl_train_steps_total%7Brun_id%3D%22" + trained_id_ + "%22%7D");
-    if (!r || r->status != 200) return false;
-    answer = r->body;
-    auto j = nlohmann::json::parse(answer, nullptr, false);
-    return j.is_object() && j["data"]["result"].size() == 1;
-  }, seconds(60));
+  const bool scraped = Eventually(
+      [&] {
+        auto r = prom.Get("/api/v1/query?query=trainctl_train_steps_total%7Brun_id%3D%22" + trained_id_ + "%22%7D");
+        if (!r || r->status != 200) return false;
+        answer = r->body;
+        auto j = nlohmann::json::parse(answer, nullptr, false);
+        return j.is_object() && j["data"]["result"].size() == 1;
+      },
+      seconds(60));
   ASSERT_TRUE(scraped) << answer << s_.Read("prometheus.log");
   auto j = nlohmann::json::parse(answer);
   EXPECT_EQ(j["data"]["result"][0]["value"][1], std::to_string(steps));
@@ -248,9 +264,10 @@ namespace {
 TEST(DashboardViews, AFailedJobOfRolesShowsItsWorkerAndWhyThereIsNoModel) {
   Scratch s;
   const Env env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
-  s.Write("roles.yaml", "name: roles\nrestart: {max_restarts: 0}\ntimeouts: {stop_grace: 2s}\noutput_dir: " +
-                            s.path("out") + "\nroles:\n  - {name: ps, command: [sh, -c, 'echo serving; sleep 60']}\n"
-                            "  - {name: worker, command: [sh, -c, 'echo training here; sleep 1; exit 1']}\n");
+  s.Write("roles.yaml",
+          "name: roles\nrestart: {max_restarts: 0}\ntimeouts: {stop_grace: 2s}\noutput_dir: " + s.path("out") +
+              "\nroles:\n  - {name: ps, command: [sh, -c, 'echo serving; sleep 60']}\n"
+              "  - {name: worker, command: [sh, -c, 'echo training here; sleep 1; exit 1']}\n");
   auto r = Trainctl({"run", "roles.yaml"}, s.path(""), seconds(60), env);
   ASSERT_EQ(r.exit.code, kExitWorkerFailed) << r.output;
   s.Write("out/metrics.jsonl", "{\"step\": 1, \"loss\": 2.0}\n{\"step\": 5, \"test_accuracy\": 0.92}\n");
@@ -260,10 +277,10 @@ TEST(DashboardViews, AFailedJobOfRolesShowsItsWorkerAndWhyThereIsNoModel) {
   httplib::Client client(url.host, url.port);
   auto run = nlohmann::json::parse(client.Get("/api/runs/" + id + "?token=" + url.token)->body);
   EXPECT_EQ(run["task_names"], nlohmann::json({"ps-0", "worker-0"})) << run;
-  auto page = RunProgram({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu",
-                          "--virtual-time-budget=10000", "--dump-dom",
-                          "http://" + url.host + ":" + std::to_string(url.port) + "/?token=" + url.token + "#" + id},
-                         s.path(""));
+  auto page = RunProgram(
+      {"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu", "--virtual-time-budget=10000",
+       "--dump-dom", "http://" + url.host + ":" + std::to_string(url.port) + "/?token=" + url.token + "#" + id},
+      s.path(""));
   ASSERT_EQ(page.exit.code, 0) << page.output;
   const std::string& dom = page.output;
   EXPECT_NE(dom.find("training here"), std::string::npos) << "the worker's log\n" << dom;
@@ -286,8 +303,9 @@ TEST(DashboardViews, AFailedJobOfRolesShowsItsWorkerAndWhyThereIsNoModel) {
 TEST(DashboardViews, ATorchScriptRunIsEvaluatedAsABuiltinModelIs) {
   Scratch s;
   const Env env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
-  auto made = RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py",
-                          s.path("models")}, s.path(""));
+  auto made = RunProgram(
+      {TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py", s.path("models")},
+      s.path(""));
   ASSERT_EQ(made.exit.code, 0) << made.output;
   s.Write("scripted.yaml", "name: scripted\nprocs_per_node: 1\noutput_dir: " + s.path("out") +
                                "\ntrainer:\n  model: {torchscript: " + s.path("models/bn_cnn.pt") +
@@ -308,14 +326,15 @@ TEST(DashboardViews, ATorchScriptRunIsEvaluatedAsABuiltinModelIs) {
   EXPECT_NE(result.dump().find("T-shirt/top"), std::string::npos) << "per-class accuracy by name: " << result;
   ASSERT_TRUE(result.contains("misclassified")) << result;
   EXPECT_GT(result["misclassified"].size(), 0u) << "a model trained on 1280 images errs on some test images";
-  auto page = RunProgram({"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu",
-                          "--virtual-time-budget=20000", "--dump-dom",
-                          "http://" + url.host + ":" + std::to_string(url.port) + "/?token=" + url.token + "#" + id},
-                         s.path(""));
+  auto page = RunProgram(
+      {"chromium-headless-shell", "--no-sandbox", "--headless", "--disable-gpu", "--virtual-time-budget=20000",
+       "--dump-dom", "http://" + url.host + ":" + std::to_string(url.port) + "/?token=" + url.token + "#" + id},
+      s.path(""));
   ASSERT_EQ(page.exit.code, 0) << page.output;
   EXPECT_NE(page.output.find("Accuracy of the model on 10000 test images: "), std::string::npos) << page.output;
   EXPECT_EQ(CountLines(std::regex_replace(page.output, std::regex("class=\"cm-cell\""), "\n@cell@\n"), "@cell@"), 100);
-  EXPECT_EQ(CountLines(std::regex_replace(page.output, std::regex("<path class=\"curve\""), "\n@curve@\n"), "@curve@"), 3)
+  EXPECT_EQ(CountLines(std::regex_replace(page.output, std::regex("<path class=\"curve\""), "\n@curve@\n"), "@curve@"),
+            3)
       << "loss, throughput and test accuracy";
   ::kill(dashboard.pid(), SIGTERM);
   EXPECT_EQ(dashboard.Wait(seconds(30)).code, 0);

@@ -57,10 +57,13 @@ int Started(const Scratch& s, const std::string& prefix) {
 TEST(Elastic, ALostNodeShrinksTheJobAJoiningNodeGrowsItAndTheBudgetIsTheJobs) {
   const std::string etcd = "etcd://" + SharedEtcd().endpoints()[0];
   Scratch s;
-  std::string spec = s.Write("job.yaml", Fill(s,
-      "name: elastic\nnodes: {min: 1, max: 2}\nrendezvous: " + etcd + "\n"
-      "restart: {max_restarts: 1}\ntimeouts: {heartbeat: 1s, last_call: 500ms, stop_grace: 2s}\n"
-      "command: [sh, -c, '" + std::string(kWorker) + "']\noutput_dir: {out}/out\n"));
+  std::string spec =
+      s.Write("job.yaml",
+              Fill(s, "name: elastic\nnodes: {min: 1, max: 2}\nrendezvous: " + etcd +
+                          "\n"
+                          "restart: {max_restarts: 1}\ntimeouts: {heartbeat: 1s, last_call: 500ms, stop_grace: 2s}\n"
+                          "command: [sh, -c, '" +
+                          std::string(kWorker) + "']\noutput_dir: {out}/out\n"));
   Background job({"run", spec}, s.path(""), s.path("run.log"));
 
   // Round 0: both nodes.
@@ -79,23 +82,20 @@ TEST(Elastic, ALostNodeShrinksTheJobAJoiningNodeGrowsItAndTheBudgetIsTheJobs) {
   // (node 0 would miss its heartbeat a second later), and node 0 goes on alone. That is a
   // failure: it spends the one restart the job has.
   ASSERT_EQ(::kill(agent1, SIGKILL), 0);
-  ASSERT_TRUE(Eventually([&] { return Started(s, "1 0 1 1") == 1; }, seconds(20)))
-      << s.Read("rounds") << job.Output();
+  ASSERT_TRUE(Eventually([&] { return Started(s, "1 0 1 1") == 1; }, seconds(20))) << s.Read("rounds") << job.Output();
   EXPECT_TRUE(Eventually([&] { return ProcessGone(worker1); }, seconds(5))) << "orphaned worker";
   EXPECT_NE(job.Output().find("the agent for node 1 died: signal 9 (SIGKILL); the job goes on with the other nodes"),
-            std::string::npos) << job.Output();
+            std::string::npos)
+      << job.Output();
   EXPECT_NE(job.Output().find("round 1: 1 node(s), world size 1 (restart 1 of 1)"), std::string::npos);
 
   // A new node joins the running job: it is admitted at the next round, and the membership
   // change spends nothing (with max_restarts 1 spent, a spend would have ended the job).
-  Background joiner({"agent", "--run-id", run_id}, s.path(""), s.path("joiner.log"),
-                    {{"TRAINCTL_AGENT_STORE", etcd}});
-  ASSERT_TRUE(Eventually([&] { return Started(s, "2 0 2 1") == 1 && Started(s, "2 1 2 1") == 1; },
-                         seconds(20)))
+  Background joiner({"agent", "--run-id", run_id}, s.path(""), s.path("joiner.log"), {{"TRAINCTL_AGENT_STORE", etcd}});
+  ASSERT_TRUE(Eventually([&] { return Started(s, "2 0 2 1") == 1 && Started(s, "2 1 2 1") == 1; }, seconds(20)))
       << s.Read("rounds") << job.Output() << joiner.Output();
   EXPECT_NE(job.Output().find("1 node(s) waiting to join"), std::string::npos) << job.Output();
-  EXPECT_NE(joiner.Output().find("round 1 is full (1 of max 2 nodes)"), std::string::npos)
-      << joiner.Output();
+  EXPECT_NE(joiner.Output().find("round 1 is full (1 of max 2 nodes)"), std::string::npos) << joiner.Output();
 
   // The next failure is past the job's budget, though the node it happens on never restarted.
   s.Write("fail", "");
@@ -103,7 +103,8 @@ TEST(Elastic, ALostNodeShrinksTheJobAJoiningNodeGrowsItAndTheBudgetIsTheJobs) {
   EXPECT_EQ(exit.code, kExitWorkerFailed) << job.Output();
   EXPECT_EQ(joiner.Wait(seconds(30)).code, kExitWorkerFailed) << joiner.Output();
   EXPECT_NE(job.Output().find("job elastic failed after 1 restart(s) (max_restarts: 1): worker 1 (rank 1"),
-            std::string::npos) << job.Output();
+            std::string::npos)
+      << job.Output();
   auto status = nlohmann::json::parse(s.Read("out/status.json"));
   EXPECT_EQ(status["restarts"], 1) << status;
   EXPECT_EQ(Started(s, "3"), 0) << s.Read("rounds");
@@ -126,10 +127,12 @@ TEST(Elastic, AKilledAgentOfAFixedSizeJobIsStartedAgainWithinTheRestartBudget) {
   for (int killed : {0, 1}) {
     SCOPED_TRACE("the agent of node " + std::to_string(killed) + " killed");
     Scratch s;
-    std::string spec = s.Write("job.yaml", Fill(s,
-        "name: fixed\nnodes: 2\nrestart: {max_restarts: 1}\ntimeouts: {stop_grace: 2s, heartbeat: 60s}\n"
-        "command: [sh, -c, 'echo \"$TRAINCTL_ROUND $GROUP_RANK $WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $$\" "
-        ">> {out}/rounds; while [ ! -e {out}/done ]; do sleep 0.05; done']\noutput_dir: {out}/out\n"));
+    std::string spec = s.Write(
+        "job.yaml",
+        Fill(s,
+             "name: fixed\nnodes: 2\nrestart: {max_restarts: 1}\ntimeouts: {stop_grace: 2s, heartbeat: 60s}\n"
+             "command: [sh, -c, 'echo \"$TRAINCTL_ROUND $GROUP_RANK $WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $$\" "
+             ">> {out}/rounds; while [ ! -e {out}/done ]; do sleep 0.05; done']\noutput_dir: {out}/out\n"));
     Background job({"run", spec}, s.path(""), s.path("run.log"));
     ASSERT_TRUE(Eventually([&] { return Started(s, "0 0 2 0") + Started(s, "0 1 2 0") == 2; }))
         << s.Read("rounds") << job.Output();
@@ -144,7 +147,8 @@ TEST(Elastic, AKilledAgentOfAFixedSizeJobIsStartedAgainWithinTheRestartBudget) {
     for (pid_t p : first) EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, seconds(10))) << p;
     EXPECT_NE(job.Output().find("the agent for node " + std::to_string(killed) +
                                 " died: signal 9 (SIGKILL); started it again"),
-              std::string::npos) << job.Output();
+              std::string::npos)
+        << job.Output();
     pid_t again = AgentPid(run_id, killed);
     ASSERT_GT(again, 0);
     EXPECT_NE(again, agent);
@@ -160,8 +164,8 @@ TEST(Elastic, AKilledAgentOfAFixedSizeJobIsStartedAgainWithinTheRestartBudget) {
     ASSERT_EQ(::kill(again, SIGKILL), 0);
     ExitInfo exit = job.Wait(seconds(30));
     EXPECT_EQ(exit.code, kExitWorkerFailed) << job.Output();
-    EXPECT_NE(job.Output().find("job fixed failed after 1 restart(s) (max_restarts: 1): node 1 ("),
-              std::string::npos) << job.Output();
+    EXPECT_NE(job.Output().find("job fixed failed after 1 restart(s) (max_restarts: 1): node 1 ("), std::string::npos)
+        << job.Output();
     EXPECT_NE(job.Output().find("was lost: its agent died: signal 9 (SIGKILL)"), std::string::npos) << job.Output();
     auto status = ReadStatus(s);
     EXPECT_EQ(status["failure"]["kind"], "node_lost") << status;

@@ -37,11 +37,27 @@ class EtcdCluster {
     for (int i = 0; i < members; ++i) {
       std::string client = scheme + host_ + ":" + std::to_string(client_ports_[i]);
       SpawnOptions o;
-      o.argv = {"etcd", "--name", Name(i), "--data-dir", scratch_.path(Name(i)),
-                "--listen-client-urls", client, "--advertise-client-urls", client,
-                "--listen-peer-urls", peers[i], "--initial-advertise-peer-urls", peers[i],
-                "--initial-cluster", initial, "--initial-cluster-state", "new",
-                "--logger", "zap", "--log-outputs", scratch_.path(Name(i) + ".log")};
+      o.argv = {"etcd",
+                "--name",
+                Name(i),
+                "--data-dir",
+                scratch_.path(Name(i)),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peers[i],
+                "--initial-advertise-peer-urls",
+                peers[i],
+                "--initial-cluster",
+                initial,
+                "--initial-cluster-state",
+                "new",
+                "--logger",
+                "zap",
+                "--log-outputs",
+                scratch_.path(Name(i) + ".log")};
       if (security_.tls) {
         o.argv.insert(o.argv.end(), {"--cert-file", cert("server.pem"), "--key-file", cert("server.key")});
         // (etcd asks every client for a certificate once it has a CA to check them against.)
@@ -115,7 +131,8 @@ post("auth/enable", {})
     const std::string dir = scratch_.path("tls");
     std::filesystem::create_directories(dir);
     const std::string script =
-        "set -e; cd " + dir + "; k='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes'\n"
+        "set -e; cd " + dir +
+        "; k='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes'\n"
         "openssl req -x509 $k -keyout ca.key -out ca.pem -days 2 -subj /CN=trainctl-test-ca\n"
         "for who in server client; do\n"
         "  openssl req $k -keyout $who.key -out $who.csr -subj /CN=$who\n"
@@ -127,8 +144,8 @@ post("auth/enable", {})
     o.argv = {"sh", "-c", script};
     o.env = CurrentEnvironment();
     auto r = RunCommand(o, std::chrono::seconds(60));
-    ASSERT_TRUE(r.ok() && r->exit.success()) << (r.ok() ? r->output : r.status().ToString())
-                                             << " (apt-get install openssl)";
+    ASSERT_TRUE(r.ok() && r->exit.success())
+        << (r.ok() ? r->output : r.status().ToString()) << " (apt-get install openssl)";
   }
 
   // Every member listening on its client port; a member that exited instead (a port taken
@@ -139,8 +156,8 @@ post("auth/enable", {})
       if (pids_[i] <= 0) continue;
       bool listening = false;
       Eventually([&] {
-        int fd = ConnectOnce(host_, static_cast<uint16_t>(client_ports_[i]),
-                             Clock::now() + std::chrono::milliseconds(200));
+        int fd =
+            ConnectOnce(host_, static_cast<uint16_t>(client_ports_[i]), Clock::now() + std::chrono::milliseconds(200));
         if (fd >= 0) ::close(fd);
         listening = fd >= 0 && !ProcessGone(pids_[i]);
         return listening || ProcessGone(pids_[i]);
@@ -149,8 +166,9 @@ post("auth/enable", {})
         std::ifstream log(scratch_.path(Name(static_cast<int>(i)) + ".log"));
         std::string line, tail;
         while (std::getline(log, line)) tail = tail.substr(tail.size() > 2000 ? tail.size() - 2000 : 0) + line + "\n";
-        ADD_FAILURE() << "etcd " << Name(static_cast<int>(i)) << " is not listening on port "
-                      << client_ports_[i] << "; its log ends:\n" << tail;
+        ADD_FAILURE() << "etcd " << Name(static_cast<int>(i)) << " is not listening on port " << client_ports_[i]
+                      << "; its log ends:\n"
+                      << tail;
       }
     }
   }
@@ -185,8 +203,16 @@ post("auth/user/grant", {"user": user, "role": "trainctl"})
 post("auth/enable", {})
 )";
     SpawnOptions o;
-    o.argv = {TRAINCTL_TEST_PYTHON, "-c", script, url, security_.tls ? "1" : "0", cert("ca.pem"),
-              cert("client.pem"), cert("client.key"), security_.user, security_.password};
+    o.argv = {TRAINCTL_TEST_PYTHON,
+              "-c",
+              script,
+              url,
+              security_.tls ? "1" : "0",
+              cert("ca.pem"),
+              cert("client.pem"),
+              cert("client.key"),
+              security_.user,
+              security_.password};
     o.env = CurrentEnvironment();
     auto r = RunCommand(o, std::chrono::seconds(60));
     ASSERT_TRUE(r.ok() && r->exit.success()) << (r.ok() ? r->output : r.status().ToString());

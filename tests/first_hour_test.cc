@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <regex>
 #include <nlohmann/json.hpp>
+#include <regex>
 
+#include "checkpoint/checkpoint.h"
 #include "common/exit_codes.h"
 #include "common/strings.h"
-#include "checkpoint/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace trainctl::testing {
@@ -28,8 +28,8 @@ TEST(FirstHour, EveryExampleRunsAsShippedFromAnotherDirectory) {
   Scratch s;
   const Env env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
   const std::vector<std::string> brief_training = {
-      "--set", "trainer.epochs=1", "--set", "trainer.data.limit=256", "--set", "trainer.data.test_limit=64",
-      "--set", "trainer.threads=1"};
+      "--set", "trainer.epochs=1",           "--set", "trainer.data.limit=256",
+      "--set", "trainer.data.test_limit=64", "--set", "trainer.threads=1"};
   struct Example {
     std::string file;
     std::vector<std::string> sets;
@@ -67,14 +67,16 @@ TEST(FirstHour, EveryExampleRunsAsShippedFromAnotherDirectory) {
   EXPECT_EQ(by_dir.exit.code, 0) << "a run's output directory\n" << by_dir.output;
   // The README's own images, shipped with the examples.
   auto predicted = Trainctl({"predict", "--checkpoint", "fashion-mnist", kSrc + "/examples/images/ankle-boot.png",
-                             kSrc + "/examples/images/pullover.png"}, s.path(""), seconds(120), env);
+                             kSrc + "/examples/images/pullover.png"},
+                            s.path(""), seconds(120), env);
   EXPECT_EQ(predicted.exit.code, 0) << predicted.output;
   EXPECT_NE(predicted.output.find("ankle-boot.png: "), std::string::npos) << predicted.output;
   EXPECT_NE(predicted.output.find("pullover.png: "), std::string::npos) << predicted.output;
   auto nosuch = Trainctl({"eval", "no-such-job"}, s.path(""), seconds(30), env);
   EXPECT_EQ(nosuch.exit.code, kExitInvalidSpec);
   EXPECT_NE(nosuch.output.find("no-such-job: no such model file or directory, nor a job run on this machine"),
-            std::string::npos) << nosuch.output;
+            std::string::npos)
+      << nosuch.output;
 }
 
 // A program or script that is not there is a spec error before anything starts (no restart
@@ -88,7 +90,9 @@ TEST(FirstHour, AMissingScriptIsASpecErrorAndSpendsNoRestart) {
     EXPECT_EQ(r.exit.code, kExitInvalidSpec) << verb << "\n" << r.output;
     EXPECT_NE(r.output.find("specs/job.yaml: command[1]: " + s.path("specs/train.py") +
                             ": no such script (a relative path is relative to the spec file's directory)"),
-              std::string::npos) << verb << "\n" << r.output;
+              std::string::npos)
+        << verb << "\n"
+        << r.output;
     EXPECT_EQ(r.output.find("restart"), std::string::npos) << r.output;
   }
   // Next to the spec, it runs, in the directory trainctl runs in.
@@ -96,7 +100,8 @@ TEST(FirstHour, AMissingScriptIsASpecErrorAndSpendsNoRestart) {
   auto ok = Trainctl({"run", "specs/job.yaml"}, s.path(""), seconds(60), {{"TRAINCTL_STATE_DIR", s.path("state")}});
   EXPECT_EQ(ok.exit.code, 0) << ok.output;
   EXPECT_NE(ok.output.find("ran in " + std::filesystem::path(s.path("")).parent_path().string() + "\n"),
-            std::string::npos) << ok.output;
+            std::string::npos)
+      << ok.output;
 }
 
 // Mistakes named with what was meant: a flag's typo, a value given by --set, no verb at all.
@@ -113,7 +118,8 @@ TEST(FirstHour, MistakesAreNamedWithWhatWasMeant) {
   auto set = Trainctl({"validate", kSrc + "/examples/fashion-mnist.yaml", "--set", "trainer.data.dir=/nonexistent"},
                       s.path(""));
   EXPECT_EQ(set.exit.code, kExitInvalidSpec);
-  EXPECT_NE(set.output.find("--set trainer.data.dir=/nonexistent: trainer.data.dir: "), std::string::npos) << set.output;
+  EXPECT_NE(set.output.find("--set trainer.data.dir=/nonexistent: trainer.data.dir: "), std::string::npos)
+      << set.output;
   // Each verb's help: the job exit codes where the verb runs a job, not on ps or schema.
   EXPECT_NE(Trainctl({"run", "--help"}, s.path("")).output.find("Exit codes:"), std::string::npos);
   for (const char* verb : {"ps", "schema", "logs"}) {
@@ -130,7 +136,8 @@ TEST(FirstHour, LogsAndStatusTakeAJobAsKubectlTakesAPod) {
   auto none = Trainctl({"logs"}, s.path(""), seconds(30), env);
   EXPECT_EQ(none.exit.code, kExitInvalidSpec);
   EXPECT_NE(none.output.find("name the job: a job run on this machine by its name or run id (trainctl ps lists them"),
-            std::string::npos) << none.output;
+            std::string::npos)
+      << none.output;
   s.Write("two.yaml", "name: two\nprocs_per_node: 2\ncommand: [sh, -c, 'echo line of $RANK']\n");
   ASSERT_EQ(Trainctl({"run", "two.yaml"}, s.path(""), seconds(60), env).exit.code, 0);
   for (const std::vector<std::string>& argv : {std::vector<std::string>{"logs", "-f", "two"}, {"logs", "two", "-f"}}) {
@@ -157,7 +164,8 @@ TEST(FirstHour, RenderSaysHowToMakeTheTokenSecret) {
   auto r = Trainctl({"render", kSrc + "/examples/hello.yaml", "-o", s.path("out")}, s.path(""));
   EXPECT_EQ(r.exit.code, 0) << r.output;
   EXPECT_NE(r.output.find("kubectl create secret generic hello-token -n default --from-literal=token="),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
 }
 
 // cmake --install (what scripts/dev install runs) puts trainctl in PREFIX/bin and its plugins where
@@ -214,8 +222,9 @@ TEST(FirstHour, EvalTakesTheRunItIsGivenAndAJobsNewestModel) {
   PicturesFolder(s, "three", 3, 20);
   PicturesFolder(s, "four", 4, 20);
   auto job = [&](const std::string& dir, const std::string& model) {
-    return s.Write("job.yaml", "name: folders\nprocs_per_node: 1\noutput_dir: " + s.path("out") + "\ntrainer:\n  model: " +
-                                   model + "\n  data: {dataset: imagefolder, dir: " + dir + ", shape: [1, 28, 28]}\n"
+    return s.Write("job.yaml", "name: folders\nprocs_per_node: 1\noutput_dir: " + s.path("out") +
+                                   "\ntrainer:\n  model: " + model + "\n  data: {dataset: imagefolder, dir: " + dir +
+                                   ", shape: [1, 28, 28]}\n"
                                    "  batch_size: 8\n  max_steps: 3\n  threads: 1\n");
   };
   ASSERT_EQ(Trainctl({"run", job("three", "cnn")}, s.path(""), seconds(120), env).exit.code, 0);
@@ -240,11 +249,13 @@ TEST(FirstHour, EvalTakesTheRunItIsGivenAndAJobsNewestModel) {
   const std::string failed_id = ReadStatus(s)["run_id"];
   auto by_id = Trainctl({"eval", failed_id}, s.path(""), seconds(60), env);
   EXPECT_EQ(by_id.exit.code, kExitInvalidSpec) << by_id.output;
-  EXPECT_NE(by_id.output.find("run " + failed_id + " of job folders wrote no model and no checkpoint"), std::string::npos)
+  EXPECT_NE(by_id.output.find("run " + failed_id + " of job folders wrote no model and no checkpoint"),
+            std::string::npos)
       << by_id.output;
   auto by_name = Trainctl({"eval", "folders", "-o", "json"}, s.path(""), seconds(60), env);
   ASSERT_EQ(by_name.exit.code, 0) << by_name.output;
-  EXPECT_NE(by_name.output.find("its newest run " + failed_id + " (failed) wrote no model; using run "), std::string::npos)
+  EXPECT_NE(by_name.output.find("its newest run " + failed_id + " (failed) wrote no model; using run "),
+            std::string::npos)
       << by_name.output;
 }
 
@@ -256,21 +267,25 @@ TEST(FirstHour, ImageFoldersAreCheckedAsTheyWillBeRead) {
   Scratch s;
   PicturesFolder(s, "specs/train", 3, 10);
   PicturesFolder(s, "specs/test", 1, 5);
-  const std::string spec = s.Write("specs/job.yaml", "name: f\ntrainer:\n  model: cnn\n  data: {dataset: imagefolder, "
-                                                     "dir: train, test_dir: test}\n");
+  const std::string spec = s.Write("specs/job.yaml",
+                                   "name: f\ntrainer:\n  model: cnn\n  data: {dataset: imagefolder, "
+                                   "dir: train, test_dir: test}\n");
   auto ok = Trainctl({"validate", "specs/job.yaml"}, s.path(""));
   ASSERT_EQ(ok.exit.code, 0) << ok.output;
   EXPECT_NE(ok.output.find("data: " + s.path("specs/train") + ": 30 training and 5 test images in 3 classes"),
-            std::string::npos) << ok.output;
+            std::string::npos)
+      << ok.output;
   EXPECT_NE(ok.output.find("trainer.data.shape: [1, "), std::string::npos) << ok.output;
   EXPECT_NE(ok.output.find("], the first training picture's ("), std::string::npos) << ok.output;
   namespace fs = std::filesystem;
   fs::create_directories(s.path("specs/test/Zebra"));
-  fs::copy_file(fs::directory_iterator(kSrc + "/examples/fashion-jpegs/test/Bag")->path(), s.path("specs/test/Zebra/1.jpg"));
+  fs::copy_file(fs::directory_iterator(kSrc + "/examples/fashion-jpegs/test/Bag")->path(),
+                s.path("specs/test/Zebra/1.jpg"));
   auto extra = Trainctl({"validate", spec}, s.path(""));
   EXPECT_EQ(extra.exit.code, kExitInvalidSpec) << extra.output;
   EXPECT_NE(extra.output.find("trainer.data.test_dir: " + s.path("specs/test") + "/Zebra: a class the training folder"),
-            std::string::npos) << extra.output;
+            std::string::npos)
+      << extra.output;
   fs::remove_all(s.path("specs/test/Zebra"));
   fs::create_directories(s.path("specs/train/Empty"));
   auto empty = Trainctl({"validate", spec}, s.path(""));
@@ -280,7 +295,8 @@ TEST(FirstHour, ImageFoldersAreCheckedAsTheyWillBeRead) {
   auto shaped = Trainctl({"validate", spec, "--set", "trainer.data.shape=[1, 28, 28]"}, s.path(""));
   EXPECT_EQ(shaped.exit.code, kExitInvalidSpec) << shaped.output;
   EXPECT_NE(shaped.output.find("trainer.data: " + s.path("specs/train") + "/Empty: an empty class folder"),
-            std::string::npos) << shaped.output;
+            std::string::npos)
+      << shaped.output;
   EXPECT_EQ(shaped.output.find(": valid: "), std::string::npos) << shaped.output;
 }
 
@@ -289,23 +305,25 @@ TEST(FirstHour, ImageFoldersAreCheckedAsTheyWillBeRead) {
 // one that expects 3 channels of 1-channel data (its cause said). A good one's summary is shown.
 TEST(FirstHour, ValidateRefusesWhatRunWouldRefuseOfATorchScriptModule) {
   Scratch s;
-  auto made = RunProgram(
-      {TRAINCTL_TEST_PYTHON, "-c",
-       "import sys, torch, torch.nn as nn\n"
-       "d = sys.argv[1]\n"
-       "torch.save(nn.Linear(4, 2), d + '/pickled.pt')\n"
-       "torch.save(nn.Linear(4, 2).state_dict(), d + '/state.pt')\n"
-       "torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(784, 5))).save(d + '/five.pt')\n"
-       "torch.jit.script(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))).save(d + '/rgb.pt')\n"
-       "torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(784, 10))).save(d + '/good.pt')\n",
-       s.path("")},
-      s.path(""));
+  auto made = RunProgram({TRAINCTL_TEST_PYTHON, "-c",
+                          "import sys, torch, torch.nn as nn\n"
+                          "d = sys.argv[1]\n"
+                          "torch.save(nn.Linear(4, 2), d + '/pickled.pt')\n"
+                          "torch.save(nn.Linear(4, 2).state_dict(), d + '/state.pt')\n"
+                          "torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(784, 5))).save(d + '/five.pt')\n"
+                          "torch.jit.script(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 26 * 26, "
+                          "10))).save(d + '/rgb.pt')\n"
+                          "torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(784, 10))).save(d + '/good.pt')\n",
+                          s.path("")},
+                         s.path(""));
   ASSERT_EQ(made.exit.code, 0) << made.output;
-  for (const auto& [file, why] : std::vector<std::pair<std::string, std::string>>{
-           {"pickled.pt", "not a TorchScript module LibTorch can load (save it with torch.jit.script(model).save(path), not torch.save)"},
-           {"state.pt", "not a TorchScript module LibTorch can load"},
-           {"five.pt", "expected [2, 10], one score per class"},
-           {"rgb.pt", "to have 3 channels, but got 1 channels instead"}}) {
+  for (const auto& [file, why] :
+       std::vector<std::pair<std::string, std::string>>{{"pickled.pt",
+                                                         "not a TorchScript module LibTorch can load (save it with "
+                                                         "torch.jit.script(model).save(path), not torch.save)"},
+                                                        {"state.pt", "not a TorchScript module LibTorch can load"},
+                                                        {"five.pt", "expected [2, 10], one score per class"},
+                                                        {"rgb.pt", "to have 3 channels, but got 1 channels instead"}}) {
     s.Write("job.yaml", "name: m\ntrainer: {model: {torchscript: " + file + "}}\n");
     auto r = Trainctl({"validate", "job.yaml"}, s.path(""), seconds(60));
     EXPECT_EQ(r.exit.code, kExitInvalidSpec) << file << "\n" << r.output;
@@ -342,7 +360,6 @@ TEST(FirstHour, ARunEndedByMaxStepsIsEvaluated) {
   EXPECT_NEAR(samples, 5 * 32, 0.5);
 }
 
-
 // A job's name that two directories ran means the run in (or under) the working directory, else
 // is refused naming each; a directory of that name without a model is taken for the name, said;
 // a job still running is evaluated from its newest checkpoint, said with its step; eval and
@@ -350,8 +367,9 @@ TEST(FirstHour, ARunEndedByMaxStepsIsEvaluated) {
 TEST(FirstHour, EvalByNameTakesTheRunHereAndSaysWhichItTook) {
   Scratch s;
   const Env env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
-  const std::string spec = "name: twice\nprocs_per_node: 1\noutput_dir: out\ntrainer:\n  model: cnn\n"
-                           "  data: {limit: 256, test_limit: 64}\n  batch_size: 32\n  max_steps: 3\n  threads: 1\n";
+  const std::string spec =
+      "name: twice\nprocs_per_node: 1\noutput_dir: out\ntrainer:\n  model: cnn\n"
+      "  data: {limit: 256, test_limit: 64}\n  batch_size: 32\n  max_steps: 3\n  threads: 1\n";
   std::string ids[2];
   for (int i = 0; i < 2; ++i) {
     const std::string dir = i == 0 ? "a" : "b";
@@ -367,7 +385,8 @@ TEST(FirstHour, EvalByNameTakesTheRunHereAndSaysWhichItTook) {
   auto in_a = Trainctl({"eval", "twice", "-o", "json"}, s.path("a"), seconds(60), env);
   ASSERT_EQ(in_a.exit.code, 0) << in_a.output;
   EXPECT_NE(in_a.output.find("trainctl eval: run " + ids[0] + " of job twice: " + s.path("a/out/model.safetensors")),
-            std::string::npos) << in_a.output;
+            std::string::npos)
+      << in_a.output;
   auto in_b = Trainctl({"predict", "--checkpoint", "twice", kSrc + "/examples/images/ankle-boot.png"}, s.path("b"),
                        seconds(60), env);
   ASSERT_EQ(in_b.exit.code, 0) << in_b.output;
@@ -384,17 +403,20 @@ TEST(FirstHour, EvalByNameTakesTheRunHereAndSaysWhichItTook) {
   EXPECT_EQ(nothing.exit.code, kExitInvalidSpec) << nothing.output;
   EXPECT_NE(nothing.output.find("and no job of that name ran on this machine"), std::string::npos) << nothing.output;
   // A run still training: its newest checkpoint, and that it is running.
-  s.Write("c/job.yaml", "name: busy\nprocs_per_node: 1\noutput_dir: out\ntrainer:\n  model: cnn\n"
-                        "  data: {limit: 256, test_limit: 64}\n  batch_size: 32\n  epochs: 100000\n"
-                        "  checkpoint_every: 2\n  threads: 1\n");
+  s.Write("c/job.yaml",
+          "name: busy\nprocs_per_node: 1\noutput_dir: out\ntrainer:\n  model: cnn\n"
+          "  data: {limit: 256, test_limit: 64}\n  batch_size: 32\n  epochs: 100000\n"
+          "  checkpoint_every: 2\n  threads: 1\n");
   Background busy({"run", "job.yaml"}, s.path("c"), s.path("busy.log"), env);
   ASSERT_TRUE(Eventually([&] { return !checkpoint::CheckpointDir(s.path("c/out/checkpoints"), 1).List().empty(); },
                          seconds(120)))
       << busy.Output();
   auto running = Trainctl({"eval", "busy", "-o", "json"}, s.path("c"), seconds(60), env);
   EXPECT_EQ(running.exit.code, 0) << running.output;
-  EXPECT_NE(running.output.find("of job busy (still running: its newest checkpoint): " +
-                                s.path("c/out/checkpoints/ckpt-")), std::string::npos) << running.output;
+  EXPECT_NE(
+      running.output.find("of job busy (still running: its newest checkpoint): " + s.path("c/out/checkpoints/ckpt-")),
+      std::string::npos)
+      << running.output;
   EXPECT_NE(running.output.find(".safetensors, step "), std::string::npos) << running.output;
   EXPECT_EQ(Trainctl({"stop", "busy"}, s.path("c"), seconds(60), env).exit.code, 0);
   EXPECT_NE(busy.Wait(seconds(60)).code, 0);
@@ -434,7 +456,8 @@ TEST(FirstHour, BadPicturesAreCountedEveryEpochAndNamedOnce) {
     return s.Write(name + ".yaml", "name: " + name + "\nprocs_per_node: 2\noutput_dir: " + s.path(name) +
                                        "\ntrainer:\n  model: cnn\n  data: {dataset: imagefolder, dir: photos, "
                                        "test_dir: test, shape: [1, 28, 28], load: stream}\n  batch_size: 8\n"
-                                       "  threads: 1\n" + steps);
+                                       "  threads: 1\n" +
+                                       steps);
   };
   for (const auto& [name, steps] : std::vector<std::pair<std::string, std::string>>{
            {"epochs", "  epochs: 3\n"}, {"short", "  epochs: 5\n  max_steps: 5\n"}}) {
@@ -465,9 +488,10 @@ TEST(FirstHour, BadPicturesAreCountedEveryEpochAndNamedOnce) {
       EXPECT_NE(eval.output.find("Accuracy of the network on the 18 test images"), std::string::npos) << eval.output;
       for (int e = 1; e <= 3; ++e) {
         EXPECT_NE(r.output.find("epoch " + std::to_string(e) + ": "), std::string::npos) << r.output;
-        EXPECT_TRUE(std::regex_search(r.output, std::regex("epoch " + std::to_string(e) +
-                                                           ": [0-9]+ picture file\\(s\\) skipped")))
-            << "epoch " << e << "\n" << r.output;
+        EXPECT_TRUE(std::regex_search(
+            r.output, std::regex("epoch " + std::to_string(e) + ": [0-9]+ picture file\\(s\\) skipped")))
+            << "epoch " << e << "\n"
+            << r.output;
       }
     }
   }

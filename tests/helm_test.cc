@@ -5,10 +5,9 @@
 // values.schema.json refusing what trainctl refuses, `helm package`, and what `lookup` sees on a
 // cluster (the token kept across upgrades, a changed spec refused) against a stand-in API server.
 #include <gtest/gtest.h>
-#include <yaml-cpp/yaml.h>
-
 #include <signal.h>
 #include <sys/wait.h>
+#include <yaml-cpp/yaml.h>
 
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -32,10 +31,12 @@ void RequireTools() {
 
 // helm with its state in the scratch directory, never the user's; `kubeconfig` for a cluster.
 CommandResult Helm(const Scratch& s, std::vector<std::string> args, const std::string& kubeconfig = "") {
-  std::vector<std::string> argv = {"env", "HELM_CACHE_HOME=" + s.path("helm/cache"),
+  std::vector<std::string> argv = {"env",
+                                   "HELM_CACHE_HOME=" + s.path("helm/cache"),
                                    "HELM_CONFIG_HOME=" + s.path("helm/config"),
                                    "HELM_DATA_HOME=" + s.path("helm/data"),
-                                   "KUBECONFIG=" + (kubeconfig.empty() ? s.path("helm/none") : kubeconfig), kHelm};
+                                   "KUBECONFIG=" + (kubeconfig.empty() ? s.path("helm/none") : kubeconfig),
+                                   kHelm};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunProgram(argv, kSrc);
 }
@@ -48,13 +49,22 @@ std::string Chart(const Scratch& s, const std::string& dir, const std::string& s
 }
 
 // What `helm template` makes of a chart (stdout only: the objects), written to `out`; its path.
-std::string Template(const Scratch& s, const std::string& chart, const std::string& release,
-                     const std::string& ns, const std::vector<std::string>& values, const std::string& out) {
-  std::vector<std::string> argv = {"env", "HELM_CACHE_HOME=" + s.path("helm/cache"),
+std::string Template(const Scratch& s, const std::string& chart, const std::string& release, const std::string& ns,
+                     const std::vector<std::string>& values, const std::string& out) {
+  std::vector<std::string> argv = {"env",
+                                   "HELM_CACHE_HOME=" + s.path("helm/cache"),
                                    "HELM_CONFIG_HOME=" + s.path("helm/config"),
-                                   "HELM_DATA_HOME=" + s.path("helm/data"), "KUBECONFIG=" + s.path("helm/none"),
-                                   "sh", "-c", "exec \"$0\" \"$@\" 2>\"" + s.path(out + ".err") + "\"", kHelm,
-                                   "template", release, chart, "--namespace", ns};
+                                   "HELM_DATA_HOME=" + s.path("helm/data"),
+                                   "KUBECONFIG=" + s.path("helm/none"),
+                                   "sh",
+                                   "-c",
+                                   "exec \"$0\" \"$@\" 2>\"" + s.path(out + ".err") + "\"",
+                                   kHelm,
+                                   "template",
+                                   release,
+                                   chart,
+                                   "--namespace",
+                                   ns};
   argv.insert(argv.end(), values.begin(), values.end());
   auto r = RunProgram(argv, kSrc);
   EXPECT_EQ(r.exit.code, 0) << r.output << s.Read(out + ".err");
@@ -65,14 +75,16 @@ TEST(Helm, TheChartMakesWhatRenderMakesForEveryExampleFormatAndEnvironment) {
   RequireTools();
   Scratch s;
   // A null deletes what the base spec (the chart's values) sets: its default applies.
-  const std::string nulls = s.Write("nulls.yaml", "cluster: {namespace: null}\nresources: {memory: null}\n"
-                                                  "trainer: {threads: null}\n");
+  const std::string nulls = s.Write("nulls.yaml",
+                                    "cluster: {namespace: null}\nresources: {memory: null}\n"
+                                    "trainer: {threads: null}\n");
   // Numbers and booleans in quotes: trainctl reads them as what the field takes, and so must the
   // chart's schema.
-  const std::string quoted = s.Write("quoted.yaml", "name: quoted\nnodes: \"2\"\nprocs_per_node: '2'\n"
-                                                    "command: [python3, train.py]\ntimeouts: {job: \"1h\"}\n"
-                                                    "restart: {max_restarts: \"5\"}\n"
-                                                    "cluster: {tensorboard: \"false\", metrics_port: \"9400\"}\n");
+  const std::string quoted = s.Write("quoted.yaml",
+                                     "name: quoted\nnodes: \"2\"\nprocs_per_node: '2'\n"
+                                     "command: [python3, train.py]\ntimeouts: {job: \"1h\"}\n"
+                                     "restart: {max_restarts: \"5\"}\n"
+                                     "cluster: {tensorboard: \"false\", metrics_port: \"9400\"}\n");
   struct Case {
     std::string spec, workload, ns;
     std::vector<std::string> layers;  // given to render and, at install time, to helm
@@ -82,16 +94,25 @@ TEST(Helm, TheChartMakesWhatRenderMakesForEveryExampleFormatAndEnvironment) {
       {base, "job", "ml", {}},
       {base, "job", "ml-dev", {"-f", "examples/k8s/dev.yaml"}},
       {base, "job", "ml-prod", {"-f", "examples/k8s/prod.yaml"}},  // elastic: etcd; staging; tolerations
-      {base, "job", "ml", {"--set", "nodes=3", "--set", "resources.memory=3Gi", "--set", "resources.cpus=500m",
-                           "--set", "timeouts.job=1h30m15.5s", "--set", "cluster.pod_monitor=true"}},
-      {base, "job", "ml", {"--set", "cluster.tensorboard=false", "--set", "cluster.metrics_port=0",
-                           "--set", "resources.gpus=1", "--set", "cluster.storage.claim=shared"}},
+      {base,
+       "job",
+       "ml",
+       {"--set", "nodes=3", "--set", "resources.memory=3Gi", "--set", "resources.cpus=500m", "--set",
+        "timeouts.job=1h30m15.5s", "--set", "cluster.pod_monitor=true"}},
+      {base,
+       "job",
+       "ml",
+       {"--set", "cluster.tensorboard=false", "--set", "cluster.metrics_port=0", "--set", "resources.gpus=1", "--set",
+        "cluster.storage.claim=shared"}},
       {base, "pytorchjob", "ml", {}},
       {base, "job", "default", {"-f", nulls, "--set", "restart.max_restarts=7"}},
       {base, "pytorchjob", "ml-prod", {"-f", "examples/k8s/prod.yaml"}},
       {base, "tfjob", "ml", {"--set", "cluster.token_secret=team-token"}},
       // Part of the side pods' resources: the rest stays the default, field by field.
-      {base, "job", "ml", {"--set", "cluster.eval_resources.cpus=0.25", "--set", "cluster.tensorboard_resources.memory=1Gi"}},
+      {base,
+       "job",
+       "ml",
+       {"--set", "cluster.eval_resources.cpus=0.25", "--set", "cluster.tensorboard_resources.memory=1Gi"}},
       {base, "mpijob", "ml", {}},
       {base, "trainjob", "ml", {}},
       {"examples/hello.yaml", "job", "default", {}},
@@ -173,7 +194,8 @@ TEST(Helm, ChartFilesLabelsTokenAndPackage) {
   }
   EXPECT_FALSE(objects["Job/fashion-mnist"]["spec"]["template"]["metadata"]["labels"]["helm.sh/chart"]);
   EXPECT_EQ(objects["PersistentVolumeClaim/fashion-mnist-data"]["metadata"]["annotations"]["helm.sh/resource-policy"]
-                .as<std::string>(), "keep");
+                .as<std::string>(),
+            "keep");
   // The token: 64 hex digits made at install, never in the values, a new one for each install.
   auto token = [](const std::string& yaml) {
     std::smatch m;
@@ -207,7 +229,9 @@ TEST(Helm, TheValuesSchemaRefusesWhatTrainctlRefusesNamingTheField) {
   RequireTools();
   Scratch s;
   const std::string chart = Chart(s, "fashion-mnist", "examples/k8s/base.yaml", "job");
-  struct Case { std::string set, helm_says, trainctl_says; };
+  struct Case {
+    std::string set, helm_says, trainctl_says;
+  };
   const std::vector<Case> cases = {
       {"trainer.epocs=3", "at '/trainer': additional properties 'epocs' not allowed", "trainer.epocs"},
       {"nodes=0", "at '/nodes'", "nodes"},
@@ -226,16 +250,18 @@ TEST(Helm, TheValuesSchemaRefusesWhatTrainctlRefusesNamingTheField) {
   auto ns = Helm(s, {"template", "fashion-mnist", chart, "-n", "default"});
   EXPECT_NE(ns.exit.code, 0);
   EXPECT_NE(ns.output.find("cluster.namespace: the spec says ml, and the release is installed in default; "
-                           "install it with --namespace ml"), std::string::npos) << ns.output;
+                           "install it with --namespace ml"),
+            std::string::npos)
+      << ns.output;
 }
 
 TEST(Helm, UserStringsWithTemplateBracesComeOutLiterally) {
   RequireTools();
   Scratch s;
   const std::string spec = s.Write("braces.yaml",
-      "name: braces\n"
-      "command: [sh, -c, 'echo {{ .Release.Name }} {{ fail 1 }}']\n"
-      "env: {GREETING: '{{ .Values.name }}'}\n");
+                                   "name: braces\n"
+                                   "command: [sh, -c, 'echo {{ .Release.Name }} {{ fail 1 }}']\n"
+                                   "env: {GREETING: '{{ .Values.name }}'}\n");
   const std::string chart = Chart(s, "braces", spec, "job");
   auto lint = Helm(s, {"lint", "--strict", chart});
   EXPECT_EQ(lint.exit.code, 0) << lint.output;
@@ -273,9 +299,9 @@ TEST(Helm, HostileLineBreaksInValuesComeOutAsThemselves) {
   const std::string command = "echo a\n\r      hostNetwork: true\r      hostPID: true";
   const std::string note = "x\xe2\x80\xa8hostPID: true\xe2\x80\xa9y\rz\r\n  - k: v";
   const std::string spec = s.Write("hostile.yaml",
-      "name: hostile\n"
-      "command: [sh, -c, \"echo a\\n\\r      hostNetwork: true\\r      hostPID: true\"]\n"
-      "env: {NOTE: \"x\\u2028hostPID: true\\u2029y\\rz\\r\\n  - k: v\"}\n");
+                                   "name: hostile\n"
+                                   "command: [sh, -c, \"echo a\\n\\r      hostNetwork: true\\r      hostPID: true\"]\n"
+                                   "env: {NOTE: \"x\\u2028hostPID: true\\u2029y\\rz\\r\\n  - k: v\"}\n");
   const std::string chart = Chart(s, "hostile", spec, "job");
   auto lint = Helm(s, {"lint", "--strict", chart});
   EXPECT_EQ(lint.exit.code, 0) << lint.output;
@@ -315,9 +341,12 @@ class Cluster {
     for (int i = 0; i < 100 && !fs::exists(s.path("cluster.port")); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    s.Write("kubeconfig", "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-                          "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:" + s.Read("cluster.port") + "'}}]\n"
-                          "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n");
+    s.Write("kubeconfig",
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:" +
+                s.Read("cluster.port") +
+                "'}}]\n"
+                "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n");
   }
   ~Cluster() {
     if (pid_ > 0) {
@@ -330,8 +359,8 @@ class Cluster {
     s_.Write("cluster/" + ns + "/" + resource + "/" + o["metadata"]["name"].get<std::string>() + ".json", o.dump());
   }
   CommandResult Template(const std::string& chart, std::vector<std::string> values) {
-    std::vector<std::string> args = {"template", "fashion-mnist", chart, "-n", "ml", "--dry-run=server",
-                                     "--is-upgrade", "--disable-openapi-validation"};
+    std::vector<std::string> args = {"template", "fashion-mnist",    chart,          "-n",
+                                     "ml",       "--dry-run=server", "--is-upgrade", "--disable-openapi-validation"};
     args.insert(args.end(), values.begin(), values.end());
     return Helm(s_, args, s_.path("kubeconfig"));
   }
@@ -352,13 +381,18 @@ TEST(Helm, OnAClusterTheTokenIsKeptAndAChangedSpecIsRefused) {
     if (doc.IsMap() && doc["kind"].as<std::string>() == "ConfigMap") first = doc["data"]["job.json"].as<std::string>();
   }
   ASSERT_FALSE(first.empty());
-  cluster.Put("ml", "configmaps", {{"apiVersion", "v1"}, {"kind", "ConfigMap"},
-                                   {"metadata", {{"name", "fashion-mnist-spec"}, {"namespace", "ml"}}},
-                                   {"data", {{"job.json", first}}}});
+  cluster.Put("ml", "configmaps",
+              {{"apiVersion", "v1"},
+               {"kind", "ConfigMap"},
+               {"metadata", {{"name", "fashion-mnist-spec"}, {"namespace", "ml"}}},
+               {"data", {{"job.json", first}}}});
   const std::string token = "YWJjZGVm";  // base64 "abcdef"
-  nlohmann::json secret = {{"apiVersion", "v1"}, {"kind", "Secret"},
-                           {"metadata", {{"name", "fashion-mnist-token"}, {"namespace", "ml"},
-                                         {"annotations", {{"meta.helm.sh/release-name", "fashion-mnist"}}}}},
+  nlohmann::json secret = {{"apiVersion", "v1"},
+                           {"kind", "Secret"},
+                           {"metadata",
+                            {{"name", "fashion-mnist-token"},
+                             {"namespace", "ml"},
+                             {"annotations", {{"meta.helm.sh/release-name", "fashion-mnist"}}}}},
                            {"data", {{"token", token}}}};
   cluster.Put("ml", "secrets", secret);
 
@@ -372,7 +406,8 @@ TEST(Helm, OnAClusterTheTokenIsKeptAndAChangedSpecIsRefused) {
   EXPECT_NE(changed.exit.code, 0);
   EXPECT_NE(changed.output.find("the job fashion-mnist exists in namespace ml with another spec, and a Kubernetes "
                                 "Job's pods cannot change: helm uninstall fashion-mnist -n ml"),
-            std::string::npos) << changed.output;
+            std::string::npos)
+      << changed.output;
 
   // A token Secret that is not the release's (trainctl submit made it): used as it is, not made.
   secret["metadata"].erase("annotations");
@@ -392,8 +427,9 @@ TEST(Helm, BadChartRequestsAreNamed) {
   r = Trainctl({"render", "examples/k8s/base.yaml", "--workload", "tfjob"}, kSrc);
   EXPECT_EQ(r.exit.code, 2);
   EXPECT_NE(r.output.find("--workload goes with --format helm"), std::string::npos) << r.output;
-  r = Trainctl({"render", "examples/parameter-server.yaml", "--format", "helm", "--workload", "pytorchjob", "-o",
-                s.path("c")}, kSrc);
+  r = Trainctl(
+      {"render", "examples/parameter-server.yaml", "--format", "helm", "--workload", "pytorchjob", "-o", s.path("c")},
+      kSrc);
   EXPECT_EQ(r.exit.code, 2);
   EXPECT_NE(r.output.find("roles: --format pytorchjob runs one role"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(s.path("c")));

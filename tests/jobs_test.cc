@@ -42,16 +42,18 @@ TEST(Jobs, ARerunStartsFreshAndResumeSaysWhereItContinues) {
   auto second = Trainctl({"run", "job.yaml"}, s.path(""), seconds(120), StateIn(s));
   ASSERT_EQ(second.exit.code, 0) << second.output;
   EXPECT_NE(second.output.find(s.path("out") + " held an earlier run, moved to " + s.path("out/previous/" + first_id) +
-                               ": this run starts from scratch"), std::string::npos) << second.output;
+                               ": this run starts from scratch"),
+            std::string::npos)
+      << second.output;
   EXPECT_EQ(second.output.find("resuming from"), std::string::npos) << second.output;
   EXPECT_TRUE(Exists(s.path("out/previous/" + first_id + "/checkpoints")));
   EXPECT_TRUE(Exists(s.path("out/previous/" + first_id + "/logs/worker-0.log")));
   EXPECT_EQ(CountLines(s.Read("out/metrics.jsonl"), "{\"step\": 4, "), 1) << "the rerun trained its 4 steps";
-  auto resumed = Trainctl({"run", "job.yaml", "--resume", "--set", "trainer.max_steps=6"}, s.path(""), seconds(120),
-                          StateIn(s));
+  auto resumed =
+      Trainctl({"run", "job.yaml", "--resume", "--set", "trainer.max_steps=6"}, s.path(""), seconds(120), StateIn(s));
   ASSERT_EQ(resumed.exit.code, 0) << resumed.output;
-  EXPECT_TRUE(std::regex_search(resumed.output, std::regex("resuming from " + s.path("out/checkpoints") +
-                                                           "/ckpt-0*4\\.safetensors \\(step 4,")))
+  EXPECT_TRUE(std::regex_search(
+      resumed.output, std::regex("resuming from " + s.path("out/checkpoints") + "/ckpt-0*4\\.safetensors \\(step 4,")))
       << resumed.output;
   EXPECT_EQ(nlohmann::json::parse(s.Read("out/job.json"))["trainer"]["resume"], true);
 }
@@ -86,9 +88,10 @@ TEST(Jobs, ASecondLiveRunOfTheSameOutputDirectoryIsRefused) {
 // every line once and ends with the job, stop ends it with nothing left, status says how.
 TEST(Jobs, PsLogsFollowStatusAndStopFromAnotherTerminal) {
   Scratch s;
-  WriteSpec(s, "name: watched\nnodes: 2\nprocs_per_node: 2\noutput_dir: {out}/out\n"
-               "command: [sh, -c, 'i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo \"line $i of rank $RANK\"; "
-               "sleep 0.05; done; sleep 60']\n");
+  WriteSpec(s,
+            "name: watched\nnodes: 2\nprocs_per_node: 2\noutput_dir: {out}/out\n"
+            "command: [sh, -c, 'i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo \"line $i of rank $RANK\"; "
+            "sleep 0.05; done; sleep 60']\n");
   Background job({"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
   ASSERT_TRUE(Eventually([&] { return s.Read("out/logs/worker-3.log").find("line 10 ") != std::string::npos; }))
       << job.Output();
@@ -97,8 +100,7 @@ TEST(Jobs, PsLogsFollowStatusAndStopFromAnotherTerminal) {
 
   auto ps = Trainctl({"ps"}, s.path(""), seconds(30), StateIn(s));
   EXPECT_EQ(ps.exit.code, 0) << ps.output;
-  EXPECT_TRUE(std::regex_search(ps.output, std::regex("watched +" + id + " +running +2x2 +- +\\d+")))
-      << ps.output;
+  EXPECT_TRUE(std::regex_search(ps.output, std::regex("watched +" + id + " +running +2x2 +- +\\d+"))) << ps.output;
   auto ps_json = nlohmann::json::parse(Trainctl({"ps", "--json"}, s.path(""), seconds(30), StateIn(s)).output);
   ASSERT_EQ(ps_json.size(), 1u);
   EXPECT_EQ(ps_json[0]["output_dir"], s.path("out"));
@@ -119,8 +121,8 @@ TEST(Jobs, PsLogsFollowStatusAndStopFromAnotherTerminal) {
   const std::string followed = s.Read("follow.log");
   for (int rank = 0; rank < 4; ++rank) {
     for (int i = 1; i <= 60; ++i) {
-      const std::string line = "[worker-" + std::to_string(rank) + "] line " + std::to_string(i) + " of rank " +
-                               std::to_string(rank) + "\n";
+      const std::string line =
+          "[worker-" + std::to_string(rank) + "] line " + std::to_string(i) + " of rank " + std::to_string(rank) + "\n";
       ASSERT_EQ(CountLines(followed, line.substr(0, line.size() - 1)), 1) << line << followed;
     }
   }
@@ -139,7 +141,8 @@ TEST(Jobs, PsLogsFollowStatusAndStopFromAnotherTerminal) {
   auto unknown = Trainctl({"logs", "nosuchjob"}, s.path(""), seconds(30), StateIn(s));
   EXPECT_EQ(unknown.exit.code, kExitInvalidSpec);
   EXPECT_NE(unknown.output.find("no run of a job named or with run id 'nosuchjob' on this machine; jobs: watched"),
-            std::string::npos) << unknown.output;
+            std::string::npos)
+      << unknown.output;
 }
 
 // top: each worker's CPU, memory and threads, where the trainer's steps go and which rank the
@@ -150,12 +153,14 @@ TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
                           "\ntrainer:\n  model: cnn\n  data: {limit: 2048, test_limit: 64}\n  batch_size: 32\n"
                           "  epochs: 200\n  threads: 1\n  log_every: 5\n  eval: false\n  balance: speed\n");
   Background job({"run", "job.yaml"}, s.path(""), s.path("run.log"), StateIn(s));
-  ASSERT_TRUE(Eventually([&] { return s.Read("out/metrics.jsonl").find("window_seconds") != std::string::npos; },
-                         seconds(60))) << job.Output();
+  ASSERT_TRUE(
+      Eventually([&] { return s.Read("out/metrics.jsonl").find("window_seconds") != std::string::npos; }, seconds(60)))
+      << job.Output();
   auto top = Trainctl({"top", "busy-trainer", "--once", "--interval", "1s"}, s.path(""), seconds(30), StateIn(s));
   EXPECT_EQ(top.exit.code, 0) << top.output;
   EXPECT_TRUE(std::regex_search(top.output, std::regex("steps/s, \\d+ samples/s; a step: \\d+ % data, \\d+ % compute, "
-                                                       "\\d+ % communication"))) << top.output;
+                                                       "\\d+ % communication")))
+      << top.output;
   // balance: speed: the smallest and the largest part of the global batch of 64.
   std::smatch parts;
   ASSERT_TRUE(std::regex_search(top.output, parts, std::regex("; batch split by speed: (\\d+) to (\\d+) a rank")))
@@ -163,8 +168,9 @@ TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
   EXPECT_EQ(std::stoi(parts[1]) + std::stoi(parts[2]), 64) << top.output;
   for (int rank = 0; rank < 2; ++rank) {
     std::smatch m;
-    ASSERT_TRUE(std::regex_search(top.output, m, std::regex("\n" + std::to_string(rank) + " +worker-" +
-                                                            std::to_string(rank) + " +\\d+ +([0-9.]+) +([0-9.]+) +(\\d+)\n")))
+    ASSERT_TRUE(std::regex_search(top.output, m,
+                                  std::regex("\n" + std::to_string(rank) + " +worker-" + std::to_string(rank) +
+                                             " +\\d+ +([0-9.]+) +([0-9.]+) +(\\d+)\n")))
         << top.output;
     EXPECT_GT(std::stod(m[1]), 20) << "a training worker uses CPU:\n" << top.output;
     EXPECT_GT(std::stod(m[2]), 50) << "LibTorch and the data take memory:\n" << top.output;
@@ -179,7 +185,8 @@ TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
   nvml.emplace_back("NVML_STANDIN_PID", pid[1]);
   auto gpu = Trainctl({"top", "busy-trainer", "--once", "--interval", "100ms"}, s.path(""), seconds(30), nvml);
   EXPECT_NE(gpu.output.find("  GPU  GPU%  GPU MiB\n"), std::string::npos) << gpu.output;
-  EXPECT_TRUE(std::regex_search(gpu.output, std::regex("\n1 +worker-1 +" + std::string(pid[1]) + " .*    0    87     1234\n")))
+  EXPECT_TRUE(
+      std::regex_search(gpu.output, std::regex("\n1 +worker-1 +" + std::string(pid[1]) + " .*    0    87     1234\n")))
       << gpu.output;
   EXPECT_TRUE(std::regex_search(gpu.output, std::regex("\n0 +worker-0 .*    -     -        -\n"))) << gpu.output;
   // A straggler: worker 1 stopped for 1.5 s holds rank 0 in the gradient average, and the
@@ -197,10 +204,12 @@ TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
     for (std::string line; std::getline(lines, line);) out.push_back(nlohmann::json::parse(line, nullptr, false));
     return out;
   };
-  ASSERT_TRUE(Eventually([&] {
-    auto all = records();
-    return !all.empty() && all.back().is_object() && all.back().value("time", 0.0) > resumed + 1;
-  }, seconds(30)));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto all = records();
+        return !all.empty() && all.back().is_object() && all.back().value("time", 0.0) > resumed + 1;
+      },
+      seconds(30)));
   int windows = 0;
   for (const auto& j : records()) {
     if (!j.is_object() || !j.contains("window_seconds")) continue;
@@ -214,7 +223,8 @@ TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
   EXPECT_GT(windows, 3);
   auto slow = Trainctl({"top", "busy-trainer", "--once", "--interval", "100ms"}, s.path(""), seconds(30), StateIn(s));
   EXPECT_TRUE(std::regex_search(slow.output, std::regex("; slowest rank [01] \\(waiting \\d+ %, the others up to "
-                                                        "\\d+ %\\)"))) << slow.output;
+                                                        "\\d+ %\\)")))
+      << slow.output;
   EXPECT_EQ(Trainctl({"stop", "busy-trainer"}, s.path(""), seconds(60), StateIn(s)).exit.code, 0);
   EXPECT_EQ(job.Wait(seconds(30)).code, kExitInterrupted);
   auto ended = Trainctl({"top", "busy-trainer", "--once"}, s.path(""), seconds(30), StateIn(s));
@@ -225,8 +235,9 @@ TEST(Jobs, TopShowsEachWorkerAndTheStepSplit) {
 // logs --since: only what the tasks wrote in that last while (to the second).
 TEST(Jobs, LogsSinceShowsOnlyTheRecentLines) {
   Scratch s;
-  WriteSpec(s, "name: since\nprocs_per_node: 2\noutput_dir: {out}/out\n"
-               "command: [sh, -c, 'echo \"early $RANK\"; sleep 3; echo \"late $RANK\"']\n");
+  WriteSpec(s,
+            "name: since\nprocs_per_node: 2\noutput_dir: {out}/out\n"
+            "command: [sh, -c, 'echo \"early $RANK\"; sleep 3; echo \"late $RANK\"']\n");
   auto run = Trainctl({"run", "job.yaml"}, s.path(""), seconds(60), StateIn(s));
   ASSERT_EQ(run.exit.code, 0) << run.output;
   auto recent = Trainctl({"logs", "since", "--since", "2s"}, s.path(""), seconds(30), StateIn(s));
@@ -256,7 +267,8 @@ TEST(Jobs, StopRefusesARunOfAnotherHost) {
   s.Write(entry_file, entry.dump());
   auto stop = Trainctl({"stop", id}, s.path(""), seconds(30), StateIn(s));
   EXPECT_EQ(stop.exit.code, kExitInvalidSpec) << stop.output;
-  EXPECT_NE(stop.output.find("run " + id + " of job far runs on another-host, not here"), std::string::npos) << stop.output;
+  EXPECT_NE(stop.output.find("run " + id + " of job far runs on another-host, not here"), std::string::npos)
+      << stop.output;
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a signalled launcher says so by then
   EXPECT_NE(s.Read("out/status.json").find("\"running\""), std::string::npos) << "the launcher here was signalled";
   ::kill(job->pid(), SIGTERM);
@@ -290,10 +302,12 @@ TEST(Jobs, FieldsOfAnotherTypeInARunsFilesShowAsUnknownNotACrash) {
   auto run = Trainctl({"run", "job.yaml"}, s.path(""), seconds(30), StateIn(s));
   ASSERT_EQ(run.exit.code, 0) << run.output;
   const std::string id = ReadStatus(s)["run_id"];
-  s.Write("out/status.json", "{\"run_id\": \"" + id + "\", \"state\": 5, \"elapsed\": [1], \"restarts\": \"x\", "
-                             "\"failure\": {\"role\": 1, \"rank\": \"a\", \"task_index\": 1e300, \"exit\": {}}}\n");
-  s.Write("out/metrics.jsonl", "{\"epoch\": \"1\", \"step\": \"x\", \"loss\": null, \"window_seconds\": \"z\"}\n[1, 2]\n"
-                               "{\"step\": 5, \"window_seconds\": 1, \"window_steps\": \"many\", \"slowest_rank\": []}\n");
+  s.Write("out/status.json", "{\"run_id\": \"" + id +
+                                 "\", \"state\": 5, \"elapsed\": [1], \"restarts\": \"x\", "
+                                 "\"failure\": {\"role\": 1, \"rank\": \"a\", \"task_index\": 1e300, \"exit\": {}}}\n");
+  s.Write("out/metrics.jsonl",
+          "{\"epoch\": \"1\", \"step\": \"x\", \"loss\": null, \"window_seconds\": \"z\"}\n[1, 2]\n"
+          "{\"step\": 5, \"window_seconds\": 1, \"window_steps\": \"many\", \"slowest_rank\": []}\n");
   s.Write("out/job.json", "{\"roles\": [1, {\"name\": 2, \"replicas\": \"x\"}], \"trainer\": 3}\n");
   for (const std::vector<std::string>& verb : std::vector<std::vector<std::string>>{
            {"ps"}, {"status", "mangled"}, {"logs", "mangled"}, {"top", "mangled", "--once"}}) {

@@ -5,10 +5,9 @@
 // Each test works in a namespace of its own labelled to enforce the "restricted" profile.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
-
-#include <nlohmann/json.hpp>
 
 #include "tests/s3_server.h"
 #include "tests/test_util.h"
@@ -31,19 +30,20 @@ std::vector<std::string> Verb(const std::string& verb, std::vector<std::string> 
 
 // Waits for `trainctl status` of `spec` (as `env` says: KUBECONFIG) to leave "running"; returns its
 // JSON, and its last output in `last`.
-json WaitForEnd(const std::vector<std::string>& spec, Duration timeout, std::string* last,
-                const Env& env = {}) {
+json WaitForEnd(const std::vector<std::string>& spec, Duration timeout, std::string* last, const Env& env = {}) {
   json status = json::object();
-  Eventually([&] {
-    auto r = Trainctl(Verb("status", spec, {"--json"}), kSrc, std::chrono::seconds(60), env);
-    *last = r.output;
-    try {
-      status = json::parse(r.output);
-    } catch (const json::exception&) {
-      return false;
-    }
-    return status.value("state", "") != "running";
-  }, timeout);
+  Eventually(
+      [&] {
+        auto r = Trainctl(Verb("status", spec, {"--json"}), kSrc, std::chrono::seconds(60), env);
+        *last = r.output;
+        try {
+          status = json::parse(r.output);
+        } catch (const json::exception&) {
+          return false;
+        }
+        return status.value("state", "") != "running";
+      },
+      timeout);
   return status;
 }
 
@@ -100,11 +100,13 @@ class Live : public ::testing::Test {
     std::vector<std::string> args = {"get", kinds, "-n", ns_, "-o", "name"};
     if (!selector.empty()) args.insert(args.end(), {"-l", selector});
     std::string out;
-    Eventually([&] {
-      auto r = Kubectl(args);
-      out = r.exit.code == 0 ? r.output : "kubectl failed: " + r.output;
-      return r.exit.code == 0 && size_t(CountLines(r.output, "/")) <= left;
-    }, timeout);
+    Eventually(
+        [&] {
+          auto r = Kubectl(args);
+          out = r.exit.code == 0 ? r.output : "kubectl failed: " + r.output;
+          return r.exit.code == 0 && size_t(CountLines(r.output, "/")) <= left;
+        },
+        timeout);
     return out;
   }
   // `trainctl submit SPEC` (with `env`: its KUBECONFIG), its time noted for Finish.
@@ -118,7 +120,8 @@ class Live : public ::testing::Test {
   json Finish(const std::vector<std::string>& spec, Duration timeout, const std::string& kinds, std::string* last,
               const Env& env = {}) {
     json status = WaitForEnd(spec, timeout, last, env);
-    EXPECT_EQ(status.value("state", ""), "succeeded") << *last << Kubectl({"get", kinds, "-n", ns_, "-o", "wide"}).output;
+    EXPECT_EQ(status.value("state", ""), "succeeded")
+        << *last << Kubectl({"get", kinds, "-n", ns_, "-o", "wide"}).output;
     std::printf("%s: %s %.0f s after submit\n", ::testing::UnitTest::GetInstance()->current_test_info()->name(),
                 status.value("state", "?").c_str(), std::chrono::duration<double>(Clock::now() - submitted_).count());
     return status;
@@ -155,7 +158,9 @@ class Live : public ::testing::Test {
 // pod-level fields set, the container's fields set by name.
 json TrainJobPod(const json& spec) {
   const json& trainer = spec["trainer"];
-  json node = {{"name", "node"}, {"image", trainer["image"]}, {"command", trainer["command"]},
+  json node = {{"name", "node"},
+               {"image", trainer["image"]},
+               {"command", trainer["command"]},
                {"env", trainer.value("env", json::array())}};
   if (trainer.contains("resourcesPerNode")) node["resources"] = trainer["resourcesPerNode"];
   json pod = {{"containers", {node}}};
@@ -195,13 +200,14 @@ void PodTemplates(const json& o, const std::string& where, std::vector<std::pair
 // is created as a Pod, server-side and dry-run, in the restricted namespace (its ServiceAccounts
 // applied first, for the ServiceAccount admission). The operators' kinds themselves pass the
 // upstream CRDs' schemas on the server: those of the operators the cluster runs, as they installed
-// them, and Trainer v2.3's TrainJob CRD (tests/k8s/crds/fetched, from its Go module). The PyTorchJob and TFJob also pass the Training
-// Operator's validating webhook.
+// them, and Trainer v2.3's TrainJob CRD (tests/k8s/crds/fetched, from its Go module). The PyTorchJob and TFJob also
+// pass the Training Operator's validating webhook.
 TEST_F(Live, EveryPodOfEveryFormatIsAdmittedUnderRestricted) {
-  auto crds = Kubectl({"apply", "--server-side", "-f", kSrc + "/tests/k8s/crds/fetched/trainer.kubeflow.org_trainjobs.yaml"});
+  auto crds =
+      Kubectl({"apply", "--server-side", "-f", kSrc + "/tests/k8s/crds/fetched/trainer.kubeflow.org_trainjobs.yaml"});
   ASSERT_EQ(crds.exit.code, 0) << crds.output;
-  for (const std::string crd : {"pytorchjobs.kubeflow.org", "tfjobs.kubeflow.org", "mpijobs.kubeflow.org",
-                                "trainjobs.trainer.kubeflow.org"}) {
+  for (const std::string crd :
+       {"pytorchjobs.kubeflow.org", "tfjobs.kubeflow.org", "mpijobs.kubeflow.org", "trainjobs.trainer.kubeflow.org"}) {
     ASSERT_EQ(Kubectl({"wait", "--for=condition=Established", "crd/" + crd, "--timeout=60s"}).exit.code, 0) << crd;
   }
   const std::string base = kSrc + "/examples/k8s/base.yaml";
@@ -233,7 +239,8 @@ TEST_F(Live, EveryPodOfEveryFormatIsAdmittedUnderRestricted) {
     // And against the server's OpenAPI schema, field by field, as kubectl checks a List of them
     // (a List is what GitOps tools and `kubectl get -o json` hand on).
     s_.Write("list.json", json({{"apiVersion", "v1"}, {"kind", "List"}, {"items", objects}}).dump());
-    auto schema = Kubectl({"create", "--dry-run=client", "--validate=true", "-o", "name", "-n", ns_}, s_.path("list.json"));
+    auto schema =
+        Kubectl({"create", "--dry-run=client", "--validate=true", "-o", "name", "-n", ns_}, s_.path("list.json"));
     EXPECT_EQ(schema.exit.code, 0) << schema.output;
     for (const auto& o : objects) {
       if (o.value("kind", "") != "ServiceAccount") continue;
@@ -242,10 +249,11 @@ TEST_F(Live, EveryPodOfEveryFormatIsAdmittedUnderRestricted) {
     }
     for (const auto& o : objects) {
       std::vector<std::pair<std::string, json>> templates;
-      PodTemplates(o.value("spec", json::object()), o.value("kind", "") + "/" + o["metadata"].value("name", "") + ".spec",
-                   &templates);
+      PodTemplates(o.value("spec", json::object()),
+                   o.value("kind", "") + "/" + o["metadata"].value("name", "") + ".spec", &templates);
       for (const auto& [where, t] : templates) {
-        json pod = {{"apiVersion", "v1"}, {"kind", "Pod"},
+        json pod = {{"apiVersion", "v1"},
+                    {"kind", "Pod"},
                     {"metadata", {{"name", "admission-" + std::to_string(pods++)}, {"namespace", ns_}}},
                     {"spec", t["spec"]}};
         s_.Write("pod.json", pod.dump());
@@ -264,53 +272,71 @@ TEST_F(Live, EveryPodOfEveryFormatIsAdmittedUnderRestricted) {
   ASSERT_FALSE(templates.empty());
   json spec = templates[0].second["spec"];
   spec["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = true;
-  s_.Write("bad-pod.json", json({{"apiVersion", "v1"}, {"kind", "Pod"},
-                                 {"metadata", {{"name", "escalating"}, {"namespace", ns_}}}, {"spec", spec}}).dump());
+  s_.Write("bad-pod.json", json({{"apiVersion", "v1"},
+                                 {"kind", "Pod"},
+                                 {"metadata", {{"name", "escalating"}, {"namespace", ns_}}},
+                                 {"spec", spec}})
+                               .dump());
   auto refused = Kubectl({"create", "--dry-run=server", "-n", ns_}, s_.path("bad-pod.json"));
   EXPECT_NE(refused.exit.code, 0) << refused.output;
   EXPECT_NE(refused.output.find("violates PodSecurity \"restricted:latest\": allowPrivilegeEscalation != false"),
-            std::string::npos) << refused.output;
+            std::string::npos)
+      << refused.output;
 }
 
 // The example job as docs/cluster.md submits it, cut only to what two cores hold.
 std::vector<std::string> BaseExample(const std::string& ns) {
-  return {kSrc + "/examples/k8s/base.yaml", "--set", "cluster.namespace=" + ns,
-          "--set", "resources.cpus=0.45",                      // 2 pods of 2 workers: 1.8 cores
-          "--set", "cluster.eval_resources.cpus=0.2", "--set", "cluster.eval_resources.memory=1Gi",
-          "--set", "cluster.tensorboard=false"};               // its image cannot be pulled here
+  return {kSrc + "/examples/k8s/base.yaml",
+          "--set",
+          "cluster.namespace=" + ns,
+          "--set",
+          "resources.cpus=0.45",  // 2 pods of 2 workers: 1.8 cores
+          "--set",
+          "cluster.eval_resources.cpus=0.2",
+          "--set",
+          "cluster.eval_resources.memory=1Gi",
+          "--set",
+          "cluster.tensorboard=false"};  // its image cannot be pulled here
 }
 
 // A restricted pod that tries to open a TCP connection to `address` (once, for 5 s) and prints
 // "open" or "closed"; `labels` make it one of the job's pods or not.
 std::string Probe(const std::string& ns, const std::string& name, const json& labels, const std::string& address) {
-  json pod = {{"apiVersion", "v1"}, {"kind", "Pod"},
-              {"metadata", {{"name", name}, {"namespace", ns}, {"labels", labels}}},
-              {"spec", {{"restartPolicy", "Never"},
-                        {"securityContext", {{"runAsNonRoot", true}, {"runAsUser", 1000},
-                                             {"seccompProfile", {{"type", "RuntimeDefault"}}}}},
-                        {"containers", {{{"name", "probe"}, {"image", "trainctl:latest"}, {"imagePullPolicy", "IfNotPresent"},
-                                         {"command", {"bash", "-c", "timeout 5 bash -c '</dev/tcp/" + address +
-                                                                        "' 2>/dev/null && echo open || echo closed"}},
-                                         {"securityContext", {{"allowPrivilegeEscalation", false},
-                                                              {"capabilities", {{"drop", {"ALL"}}}}}}}}}}}};
+  json pod = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", name}, {"namespace", ns}, {"labels", labels}}},
+      {"spec",
+       {{"restartPolicy", "Never"},
+        {"securityContext",
+         {{"runAsNonRoot", true}, {"runAsUser", 1000}, {"seccompProfile", {{"type", "RuntimeDefault"}}}}},
+        {"containers",
+         {{{"name", "probe"},
+           {"image", "trainctl:latest"},
+           {"imagePullPolicy", "IfNotPresent"},
+           {"command",
+            {"bash", "-c", "timeout 5 bash -c '</dev/tcp/" + address + "' 2>/dev/null && echo open || echo closed"}},
+           {"securityContext", {{"allowPrivilegeEscalation", false}, {"capabilities", {{"drop", {"ALL"}}}}}}}}}}}};
   return pod.dump();
 }
 
 // The eval Job's report (`trainctl eval -o json`: accuracy, per class) from its pod's log.
 json EvalReport(const std::string& ns, std::string* last) {
   json report = json::object();
-  Eventually([&] {
-    auto r = RunProgram({"kubectl", "--request-timeout=30s", "logs", "-n", ns, "job/fashion-mnist-eval"}, kSrc);
-    *last = r.output;
-    auto brace = r.output.find('{');
-    if (r.exit.code != 0 || brace == std::string::npos) return false;
-    try {
-      report = json::parse(r.output.substr(brace));
-      return true;
-    } catch (const json::exception&) {
-      return false;
-    }
-  }, std::chrono::minutes(5));
+  Eventually(
+      [&] {
+        auto r = RunProgram({"kubectl", "--request-timeout=30s", "logs", "-n", ns, "job/fashion-mnist-eval"}, kSrc);
+        *last = r.output;
+        auto brace = r.output.find('{');
+        if (r.exit.code != 0 || brace == std::string::npos) return false;
+        try {
+          report = json::parse(r.output.substr(brace));
+          return true;
+        } catch (const json::exception&) {
+          return false;
+        }
+      },
+      std::chrono::minutes(5));
   return report;
 }
 
@@ -325,25 +351,30 @@ TEST_F(Live, TheExampleTrainsInPodsAndTheVerbsFollowIt) {
   // The job's NetworkPolicy, enforced (kube-network-policies): the store on node 0's pod answers
   // a pod of the job, and not a pod outside it.
   std::string store;
-  ASSERT_TRUE(Eventually([&] {
-    for (const auto& p : Pods("trainctl.dev/job=fashion-mnist,app.kubernetes.io/component=worker,"
-                              "batch.kubernetes.io/job-completion-index=0")) {
-      if (p["status"].value("phase", "") == "Running" && !p["status"].value("podIP", "").empty()) {
-        store = p["status"].value("podIP", "") + "/29400";
-      }
-    }
-    return !store.empty();
-  }, std::chrono::minutes(3))) << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        for (const auto& p : Pods("trainctl.dev/job=fashion-mnist,app.kubernetes.io/component=worker,"
+                                  "batch.kubernetes.io/job-completion-index=0")) {
+          if (p["status"].value("phase", "") == "Running" && !p["status"].value("podIP", "").empty()) {
+            store = p["status"].value("podIP", "") + "/29400";
+          }
+        }
+        return !store.empty();
+      },
+      std::chrono::minutes(3)))
+      << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
   auto probe = [&](const std::string& name, const json& labels) {
     s_.Write(name + ".json", Probe(ns_, name, labels, store));
     EXPECT_EQ(Kubectl({"apply", "-n", ns_}, s_.path(name + ".json")).exit.code, 0);
     std::string out;
-    Eventually([&] {
-      auto phase = Kubectl({"get", "pod", name, "-n", ns_, "-o", "jsonpath={.status.phase}"});
-      if (phase.output != "Succeeded" && phase.output != "Failed") return false;
-      out = Kubectl({"logs", name, "-n", ns_}).output;
-      return true;
-    }, std::chrono::seconds(90));
+    Eventually(
+        [&] {
+          auto phase = Kubectl({"get", "pod", name, "-n", ns_, "-o", "jsonpath={.status.phase}"});
+          if (phase.output != "Succeeded" && phase.output != "Failed") return false;
+          out = Kubectl({"logs", name, "-n", ns_}).output;
+          return true;
+        },
+        std::chrono::seconds(90));
     Kubectl({"delete", "pod", name, "-n", ns_, "--wait=false"});
     return out;
   };
@@ -392,22 +423,24 @@ TEST_F(Live, TheExampleTrainsInPodsAndTheVerbsFollowIt) {
 TEST_F(Live, TheDatasetIsStagedFromS3AndAWrongSecretFailsTheStageAtOnce) {
   S3Server server(s_.path("s3"), "10.244.0.1");
   ASSERT_TRUE(server.ok()) << server.Log();
-  ASSERT_EQ(RunProgram({"tar", "-czf", s_.path("fashion-mnist.tar.gz"), "-C", "/usr/share/datasets/fashion-mnist", "."},
-                       kSrc).exit.code, 0);
+  ASSERT_EQ(
+      RunProgram({"tar", "-czf", s_.path("fashion-mnist.tar.gz"), "-C", "/usr/share/datasets/fashion-mnist", "."}, kSrc)
+          .exit.code,
+      0);
   ASSERT_EQ(server.Request("trainctl/datasets/fashion-mnist.tar.gz", s_.path("fashion-mnist.tar.gz")).code, 200);
   const std::string sha =
       RunProgram({"sh", "-c", "sha256sum fashion-mnist.tar.gz | cut -c1-64"}, s_.path("")).output.substr(0, 64);
   auto secret = [&](const std::string& secret_key) {
-    s_.Write("s3.env", "AWS_ACCESS_KEY_ID=" + server.Var("AWS_ACCESS_KEY_ID") + "\nAWS_SECRET_ACCESS_KEY=" + secret_key +
-                           "\nAWS_ENDPOINT_URL=" + server.endpoint() + "\n");
+    s_.Write("s3.env", "AWS_ACCESS_KEY_ID=" + server.Var("AWS_ACCESS_KEY_ID") +
+                           "\nAWS_SECRET_ACCESS_KEY=" + secret_key + "\nAWS_ENDPOINT_URL=" + server.endpoint() + "\n");
     Kubectl({"delete", "secret", "s3-readers", "-n", ns_, "--ignore-not-found"});
     auto r = Kubectl({"create", "secret", "generic", "s3-readers", "-n", ns_, "--from-env-file=" + s_.path("s3.env")});
     EXPECT_EQ(r.exit.code, 0) << r.output;
   };
   auto spec = BaseExample(ns_);
   spec.insert(spec.end(), {"--set", "cluster.stage.url=s3://trainctl/datasets/fashion-mnist.tar.gz", "--set",
-                           "cluster.stage.sha256=" + sha, "--set", "cluster.stage.credentials=s3-readers",
-                           "--set", "trainer.epochs=1", "--set", "trainer.max_steps=40",
+                           "cluster.stage.sha256=" + sha, "--set", "cluster.stage.credentials=s3-readers", "--set",
+                           "trainer.epochs=1", "--set", "trainer.max_steps=40",
                            // Room for the stage pod (1 CPU) beside the workers (2 pods of 2 x 0.2)
                            // and eval (0.2) on 2 cores: the workers are scheduled at once and wait
                            // in their init containers, so with BaseExample's 1.8 cores for them the
@@ -440,8 +473,10 @@ TEST_F(Live, TheDatasetIsStagedFromS3AndAWrongSecretFailsTheStageAtOnce) {
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   status = Finish(spec, std::chrono::minutes(10), "jobs,pods", &last);  // staged, and 40 steps trained
   logs = Trainctl(Verb("logs", spec, {"--component", "stage"}), kSrc);
-  EXPECT_NE(logs.output.find("staged s3://trainctl/datasets/fashion-mnist.tar.gz into /mnt/trainctl/datasets/fashion-mnist"),
-            std::string::npos) << logs.output;
+  EXPECT_NE(
+      logs.output.find("staged s3://trainctl/datasets/fashion-mnist.tar.gz into /mnt/trainctl/datasets/fashion-mnist"),
+      std::string::npos)
+      << logs.output;
   EXPECT_EQ(Trainctl(Verb("delete", spec), kSrc).exit.code, 0);
   gone();
 }
@@ -455,13 +490,17 @@ TEST_F(Live, ADeletedWorkerPodIsReplacedAndTheJobFinishes) {
   spec.insert(spec.end(), {"--set", "trainer.log_every=10"});
   auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
-  const std::vector<std::string> node0 = {"logs", "-n", ns_, "--tail=-1", "-l",
-                                          "trainctl.dev/job=fashion-mnist,batch.kubernetes.io/job-completion-index=0"};
+  const std::vector<std::string> node0 = {
+      "logs",      "-n", ns_,
+      "--tail=-1", "-l", "trainctl.dev/job=fashion-mnist,batch.kubernetes.io/job-completion-index=0"};
   std::string log;
-  ASSERT_TRUE(Eventually([&] {  // well into training: the second epoch
-    log = Kubectl(node0).output;
-    return log.find("epoch 2/5 [") != std::string::npos;
-  }, std::chrono::minutes(5))) << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
+  ASSERT_TRUE(Eventually(
+      [&] {  // well into training: the second epoch
+        log = Kubectl(node0).output;
+        return log.find("epoch 2/5 [") != std::string::npos;
+      },
+      std::chrono::minutes(5)))
+      << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
   auto deleted = Kubectl({"delete", "pod", "-n", ns_, "--wait=false", "-l",
                           "trainctl.dev/job=fashion-mnist,batch.kubernetes.io/job-completion-index=1"});
   ASSERT_EQ(deleted.exit.code, 0) << deleted.output;
@@ -469,11 +508,14 @@ TEST_F(Live, ADeletedWorkerPodIsReplacedAndTheJobFinishes) {
   // Node 0's log, from its first line of the next round on: a training step there means every
   // rank trains (each step's allreduce waits for all of them).
   const std::regex step("(^|\n)\\[worker-0\\] epoch \\d/5 \\[");
-  ASSERT_TRUE(Eventually([&] {
-    log = Kubectl(node0).output;
-    auto restart = log.find("restart=1]");
-    return restart != std::string::npos && std::regex_search(log.substr(restart), step);
-  }, std::chrono::minutes(4))) << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        log = Kubectl(node0).output;
+        auto restart = log.find("restart=1]");
+        return restart != std::string::npos && std::regex_search(log.substr(restart), step);
+      },
+      std::chrono::minutes(4)))
+      << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
   const double recovered = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("a deleted worker pod: every rank training again %.1f s after the deletion\n", recovered);
 
@@ -495,12 +537,16 @@ TEST_F(Live, APyTorchJobTrainsUnderTheTrainingOperatorThroughALostWorkerPod) {
   auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   const std::string job = "trainctl.dev/job=fashion-mnist";
-  const std::vector<std::string> node0 = {"logs", "-n", ns_, "--tail=-1", "-l", job + ",training.kubeflow.org/replica-index=0"};
+  const std::vector<std::string> node0 = {"logs",      "-n", ns_,
+                                          "--tail=-1", "-l", job + ",training.kubeflow.org/replica-index=0"};
   std::string log;
-  ASSERT_TRUE(Eventually([&] {
-    log = Kubectl(node0).output;
-    return log.find("epoch 1/1 [") != std::string::npos;
-  }, std::chrono::minutes(5))) << log << Kubectl({"get", "pytorchjobs,pods,events", "-n", ns_, "-o", "wide"}).output;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        log = Kubectl(node0).output;
+        return log.find("epoch 1/1 [") != std::string::npos;
+      },
+      std::chrono::minutes(5)))
+      << log << Kubectl({"get", "pytorchjobs,pods,events", "-n", ns_, "-o", "wide"}).output;
   json first = Pods(job + ",training.kubeflow.org/replica-index=1");
   ASSERT_EQ(first.size(), 1u);
   EXPECT_EQ(first[0]["spec"].value("initContainers", json::array()).size(), 0u) << first[0]["spec"].dump();
@@ -508,11 +554,14 @@ TEST_F(Live, APyTorchJobTrainsUnderTheTrainingOperatorThroughALostWorkerPod) {
   ASSERT_EQ(deleted.exit.code, 0) << deleted.output;
   const auto t0 = Clock::now();
   const std::regex step("(^|\n)\\[worker-0\\] epoch 1/1 \\[");
-  ASSERT_TRUE(Eventually([&] {  // a step on node 0 after the new round: every rank trains again
-    log = Kubectl(node0).output;
-    auto restart = log.find("restart=1]");
-    return restart != std::string::npos && std::regex_search(log.substr(restart), step);
-  }, std::chrono::minutes(4))) << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
+  ASSERT_TRUE(Eventually(
+      [&] {  // a step on node 0 after the new round: every rank trains again
+        log = Kubectl(node0).output;
+        auto restart = log.find("restart=1]");
+        return restart != std::string::npos && std::regex_search(log.substr(restart), step);
+      },
+      std::chrono::minutes(4)))
+      << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
   std::printf("a deleted PyTorchJob Worker pod: every rank training again %.1f s after the deletion\n",
               std::chrono::duration<double>(Clock::now() - t0).count());
   json again = Pods(job + ",training.kubeflow.org/replica-index=1");
@@ -547,10 +596,13 @@ TEST_F(Live, ATrainJobTrainsUnderTrainerAndJobSetThroughALostNodePod) {
   const std::string index = ",batch.kubernetes.io/job-completion-index=";
   const std::vector<std::string> node0 = {"logs", "-n", ns_, "--tail=-1", "-l", job + index + "0"};
   std::string log;
-  ASSERT_TRUE(Eventually([&] {
-    log = Kubectl(node0).output;
-    return log.find("epoch 1/1 [") != std::string::npos;
-  }, std::chrono::minutes(5))) << log << Kubectl({"get", "trainjobs,jobsets,jobs,pods,events", "-n", ns_, "-o", "wide"}).output;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        log = Kubectl(node0).output;
+        return log.find("epoch 1/1 [") != std::string::npos;
+      },
+      std::chrono::minutes(5)))
+      << log << Kubectl({"get", "trainjobs,jobsets,jobs,pods,events", "-n", ns_, "-o", "wide"}).output;
   json first = Pods(job + index + "1");
   ASSERT_EQ(first.size(), 1u);
   EXPECT_EQ(first[0]["metadata"]["labels"].value("jobset.sigs.k8s.io/jobset-name", ""), "fashion-mnist");
@@ -558,11 +610,14 @@ TEST_F(Live, ATrainJobTrainsUnderTrainerAndJobSetThroughALostNodePod) {
   ASSERT_EQ(deleted.exit.code, 0) << deleted.output;
   const auto t0 = Clock::now();
   const std::regex step("(^|\n)\\[worker-0\\] epoch 1/1 \\[");
-  ASSERT_TRUE(Eventually([&] {  // a step on node 0 after the new round: every rank trains again
-    log = Kubectl(node0).output;
-    auto restart = log.find("restart=1]");
-    return restart != std::string::npos && std::regex_search(log.substr(restart), step);
-  }, std::chrono::minutes(4))) << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
+  ASSERT_TRUE(Eventually(
+      [&] {  // a step on node 0 after the new round: every rank trains again
+        log = Kubectl(node0).output;
+        auto restart = log.find("restart=1]");
+        return restart != std::string::npos && std::regex_search(log.substr(restart), step);
+      },
+      std::chrono::minutes(4)))
+      << log << Kubectl({"get", "pods", "-n", ns_, "-o", "wide"}).output;
   std::printf("a deleted TrainJob node pod: every rank training again %.1f s after the deletion\n",
               std::chrono::duration<double>(Clock::now() - t0).count());
   json again = Pods(job + index + "1");
@@ -585,9 +640,17 @@ TEST_F(Live, ATrainJobTrainsUnderTrainerAndJobSetThroughALostNodePod) {
 // The TFJob of the parameter-server example under the real Training Operator: PS, Worker, Chief
 // and Evaluator replicas, a pod per task; the chief decides the job's success.
 TEST_F(Live, ATFJobWithRolesTrainsUnderTheTrainingOperator) {
-  const std::vector<std::string> spec = {kSrc + "/examples/parameter-server.yaml", "--format", "tfjob",
-                                         "--set", "cluster.namespace=" + ns_, "--set", "cluster.tensorboard=false",
-                                         "--set", "trainer.epochs=1", "--set", "trainer.max_steps=150"};
+  const std::vector<std::string> spec = {kSrc + "/examples/parameter-server.yaml",
+                                         "--format",
+                                         "tfjob",
+                                         "--set",
+                                         "cluster.namespace=" + ns_,
+                                         "--set",
+                                         "cluster.tensorboard=false",
+                                         "--set",
+                                         "trainer.epochs=1",
+                                         "--set",
+                                         "trainer.max_steps=150"};
   auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   std::string last;
@@ -597,7 +660,8 @@ TEST_F(Live, ATFJobWithRolesTrainsUnderTheTrainingOperator) {
     types.insert(p["metadata"]["labels"].value("training.kubeflow.org/replica-type", ""));
   }
   EXPECT_EQ(types, (std::set<std::string>{"chief", "evaluator", "ps", "worker"}));
-  auto chief = Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=parameter-server,trainctl.dev/role=chief", "--tail=-1"});
+  auto chief =
+      Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=parameter-server,trainctl.dev/role=chief", "--tail=-1"});
   EXPECT_NE(chief.output.find("step"), std::string::npos) << chief.output;
   EXPECT_EQ(Trainctl(Verb("delete", spec), kSrc).exit.code, 0);
 }
@@ -608,18 +672,19 @@ TEST_F(Live, ATFJobWithRolesTrainsUnderTheTrainingOperator) {
 TEST_F(Live, AnMPIJobTrainsUnderTheMPIOperator) {
   auto spec = BaseExample(ns_);
   spec.insert(spec.end(), {"--format", "mpijob", "--set", "cluster.image=trainctl:mpi", "--set", "trainer.epochs=1",
-                           "--set", "trainer.max_steps=150",
-                           "--set", "resources.cpus=0.3"});  // beside the launcher's 0.5 and eval's 0.2: 1.9 cores
+                           "--set", "trainer.max_steps=150", "--set",
+                           "resources.cpus=0.3"});  // beside the launcher's 0.5 and eval's 0.2: 1.9 cores
   auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   std::string last;
   json status = Finish(spec, std::chrono::minutes(10), "mpijobs,jobs,pods", &last);
   if (status.value("state", "") != "succeeded") {
-    ADD_FAILURE() << Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "--tail=40", "--prefix"}).output;
+    ADD_FAILURE()
+        << Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist", "--tail=40", "--prefix"}).output;
   }
   // The launcher's log holds both agents' training, each started by mpirun in its Worker pod.
-  auto launcher = Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist,app.kubernetes.io/component=launcher",
-                           "--tail=-1"});
+  auto launcher = Kubectl(
+      {"logs", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist,app.kubernetes.io/component=launcher", "--tail=-1"});
   EXPECT_NE(launcher.output.find("[worker-0]"), std::string::npos) << launcher.output;
   EXPECT_NE(launcher.output.find("[worker-3]"), std::string::npos) << launcher.output;  // 2 pods of 2 workers
   auto logs = Trainctl(Verb("logs", spec), kSrc);
@@ -645,15 +710,19 @@ TEST_F(Live, TheSubmitterRoleIsEnoughForEveryVerb) {
   }
   ASSERT_EQ(Kubectl({"create", "serviceaccount", "ci", "-n", ns_}).exit.code, 0);
   ASSERT_EQ(Kubectl({"create", "rolebinding", "ci", "-n", ns_, "--role=fashion-mnist-submitter",
-                     "--serviceaccount=" + ns_ + ":ci"}).exit.code, 0);
+                     "--serviceaccount=" + ns_ + ":ci"})
+                .exit.code,
+            0);
   auto token = Kubectl({"create", "token", "ci", "-n", ns_, "--duration=1h"});
   ASSERT_EQ(token.exit.code, 0) << token.output;
   json admin = KubectlJson({"config", "view", "--raw", "--minify"});
   const json& cluster = admin["clusters"][0]["cluster"];
   json kubeconfig = {
-      {"apiVersion", "v1"}, {"kind", "Config"},
+      {"apiVersion", "v1"},
+      {"kind", "Config"},
       {"clusters", {{{"name", "c"}, {"cluster", cluster}}}},
-      {"users", {{{"name", "ci"}, {"user", {{"token", token.output.substr(0, token.output.find_last_not_of("\n") + 1)}}}}}},
+      {"users",
+       {{{"name", "ci"}, {"user", {{"token", token.output.substr(0, token.output.find_last_not_of("\n") + 1)}}}}}},
       {"contexts", {{{"name", "ci"}, {"context", {{"cluster", "c"}, {"user", "ci"}, {"namespace", ns_}}}}}},
       {"current-context", "ci"}};
   const std::string config = s_.Write("ci.kubeconfig", kubeconfig.dump());
@@ -697,7 +766,9 @@ TEST_F(Live, AnInvalidSpecInThePodFailsTheJobAtOnce) {
     patched = true;
   }
   ASSERT_TRUE(patched);
-  ASSERT_EQ(Kubectl({"create", "secret", "generic", "fashion-mnist-token", "-n", ns_, "--from-literal=token=t0"}).exit.code, 0);
+  ASSERT_EQ(
+      Kubectl({"create", "secret", "generic", "fashion-mnist-token", "-n", ns_, "--from-literal=token=t0"}).exit.code,
+      0);
   s_.Write("bad.json", json({{"apiVersion", "v1"}, {"kind", "List"}, {"items", objects}}).dump());
   auto applied = Kubectl({"apply", "-n", ns_}, s_.path("bad.json"));
   ASSERT_EQ(applied.exit.code, 0) << applied.output;
@@ -706,7 +777,8 @@ TEST_F(Live, AnInvalidSpecInThePodFailsTheJobAtOnce) {
   json status = WaitForEnd(spec, std::chrono::minutes(4), &last);
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   EXPECT_EQ(status.value("state", "").rfind("failed: PodFailurePolicy", 0), 0u) << last;
-  json jobs = KubectlJson({"get", "jobs.batch", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist,app.kubernetes.io/component=worker"});
+  json jobs = KubectlJson(
+      {"get", "jobs.batch", "-n", ns_, "-l", "trainctl.dev/job=fashion-mnist,app.kubernetes.io/component=worker"});
   ASSERT_FALSE(jobs.value("items", json::array()).empty());
   EXPECT_EQ(jobs["items"][0]["status"].value("failed", 0), 1) << jobs.dump(2);  // one pod, no retries
   std::printf("an exit-2 verdict failed the Job %.1f s after apply\n", seconds);
@@ -714,14 +786,21 @@ TEST_F(Live, AnInvalidSpecInThePodFailsTheJobAtOnce) {
 
 // A job with roles (parameter servers, workers, a chief, an evaluator), a pod per task.
 TEST_F(Live, AJobWithRolesTrainsToTheEnd) {
-  const std::vector<std::string> spec = {kSrc + "/examples/parameter-server.yaml", "--set", "cluster.namespace=" + ns_,
-                                         "--set", "cluster.tensorboard=false", "--set", "trainer.epochs=1",
-                                         "--set", "trainer.max_steps=150"};
+  const std::vector<std::string> spec = {kSrc + "/examples/parameter-server.yaml",
+                                         "--set",
+                                         "cluster.namespace=" + ns_,
+                                         "--set",
+                                         "cluster.tensorboard=false",
+                                         "--set",
+                                         "trainer.epochs=1",
+                                         "--set",
+                                         "trainer.max_steps=150"};
   auto submit = Submit(spec);
   ASSERT_EQ(submit.exit.code, 0) << submit.output;
   std::string last;
   Finish(spec, std::chrono::minutes(10), "pods,jobs", &last);
-  auto chief = Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=parameter-server,trainctl.dev/role=chief", "--tail=-1"});
+  auto chief =
+      Kubectl({"logs", "-n", ns_, "-l", "trainctl.dev/job=parameter-server,trainctl.dev/role=chief", "--tail=-1"});
   EXPECT_NE(chief.output.find("step"), std::string::npos) << chief.output;
   EXPECT_EQ(Trainctl(Verb("delete", spec), kSrc).exit.code, 0);
 }
@@ -732,8 +811,8 @@ TEST_F(Live, TheHelmChartInstallsRunsAndUninstalls) {
   const std::string helm = kSrc + "/tests/k8s/.helm/helm";
   ASSERT_TRUE(fs::exists(helm)) << "scripts/dev deps installs Helm";
   auto spec = BaseExample(ns_);
-  spec.insert(spec.end(), {"--set", "nodes=1", "--set", "trainer.max_steps=20", "--format", "helm",
-                           "-o", s_.path("chart")});
+  spec.insert(spec.end(),
+              {"--set", "nodes=1", "--set", "trainer.max_steps=20", "--format", "helm", "-o", s_.path("chart")});
   auto r = Trainctl(Verb("render", spec), kSrc);
   ASSERT_EQ(r.exit.code, 0) << r.output;
   SpawnOptions o;
@@ -757,11 +836,12 @@ TEST_F(Live, TheHelmChartInstallsRunsAndUninstalls) {
 // its environment names, and removed with kubectl delete -k.
 TEST_F(Live, KustomizeOverlaysApply) {
   const std::string dir = s_.path("deploy");
-  auto r = Trainctl({"render", kSrc + "/examples/k8s/base.yaml", "--format", "kustomize", "-o", dir,
-                     "--env", "dev=" + s_.Write("dev.yaml", "nodes: 1\ncluster: {namespace: " + ns_ + "-dev, tensorboard: false}\n"),
-                     "--env", "small=" + s_.Write("small.yaml", "nodes: 1\nresources: {cpus: 0.2}\ncluster: {namespace: " + ns_ +
-                                                  "-small, tensorboard: false}\n")},
-                    kSrc);
+  auto r = Trainctl(
+      {"render", kSrc + "/examples/k8s/base.yaml", "--format", "kustomize", "-o", dir, "--env",
+       "dev=" + s_.Write("dev.yaml", "nodes: 1\ncluster: {namespace: " + ns_ + "-dev, tensorboard: false}\n"), "--env",
+       "small=" + s_.Write("small.yaml", "nodes: 1\nresources: {cpus: 0.2}\ncluster: {namespace: " + ns_ +
+                                             "-small, tensorboard: false}\n")},
+      kSrc);
   ASSERT_EQ(r.exit.code, 0) << r.output;
   for (const std::string env : {"dev", "small"}) {
     SCOPED_TRACE(env);

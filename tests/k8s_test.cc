@@ -2,16 +2,14 @@
 // OpenAPI schema (kubernetes-models, tests/k8s/validate.mjs), kustomize overlays built with the
 // real `kubectl kustomize` and compared with what the layered spec renders, golden files, and the
 // pod's own command line run here: node 0 serving the store, node 1 joining it, a real job.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <yaml-cpp/yaml.h>
 
-#include <fcntl.h>
-#include <sys/wait.h>
-
 #include <csignal>
-#include <regex>
-
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "tests/s3_server.h"
 #include "tests/test_util.h"
@@ -21,9 +19,7 @@ namespace {
 
 const std::string kSrc = TRAINCTL_SOURCE_DIR;
 
-CommandResult Exec(std::vector<std::string> argv, const std::string& cwd = kSrc) {
-  return RunProgram(argv, cwd);
-}
+CommandResult Exec(std::vector<std::string> argv, const std::string& cwd = kSrc) { return RunProgram(argv, cwd); }
 
 // The schema checker needs its npm packages (scripts/dev installs them).
 void RequireNodeModules() {
@@ -43,8 +39,8 @@ TEST(K8s, EveryRenderedManifestPassesTheKubernetesSchema) {
       Render(s, "job.yaml", {base}),
       Render(s, "prod.yaml", {base, "-f", kSrc + "/examples/k8s/prod.yaml"}),  // elastic, etcd, staging
       Render(s, "dev.yaml", {base, "-f", kSrc + "/examples/k8s/dev.yaml"}),
-      Render(s, "pytorchjob.yaml", {base, "--format", "pytorchjob", "--set", "resources.gpus=1",
-                                    "--set", "cluster.pod_monitor=true"}),
+      Render(s, "pytorchjob.yaml",
+             {base, "--format", "pytorchjob", "--set", "resources.gpus=1", "--set", "cluster.pod_monitor=true"}),
       Render(s, "ddp.yaml", {kSrc + "/examples/ddp.yaml"}),  // a user program, no trainer
   };
   std::vector<std::string> argv = {"node", kSrc + "/tests/k8s/validate.mjs"};
@@ -63,7 +59,8 @@ TEST(K8s, EveryRenderedManifestPassesTheKubernetesSchema) {
   auto rejected = Exec({"node", kSrc + "/tests/k8s/validate.mjs", s.Write("bad.yaml", bad)});
   EXPECT_EQ(rejected.exit.code, 1) << rejected.output;
   EXPECT_NE(rejected.output.find("Job/fashion-mnist: INVALID: data/spec/completions must be integer"),
-            std::string::npos) << rejected.output;
+            std::string::npos)
+      << rejected.output;
   bad = std::regex_replace(s.Read("pytorchjob.yaml"), std::regex("honorLabels: true"), "honorLabels: sometimes");
   rejected = Exec({"node", kSrc + "/tests/k8s/validate.mjs", s.Write("bad-monitor.yaml", bad)});
   EXPECT_EQ(rejected.exit.code, 1) << rejected.output;
@@ -107,7 +104,8 @@ TEST(K8s, EveryFormatPassesTheUpstreamCrdsAndTheKubernetesSchema) {
   EXPECT_EQ(rejected.exit.code, 1) << rejected.output;
   EXPECT_NE(rejected.output.find("MPIJob/fashion-mnist: INVALID: against the MPIJob CRD: /spec must NOT "
                                  "have additional properties (slotsPerWorkers)"),
-            std::string::npos) << rejected.output;
+            std::string::npos)
+      << rejected.output;
 }
 
 // A program that trainctl's own image lacks, and a script that exists only here: render and
@@ -118,10 +116,13 @@ TEST(K8s, AProgramTrainctlsImageLacksIsWarnedAbout) {
   EXPECT_EQ(ddp.exit.code, 0) << ddp.output;
   EXPECT_NE(ddp.output.find("warning: examples/ddp.yaml: command: runs /usr/bin/python3, which trainctl's own image "
                             "(trainctl:latest) does not have, and ddp.py is a file on this machine, which "
-                            "the pods do not see; set cluster.image"), std::string::npos) << ddp.output;
+                            "the pods do not see; set cluster.image"),
+            std::string::npos)
+      << ddp.output;
   EXPECT_NE(ddp.output.find("(docs/own-program.md)"), std::string::npos) << ddp.output;
   auto tf = Trainctl({"render", "examples/tensorflow.yaml", "-o", s.path("tf"), "--set",
-                      "cluster.image=registry.example.com/ml/trainctl:0.1.0"}, kSrc);
+                      "cluster.image=registry.example.com/ml/trainctl:0.1.0"},
+                     kSrc);
   EXPECT_NE(tf.output.find("warning: examples/tensorflow.yaml: roles[0].command: runs python3"), std::string::npos)
       << tf.output;
   // trainctl's own image of a stage that cannot run the job: the CPU one for a GPU trainer, one
@@ -129,22 +130,31 @@ TEST(K8s, AProgramTrainctlsImageLacksIsWarnedAbout) {
   auto gpu = Trainctl({"render", "examples/k8s/base.yaml", "--set", "trainer.device=cuda", "-o", s.path("gpu")}, kSrc);
   EXPECT_EQ(gpu.exit.code, 0) << gpu.output;
   EXPECT_NE(gpu.output.find("warning: examples/k8s/base.yaml: trainer.device: cuda needs trainctl's CUDA image "
-                            "(deploy/Dockerfile.cuda"), std::string::npos) << gpu.output;
+                            "(deploy/Dockerfile.cuda"),
+            std::string::npos)
+      << gpu.output;
   auto mpi = Trainctl({"render", "examples/k8s/base.yaml", "--format", "mpijob", "-o", s.path("mpi")}, kSrc);
   EXPECT_EQ(mpi.exit.code, 0) << mpi.output;
   EXPECT_NE(mpi.output.find("warning: examples/k8s/base.yaml: --format mpijob: the workers run sshd and the launcher "
-                            "mpirun, which only deploy/Dockerfile's mpi stage has"), std::string::npos) << mpi.output;
+                            "mpirun, which only deploy/Dockerfile's mpi stage has"),
+            std::string::npos)
+      << mpi.output;
   // An image the kubelet pulls on every start of a TrainJob's node (whose pull policy Trainer
   // cannot set): tagged latest, or not tagged (a registry's port is no tag).
   for (const std::string image : {"trainctl:latest", "registry.example.com:5000/ml/trainctl"}) {
     auto tj = Trainctl({"render", "examples/k8s/base.yaml", "--format", "trainjob", "--set", "cluster.image=" + image,
-                        "-o", s.path("tj")}, kSrc);
+                        "-o", s.path("tj")},
+                       kSrc);
     EXPECT_EQ(tj.exit.code, 0) << tj.output;
-    EXPECT_NE(tj.output.find("warning: examples/k8s/base.yaml: cluster.image: " + image + " is pulled from its "
-                             "registry each time a TrainJob's node starts"), std::string::npos) << tj.output;
+    EXPECT_NE(tj.output.find("warning: examples/k8s/base.yaml: cluster.image: " + image +
+                             " is pulled from its "
+                             "registry each time a TrainJob's node starts"),
+              std::string::npos)
+        << tj.output;
   }
   for (const std::vector<std::string>& quiet :
-       {std::vector<std::string>{"render", "examples/ddp.yaml", "--set", "cluster.image=me/pytorch:2", "-o", s.path("own")},
+       {std::vector<std::string>{"render", "examples/ddp.yaml", "--set", "cluster.image=me/pytorch:2", "-o",
+                                 s.path("own")},
         {"render", "examples/k8s/base.yaml", "--set", "trainer.device=cuda", "--set", "cluster.image=trainctl:cuda",
          "-o", s.path("cuda")},
         {"render", "examples/k8s/base.yaml", "--format", "mpijob", "--set", "cluster.image=trainctl:mpi", "-o",
@@ -168,17 +178,19 @@ TEST(K8s, KustomizeRemovesOverlaysNoLongerNamed) {
   Scratch s;
   const std::string base = "examples/k8s/base.yaml";
   auto both = Trainctl({"render", base, "--format", "kustomize", "-o", s.path("deploy/"), "--env",
-                        "dev=examples/k8s/dev.yaml", "--env", "prod=examples/k8s/prod.yaml"}, kSrc);
+                        "dev=examples/k8s/dev.yaml", "--env", "prod=examples/k8s/prod.yaml"},
+                       kSrc);
   ASSERT_EQ(both.exit.code, 0) << both.output;
   EXPECT_EQ(both.output.find("//"), std::string::npos) << both.output;
   ASSERT_TRUE(fs::exists(s.path("deploy/overlays/prod/kustomization.yaml")));
   ASSERT_TRUE(MakeDirs(s.path("deploy/overlays/mine")).ok());
   s.Write("deploy/overlays/mine/notes.txt", "a directory of the user's own, not an overlay\n");
-  auto one = Trainctl({"render", base, "--format", "kustomize", "-o", s.path("deploy"), "--env",
-                       "dev=examples/k8s/dev.yaml"}, kSrc);
+  auto one = Trainctl(
+      {"render", base, "--format", "kustomize", "-o", s.path("deploy"), "--env", "dev=examples/k8s/dev.yaml"}, kSrc);
   ASSERT_EQ(one.exit.code, 0) << one.output;
   EXPECT_NE(one.output.find("removed " + s.path("deploy") + "/overlays/prod, which no --env names now"),
-            std::string::npos) << one.output;
+            std::string::npos)
+      << one.output;
   EXPECT_FALSE(fs::exists(s.path("deploy/overlays/prod")));
   EXPECT_TRUE(fs::exists(s.path("deploy/overlays/dev/kustomization.yaml")));
   EXPECT_TRUE(fs::exists(s.path("deploy/overlays/mine/notes.txt")));
@@ -192,7 +204,10 @@ TEST(Render, ASlurmScriptWarnsWhenTrainctlIsNotOnThePath) {
   auto bare = Trainctl(render, kSrc, std::chrono::seconds(60), {{"PATH", "/usr/bin:/bin"}});
   EXPECT_EQ(bare.exit.code, 0) << bare.output;
   EXPECT_NE(bare.output.find("warning: the script runs 'trainctl' from the nodes' PATH, and it is not on this "
-                             "machine's (this one is " + std::string(TRAINCTL_BIN) + ")"), std::string::npos) << bare.output;
+                             "machine's (this one is " +
+                             std::string(TRAINCTL_BIN) + ")"),
+            std::string::npos)
+      << bare.output;
   EXPECT_NE(bare.output.find("wrote " + s.path("jobs") + "/hello.sbatch;"), std::string::npos) << bare.output;
   ASSERT_EQ(::symlink(TRAINCTL_BIN, s.path("trainctl").c_str()), 0);
   auto on_path = Trainctl(render, kSrc, std::chrono::seconds(60), {{"PATH", s.path("") + ":/usr/bin:/bin"}});
@@ -207,7 +222,10 @@ TEST(Render, ASlurmScriptWarnsWhenTrainctlIsNotOnThePath) {
 TEST(K8s, AFormatThatCannotExpressTheJobSaysWhy) {
   Scratch s;
   const std::string ps = kSrc + "/examples/parameter-server.yaml";
-  struct Case { std::vector<std::string> args; std::string message; };
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
   for (const Case& c : std::vector<Case>{
            {{ps, "--format", "pytorchjob"}, "roles: --format pytorchjob runs one role of identical workers"},
            {{ps, "--format", "mpijob"}, "roles: --format mpijob runs one role"},
@@ -230,8 +248,8 @@ TEST(K8s, KustomizeOverlaysBuildTheSameObjectsAsTheLayeredSpec) {
   Scratch s;
   const std::string base = kSrc + "/examples/k8s/base.yaml";
   auto r = Trainctl({"render", base, "--format", "kustomize", "-o", s.path("deploy"), "--env",
-                     "dev=" + kSrc + "/examples/k8s/dev.yaml", "--env",
-                     "prod=" + kSrc + "/examples/k8s/prod.yaml"}, kSrc);
+                     "dev=" + kSrc + "/examples/k8s/dev.yaml", "--env", "prod=" + kSrc + "/examples/k8s/prod.yaml"},
+                    kSrc);
   ASSERT_EQ(r.exit.code, 0) << r.output;
   for (const std::string env : {"dev", "prod"}) {
     auto built = Exec({"kubectl", "kustomize", s.path("deploy/overlays/" + env)});
@@ -252,11 +270,13 @@ TEST(K8s, KustomizeOverlaysBuildTheSameObjectsAsTheLayeredSpec) {
 
 TEST(K8s, RenderedManifestsMatchTheGoldenFiles) {
   // After a deliberate change: TRAINCTL_UPDATE_GOLDEN=1 ctest -R Golden, and review the diff.
-  struct Case { std::string golden; std::vector<std::string> args; };
+  struct Case {
+    std::string golden;
+    std::vector<std::string> args;
+  };
   const std::string base = kSrc + "/examples/k8s/base.yaml";
-  std::vector<Case> cases = {
-      {"k8s-prod.yaml", {"render", base, "-f", kSrc + "/examples/k8s/prod.yaml"}},
-      {"k8s-pytorchjob.yaml", {"render", base, "--format", "pytorchjob"}}};
+  std::vector<Case> cases = {{"k8s-prod.yaml", {"render", base, "-f", kSrc + "/examples/k8s/prod.yaml"}},
+                             {"k8s-pytorchjob.yaml", {"render", base, "--format", "pytorchjob"}}};
   for (const auto& c : cases) {
     auto r = Trainctl(c.args, kSrc);
     ASSERT_EQ(r.exit.code, 0) << r.output;
@@ -266,8 +286,9 @@ TEST(K8s, RenderedManifestsMatchTheGoldenFiles) {
     }
     auto golden = ReadFile(path);
     ASSERT_TRUE(golden.ok()) << golden.status().ToString();
-    EXPECT_EQ(r.output, *golden) << c.golden << " differs; if the change is intended, rerun with "
-                                                "TRAINCTL_UPDATE_GOLDEN=1 and review the diff";
+    EXPECT_EQ(r.output, *golden) << c.golden
+                                 << " differs; if the change is intended, rerun with "
+                                    "TRAINCTL_UPDATE_GOLDEN=1 and review the diff";
   }
 }
 
@@ -276,14 +297,15 @@ TEST(K8s, BadRenderRequestsAreNamed) {
   EXPECT_EQ(r.exit.code, 2);
   EXPECT_NE(r.output.find("give it with -o DIR"), std::string::npos) << r.output;
   Scratch s;
-  std::string spec = s.Write("bad.yaml", "name: x\ncommand: [true]\ncluster:\n  namespace: Prod\n"
-                                         "  storage: {size: lots}\n  stag: {}\n");
+  std::string spec = s.Write("bad.yaml",
+                             "name: x\ncommand: [true]\ncluster:\n  namespace: Prod\n"
+                             "  storage: {size: lots}\n  stag: {}\n");
   r = Trainctl({"render", spec}, kSrc);
   EXPECT_EQ(r.exit.code, 2);
-  EXPECT_NE(r.output.find("bad.yaml:4: cluster.namespace: expected a Kubernetes object name"),
-            std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("cluster.storage.size: expected a size such as 100Gi, got \"lots\""),
-            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad.yaml:4: cluster.namespace: expected a Kubernetes object name"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("cluster.storage.size: expected a size such as 100Gi, got \"lots\""), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("cluster.stag: unknown field; did you mean 'stage'?"), std::string::npos) << r.output;
 }
 
@@ -291,10 +313,14 @@ TEST(K8s, BadRenderRequestsAreNamed) {
 TEST(K8s, ClusterVerbsNameAnUnreachableClusterAndAMissingKubectl) {
   Scratch s;
   const std::string spec = kSrc + "/examples/k8s/base.yaml";
-  const std::string kubeconfig = s.Write("kubeconfig", "apiVersion: v1\nkind: Config\nclusters:\n"
-      "- cluster: {server: \"https://127.0.0.1:" + std::to_string(FreePort()) + "\"}\n  name: c\n"
-      "contexts:\n- context: {cluster: c, user: u}\n  name: c\ncurrent-context: c\n"
-      "users:\n- name: u\n  user: {token: t}\n");
+  const std::string kubeconfig =
+      s.Write("kubeconfig",
+              "apiVersion: v1\nkind: Config\nclusters:\n"
+              "- cluster: {server: \"https://127.0.0.1:" +
+                  std::to_string(FreePort()) +
+                  "\"}\n  name: c\n"
+                  "contexts:\n- context: {cluster: c, user: u}\n  name: c\ncurrent-context: c\n"
+                  "users:\n- name: u\n  user: {token: t}\n");
   for (const std::string verb : {"submit", "status", "logs", "delete"}) {
     auto r = Trainctl({verb, spec}, s.path(""), std::chrono::seconds(60), {{"KUBECONFIG", kubeconfig}});
     EXPECT_EQ(r.exit.code, 1) << verb << ": " << r.output;
@@ -303,7 +329,8 @@ TEST(K8s, ClusterVerbsNameAnUnreachableClusterAndAMissingKubectl) {
     // One line saying why, not kubectl's log of its retries ("E1123 12:00:00 memcache.go:265] ...").
     EXPECT_FALSE(std::regex_search(r.output, std::regex("(^|\n)E\\d{4} "))) << verb << ": " << r.output;
     EXPECT_EQ(CountLines(r.output, "refused"), 1) << verb << ": " << r.output;
-    EXPECT_NE(r.output.find("that is the cluster of kubectl's context c in KUBECONFIG=" + kubeconfig), std::string::npos)
+    EXPECT_NE(r.output.find("that is the cluster of kubectl's context c in KUBECONFIG=" + kubeconfig),
+              std::string::npos)
         << verb << ": " << r.output;
   }
   // No kubeconfig at all: kubectl's default localhost:8080, and what to set.
@@ -311,7 +338,9 @@ TEST(K8s, ClusterVerbsNameAnUnreachableClusterAndAMissingKubectl) {
                        {{"KUBECONFIG", s.path("no-such-kubeconfig")}, {"HOME", s.path("")}});
   EXPECT_EQ(none.exit.code, 1) << none.output;
   EXPECT_NE(none.output.find("kubectl has no current context in KUBECONFIG=" + s.path("no-such-kubeconfig") +
-                             ": set KUBECONFIG to your cluster's kubeconfig"), std::string::npos) << none.output;
+                             ": set KUBECONFIG to your cluster's kubeconfig"),
+            std::string::npos)
+      << none.output;
   auto r = Trainctl({"status", spec}, s.path(""), std::chrono::seconds(60), {{"PATH", s.path("")}});
   EXPECT_EQ(r.exit.code, 2) << r.output;
   EXPECT_NE(r.output.find("trainctl status: kubectl is not on the PATH"), std::string::npos) << r.output;
@@ -379,8 +408,10 @@ Pods StartPods(const Scratch& s, const std::vector<PodCommand>& pods, const std:
       };
       std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_AGENT_TOKEN", "t0ken-of-the-job"}};
       for (const auto& [k, v] : pods[p].env) {
-        if (k != "TRAINCTL_RUN_ID") env.emplace_back(k, substitute(v));
-        else out.run_id = substitute(v);
+        if (k != "TRAINCTL_RUN_ID")
+          env.emplace_back(k, substitute(v));
+        else
+          out.run_id = substitute(v);
       }
       std::vector<std::string> args;
       EXPECT_EQ(pods[p].argv.at(0), "trainctl");
@@ -392,8 +423,8 @@ Pods StartPods(const Scratch& s, const std::vector<PodCommand>& pods, const std:
           args.push_back(pods[p].argv[i] == "$(TRAINCTL_RUN_ID)" ? out.run_id : substitute(pods[p].argv[i]));
         }
       }
-      out.agents.push_back(std::make_unique<Background>(
-          args, volume, s.path(pods[p].job + std::to_string(index) + ".log"), env));
+      out.agents.push_back(
+          std::make_unique<Background>(args, volume, s.path(pods[p].job + std::to_string(index) + ".log"), env));
     }
   }
   return out;
@@ -402,10 +433,12 @@ Pods StartPods(const Scratch& s, const std::vector<PodCommand>& pods, const std:
 TEST(K8s, TheRenderedPodCommandRunsTheJobWithNodeZeroServingTheStore) {
   Scratch s;
   // The shared volume is a directory here; pods would mount the claim at the same path.
-  std::string spec = s.Write("job.yaml", "name: podjob\nnodes: 2\nprocs_per_node: 1\n"
-                                         "trainer:\n  model: cnn\n  data: {limit: 256, test_limit: 64}\n"
-                                         "  batch_size: 16\n  max_steps: 4\n  threads: 1\n"
-                                         "cluster:\n  storage: {mount: " + s.path("volume") + "}\n");
+  std::string spec = s.Write("job.yaml",
+                             "name: podjob\nnodes: 2\nprocs_per_node: 1\n"
+                             "trainer:\n  model: cnn\n  data: {limit: 256, test_limit: 64}\n"
+                             "  batch_size: 16\n  max_steps: 4\n  threads: 1\n"
+                             "cluster:\n  storage: {mount: " +
+                                 s.path("volume") + "}\n");
   auto r = Trainctl({"render", spec}, s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   PodCommand pod = FromManifests(r.output);
@@ -418,8 +451,7 @@ TEST(K8s, TheRenderedPodCommandRunsTheJobWithNodeZeroServingTheStore) {
     EXPECT_EQ(exit.code, 0) << n->Output();
   }
   EXPECT_TRUE(fs::exists(s.path("volume/runs/podjob/model.safetensors")));
-  EXPECT_NE(s.Read("podjob0.log").find("2 workers x batch 16"), std::string::npos)
-      << s.Read("podjob0.log");
+  EXPECT_NE(s.Read("podjob0.log").find("2 workers x batch 16"), std::string::npos) << s.Read("podjob0.log");
 }
 
 // The stage Job as a pod runs it: its rendered script, under the image's sh (dash), with the
@@ -438,8 +470,10 @@ TEST(K8s, TheStageJobFetchesTheDatasetFromS3WithTheSecretsCredentials) {
   const std::string sha = Exec({"sh", "-c", "sha256sum set.tar.gz | cut -c1-64"}, s.path("")).output.substr(0, 64);
 
   auto render = [&](const std::string& url, const std::string& sum) {
-    const std::string spec = s.Write("job.yaml", "name: staged\nnodes: 1\ntrainer: {model: cnn}\ncluster:\n"
-                                                 "  stage: {url: '" + url + "', sha256: '" + sum + "', credentials: s3-readers}\n");
+    const std::string spec = s.Write("job.yaml",
+                                     "name: staged\nnodes: 1\ntrainer: {model: cnn}\ncluster:\n"
+                                     "  stage: {url: '" +
+                                         url + "', sha256: '" + sum + "', credentials: s3-readers}\n");
     auto r = Trainctl({"render", spec}, s.path(""));
     EXPECT_EQ(r.exit.code, 0) << r.output;
     return r.output;
@@ -448,7 +482,8 @@ TEST(K8s, TheStageJobFetchesTheDatasetFromS3WithTheSecretsCredentials) {
   auto stage = [&](const std::string& manifests, const std::string& secret, const std::string& dest) {
     YAML::Node job;
     for (const auto& doc : YAML::LoadAll(manifests)) {
-      if (doc["kind"].as<std::string>() == "Job" && doc["metadata"]["name"].as<std::string>() == "staged-stage") job = doc;
+      if (doc["kind"].as<std::string>() == "Job" && doc["metadata"]["name"].as<std::string>() == "staged-stage")
+        job = doc;
     }
     EXPECT_TRUE(job) << manifests;
     if (!job) return CommandResult{};
@@ -469,8 +504,10 @@ TEST(K8s, TheStageJobFetchesTheDatasetFromS3WithTheSecretsCredentials) {
       EXPECT_EQ(ref["name"].as<std::string>(), "s3-readers") << name;
       EXPECT_EQ(ref["key"].as<std::string>(), name);
       std::string v = name == "AWS_SECRET_ACCESS_KEY" && !secret.empty() ? secret : server.Var(name);
-      if (!v.empty()) o.env.push_back(name + "=" + v);
-      else EXPECT_TRUE(ref["optional"] && ref["optional"].as<bool>()) << name << " is required but the Secret has none";
+      if (!v.empty())
+        o.env.push_back(name + "=" + v);
+      else
+        EXPECT_TRUE(ref["optional"] && ref["optional"].as<bool>()) << name << " is required but the Secret has none";
     }
     o.cwd = s.path("");
     auto r = RunCommand(o, std::chrono::seconds(120));
@@ -490,14 +527,18 @@ TEST(K8s, TheStageJobFetchesTheDatasetFromS3WithTheSecretsCredentials) {
   auto again = stage(good, "", s.path("volume/ok"));
   EXPECT_NE(again.output.find("already staged in"), std::string::npos) << again.output;
 
-  struct Refusal { std::string url, sum, secret, says; };
+  struct Refusal {
+    std::string url, sum, secret, says;
+  };
   const std::vector<Refusal> refusals = {
       {"s3://trainctl/datasets/set.tar.gz", sha, "not-the-secret",
-       "GET s3://trainctl/datasets/set.tar.gz failed: HTTP 403 SignatureDoesNotMatch: the secret key is not the access key's"},
+       "GET s3://trainctl/datasets/set.tar.gz failed: HTTP 403 SignatureDoesNotMatch: the secret key is not the access "
+       "key's"},
       {"s3://trainctl/datasets/none.tar.gz", sha, "", "failed: HTTP 404 NoSuchKey: no such key in the bucket"},
       {"s3://no-such-bucket/set.tar.gz", sha, "", "failed: HTTP 404 NoSuchBucket: no such bucket"},
       {"s3://trainctl/datasets/set.tar.gz", std::string(64, '0'), "",
-       "stage: s3://trainctl/datasets/set.tar.gz has sha256 " + sha + ", not cluster.stage.sha256 " + std::string(64, '0')}};
+       "stage: s3://trainctl/datasets/set.tar.gz has sha256 " + sha + ", not cluster.stage.sha256 " +
+           std::string(64, '0')}};
   int i = 0;
   for (const auto& f : refusals) {
     const std::string dest = s.path("volume/refused" + std::to_string(i++));
@@ -513,16 +554,21 @@ TEST(K8s, TheStageJobFetchesTheDatasetFromS3WithTheSecretsCredentials) {
 // A stage URL the stage Job could not fetch as written is refused by validate, naming the field.
 TEST(K8s, AStageUrlItCannotFetchIsRefusedNamingTheField) {
   Scratch s;
-  struct Case { std::string stage, says; };
+  struct Case {
+    std::string stage, says;
+  };
   const std::vector<Case> cases = {
       {"{url: 's3://bucket/my key.tar'}", "cluster.stage.url: expected s3://BUCKET/KEY"},
       {"{url: 's3://bucket'}", "cluster.stage.url: expected s3://BUCKET/KEY"},
       {"{url: 's3://bucket/k.tar'}", "cluster.stage.credentials: an s3:// URL needs the name of a Secret"},
-      {"{url: 'https://example.com/k.tar', credentials: s3}", "cluster.stage.credentials: credentials are for an s3:// URL"},
+      {"{url: 'https://example.com/k.tar', credentials: s3}",
+       "cluster.stage.credentials: credentials are for an s3:// URL"},
       {"{url: 'ftp://example.com/k.tar'}", "expected an s3://, http:// or https:// URL"},
-      {"{url: 's3://b/k.tar', credentials: Not_A_Name}", "cluster.stage.credentials: expected a Kubernetes object name"}};
+      {"{url: 's3://b/k.tar', credentials: Not_A_Name}",
+       "cluster.stage.credentials: expected a Kubernetes object name"}};
   for (const auto& c : cases) {
-    const std::string spec = s.Write("job.yaml", "name: staged\nnodes: 1\ntrainer: {model: cnn}\ncluster:\n  stage: " + c.stage + "\n");
+    const std::string spec =
+        s.Write("job.yaml", "name: staged\nnodes: 1\ntrainer: {model: cnn}\ncluster:\n  stage: " + c.stage + "\n");
     auto r = Trainctl({"validate", spec}, s.path(""));
     EXPECT_EQ(r.exit.code, 2) << c.stage << "\n" << r.output;
     EXPECT_NE(r.output.find(c.says), std::string::npos) << c.stage << "\n" << r.output;
@@ -534,11 +580,14 @@ TEST(K8s, AStageUrlItCannotFetchIsRefusedNamingTheField) {
 // group rank 0 speaks for the run, the other has no series; a request without the token is refused.
 TEST(K8s, ThePodsServeMetricsThatARealPrometheusScrapesWithTheJobsToken) {
   Scratch s;
-  std::string spec = s.Write("job.yaml", "name: watched\nnodes: 2\nprocs_per_node: 1\n"
-                                         "trainer:\n  model: cnn\n  data: {limit: 512, test_limit: 64}\n"
-                                         "  batch_size: 8\n  epochs: 1000\n  threads: 1\n  eval: false\n"
-                                         "cluster:\n  storage: {mount: " + s.path("volume") + "}\n"
-                                         "  pod_monitor: true\n");
+  std::string spec = s.Write("job.yaml",
+                             "name: watched\nnodes: 2\nprocs_per_node: 1\n"
+                             "trainer:\n  model: cnn\n  data: {limit: 512, test_limit: 64}\n"
+                             "  batch_size: 8\n  epochs: 1000\n  threads: 1\n  eval: false\n"
+                             "cluster:\n  storage: {mount: " +
+                                 s.path("volume") +
+                                 "}\n"
+                                 "  pod_monitor: true\n");
   auto r = Trainctl({"render", spec}, s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   auto monitor = YAML::Load("{}");
@@ -553,13 +602,21 @@ TEST(K8s, ThePodsServeMetricsThatARealPrometheusScrapesWithTheJobsToken) {
 
   const int port = FreePort();
   std::string targets;
-  for (int p : pods.metrics_ports) targets += (targets.empty() ? "'127.0.0.1:" : ", '127.0.0.1:") + std::to_string(p) + "'";
-  s.Write("prometheus.yml", "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: pods\n"
-                            "    metrics_path: " + ep["path"].as<std::string>() + "\n"
-                            "    honor_labels: " + ep["honorLabels"].as<std::string>() + "\n"
-                            "    authorization: {type: " + ep["authorization"]["type"].as<std::string>() +
-                            ", credentials: t0ken-of-the-job}\n"
-                            "    static_configs: [{targets: [" + targets + "]}]\n");
+  for (int p : pods.metrics_ports)
+    targets += (targets.empty() ? "'127.0.0.1:" : ", '127.0.0.1:") + std::to_string(p) + "'";
+  s.Write("prometheus.yml",
+          "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: pods\n"
+          "    metrics_path: " +
+              ep["path"].as<std::string>() +
+              "\n"
+              "    honor_labels: " +
+              ep["honorLabels"].as<std::string>() +
+              "\n"
+              "    authorization: {type: " +
+              ep["authorization"]["type"].as<std::string>() +
+              ", credentials: t0ken-of-the-job}\n"
+              "    static_configs: [{targets: [" +
+              targets + "]}]\n");
   SpawnOptions po;
   po.argv = {"prometheus", "--config.file=" + s.path("prometheus.yml"), "--storage.tsdb.path=" + s.path("tsdb"),
              "--web.listen-address=127.0.0.1:" + std::to_string(port)};
@@ -569,25 +626,35 @@ TEST(K8s, ThePodsServeMetricsThatARealPrometheusScrapesWithTheJobsToken) {
   ::close(po.output_fd);
   ASSERT_TRUE(prometheus.ok()) << prometheus.status().ToString();
   auto query = [&](const std::string& q) {
-    auto got = RunProgram({"python3", "-c", "import sys,urllib.request,urllib.parse;print(urllib.request.urlopen("
-                           "'http://127.0.0.1:" + std::to_string(port) + "/api/v1/query?query='+urllib.parse.quote(sys.argv[1])).read().decode())",
-                           q}, s.path(""));
+    auto got = RunProgram(
+        {"python3", "-c",
+         "import sys,urllib.request,urllib.parse;print(urllib.request.urlopen("
+         "'http://127.0.0.1:" +
+             std::to_string(port) + "/api/v1/query?query='+urllib.parse.quote(sys.argv[1])).read().decode())",
+         q},
+        s.path(""));
     return nlohmann::json::parse(got.output, nullptr, false);
   };
   nlohmann::json steps, up;
-  const bool scraped = Eventually([&] {
-    steps = query("trainctl_train_steps_total{job=\"watched\"}");
-    up = query("up");
-    return steps.is_object() && steps["data"]["result"].size() == 1 &&
-           std::stod(steps["data"]["result"][0]["value"][1].get<std::string>()) > 0 &&
-           up.is_object() && up["data"]["result"].size() == 2 && up["data"]["result"][0]["value"][1] == "1" &&
-           up["data"]["result"][1]["value"][1] == "1";
-  }, std::chrono::seconds(90));
+  const bool scraped = Eventually(
+      [&] {
+        steps = query("trainctl_train_steps_total{job=\"watched\"}");
+        up = query("up");
+        return steps.is_object() && steps["data"]["result"].size() == 1 &&
+               std::stod(steps["data"]["result"][0]["value"][1].get<std::string>()) > 0 && up.is_object() &&
+               up["data"]["result"].size() == 2 && up["data"]["result"][0]["value"][1] == "1" &&
+               up["data"]["result"][1]["value"][1] == "1";
+      },
+      std::chrono::seconds(90));
   EXPECT_TRUE(scraped) << steps << "\n" << up << "\n" << s.Read("prometheus.log") << s.Read("watched0.log");
   // Without the token: 401.
-  auto plain = RunProgram({"python3", "-c", "import urllib.request,urllib.error\ntry:\n urllib.request.urlopen("
-                           "'http://127.0.0.1:" + std::to_string(pods.metrics_ports[1]) + "/metrics')\n"
-                           "except urllib.error.HTTPError as e:\n print(e.code)"}, s.path(""));
+  auto plain = RunProgram({"python3", "-c",
+                           "import urllib.request,urllib.error\ntry:\n urllib.request.urlopen("
+                           "'http://127.0.0.1:" +
+                               std::to_string(pods.metrics_ports[1]) +
+                               "/metrics')\n"
+                               "except urllib.error.HTTPError as e:\n print(e.code)"},
+                          s.path(""));
   EXPECT_EQ(plain.output, "401\n");
   for (auto& a : pods.agents) ::kill(a->pid(), SIGTERM);
   for (auto& a : pods.agents) a->Wait(std::chrono::seconds(60));
@@ -600,11 +667,14 @@ TEST(K8s, ThePodsServeMetricsThatARealPrometheusScrapesWithTheJobsToken) {
 // get their roles, indexes and TF_CONFIG.
 TEST(K8s, ThePodPerTaskCommandsOfAJobWithRolesRunIt) {
   Scratch s;
-  std::string spec = s.Write("job.yaml", "name: roles\n"
-      "command: [sh, -c, 'echo \"$ROLE_NAME $ROLE_RANK $WORLD_SIZE\" > " + s.path("volume") +
-      "/task-$RANK; echo \"$TF_CONFIG\" > " + s.path("volume") + "/tf-$RANK']\n"
-      "roles: [{name: ps, success: true}, {name: worker, replicas: 2}]\n"
-      "cluster:\n  storage: {mount: " + s.path("volume") + "}\n");
+  std::string spec = s.Write("job.yaml",
+                             "name: roles\n"
+                             "command: [sh, -c, 'echo \"$ROLE_NAME $ROLE_RANK $WORLD_SIZE\" > " +
+                                 s.path("volume") + "/task-$RANK; echo \"$TF_CONFIG\" > " + s.path("volume") +
+                                 "/tf-$RANK']\n"
+                                 "roles: [{name: ps, success: true}, {name: worker, replicas: 2}]\n"
+                                 "cluster:\n  storage: {mount: " +
+                                 s.path("volume") + "}\n");
   auto r = Trainctl({"render", spec}, s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   auto pods = PodsFromManifests(r.output);

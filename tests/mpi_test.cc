@@ -10,9 +10,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tests/test_util.h"
 
@@ -40,15 +39,18 @@ void RequireMpirun() {
 TEST(Mpi, AgentsStartedByMpirunRunTheJobWithTheirRanks) {
   RequireMpirun();
   Scratch s;
-  std::string spec = s.Write("job.yaml", Spec("mpi-ranks", s.path("out"),
-      "command: [sh, -c, 'echo rank=$RANK of $WORLD_SIZE node=$GROUP_RANK mpi=$OMPI_COMM_WORLD_SIZE']\n"));
+  std::string spec =
+      s.Write("job.yaml",
+              Spec("mpi-ranks", s.path("out"),
+                   "command: [sh, -c, 'echo rank=$RANK of $WORLD_SIZE node=$GROUP_RANK mpi=$OMPI_COMM_WORLD_SIZE']\n"));
   auto r = Trainctl({"run", spec, "--target", "mpi"}, s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   EXPECT_NE(r.output.find("started 2 node(s) x 2 worker(s) under mpirun"), std::string::npos) << r.output;
   // The agents are mpirun's processes (its environment reaches the workers), one per node.
   for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_NE(r.output.find("rank=" + std::to_string(rank) + " of 4 node=" + std::to_string(rank / 2) +
-                            " mpi=2"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("rank=" + std::to_string(rank) + " of 4 node=" + std::to_string(rank / 2) + " mpi=2"),
+              std::string::npos)
+        << r.output;
   }
 }
 
@@ -57,22 +59,25 @@ TEST(Mpi, AgentsStartedByMpirunRunTheJobWithTheirRanks) {
 TEST(Mpi, ThisMachineNamedTwiceRunsTwoNodesWithALoopbackStore) {
   RequireMpirun();
   Scratch s;
-  std::string spec = s.Write("job.yaml", Spec("mpi-twice", s.path("out"),
-      "command: [sh, -c, 'echo rank=$RANK of $WORLD_SIZE node=$GROUP_RANK']\n"));
+  std::string spec = s.Write(
+      "job.yaml",
+      Spec("mpi-twice", s.path("out"), "command: [sh, -c, 'echo rank=$RANK of $WORLD_SIZE node=$GROUP_RANK']\n"));
   auto r = Trainctl({"run", spec, "--target", "mpi", "--hosts", "localhost,localhost"}, s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_NE(r.output.find("rank=" + std::to_string(rank) + " of 4 node=" + std::to_string(rank / 2)),
-              std::string::npos) << r.output;
+              std::string::npos)
+        << r.output;
   }
 }
 
 TEST(Mpi, AFailedWorkerIsRestartedAcrossTheMpiAgents) {
   RequireMpirun();
   Scratch s;
-  std::string spec = s.Write("job.yaml", Spec("mpi-restart", s.path("out"),
-      "command: [sh, -c, 'if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 3 ]; then exit 7; fi; "
-      "echo done $RANK']\n"));
+  std::string spec = s.Write(
+      "job.yaml", Spec("mpi-restart", s.path("out"),
+                       "command: [sh, -c, 'if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 3 ]; then exit 7; fi; "
+                       "echo done $RANK']\n"));
   auto r = Trainctl({"run", spec, "--target", "mpi"}, s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   EXPECT_NE(r.output.find("restarting the worker group (restart 1 of 3)"), std::string::npos) << r.output;
@@ -88,7 +93,8 @@ TEST(Mpi, SigtermStopsMpirunTheAgentsAndTheWorkers) {
   std::string spec = s.Write("job.yaml", Spec("mpi-stop", s.path("out"), "command: [sleep, '600']\n"));
   Background job({"run", spec, "--target", "mpi"}, s.path(""), s.path("run.log"));
   ASSERT_TRUE(Eventually([&] { return ProcessesWithEnv({"TRAINCTL_JOB_NAME=mpi-stop"}).size() == 4; },
-                         std::chrono::seconds(30))) << job.Output();
+                         std::chrono::seconds(30)))
+      << job.Output();
   auto workers = ProcessesWithEnv({"TRAINCTL_JOB_NAME=mpi-stop"});
   auto run = RunProcesses("mpi-stop");
   EXPECT_GE(run.size(), 3u);  // mpirun and two agents
@@ -105,7 +111,9 @@ TEST(Mpi, OtherHostsNeedAStoreAddressTheyCanReach) {
   auto r = Trainctl({"run", spec, "--target", "mpi", "--hosts", "node1,node2"}, s.path(""));
   EXPECT_EQ(r.exit.code, 2);
   EXPECT_NE(r.output.find("agents on other hosts cannot reach a store on 127.0.0.1; give "
-                          "--store-host"), std::string::npos) << r.output;
+                          "--store-host"),
+            std::string::npos)
+      << r.output;
   r = Trainctl({"run", spec, "--hosts", "node1"}, s.path(""));
   EXPECT_EQ(r.exit.code, 2);
   EXPECT_NE(r.output.find("--hosts and --hostfile go with --target mpi"), std::string::npos) << r.output;
@@ -176,15 +184,20 @@ TEST(Mpi, AHostWhoseSshdNeverAnswersIsNamedAtTheRendezvousTimeout) {
   const std::string address = ThisMachinesAddress();
   if (address.empty()) GTEST_SKIP() << "this machine has no IPv4 address but loopback";
   Scratch s;
-  std::string spec = s.Write("job.yaml", Spec("silent", s.path("out"), "command: [true]\ntimeouts: {rendezvous: 3s}\n"));
+  std::string spec =
+      s.Write("job.yaml", Spec("silent", s.path("out"), "command: [true]\ntimeouts: {rendezvous: 3s}\n"));
   const auto start = Clock::now();
   auto r = Trainctl({"run", spec, "--target", "mpi", "--hosts", "nosuchhost1.invalid", "--store-host", address},
                     s.path(""), std::chrono::seconds(60), {{"OMPI_MCA_plm_rsh_args", "-p 2299"}});
   EXPECT_EQ(r.exit.code, 4) << r.output;
   EXPECT_NE(r.output.find("waiting for nosuchhost1.invalid's sshd (nosuchhost1.invalid port 2299) before mpirun "
-                          "starts: its name does not resolve, or there is no route to it"), std::string::npos) << r.output;
+                          "starts: its name does not resolve, or there is no route to it"),
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("nosuchhost1.invalid's sshd (nosuchhost1.invalid port 2299) did not answer within "
-                          "timeouts.rendezvous (3s)"), std::string::npos) << r.output;
+                          "timeouts.rendezvous (3s)"),
+            std::string::npos)
+      << r.output;
   EXPECT_FALSE(fs::exists(s.path("out/logs/mpirun.log"))) << "mpirun started:\n" << r.output;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30)) << r.output;
 }
@@ -203,15 +216,22 @@ TEST(Mpi, HostsMpirunCannotReachAreNamedInAFewLines) {
   auto r = Trainctl({"run", spec, "--target", "mpi", "--hosts", "127.0.0.2", "--store-host", address}, s.path(""),
                     std::chrono::seconds(60), {{"OMPI_MCA_plm_rsh_args", "-p " + port}});
   EXPECT_EQ(r.exit.code, 1) << r.output;
-  EXPECT_NE(r.output.find("waiting for 127.0.0.2's sshd (127.0.0.2 port " + port + ") before mpirun starts: the "
-                          "connection was refused"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("waiting for 127.0.0.2's sshd (127.0.0.2 port " + port +
+                          ") before mpirun starts: the "
+                          "connection was refused"),
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("127.0.0.2 port " + port), std::string::npos) << "ssh's own line:\n" << r.output;
   EXPECT_NE(r.output.find("job unreachable failed: mpirun ended with exit code"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("it could not run the agents"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("mpirun: ORTE was unable to reliably start one or more daemons. (Open MPI's whole "
-                          "message is in " + s.path("out/logs/mpirun.log") + ")"), std::string::npos) << r.output;
+                          "message is in " +
+                          s.path("out/logs/mpirun.log") + ")"),
+            std::string::npos)
+      << r.output;
   EXPECT_LE(CountLines(r.output, ""), 10) << r.output;
-  EXPECT_EQ(r.output.find("Please check"), std::string::npos) << "Open MPI's advice is in the log, not here:\n" << r.output;
+  EXPECT_EQ(r.output.find("Please check"), std::string::npos) << "Open MPI's advice is in the log, not here:\n"
+                                                              << r.output;
   EXPECT_NE(s.Read("out/logs/mpirun.log").find("Please check your PATH"), std::string::npos);
   auto status = nlohmann::json::parse(s.Read("out/status.json"));
   EXPECT_EQ(status["exit_code"], 1);

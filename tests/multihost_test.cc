@@ -6,9 +6,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "common/exit_codes.h"
 #include "common/strings.h"
@@ -76,13 +75,13 @@ class Hosts {
 // `trainctl agent` inside host `i`'s namespace, its output in a file.
 class HostAgent {
  public:
-  HostAgent(const Hosts& hosts, int i, const std::string& run_id, const std::string& store,
-            const std::string& log, const std::string& log_level = "info")
+  HostAgent(const Hosts& hosts, int i, const std::string& run_id, const std::string& store, const std::string& log,
+            const std::string& log_level = "info")
       : log_(log) {
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     SpawnOptions o;
-    o.argv = {"ip", "netns", "exec", hosts.ns(i), TRAINCTL_BIN, "--log-level", log_level, "agent",
-              "--run-id", run_id, "--host", hosts.addr(i)};
+    o.argv = {"ip",      "netns", "exec",     hosts.ns(i), TRAINCTL_BIN, "--log-level",
+              log_level, "agent", "--run-id", run_id,      "--host",     hosts.addr(i)};
     o.env = CurrentEnvironment();
     SetEnv(&o.env, "TRAINCTL_AGENT_STORE", store);
     o.output_fd = fd;
@@ -145,7 +144,8 @@ TEST(MultiHost, CutLinkLostHostAndARejoiningHostOverRealTcp) {
   auto spec = ParseJobSpec(R"(name: multihost
 nodes: {min: 1, max: 2}
 timeouts: {heartbeat: 5s, last_call: 8s, collective: 3s, stop_grace: 2s, rendezvous: 60s}
-output_dir: )" + s.path("out") + R"(
+output_dir: )" + s.path("out") +
+                               R"(
 trainer:
   model: cnn
   data: {dataset: synthetic, samples: 20000}
@@ -155,7 +155,8 @@ trainer:
   log_every: 1
   checkpoint_every: 20
   eval: false
-)", "multihost.yaml");
+)",
+                           "multihost.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EtcdStoreOptions eo;
   eo.endpoints = etcd.endpoints();
@@ -206,10 +207,13 @@ trainer:
   // At debug level: under load this agent once printed nothing for 60 s; its steps say where.
   b = std::make_unique<HostAgent>(hosts, 1, run_id, store_url, s.path("b2.log"), "debug");
   // The round's node 0 reports it: either host, whichever joined the round first.
-  ASSERT_TRUE(Eventually([&] {
-    const std::string round2 = "round 2: 2 node(s), world size 2 (restart 1 of 3)";
-    return a->Output().find(round2) != std::string::npos || b->Output().find(round2) != std::string::npos;
-  }, seconds(60))) << a->Output() << b->Output();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const std::string round2 = "round 2: 2 node(s), world size 2 (restart 1 of 3)";
+        return a->Output().find(round2) != std::string::npos || b->Output().find(round2) != std::string::npos;
+      },
+      seconds(60)))
+      << a->Output() << b->Output();
   int before = Steps(s, 1);
   ASSERT_TRUE(Eventually([&] { return Steps(s, 1) >= before + 3; }, seconds(60))) << a->Output();
 
@@ -227,8 +231,7 @@ trainer:
   auto a_exit = a->Wait(seconds(30));
   ASSERT_TRUE(a_exit.has_value()) << a->Output();
   EXPECT_EQ(a_exit->code, kExitInterrupted) << a->Output();
-  EXPECT_TRUE(Eventually([&] { return ProcessesWithEnv({"TRAINCTL_RUN_ID=" + run_id}).empty(); },
-                         seconds(10)));
+  EXPECT_TRUE(Eventually([&] { return ProcessesWithEnv({"TRAINCTL_RUN_ID=" + run_id}).empty(); }, seconds(10)));
 }
 
 // `trainctl torchrun` on two hosts with torchrun's c10d command line: the host the endpoint
@@ -258,8 +261,10 @@ TEST(MultiHost, TorchrunOnTwoHostsMeetsAtTheEndpointsHost) {
   for (int h = 0; h < 2; ++h) {
     EXPECT_EQ(hosts_runs[1 - h]->Wait(seconds(60)).code, 0) << s.Read("host" + std::to_string(h) + ".log");
   }
-  EXPECT_NE(s.Read("host0.log").find("serving the job's store at " + endpoint), std::string::npos) << s.Read("host0.log");
-  EXPECT_NE(s.Read("host1.log").find("joining the job's store at " + endpoint), std::string::npos) << s.Read("host1.log");
+  EXPECT_NE(s.Read("host0.log").find("serving the job's store at " + endpoint), std::string::npos)
+      << s.Read("host0.log");
+  EXPECT_NE(s.Read("host1.log").find("joining the job's store at " + endpoint), std::string::npos)
+      << s.Read("host1.log");
   EXPECT_EQ(CountLines(s.Read("ranks"), "0 of 2"), 1) << s.Read("ranks");
   EXPECT_EQ(CountLines(s.Read("ranks"), "1 of 2"), 1) << s.Read("ranks");
 }

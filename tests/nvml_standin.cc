@@ -5,7 +5,9 @@
 
 extern "C" {
 
-typedef struct { unsigned gpu, memory; } Utilization;
+typedef struct {
+  unsigned gpu, memory;
+} Utilization;
 typedef struct {
   unsigned pid;
   unsigned long long used_gpu_memory;

@@ -23,34 +23,32 @@ std::string Digest(const std::string& log) {
 // 640 images, batch 16: 20 steps per epoch with 2 workers.
 std::string Trainer(const std::string& extra) {
   return "trainer:\n  model: cnn\n  data: {limit: 640, test_limit: 200}\n  batch_size: 16\n"
-         "  threads: 1\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n" + extra;
+         "  threads: 1\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n" +
+         extra;
 }
 
-
 pid_t TaskPid(const std::string& role, int index, const std::string& job) {
-  auto pids = ProcessesWithEnv({"ROLE_NAME=" + role, "ROLE_RANK=" + std::to_string(index),
-                                "TRAINCTL_JOB_NAME=" + job});
+  auto pids = ProcessesWithEnv({"ROLE_NAME=" + role, "ROLE_RANK=" + std::to_string(index), "TRAINCTL_JOB_NAME=" + job});
   return pids.size() == 1 ? pids[0] : -1;
 }
 
 // Runs `trainer` as 2 allreduce workers (shm) and as 1 sync ps with 2 workers, in s/ar and s/ps:
 // the same final parameters on every worker, bit for bit.
 void ExpectPsTrainsAsAllreduce(Scratch& s, const std::string& trainer) {
-  auto ar = Trainctl({"run", s.Write("ar.yaml", "name: ar\nprocs_per_node: 2\noutput_dir: " + s.path("ar") +
-                                                   "\n" + trainer + "  backend: shm\n")},
+  auto ar = Trainctl({"run", s.Write("ar.yaml", "name: ar\nprocs_per_node: 2\noutput_dir: " + s.path("ar") + "\n" +
+                                                    trainer + "  backend: shm\n")},
                      s.path(""), seconds(120));
   ASSERT_EQ(ar.exit.code, 0) << ar.output;
   auto ps = Trainctl({"run", s.Write("ps.yaml", "name: ps\noutput_dir: " + s.path("ps") + "\n" + trainer +
-                                                   "  strategy: parameter_server\n"
-                                                   "roles: [{name: ps}, {name: worker, replicas: 2}]\n")},
+                                                    "  strategy: parameter_server\n"
+                                                    "roles: [{name: ps}, {name: worker, replicas: 2}]\n")},
                      s.path(""), seconds(120));
   ASSERT_EQ(ps.exit.code, 0) << ps.output;
   const std::string d = Digest(s.Read("ar/logs/worker-0.log"));
   ASSERT_FALSE(d.empty()) << s.Read("ar/logs/worker-0.log");
   EXPECT_EQ(Digest(s.Read("ps/logs/worker-0.log")), d) << s.Read("ps/logs/worker-0.log");
   EXPECT_EQ(Digest(s.Read("ps/logs/worker-1.log")), d);
-  EXPECT_NE(s.Read("ps/logs/ps-0.log").find("parameter server 0 of 1 (sync) serving 2 worker(s)"),
-            std::string::npos);
+  EXPECT_NE(s.Read("ps/logs/ps-0.log").find("parameter server 0 of 1 (sync) serving 2 worker(s)"), std::string::npos);
 }
 
 // sync is the allreduce update, step for step: the same seed and data give the same bits.
@@ -63,9 +61,9 @@ TEST(ParameterServer, SyncTrainsBitForBitAsAllreduce) {
 // updates as allreduce on the same scripted module, bit for bit.
 TEST(ParameterServer, ATorchScriptModelTrainsAsUnderAllreduce) {
   Scratch s;
-  auto made = RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py",
-                          s.path("models")},
-                         s.path(""));
+  auto made = RunProgram(
+      {TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py", s.path("models")},
+      s.path(""));
   ASSERT_EQ(made.exit.code, 0) << made.output;
   std::string trainer = Trainer("  deterministic: true\n  seed: 5\n  max_steps: 8\n  eval: false\n");
   trainer.replace(trainer.find("  model: cnn\n"), 13, "  model: {torchscript: " + s.path("models/bn_cnn.pt") + "}\n");
@@ -114,7 +112,8 @@ TEST(ParameterServer, AnEvaluatorStartedAfterTheExportEvaluatesTheLastCheckpoint
                                                     Trainer("  max_steps: 8\n  eval: false\n") +
                                                     "roles:\n  - {name: worker}\n"
                                                     "  - {name: evaluator, command: [sh, -c, 'while [ ! -e " +
-                                                    out + "/model.safetensors ]; do sleep 0.1; done; sleep 1.1; "
+                                                    out +
+                                                    "/model.safetensors ]; do sleep 0.1; done; sleep 1.1; "
                                                     "exec \"$0\" train --task evaluator-0', " TRAINCTL_BIN "]}\n")},
                     s.path(""), seconds(60));
   ASSERT_EQ(r.exit.code, 0) << r.output;
@@ -142,10 +141,13 @@ TEST(ParameterServer, AnAsyncWorkerKilledMidRunIsReplacedWithoutAGroupRestart) {
                  s.path(""), s.path("run.log"));
   // Worker 1 itself has trained (its steps are on the parameter servers), not only worker 0: on a
   // loaded machine it may start late, and a worker killed before its first push starts over.
-  ASSERT_TRUE(Eventually([&] {
-    return CountLines(s.Read("out/metrics.jsonl"), "\"loss\"") >= 4 &&
-           s.Read("out/logs/worker-1.log").find("epoch 1:") != std::string::npos;
-  }, seconds(60))) << job.Output();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return CountLines(s.Read("out/metrics.jsonl"), "\"loss\"") >= 4 &&
+               s.Read("out/logs/worker-1.log").find("epoch 1:") != std::string::npos;
+      },
+      seconds(60)))
+      << job.Output();
   pid_t worker1 = TaskPid("worker", 1, "async-kill");
   ASSERT_GT(worker1, 0);
   const pid_t worker0 = TaskPid("worker", 0, "async-kill");
@@ -167,19 +169,19 @@ TEST(ParameterServer, AnAsyncWorkerKilledMidRunIsReplacedWithoutAGroupRestart) {
 // deterministic mode the run ends with the parameters of a run that lost nothing.
 TEST(ParameterServer, ALostPsIsRestoredFromTheNewestCheckpoint) {
   Scratch s;
-  const std::string trainer = Trainer("  strategy: parameter_server\n  deterministic: true\n"
-                                      "  epochs: 10\n  max_steps: 120\n  checkpoint_every: 10\n"
-                                      "  eval: false\n");
+  const std::string trainer = Trainer(
+      "  strategy: parameter_server\n  deterministic: true\n"
+      "  epochs: 10\n  max_steps: 120\n  checkpoint_every: 10\n"
+      "  eval: false\n");
   const std::string roles = "roles: [{name: ps, replicas: 2}, {name: worker, replicas: 2}]\n";
-  auto whole = Trainctl({"run", s.Write("a.yaml", "name: ps-whole\noutput_dir: " + s.path("a") + "\n" +
-                                                       trainer + roles)},
-                        s.path(""), seconds(120));
+  auto whole =
+      Trainctl({"run", s.Write("a.yaml", "name: ps-whole\noutput_dir: " + s.path("a") + "\n" + trainer + roles)},
+               s.path(""), seconds(120));
   ASSERT_EQ(whole.exit.code, 0) << whole.output;
-  Background job({"run", s.Write("b.yaml", "name: ps-lost\noutput_dir: " + s.path("b") + "\n" + trainer +
-                                                roles + "restart: {max_restarts: 1}\n")},
+  Background job({"run", s.Write("b.yaml", "name: ps-lost\noutput_dir: " + s.path("b") + "\n" + trainer + roles +
+                                               "restart: {max_restarts: 1}\n")},
                  s.path(""), s.path("run.log"));
-  ASSERT_TRUE(Eventually([&] { return fs::exists(s.path("b/checkpoints/ckpt-0000000020.safetensors")); },
-                         seconds(60)))
+  ASSERT_TRUE(Eventually([&] { return fs::exists(s.path("b/checkpoints/ckpt-0000000020.safetensors")); }, seconds(60)))
       << job.Output();
   pid_t ps1 = TaskPid("ps", 1, "ps-lost");
   ASSERT_GT(ps1, 0);
@@ -187,8 +189,8 @@ TEST(ParameterServer, ALostPsIsRestoredFromTheNewestCheckpoint) {
   ExitInfo exit = job.Wait(seconds(120));
   ASSERT_EQ(exit.code, 0) << job.Output();
   EXPECT_EQ(ReadStatus(s, "b")["restarts"], 1);
-  EXPECT_NE(s.Read("b/logs/worker-0.log").find("resuming from " + s.path("b/checkpoints/ckpt-")),
-            std::string::npos) << s.Read("b/logs/worker-0.log");
+  EXPECT_NE(s.Read("b/logs/worker-0.log").find("resuming from " + s.path("b/checkpoints/ckpt-")), std::string::npos)
+      << s.Read("b/logs/worker-0.log");
   const std::string d = Digest(s.Read("a/logs/worker-0.log"));
   ASSERT_FALSE(d.empty());
   EXPECT_EQ(Digest(s.Read("b/logs/worker-0.log")), d) << "the restored run ended elsewhere";

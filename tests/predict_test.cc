@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <filesystem>
-
 #include <nlohmann/json.hpp>
 
 #include "common/exit_codes.h"
@@ -20,9 +19,7 @@ namespace {
 using std::chrono::seconds;
 
 std::string Chunk(const std::string& type, const std::string& data) {
-  auto be32 = [](uint32_t v) {
-    return std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
-  };
+  auto be32 = [](uint32_t v) { return std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)}; };
   std::string body = type + data;
   const uint32_t crc = crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size());
   return be32(data.size()) + body + be32(crc);
@@ -93,7 +90,8 @@ TEST(Predict, AnswersForImageFilesAgreeWithEvalOnTheTestSet) {
   // The same answers as eval gives on the same 100 test images.
   auto eval = Trainctl({"eval", "--checkpoint", model, "--limit", std::to_string(kImages), "-o", "json"}, s.path(""));
   ASSERT_EQ(eval.exit.code, 0) << eval.output;
-  EXPECT_DOUBLE_EQ(nlohmann::json::parse(eval.output.substr(eval.output.find('{')))["accuracy"].get<double>(), correct / double(kImages));
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(eval.output.substr(eval.output.find('{')))["accuracy"].get<double>(),
+                   correct / double(kImages));
   EXPECT_GT(correct, 40) << "better than chance (10 of 100)";
 
   // Every class's probability, summing to 1; a colour image of the same pixels (the model is
@@ -108,7 +106,8 @@ TEST(Predict, AnswersForImageFilesAgreeWithEvalOnTheTestSet) {
   ASSERT_EQ(idx.size(), 10000u);
   for (int k = 0; k < 3; ++k) {  // computed in another batch: the same to float rounding
     EXPECT_EQ(idx[7]["top"][k]["class"], from_pgm[7]["top"][k]["class"]);
-    EXPECT_NEAR(idx[7]["top"][k]["probability"].get<double>(), from_pgm[7]["top"][k]["probability"].get<double>(), 1e-5);
+    EXPECT_NEAR(idx[7]["top"][k]["probability"].get<double>(), from_pgm[7]["top"][k]["probability"].get<double>(),
+                1e-5);
   }
   auto text = Trainctl({"predict", "--checkpoint", model, pgms[0]}, s.path(""));
   // On stderr first the run and file it uses, then each picture's answer on a line of its own.
@@ -140,13 +139,15 @@ TEST(Predict, AnswersForImageFilesAgreeWithEvalOnTheTestSet) {
     compress2(reinterpret_cast<Bytef*>(z.data()), &size, reinterpret_cast<const Bytef*>(raw.data()), raw.size(), 9);
     z.resize(size);
     const std::string ihdr = {0, 0, 0x20, 0, 0, 0, 0x20, 0, 8, 2, 0, 0, 0};
-    s.Write("huge.png", std::string("\x89PNG\r\n\x1a\n", 8) + Chunk("IHDR", ihdr) + Chunk("IDAT", z) + Chunk("IEND", ""));
+    s.Write("huge.png",
+            std::string("\x89PNG\r\n\x1a\n", 8) + Chunk("IHDR", ihdr) + Chunk("IDAT", z) + Chunk("IEND", ""));
   }
   auto peak_kib = [&](const std::string& image) {
     auto r = RunProgram({TRAINCTL_TEST_PYTHON, "-c",
                          "import resource, subprocess, sys\nsubprocess.run(sys.argv[1:], capture_output=True)\n"
                          "print('peak', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
-                         TRAINCTL_BIN, "predict", "--checkpoint", model, image}, s.path(""));
+                         TRAINCTL_BIN, "predict", "--checkpoint", model, image},
+                        s.path(""));
     return std::atol(r.output.c_str() + r.output.find("peak ") + 5);
   };
   auto huge = Trainctl({"predict", "--checkpoint", model, s.path("huge.png")}, s.path(""));
@@ -193,7 +194,8 @@ TEST(ImageFolder, FashionMnistAsAFolderOfPngsTrainsAsTheIdxFilesDo) {
   s.Write("train/Bag/truncated.png", Png(train->image(0), 28, 28, false).substr(0, 40));
   s.Write("train/Bag/notes.txt", "where these came from");
   for (int i = 0; i < kTest; ++i) {
-    s.Write("test/" + folder(names[test->labels[i]]) + "/" + std::to_string(i) + ".png", Png(test->image(i), 28, 28, false));
+    s.Write("test/" + folder(names[test->labels[i]]) + "/" + std::to_string(i) + ".png",
+            Png(test->image(i), 28, 28, false));
   }
   const std::string trainer = R"(  model:
     layers:
@@ -216,8 +218,8 @@ TEST(ImageFolder, FashionMnistAsAFolderOfPngsTrainsAsTheIdxFilesDo) {
     return s.Write(name + ".yaml", "name: " + name + "\nprocs_per_node: 1\noutput_dir: " + s.path(name) +
                                        "\ntrainer:\n" + trainer + "  data: " + data + "\n");
   };
-  const std::string folder_spec = job("folder", "{dataset: imagefolder, dir: " + s.path("train") + ", test_dir: " +
-                                                    s.path("test") + ", shape: [1, 28, 28]}");
+  const std::string folder_spec = job("folder", "{dataset: imagefolder, dir: " + s.path("train") +
+                                                    ", test_dir: " + s.path("test") + ", shape: [1, 28, 28]}");
   auto valid = Trainctl({"validate", folder_spec}, s.path(""));
   ASSERT_EQ(valid.exit.code, 0) << valid.output;
   EXPECT_NE(valid.output.find("model: 1x28x28 images in, 10 classes out"), std::string::npos) << valid.output;
@@ -225,12 +227,13 @@ TEST(ImageFolder, FashionMnistAsAFolderOfPngsTrainsAsTheIdxFilesDo) {
   auto from_folder = Trainctl({"run", folder_spec}, s.path(""), seconds(180), env);
   ASSERT_EQ(from_folder.exit.code, 0) << from_folder.output;
   EXPECT_EQ(CountLines(from_folder.output, "1 picture file(s) skipped, not pictures that decode"), 1)
-      << "once, by rank 0\n" << from_folder.output;
+      << "once, by rank 0\n"
+      << from_folder.output;
   EXPECT_NE(from_folder.output.find("truncated.png"), std::string::npos) << from_folder.output;
   EXPECT_EQ(CountLines(s.Read("folder/skipped-images.txt"), "truncated.png"), 1);
-  auto from_idx = Trainctl({"run", job("idx", "{limit: " + std::to_string(kTrain) + ", test_limit: " +
-                                                  std::to_string(kTest) + "}")},
-                           s.path(""), seconds(180), env);
+  auto from_idx = Trainctl(
+      {"run", job("idx", "{limit: " + std::to_string(kTrain) + ", test_limit: " + std::to_string(kTest) + "}")},
+      s.path(""), seconds(180), env);
   ASSERT_EQ(from_idx.exit.code, 0) << from_idx.output;
   auto accuracy = [&](const std::string& out) {
     double acc = -1;
@@ -245,13 +248,15 @@ TEST(ImageFolder, FashionMnistAsAFolderOfPngsTrainsAsTheIdxFilesDo) {
   EXPECT_NEAR(a, b, 0.05) << "the same images, in another order";
   // Streamed (each batch decoded as it is used; the broken file replaced by the next), the same
   // accuracy as decoded into memory, within the noise of a 2-epoch run.
-  const std::string streamed_spec = job("streamed", "{dataset: imagefolder, dir: " + s.path("train") + ", test_dir: " +
-                                                        s.path("test") + ", shape: [1, 28, 28], load: stream}");
+  const std::string streamed_spec =
+      job("streamed", "{dataset: imagefolder, dir: " + s.path("train") + ", test_dir: " + s.path("test") +
+                          ", shape: [1, 28, 28], load: stream}");
   auto streamed = Trainctl({"run", streamed_spec}, s.path(""), seconds(180), env);
   ASSERT_EQ(streamed.exit.code, 0) << streamed.output;
   EXPECT_NE(streamed.output.find("streamed, each batch decoded as it is used"), std::string::npos) << streamed.output;
   EXPECT_NE(streamed.output.find("epoch 1: 1 picture file(s) skipped (1 not skipped before), each replaced by the next "
-                                 "that decodes"), std::string::npos)
+                                 "that decodes"),
+            std::string::npos)
       << streamed.output;
   EXPECT_EQ(CountLines(s.Read("streamed/skipped-images.txt"), "truncated.png"), 1);
   EXPECT_NEAR(accuracy("streamed"), a, 0.03);
@@ -269,9 +274,8 @@ TEST(ImageFolder, FashionMnistAsAFolderOfPngsTrainsAsTheIdxFilesDo) {
 
   // eval --data: another folder of the same classes, on a machine without the training folder.
   fs::rename(s.path("train"), s.path("train-away"));
-  auto elsewhere = Trainctl({"eval", "--checkpoint", s.path("folder/model.safetensors"), "--data", s.path("test"),
-                             "-o", "json"},
-                            s.path(""));
+  auto elsewhere = Trainctl(
+      {"eval", "--checkpoint", s.path("folder/model.safetensors"), "--data", s.path("test"), "-o", "json"}, s.path(""));
   fs::rename(s.path("train-away"), s.path("train"));
   ASSERT_EQ(elsewhere.exit.code, 0) << elsewhere.output;
   EXPECT_NE(elsewhere.output.find(std::to_string(kTest)), std::string::npos) << elsewhere.output;
@@ -288,15 +292,15 @@ TEST(ImageFolder, FashionMnistAsAFolderOfPngsTrainsAsTheIdxFilesDo) {
   EXPECT_NE(larger.output.find("large.png: "), std::string::npos) << larger.output;
 
   // bad_images: fail refuses the folder before training, naming the file; no restart is spent.
-  const std::string strict = job("strict", "{dataset: imagefolder, dir: " + s.path("train") +
-                                               ", shape: [1, 28, 28], bad_images: fail}");
+  const std::string strict =
+      job("strict", "{dataset: imagefolder, dir: " + s.path("train") + ", shape: [1, 28, 28], bad_images: fail}");
   auto refused = Trainctl({"run", strict}, s.path(""), seconds(60), env);
   EXPECT_EQ(refused.exit.code, kExitInvalidSpec) << refused.output;
   EXPECT_NE(refused.output.find("truncated.png"), std::string::npos) << refused.output;
   // A folder that is not there is a pre-flight error.
-  auto missing = Trainctl({"validate", job("missing", "{dataset: imagefolder, dir: " + s.path("nowhere") +
-                                                        ", shape: [1, 28, 28]}")},
-                          s.path(""));
+  auto missing = Trainctl(
+      {"validate", job("missing", "{dataset: imagefolder, dir: " + s.path("nowhere") + ", shape: [1, 28, 28]}")},
+      s.path(""));
   EXPECT_EQ(missing.exit.code, kExitInvalidSpec) << missing.output;
   EXPECT_NE(missing.output.find(s.path("nowhere")), std::string::npos) << missing.output;
 }

@@ -4,7 +4,6 @@
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
-
 #include <set>
 
 #include "common/strings.h"
@@ -23,12 +22,13 @@ std::string ProbeJob(const Scratch& s, const std::string& out, const std::string
   return s.Write(out + ".yaml", "name: " + out + "\nprocs_per_node: " + std::to_string(procs) + "\ncommand: [" +
                                     TRAINCTL_TEST_PYTHON + ", " + kProbe + ", " + mode + ", \"two words\"]\n" +
                                     (preload.empty() ? "" : "preload: [" + preload + "]\n") +
-                                    "env: {FOO: bar, PROBE_DIR: " + s.path(out + "/probe") + "}\noutput_dir: " +
-                                    s.path(out) + "\n" + more);
+                                    "env: {FOO: bar, PROBE_DIR: " + s.path(out + "/probe") +
+                                    "}\noutput_dir: " + s.path(out) + "\n" + more);
 }
 
 nlohmann::json Probe(const Scratch& s, const std::string& out, int rank, int restart) {
-  return nlohmann::json::parse(s.Read(out + "/probe/probe-" + std::to_string(rank) + "-" + std::to_string(restart) + ".json"));
+  return nlohmann::json::parse(
+      s.Read(out + "/probe/probe-" + std::to_string(rank) + "-" + std::to_string(restart) + ".json"));
 }
 
 // The worker's own traceback (or other last words) in its log: from its first line on, without
@@ -66,7 +66,8 @@ TEST(Preload, AForkedWorkerSeesWhatAFreshInterpreterSees) {
       servers.push_back(w["warm_interpreters"].get<std::set<int>>());
       fresh_seeds.insert(f["torch_seed"].get<uint64_t>());
       warm_seeds.insert(w["torch_seed"].get<uint64_t>());
-      for (const char* same : {"proc_environ_is_environ", "leads_group", "parent_session"}) EXPECT_TRUE(w[same]) << same;
+      for (const char* same : {"proc_environ_is_environ", "leads_group", "parent_session"})
+        EXPECT_TRUE(w[same]) << same;
       EXPECT_EQ(w["proc_cmdline"], w["orig_argv"]);
       EXPECT_EQ(w["env"]["RANK"], std::to_string(rank));
       EXPECT_EQ(w["argv"], (nlohmann::json{kProbe, "fail-once", "two words"}));
@@ -74,10 +75,11 @@ TEST(Preload, AForkedWorkerSeesWhatAFreshInterpreterSees) {
       for (auto* p : {&f, &w}) {
         for (const char* key : {"preloaded", "warm_interpreters", "fds"}) p->erase(key);
       }
-      for (const auto& key : {"argv", "orig_argv", "path", "executable", "file", "name", "main", "loader", "spec",
-                              "package", "cached", "cwd", "env_keys", "env", "proc_cmdline", "parent_exe",
-                              "death_signal", "signals", "blocked", "flags", "stdout", "stderr", "stdin", "cpus",
-                              "umask", "threads"}) {
+      for (const auto& key :
+           {"argv",         "orig_argv",  "path",         "executable", "file",    "name",     "main",
+            "loader",       "spec",       "package",      "cached",     "cwd",     "env_keys", "env",
+            "proc_cmdline", "parent_exe", "death_signal", "signals",    "blocked", "flags",    "stdout",
+            "stderr",       "stdin",      "cpus",         "umask",      "threads"}) {
         EXPECT_EQ(w[key], f[key]) << key;
       }
     }
@@ -94,7 +96,8 @@ TEST(Preload, AForkedWorkerSeesWhatAFreshInterpreterSees) {
   // numbers when it was imported by the warm interpreter), nothing of the warm interpreter's.
   auto targets = [&](const std::string& file) {
     std::multiset<std::string> out;
-    for (const auto& [fd, target] : nlohmann::json::parse(s.Read(file))["fds"].items()) out.insert(target.get<std::string>());
+    for (const auto& [fd, target] : nlohmann::json::parse(s.Read(file))["fds"].items())
+      out.insert(target.get<std::string>());
     return out;
   };
   for (const char* probe : {"probe-0-0.json", "probe-1-1.json"}) {
@@ -135,7 +138,8 @@ TEST(Preload, ExceptionsExitCodesAndSignalsEndAForkedWorkerAsAFreshOne) {
 TEST(Preload, AWarmInterpreterThatCannotServeSaysWhyAndTheJobRunsWithoutIt) {
   Scratch s;
   MakeDirs(s.path("mods"));
-  s.Write("mods/threaded_at_import.py", "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n");
+  s.Write("mods/threaded_at_import.py",
+          "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n");
   ProbeJob(s, "missing", "probe", "no_such_module_here, xml.dom.minidom", 1);
   ProbeJob(s, "threads", "probe", "threaded_at_import, xml.dom.minidom", 1);
   auto missing = Trainctl({"run", "missing.yaml"}, s.path(""), std::chrono::seconds(60));
@@ -143,7 +147,8 @@ TEST(Preload, AWarmInterpreterThatCannotServeSaysWhyAndTheJobRunsWithoutIt) {
   EXPECT_NE(missing.output.find("cannot import no_such_module_here: ModuleNotFoundError"), std::string::npos)
       << missing.output;
   EXPECT_FALSE(Probe(s, "missing", 0, 0)["preloaded"]);
-  auto threads = Trainctl({"run", "threads.yaml"}, s.path(""), std::chrono::seconds(60), {{"PYTHONPATH", s.path("mods")}});
+  auto threads =
+      Trainctl({"run", "threads.yaml"}, s.path(""), std::chrono::seconds(60), {{"PYTHONPATH", s.path("mods")}});
   EXPECT_EQ(threads.exit.code, 0) << threads.output;
   EXPECT_NE(threads.output.find("started 2 threads, which a fork does not copy"), std::string::npos) << threads.output;
   EXPECT_NE(threads.output.find("each worker starts its own interpreter"), std::string::npos) << threads.output;
@@ -160,8 +165,8 @@ TEST(Preload, RealProgramsGiveTheSameResultsFromAWarmInterpreter) {
     MakeDirs(s.path(name));
     s.Write(name + ".yaml", "name: " + name + "\nprocs_per_node: 2\ncommand: [" + std::string(TRAINCTL_TEST_PYTHON) +
                                 ", " + program + "]\nenv: {STEPS: \"40\", RESULT_DIR: " + s.path(name) + "}\n" +
-                                (preload.empty() ? "" : "preload: [" + preload + "]\n") + "output_dir: " + s.path(name) +
-                                "\nrestart: {max_restarts: 1, backoff: 0s}\n");
+                                (preload.empty() ? "" : "preload: [" + preload + "]\n") +
+                                "output_dir: " + s.path(name) + "\nrestart: {max_restarts: 1, backoff: 0s}\n");
     auto r = Trainctl({"run", name + ".yaml"}, s.path(""), std::chrono::seconds(180));
     EXPECT_EQ(r.exit.code, 0) << r.output;
     return r.output;
@@ -250,8 +255,10 @@ TEST(Preload, TodaysProgramsGiveTorchrunsResultsFromAWarmInterpreter) {
     }
     auto theirs_run = run(mode + "-torchrun", torchrun, "0");
     EXPECT_TRUE(theirs_run.exit.success()) << theirs_run.output;
-    auto ours_run = run(mode + "-warm", {TRAINCTL_BIN, "torchrun", "--python", TRAINCTL_TEST_PYTHON, "--preload",
-                                         "torch,torch.distributed,xml.dom.minidom"}, "1");
+    auto ours_run = run(mode + "-warm",
+                        {TRAINCTL_BIN, "torchrun", "--python", TRAINCTL_TEST_PYTHON, "--preload",
+                         "torch,torch.distributed,xml.dom.minidom"},
+                        "1");
     EXPECT_TRUE(ours_run.exit.success()) << ours_run.output;
     for (int rank = 0; rank < 2; ++rank) {
       const std::string file = "/result-" + std::to_string(rank) + ".json";
@@ -267,8 +274,8 @@ TEST(Preload, TodaysProgramsGiveTorchrunsResultsFromAWarmInterpreter) {
       EXPECT_EQ(ours["weights"], theirs["weights"]);
     }
   }
-  EXPECT_TRUE(Eventually([&] { return ProcessesWithEnv({"TODAY_SCRATCH=" + s.path("")}).empty(); },
-                         std::chrono::seconds(10)));
+  EXPECT_TRUE(
+      Eventually([&] { return ProcessesWithEnv({"TODAY_SCRATCH=" + s.path("")}).empty(); }, std::chrono::seconds(10)));
 }
 
 // A warm interpreter started from a directory another user can write imports nothing from it, as
@@ -285,16 +292,17 @@ TEST(Preload, TheWarmInterpreterImportsNothingFromTheWorkingDirectory) {
   }
   s.Write("code/helper.py", "WHERE = 'code'\n");
   s.Write("code/ok.py", "import json, sys, helper\nprint('path0', sys.path[0], helper.WHERE, json.dumps(1))\n");
-  auto r = Trainctl({"torchrun", "--preload", "json", "--nproc-per-node", "2", "--log-dir", s.path("out"),
-                     s.path("code/ok.py")},
-                    s.path("shared"), std::chrono::seconds(60),
-                    {{"TRAINCTL_STATE_DIR", s.path("state")}, {"TRAINCTL_PYTHON", TRAINCTL_TEST_PYTHON}});
+  auto r = Trainctl(
+      {"torchrun", "--preload", "json", "--nproc-per-node", "2", "--log-dir", s.path("out"), s.path("code/ok.py")},
+      s.path("shared"), std::chrono::seconds(60),
+      {{"TRAINCTL_STATE_DIR", s.path("state")}, {"TRAINCTL_PYTHON", TRAINCTL_TEST_PYTHON}});
   EXPECT_EQ(r.exit.code, 0) << r.output;
   EXPECT_EQ(CountLines(r.output, "path0 " + s.path("code") + " code 1"), 2) << r.output;
   EXPECT_EQ(r.output.find("each worker starts its own interpreter"), std::string::npos) << "not warm:\n" << r.output;
   for (const auto& entry : std::filesystem::directory_iterator(s.path("shared"))) {
     EXPECT_EQ(entry.path().filename().string().rfind("IMPORTED-", 0), std::string::npos)
-        << entry.path() << ": the warm interpreter imported a planted module\n" << r.output;
+        << entry.path() << ": the warm interpreter imported a planted module\n"
+        << r.output;
   }
 }
 

@@ -36,8 +36,7 @@ output_dir: {out}/out
 )");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""), seconds(90));
   ASSERT_EQ(r.exit.code, 0) << r.output;
-  EXPECT_EQ(s.Read("chief.txt"),
-            "worker 0 saw ps 0,ps 1\nworker 1 saw ps 0,ps 1\nworker 2 saw ps 0,ps 1\n");
+  EXPECT_EQ(s.Read("chief.txt"), "worker 0 saw ps 0,ps 1\nworker 1 saw ps 0,ps 1\nworker 2 saw ps 0,ps 1\n");
   EXPECT_EQ(s.Read("evaluator.txt"), "evaluator 0 saw chief,ps,worker\n");
   auto st = ReadStatus(s);
   EXPECT_EQ(st["state"], "succeeded") << st;
@@ -90,8 +89,8 @@ output_dir: {out}/out
   auto r = Trainctl({"run", "job.yaml"}, s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   EXPECT_NE(r.output.find("ps 0 (rank 0, node 0 on"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("failed: exit code 3; restarting the worker group (restart 1 of 2)"),
-            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("failed: exit code 3; restarting the worker group (restart 1 of 2)"), std::string::npos)
+      << r.output;
   EXPECT_EQ(CountLines(s.Read("worker-0-starts"), "start"), 2);  // the group restarted
   EXPECT_EQ(CountLines(s.Read("ps-starts"), "start"), 2);
   auto st = ReadStatus(s);

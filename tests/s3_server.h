@@ -37,9 +37,12 @@ class S3Server {
     }
     pid_ = *pid;
     const std::string env_file = dir + "/state/env";
-    ok_ = Eventually([&] {
-      return Log().find(env_file + "\n") != std::string::npos || ::waitpid(pid_, nullptr, WNOHANG) == pid_;
-    }, std::chrono::seconds(60)) && Log().find(env_file + "\n") != std::string::npos;
+    ok_ = Eventually(
+              [&] {
+                return Log().find(env_file + "\n") != std::string::npos || ::waitpid(pid_, nullptr, WNOHANG) == pid_;
+              },
+              std::chrono::seconds(60)) &&
+          Log().find(env_file + "\n") != std::string::npos;
     if (!ok_) return;
     auto text = ReadFile(env_file);
     std::istringstream lines(text.ok() ? *text : "");
@@ -92,9 +95,13 @@ class S3Server {
       ::close(fd);
     }
     const std::string body = dir_ + "/reply";
-    std::vector<std::string> argv = {"curl", "-sS", "-K", config, "--aws-sigv4", "aws:amz:" + Var("AWS_REGION") + ":s3",
-                                     "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "--max-time", "30",
-                                     "-o", body, "-w", "%{http_code}"};
+    std::vector<std::string> argv = {"curl",        "-sS",
+                                     "-K",          config,
+                                     "--aws-sigv4", "aws:amz:" + Var("AWS_REGION") + ":s3",
+                                     "-H",          "x-amz-content-sha256: UNSIGNED-PAYLOAD",
+                                     "--max-time",  "30",
+                                     "-o",          body,
+                                     "-w",          "%{http_code}"};
     if (!upload.empty()) argv.insert(argv.end(), {"-T", upload});
     argv.push_back(endpoint() + "/" + path);
     auto r = RunProgram(argv, dir_, std::chrono::seconds(40));

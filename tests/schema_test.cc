@@ -72,9 +72,7 @@ void Fields(const json& s, const std::string& path, std::vector<std::pair<std::s
   }
 }
 
-bool IsObject(const json& s) {
-  return s.contains("type") && s["type"] == "object";
-}
+bool IsObject(const json& s) { return s.contains("type") && s["type"] == "object"; }
 
 TEST(Schema, TheSchemaAndTheDecoderAgreeOnEveryField) {
   Scratch s;
@@ -85,8 +83,9 @@ TEST(Schema, TheSchemaAndTheDecoderAgreeOnEveryField) {
   std::vector<std::pair<std::string, json>> fields;
   Fields(schema, "", &fields);
   ASSERT_GT(fields.size(), 80u) << "every field of docs/job-spec.md";
-  for (const char* f : {"trainer.optimizer.lr", "cluster.storage.mount", "roles[0].on_failure", "timeouts.heartbeat",
-                        "cluster.metrics_port", "trainer.parameter_server.max_staleness", "cluster.tolerations[0].effect"}) {
+  for (const char* f :
+       {"trainer.optimizer.lr", "cluster.storage.mount", "roles[0].on_failure", "timeouts.heartbeat",
+        "cluster.metrics_port", "trainer.parameter_server.max_staleness", "cluster.tolerations[0].effect"}) {
     EXPECT_TRUE(std::any_of(fields.begin(), fields.end(), [&](const auto& x) { return x.first == f; })) << f;
   }
 
@@ -123,7 +122,8 @@ TEST(Schema, TheSchemaAndTheDecoderAgreeOnEveryField) {
     if (sub.contains("minimum") && sub["minimum"].is_number_integer()) {
       add(path, std::to_string(sub["minimum"].get<long long>() - 1), "below the minimum");
     }
-    if (sub.contains("maximum") && sub["maximum"].is_number_integer() && sub["maximum"].get<long long>() < (1LL << 50)) {
+    if (sub.contains("maximum") && sub["maximum"].is_number_integer() &&
+        sub["maximum"].get<long long>() < (1LL << 50)) {
       add(path, std::to_string(sub["maximum"].get<long long>() + 1), "above the maximum");
     }
     if (sub.contains("enum")) add(path, "not-one-of-them", "not in the enum");
@@ -134,11 +134,11 @@ TEST(Schema, TheSchemaAndTheDecoderAgreeOnEveryField) {
   auto refused = RunProgram(argv, s.path(""));
   for (const auto& c : bad) {
     EXPECT_NE(refused.output.find(c.file + ": INVALID"), std::string::npos) << "the schema takes " << c.what << "\n"
-                                                                           << s.Read(c.file.substr(s.path("").size()));
+                                                                            << s.Read(c.file.substr(s.path("").size()));
     auto v = Trainctl({"validate", c.file}, s.path(""));
     EXPECT_EQ(v.exit.code, 2) << "trainctl takes " << c.what << "\n" << v.output;
-    EXPECT_NE(v.output.find(": " + c.path + ": "), std::string::npos) << "trainctl names the field: " << c.what
-                                                                       << "\n" << v.output;
+    EXPECT_NE(v.output.find(": " + c.path + ": "), std::string::npos) << "trainctl names the field: " << c.what << "\n"
+                                                                      << v.output;
   }
   EXPECT_GT(bad.size(), 150u);
 }

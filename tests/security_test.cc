@@ -2,16 +2,15 @@
 // a job, clients without the token, crafted files. Attacks that need a second user run as root
 // and drop privileges (setpriv) for both sides: the victim's job runs as one unprivileged uid, the
 // attacker as another (nobody); elsewhere they are skipped.
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <poll.h>
-#include <sys/socket.h>
-
-#include <nlohmann/json.hpp>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <tuple>
@@ -30,11 +29,10 @@ using std::chrono::seconds;
 constexpr uid_t kVictim = 64000;         // runs the job
 constexpr uid_t kPrivateVictim = 64001;  // runs the job in SnapshotsArePrivate…
 constexpr uid_t kStoreVictim = 64002;    // runs the job in ALocalJobsStore…
-constexpr uid_t kAttacker = 65534;  // nobody
+constexpr uid_t kAttacker = 65534;       // nobody
 
 // Runs `argv` as `uid` (and gid), to completion.
-CommandResult RunAs(uid_t uid, std::vector<std::string> argv, const std::string& cwd,
-                    Duration timeout = seconds(120)) {
+CommandResult RunAs(uid_t uid, std::vector<std::string> argv, const std::string& cwd, Duration timeout = seconds(120)) {
   const std::string id = std::to_string(uid);
   argv.insert(argv.begin(), {"setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups"});
   return RunProgram(argv, cwd, timeout);
@@ -67,9 +65,11 @@ TEST(Security, AnotherUsersSnapshotLocationIsRefusedNotUsed) {
     RemoveAll(root);
     // The attacker's directory, with a "snapshot" of every name a run could have.
     const std::string planted = s.path("attacker");
-    auto made = RunAs(kAttacker, {"sh", "-c", "mkdir -m 777 " + planted + " && echo poison > " + planted + "/ckpt-0000099999.safetensors" +
-                                                  (link ? " && ln -s " + planted + " " + root : " && mkdir -m 777 " + root +
-                                                                                                    " && echo poison > " + root + "/keep")},
+    auto made = RunAs(kAttacker,
+                      {"sh", "-c",
+                       "mkdir -m 777 " + planted + " && echo poison > " + planted + "/ckpt-0000099999.safetensors" +
+                           (link ? " && ln -s " + planted + " " + root
+                                 : " && mkdir -m 777 " + root + " && echo poison > " + root + "/keep")},
                       s.path(""));
     ASSERT_EQ(made.exit.code, 0) << made.output;
     auto r = RunAs(kVictim, {TRAINCTL_BIN, "run", SnapshotJob(s, "victim")}, s.path(""));
@@ -77,7 +77,8 @@ TEST(Security, AnotherUsersSnapshotLocationIsRefusedNotUsed) {
     EXPECT_NE(r.output.find("in-memory snapshots are off on this node: " + root +
                             (link ? " is a symbolic link; refusing to follow it"
                                   : " belongs to uid 65534, not to this user (uid 64000); refusing to use it")),
-              std::string::npos) << r.output;
+              std::string::npos)
+        << r.output;
     EXPECT_EQ(r.output.find("resuming from"), std::string::npos) << r.output;
     EXPECT_EQ(CountLines(s.Read("victim/metrics.jsonl"), "{\"step\": 6, "), 1) << "it did not train all its steps";
     // Nothing was written into or pruned from the attacker's directories.
@@ -109,16 +110,19 @@ TEST(Security, SnapshotsArePrivateToTheirUserAndGoWithTheJob) {
   Background job({"run", spec}, s.path(""), s.path("run.log"), {},
                  {"setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups"});
   std::string snapshot;
-  ASSERT_TRUE(Eventually([&] {
-    std::error_code ec;
-    for (const auto& run : fs::directory_iterator(root, ec)) {
-      for (const auto& f : fs::directory_iterator(run.path(), ec)) {
-        if (f.path().extension() == ".safetensors") snapshot = f.path().string();
-      }
-    }
-    return !snapshot.empty();
-  }, seconds(60))) << job.Output();
-  struct stat st{};
+  ASSERT_TRUE(Eventually(
+      [&] {
+        std::error_code ec;
+        for (const auto& run : fs::directory_iterator(root, ec)) {
+          for (const auto& f : fs::directory_iterator(run.path(), ec)) {
+            if (f.path().extension() == ".safetensors") snapshot = f.path().string();
+          }
+        }
+        return !snapshot.empty();
+      },
+      seconds(60)))
+      << job.Output();
+  struct stat st {};
   ASSERT_EQ(::stat(root.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   EXPECT_EQ(st.st_uid, kPrivateVictim);
@@ -141,10 +145,11 @@ TEST(Security, ALocalJobsStoreRefusesAnotherUserEvenWithTheToken) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as two users";
   SharedScratch shared;
   const Scratch& s = shared.s;
-  std::string spec = s.Write("store.yaml", "name: store\noutput_dir: " + s.path("out") +
-                                               "\ncommand: [sh, -c, 'echo \"$TRAINCTL_STORE_ADDR $TRAINCTL_STORE_TOKEN\" > " +
-                                               s.path("store.tmp") + " && mv " + s.path("store.tmp") + " " +
-                                               s.path("store") + " && sleep 120']\n");
+  std::string spec =
+      s.Write("store.yaml", "name: store\noutput_dir: " + s.path("out") +
+                                "\ncommand: [sh, -c, 'echo \"$TRAINCTL_STORE_ADDR $TRAINCTL_STORE_TOKEN\" > " +
+                                s.path("store.tmp") + " && mv " + s.path("store.tmp") + " " + s.path("store") +
+                                " && sleep 120']\n");
   const std::string id = std::to_string(kStoreVictim);
   Background job({"run", spec}, s.path(""), s.path("run.log"), {},
                  {"setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups"});
@@ -213,11 +218,13 @@ void EditMetadata(const std::string& path, const std::string& out, const std::fu
 // attacker (nobody) crafts a model file naming their module, beside a copy of it; eval refuses both.
 TEST(Security, ACheckpointNeverLeadsEvalToAModuleTheUserDidNotName) {
   Scratch s;
-  auto made = RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py",
-                          s.path("models")}, s.path(""));
+  auto made = RunProgram(
+      {TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py", s.path("models")},
+      s.path(""));
   ASSERT_EQ(made.exit.code, 0) << made.output;
-  s.Write("ts.yaml", "name: ts\nprocs_per_node: 1\noutput_dir: " + s.path("out") + "\ntrainer:\n  model: {torchscript: " +
-                         s.path("models/bn_cnn.pt") + "}\n  data: {limit: 256, test_limit: 64}\n  batch_size: 16\n"
+  s.Write("ts.yaml", "name: ts\nprocs_per_node: 1\noutput_dir: " + s.path("out") +
+                         "\ntrainer:\n  model: {torchscript: " + s.path("models/bn_cnn.pt") +
+                         "}\n  data: {limit: 256, test_limit: 64}\n  batch_size: 16\n"
                          "  max_steps: 2\n  threads: 1\n  eval: false\n");
   auto trained = Trainctl({"run", "ts.yaml"}, s.path(""), seconds(120));
   ASSERT_EQ(trained.exit.code, 0) << trained.output;
@@ -246,7 +253,9 @@ TEST(Security, ACheckpointNeverLeadsEvalToAModuleTheUserDidNotName) {
   auto planted = Trainctl({"eval", "--checkpoint", s.path("evil/crafted.safetensors"), "--limit", "10"}, s.path(""));
   EXPECT_EQ(planted.exit.code, kExitError) << planted.output;
   EXPECT_NE(planted.output.find(s.path("evil/model.pt") + ": a TorchScript module is code, and another user could "
-                                "have written this one"), std::string::npos) << planted.output;
+                                                          "have written this one"),
+            std::string::npos)
+      << planted.output;
   // validate refuses such a module in a spec, as run does.
   s.Write("evil.yaml", "name: e\ntrainer:\n  model: {torchscript: " + s.path("evil/evil.pt") + "}\n");
   auto validate = Trainctl({"validate", "evil.yaml"}, s.path(""));
@@ -265,10 +274,12 @@ TEST(Security, AModuleFileThatIsAFifoOrAZipBombIsRefusedAtOnce) {
                           "import sys, zipfile\n"
                           "with zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED) as z:\n"
                           "    z.writestr('archive/data/0', bytes(200 << 20))\n",
-                          s.path("bomb.pt")}, s.path(""));
+                          s.path("bomb.pt")},
+                         s.path(""));
   ASSERT_EQ(bomb.exit.code, 0) << bomb.output;
   for (const auto& [file, why] : std::vector<std::pair<std::string, std::string>>{
-           {"fifo.pt", "is a FIFO, not a file"}, {"bomb.pt", "(a zip bomb; PyTorch stores its records uncompressed)"}}) {
+           {"fifo.pt", "is a FIFO, not a file"},
+           {"bomb.pt", "(a zip bomb; PyTorch stores its records uncompressed)"}}) {
     s.Write("job.yaml", "name: m\ntrainer:\n  model: {torchscript: " + s.path(file) + "}\n");
     const auto start = Clock::now();
     auto r = RunProgram({"sh", "-c", "ulimit -v 600000; exec " + std::string(TRAINCTL_BIN) + " validate job.yaml"},
@@ -311,22 +322,25 @@ TEST(Security, StopSignalsOnlyATrainctlLauncherNamedByATrustedIndex) {
   ASSERT_TRUE(victim.ok());
   const pid_t pid = static_cast<pid_t>(*victim);
   auto plant = [&](const std::string& id, const std::string& extra) {
-    const std::string path = s.Write("state/runs/" + id + ".json",
-        "{\"name\":\"" + id + "\",\"run_id\":\"" + id + "-00000001\",\"output_dir\":\"" + s.path("x") +
-        "\",\"pid\":" + std::to_string(pid) + ",\"start_ticks\":" + StartTicksOf(pid) + ",\"started\":" +
-        std::to_string(::time(nullptr)) + extra + "}\n");
+    const std::string path =
+        s.Write("state/runs/" + id + ".json",
+                "{\"name\":\"" + id + "\",\"run_id\":\"" + id + "-00000001\",\"output_dir\":\"" + s.path("x") +
+                    "\",\"pid\":" + std::to_string(pid) + ",\"start_ticks\":" + StartTicksOf(pid) +
+                    ",\"started\":" + std::to_string(::time(nullptr)) + extra + "}\n");
     ::chmod(path.c_str(), 0600);
     return path;
   };
   plant("victim", "");
   auto stop = Trainctl({"stop", "victim", "--timeout", "2s"}, s.path(""), seconds(30), env);
   EXPECT_NE(stop.exit.code, 0) << stop.output;
-  EXPECT_NE(stop.output.find("is \"sleep\", not a trainctl launcher; not signalling it"), std::string::npos) << stop.output;
+  EXPECT_NE(stop.output.find("is \"sleep\", not a trainctl launcher; not signalling it"), std::string::npos)
+      << stop.output;
   EXPECT_EQ(::kill(pid, 0), 0) << "the process a planted run file named was killed";
   plant("slurmy", ",\"slurm_job_id\":\"--user=4343\"");
   auto scancel = Trainctl({"stop", "slurmy", "--timeout", "2s"}, s.path(""), seconds(30), env);
   EXPECT_EQ(scancel.exit.code, kExitInvalidSpec) << scancel.output;
-  EXPECT_NE(scancel.output.find("its Slurm job id \"--user=4343\" is not a number"), std::string::npos) << scancel.output;
+  EXPECT_NE(scancel.output.find("its Slurm job id \"--user=4343\" is not a number"), std::string::npos)
+      << scancel.output;
   // A FIFO among the entries: ps answers at once.
   ASSERT_EQ(::mkfifo(s.path("state/runs/fifo.json").c_str(), 0600), 0);
   auto ps = Trainctl({"ps", "--all"}, s.path(""), seconds(10), env);
@@ -355,7 +369,8 @@ TEST(Security, StopSignalsOnlyATrainctlLauncherNamedByATrustedIndex) {
 TEST(Security, LogsShowsNoFileALinkPointsAt) {
   Scratch s;
   const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
-  s.Write("two.yaml", "name: two\nprocs_per_node: 2\noutput_dir: " + s.path("out") + "\ncommand: [sh, -c, 'echo mine']\n");
+  s.Write("two.yaml",
+          "name: two\nprocs_per_node: 2\noutput_dir: " + s.path("out") + "\ncommand: [sh, -c, 'echo mine']\n");
   ASSERT_EQ(Trainctl({"run", "two.yaml"}, s.path(""), seconds(60), env).exit.code, 0);
   s.Write("secret", "the secret\n");
   ASSERT_EQ(::unlink(s.path("out/logs/worker-1.log").c_str()), 0);
@@ -373,7 +388,8 @@ TEST(Security, LogsShowsNoFileALinkPointsAt) {
 TEST(Security, SpecialFilesInARunDirectoryHangAndExhaustNothing) {
   Scratch s;
   const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
-  s.Write("two.yaml", "name: two\nprocs_per_node: 2\noutput_dir: " + s.path("out") + "\ncommand: [sh, -c, 'echo mine']\n");
+  s.Write("two.yaml",
+          "name: two\nprocs_per_node: 2\noutput_dir: " + s.path("out") + "\ncommand: [sh, -c, 'echo mine']\n");
   ASSERT_EQ(Trainctl({"run", "two.yaml"}, s.path(""), seconds(60), env).exit.code, 0);
   for (const char* name : {"out/status.json", "out/job.json"}) {
     ASSERT_EQ(::unlink(s.path(name).c_str()), 0);
@@ -389,8 +405,9 @@ TEST(Security, SpecialFilesInARunDirectoryHangAndExhaustNothing) {
     EXPECT_LT(Clock::now() - start, seconds(10)) << verb[0] << ": " << r.output;
   }
   // logs under a 400 MB address-space limit: buffering the log whole would fail.
-  auto logs = RunProgram({"sh", "-c", "ulimit -v 400000; TRAINCTL_STATE_DIR=" + s.path("state") + " " + std::string(TRAINCTL_BIN) +
-                                          " logs two --rank 0 | head -c 3000000 | grep -a -m1 mine"},
+  auto logs = RunProgram({"sh", "-c",
+                          "ulimit -v 400000; TRAINCTL_STATE_DIR=" + s.path("state") + " " + std::string(TRAINCTL_BIN) +
+                              " logs two --rank 0 | head -c 3000000 | grep -a -m1 mine"},
                          s.path(""), seconds(30));
   EXPECT_FALSE(logs.timed_out);
   EXPECT_EQ(logs.output, "[worker-0] mine\n");
@@ -398,10 +415,13 @@ TEST(Security, SpecialFilesInARunDirectoryHangAndExhaustNothing) {
   Background dashboard({"dashboard"}, s.path(""), s.path("dash.log"), env);
   std::smatch m;
   std::string printed;
-  ASSERT_TRUE(Eventually([&] {
-    printed = s.Read("dash.log");
-    return std::regex_search(printed, m, std::regex("http://127.0.0.1:(\\d+)/\\?token=([0-9a-f]+)"));
-  }, seconds(20))) << printed;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        printed = s.Read("dash.log");
+        return std::regex_search(printed, m, std::regex("http://127.0.0.1:(\\d+)/\\?token=([0-9a-f]+)"));
+      },
+      seconds(20)))
+      << printed;
   const uint16_t port = static_cast<uint16_t>(std::stoi(m[1]));
   const std::string token = m[2];
   auto get = [&](const std::string& path) {
@@ -437,10 +457,13 @@ TEST(Security, TheDashboardServesItsUserWhileHostileClientsAreConnected) {
   Background dashboard({"dashboard"}, s.path(""), s.path("dash.log"), {{"TRAINCTL_STATE_DIR", s.path("state")}});
   std::smatch m;
   std::string printed;
-  ASSERT_TRUE(Eventually([&] {
-    printed = s.Read("dash.log");
-    return std::regex_search(printed, m, std::regex("http://127.0.0.1:(\\d+)/\\?token=([0-9a-f]+)"));
-  }, seconds(20))) << printed;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        printed = s.Read("dash.log");
+        return std::regex_search(printed, m, std::regex("http://127.0.0.1:(\\d+)/\\?token=([0-9a-f]+)"));
+      },
+      seconds(20)))
+      << printed;
   const uint16_t port = static_cast<uint16_t>(std::stoi(m[1]));
   const std::string token = m[2];
   auto rss_mb = [&] {
@@ -516,8 +539,9 @@ TEST(Security, TheDashboardServesItsUserWhileHostileClientsAreConnected) {
 TEST(Security, WhatAKilledLauncherLeftIsEndedByTheNextPs) {
   Scratch s;
   const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
-  s.Write("daemon.yaml", "name: daemon\ntimeouts: {stop_grace: 2s}\noutput_dir: " + s.path("out") +
-                             "\ncommand: [sh, -c, 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo started; sleep 300']\n");
+  s.Write("daemon.yaml",
+          "name: daemon\ntimeouts: {stop_grace: 2s}\noutput_dir: " + s.path("out") +
+              "\ncommand: [sh, -c, 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo started; sleep 300']\n");
   Background run({"run", "daemon.yaml"}, s.path(""), s.path("run.log"), env);
   ASSERT_TRUE(Eventually([&] { return s.Read("out/logs/worker-0.log").find("started") != std::string::npos; }))
       << s.Read("run.log");
@@ -528,7 +552,8 @@ TEST(Security, WhatAKilledLauncherLeftIsEndedByTheNextPs) {
   // The launcher and its agent, at once: an agent that lived on would reap the daemon itself.
   std::vector<pid_t> agents = LiveProcesses([&](pid_t pid) {
     const auto argv = ProcStrings(pid, "cmdline");
-    return std::find(argv.begin(), argv.end(), "agent") != argv.end() && std::find(argv.begin(), argv.end(), id) != argv.end();
+    return std::find(argv.begin(), argv.end(), "agent") != argv.end() &&
+           std::find(argv.begin(), argv.end(), id) != argv.end();
   });
   ASSERT_FALSE(agents.empty());
   // Stopped first: an agent that saw its launcher die (its death signal) before its own SIGKILL
@@ -554,8 +579,9 @@ TEST(Security, WhatAKilledLauncherLeftIsEndedByTheNextPs) {
 TEST(Security, AKilledLaunchersAgentsEndWhatItsTasksLeft) {
   Scratch s;
   const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_STATE_DIR", s.path("state")}};
-  s.Write("daemon.yaml", "name: daemon\ntimeouts: {stop_grace: 2s}\noutput_dir: " + s.path("out") +
-                             "\ncommand: [sh, -c, 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo started; sleep 300']\n");
+  s.Write("daemon.yaml",
+          "name: daemon\ntimeouts: {stop_grace: 2s}\noutput_dir: " + s.path("out") +
+              "\ncommand: [sh, -c, 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo started; sleep 300']\n");
   Background run({"run", "daemon.yaml"}, s.path(""), s.path("run.log"), env);
   ASSERT_TRUE(Eventually([&] { return s.Read("out/logs/worker-0.log").find("started") != std::string::npos; }))
       << s.Read("run.log");

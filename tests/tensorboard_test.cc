@@ -17,7 +17,8 @@ TEST(TensorBoard, ItsReaderAndItsServerShowWhatMetricsJsonlRecords) {
   auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   auto read = RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/tensorboard_reads.py",
-                          s.path("out"), std::to_string(FreePort())}, s.path(""), std::chrono::seconds(150));
+                          s.path("out"), std::to_string(FreePort())},
+                         s.path(""), std::chrono::seconds(150));
   EXPECT_EQ(read.exit.code, 0) << read.output;
   EXPECT_NE(read.output.find("reader train/loss:"), std::string::npos) << read.output;
   EXPECT_NE(read.output.find("http test/accuracy: 2 points equal"), std::string::npos) << read.output;

@@ -6,19 +6,18 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "common/fs.h"
 #include "common/subprocess.h"
@@ -30,8 +29,7 @@ namespace fs = std::filesystem;
 class Scratch {
  public:
   Scratch() {
-    dir_ = fs::temp_directory_path() /
-           ("trainctl-it-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
+    dir_ = fs::temp_directory_path() / ("trainctl-it-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }

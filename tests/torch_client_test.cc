@@ -12,7 +12,8 @@ namespace {
 // A job running tests/python/SCRIPT with Debian's Python; `layout` is the spec's other fields.
 std::string PythonJob(const Scratch& s, const std::string& name, const std::string& layout, const std::string& script) {
   return s.Write("job.yaml", "name: " + name + "\n" + layout + "command: [" + TRAINCTL_TEST_PYTHON + ", " +
-                                 TRAINCTL_SOURCE_DIR + "/tests/python/" + script + "]\noutput_dir: " + s.path("out") + "\n");
+                                 TRAINCTL_SOURCE_DIR + "/tests/python/" + script + "]\noutput_dir: " + s.path("out") +
+                                 "\n");
 }
 
 TEST(TorchClient, UnmodifiedDdpScriptAllreducesAcrossNodesAndWorkers) {
@@ -52,7 +53,8 @@ TEST(TorchClient, RecordErrorFilesNameTheRootCauseBeforeTheFirstExit) {
   EXPECT_LT(root, then);
   EXPECT_NE(r.output.find("error: ValueError: rank 1 failed first"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("error: RuntimeError: rank 0 failed second"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("raise ValueError(\"rank 1 failed first\")"), std::string::npos) << "its traceback\n" << r.output;
+  EXPECT_NE(r.output.find("raise ValueError(\"rank 1 failed first\")"), std::string::npos) << "its traceback\n"
+                                                                                           << r.output;
   auto status = nlohmann::json::parse(s.Read("out/status.json"));
   EXPECT_EQ(status["root_cause"]["rank"], 1);
   EXPECT_EQ(status["failure"]["rank"], 0);
@@ -68,16 +70,19 @@ TEST(TorchClient, ErrorFilesOfTheSameSecondNameTheFirstFailure) {
   Scratch s;
   // One second for both ranks, far enough ahead for both to have imported torch on a busy machine.
   const std::string second = std::to_string(::time(nullptr) + 12);
-  s.Write("job.yaml", "name: tie\nprocs_per_node: 2\nrestart: {max_restarts: 0}\nenv: {SAME_SECOND: \"" + second + "\"}\n"
-                      "command: [" + std::string(TRAINCTL_TEST_PYTHON) + ", " + TRAINCTL_SOURCE_DIR +
-                      "/tests/python/record_failure.py]\noutput_dir: " + s.path("out") + "\n");
+  s.Write("job.yaml", "name: tie\nprocs_per_node: 2\nrestart: {max_restarts: 0}\nenv: {SAME_SECOND: \"" + second +
+                          "\"}\n"
+                          "command: [" +
+                          std::string(TRAINCTL_TEST_PYTHON) + ", " + TRAINCTL_SOURCE_DIR +
+                          "/tests/python/record_failure.py]\noutput_dir: " + s.path("out") + "\n");
   auto r = Trainctl({"run", "job.yaml"}, s.path(""), std::chrono::seconds(120));
   EXPECT_EQ(r.exit.code, 3) << r.output;
   auto status = nlohmann::json::parse(s.Read("out/status.json"));
   ASSERT_EQ(status["root_cause"]["error_time"], status["failure"]["error_time"]) << "not one second:\n" << r.output;
   EXPECT_EQ(status["root_cause"]["rank"], 1) << r.output;
   EXPECT_NE(r.output.find("root cause (first observed failure, by the tasks' error files): worker 1 (rank 1"),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("error: ValueError: rank 1 failed"), std::string::npos) << r.output;
 }
 
@@ -86,9 +91,11 @@ TEST(TorchClient, ErrorFilesOfTheSameSecondNameTheFirstFailure) {
 // failure, with the timer's scope (finding 8 of issue 49).
 TEST(TorchClient, AnExpiredFileTimerEndsItsRankAndNamesIt) {
   Scratch s;
-  s.Write("job.yaml", "name: timer\nprocs_per_node: 2\nrestart: {max_restarts: 0}\n"
-                      "env: {TORCHELASTIC_ENABLE_FILE_TIMER: \"1\"}\ncommand: [" + std::string(TRAINCTL_TEST_PYTHON) +
-                      ", " + TRAINCTL_SOURCE_DIR + "/tests/python/file_timer.py]\noutput_dir: " + s.path("out") + "\n");
+  s.Write("job.yaml",
+          "name: timer\nprocs_per_node: 2\nrestart: {max_restarts: 0}\n"
+          "env: {TORCHELASTIC_ENABLE_FILE_TIMER: \"1\"}\ncommand: [" +
+              std::string(TRAINCTL_TEST_PYTHON) + ", " + TRAINCTL_SOURCE_DIR +
+              "/tests/python/file_timer.py]\noutput_dir: " + s.path("out") + "\n");
   const auto start = Clock::now();
   auto r = Trainctl({"run", "job.yaml"}, s.path(""), std::chrono::seconds(120));
   EXPECT_EQ(r.exit.code, 3) << r.output;
@@ -105,15 +112,19 @@ TEST(TorchClient, BadErrorFilesAreNamedAndIgnored) {
   for (const auto& [name, write, warning] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"garbage", "printf '{not json' > \"$TORCHELASTIC_ERROR_FILE\"", "not a JSON object"},
            {"huge", "head -c 2000000 /dev/zero | tr '\\0' x > \"$TORCHELASTIC_ERROR_FILE\"", "is larger than"},
-           {"stamp", "printf '{\"message\": {\"message\": \"E\", \"extraInfo\": {\"timestamp\": \"soon\"}}}' > "
-                     "\"$TORCHELASTIC_ERROR_FILE\"", "timestamp \"soon\" is not a number of seconds"}}) {
+           {"stamp",
+            "printf '{\"message\": {\"message\": \"E\", \"extraInfo\": {\"timestamp\": \"soon\"}}}' > "
+            "\"$TORCHELASTIC_ERROR_FILE\"",
+            "timestamp \"soon\" is not a number of seconds"}}) {
     s.Write(name + ".sh", write + "\necho the last words\nexit 5\n");
     s.Write(name + ".yaml", "name: " + name + "\nrestart: {max_restarts: 0}\noutput_dir: " + s.path(name) +
                                 "\ncommand: [sh, " + s.path(name + ".sh") + "]\n");
     auto r = Trainctl({"run", name + ".yaml"}, s.path(""), std::chrono::seconds(60));
     EXPECT_EQ(r.exit.code, 3) << r.output;
-    EXPECT_NE(r.output.find("ignoring the error file of worker 0: " + s.path(name) + "/logs/errors/worker-0.r0.t0.json"),
-              std::string::npos) << r.output;
+    EXPECT_NE(
+        r.output.find("ignoring the error file of worker 0: " + s.path(name) + "/logs/errors/worker-0.r0.t0.json"),
+        std::string::npos)
+        << r.output;
     EXPECT_EQ(CountLines(r.output, "ignoring the error file of worker 0"), 1) << r.output;  // read once
     EXPECT_NE(r.output.find(warning), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("| the last words"), std::string::npos) << r.output;

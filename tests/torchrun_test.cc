@@ -5,9 +5,8 @@
 #include <sys/stat.h>
 
 #include <map>
-#include <regex>
-
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
 #include "common/exit_codes.h"
@@ -73,10 +72,13 @@ TEST(Torchrun, EveryFlagMeansTheSameInBothSpellingsAndMapsOntoTheSpec) {
   EXPECT_EQ(j["command"], (std::vector<std::string>{"/bin/sh", "-c", "echo $RANK"})) << "--no-python";
 
   // A script through python3, and a module; the script's own flags stay its own.
-  auto script = Trainctl({"torchrun", "--print-spec", "--standalone", "--nproc_per_node=2", "train.py", "--lr",
-                          "0.1", "--nnodes", "9"}, s.path(""));
-  EXPECT_NE(script.output.find("  - python3\n  - \"-u\"\n  - train.py\n  - \"--lr\"\n  - \"0.1\"\n  - \"--nnodes\"\n  - \"9\"\n"),
-            std::string::npos) << script.output;
+  auto script = Trainctl(
+      {"torchrun", "--print-spec", "--standalone", "--nproc_per_node=2", "train.py", "--lr", "0.1", "--nnodes", "9"},
+      s.path(""));
+  EXPECT_NE(script.output.find(
+                "  - python3\n  - \"-u\"\n  - train.py\n  - \"--lr\"\n  - \"0.1\"\n  - \"--nnodes\"\n  - \"9\"\n"),
+            std::string::npos)
+      << script.output;
   EXPECT_NE(script.output.find("nodes: 1\n"), std::string::npos) << script.output;
   auto module = Trainctl({"torchrun", "--print-spec", "-m", "pkg.train"}, s.path(""));
   EXPECT_NE(module.output.find("  - \"-m\"\n  - pkg.train\n"), std::string::npos) << module.output;
@@ -99,7 +101,8 @@ TEST(Torchrun, WhatTrainctlCannotHonourIsNamed) {
            {{"--nproc-per-nodes", "2", "t.py"}, "unknown flag \"--nproc-per-nodes\"; did you mean --nproc-per-node?"},
            {{"--nproc_per_nodes=2", "t.py"}, "did you mean --nproc_per_node?"},
            {{"--bogus-flag", "t.py"}, "unknown flag \"--bogus-flag\"; the script (and its arguments) come after"},
-           {{"--local-ranks-filter", "0", "t.py"}, "trainctl does not take \"--local-ranks-filter\": every rank's output"},
+           {{"--local-ranks-filter", "0", "t.py"},
+            "trainctl does not take \"--local-ranks-filter\": every rank's output"},
        }) {
     std::vector<std::string> argv = {"torchrun"};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -110,7 +113,8 @@ TEST(Torchrun, WhatTrainctlCannotHonourIsNamed) {
   }
   // Several hosts need the job's token, the same on each.
   auto r = Trainctl({"torchrun", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1",
-                     "--rdzv-id", "x", "--no-python", "/bin/true"}, s.path(""), seconds(30), {{"TRAINCTL_TOKEN", ""}});
+                     "--rdzv-id", "x", "--no-python", "/bin/true"},
+                    s.path(""), seconds(30), {{"TRAINCTL_TOKEN", ""}});
   EXPECT_EQ(r.exit.code, kExitInvalidSpec);
   EXPECT_NE(r.output.find("needs its token in TRAINCTL_TOKEN"), std::string::npos) << r.output;
 }
@@ -120,7 +124,8 @@ TEST(Torchrun, WhatTrainctlCannotHonourIsNamed) {
 TEST(Torchrun, TheShutdownTimeoutIsTheStopGraceAndOnlyStopSignalsAreHandled) {
   Scratch s;
   auto r = Trainctl({"torchrun", "--print-spec", "--shutdown-timeout", "2.5", "--signals-to-handle",
-                     "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "t.py"}, s.path(""));
+                     "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "t.py"},
+                    s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   EXPECT_NE(r.output.find("stop_grace: \"2500ms\""), std::string::npos) << r.output;
   r = Trainctl({"torchrun", "--signals_to_handle", "SIGTERM,SIGUSR1", "t.py"}, s.path(""));
@@ -128,7 +133,8 @@ TEST(Torchrun, TheShutdownTimeoutIsTheStopGraceAndOnlyStopSignalsAreHandled) {
   EXPECT_NE(r.output.find("--signals-to-handle \"SIGUSR1\": trainctl stops the job"), std::string::npos) << r.output;
   r = Trainctl({"torchrun", "--shutdown-timeout", "soon", "t.py"}, s.path(""));
   EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
-  EXPECT_NE(r.output.find("--shutdown-timeout: expected a number of seconds, got \"soon\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--shutdown-timeout: expected a number of seconds, got \"soon\""), std::string::npos)
+      << r.output;
 }
 
 // Every flag in the usage of the test's own torchrun (`torchrun --help` of TRAINCTL_TEST_PYTHON's
@@ -144,12 +150,27 @@ TEST(Torchrun, EveryFlagOfTorchrunsHelpIsTakenOrRefusedByName) {
     return text;
   };
   // A value each flag can take (its first choice, when the usage lists them).
-  const std::map<std::string, std::string> values = {
-      {"--nnodes", "1"}, {"--nproc-per-node", "2"}, {"--rdzv-backend", "c10d"}, {"--rdzv-endpoint", "localhost:29400"},
-      {"--rdzv-id", "x"}, {"--rdzv-conf", "join_timeout=5"}, {"--max-restarts", "1"}, {"--monitor-interval", "0.1"},
-      {"--start-method", "spawn"}, {"--role", "default"}, {"--log-dir", s.path("logs")}, {"-r", "0"}, {"--redirects", "0"},
-      {"-t", "0"}, {"--tee", "0"}, {"--node-rank", "0"}, {"--master-addr", "127.0.0.1"}, {"--master-port", "29500"},
-      {"--local-addr", "127.0.0.1"}, {"--shutdown-timeout", "5"}, {"--signals-to-handle", "SIGTERM"}};
+  const std::map<std::string, std::string> values = {{"--nnodes", "1"},
+                                                     {"--nproc-per-node", "2"},
+                                                     {"--rdzv-backend", "c10d"},
+                                                     {"--rdzv-endpoint", "localhost:29400"},
+                                                     {"--rdzv-id", "x"},
+                                                     {"--rdzv-conf", "join_timeout=5"},
+                                                     {"--max-restarts", "1"},
+                                                     {"--monitor-interval", "0.1"},
+                                                     {"--start-method", "spawn"},
+                                                     {"--role", "default"},
+                                                     {"--log-dir", s.path("logs")},
+                                                     {"-r", "0"},
+                                                     {"--redirects", "0"},
+                                                     {"-t", "0"},
+                                                     {"--tee", "0"},
+                                                     {"--node-rank", "0"},
+                                                     {"--master-addr", "127.0.0.1"},
+                                                     {"--master-port", "29500"},
+                                                     {"--local-addr", "127.0.0.1"},
+                                                     {"--shutdown-timeout", "5"},
+                                                     {"--signals-to-handle", "SIGTERM"}};
   const std::regex option(R"(\[(-{1,2}[A-Za-z][A-Za-z0-9_-]*)( ([A-Z_]+|\{([^,}]+)[^}]*\}))?\])");
   int flags = 0;
   for (std::sregex_iterator m(usage.begin(), usage.end(), option), end; m != end; ++m) {
@@ -201,11 +222,24 @@ TEST(Torchrun, WithoutLogDirTheWorkingDirectoryStaysClean) {
 TEST(Torchrun, AnIpv6LoopbackEndpointKeepsTheJobOnLoopback) {
   Scratch s;
   const int port = FreePort();
-  const std::vector<std::pair<std::string, std::string>> env = {
-      {"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
-  const std::vector<std::string> argv = {"torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend",
-                                         "c10d", "--rdzv-endpoint", "[::1]:" + std::to_string(port), "--rdzv-id", "v6",
-                                         "--log-dir", s.path("out"), "--no-python", "/bin/sh", "-c",
+  const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"},
+                                                                {"TRAINCTL_STATE_DIR", s.path("state")}};
+  const std::vector<std::string> argv = {"torchrun",
+                                         "--nnodes",
+                                         "2",
+                                         "--nproc-per-node",
+                                         "1",
+                                         "--rdzv-backend",
+                                         "c10d",
+                                         "--rdzv-endpoint",
+                                         "[::1]:" + std::to_string(port),
+                                         "--rdzv-id",
+                                         "v6",
+                                         "--log-dir",
+                                         s.path("out"),
+                                         "--no-python",
+                                         "/bin/sh",
+                                         "-c",
                                          "echo \"master at $MASTER_ADDR\""};
   Background first(argv, s.path(""), s.path("first.log"), env);
   ASSERT_TRUE(Eventually([&] { return s.Read("first.log").find("serving the job's store") != std::string::npos; }))
@@ -251,26 +285,42 @@ TEST(Torchrun, WorkersGetEveryVariableTorchrunSets) {
   // The underscore spellings, which Debian's torch 1.13 and today's both take; Python 3.11 needs
   // --redirects/--tee. TRAINCTL_TEST_PYTHON: Debian's torch, or PyPI's in the .torch2 build.
   SpawnOptions o;
-  o.argv = {TRAINCTL_TEST_PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "--redirects", "1", "--tee", "1", dump, s.path("torchrun")};
+  o.argv = {TRAINCTL_TEST_PYTHON,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "--redirects",
+            "1",
+            "--tee",
+            "1",
+            dump,
+            s.path("torchrun")};
   o.env = CurrentEnvironment();
   for (const auto& [k, v] : env) SetEnv(&o.env, k, v);
   // Only what the launcher sets: none of these from this process.
   std::erase_if(o.env, [](const std::string& kv) {
-    for (const char* name : {"OMP_NUM_THREADS=", "PYTHONUNBUFFERED=", "NCCL_ASYNC_ERROR_HANDLING=",
-                             "TORCH_NCCL_ASYNC_ERROR_HANDLING="}) {
+    for (const char* name :
+         {"OMP_NUM_THREADS=", "PYTHONUNBUFFERED=", "NCCL_ASYNC_ERROR_HANDLING=", "TORCH_NCCL_ASYNC_ERROR_HANDLING="}) {
       if (kv.rfind(name, 0) == 0) return true;
     }
     return false;
   });
   auto torchrun = RunCommand(o, seconds(120));
-  ASSERT_TRUE(torchrun.ok() && torchrun->exit.code == 0) << (torchrun.ok() ? torchrun->output : torchrun.status().ToString());
+  ASSERT_TRUE(torchrun.ok() && torchrun->exit.code == 0)
+      << (torchrun.ok() ? torchrun->output : torchrun.status().ToString());
   auto ours = Trainctl({"torchrun", "--python", TRAINCTL_TEST_PYTHON, "--standalone", "--nproc_per_node", "2",
-                        "--redirects", "1", "--tee", "1", dump, s.path("trainctl")}, s.path(""), seconds(120), env);
+                        "--redirects", "1", "--tee", "1", dump, s.path("trainctl")},
+                       s.path(""), seconds(120), env);
   ASSERT_EQ(ours.exit.code, 0) << ours.output;
   // docs/torchrun.md says why these differ (torch 2.x's c10d sets TORCHELASTIC_USE_AGENT_STORE True).
-  const std::set<std::string> differ = {"MASTER_ADDR", "MASTER_PORT", "ROLE_NAME", "TORCHELASTIC_RUN_ID",
-                                        "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT_STORE"};
+  const std::set<std::string> differ = {"MASTER_ADDR",
+                                        "MASTER_PORT",
+                                        "ROLE_NAME",
+                                        "TORCHELASTIC_RUN_ID",
+                                        "TORCHELASTIC_ERROR_FILE",
+                                        "TORCHELASTIC_USE_AGENT_STORE"};
   for (int rank = 0; rank < 2; ++rank) {
     auto theirs = nlohmann::json::parse(s.Read("torchrun/env-" + std::to_string(rank) + ".json"));
     auto mine = nlohmann::json::parse(s.Read("trainctl/env-" + std::to_string(rank) + ".json"));
@@ -295,8 +345,9 @@ TEST(Torchrun, APythonWithoutTorchIsNamedWithOneThatHasIt) {
   ASSERT_EQ(::chmod(bare.c_str(), 0755), 0);
   const std::string script = s.Write("hi.py", "import os\nprint('rank', os.environ['RANK'], 'ran')\n");
   const Env env = {{"PATH", s.path("bin") + ":/usr/bin:/bin"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
-  auto r = Trainctl({"torchrun", "--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir",
-                     s.path("out"), script}, s.path(""), seconds(60), env);
+  auto r = Trainctl(
+      {"torchrun", "--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", s.path("out"), script},
+      s.path(""), seconds(60), env);
   EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
   EXPECT_NE(r.output.find("python3 from PATH (" + bare + ") cannot import torch"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("/usr/bin/python3 has torch: run with --python /usr/bin/python3"), std::string::npos)
@@ -326,8 +377,9 @@ TEST(Torchrun, AnImportErrorAtTheFirstStartSpendsNoRestart) {
   Scratch s;
   const Env env = {{"PATH", "/usr/bin:/bin"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
   const std::string missing = s.Write("missing.py", "import os\nimport no_such_module_here\n");
-  auto r = Trainctl({"torchrun", "--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir",
-                     s.path("out"), missing}, s.path(""), seconds(60), env);
+  auto r = Trainctl(
+      {"torchrun", "--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", s.path("out"), missing},
+      s.path(""), seconds(60), env);
   EXPECT_EQ(r.exit.code, kExitInvalidSpec) << r.output;
   EXPECT_NE(r.output.find("a restart would fail the same way, so none is spent"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("ModuleNotFoundError: No module named 'no_such_module_here'"), std::string::npos) << r.output;
@@ -336,8 +388,9 @@ TEST(Torchrun, AnImportErrorAtTheFirstStartSpendsNoRestart) {
   const std::string later = s.Write("later.py",
                                     "import os\nif int(os.environ['TORCHELASTIC_RESTART_COUNT']) > 0:\n"
                                     "    import no_such_module_here\nraise SystemExit(1)\n");
-  auto again = Trainctl({"torchrun", "--standalone", "--nproc-per-node", "1", "--max-restarts", "2", "--log-dir",
-                         s.path("out2"), later}, s.path(""), seconds(60), env);
+  auto again = Trainctl(
+      {"torchrun", "--standalone", "--nproc-per-node", "1", "--max-restarts", "2", "--log-dir", s.path("out2"), later},
+      s.path(""), seconds(60), env);
   EXPECT_EQ(again.exit.code, kExitWorkerFailed) << again.output;
   EXPECT_NE(again.output.find("after 2 restart(s)"), std::string::npos) << again.output;
 }
@@ -348,16 +401,22 @@ TEST(Torchrun, TwoCommandsFormOneJobWithARealAllreduce) {
   Scratch s;
   const int port = FreePort();
   const std::string endpoint = "127.0.0.1:" + std::to_string(port);
-  const std::vector<std::pair<std::string, std::string>> env = {
-      {"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"PATH", "/usr/bin:/bin"},
-      {"TRAINCTL_STATE_DIR", s.path("state")}};
-  const std::vector<std::string> argv = {"torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
-                                         "--rdzv_endpoint", endpoint, "--rdzv_id", "pair", "--log_dir", s.path("out"),
-                                         std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/allreduce.py"};
+  const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"},
+                                                                {"PATH", "/usr/bin:/bin"},
+                                                                {"TRAINCTL_STATE_DIR", s.path("state")}};
+  const std::vector<std::string> argv = {
+      "torchrun",    "--nnodes",
+      "2",           "--nproc_per_node",
+      "2",           "--rdzv_backend",
+      "c10d",        "--rdzv_endpoint",
+      endpoint,      "--rdzv_id",
+      "pair",        "--log_dir",
+      s.path("out"), std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/allreduce.py"};
   std::vector<std::string> first_argv = argv;
   Background first(first_argv, s.path(""), s.path("first.log"), env);
-  ASSERT_TRUE(Eventually([&] { return s.Read("first.log").find("serving the job's store at " + endpoint) != std::string::npos; }))
-      << s.Read("first.log");
+  ASSERT_TRUE(Eventually([&] {
+    return s.Read("first.log").find("serving the job's store at " + endpoint) != std::string::npos;
+  })) << s.Read("first.log");
   // It says so once the port is bound: the second command finds it taken and joins.
   const int fd = ConnectOnce("127.0.0.1", static_cast<uint16_t>(port), Clock::now() + seconds(1));
   EXPECT_GE(fd, 0) << "said it serves the store before its port was bound";
@@ -378,11 +437,25 @@ TEST(Torchrun, TwoCommandsFormOneJobWithARealAllreduce) {
 TEST(Torchrun, AJobOfSeveralHostsIsInPsAndStops) {
   Scratch s;
   const std::string endpoint = "127.0.0.1:" + std::to_string(FreePort());
-  const std::vector<std::pair<std::string, std::string>> env = {
-      {"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
-  const std::vector<std::string> argv = {"torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                                         "--rdzv-endpoint", endpoint, "--rdzv-id", "watch", "--log-dir", s.path("out"),
-                                         "--no-python", "/bin/sh", "-c", "echo up; sleep 120"};
+  const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"},
+                                                                {"TRAINCTL_STATE_DIR", s.path("state")}};
+  const std::vector<std::string> argv = {"torchrun",
+                                         "--nnodes",
+                                         "2",
+                                         "--nproc-per-node",
+                                         "1",
+                                         "--rdzv-backend",
+                                         "c10d",
+                                         "--rdzv-endpoint",
+                                         endpoint,
+                                         "--rdzv-id",
+                                         "watch",
+                                         "--log-dir",
+                                         s.path("out"),
+                                         "--no-python",
+                                         "/bin/sh",
+                                         "-c",
+                                         "echo up; sleep 120"};
   Background first(argv, s.path(""), s.path("first.log"), env);
   ASSERT_TRUE(Eventually([&] { return s.Read("first.log").find("serving the job's store") != std::string::npos; }))
       << s.Read("first.log");
@@ -413,8 +486,8 @@ TEST(Torchrun, AJobOfSeveralHostsIsInPsAndStops) {
 TEST(Torchrun, AStopSignalEndsTheWaitForPeers) {
   Scratch s;
   const std::string endpoint = "127.0.0.1:" + std::to_string(FreePort());
-  const std::vector<std::pair<std::string, std::string>> env = {
-      {"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
+  const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"},
+                                                                {"TRAINCTL_STATE_DIR", s.path("state")}};
   for (int sig : {SIGTERM, SIGINT}) {
     const std::string log = "alone-" + std::to_string(sig) + ".log";
     Background alone({"torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
@@ -434,8 +507,8 @@ TEST(Torchrun, AStopSignalEndsTheWaitForPeers) {
 // end that wait within a second, with 130, leaving nothing (finding 4 of issue 65).
 TEST(Torchrun, AStopSignalEndsTheWaitForTheStore) {
   Scratch s;
-  const std::vector<std::pair<std::string, std::string>> env = {
-      {"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"}, {"TRAINCTL_STATE_DIR", s.path("state")}};
+  const std::vector<std::pair<std::string, std::string>> env = {{"TRAINCTL_TOKEN", "0123456789abcdef0123456789abcdef"},
+                                                                {"TRAINCTL_STATE_DIR", s.path("state")}};
   // A listener that never answers: connections complete in its backlog, the greeting waits.
   const int port_mute = FreePort();
   const int mute = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -445,13 +518,12 @@ TEST(Torchrun, AStopSignalEndsTheWaitForTheStore) {
   a.sin_port = htons(static_cast<uint16_t>(port_mute));
   ASSERT_EQ(::bind(mute, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   ASSERT_EQ(::listen(mute, 16), 0);
-  for (const auto& [port, sig] : std::vector<std::pair<int, int>>{
-           {FreePort(), SIGINT}, {FreePort(), SIGTERM}, {port_mute, SIGINT}}) {
+  for (const auto& [port, sig] :
+       std::vector<std::pair<int, int>>{{FreePort(), SIGINT}, {FreePort(), SIGTERM}, {port_mute, SIGINT}}) {
     const std::string log = "joiner-" + std::to_string(port) + "-" + std::to_string(sig) + ".log";
     Background joiner({"torchrun", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-addr",
                        "127.0.0.1", "--master-port", std::to_string(port), "--rdzv-id", "joiner", "--log-dir",
-                       s.path("out-" + log),
-                       "--no-python", "/bin/true"},
+                       s.path("out-" + log), "--no-python", "/bin/true"},
                       s.path(""), s.path(log), env);
     std::this_thread::sleep_for(std::chrono::seconds(2));  // into the wait for the store
     ASSERT_EQ(::waitpid(joiner.pid(), nullptr, WNOHANG), 0) << "it did not wait:\n" << s.Read(log);
@@ -482,9 +554,22 @@ TEST(Torchrun, AStopSignalEndsAnAgentsWaitForItsPeers) {
 TEST(Torchrun, TwoCommandsMeetOnEtcd) {
   const std::string endpoint = SharedEtcd().endpoints()[0];
   Scratch s;
-  const std::vector<std::string> argv = {"torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
-                                         "--rdzv-endpoint", endpoint, "--rdzv-id", "on-etcd-" + std::to_string(FreePort()),
-                                         "--log-dir", s.path("out"), "--no-python", "/bin/sh", "-c",
+  const std::vector<std::string> argv = {"torchrun",
+                                         "--nnodes",
+                                         "2",
+                                         "--nproc-per-node",
+                                         "1",
+                                         "--rdzv-backend",
+                                         "etcd",
+                                         "--rdzv-endpoint",
+                                         endpoint,
+                                         "--rdzv-id",
+                                         "on-etcd-" + std::to_string(FreePort()),
+                                         "--log-dir",
+                                         s.path("out"),
+                                         "--no-python",
+                                         "/bin/sh",
+                                         "-c",
                                          "echo \"$RANK of $WORLD_SIZE\" >> " + s.path("ranks")};
   Background first(argv, s.path(""), s.path("first.log"), {{"TRAINCTL_STATE_DIR", s.path("state")}});
   auto second = Trainctl(argv, s.path(""), seconds(60), {{"TRAINCTL_STATE_DIR", s.path("state")}});

@@ -1,35 +1,34 @@
 // The built-in trainer as users run it: `trainctl run` with a trainer section, real worker
 // processes, real Gloo between them, the real Fashion-MNIST (a few hundred images of it).
 #include <gtest/gtest.h>
-
-#include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <functional>
-#include <sstream>
-#include <map>
-#include <nlohmann/json.hpp>
-#include <regex>
-
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "checkpoint/checkpoint.h"
 #include "common/cpus.h"
 #include "common/exit_codes.h"
 #include "common/strings.h"
 #include "tests/etcd_server.h"
-#include "checkpoint/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace trainctl::testing {
 namespace {
 
-std::string Spec(const std::string& name, const std::string& out, const std::string& trainer,
-                 int nodes = 1, int procs = 2) {
-  return "name: " + name + "\nnodes: " + std::to_string(nodes) + "\nprocs_per_node: " +
-         std::to_string(procs) + "\noutput_dir: " + out + "\ntrainer:\n" + trainer;
+std::string Spec(const std::string& name, const std::string& out, const std::string& trainer, int nodes = 1,
+                 int procs = 2) {
+  return "name: " + name + "\nnodes: " + std::to_string(nodes) + "\nprocs_per_node: " + std::to_string(procs) +
+         "\noutput_dir: " + out + "\ntrainer:\n" + trainer;
 }
 
 // step -> loss from metrics.jsonl; a later line for the same step wins (a resumed run appends).
@@ -66,7 +65,8 @@ TEST(Trainer, AllRanksEndWithBitIdenticalParameters) {
   batch_size: 16
   max_steps: 8
   threads: 1
-)", 2, 2));
+)",
+                                              2, 2));
   auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   std::string d0 = Digest(s.Read("out/logs/worker-0.log"));
@@ -95,7 +95,8 @@ TEST(Trainer, TheTimelineShowsEachRanksStepsAndTheirPhases) {
   auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   EXPECT_NE(r.output.find("timeline of steps 5 to 9 (2 of 2 ranks) written to " + s.path("out/timeline.json")),
-            std::string::npos) << r.output;
+            std::string::npos)
+      << r.output;
   auto trace = nlohmann::json::parse(s.Read("out/timeline.json"));
   std::map<int, std::string> rows;
   // rank -> step -> the step's spans in the order they start
@@ -108,7 +109,8 @@ TEST(Trainer, TheTimelineShowsEachRanksStepsAndTheirPhases) {
   ASSERT_EQ(spans.size(), 2u);
   auto end = [](const nlohmann::json& e) { return e["ts"].get<int64_t>() + e["dur"].get<int64_t>(); };
   auto find = [](const std::vector<nlohmann::json>& v, const std::string& name) {
-    for (const auto& e : v) if (e["name"] == name) return e;
+    for (const auto& e : v)
+      if (e["name"] == name) return e;
     return nlohmann::json();
   };
   for (auto& [rank, steps] : spans) {
@@ -119,7 +121,8 @@ TEST(Trainer, TheTimelineShowsEachRanksStepsAndTheirPhases) {
       ASSERT_FALSE(whole.is_null()) << rank << " " << step;
       EXPECT_EQ(whole["args"]["items"], 16);  // the rank's batch
       std::vector<nlohmann::json> phases;
-      for (const auto& e : v) if (e["name"] != "step") phases.push_back(e);
+      for (const auto& e : v)
+        if (e["name"] != "step") phases.push_back(e);
       std::sort(phases.begin(), phases.end(), [](const auto& a, const auto& b) { return a["ts"] < b["ts"]; });
       std::string names;
       for (size_t i = 0; i < phases.size(); ++i) {
@@ -175,10 +178,14 @@ TEST(Trainer, BalanceBySpeedGivesASlowerWorkerLessOfTheBatchAndTrainsTheSame) {
   if (AffinityCpus().size() < 2) GTEST_SKIP() << "needs two CPUs, one for each worker";
   Scratch s;
   auto run = [&](const std::string& name, const std::string& balance) {
-    std::string spec = s.Write(name + ".yaml", Spec(name, s.path(name), "  model: cnn\n"
-        "  data: {limit: 4000, test_limit: 100}\n  batch_size: 32\n  epochs: 2\n  max_steps: 80\n  log_every: 20\n"
-        "  threads: 1\n  eval: false\n  snapshot_every: 0\n  optimizer: {name: sgd, lr: 0.02, momentum: 0.9}\n"
-        "  balance: " + balance + "\ncpu_bind: cores\n"));
+    std::string spec = s.Write(
+        name + ".yaml",
+        Spec(name, s.path(name),
+             "  model: cnn\n"
+             "  data: {limit: 4000, test_limit: 100}\n  batch_size: 32\n  epochs: 2\n  max_steps: 80\n  log_every: 20\n"
+             "  threads: 1\n  eval: false\n  snapshot_every: 0\n  optimizer: {name: sgd, lr: 0.02, momentum: 0.9}\n"
+             "  balance: " +
+                 balance + "\ncpu_bind: cores\n"));
     auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
     EXPECT_EQ(r.exit.code, 0) << r.output;
     return Records(s.Read(name + "/metrics.jsonl"), "loss");
@@ -216,10 +223,16 @@ TEST(Trainer, BalanceBySpeedGivesASlowerWorkerLessOfTheBatchAndTrainsTheSame) {
 TEST(Trainer, LabelSmoothingAndTheOneCycleScheduleReachTheLossAndTheOptimizer) {
   Scratch s;
   auto run = [&](const std::string& out, const std::string& smoothing) {
-    std::string spec = s.Write(out + ".yaml", Spec(out, s.path(out), "  model: cnn\n"
-        "  data: {limit: 640, test_limit: 100}\n  batch_size: 32\n  threads: 1\n  deterministic: true\n"
-        "  epochs: 1\n  eval: false\n  log_every: 1\n  label_smoothing: " + smoothing + "\n"
-        "  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n  schedule: {name: one_cycle}\n", 1, 1));
+    std::string spec =
+        s.Write(out + ".yaml",
+                Spec(out, s.path(out),
+                     "  model: cnn\n"
+                     "  data: {limit: 640, test_limit: 100}\n  batch_size: 32\n  threads: 1\n  deterministic: true\n"
+                     "  epochs: 1\n  eval: false\n  log_every: 1\n  label_smoothing: " +
+                         smoothing +
+                         "\n"
+                         "  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n  schedule: {name: one_cycle}\n",
+                     1, 1));
     auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
     EXPECT_EQ(r.exit.code, 0) << r.output;
     std::vector<std::pair<double, double>> loss_lr;
@@ -253,10 +266,16 @@ TEST(Trainer, LabelSmoothingAndTheOneCycleScheduleReachTheLossAndTheOptimizer) {
 TEST(Trainer, Bf16FollowsTheFp32LossAndAccuracyCurve) {
   Scratch s;
   auto run = [&](const std::string& precision) {
-    std::string spec = s.Write(precision + ".yaml", Spec(precision, s.path(precision), "  model: cnn\n"
-        "  data: {limit: 4096, test_limit: 1000}\n  batch_size: 64\n  threads: 1\n  deterministic: true\n"
-        "  epochs: 3\n  log_every: 8\n  precision: " + precision + "\n"
-        "  optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n  schedule: {name: one_cycle}\n", 1, 1));
+    std::string spec =
+        s.Write(precision + ".yaml",
+                Spec(precision, s.path(precision),
+                     "  model: cnn\n"
+                     "  data: {limit: 4096, test_limit: 1000}\n  batch_size: 64\n  threads: 1\n  deterministic: true\n"
+                     "  epochs: 3\n  log_every: 8\n  precision: " +
+                         precision +
+                         "\n"
+                         "  optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\n  schedule: {name: one_cycle}\n",
+                     1, 1));
     auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(180));
     EXPECT_EQ(r.exit.code, 0) << r.output;
     std::vector<double> losses, accuracies;
@@ -291,23 +310,29 @@ TEST(Trainer, Bf16FollowsTheFp32LossAndAccuracyCurve) {
 // trainer.eval_every: 2 over 3 epochs evaluates after epoch 2 and after the last, not after 1.
 TEST(Trainer, EvalEveryEvaluatesEveryNthEpochAndTheLast) {
   Scratch s;
-  std::string spec = s.Write("job.yaml", Spec("every", s.path("out"), "  model: cnn\n"
-      "  data: {limit: 640, test_limit: 100}\n  batch_size: 64\n  threads: 1\n  epochs: 3\n"
-      "  eval_every: 2\n", 1, 1));
+  std::string spec =
+      s.Write("job.yaml", Spec("every", s.path("out"),
+                               "  model: cnn\n"
+                               "  data: {limit: 640, test_limit: 100}\n  batch_size: 64\n  threads: 1\n  epochs: 3\n"
+                               "  eval_every: 2\n",
+                               1, 1));
   auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   std::vector<int> evaluated;
-  for (const auto& j : Records(s.Read("out/metrics.jsonl"), "test_accuracy")) evaluated.push_back(j["epoch"].get<int>());
+  for (const auto& j : Records(s.Read("out/metrics.jsonl"), "test_accuracy"))
+    evaluated.push_back(j["epoch"].get<int>());
   EXPECT_EQ(evaluated, (std::vector<int>{2, 3}));
 }
 
 // The trainer of the resume tests. 640 images / (2 workers x 32) = 10 steps per epoch: the runs
 // cross an epoch boundary, and a stop at step 7 falls mid-epoch, between checkpoints.
 std::string ResumableTrainer(int max_steps, const std::string& device = "cpu") {
-  return "  model: cnn\n  device: " + device + "\n  data: {limit: 640, test_limit: 300}\n"
+  return "  model: cnn\n  device: " + device +
+         "\n  data: {limit: 640, test_limit: 300}\n"
          "  batch_size: 32\n  threads: 1\n  deterministic: true\n  epochs: 2\n  eval: false\n"
          "  log_every: 1\n  checkpoint_every: 4\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
-         "  max_steps: " + std::to_string(max_steps) + "\n";
+         "  max_steps: " +
+         std::to_string(max_steps) + "\n";
 }
 
 // The 14 steps' losses of the uninterrupted run in a/ and of the one stopped at step 7 and
@@ -327,8 +352,8 @@ void StopAndResume(const Scratch& s, const std::function<std::string(int)>& trai
   auto first = Trainctl({"run", s.Write("b1.yaml", Spec("part", s.path("b"), trainer(7)))}, s.path(""),
                         std::chrono::seconds(120));
   ASSERT_EQ(first.exit.code, 0) << first.output;
-  auto second = Trainctl({"run", "--resume", s.Write("b2.yaml", Spec("part", s.path("b"), trainer(14)))},
-                         s.path(""), std::chrono::seconds(120));
+  auto second = Trainctl({"run", "--resume", s.Write("b2.yaml", Spec("part", s.path("b"), trainer(14)))}, s.path(""),
+                         std::chrono::seconds(120));
   ASSERT_EQ(second.exit.code, 0) << second.output;
   EXPECT_NE(second.output.find("resuming from"), std::string::npos) << second.output;
   ExpectResumedLossesEqualUninterrupted(s);
@@ -336,8 +361,8 @@ void StopAndResume(const Scratch& s, const std::function<std::string(int)>& trai
 
 TEST(Trainer, AResumedRunHasTheSameLossesAsAnUninterruptedOne) {
   Scratch s;
-  auto whole = Trainctl({"run", s.Write("a.yaml", Spec("whole", s.path("a"), ResumableTrainer(14)))},
-                        s.path(""), std::chrono::seconds(120));
+  auto whole = Trainctl({"run", s.Write("a.yaml", Spec("whole", s.path("a"), ResumableTrainer(14)))}, s.path(""),
+                        std::chrono::seconds(120));
   ASSERT_EQ(whole.exit.code, 0) << whole.output;
   StopAndResume(s, [](int steps) { return ResumableTrainer(steps); });
 }
@@ -351,7 +376,8 @@ std::string StreamedTrainer(int max_steps) {
          "/test, shape: [1, 32, 32], load: stream, threads: 2, augment: {random_resized_crop: true, "
          "scale: [0.3, 1.0], flip: true}}\n  batch_size: 32\n  threads: 1\n  deterministic: true\n  epochs: 2\n"
          "  eval: false\n  log_every: 1\n  checkpoint_every: 4\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
-         "  max_steps: " + std::to_string(max_steps) + "\n";
+         "  max_steps: " +
+         std::to_string(max_steps) + "\n";
 }
 
 TEST(Trainer, AStreamedFolderWithRandomCropsResumesExactly) {
@@ -431,8 +457,9 @@ TEST(Trainer, ADeclaredModelTrainsResumesExactlyAndIsEvaluatedFromItsFile) {
 // the model file.
 TEST(Trainer, ATorchScriptModelTrainsResumesExactlyAndIsEvaluated) {
   Scratch s;
-  auto made = RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py", s.path("models")},
-                         s.path(""));
+  auto made = RunProgram(
+      {TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py", s.path("models")},
+      s.path(""));
   ASSERT_EQ(made.exit.code, 0) << made.output;
   auto trainer = [&](int steps) {
     std::string t = ResumableTrainer(steps);
@@ -454,18 +481,22 @@ TEST(Trainer, ATorchScriptModelTrainsResumesExactlyAndIsEvaluated) {
   ASSERT_EQ(eval.exit.code, 0) << eval.output;
   EXPECT_NE(eval.output.find("Accuracy of the network on the 100 test images"), std::string::npos) << eval.output;
   // Another module in its place is not the one it was trained with: refused, both ways.
-  std::filesystem::copy_file(s.path("models/resnet.pt"), s.path("a/model.pt"), std::filesystem::copy_options::overwrite_existing);
-  for (const std::vector<std::string>& named : {std::vector<std::string>{}, {"--torchscript", s.path("models/resnet.pt")}}) {
+  std::filesystem::copy_file(s.path("models/resnet.pt"), s.path("a/model.pt"),
+                             std::filesystem::copy_options::overwrite_existing);
+  for (const std::vector<std::string>& named :
+       {std::vector<std::string>{}, {"--torchscript", s.path("models/resnet.pt")}}) {
     std::vector<std::string> args = {"eval", "--checkpoint", s.path("a/model.safetensors"), "--limit", "100"};
     args.insert(args.end(), named.begin(), named.end());
     auto other = Trainctl(args, s.path(""), std::chrono::seconds(60));
     EXPECT_EQ(other.exit.code, kExitError) << other.output;
     EXPECT_NE(other.output.find("not the TorchScript module " + s.path("a/model.safetensors") + " was trained with"),
-              std::string::npos) << other.output;
+              std::string::npos)
+        << other.output;
   }
   // The module the user names, when it is the one: evaluated.
-  auto named = Trainctl({"eval", "--checkpoint", s.path("a/model.safetensors"), "--limit", "100", "--torchscript",
-                         s.path("bn_cnn.pt")}, s.path(""), std::chrono::seconds(60));
+  auto named = Trainctl(
+      {"eval", "--checkpoint", s.path("a/model.safetensors"), "--limit", "100", "--torchscript", s.path("bn_cnn.pt")},
+      s.path(""), std::chrono::seconds(60));
   EXPECT_EQ(named.exit.code, 0) << named.output;
   std::filesystem::rename(s.path("bn_cnn.pt"), s.path("models/bn_cnn.pt"));
   // A file that is not a module is a pre-flight error: no worker starts, no restart is spent.
@@ -475,7 +506,8 @@ TEST(Trainer, ATorchScriptModelTrainsResumesExactlyAndIsEvaluated) {
   auto refused = Trainctl({"run", s.Write("c.yaml", Spec("bad", s.path("c"), t))}, s.path(""));
   EXPECT_EQ(refused.exit.code, kExitInvalidSpec) << refused.output;
   EXPECT_NE(refused.output.find("trainer.model.torchscript: " + s.path("notes.pt") + ": not a TorchScript module"),
-            std::string::npos) << refused.output;
+            std::string::npos)
+      << refused.output;
 }
 
 // trainer.memory_format: checkpoints hold each tensor in its own order whatever the layout, so a
@@ -485,10 +517,9 @@ TEST(Trainer, ATorchScriptModelTrainsResumesExactlyAndIsEvaluated) {
 // with ATen's (a GPU build's CPU path) channels_last rounds differently in the last digits.
 TEST(Trainer, ACheckpointResumesInAnotherMemoryFormat) {
   Scratch s;
-  auto run = [&](const std::string& file, const std::string& out, int steps, const std::string& format,
-                 bool resume) {
-    std::string spec = s.Write(file, Spec("layout-" + out, s.path(out), ResumableTrainer(steps) +
-                                          "  memory_format: " + format + "\n"));
+  auto run = [&](const std::string& file, const std::string& out, int steps, const std::string& format, bool resume) {
+    std::string spec = s.Write(
+        file, Spec("layout-" + out, s.path(out), ResumableTrainer(steps) + "  memory_format: " + format + "\n"));
     std::vector<std::string> args = {"run", spec};
     if (resume) args.insert(args.begin() + 1, "--resume");
     return Trainctl(args, s.path(""), std::chrono::seconds(120));
@@ -518,25 +549,26 @@ TEST(Trainer, ACheckpointResumesInAnotherMemoryFormat) {
 TEST(Trainer, DeviceCudaTrainsOnTheGpuOrSaysWhyItCannot) {
   Scratch s;
   auto spec = [&](const std::string& file, const std::string& name, const std::string& out, int steps) {
-    return s.Write(file, Spec(name, s.path(out), ResumableTrainer(steps, "cuda"), 1, 1) +
-                             "restart: {max_restarts: 0}\n");
+    return s.Write(file,
+                   Spec(name, s.path(out), ResumableTrainer(steps, "cuda"), 1, 1) + "restart: {max_restarts: 0}\n");
   };
   auto whole = Trainctl({"run", spec("a.yaml", "whole", "a", 14)}, s.path(""), std::chrono::seconds(120));
   // Either way a configuration error (exit code 2), not a failure that spends the restart budget.
   if (!TRAINCTL_HAVE_NCCL) {  // found before anything starts
     EXPECT_EQ(whole.exit.code, 2) << whole.output;
-    EXPECT_NE(whole.output.find("trainer.device: cuda needs a trainctl built with CUDA and NCCL"),
-              std::string::npos) << whole.output;
+    EXPECT_NE(whole.output.find("trainer.device: cuda needs a trainctl built with CUDA and NCCL"), std::string::npos)
+        << whole.output;
     auto checked = Trainctl({"validate", s.path("a.yaml")}, s.path(""));
     EXPECT_EQ(checked.exit.code, 2) << checked.output;
-    EXPECT_NE(checked.output.find("trainer.device: cuda needs a trainctl built with CUDA and NCCL"),
-              std::string::npos) << checked.output;
+    EXPECT_NE(checked.output.find("trainer.device: cuda needs a trainctl built with CUDA and NCCL"), std::string::npos)
+        << checked.output;
     return;
   }
   if (!Exists("/dev/nvidiactl")) {  // the worker finds out, and says it no restart can help
     EXPECT_EQ(whole.exit.code, 2) << whole.output;
     EXPECT_NE(s.Read("a/logs/worker-0.log").find("trainer.device: cuda, but this worker cannot use a GPU"),
-              std::string::npos) << s.Read("a/logs/worker-0.log");
+              std::string::npos)
+        << s.Read("a/logs/worker-0.log");
     EXPECT_NE(whole.output.find("failed with an error no restart can fix"), std::string::npos) << whole.output;
     GTEST_SKIP() << "built with NCCL, but there is no GPU here";
   }
@@ -558,10 +590,11 @@ TEST(Trainer, ACorruptNewestCheckpointFallsBackToTheOneBefore) {
   Scratch s;
   auto trainer = [](int max_steps) {
     return "  model: cnn\n  data: {limit: 640}\n  batch_size: 32\n  threads: 1\n  eval: false\n"
-           "  checkpoint_every: 4\n  max_steps: " + std::to_string(max_steps) + "\n";
+           "  checkpoint_every: 4\n  max_steps: " +
+           std::to_string(max_steps) + "\n";
   };
-  auto first = Trainctl({"run", s.Write("a.yaml", Spec("fallback", s.path("out"), trainer(7)))},
-                        s.path(""), std::chrono::seconds(120));
+  auto first = Trainctl({"run", s.Write("a.yaml", Spec("fallback", s.path("out"), trainer(7)))}, s.path(""),
+                        std::chrono::seconds(120));
   ASSERT_EQ(first.exit.code, 0) << first.output;
   std::string newest = s.path("out/checkpoints/ckpt-0000000007.safetensors");
   ASSERT_TRUE(Exists(newest));
@@ -570,15 +603,14 @@ TEST(Trainer, ACorruptNewestCheckpointFallsBackToTheOneBefore) {
                          s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(second.exit.code, 0) << second.output;
   EXPECT_NE(second.output.find("skipping checkpoint " + newest), std::string::npos) << second.output;
-  EXPECT_NE(second.output.find("resuming from " + s.path("out/checkpoints/ckpt-0000000004")),
-            std::string::npos) << second.output;
+  EXPECT_NE(second.output.find("resuming from " + s.path("out/checkpoints/ckpt-0000000004")), std::string::npos)
+      << second.output;
 
   // An exported model (weights, no training position) put where a checkpoint goes is named as
   // such, not trained from as if it were one.
   std::string last = s.path("out/checkpoints/ckpt-0000000009.safetensors");
   ASSERT_TRUE(Exists(last));
-  std::filesystem::copy_file(s.path("out/model.safetensors"), last,
-                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(s.path("out/model.safetensors"), last, std::filesystem::copy_options::overwrite_existing);
   auto third = Trainctl({"run", "--resume", s.Write("c.yaml", Spec("fallback", s.path("out"), trainer(11)))},
                         s.path(""), std::chrono::seconds(120));
   // A configuration error: reported at once, without spending the restart budget on it.
@@ -586,10 +618,12 @@ TEST(Trainer, ACorruptNewestCheckpointFallsBackToTheOneBefore) {
   EXPECT_NE(third.output.find("failed with an error no restart can fix"), std::string::npos) << third.output;
   EXPECT_EQ(CountLines(third.output, "restarting the worker group"), 0) << third.output;
   EXPECT_NE(third.output.find(last + ": metadata field 'optimizer.steps' is missing, expected a whole "
-                              "number from 0 to 1099511627776 (is it an exported model, not a checkpoint?)"),
-            std::string::npos) << third.output;
+                                     "number from 0 to 1099511627776 (is it an exported model, not a checkpoint?)"),
+            std::string::npos)
+      << third.output;
   // The trainer wrote its error file as torch's @record would; the report quotes it.
-  EXPECT_NE(third.output.find("  error: invalid argument: " + last + ": metadata field"), std::string::npos) << third.output;
+  EXPECT_NE(third.output.find("  error: invalid argument: " + last + ": metadata field"), std::string::npos)
+      << third.output;
   EXPECT_NE(s.Read("out/logs/errors/worker-0.r0.t0.json").find("\"message\":\"invalid argument: "), std::string::npos);
 }
 
@@ -600,18 +634,20 @@ TEST(Trainer, AKilledWorkerResumesFromTheInMemorySnapshotExactly) {
       "  model: cnn\n  data: {limit: 1280}\n  batch_size: 32\n  threads: 1\n"
       "  deterministic: true\n  epochs: 3\n  max_steps: 50\n  eval: false\n  log_every: 1\n"
       "  checkpoint_every: 1000\n  snapshot_every: 4\n  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n";
-  auto whole = Trainctl({"run", s.Write("a.yaml", Spec("whole", s.path("a"), trainer))}, s.path(""),
-                        std::chrono::seconds(120));
+  auto whole =
+      Trainctl({"run", s.Write("a.yaml", Spec("whole", s.path("a"), trainer))}, s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(whole.exit.code, 0) << whole.output;
 
-  Background job({"run", s.Write("b.yaml", Spec("snap", s.path("b"), trainer))}, s.path(""),
-                 s.path("run.log"));
+  Background job({"run", s.Write("b.yaml", Spec("snap", s.path("b"), trainer))}, s.path(""), s.path("run.log"));
   int64_t seen = 0;
-  ASSERT_TRUE(Eventually([&] {
-    auto losses = Losses(Exists(s.path("b/metrics.jsonl")) ? s.Read("b/metrics.jsonl") : "");
-    seen = losses.empty() ? 0 : losses.rbegin()->first;
-    return seen >= 6;
-  }, std::chrono::seconds(60))) << job.Output();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto losses = Losses(Exists(s.path("b/metrics.jsonl")) ? s.Read("b/metrics.jsonl") : "");
+        seen = losses.empty() ? 0 : losses.rbegin()->first;
+        return seen >= 6;
+      },
+      std::chrono::seconds(60)))
+      << job.Output();
   auto rank1 = ProcessesWithEnv({"RANK=1", "TRAINCTL_JOB_NAME=snap"});
   ASSERT_EQ(rank1.size(), 1u);
   ASSERT_EQ(::kill(rank1[0], SIGKILL), 0);
@@ -620,7 +656,8 @@ TEST(Trainer, AKilledWorkerResumesFromTheInMemorySnapshotExactly) {
   ASSERT_EQ(exit.code, 0) << out;
 
   std::smatch m;
-  static const std::regex re("resuming from (/dev/shm/trainctl-snapshots-\\d+/[^/ ]+)/ckpt-\\d+\\.safetensors \\(step (\\d+),");
+  static const std::regex re(
+      "resuming from (/dev/shm/trainctl-snapshots-\\d+/[^/ ]+)/ckpt-\\d+\\.safetensors \\(step (\\d+),");
   ASSERT_TRUE(std::regex_search(out, m, re)) << out;
   // Step `seen` was logged before the kill, but its snapshot may not be written yet: the one
   // before it, at most snapshot_every (4) steps back, is.
@@ -660,10 +697,12 @@ TEST(Trainer, WorkersCopiedFromAServerWithLibTorchLoadedTrainAsExecdOnes) {
   ASSERT_EQ(execd.exit.code, 0) << execd.output;
   EXPECT_EQ(CountLines(execd.output, "copied from a worker server"), 0) << execd.output;
 
-  Background job({"--log-level", "debug", "run", s.Write("b.yaml", Spec("copied", s.path("b"), trainer))},
-                 s.path(""), s.path("run.log"));
-  ASSERT_TRUE(Eventually([&] { return Losses(Exists(s.path("b/metrics.jsonl")) ? s.Read("b/metrics.jsonl") : "").size() >= 6; },
-                         std::chrono::seconds(60))) << job.Output();
+  Background job({"--log-level", "debug", "run", s.Write("b.yaml", Spec("copied", s.path("b"), trainer))}, s.path(""),
+                 s.path("run.log"));
+  ASSERT_TRUE(
+      Eventually([&] { return Losses(Exists(s.path("b/metrics.jsonl")) ? s.Read("b/metrics.jsonl") : "").size() >= 6; },
+                 std::chrono::seconds(60)))
+      << job.Output();
   // A copy's environment is its own, in /proc as for getenv (top and tools find tasks there).
   auto rank1 = ProcessesWithEnv({"RANK=1", "LOCAL_RANK=1", "TRAINCTL_JOB_NAME=copied"});
   ASSERT_EQ(rank1.size(), 1u) << job.Output();
@@ -699,8 +738,9 @@ TEST(Trainer, WorkersCopiedFromAServerWithLibTorchLoadedTrainAsExecdOnes) {
   for (int64_t step = 1; step <= 40; ++step) EXPECT_EQ(a[step], b[step]) << "step " << step;
   EXPECT_EQ(Digest(s.Read("b/logs/worker-0.log")), Digest(s.Read("a/logs/worker-0.log")));
   EXPECT_NE(std::find(server_env.begin(), server_env.end(), "TRAINCTL_JOB_NAME=copied"), server_env.end());
-  EXPECT_TRUE(Eventually([&] { return ProcessesWithEnv({"TRAINCTL_JOB_NAME=copied"}).empty(); },
-                         std::chrono::seconds(5))) << "the server or a worker outlived the job";
+  EXPECT_TRUE(
+      Eventually([&] { return ProcessesWithEnv({"TRAINCTL_JOB_NAME=copied"}).empty(); }, std::chrono::seconds(5)))
+      << "the server or a worker outlived the job";
 }
 
 // An agent SIGKILLed: its worker server and the copies it made go with it, as exec'd workers do
@@ -709,29 +749,36 @@ TEST(Trainer, WorkersCopiedFromAServerWithLibTorchLoadedTrainAsExecdOnes) {
 TEST(Trainer, AWorkerServerAndItsCopiesEndWithTheirSigkilledAgent) {
   Scratch s;
   Background job({"run", s.Write("job.yaml", Spec("orphans", s.path("out"),
-                                                   "  model: cnn\n  data: {limit: 1280}\n  batch_size: 32\n"
-                                                   "  threads: 1\n  epochs: 1000\n  eval: false\n  log_every: 1\n"))},
+                                                  "  model: cnn\n  data: {limit: 1280}\n  batch_size: 32\n"
+                                                  "  threads: 1\n  epochs: 1000\n  eval: false\n  log_every: 1\n"))},
                  s.path(""), s.path("run.log"));
-  ASSERT_TRUE(Eventually([&] { return Losses(Exists(s.path("out/metrics.jsonl")) ? s.Read("out/metrics.jsonl") : "").size() >= 2; },
-                         std::chrono::seconds(60))) << job.Output();
+  ASSERT_TRUE(Eventually(
+      [&] { return Losses(Exists(s.path("out/metrics.jsonl")) ? s.Read("out/metrics.jsonl") : "").size() >= 2; },
+      std::chrono::seconds(60)))
+      << job.Output();
   auto processes = ProcessesWithEnv({"TRAINCTL_JOB_NAME=orphans"});
   ASSERT_EQ(processes.size(), 3u) << "two workers and their server";
   const pid_t agent = ParentOf(processes[0]);
   for (pid_t p : processes) ASSERT_EQ(ParentOf(p), agent);
   ASSERT_EQ(::kill(agent, SIGKILL), 0);
   for (pid_t p : processes) {
-    EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, std::chrono::seconds(5))) << "pid " << p << " outlived its agent";
+    EXPECT_TRUE(Eventually([p] { return ProcessGone(p); }, std::chrono::seconds(5)))
+        << "pid " << p << " outlived its agent";
   }
   std::vector<pid_t> next;
-  ASSERT_TRUE(Eventually([&] {
-    next = ProcessesWithEnv({"TRAINCTL_JOB_NAME=orphans"});
-    return next.size() == 3 && ParentOf(next[0]) != agent;
-  }, std::chrono::seconds(60))) << job.Output();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        next = ProcessesWithEnv({"TRAINCTL_JOB_NAME=orphans"});
+        return next.size() == 3 && ParentOf(next[0]) != agent;
+      },
+      std::chrono::seconds(60)))
+      << job.Output();
   ::kill(job.pid(), SIGTERM);
   ExitInfo exit = job.Wait(std::chrono::seconds(60));
   EXPECT_EQ(exit.code, kExitInterrupted) << job.Output();
-  EXPECT_TRUE(Eventually([] { return ProcessesWithEnv({"TRAINCTL_JOB_NAME=orphans"}).empty(); },
-                         std::chrono::seconds(5))) << "the new server or a worker outlived the job";
+  EXPECT_TRUE(
+      Eventually([] { return ProcessesWithEnv({"TRAINCTL_JOB_NAME=orphans"}).empty(); }, std::chrono::seconds(5)))
+      << "the new server or a worker outlived the job";
 }
 
 TEST(Trainer, ResNet18TrainsOnCifarShapedDataWithIdenticalRanks) {
@@ -760,20 +807,18 @@ TEST(Trainer, EvalReportsPerClassAccuracyAndTheConfusionMatrix) {
   data: {limit: 512, test_limit: 100}
   batch_size: 32
   threads: 1
-)", 1, 1));
+)",
+                                              1, 1));
   auto r = Trainctl({"run", spec}, s.path(""), std::chrono::seconds(120));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   EXPECT_NE(r.output.find("test accuracy"), std::string::npos) << r.output;
 
-  auto text = Trainctl({"eval", "--checkpoint", s.path("out/model.safetensors"), "--limit", "300"},
-                       s.path(""));
+  auto text = Trainctl({"eval", "--checkpoint", s.path("out/model.safetensors"), "--limit", "300"}, s.path(""));
   ASSERT_EQ(text.exit.code, 0) << text.output;
-  EXPECT_NE(text.output.find("Accuracy of the network on the 300 test images"), std::string::npos)
-      << text.output;
+  EXPECT_NE(text.output.find("Accuracy of the network on the 300 test images"), std::string::npos) << text.output;
   EXPECT_NE(text.output.find("Accuracy for class: Sneaker"), std::string::npos) << text.output;
 
-  auto js = Trainctl({"eval", "--checkpoint", s.path("out/checkpoints"), "--limit", "300", "-o",
-                      "json"}, s.path(""));
+  auto js = Trainctl({"eval", "--checkpoint", s.path("out/checkpoints"), "--limit", "300", "-o", "json"}, s.path(""));
   ASSERT_EQ(js.exit.code, 0) << js.output;
   auto j = nlohmann::json::parse(js.output.substr(js.output.find('{')));  // after eval's line on stderr
   EXPECT_EQ(j["images"], 300);
@@ -796,8 +841,8 @@ TEST(Trainer, EvalReportsPerClassAccuracyAndTheConfusionMatrix) {
 
 TEST(Trainer, BadInputGivesAClearError) {
   Scratch s;
-  std::string missing = s.Write("missing.yaml", Spec("nodata", s.path("out"),
-                                                     "  data: {dataset: mnist, dir: /nonexistent}\n"));
+  std::string missing =
+      s.Write("missing.yaml", Spec("nodata", s.path("out"), "  data: {dataset: mnist, dir: /nonexistent}\n"));
   for (const char* verb : {"run", "validate"}) {  // one pre-flight for both
     auto r = Trainctl({verb, missing}, s.path(""));
     EXPECT_EQ(r.exit.code, 2) << verb << "\n" << r.output;
@@ -826,7 +871,8 @@ timeouts: {collective: 2s, stop_grace: 2s}
   // Once rank 1 is training and a checkpoint exists, stop rank 1 as a debugger or a stuck NFS
   // read would.
   ASSERT_TRUE(Eventually([&] { return !checkpoint::CheckpointDir(s.path("out/checkpoints"), 1).List().empty(); },
-                         std::chrono::seconds(60))) << job.Output();
+                         std::chrono::seconds(60)))
+      << job.Output();
   auto rank1 = ProcessesWithEnv({"RANK=1", "TRAINCTL_JOB_NAME=stall"});
   ASSERT_EQ(rank1.size(), 1u);
   ASSERT_EQ(::kill(rank1[0], SIGSTOP), 0);
@@ -907,10 +953,11 @@ TEST(Trainer, TrainingGoesOnWhenOneOfThreeEtcdMembersIsKilled) {
   threads: 1
   log_every: 1
   eval: false
-rendezvous: )" + url + "\n", 2, 1));
+rendezvous: )" + url + "\n",
+                                              2, 1));
   Background job({"run", spec}, s.path(""), s.path("run.log"));
-  ASSERT_TRUE(Eventually([&] { return SplitLines(s.Read("out/metrics.jsonl")).size() >= 5; },
-                         std::chrono::seconds(60))) << job.Output();
+  ASSERT_TRUE(Eventually([&] { return SplitLines(s.Read("out/metrics.jsonl")).size() >= 5; }, std::chrono::seconds(60)))
+      << job.Output();
   etcd.Kill(0);  // the member every client tries first
   ExitInfo exit = job.Wait(std::chrono::seconds(120));
   EXPECT_EQ(exit.code, 0) << job.Output();

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "agent/warm_python.h"
@@ -69,11 +68,11 @@ struct Agent::Round {
   int round = 0;
   RoundInfo info;
   std::vector<RoleSpec> roles;
-  std::vector<Task> all;    // every task of the round, by rank (jobs with roles: TF_CONFIG)
-  std::vector<Task> mine;   // this node's, by local rank
-  int world_size = 0;       // the round's tasks
-  int deciders = 0;         // tasks whose success decides the job's
-  std::string master;       // MASTER_ADDR:MASTER_PORT
+  std::vector<Task> all;           // every task of the round, by rank (jobs with roles: TF_CONFIG)
+  std::vector<Task> mine;          // this node's, by local rank
+  int world_size = 0;              // the round's tasks
+  int deciders = 0;                // tasks whose success decides the job's
+  std::string master;              // MASTER_ADDR:MASTER_PORT
   std::vector<std::string> addrs;  // every task's host:port, for TF_CONFIG (jobs with roles)
   // Once its tasks have started.
   std::unique_ptr<TaskGroup> group;
@@ -158,8 +157,10 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
   if (s.cpu_bind == "cores") {
     w.cpus = CpuShare(AffinityCpus(), t.local, t.local_size);
     if (t.local == 0 && role.command.empty() && s.trainer.threads > static_cast<int>(w.cpus.size())) {
-      LOG_WARN("cpu_bind: cores gives each task {} CPU(s), but trainer.threads is {}: each worker's "
-               "threads will take turns on its CPUs", w.cpus.size(), s.trainer.threads);
+      LOG_WARN(
+          "cpu_bind: cores gives each task {} CPU(s), but trainer.threads is {}: each worker's "
+          "threads will take turns on its CPUs",
+          w.cpus.size(), s.trainer.threads);
     }
   }
   if (!GetEnv(w.env, "PYTHONUNBUFFERED")) SetEnv(&w.env, "PYTHONUNBUFFERED", "1");
@@ -221,8 +222,8 @@ WorkerLaunch Agent::Launch(const Round& r, const Task& t, int task_restarts) con
   w.cwd = s.working_dir;
   w.log_path = paths::TaskLog(s.output_dir, t.role, t.index);
   w.error_file = e.error_file;
-  w.log_header = "=== trainctl: run " + o_.run_id + ", round " + std::to_string(r.round) +
-                 ", restart " + std::to_string(r.info.restarts) +
+  w.log_header = "=== trainctl: run " + o_.run_id + ", round " + std::to_string(r.round) + ", restart " +
+                 std::to_string(r.info.restarts) +
                  (task_restarts ? ", task restart " + std::to_string(task_restarts) : "") + " ===\n";
   return w;
 }
@@ -296,8 +297,7 @@ Result<std::string> Agent::WaitForKey(int round, const std::string& key) {
     if (got.ok()) return Aborted("round " + std::to_string(round) + " ended while starting");
     if (got.status().code() != Code::kTimeout && got.status().code() != Code::kAborted) return got.status();
     if (env_->Now() >= deadline) {
-      return Timeout("no " + key + " within timeouts.rendezvous (" +
-                     FormatDuration(o_.spec.timeouts.rendezvous) + ")");
+      return Timeout("no " + key + " within timeouts.rendezvous (" + FormatDuration(o_.spec.timeouts.rendezvous) + ")");
     }
   }
 }
@@ -345,8 +345,10 @@ Agent::Outcome Agent::WaitOutRound(int round, const RoundInfo& full) {
     }
     if (!end->has_value()) {
       if (!waiting && !full.closed) {  // a dead agent this one replaces holds this node's rank there
-        LOG_INFO("round {} holds this node's rank for the agent it replaces: waiting to join the job at the "
-                 "next round", round);
+        LOG_INFO(
+            "round {} holds this node's rank for the agent it replaces: waiting to join the job at the "
+            "next round",
+            round);
         waiting = true;
       } else if (!waiting) {
         LOG_INFO("round {} is full ({} of max {} nodes): waiting to join the job at the next round", round,
@@ -448,7 +450,8 @@ std::optional<Agent::Outcome> Agent::Rendezvous(int restarts, Round* r) {
   }
   if (!joined->has_value()) {
     auto peek = PeekRound(*store_, r->round);
-    if (!peek.ok() || !peek->has_value()) return Error(kExitError, "rendezvous round " + std::to_string(r->round) + " vanished");
+    if (!peek.ok() || !peek->has_value())
+      return Error(kExitError, "rendezvous round " + std::to_string(r->round) + " vanished");
     return WaitOutRound(r->round, **peek);
   }
   r->info = **joined;
@@ -466,8 +469,8 @@ std::optional<Agent::Outcome> Agent::Rendezvous(int restarts, Round* r) {
     r->deciders += role.success ? role.replicas : 0;
   }
   if (info.group_rank == 0 && (r->round > 0 || info.group_world_size < s.nodes.max)) {
-    LOG_INFO("round {}: {} node(s), world size {} (restart {} of {})", r->round, info.group_world_size,
-             r->world_size, info.restarts, s.restart.max_restarts);
+    LOG_INFO("round {}: {} node(s), world size {} (restart {} of {})", r->round, info.group_world_size, r->world_size,
+             info.restarts, s.restart.max_restarts);
   }
   return std::nullopt;
 }
@@ -515,7 +518,8 @@ std::optional<Agent::Outcome> Agent::StartTasks(Round* rp) {
   for (const auto& t : r.mine) r.launches.push_back(Launch(r, t, 0));
   if (s.cpu_bind == "cores") {  // as Slurm's --cpu-bind=verbose says where tasks run
     std::string where;
-    for (const auto& w : r.launches) where += (where.empty() ? "" : ", ") + w.label + " on CPU " + FormatCpuList(w.cpus);
+    for (const auto& w : r.launches)
+      where += (where.empty() ? "" : ", ") + w.label + " on CPU " + FormatCpuList(w.cpus);
     LOG_INFO("cpu_bind: cores: {}", where);
   }
   r.group = env_->NewTaskGroup(o_.color_output, &forks_);
@@ -576,7 +580,8 @@ Agent::Outcome Agent::FinishRound(Round& r, const FailureRecord& rec) {
     if (env_->StopSignal()) break;
     for (const WorkerExit& e : r.group->ReapExited()) {
       const Task& t = r.mine[e.local_rank];
-      if (!e.exit.success()) LOG_WARN("{} {} ended with {} after the job succeeded", t.role, t.index, e.exit.Describe());
+      if (!e.exit.success())
+        LOG_WARN("{} {} ended with {} after the job succeeded", t.role, t.index, e.exit.Describe());
       left.erase(std::remove(left.begin(), left.end(), e.local_rank), left.end());
     }
   }
@@ -641,8 +646,8 @@ std::optional<Agent::Outcome> Agent::OnTaskExit(Round& r, const WorkerExit& e) {
   rec.role = t.role;
   rec.task_index = t.index;
   rec.pid = e.pid;
-  rec.exited_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::system_clock::now().time_since_epoch()).count();
+  rec.exited_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   rec.exit = e.exit.Describe();
   if (auto it = r.stuck.find(e.local_rank); it != r.stuck.end()) {
     rec.exit += " from trainctl: it was " + it->second;
@@ -665,8 +670,10 @@ std::optional<Agent::Outcome> Agent::OnTaskExit(Round& r, const WorkerExit& e) {
     rec.kind = FailureKind::kConfig;
     rec.restarts = r.info.restarts;
     rec.final = true;
-    rec.exit += " at its first start with an import error: a restart would fail the same way, so none is spent "
-                "(install the module for " + role.command[0] + ", or run an interpreter that has it)";
+    rec.exit +=
+        " at its first start with an import error: a restart would fail the same way, so none is spent "
+        "(install the module for " +
+        role.command[0] + ", or run an interpreter that has it)";
     return EndAndStop(r, rec, /*root_cause=*/true);
   }
   if (role.on_failure == "ignore") {
@@ -698,7 +705,8 @@ std::optional<Agent::Outcome> Agent::Beat(Round& r) {
   if (env_->Now() < r.next_beat) return std::nullopt;
   r.next_beat = env_->Now() + std::max<Duration>(Duration(100), s.timeouts.heartbeat / 5);
   Status st = store_->Set(keys::RoundHeartbeat(r.round, r.info.group_rank), std::to_string(++r.beats));
-  auto beat = st.ok() ? store_->TryGet(keys::RoundHeartbeat(r.round, r.watched)) : Result<std::optional<std::string>>(st);
+  auto beat =
+      st.ok() ? store_->TryGet(keys::RoundHeartbeat(r.round, r.watched)) : Result<std::optional<std::string>>(st);
   if (!beat.ok()) {
     r.group->Stop(s.timeouts.stop_grace);
     return Error(kExitError, "lost the job's store: " + beat.status().ToString());
@@ -736,9 +744,9 @@ Agent::Outcome Agent::Watch(Round& r) {
   // key, a peer's end of the round) is read every `poll`. In a job of one node only this agent
   // ends its rounds and a local launcher nudges it (kNudgeSignal) once it has set the stop key, so
   // it looks every half second: each wake-up preempts a worker on a machine they fill.
-  const Duration poll = s.nodes.max == 1 ? std::max<Duration>(o_.poll_interval, std::chrono::milliseconds(500))
-                                         : ByJobSize(std::chrono::milliseconds(250), o_.poll_interval,
-                                                     std::chrono::seconds(1));
+  const Duration poll = s.nodes.max == 1
+                            ? std::max<Duration>(o_.poll_interval, std::chrono::milliseconds(500))
+                            : ByJobSize(std::chrono::milliseconds(250), o_.poll_interval, std::chrono::seconds(1));
   // Once every task of this node has exited (its part is done, the job's is not), only the store
   // can bring news: the watch waits there for the round's end or the stop key, which the store
   // answers the moment one is set, instead of polling.
@@ -752,7 +760,8 @@ Agent::Outcome Agent::Watch(Round& r) {
       const Duration wait = std::clamp<Duration>(env_->Remaining(r.next_beat), Duration(1), kLongestWait);
       (void)env_->WaitForAny(*store_, watched_keys, wait);
       // A stop signal that came meanwhile, and what the tasks' children wrote.
-      while (r.group->WaitSignal(Duration(0)) != 0) {}
+      while (r.group->WaitSignal(Duration(0)) != 0) {
+      }
     } else {
       r.group->WaitSignal(poll);
     }
@@ -821,8 +830,7 @@ std::optional<int> Agent::AfterRound(const Outcome& out, int* restarts, int* qui
   }
   ++*quick_failures;
   if (out.reported) {
-    LOG_WARN("{}; restarting the worker group (restart {} of {}){}", f.Summary(), f.restarts,
-             s.restart.max_restarts,
+    LOG_WARN("{}; restarting the worker group (restart {} of {}){}", f.Summary(), f.restarts, s.restart.max_restarts,
              delay.count() > 0 ? " in " + FormatDuration(delay) + " (restart.backoff: failures in a row)" : "");
     if (!f.last_lines.empty()) LOG_WARN("its last output: {}", f.last_lines.back());
   }

@@ -38,22 +38,22 @@
 #include "job/records.h"
 #include "job/task_env.h"
 #include "job/tasks.h"
+#include "jobspec/job_spec.h"
 #include "rendezvous/rendezvous.h"
 #include "rendezvous/round_end.h"
-#include "jobspec/job_spec.h"
 #include "store/store.h"
 
 namespace trainctl {
 
 struct AgentOptions {
-  JobSpec spec;                 // output and checkpoint dirs already absolute
-  int node_rank = -1;           // -1: assigned by arrival order
+  JobSpec spec;        // output and checkpoint dirs already absolute
+  int node_rank = -1;  // -1: assigned by arrival order
   std::string run_id;
-  std::string host = "127.0.0.1";  // this node's address for peers (MASTER_ADDR when rank 0)
+  std::string host = "127.0.0.1";     // this node's address for peers (MASTER_ADDR when rank 0)
   std::vector<std::string> replaces;  // the ids of the dead agents this one replaces (RendezvousOptions)
-  std::string store_addr;       // URL, handed to tasks
-  std::string store_token;      // handed to tasks
-  std::string store_prefix;     // handed to tasks
+  std::string store_addr;             // URL, handed to tasks
+  std::string store_token;            // handed to tasks
+  std::string store_prefix;           // handed to tasks
   bool color_output = false;
   // A stop signal (SIGTERM, SIGINT) takes this node out of the job instead of stopping the job:
   // the others go on at a new round, as when a node is lost. A Kubernetes pod's SIGTERM means

@@ -24,12 +24,12 @@ class WorkerForks;
 
 struct WorkerLaunch {
   int local_rank = 0;
-  int rank = 0;  // global
+  int rank = 0;       // global
   std::string label;  // the output prefix: "worker-3", "ps-0"
   std::vector<std::string> argv;
   std::vector<std::string> env;
   std::string cwd;
-  std::string log_path;  // appended to
+  std::string log_path;    // appended to
   std::string log_header;  // written to the log before the worker starts
   std::string error_file;  // its TORCHELASTIC_ERROR_FILE (removed before it starts)
   std::vector<int> cpus;   // if not empty: the only CPUs it may run on (cpu_bind)

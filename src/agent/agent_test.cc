@@ -112,9 +112,9 @@ class FakeEnv : public AgentEnv {
   std::optional<Clock::time_point> next_exit_;
   std::optional<Clock::time_point> stop_at_;  // a SIGTERM arrives then
   int groups_ = 0;
-  std::vector<Clock::time_point> starts;      // when each group started
-  std::vector<Clock::time_point> failures;    // when a task exited non-zero
-  std::vector<WorkerLaunch> restarted;        // single-task restarts
+  std::vector<Clock::time_point> starts;    // when each group started
+  std::vector<Clock::time_point> failures;  // when a task exited non-zero
+  std::vector<WorkerLaunch> restarted;      // single-task restarts
   int stops = 0;
 };
 
@@ -221,11 +221,12 @@ TEST_F(AgentPolicy, AFailedTaskRestartsTheGroupWithBackOffUntilTheBudgetIsSpent)
     if (local == 1) return Fate{1s, 1};
     return std::nullopt;
   });
-  Agent agent(Options("procs_per_node: 2\nrestart: {max_restarts: 2, backoff: 10s, backoff_max: 60s}\n"), &store_, &env);
+  Agent agent(Options("procs_per_node: 2\nrestart: {max_restarts: 2, backoff: 10s, backoff_max: 60s}\n"), &store_,
+              &env);
   EXPECT_EQ(agent.Run(), kExitWorkerFailed);
   ASSERT_EQ(env.starts.size(), 3u);
   ASSERT_EQ(env.failures.size(), 3u);
-  EXPECT_LT(Since(env.failures[0], env.starts[1]), 1s);  // the first failure: at once
+  EXPECT_LT(Since(env.failures[0], env.starts[1]), 1s);   // the first failure: at once
   EXPECT_GE(Since(env.failures[1], env.starts[2]), 10s);  // then restart.backoff
   EXPECT_LT(Since(env.failures[1], env.starts[2]), 11s);
   EXPECT_EQ(Key(keys::kRestarts), "2");

@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 
 namespace trainctl {
@@ -20,7 +19,8 @@ Result<std::unique_ptr<FileTimerServer>> FileTimerServer::Start(const std::strin
   if (path.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/trainctl-timer-XXXXXX";
-    if (::mkdtemp(templ.data()) == nullptr) return Internal("cannot make a directory for the file timer: " + std::string(std::strerror(errno)));
+    if (::mkdtemp(templ.data()) == nullptr)
+      return Internal("cannot make a directory for the file timer: " + std::string(std::strerror(errno)));
     dir = templ;
     path = dir + "/timer";
   }
@@ -87,9 +87,9 @@ std::vector<FileTimerServer::Expired> FileTimerServer::Poll(const std::vector<pi
   // "python3 ..."`): its index, or workers.size().
   auto worker_of = [&](pid_t pid) {
     const pid_t group = ::getpgid(pid);
-    return static_cast<size_t>(std::find_if(workers.begin(), workers.end(),
-                                            [&](pid_t w) { return w > 0 && (w == pid || w == group); }) -
-                               workers.begin());
+    return static_cast<size_t>(
+        std::find_if(workers.begin(), workers.end(), [&](pid_t w) { return w > 0 && (w == pid || w == group); }) -
+        workers.begin());
   };
   auto ours = [&](pid_t pid) { return worker_of(pid) < workers.size(); };
   std::vector<Expired> out;
@@ -98,7 +98,8 @@ std::vector<FileTimerServer::Expired> FileTimerServer::Poll(const std::vector<pi
     if (e.worker >= workers.size()) continue;  // not the agent's: never signalled
     ::kill(pid, e.signal);
     out.push_back(e);
-    for (auto it = timers_.begin(); it != timers_.end();) it = it->first.first == pid ? timers_.erase(it) : std::next(it);
+    for (auto it = timers_.begin(); it != timers_.end();)
+      it = it->first.first == pid ? timers_.erase(it) : std::next(it);
   }
   // Timers of pids that are none of ours (gone, or never ours) are dropped once expired.
   for (auto it = timers_.begin(); it != timers_.end();) {

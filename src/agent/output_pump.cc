@@ -1,13 +1,12 @@
 #include "agent/output_pump.h"
 
-#include <ctime>
-
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "common/strings.h"
 #include "common/subprocess.h"
@@ -101,7 +100,8 @@ void OutputPump::Consume(Stream& s, const char* data, size_t n, bool flush_parti
       }
     }
     // On a terminal, shown as text: a worker's escape sequences do not drive it (colours pass).
-    std::string shown = (status_shown_ ? "\r\033[K" : "") + s.prefix + (color_ ? SafeForTerminal(line, true) : line) + "\n";
+    std::string shown =
+        (status_shown_ ? "\r\033[K" : "") + s.prefix + (color_ ? SafeForTerminal(line, true) : line) + "\n";
     status_shown_ = false;
     if (!out.empty() && out.size() + shown.size() > kAtomicWrite) Queue(std::move(out));
     out += shown;

@@ -31,8 +31,8 @@ class OutputPump {
 
   // Takes ownership of `read_fd` (a pipe read end) and `log_fd` (may be -1); `label` is the
   // prefix ("worker-3"). `times_path`, if not empty, is where the log's time marks go (opened at
-  // the first line: a task that writes nothing costs no second file). Adding `id` again (a restarted task) makes the new stream the one
-  // WaitDrained and Tail look at, while the old one drains.
+  // the first line: a task that writes nothing costs no second file). Adding `id` again (a restarted task) makes the
+  // new stream the one WaitDrained and Tail look at, while the old one drains.
   void Add(int id, const std::string& label, int read_fd, int log_fd, const std::string& times_path = "");
   // Copies output until one of the supervisor's signals comes (returned, as trainctl::WaitSignal
   // returns it) or `timeout` passes (0).
@@ -48,14 +48,14 @@ class OutputPump {
   struct Stream {
     int fd = -1;
     int log_fd = -1;
-    std::string times_path;     // <log>.times: "OFFSET UNIX_SECONDS" lines, for `logs --since`
-    int times_fd = -1;          // open once there is a line to mark
-    int64_t last_mark = -1;     // unix seconds of the last line written there
+    std::string times_path;  // <log>.times: "OFFSET UNIX_SECONDS" lines, for `logs --since`
+    int times_fd = -1;       // open once there is a line to mark
+    int64_t last_mark = -1;  // unix seconds of the last line written there
     std::string prefix;
     std::string partial;
     std::deque<std::string> tail;
     bool eof = false;
-    bool log_failed = false;    // a write to log_fd failed (said once)
+    bool log_failed = false;  // a write to log_fd failed (said once)
   };
   // One wait of at most `timeout` for output, room on stdout or (when `signals`) a signal, and
   // what it allows: copies each readable stream, writes a queued piece. The signal, or 0.
@@ -69,7 +69,7 @@ class OutputPump {
 
   int out_fd_;
   bool color_;
-  bool status_shown_ = false;  // a status line is on the terminal now
+  bool status_shown_ = false;      // a status line is on the terminal now
   std::map<int, Stream> streams_;  // by a key of their own: a restarted task gets a new one
   std::map<int, int> current_;     // task id -> its newest stream's key
   int next_key_ = 0;

@@ -54,8 +54,9 @@ std::string Strip(std::string s) {  // drops the colour codes around the prefix
 
 TEST(OutputPump, OnATerminalCarriageReturnLinesAreRedrawnAndNotLogged) {
   Pumped r = Pump("start\n10%\r50%\rdone\n", true);
-  EXPECT_EQ(Strip(r.shown), "[worker-0] start\n\r\033[K[worker-0] 10%\r\033[K[worker-0] 50%"
-                            "\r\033[K[worker-0] done\n");
+  EXPECT_EQ(Strip(r.shown),
+            "[worker-0] start\n\r\033[K[worker-0] 10%\r\033[K[worker-0] 50%"
+            "\r\033[K[worker-0] done\n");
   EXPECT_EQ(r.logged, "start\ndone\n");
 }
 
@@ -65,7 +66,10 @@ TEST(OutputPump, OnATerminalCarriageReturnLinesAreRedrawnAndNotLogged) {
 TEST(OutputPump, EscapeSequencesAreShownAsTextNotObeyed) {
   const std::string hostile = "\033[2J\033]0;owned\007\033[31mred\033[0m\bx\n";
   Pumped term = Pump(hostile, true);
-  EXPECT_EQ(Strip(term.shown), "[worker-0] ^[[2J^[]0;owned^G\033[31mred^H" "x\n") << term.shown;
+  EXPECT_EQ(Strip(term.shown),
+            "[worker-0] ^[[2J^[]0;owned^G\033[31mred^H"
+            "x\n")
+      << term.shown;
   Pumped plain = Pump(hostile, false);
   EXPECT_EQ(plain.shown, "[worker-0] " + hostile);
   EXPECT_EQ(plain.logged, hostile);
@@ -105,8 +109,9 @@ TEST(OutputPump, ALogThatCannotBeWrittenIsSaidOnce) {
   char buf[4096];
   for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) shown.append(buf, n);
   ::close(out[0]);
-  EXPECT_EQ(shown, "[worker-0] trainctl: its log file is incomplete from here on: No space left on device\n"
-                   "[worker-0] one\n[worker-0] two\n[worker-0] three\n");
+  EXPECT_EQ(shown,
+            "[worker-0] trainctl: its log file is incomplete from here on: No space left on device\n"
+            "[worker-0] one\n[worker-0] two\n[worker-0] three\n");
 }
 
 TEST(OutputPump, CrLfEndsAnOrdinaryLine) {
@@ -158,7 +163,8 @@ TEST(OutputPump, AStdoutThatTakesNothingDoesNotStallTheWait) {
   ASSERT_EQ(::pipe2(out, O_NONBLOCK), 0);
   ASSERT_EQ(::pipe(in), 0);
   std::string filler(4096, 'x');
-  while (::write(out[1], filler.data(), filler.size()) > 0) {}  // full
+  while (::write(out[1], filler.data(), filler.size()) > 0) {
+  }                                           // full
   ASSERT_EQ(::fcntl(out[1], F_SETFL, 0), 0);  // blocking again, as a terminal is
   OutputPump pump(out[1], false);
   pump.Add(0, "worker-0", in[0], -1);

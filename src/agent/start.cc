@@ -66,8 +66,10 @@ Result<std::pair<std::string, std::string>> StoreCredentials(const AgentProcessO
   if (addr.empty()) return InvalidArgument(std::string(kEnvStoreAddr) + " must be set to the job's store URL");
   if (addr.rfind("etcd", 0) != 0 && token.size() < 16) {
     // A guessable token opens the job's store (and with it the workers' commands) to its network.
-    return InvalidArgument(std::string(kEnvStoreToken) + " must hold the job's token, at least 16 characters (for "
-                           "example openssl rand -hex 32); it has " + std::to_string(token.size()));
+    return InvalidArgument(std::string(kEnvStoreToken) +
+                           " must hold the job's token, at least 16 characters (for "
+                           "example openssl rand -hex 32); it has " +
+                           std::to_string(token.size()));
   }
   return std::make_pair(std::move(addr), std::move(token));
 }
@@ -82,10 +84,9 @@ std::optional<int> ServeStore(const AgentProcessOptions& f, const std::optional<
                               std::string* served) {
   std::string host;
   uint16_t port = 0;
-  Status st = !spec ? InvalidArgument("--serve-store needs --spec")
-              : addr.rfind("tcp://", 0) != 0
-                  ? InvalidArgument("--serve-store needs a tcp:// store URL, got " + addr)
-                  : ParseHostPort(addr.substr(6), &host, &port);
+  Status st = !spec                          ? InvalidArgument("--serve-store needs --spec")
+              : addr.rfind("tcp://", 0) != 0 ? InvalidArgument("--serve-store needs a tcp:// store URL, got " + addr)
+                                             : ParseHostPort(addr.substr(6), &host, &port);
   TcpStoreServerOptions so;
   const bool loopback = st.ok() && IsLoopbackHost(host);
   so.host = !loopback ? "0.0.0.0" : host == "localhost" ? "127.0.0.1" : host;
@@ -218,9 +219,9 @@ int RunAgentProcess(const AgentProcessOptions& f) {
     if (auto code = ServeStore(f, file_spec, addr, token, &node_rank, &server, &served)) return *code;
   }
   // Its waits on keys end at a stop signal (StopSignalFd): the agent never polls for one.
-  auto client = OpenStore(server ? served : addr, token,
-                          file_spec ? file_spec->timeouts.rendezvous : std::chrono::seconds(30),
-                          [] { return StopSignal() != 0; }, StopSignalFd());
+  auto client = OpenStore(
+      server ? served : addr, token, file_spec ? file_spec->timeouts.rendezvous : std::chrono::seconds(30),
+      [] { return StopSignal() != 0; }, StopSignalFd());
   if (!client.ok()) {
     LOG_ERROR("{}", client.status().message());
     return client.status().code() == Code::kAborted ? kExitInterrupted : CodeFor(client.status());
@@ -270,7 +271,8 @@ int RunAgentProcess(const AgentProcessOptions& f) {
   const int code = agent.Run();
   auto exited = store.Add(keys::kAgentsExited, 1);
   // The store goes when this process does: first let the other agents see how the job ended.
-  if (server && started.ok() && exited.ok()) WaitForTheOtherAgents(store, spec->timeouts.stop_grace + std::chrono::seconds(5));
+  if (server && started.ok() && exited.ok())
+    WaitForTheOtherAgents(store, spec->timeouts.stop_grace + std::chrono::seconds(5));
   return code;
 }
 

@@ -13,31 +13,31 @@
 namespace trainctl {
 
 struct AgentProcessOptions {
-  int node_rank = -1;              // -1: by arrival
-  std::string task;                // "ROLE:INDEX": the node that runs that one task (pod per task)
+  int node_rank = -1;  // -1: by arrival
+  std::string task;    // "ROLE:INDEX": the node that runs that one task (pod per task)
   std::string run_id;
   // The job's store (URL) and token; empty: from the environment (kEnvStoreAddr, kEnvStoreToken),
   // where a launcher or a cluster engine's manifest puts them for `trainctl agent`.
   std::string store_addr, store_token;
-  std::string host = "127.0.0.1";  // this node's address for peers; "auto": its host name
+  std::string host = "127.0.0.1";     // this node's address for peers; "auto": its host name
   std::vector<std::string> replaces;  // the ids of the dead agents this one replaces (AgentOptions)
-  std::string spec_file;           // "" : the spec from the store
-  const JobSpec* spec = nullptr;   // instead of spec_file (trainctl torchrun builds it in memory)
-  bool serve_store = false;        // node 0 serves the store (needs spec_file)
+  std::string spec_file;              // "" : the spec from the store
+  const JobSpec* spec = nullptr;      // instead of spec_file (trainctl torchrun builds it in memory)
+  bool serve_store = false;           // node 0 serves the store (needs spec_file)
   // With serve_store: when the store's port is in use here already (another command on this
   // machine serves it, as torchrun's c10d backend allows), join it by arrival instead.
   bool join_if_served = false;
   bool color = false;
-  bool leave_on_signal = false;    // AgentOptions::leave_on_signal
+  bool leave_on_signal = false;  // AgentOptions::leave_on_signal
   // The job's cgroup (its directory), entered already (by a fork server, PrepareAgentCopies);
   // "": the one the environment names (kEnvCgroup), entered first thing.
   std::string cgroup;
   // Serves the node's Prometheus metrics on metrics_port while the agent runs (0: not). The
   // server lives in the monitor module, which the agent does not link: the CLI passes it in.
   int metrics_port = 0;
-  using MetricsServer = std::function<Result<std::shared_ptr<void>>(
-      const JobSpec& spec, const std::string& run_id, int port, const std::string& token,
-      const std::atomic<int>* group_rank)>;
+  using MetricsServer =
+      std::function<Result<std::shared_ptr<void>>(const JobSpec& spec, const std::string& run_id, int port,
+                                                  const std::string& token, const std::atomic<int>* group_rank)>;
   MetricsServer serve_metrics;
 };
 

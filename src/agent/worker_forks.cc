@@ -3,8 +3,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "agent/warm_python.h"
@@ -52,7 +52,7 @@ WorkerForks::~WorkerForks() {
 }
 
 WorkerForks::Server* WorkerForks::Find(const Plan& plan, const SpawnOptions& spawn,
-                                      const std::vector<std::string>& shared_env) {
+                                       const std::vector<std::string>& shared_env) {
   for (auto& s : servers_) {
     if (s.argv == plan.server_argv && s.env == shared_env && s.cwd == spawn.cwd) return &s;
   }
@@ -73,8 +73,8 @@ WorkerForks::Server* WorkerForks::Find(const Plan& plan, const SpawnOptions& spa
 
 std::optional<WorkerForks::Plan> WorkerForks::PlanFor(const SpawnOptions& spawn,
                                                       const std::vector<std::string>& preload) {
-  if (!enabled_ || !spawn.new_process_group || !spawn.die_with_parent || spawn.stdin_fd >= 0 ||
-      spawn.stderr_fd >= 0 || spawn.pass_fd >= 0) {
+  if (!enabled_ || !spawn.new_process_group || !spawn.die_with_parent || spawn.stdin_fd >= 0 || spawn.stderr_fd >= 0 ||
+      spawn.pass_fd >= 0) {
     return std::nullopt;
   }
   if (!preload.empty()) {
@@ -120,8 +120,8 @@ Result<pid_t> WorkerForks::Start(const SpawnOptions& spawn, const std::vector<st
       LOG_INFO("preload: the warm interpreter (pid {}) could not start {}: {}; each worker starts its own interpreter",
                s->server->pid(), Join(spawn.argv, " "), pid.status().message());
     } else {
-      LOG_DEBUG("the worker server (pid {}) could not start {}: {}; starting each worker on its own",
-                s->server->pid(), Join(spawn.argv, " "), pid.status().message());
+      LOG_DEBUG("the worker server (pid {}) could not start {}: {}; starting each worker on its own", s->server->pid(),
+                Join(spawn.argv, " "), pid.status().message());
     }
     const pid_t server = s->server->pid();
     s->server.reset();

@@ -63,8 +63,8 @@ Result<pid_t> WorkerGroup::SpawnOne(const WorkerLaunch& launch) {
     if (log_fd >= 0) ::close(log_fd);
     return pid.status();
   }
-  pump_->Add(launch.rank, launch.label.empty() ? "worker-" + std::to_string(launch.rank) : launch.label,
-             fds[0], log_fd, launch.log_path.empty() ? "" : launch.log_path + ".times");
+  pump_->Add(launch.rank, launch.label.empty() ? "worker-" + std::to_string(launch.rank) : launch.label, fds[0], log_fd,
+             launch.log_path.empty() ? "" : launch.log_path + ".times");
   return *pid;
 }
 
@@ -150,16 +150,19 @@ void WorkerGroup::StopWhere(Pick pick, Duration grace) {
     ::kill(-w.pid, SIGKILL);  // stragglers, and anything the worker left in its group
     if (!w.exited) {
       int status;
-      while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {}
+      while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+      }
       w.exited = true;
     }
   }
 }
 
 void WorkerGroup::StopSome(const std::vector<int>& local_ranks, Duration grace) {
-  StopWhere([&](const Worker& w) {
-    return std::find(local_ranks.begin(), local_ranks.end(), w.launch.local_rank) != local_ranks.end();
-  }, grace);
+  StopWhere(
+      [&](const Worker& w) {
+        return std::find(local_ranks.begin(), local_ranks.end(), w.launch.local_rank) != local_ranks.end();
+      },
+      grace);
 }
 
 void WorkerGroup::Stop(Duration grace) {
@@ -173,7 +176,8 @@ void WorkerGroup::Stop(Duration grace) {
     for (const auto& w : workers_) {
       int status;
       pid_t r;
-      while ((r = ::waitpid(-w.pid, &status, WNOHANG)) > 0) {}
+      while ((r = ::waitpid(-w.pid, &status, WNOHANG)) > 0) {
+      }
       left = left || r == 0;  // one of its group has yet to exit; ECHILD: none left
     }
     if (left) WaitSignal(Duration(10));

@@ -35,8 +35,8 @@ json Container(const std::string& image, json command, const std::string& mount)
           {"workingDir", mount},
           {"env", {{{"name", "HOME"}, {"value", "/tmp"}}}},
           {"volumeMounts", {{{"name", "data"}, {"mountPath", mount}}}},
-          {"securityContext", {{"allowPrivilegeEscalation", false}, {"runAsNonRoot", true},
-                               {"capabilities", {{"drop", {"ALL"}}}}}}};
+          {"securityContext",
+           {{"allowPrivilegeEscalation", false}, {"runAsNonRoot", true}, {"capabilities", {{"drop", {"ALL"}}}}}}};
 }
 
 json Raw(const std::string& name, const std::string& path, const std::string& data) {
@@ -65,8 +65,8 @@ Result<std::string> SelfContainedMatrix(const Matrix& m, const std::string& base
     e << YAML::EndSeq;
   }
   e << YAML::EndMap;
-  for (const auto& [which, points] : {std::pair<const char*, const std::vector<Point>*>{"include", &m.include},
-                                      {"exclude", &m.exclude}}) {
+  for (const auto& [which, points] :
+       {std::pair<const char*, const std::vector<Point>*>{"include", &m.include}, {"exclude", &m.exclude}}) {
     if (points->empty()) continue;
     e << YAML::Key << which << YAML::Value << YAML::BeginSeq;
     for (const auto& p : *points) {
@@ -130,9 +130,10 @@ Result<json> ArgoWorkflow(const Matrix& m, const std::string& base_file, const s
   }
   ASSIGN_OR_RETURN(std::string matrix, SelfContainedMatrix(m, base_file));
   const std::string matrix_file = std::string(kArtifacts) + "/matrix.yaml";
-  json report = {{"name", "report"},
-                 {"inputs", Raw("matrix", matrix_file, matrix)},
-                 {"container", Container(c.image, {"trainctl", "bench", matrix_file, "--collect", dir}, c.storage.mount)}};
+  json report = {
+      {"name", "report"},
+      {"inputs", Raw("matrix", matrix_file, matrix)},
+      {"container", Container(c.image, {"trainctl", "bench", matrix_file, "--collect", dir}, c.storage.mount)}};
   if (!m.upload.url.empty()) {
     // The upload's credentials, from a Secret the user creates: never in the workflow.
     for (const auto& [var, key] : {std::pair<const char*, const char*>{"AWS_ACCESS_KEY_ID", "access_key_id"},
@@ -144,13 +145,17 @@ Result<json> ArgoWorkflow(const Matrix& m, const std::string& base_file, const s
   const json dag = {{"name", "matrix"}, {"dag", {{"failFast", false}, {"tasks", tasks}}}};
   templates.insert(templates.begin(), dag);
   templates.push_back(report);
-  json labels = {{"app.kubernetes.io/name", "trainctl"}, {"app.kubernetes.io/component", "bench"},
-                 {"trainctl.dev/bench", m.name}};
+  json labels = {
+      {"app.kubernetes.io/name", "trainctl"}, {"app.kubernetes.io/component", "bench"}, {"trainctl.dev/bench", m.name}};
   json spec = {{"entrypoint", "matrix"},
                {"onExit", "report"},
                {"parallelism", m.parallel},
-               {"securityContext", {{"runAsNonRoot", true}, {"runAsUser", kUid}, {"runAsGroup", kUid}, {"fsGroup", kUid},
-                                    {"seccompProfile", {{"type", "RuntimeDefault"}}}}},
+               {"securityContext",
+                {{"runAsNonRoot", true},
+                 {"runAsUser", kUid},
+                 {"runAsGroup", kUid},
+                 {"fsGroup", kUid},
+                 {"seccompProfile", {{"type", "RuntimeDefault"}}}}},
                {"volumes", {{{"name", "data"}, {"persistentVolumeClaim", {{"claimName", claim}}}}}},
                {"templates", templates}};
   if (!c.image_pull_secret.empty()) spec["imagePullSecrets"] = {{{"name", c.image_pull_secret}}};

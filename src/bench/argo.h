@@ -8,9 +8,8 @@
 // <cluster.storage.mount>/bench/<name>/<stamp>/ on the spec's volume.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "bench/matrix.h"
 

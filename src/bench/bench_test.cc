@@ -6,8 +6,8 @@
 #include <tuple>
 
 #include "bench/matrix.h"
-#include "common/fs.h"
 #include "bench/results.h"
+#include "common/fs.h"
 
 namespace trainctl::bench {
 namespace {
@@ -19,14 +19,16 @@ Matrix Parse(const std::string& text) {
 }
 
 TEST(BenchMatrix, TheCrossProductWithoutExcludedPointsThenTheIncludedOnes) {
-  Matrix m = Parse("name: b\nspec: {name: j, command: ['true']}\n"
-                   "axes: {procs_per_node: [1, 2], trainer.batch_size: [32, 64], trainer.optimizer.name: [sgd, 'adam']}\n"
-                   "exclude: [{procs_per_node: 1, trainer.batch_size: 64}]\n"
-                   "include: [{procs_per_node: 4, trainer.batch_size: 32, trainer.optimizer.name: sgd}]\n"
-                   "repeats: 2\npeers: [{name: ddp, command: [torchrun, --nproc_per_node, '{procs_per_node}', x.py]}]\n");
+  Matrix m = Parse(
+      "name: b\nspec: {name: j, command: ['true']}\n"
+      "axes: {procs_per_node: [1, 2], trainer.batch_size: [32, 64], trainer.optimizer.name: [sgd, 'adam']}\n"
+      "exclude: [{procs_per_node: 1, trainer.batch_size: 64}]\n"
+      "include: [{procs_per_node: 4, trainer.batch_size: 32, trainer.optimizer.name: sgd}]\n"
+      "repeats: 2\npeers: [{name: ddp, command: [torchrun, --nproc_per_node, '{procs_per_node}', x.py]}]\n");
   const auto points = Points(m);
   ASSERT_EQ(points.size(), 2u * 2 * 2 - 2 + 1);
-  EXPECT_EQ(points[0], (Point{{"procs_per_node", "1"}, {"trainer.batch_size", "32"}, {"trainer.optimizer.name", "sgd"}}));
+  EXPECT_EQ(points[0],
+            (Point{{"procs_per_node", "1"}, {"trainer.batch_size", "32"}, {"trainer.optimizer.name", "sgd"}}));
   EXPECT_EQ(points[1][2].second, "\"adam\"") << "a quoted string stays a string when --set parses it";
   EXPECT_EQ(points.back()[0], (std::pair<std::string, std::string>{"procs_per_node", "4"}));
   const auto exps = Experiments(m);
@@ -36,15 +38,18 @@ TEST(BenchMatrix, TheCrossProductWithoutExcludedPointsThenTheIncludedOnes) {
   EXPECT_EQ(exps[1].command, (std::vector<std::string>{"torchrun", "--nproc_per_node", "1", "x.py"}));
   EXPECT_EQ(exps.back().repeat, 1);
   EXPECT_EQ(exps[1].workers, 0) << "no workers: given: the point's world size";
-  Matrix counted = Parse("name: b\nspec: {name: j, command: ['true']}\naxes: {procs_per_node: [2, 4]}\n"
-                         "peers: [{name: one, command: [a], workers: 1}, {name: ddp, command: [b], workers: '{procs_per_node}'}]\n");
+  Matrix counted = Parse(
+      "name: b\nspec: {name: j, command: ['true']}\naxes: {procs_per_node: [2, 4]}\n"
+      "peers: [{name: one, command: [a], workers: 1}, {name: ddp, command: [b], workers: '{procs_per_node}'}]\n");
   const auto with = Experiments(counted);
   ASSERT_EQ(with.size(), 6u);
   EXPECT_EQ(with[1].workers, 1);
   EXPECT_EQ(with[2].workers, 2);
   EXPECT_EQ(with[5].workers, 4);
   EXPECT_NE(ParseMatrix("name: b\nspec: {name: j}\npeers: [{name: p, command: [a], workers: many}]\n", "m.yaml")
-                .status().message().find("m.yaml:3: peers[0].workers: expected the peer's number of worker processes"),
+                .status()
+                .message()
+                .find("m.yaml:3: peers[0].workers: expected the peer's number of worker processes"),
             std::string::npos);
 }
 
@@ -55,8 +60,9 @@ TEST(BenchMatrix, EachRepeatHasASeedOfItsOwn) {
   ASSERT_NE(::mkdtemp(dir), nullptr);
   const std::string spec = std::string(dir) + "/job.yaml";
   ASSERT_TRUE(AtomicWriteFile(spec, "name: j\ntrainer: {model: cnn, seed: 40}\n").ok());
-  auto parsed = ParseMatrix("name: b\nspec: job.yaml\nrepeats: 3\npeers: [{name: p, command: [p.py, --seed, '{repeat}']}]\n",
-                            std::string(dir) + "/m.yaml");
+  auto parsed =
+      ParseMatrix("name: b\nspec: job.yaml\nrepeats: 3\npeers: [{name: p, command: [p.py, --seed, '{repeat}']}]\n",
+                  std::string(dir) + "/m.yaml");
   ASSERT_TRUE(parsed.ok()) << parsed.status().message();
   const Matrix& m = *parsed;
   const auto exps = Experiments(m);
@@ -71,34 +77,44 @@ TEST(BenchMatrix, EachRepeatHasASeedOfItsOwn) {
 }
 
 TEST(BenchMatrix, ErrorsNameTheLineAndTheField) {
-  auto m = ParseMatrix("name: b\nspec: {name: j}\naxes:\n  procs_per_node: 3\nrepeats: zero\nparalel: 2\n"
-                       "peers: [{name: trainctl, command: [x]}]\n", "m.yaml");
+  auto m = ParseMatrix(
+      "name: b\nspec: {name: j}\naxes:\n  procs_per_node: 3\nrepeats: zero\nparalel: 2\n"
+      "peers: [{name: trainctl, command: [x]}]\n",
+      "m.yaml");
   ASSERT_FALSE(m.ok());
   const std::string e = m.status().message();
   EXPECT_NE(e.find("m.yaml:4: axes.procs_per_node: expected a non-empty list of values"), std::string::npos) << e;
   EXPECT_NE(e.find("m.yaml:5: repeats: expected a whole number from 1 to 1000, got \"zero\""), std::string::npos) << e;
   EXPECT_NE(e.find("m.yaml:6: paralel: unknown field"), std::string::npos) << e;
   EXPECT_NE(e.find("m.yaml:7: peers[0].name: expected a name of its own"), std::string::npos) << e;
-  EXPECT_NE(ParseMatrix("name: b\nspec: nosuch.yaml\n", "d/m.yaml").status().message().find("no such file: d/nosuch.yaml"),
-            std::string::npos);
+  EXPECT_NE(
+      ParseMatrix("name: b\nspec: nosuch.yaml\n", "d/m.yaml").status().message().find("no such file: d/nosuch.yaml"),
+      std::string::npos);
   // Shapes the fuzzer found (bench_fuzz): an error, not an exception.
-  EXPECT_NE(ParseMatrix("name: b\nspec: {name: j}\npeers: [x]\n", "m.yaml").status().message().find(
-                "m.yaml:3: peers[0]: expected {name, command}"), std::string::npos);
+  EXPECT_NE(ParseMatrix("name: b\nspec: {name: j}\npeers: [x]\n", "m.yaml")
+                .status()
+                .message()
+                .find("m.yaml:3: peers[0]: expected {name, command}"),
+            std::string::npos);
   EXPECT_FALSE(ParseMatrix("name: b\nspec: {name: j}\naxes: {[a]: [1]}\n", "m.yaml").ok());
   // A peer's placeholder that names no axis would reach it as literal text: refused, with the nearest.
-  auto holes = ParseMatrix("name: b\nspec: {name: j}\naxes: {trainer.batch_size: [32]}\npeers:\n"
-                           "  - {name: p, command: [x, '--bs={trainer.batchsize}', '{repeat}', '{nope}', '{}']}\n",
-                           "m.yaml");
+  auto holes = ParseMatrix(
+      "name: b\nspec: {name: j}\naxes: {trainer.batch_size: [32]}\npeers:\n"
+      "  - {name: p, command: [x, '--bs={trainer.batchsize}', '{repeat}', '{nope}', '{}']}\n",
+      "m.yaml");
   ASSERT_FALSE(holes.ok());
   const std::string h = holes.status().message();
   EXPECT_NE(h.find("m.yaml:5: peers[0].command[1]: {trainer.batchsize} names no axis of the matrix; did you mean "
-                   "{trainer.batch_size}?"), std::string::npos) << h;
+                   "{trainer.batch_size}?"),
+            std::string::npos)
+      << h;
   EXPECT_NE(h.find("peers[0].command[3]: {nope} names no axis"), std::string::npos) << h;
   EXPECT_EQ(h.find("command[2]"), std::string::npos) << h;
   EXPECT_EQ(h.find("command[4]"), std::string::npos) << h;
 }
 
-Figures Made(const std::string& system, int workers, double epoch, double rate, const std::string& state = "succeeded") {
+Figures Made(const std::string& system, int workers, double epoch, double rate,
+             const std::string& state = "succeeded") {
   Figures f;
   f.system = system;
   f.point = {{"procs_per_node", std::to_string(workers)}};

@@ -85,13 +85,15 @@ class MatrixParser {
   }
 
   void Known() {
-    static const std::set<std::string> known = {"name", "spec", "layers", "set", "axes", "include", "exclude",
-                                                "repeats", "parallel", "target_accuracy", "peers", "target", "upload"};
+    static const std::set<std::string> known = {"name",    "spec",    "layers",  "set",      "axes",
+                                                "include", "exclude", "repeats", "parallel", "target_accuracy",
+                                                "peers",   "target",  "upload"};
     for (const auto& kv : root) {
       const std::string key = kv.first.as<std::string>();
       if (!known.count(key)) {
-        Error(kv.first, key, "unknown field; expected one of name, spec, layers, set, axes, include, exclude, "
-                             "repeats, parallel, target_accuracy, peers, target, upload");
+        Error(kv.first, key,
+              "unknown field; expected one of name, spec, layers, set, axes, include, exclude, "
+              "repeats, parallel, target_accuracy, peers, target, upload");
       }
     }
   }
@@ -101,16 +103,17 @@ class MatrixParser {
     if (!n) return;
     int v = 0;
     if (!n.IsScalar() || !YAML::convert<int>::decode(n, v) || v < lo || v > hi) {
-      Error(n, key, "expected a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) +
-                        ", got " + (n.IsScalar() ? "\"" + n.Scalar() + "\"" : std::string("a collection")));
+      Error(n, key,
+            "expected a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " +
+                (n.IsScalar() ? "\"" + n.Scalar() + "\"" : std::string("a collection")));
       return;
     }
     *out = v;
   }
 
   void SpecAndLayers() {
-    if (const YAML::Node n = root["name"]; n && n.IsScalar() && !n.Scalar().empty() &&
-                                            n.Scalar().find_first_of("/ \t\n") == std::string::npos) {
+    if (const YAML::Node n = root["name"];
+        n && n.IsScalar() && !n.Scalar().empty() && n.Scalar().find_first_of("/ \t\n") == std::string::npos) {
       m.name = n.Scalar();
     } else {
       Error(n ? n : root, "name", "expected the bench's name (no '/' or spaces), the folder its results go in");
@@ -197,8 +200,9 @@ class MatrixParser {
     }
     if (const YAML::Node n = root["target"]) {
       if (!n.IsScalar() || (n.Scalar() != "local" && n.Scalar() != "slurm" && n.Scalar() != "k8s")) {
-        Error(n, "target", "expected local (this machine), slurm (an sbatch per experiment) or k8s (an Argo "
-                           "Workflow, submitted with kubectl)");
+        Error(n, "target",
+              "expected local (this machine), slurm (an sbatch per experiment) or k8s (an Argo "
+              "Workflow, submitted with kubectl)");
       } else {
         m.target = n.Scalar();
       }
@@ -214,9 +218,9 @@ class MatrixParser {
       const std::string name = (*it)[1];
       if (std::find(fields.begin(), fields.end(), name) != fields.end()) continue;
       const std::string near = ClosestMatch(name, fields);
-      Error(at, field, "{" + name + "} names no axis of the matrix" +
-                           (near.empty() ? "" : "; did you mean {" + near + "}?") + " (placeholders: {" +
-                           Join(fields, "}, {") + "})");
+      Error(at, field,
+            "{" + name + "} names no axis of the matrix" + (near.empty() ? "" : "; did you mean {" + near + "}?") +
+                " (placeholders: {" + Join(fields, "}, {") + "})");
     }
   }
 

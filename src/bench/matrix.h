@@ -36,23 +36,23 @@ using Point = std::vector<std::pair<std::string, std::string>>;
 struct Peer {
   std::string name;
   std::vector<std::string> command;  // "{field}" in an argument is the point's value of that field
-  std::string workers;  // its worker processes: a number or "{field}"; "": the point's world size
+  std::string workers;               // its worker processes: a number or "{field}"; "": the point's world size
 };
 
 struct Matrix {
   std::string name;
-  std::string path;                     // the matrix file
-  std::string spec_file;                // "" when the spec is inline
-  std::string inline_spec;              // YAML of an inline spec
-  std::vector<std::string> layers;      // absolute or relative to the working directory
-  std::vector<std::string> sets;        // "key=value"
+  std::string path;                 // the matrix file
+  std::string spec_file;            // "" when the spec is inline
+  std::string inline_spec;          // YAML of an inline spec
+  std::vector<std::string> layers;  // absolute or relative to the working directory
+  std::vector<std::string> sets;    // "key=value"
   std::vector<std::pair<std::string, std::vector<std::string>>> axes;
   std::vector<Point> include, exclude;
   int repeats = 1;
   int parallel = 1;
-  double target_accuracy = 0;           // 0: none
-  std::string target = "local";         // local | slurm | k8s
-  UploadTarget upload;                  // url "": none
+  double target_accuracy = 0;    // 0: none
+  std::string target = "local";  // local | slurm | k8s
+  UploadTarget upload;           // url "": none
   std::vector<Peer> peers;
 };
 
@@ -60,9 +60,9 @@ struct Experiment {
   std::string id;      // unique in the matrix: system, the point's values, the repeat
   std::string system;  // "trainctl" or a peer's name
   Point point;
-  int repeat = 0;      // 0-based
+  int repeat = 0;                    // 0-based
   std::vector<std::string> command;  // a peer's, with the point substituted; empty for trainctl
-  int workers = 0;                    // a peer's own count (Peer::workers); 0: the point's world size
+  int workers = 0;                   // a peer's own count (Peer::workers); 0: the point's world size
 };
 
 // Parses and checks a matrix; kInvalidArgument names file:line: field.

@@ -55,12 +55,23 @@ std::string Html(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -151,8 +162,10 @@ std::string LineChart(const std::string& id, const std::string& title, const std
   }
   auto X = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
   auto Y = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
-  std::string svg = "<svg id=\"" + id + "\" class=\"chart\" viewBox=\"0 0 640 320\" width=\"640\" height=\"320\" "
-                    "xmlns=\"http://www.w3.org/2000/svg\" role=\"img\" aria-label=\"" + Html(title) + "\">";
+  std::string svg = "<svg id=\"" + id +
+                    "\" class=\"chart\" viewBox=\"0 0 640 320\" width=\"640\" height=\"320\" "
+                    "xmlns=\"http://www.w3.org/2000/svg\" role=\"img\" aria-label=\"" +
+                    Html(title) + "\">";
   svg += "<text x=\"320\" y=\"18\" text-anchor=\"middle\" class=\"title\">" + Html(title) + "</text>";
   svg += "<line x1=\"" + Fmt(L, "%.0f") + "\" y1=\"" + Fmt(H - B, "%.0f") + "\" x2=\"" + Fmt(W - R, "%.0f") +
          "\" y2=\"" + Fmt(H - B, "%.0f") + "\" class=\"axis\"/>";
@@ -177,8 +190,8 @@ std::string LineChart(const std::string& id, const std::string& title, const std
     const char* color = series[i].color;
     std::string pts;
     for (auto [x, y] : series[i].xy) pts += Fmt(X(x), "%.1f") + "," + Fmt(Y(y), "%.1f") + " ";
-    svg += "<polyline class=\"series\" fill=\"none\" stroke=\"" + std::string(color) + "\" stroke-width=\"2\" points=\"" +
-           pts + "\"/>";
+    svg += "<polyline class=\"series\" fill=\"none\" stroke=\"" + std::string(color) +
+           "\" stroke-width=\"2\" points=\"" + pts + "\"/>";
     for (auto [x, y] : series[i].xy) {
       if (series[i].xy.size() <= 30) {
         svg += "<circle class=\"point\" cx=\"" + Fmt(X(x), "%.1f") + "\" cy=\"" + Fmt(Y(y), "%.1f") +
@@ -191,15 +204,16 @@ std::string LineChart(const std::string& id, const std::string& title, const std
     for (std::string rest = series[i].name; !rest.empty();) {
       size_t cut = rest.size() <= kLegendChars ? rest.size() : rest.find_last_of(" ,=/", kLegendChars - 1);
       cut = cut == std::string::npos || cut < kLegendChars / 2 ? std::min(rest.size(), kLegendChars)
-            : cut == rest.size()                              ? cut
-                                                              : cut + 1;
+            : cut == rest.size()                               ? cut
+                                                               : cut + 1;
       lines.push_back(rest.substr(0, cut));
       rest.erase(0, cut);
     }
-    svg += "<rect x=\"" + Fmt(W - R + 10, "%.0f") + "\" y=\"" + Fmt(ly - 8, "%.0f") + "\" width=\"10\" height=\"10\" fill=\"" +
-           color + "\"/><text class=\"legend\">";
+    svg += "<rect x=\"" + Fmt(W - R + 10, "%.0f") + "\" y=\"" + Fmt(ly - 8, "%.0f") +
+           "\" width=\"10\" height=\"10\" fill=\"" + color + "\"/><text class=\"legend\">";
     for (const auto& line : lines) {
-      svg += "<tspan x=\"" + Fmt(W - R + 24, "%.0f") + "\" y=\"" + Fmt(ly + 1, "%.0f") + "\">" + Html(line) + "</tspan>";
+      svg +=
+          "<tspan x=\"" + Fmt(W - R + 24, "%.0f") + "\" y=\"" + Fmt(ly + 1, "%.0f") + "\">" + Html(line) + "</tspan>";
       ly += 13;
     }
     svg += "</text>";
@@ -221,10 +235,12 @@ std::string BarChart(const std::string& id, const std::string& title, const std:
   top *= 1.1;
   const double slot = (W - L - 20) / std::max<size_t>(1, bars.size());
   const std::string height = Fmt(H, "%.0f");
-  std::string svg = "<svg id=\"" + id + "\" class=\"chart\" viewBox=\"0 0 640 " + height + "\" width=\"640\" height=\"" +
-                    height + "\" xmlns=\"http://www.w3.org/2000/svg\" role=\"img\" aria-label=\"" + Html(title) + "\">";
+  std::string svg = "<svg id=\"" + id + "\" class=\"chart\" viewBox=\"0 0 640 " + height +
+                    "\" width=\"640\" height=\"" + height +
+                    "\" xmlns=\"http://www.w3.org/2000/svg\" role=\"img\" aria-label=\"" + Html(title) + "\">";
   svg += "<text x=\"320\" y=\"18\" text-anchor=\"middle\" class=\"title\">" + Html(title) + "</text>";
-  svg += "<line x1=\"60\" y1=\"" + Fmt(H - B, "%.0f") + "\" x2=\"620\" y2=\"" + Fmt(H - B, "%.0f") + "\" class=\"axis\"/>";
+  svg +=
+      "<line x1=\"60\" y1=\"" + Fmt(H - B, "%.0f") + "\" x2=\"620\" y2=\"" + Fmt(H - B, "%.0f") + "\" class=\"axis\"/>";
   svg += "<text x=\"14\" y=\"" + Fmt((T + H - B) / 2, "%.0f") + "\" transform=\"rotate(-90 14 " +
          Fmt((T + H - B) / 2, "%.0f") + ")\" text-anchor=\"middle\" class=\"label\">" + Html(ylabel) + "</text>";
   for (size_t i = 0; i < bars.size(); ++i) {
@@ -255,11 +271,24 @@ json Figures::ToJson() const {
   for (const auto& [k, v] : point) p.push_back({k, v});
   json loss_json = json::array();
   for (auto [s, l] : loss) loss_json.push_back({s, l});
-  return {{"id", id}, {"system", system}, {"state", state}, {"point", p}, {"repeat", repeat}, {"workers", workers},
-          {"exit_code", exit_code}, {"failure", failure}, {"started", started}, {"wall_seconds", wall_seconds},
-          {"epoch_seconds", epoch_seconds}, {"samples_per_s", samples_per_s}, {"test_accuracy", test_accuracy},
-          {"time_to_accuracy", time_to_accuracy}, {"peak_rss_mb", peak_rss_mb},
-          {"comm_wait_seconds", comm_wait_seconds}, {"restarts", restarts}, {"loss", loss_json}};
+  return {{"id", id},
+          {"system", system},
+          {"state", state},
+          {"point", p},
+          {"repeat", repeat},
+          {"workers", workers},
+          {"exit_code", exit_code},
+          {"failure", failure},
+          {"started", started},
+          {"wall_seconds", wall_seconds},
+          {"epoch_seconds", epoch_seconds},
+          {"samples_per_s", samples_per_s},
+          {"test_accuracy", test_accuracy},
+          {"time_to_accuracy", time_to_accuracy},
+          {"peak_rss_mb", peak_rss_mb},
+          {"comm_wait_seconds", comm_wait_seconds},
+          {"restarts", restarts},
+          {"loss", loss_json}};
 }
 
 Result<Figures> Figures::FromJson(const json& j) {
@@ -357,8 +386,8 @@ void ReadFigures(const std::string& output_dir, double target_accuracy, Figures*
   if (f->failure.empty() && s.failure) {
     // The run's failure record (job/records.h): which task, how it ended, its last words.
     const FailureRecord& r = *s.failure;
-    f->failure = std::string(FailureKindName(r.kind)) + " failure: " + (r.role.empty() ? "worker" : r.role) +
-                 " rank " + std::to_string(r.rank) + ", " + (r.exit.empty() ? "?" : r.exit);
+    f->failure = std::string(FailureKindName(r.kind)) + " failure: " + (r.role.empty() ? "worker" : r.role) + " rank " +
+                 std::to_string(r.rank) + ", " + (r.exit.empty() ? "?" : r.exit);
     if (!r.error.empty()) f->failure += ": " + r.error;
     if (r.error.empty() && !r.last_lines.empty()) f->failure += ": " + json(r.last_lines.back()).dump();
   }
@@ -445,16 +474,33 @@ Status WriteResultsJson(const std::string& dir, const Matrix& m, const std::vect
   for (const auto& f : experiments) list.push_back(f.ToJson());
   json ag = json::array();
   for (const auto& a : aggs) {
-    ag.push_back({{"key", a.key}, {"system", a.system}, {"point", PointText(a.point)}, {"workers", a.workers},
-                  {"runs", a.runs}, {"succeeded", a.succeeded}, {"mlperf", a.mlperf},
-                  {"wall_seconds", a.wall_mean}, {"wall_seconds_std", a.wall_std}, {"epoch_seconds", a.epoch_mean}, {"epoch_seconds_std", a.epoch_std},
-                  {"samples_per_s", a.rate_mean}, {"samples_per_s_std", a.rate_std},
-                  {"time_to_accuracy", a.tta_mean}, {"time_to_accuracy_std", a.tta_std}, {"missed_target", a.missed},
-                  {"test_accuracy", a.accuracy_mean}, {"peak_rss_mb", a.rss_max},
-                  {"comm_wait_seconds", a.comm_mean}, {"scaling_efficiency", a.efficiency}});
+    ag.push_back({{"key", a.key},
+                  {"system", a.system},
+                  {"point", PointText(a.point)},
+                  {"workers", a.workers},
+                  {"runs", a.runs},
+                  {"succeeded", a.succeeded},
+                  {"mlperf", a.mlperf},
+                  {"wall_seconds", a.wall_mean},
+                  {"wall_seconds_std", a.wall_std},
+                  {"epoch_seconds", a.epoch_mean},
+                  {"epoch_seconds_std", a.epoch_std},
+                  {"samples_per_s", a.rate_mean},
+                  {"samples_per_s_std", a.rate_std},
+                  {"time_to_accuracy", a.tta_mean},
+                  {"time_to_accuracy_std", a.tta_std},
+                  {"missed_target", a.missed},
+                  {"test_accuracy", a.accuracy_mean},
+                  {"peak_rss_mb", a.rss_max},
+                  {"comm_wait_seconds", a.comm_mean},
+                  {"scaling_efficiency", a.efficiency}});
   }
-  json doc = {{"bench", m.name}, {"matrix", m.path}, {"target_accuracy", m.target_accuracy},
-              {"written", static_cast<int64_t>(std::time(nullptr))}, {"experiments", list}, {"aggregates", ag}};
+  json doc = {{"bench", m.name},
+              {"matrix", m.path},
+              {"target_accuracy", m.target_accuracy},
+              {"written", static_cast<int64_t>(std::time(nullptr))},
+              {"experiments", list},
+              {"aggregates", ag}};
   RETURN_IF_ERROR(AtomicWriteFile(dir + "/results.json", doc.dump(2) + "\n"));
   return Status::Ok();
 }
@@ -469,8 +515,9 @@ Status WriteResultsCsv(const std::string& dir, const std::vector<Figures>& exper
   }
   std::string csv = "id,system,repeat";
   for (const auto& k : keys) csv += "," + Csv(k);
-  csv += ",workers,state,exit_code,wall_seconds,epoch_seconds,samples_per_s,test_accuracy,time_to_accuracy,"
-         "peak_rss_mb,comm_wait_seconds,restarts,failure\n";
+  csv +=
+      ",workers,state,exit_code,wall_seconds,epoch_seconds,samples_per_s,test_accuracy,time_to_accuracy,"
+      "peak_rss_mb,comm_wait_seconds,restarts,failure\n";
   for (const auto& f : experiments) {
     csv += Csv(f.id) + "," + Csv(f.system) + "," + std::to_string(f.repeat + 1);
     for (const auto& k : keys) {
@@ -499,16 +546,19 @@ Status WriteSummary(const std::string& dir, const Matrix& m, const std::vector<F
                    "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& a : aggs) {
     md += "| " + a.system + " | " + PointText(a.point) + " | " + std::to_string(a.workers) + " | " +
-          std::to_string(a.succeeded) + "/" + std::to_string(a.runs) + " | " + PlusMinus(a.wall_mean, a.wall_std, "%.2f", a.succeeded) +
-          " | " + PlusMinus(a.epoch_mean, a.epoch_std, "%.3f", a.succeeded) +
-          " | " + PlusMinus(a.rate_mean, a.rate_std, "%.0f", a.succeeded) + " | " + (a.efficiency < 0 ? "-" : Fmt(a.efficiency, "%.3f")) +
-          " | " + (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + " | " +
-          TimeToAccuracyText(a) + " | " + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + " | " +
-          (a.comm_mean < 0 ? "-" : Fmt(a.comm_mean, "%.3f")) + " |\n";
+          std::to_string(a.succeeded) + "/" + std::to_string(a.runs) + " | " +
+          PlusMinus(a.wall_mean, a.wall_std, "%.2f", a.succeeded) + " | " +
+          PlusMinus(a.epoch_mean, a.epoch_std, "%.3f", a.succeeded) + " | " +
+          PlusMinus(a.rate_mean, a.rate_std, "%.0f", a.succeeded) + " | " +
+          (a.efficiency < 0 ? "-" : Fmt(a.efficiency, "%.3f")) + " | " +
+          (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + " | " + TimeToAccuracyText(a) + " | " +
+          (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + " | " + (a.comm_mean < 0 ? "-" : Fmt(a.comm_mean, "%.3f")) +
+          " |\n";
   }
   std::string failed;
   for (const auto& f : experiments) {
-    if (f.state != "succeeded") failed += "- `" + f.id + "`: " + f.state + (f.failure.empty() ? "" : ": " + f.failure) + "\n";
+    if (f.state != "succeeded")
+      failed += "- `" + f.id + "`: " + f.state + (f.failure.empty() ? "" : ": " + f.failure) + "\n";
   }
   if (!failed.empty()) md += "\n## Not succeeded\n\n" + failed;
   RETURN_IF_ERROR(AtomicWriteFile(dir + "/summary.md", md));
@@ -521,15 +571,17 @@ Status WriteReport(const std::string& dir, const Matrix& m, const std::vector<Fi
   std::string h = "<!doctype html><html><head><meta charset=\"utf-8\"><title>" + Html(m.name) +
                   " — trainctl bench</title><style>" + kCss + "</style></head><body><h1>" + Html(m.name) + "</h1>";
   h += "<p>" + std::to_string(experiments.size()) + " experiments from <code>" + Html(m.path) + "</code>.</p>";
-  h += "<table id=\"aggregates\"><tr><th class=\"l\">system</th><th class=\"l\">point</th><th>workers</th><th>ok/runs</th>"
+  h += "<table id=\"aggregates\"><tr><th class=\"l\">system</th><th "
+       "class=\"l\">point</th><th>workers</th><th>ok/runs</th>"
        "<th>wall s</th><th>epoch s</th><th>samples/s</th><th>scaling eff.</th><th>test acc.</th><th>time to acc. s</th>"
        "<th>peak RSS MB</th></tr>";
   for (const auto& a : aggs) {
     h += "<tr><td class=\"l\">" + Html(a.system) + "</td><td class=\"l\">" + Html(PointText(a.point)) + "</td><td>" +
          std::to_string(a.workers) + "</td><td>" + std::to_string(a.succeeded) + "/" + std::to_string(a.runs) +
          "</td><td>" + Html(PlusMinus(a.wall_mean, a.wall_std, "%.2f", a.succeeded)) + "</td><td>" +
-         Html(PlusMinus(a.epoch_mean, a.epoch_std, "%.3f", a.succeeded)) + "</td><td>" + Html(PlusMinus(a.rate_mean, a.rate_std, "%.0f", a.succeeded)) +
-         "</td><td>" + (a.efficiency < 0 ? "-" : Fmt(a.efficiency)) + "</td><td>" +
+         Html(PlusMinus(a.epoch_mean, a.epoch_std, "%.3f", a.succeeded)) + "</td><td>" +
+         Html(PlusMinus(a.rate_mean, a.rate_std, "%.0f", a.succeeded)) + "</td><td>" +
+         (a.efficiency < 0 ? "-" : Fmt(a.efficiency)) + "</td><td>" +
          (a.accuracy_mean < 0 ? "-" : Fmt(a.accuracy_mean, "%.4f")) + "</td><td>" + Html(TimeToAccuracyText(a)) +
          "</td><td>" + (a.rss_max < 0 ? "-" : Fmt(a.rss_max, "%.0f")) + "</td></tr>";
   }
@@ -558,19 +610,22 @@ Status WriteReport(const std::string& dir, const Matrix& m, const std::vector<Fi
   h += BarChart("efficiency", "Scaling efficiency (per-worker throughput vs. the fewest workers)", "efficiency", eff);
   std::vector<Series> loss;
   for (const auto& f : experiments) {
-    if (f.repeat == 0 && !f.loss.empty()) loss.push_back({ShortLabel(f.system, f.point), color(ShortLabel(f.system, f.point)), f.loss});
+    if (f.repeat == 0 && !f.loss.empty())
+      loss.push_back({ShortLabel(f.system, f.point), color(ShortLabel(f.system, f.point)), f.loss});
   }
   h += LineChart("loss", "Training loss", "step", "loss", loss);
   if (m.target_accuracy > 0) {
     h += BarChart("tta", "Time to " + Fmt(m.target_accuracy, "%.2f") + " test accuracy", "seconds", tta);
   }
   h += "</div><h2>Experiments</h2><table id=\"experiments\"><tr><th class=\"l\">id</th><th class=\"l\">state</th>"
-       "<th>wall s</th><th>epoch s</th><th>samples/s</th><th>test acc.</th><th>restarts</th><th class=\"l\">failure</th></tr>";
+       "<th>wall s</th><th>epoch s</th><th>samples/s</th><th>test acc.</th><th>restarts</th><th "
+       "class=\"l\">failure</th></tr>";
   for (const auto& f : experiments) {
     h += "<tr" + std::string(f.state == "succeeded" ? "" : " class=\"failed\"") + "><td class=\"l\">" + Html(f.id) +
          "</td><td class=\"l\">" + Html(f.state) + "</td><td>" + Fmt(f.wall_seconds, "%.2f") + "</td><td>" +
-         Fmt(f.epoch_seconds) + "</td><td>" + Fmt(f.samples_per_s, "%.0f") + "</td><td>" + Fmt(f.test_accuracy, "%.4f") +
-         "</td><td>" + std::to_string(f.restarts) + "</td><td class=\"l\">" + Html(f.failure) + "</td></tr>";
+         Fmt(f.epoch_seconds) + "</td><td>" + Fmt(f.samples_per_s, "%.0f") + "</td><td>" +
+         Fmt(f.test_accuracy, "%.4f") + "</td><td>" + std::to_string(f.restarts) + "</td><td class=\"l\">" +
+         Html(f.failure) + "</td></tr>";
   }
   h += "</table></body></html>\n";
   return AtomicWriteFile(dir + "/report.html", h);
@@ -605,8 +660,7 @@ Result<std::vector<Figures>> ReadResults(const std::string& dir) {
   return out;
 }
 
-std::string Compare(const std::vector<Figures>& a, const std::vector<Figures>& b, double threshold,
-                    int* regressions) {
+std::string Compare(const std::vector<Figures>& a, const std::vector<Figures>& b, double threshold, int* regressions) {
   *regressions = 0;
   const auto aa = Aggregates(a), bb = Aggregates(b);
   std::string out;
@@ -625,8 +679,8 @@ std::string Compare(const std::vector<Figures>& a, const std::vector<Figures>& b
     }
     const double rr = it->rate_mean > 0 && x.rate_mean > 0 ? x.rate_mean / it->rate_mean : -1;
     const double er = it->epoch_mean > 0 && x.epoch_mean > 0 ? x.epoch_mean / it->epoch_mean : -1;
-    const bool worse = (rr > 0 && rr < 1 - threshold) || (er > 0 && er > 1 + threshold) ||
-                       (it->succeeded > 0 && x.succeeded == 0);
+    const bool worse =
+        (rr > 0 && rr < 1 - threshold) || (er > 0 && er > 1 + threshold) || (it->succeeded > 0 && x.succeeded == 0);
     if (worse) ++*regressions;
     std::snprintf(line, sizeof line, "%-*s %12s %12s %8s %12s %12s %8s%s\n", width, x.key.substr(0, 900).c_str(),
                   Fmt(it->rate_mean, "%.1f").c_str(), Fmt(x.rate_mean, "%.1f").c_str(), Fmt(rr, "%.3f").c_str(),
@@ -635,7 +689,8 @@ std::string Compare(const std::vector<Figures>& a, const std::vector<Figures>& b
     out += line;
   }
   for (const auto& y : aa) {
-    if (std::none_of(bb.begin(), bb.end(), [&](const Aggregate& x) { return x.key == y.key; })) out += y.key + ": only in A\n";
+    if (std::none_of(bb.begin(), bb.end(), [&](const Aggregate& x) { return x.key == y.key; }))
+      out += y.key + ": only in A\n";
   }
   return out;
 }

@@ -6,10 +6,9 @@
 #pragma once
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "bench/matrix.h"
 
@@ -21,13 +20,13 @@ struct Figures {
   int repeat = 0;
   int workers = 1;
   int exit_code = -1;
-  std::string failure;            // the run's failure report (status.json), or why it could not start
-  double started = 0;             // unix seconds
-  double wall_seconds = -1;       // start to exit, as bench saw it
-  double epoch_seconds = -1;      // median over the epochs
-  double samples_per_s = -1;      // median over the epochs
-  double test_accuracy = -1;      // the last
-  double time_to_accuracy = -1;   // from start to the first test accuracy >= the target
+  std::string failure;           // the run's failure report (status.json), or why it could not start
+  double started = 0;            // unix seconds
+  double wall_seconds = -1;      // start to exit, as bench saw it
+  double epoch_seconds = -1;     // median over the epochs
+  double samples_per_s = -1;     // median over the epochs
+  double test_accuracy = -1;     // the last
+  double time_to_accuracy = -1;  // from start to the first test accuracy >= the target
   double peak_rss_mb = -1;
   double comm_wait_seconds = -1;  // summed over the epochs
   int restarts = 0;
@@ -47,7 +46,7 @@ struct Aggregate {
   std::string key, system;  // key: the system and the point
   Point point;
   int workers = 1, runs = 0, succeeded = 0;
-  bool mlperf = false;  // >= 5 runs: fastest and slowest dropped
+  bool mlperf = false;                  // >= 5 runs: fastest and slowest dropped
   double wall_mean = -1, wall_std = 0;  // start to exit, as bench saw it
   double epoch_mean = -1, epoch_std = 0, rate_mean = -1, rate_std = 0, tta_mean = -1, tta_std = 0;
   double accuracy_mean = -1, rss_max = -1, comm_mean = -1;
@@ -68,7 +67,6 @@ Result<std::vector<Figures>> ReadResults(const std::string& dir);
 
 // `bench compare`: B against A, point by point; regressions are throughput down or epoch time up
 // by more than `threshold` (0.05: 5 %). Returns the table; `regressions` counts them.
-std::string Compare(const std::vector<Figures>& a, const std::vector<Figures>& b, double threshold,
-                    int* regressions);
+std::string Compare(const std::vector<Figures>& a, const std::vector<Figures>& b, double threshold, int* regressions);
 
 }  // namespace trainctl::bench

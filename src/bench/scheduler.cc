@@ -9,9 +9,8 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
-#include <regex>
-
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "bench/results.h"
 #include "bench/upload.h"
@@ -52,14 +51,16 @@ void PeerMetrics(const std::string& out) {
 // "ValueError: ...", torchrun's "error: ..."), else the last line with words in it, not a
 // banner of "====" that torchrun prints after the error. ": LINE", or "" for no output.
 std::string Why(const std::string& log) {
-  static const std::regex error(R"(^\s*(\w+\.)*\w*(Error|Exception|Interrupt)\b.*:|\berror\b|\bERROR\b)", std::regex::icase);
+  static const std::regex error(R"(^\s*(\w+\.)*\w*(Error|Exception|Interrupt)\b.*:|\berror\b|\bERROR\b)",
+                                std::regex::icase);
   const auto lines = SplitLines(ReadTail(log, 8000));
   std::string words;
   for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
     // torchrun's own exception, after its workers' (which is what failed), says only that they did.
     if (it->find("ChildFailedError") != std::string::npos) continue;
     if (std::regex_search(*it, error)) return ": " + *it;
-    if (words.empty() && std::any_of(it->begin(), it->end(), [](unsigned char c) { return std::isalnum(c); })) words = *it;
+    if (words.empty() && std::any_of(it->begin(), it->end(), [](unsigned char c) { return std::isalnum(c); }))
+      words = *it;
   }
   return words.empty() ? "" : ": " + words;
 }
@@ -79,7 +80,7 @@ class Scheduler::Impl {
       if (f.state == "succeeded" || f.state == "failed") kept[f.id] = f;
     }
     std::string errors;
-    std::map<std::string, int> workers;  // by point
+    std::map<std::string, int> workers;           // by point
     std::vector<JobSpec> resolved(exps_.size());  // each experiment's spec, with its own output directory
     for (size_t i = 0; i < exps_.size(); ++i) {
       const Experiment& e = exps_[i];
@@ -262,9 +263,12 @@ class Scheduler::Impl {
     so.env = CurrentEnvironment();
     if (!m_.upload.url.empty()) {
       // The upload's credentials are bench's, not the experiments': what they print is uploaded.
-      so.env.erase(std::remove_if(so.env.begin(), so.env.end(), [](const std::string& kv) {
-                     return kv.rfind("AWS_SECRET_ACCESS_KEY=", 0) == 0 || kv.rfind("AWS_SESSION_TOKEN=", 0) == 0;
-                   }), so.env.end());
+      so.env.erase(std::remove_if(so.env.begin(), so.env.end(),
+                                  [](const std::string& kv) {
+                                    return kv.rfind("AWS_SECRET_ACCESS_KEY=", 0) == 0 ||
+                                           kv.rfind("AWS_SESSION_TOKEN=", 0) == 0;
+                                  }),
+                   so.env.end());
     }
     const std::string config = dir_ + "/experiments/" + e.id + "/config";
     std::string log = out + (e.system == "trainctl" ? "/bench.log" : "/stdout.log");
@@ -279,8 +283,8 @@ class Scheduler::Impl {
         std::string wrapped;
         for (const auto& a : e.command) wrapped += (wrapped.empty() ? "" : " ") + slurm::ShellQuote(a);
         so.argv.insert(so.argv.end(), {"--job-name=" + e.id, "--nodes=" + std::to_string(nodes_[Key(e.point)]),
-                                       "--output=" + out + "/stdout.log",
-                                       "--export=ALL,TRAINCTL_BENCH_OUTPUT=" + out, "--wrap=" + wrapped});
+                                       "--output=" + out + "/stdout.log", "--export=ALL,TRAINCTL_BENCH_OUTPUT=" + out,
+                                       "--wrap=" + wrapped});
       }
     } else if (e.system == "trainctl") {
       so.argv = {self, "run", config + "/job.json"};
@@ -348,7 +352,6 @@ class Scheduler::Impl {
   Clock::time_point stop_deadline_;
   double inside_ = 0;  // seconds of the experiments this invocation ran
 };
-
 
 Scheduler::Scheduler(Matrix m, std::string dir, std::string base_file, Check check)
     : impl_(std::make_unique<Impl>(std::move(m), std::move(dir), std::move(base_file), std::move(check))) {}

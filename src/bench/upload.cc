@@ -4,10 +4,9 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <type_traits>
-
 #include <cstdio>
 #include <filesystem>
+#include <type_traits>
 
 #include "common/subprocess.h"
 
@@ -34,9 +33,10 @@ std::string Env(const char* key) { return GetEnv(CurrentEnvironment(), key).valu
 // libcurl, opened on first use: linking it would load its ~25 libraries (TLS, Kerberos, LDAP...)
 // into every trainctl process (each agent and worker: about 7 ms of each one's start), for the
 // one verb that uploads.
-#define TRAINCTL_CURL_FUNCTIONS(X)                                                              \
-  X(global_init) X(easy_init) X(easy_reset) X(easy_setopt) X(easy_perform) X(easy_getinfo)     \
-  X(easy_strerror) X(easy_escape) X(free) X(slist_append) X(slist_free_all) X(easy_cleanup)
+#define TRAINCTL_CURL_FUNCTIONS(X)                                                                                  \
+  X(global_init)                                                                                                    \
+  X(easy_init) X(easy_reset) X(easy_setopt) X(easy_perform) X(easy_getinfo) X(easy_strerror) X(easy_escape) X(free) \
+      X(slist_append) X(slist_free_all) X(easy_cleanup)
 struct Curl {
 #define TRAINCTL_CURL_FIELD(name) decltype(&curl_##name) name;
   TRAINCTL_CURL_FUNCTIONS(TRAINCTL_CURL_FIELD)
@@ -88,7 +88,8 @@ std::string S3ErrorCode(const std::string& reply) {
   const size_t close = open == std::string::npos ? open : reply.find("</Code>", open);
   if (close == std::string::npos) return "";
   const std::string code = reply.substr(open + 6, close - open - 6);
-  if (code.empty() || code.size() > 64 || code.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz") != std::string::npos) {
+  if (code.empty() || code.size() > 64 ||
+      code.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz") != std::string::npos) {
     return "";
   }
   static const std::pair<const char*, const char*> hints[] = {
@@ -107,8 +108,10 @@ std::string S3ErrorCode(const std::string& reply) {
 Status CheckUpload(const UploadTarget& t) {
   if (auto b = ParseUrl(t.url); !b.ok()) return b.status();
   if (Env("AWS_ACCESS_KEY_ID").empty() || Env("AWS_SECRET_ACCESS_KEY").empty()) {
-    return InvalidArgument("upload: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for "
-                           "temporary credentials) for " + t.url + "; the matrix holds no secrets");
+    return InvalidArgument(
+        "upload: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for "
+        "temporary credentials) for " +
+        t.url + "; the matrix holds no secrets");
   }
   if (!t.endpoint.empty() && t.endpoint.rfind("http://", 0) != 0 && t.endpoint.rfind("https://", 0) != 0) {
     return InvalidArgument("upload.endpoint: expected an http:// or https:// URL, got \"" + t.endpoint + "\"");
@@ -173,11 +176,12 @@ Result<int> UploadTree(const UploadTarget& t, const std::string& dir, const std:
     lib.easy_setopt(curl, CURLOPT_ERRORBUFFER, error);
     reply.clear();
     lib.easy_setopt(curl, CURLOPT_WRITEDATA, &reply);
-    lib.easy_setopt(curl, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t n, void* out) {
-      auto* text = static_cast<std::string*>(out);
-      text->append(data, std::min(size * n, text->size() < 65536 ? 65536 - text->size() : 0));
-      return size * n;
-    });
+    lib.easy_setopt(
+        curl, CURLOPT_WRITEFUNCTION, +[](char* data, size_t size, size_t n, void* out) {
+          auto* text = static_cast<std::string*>(out);
+          text->append(data, std::min(size * n, text->size() < 65536 ? 65536 - text->size() : 0));
+          return size * n;
+        });
     const CURLcode rc = lib.easy_perform(curl);
     std::fclose(in);
     long http = 0;

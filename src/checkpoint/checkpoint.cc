@@ -3,17 +3,14 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <new>
-
-#include <charconv>
-
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
 #include <filesystem>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -97,9 +94,9 @@ const Blob* Checkpoint::Find(const std::string& name) const {
 }
 
 int DtypeSize(const std::string& dtype) {
-  static const std::map<std::string, int> sizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
-      {"I16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"U16", 2}, {"U32", 4}, {"U64", 8}};
+  static const std::map<std::string, int> sizes = {{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+                                                   {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1},
+                                                   {"U16", 2}, {"U32", 4}, {"U64", 8}};
   auto it = sizes.find(dtype);
   return it == sizes.end() ? 0 : it->second;
 }
@@ -119,9 +116,8 @@ Result<std::string> Encode(const Checkpoint& c) {
     if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second) {
       return InvalidArgument("tensor name " + t.name + " is empty, reserved or repeated");
     }
-    header[t.name] = {{"dtype", t.dtype},
-                      {"shape", t.shape},
-                      {"data_offsets", {data.size(), data.size() + t.data.size()}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.data.size()}}};
     data += t.data;
   }
   json meta = json::object();
@@ -146,8 +142,10 @@ int JsonDepth(std::string_view text) {
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -187,9 +185,11 @@ Result<Layout> ParseHeader(std::string_view text, uint64_t data_size, const std:
     uint64_t declared = 0;
     for (const auto& [name, entry] : header.items()) {
       if (name == "__metadata__") continue;
-      const auto offsets = entry.is_object() && entry.contains("data_offsets") ? Naturals(entry["data_offsets"], UINT64_MAX)
-                                                                              : std::nullopt;
-      if (!offsets || offsets->size() != 2) return bad("tensor " + name + ": its data_offsets are not two whole numbers");
+      const auto offsets = entry.is_object() && entry.contains("data_offsets")
+                               ? Naturals(entry["data_offsets"], UINT64_MAX)
+                               : std::nullopt;
+      if (!offsets || offsets->size() != 2)
+        return bad("tensor " + name + ": its data_offsets are not two whole numbers");
       declared = std::max(declared, (*offsets)[1]);
     }
     if (declared != data_size) {
@@ -265,9 +265,11 @@ Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
   auto bad = [&source](const std::string& why) { return InvalidArgument(source + ": " + why); };
   if (bytes.size() < 8) return bad("truncated: shorter than a safetensors header");
   const uint64_t n = HeaderLength(bytes);
-  if (n > kMaxHeaderBytes || n > bytes.size() - 8) return bad("truncated or corrupt: header length " + std::to_string(n));
+  if (n > kMaxHeaderBytes || n > bytes.size() - 8)
+    return bad("truncated or corrupt: header length " + std::to_string(n));
   const size_t data_start = 8 + n;
-  ASSIGN_OR_RETURN(Layout l, ParseHeader(std::string_view(bytes).substr(8, n), bytes.size() - data_start, source, false));
+  ASSIGN_OR_RETURN(Layout l,
+                   ParseHeader(std::string_view(bytes).substr(8, n), bytes.size() - data_start, source, false));
   for (size_t i = 0; i < l.ranges.size(); ++i) {
     l.c.tensors[i].data = bytes.substr(data_start + l.ranges[i].first, l.ranges[i].second - l.ranges[i].first);
   }
@@ -276,7 +278,7 @@ Result<Checkpoint> Decode(const std::string& bytes, const std::string& source) {
 
 Result<Checkpoint> ReadCheckpointFile(const std::string& path) {
   auto bad = [&path](const std::string& why) { return InvalidArgument(path + ": " + why); };
-  struct stat st{};
+  struct stat st {};
   auto opened = OpenRegularFile(path, &st);
   if (!opened.ok()) {
     if (opened.status().code() == Code::kInvalidArgument) {
@@ -318,7 +320,8 @@ Result<Checkpoint> ReadCheckpointFile(const std::string& path) {
   try {
     for (size_t i : order) {
       const auto [begin, end] = l.ranges[i];
-      if (begin != at) return bad("tensor " + l.c.tensors[i].name + ": its bytes overlap another tensor's or leave a gap");
+      if (begin != at)
+        return bad("tensor " + l.c.tensors[i].name + ": its bytes overlap another tensor's or leave a gap");
       std::string& data = l.c.tensors[i].data;
       data.resize(end - begin);
       for (uint64_t done = 0; done < data.size();) {

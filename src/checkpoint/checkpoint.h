@@ -21,9 +21,9 @@ namespace trainctl::checkpoint {
 
 struct Blob {
   std::string name;
-  std::string dtype;           // safetensors dtype: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL
+  std::string dtype;  // safetensors dtype: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL
   std::vector<int64_t> shape;
-  std::string data;            // little-endian, row-major; size = product(shape) * dtype size
+  std::string data;  // little-endian, row-major; size = product(shape) * dtype size
 };
 
 struct Checkpoint {

@@ -1,17 +1,15 @@
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/meta.h"
 
 #include <gtest/gtest.h>
-
 #include <sys/resource.h>
-
-#include <cstring>
-#include <fstream>
-#include <filesystem>
-#include <random>
-
 #include <zlib.h>
 
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "checkpoint/meta.h"
 #include "tests/test_util.h"
 
 namespace trainctl::checkpoint {
@@ -71,7 +69,8 @@ TEST(Safetensors, AFileIsCheckedByItsHeaderBeforeTheRestIsRead) {
   auto cut = ReadCheckpointFile(s.path("cut.safetensors"));
   ASSERT_FALSE(cut.ok());
   EXPECT_NE(cut.status().message().find("the header declares 24 bytes of tensor data, the file holds 20"),
-            std::string::npos) << cut.status().message();
+            std::string::npos)
+      << cut.status().message();
   auto device = ReadCheckpointFile("/dev/zero");
   ASSERT_FALSE(device.ok());
   EXPECT_EQ(device.status().message(), "/dev/zero: not a regular file; expected a .safetensors model or checkpoint");
@@ -104,8 +103,7 @@ TEST(Safetensors, EveryKindOfDamageIsCaught) {
   std::string flipped = good;
   flipped[flipped.size() - 3] ^= 0x40;
   EXPECT_NE(Decode(flipped, "f").status().message().find("checksum mismatch"), std::string::npos);
-  EXPECT_NE(Decode(good.substr(0, good.size() - 4), "t").status().message().find("does not fit"),
-            std::string::npos);
+  EXPECT_NE(Decode(good.substr(0, good.size() - 4), "t").status().message().find("does not fit"), std::string::npos);
   EXPECT_NE(Decode(good.substr(0, 5), "s").status().message().find("truncated"), std::string::npos);
   std::string bad_header = good;
   bad_header[8] = '[';
@@ -120,14 +118,14 @@ TEST(Safetensors, AShapeOrOffsetThatIsNotAWholeNumberIsALocatedError) {
   uint64_t n = 0;
   std::memcpy(&n, good.data(), 8);
   const std::string header = good.substr(8, n), data = good.substr(8 + n);
-  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
-           {"\"shape\":[1]", "\"shape\":[5.55556e+23]"},
-           {"\"shape\":[1]", "\"shape\":[1.0]"},
-           {"\"shape\":[1]", "\"shape\":[-1]"},
-           {"\"shape\":[1]", "\"shape\":[\"1\"]"},
-           {"\"shape\":[1]", "\"shape\":[18446744073709551615]"},
-           {"\"data_offsets\":[16,24]", "\"data_offsets\":[16,2.4e1]"},
-           {"\"data_offsets\":[16,24]", "\"data_offsets\":[-16,24]"}}) {
+  for (const auto& [from, to] :
+       std::vector<std::pair<std::string, std::string>>{{"\"shape\":[1]", "\"shape\":[5.55556e+23]"},
+                                                        {"\"shape\":[1]", "\"shape\":[1.0]"},
+                                                        {"\"shape\":[1]", "\"shape\":[-1]"},
+                                                        {"\"shape\":[1]", "\"shape\":[\"1\"]"},
+                                                        {"\"shape\":[1]", "\"shape\":[18446744073709551615]"},
+                                                        {"\"data_offsets\":[16,24]", "\"data_offsets\":[16,2.4e1]"},
+                                                        {"\"data_offsets\":[16,24]", "\"data_offsets\":[-16,24]"}}) {
     std::string h = header;
     const size_t at = h.find(from);
     ASSERT_NE(at, std::string::npos) << h;
@@ -151,9 +149,14 @@ TEST(Safetensors, FuzzedFilesNeverCrashTheDecoder) {
     for (int e = 0; e < edits; ++e) {
       size_t pos = rng() % bytes.size();
       switch (rng() % 3) {
-        case 0: bytes[pos] = static_cast<char>(rng()); break;
-        case 1: bytes.erase(pos, 1 + rng() % 8); break;
-        default: bytes.insert(pos, 1, static_cast<char>(rng()));
+        case 0:
+          bytes[pos] = static_cast<char>(rng());
+          break;
+        case 1:
+          bytes.erase(pos, 1 + rng() % 8);
+          break;
+        default:
+          bytes.insert(pos, 1, static_cast<char>(rng()));
       }
       if (bytes.empty()) bytes = "x";
     }
@@ -167,10 +170,9 @@ TEST(Safetensors, FuzzedFilesNeverCrashTheDecoder) {
 // What the trainer writes, with one field changed: every value read back is checked.
 Checkpoint ModelSample() {
   Checkpoint c = Sample(5);
-  c.metadata = {{"model", "cnn"},       {"dataset", "fashion-mnist"}, {"data_dir", ""},
-                {"shape", "1,28,28"},   {"classes", "10"},            {"norm_mean", "0.286"},
-                {"norm_std", "0.353"},  {"optimizer.steps", "5"},     {"batch_in_epoch", "5"},
-                {"global_batch", "128"}, {"epoch", "0"}};
+  c.metadata = {{"model", "cnn"},        {"dataset", "fashion-mnist"}, {"data_dir", ""},      {"shape", "1,28,28"},
+                {"classes", "10"},       {"norm_mean", "0.286"},       {"norm_std", "0.353"}, {"optimizer.steps", "5"},
+                {"batch_in_epoch", "5"}, {"global_batch", "128"},      {"epoch", "0"}};
   return c;
 }
 
@@ -188,7 +190,9 @@ TEST(Metadata, WhatTheTrainerWritesReadsBack) {
 // Crafted metadata (the CRC covers only the tensors): a located error, never a crash, a division
 // by zero or an allocation sized from the file.
 TEST(Metadata, CraftedValuesAreLocatedErrors) {
-  struct Case { std::string field, value, message; };
+  struct Case {
+    std::string field, value, message;
+  };
   for (const Case& c : std::vector<Case>{
            {"classes", "0", "metadata field 'classes' is '0', expected a whole number from 2 to 4096"},
            {"classes", "4294967297", "'classes' is '4294967297'"},
@@ -209,9 +213,12 @@ TEST(Metadata, CraftedValuesAreLocatedErrors) {
     EXPECT_EQ(meta.status().message().rfind("m.safetensors: ", 0), 0u);
     EXPECT_NE(meta.status().message().find(c.message), std::string::npos) << meta.status().message();
   }
-  for (const auto& [field, value] : std::vector<std::pair<std::string, std::string>>{
-           {"batch_in_epoch", "-1"}, {"global_batch", "0"}, {"global_batch", "9223372036854775807"},
-           {"epoch", "1e9"}, {"optimizer.steps", ""}}) {
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, std::string>>{{"batch_in_epoch", "-1"},
+                                                        {"global_batch", "0"},
+                                                        {"global_batch", "9223372036854775807"},
+                                                        {"epoch", "1e9"},
+                                                        {"optimizer.steps", ""}}) {
     Checkpoint ck = ModelSample();
     ck.metadata[field] = value;
     auto pos = ReadPosition(ck, "c.safetensors");
@@ -254,8 +261,8 @@ TEST(CheckpointDir, KeepsTheLastKAndResumesFromTheNewest) {
   ASSERT_TRUE(latest.ok());
   EXPECT_EQ(latest->step, 300);
   // No temporary files are left behind.
-  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(s.path("ckpt")),
-                          std::filesystem::directory_iterator()), 2);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(s.path("ckpt")), std::filesystem::directory_iterator()),
+            2);
 }
 
 TEST(CheckpointDir, FallsBackPastACorruptOrTruncatedNewest) {
@@ -291,9 +298,9 @@ TEST(Safetensors, ALargeCheckpointIsStreamedThroughItsChecksumIntoItsTensors) {
       crc = ::crc32(crc, reinterpret_cast<const Bytef*>(zeros.data()), static_cast<uInt>(zeros.size()));
     }
   }
-  std::string header = "{\"w\":{\"dtype\":\"F32\",\"shape\":[" + std::to_string(data / 4) +
-                       "],\"data_offsets\":[0," + std::to_string(data) + "]},\"__metadata__\":{\"trainctl.crc32\":\"" +
-                       std::to_string(crc) + "\",\"trainctl.step\":\"5\"}}";
+  std::string header = "{\"w\":{\"dtype\":\"F32\",\"shape\":[" + std::to_string(data / 4) + "],\"data_offsets\":[0," +
+                       std::to_string(data) + "]},\"__metadata__\":{\"trainctl.crc32\":\"" + std::to_string(crc) +
+                       "\",\"trainctl.step\":\"5\"}}";
   header.append((8 - header.size() % 8) % 8, ' ');
   std::string head(8, '\0');
   for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((uint64_t{header.size()} >> (8 * i)) & 0xff);

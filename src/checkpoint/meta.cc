@@ -11,8 +11,7 @@ namespace {
 
 constexpr int64_t kMaxCount = int64_t{1} << 40;
 
-Status Bad(const std::string& source, const std::string& field, const std::string& value,
-           const std::string& expected) {
+Status Bad(const std::string& source, const std::string& field, const std::string& value, const std::string& expected) {
   return InvalidArgument(source + ": metadata field '" + field + "' is " +
                          (value.empty() ? "missing" : "'" + value.substr(0, 64) + "'") + ", expected " + expected);
 }
@@ -27,8 +26,9 @@ Result<int64_t> Count(const Checkpoint& c, const std::string& source, const std:
   int64_t v = 0;
   const std::string text = c.Meta(field);
   if (!ParseInt(text, &v) || v < min || v > max) {
-    return Bad(source, field, text, "a whole number from " + std::to_string(min) + " to " + std::to_string(max) +
-                                        (field == "optimizer.steps" ? " (is it an exported model, not a checkpoint?)" : ""));
+    return Bad(source, field, text,
+               "a whole number from " + std::to_string(min) + " to " + std::to_string(max) +
+                   (field == "optimizer.steps" ? " (is it an exported model, not a checkpoint?)" : ""));
   }
   return v;
 }
@@ -117,7 +117,8 @@ Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source) 
       start = end + 1;
     }
     if (static_cast<int>(m.class_names.size()) != m.classes ||
-        std::any_of(m.class_names.begin(), m.class_names.end(), [](const std::string& n) { return n.empty() || n.size() > 255; })) {
+        std::any_of(m.class_names.begin(), m.class_names.end(),
+                    [](const std::string& n) { return n.empty() || n.size() > 255; })) {
       return Bad(source, "class_names", names, std::to_string(m.classes) + " names, one per line");
     }
     m.test_dir = c.Meta("test_dir");
@@ -142,8 +143,9 @@ Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source) 
     const bool std_field = std::string(field) == "norm_std";
     if (!ParseFloats(c.Meta(field), &v) || static_cast<int>(v.size()) != m.channels ||
         (std_field && std::any_of(v.begin(), v.end(), [](float x) { return !(x > 0); }))) {
-      return Bad(source, field, c.Meta(field),
-                 std::to_string(m.channels) + " finite number(s), one per channel" + (std_field ? ", each above 0" : ""));
+      return Bad(
+          source, field, c.Meta(field),
+          std::to_string(m.channels) + " finite number(s), one per channel" + (std_field ? ", each above 0" : ""));
     }
   }
   return m;

@@ -13,8 +13,8 @@
 namespace trainctl::checkpoint {
 
 struct ModelMeta {
-  std::string model;            // cnn | resnet18 | resnet50 | layers | torchscript
-  std::string layers;           // layers: the declared model's layers, as the spec's JSON writes them
+  std::string model;   // cnn | resnet18 | resnet50 | layers | torchscript
+  std::string layers;  // layers: the declared model's layers, as the spec's JSON writes them
   // torchscript: the sha256 of the module it was trained with (checkpoint/module_file.h); "" in a
   // checkpoint of a trainctl before 2026-11-28, which named the module by path (never followed).
   std::string torchscript_sha256;
@@ -24,10 +24,10 @@ struct ModelMeta {
   std::vector<std::string> class_names;
   std::string test_dir;
   double holdout = 0;
-  double crop_pct = 1;  // imagefolder: the centre view's share (data/image_view.h), 0 < x <= 1
+  double crop_pct = 1;                   // imagefolder: the centre view's share (data/image_view.h), 0 < x <= 1
   int channels = 0, rows = 0, cols = 0;  // 1 to 4096 each
-  int classes = 0;              // 2 to 4096
-  std::vector<float> mean, std; // one per channel; finite; std > 0
+  int classes = 0;                       // 2 to 4096
+  std::vector<float> mean, std;          // one per channel; finite; std > 0
 };
 // kInvalidArgument: "<source>: metadata field 'classes' is '0', expected a whole number from 2 to 4096".
 Result<ModelMeta> ReadModelMeta(const Checkpoint& c, const std::string& source);

@@ -23,8 +23,10 @@ namespace {
 // members), whose write permission lets no one else write.
 bool OwnPrivateGroup(gid_t gid) {
   char buf[16384];
-  struct passwd pw{}, *pwp = nullptr;
-  struct group gr{}, *grp = nullptr;
+  struct passwd pw {
+  }, *pwp = nullptr;
+  struct group gr {
+  }, *grp = nullptr;
   if (::getpwuid_r(::geteuid(), &pw, buf, sizeof buf / 2, &pwp) != 0 || !pwp) return false;
   if (::getgrgid_r(gid, &gr, buf + sizeof buf / 2, sizeof buf / 2, &grp) != 0 || !grp) return false;
   return pw.pw_gid == gid && std::strcmp(gr.gr_name, pw.pw_name) == 0 && (!gr.gr_mem || !gr.gr_mem[0]);
@@ -37,8 +39,8 @@ std::string OtherWriter(const struct stat& st) {
   char mode[8];
   std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
   if (st.st_uid != ::geteuid() && st.st_uid != 0) {
-    return "it belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
-           std::to_string(::geteuid()) + ") or root";
+    return "it belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " + std::to_string(::geteuid()) +
+           ") or root";
   }
   const bool sticky_dir = S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX);
   if ((st.st_mode & S_IWOTH) && !sticky_dir) return std::string("every user may write it (mode ") + mode + ")";
@@ -61,7 +63,8 @@ uint64_t Le(std::string_view b, size_t at, int bytes) {
 
 Status CheckModuleArchive(std::string_view b, const std::string& path) {
   auto bad = [&](const std::string& why) {
-    return InvalidArgument(path + ": " + why + "; expected a TorchScript module saved with torch.jit.script(model).save(path)");
+    return InvalidArgument(path + ": " + why +
+                           "; expected a TorchScript module saved with torch.jit.script(model).save(path)");
   };
   if (b.size() < 22 || b.substr(0, 2) != "PK") return bad("not a TorchScript module (a zip archive)");
   // The end-of-central-directory record: within the last 64 KiB + 22 bytes (its comment's most).
@@ -117,7 +120,7 @@ Status CheckModuleArchive(std::string_view b, const std::string& path) {
 
 Result<ModuleFile> ReadModuleFile(const std::string& path) {
   const std::string expected = "; expected a TorchScript module saved with torch.jit.script(model).save(path)";
-  struct stat st{};
+  struct stat st {};
   auto fd = OpenRegularFile(path, &st);
   if (!fd.ok()) {
     if (fd.status().code() == Code::kInvalidArgument) return InvalidArgument(fd.status().message() + expected);
@@ -133,7 +136,7 @@ Result<ModuleFile> ReadModuleFile(const std::string& path) {
     char real[PATH_MAX];
     if (!::realpath(path.c_str(), real)) return ErrnoStatus("cannot resolve " + path, errno);
     for (auto dir = std::filesystem::path(real).parent_path();; dir = dir.parent_path()) {
-      struct stat ds{};
+      struct stat ds {};
       if (::stat(dir.c_str(), &ds) != 0) return ErrnoStatus("cannot inspect " + dir.string(), errno);
       if (std::string w = OtherWriter(ds); !w.empty()) {
         why = "its directory " + dir.string() + " is open to others: " + w;

@@ -15,13 +15,13 @@ namespace {
 std::string Zip(const testing::Scratch& s, const std::string& name, int64_t zeros, bool deflate) {
   const std::string script =
       "import sys, zipfile\n"
-      "with zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED if sys.argv[3] == '1' else zipfile.ZIP_STORED) as z:\n"
+      "with zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED if sys.argv[3] == '1' else zipfile.ZIP_STORED) as "
+      "z:\n"
       "    z.writestr('archive/data.pkl', b'\\x80\\x02}q\\x00.')\n"
       "    z.writestr('archive/data/0', bytes(int(sys.argv[2])))\n"
       "    z.writestr('archive/version', b'3\\n')\n";
-  auto r = testing::RunProgram({TRAINCTL_TEST_PYTHON, "-c", script, s.path(name), std::to_string(zeros),
-                                deflate ? "1" : "0"},
-                               s.path(""));
+  auto r = testing::RunProgram(
+      {TRAINCTL_TEST_PYTHON, "-c", script, s.path(name), std::to_string(zeros), deflate ? "1" : "0"}, s.path(""));
   EXPECT_EQ(r.exit.code, 0) << r.output;
   return s.path(name);
 }
@@ -45,7 +45,8 @@ TEST(ModuleFile, WhatIsNotAModuleOrCannotBeReadIsNamedAtOnce) {
   ASSERT_FALSE(notes.ok());
   EXPECT_EQ(notes.status().code(), Code::kInvalidArgument);
   EXPECT_NE(notes.status().message().find(s.path("notes.pt") + ": not a TorchScript module (a zip archive)"),
-            std::string::npos) << notes.status().message();
+            std::string::npos)
+      << notes.status().message();
   ASSERT_EQ(::mkfifo(s.path("fifo.pt").c_str(), 0600), 0);
   const auto start = std::chrono::steady_clock::now();
   auto fifo = ReadModuleFile(s.path("fifo.pt"));
@@ -73,7 +74,7 @@ TEST(ModuleFile, WhatIsNotAModuleOrCannotBeReadIsNamedAtOnce) {
 // (found by fuzz/checkpoint_fuzz.cc, its seed zip64-locator-past-the-end.pt): refused, read
 // nowhere outside the bytes.
 TEST(ModuleFile, AZip64DirectoryPastTheEndIsRefusedNotRead) {
-  std::string bytes = "PK\x06\x07" + std::string(4, '\0');  // the locator: disk, then the offset
+  std::string bytes = "PK\x06\x07" + std::string(4, '\0');                 // the locator: disk, then the offset
   for (int i = 0; i < 8; ++i) bytes += static_cast<char>(i == 5 ? 1 : 0);  // 2^40
   bytes += std::string("\x01\0\0\0", 4);
   bytes += "PK\x05\x06" + std::string(6, '\0') + std::string(10, '\xff') + std::string(2, '\0');
@@ -92,14 +93,17 @@ TEST(ModuleFile, OneAnotherUserCouldHaveWrittenIsRefused) {
   auto writable = ReadModuleFile(mine);
   ASSERT_FALSE(writable.ok());
   EXPECT_EQ(writable.status().code(), Code::kPermissionDenied);
-  EXPECT_NE(writable.status().message().find("every user may write it (mode 0666)); refusing to load it"), std::string::npos)
+  EXPECT_NE(writable.status().message().find("every user may write it (mode 0666)); refusing to load it"),
+            std::string::npos)
       << writable.status().message();
   const std::string in_open = Zip(s, "open/net.pt", 64, false);
   ::chmod(s.path("open").c_str(), 0777);
   auto open = ReadModuleFile(in_open);
   ASSERT_FALSE(open.ok());
-  EXPECT_NE(open.status().message().find("its directory " + s.path("open") + " is open to others: every user may write it (mode 0777)"),
-            std::string::npos) << open.status().message();
+  EXPECT_NE(open.status().message().find("its directory " + s.path("open") +
+                                         " is open to others: every user may write it (mode 0777)"),
+            std::string::npos)
+      << open.status().message();
   const std::string in_sticky = Zip(s, "sticky/net.pt", 64, false);
   ::chmod(s.path("sticky").c_str(), 01777);
   EXPECT_TRUE(ReadModuleFile(in_sticky).ok()) << ReadModuleFile(in_sticky).status().message();
@@ -107,7 +111,8 @@ TEST(ModuleFile, OneAnotherUserCouldHaveWrittenIsRefused) {
     ASSERT_EQ(::chown(in_sticky.c_str(), 65534, 65534), 0);
     auto theirs = ReadModuleFile(in_sticky);
     ASSERT_FALSE(theirs.ok());
-    EXPECT_NE(theirs.status().message().find("it belongs to uid 65534, not to this user (uid 0) or root"), std::string::npos)
+    EXPECT_NE(theirs.status().message().find("it belongs to uid 65534, not to this user (uid 0) or root"),
+              std::string::npos)
         << theirs.status().message();
   }
 }

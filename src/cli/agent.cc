@@ -45,19 +45,17 @@ Result<std::shared_ptr<void>> ServeMetrics(const JobSpec& spec, const std::strin
 void AddAgent(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
       "agent", std::string("Run one node's agent (started by the launchers; the store's URL, tcp://host:port, "
-               "unix:@name or etcd://host:port[,...], and token come from ") + kEnvStoreAddr + " and " +
-               kEnvStoreToken + ")");
+                           "unix:@name or etcd://host:port[,...], and token come from ") +
+                   kEnvStoreAddr + " and " + kEnvStoreToken + ")");
   static AgentProcessOptions storage;
   AgentProcessOptions* f = &storage;
-  auto* rank = cmd->add_option("--node-rank", f->node_rank, "this node's rank; -1: by arrival")
-                   ->capture_default_str();
+  auto* rank = cmd->add_option("--node-rank", f->node_rank, "this node's rank; -1: by arrival")->capture_default_str();
   cmd->add_option("--task", f->task,
                   "ROLE:INDEX: this node runs that one task of the spec's roles (a pod per task, "
                   "as the rendered TFJob and per-role Jobs run)")
       ->excludes(rank);
   cmd->add_option("--run-id", f->run_id, "the job run's id")->required();
-  cmd->add_option("--host", f->host, "this node's address for its peers; auto: its host name")
-      ->capture_default_str();
+  cmd->add_option("--host", f->host, "this node's address for its peers; auto: its host name")->capture_default_str();
   cmd->add_flag("--color", f->color, "colour the [worker-N] prefixes");
   cmd->add_flag("--leave-on-signal", f->leave_on_signal,
                 "a stop signal (SIGTERM, SIGINT) takes this node out of the job instead of stopping "

@@ -10,9 +10,8 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
-#include <regex>
-
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "bench/argo.h"
 #include "bench/matrix.h"
@@ -44,7 +43,8 @@ std::string Timestamp() {
 }
 
 // target k8s: the workflow created with kubectl and waited on (its phase polled every 5 s, a
-// minute of failed polls ends the wait); Ctrl-C deletes it. The result set is written on the cluster's volume by its exit handler.
+// minute of failed polls ends the wait); Ctrl-C deletes it. The result set is written on the cluster's volume by its
+// exit handler.
 int SubmitWorkflow(const nlohmann::json& wf, const std::string& yaml, const std::string& local) {
   const std::string name = wf["metadata"]["name"], ns = wf["metadata"]["namespace"];
   if (Status st = MakeDirs(local); !st.ok()) return Fail("bench", st);
@@ -53,8 +53,8 @@ int SubmitWorkflow(const nlohmann::json& wf, const std::string& yaml, const std:
   auto made = Kubectl({"create", "-f", "-"}, yaml);
   if (!made.ok()) return Fail("bench", made.status());
   if (made->exit.code != 0) {
-    return Fail("bench", Unavailable("cannot create the workflow (" + file + "; the cluster needs Argo Workflows): " +
-                                     KubectlWhy(*made)));
+    return Fail("bench", Unavailable("cannot create the workflow (" + file +
+                                     "; the cluster needs Argo Workflows): " + KubectlWhy(*made)));
   }
   std::string dir;
   for (const auto& t : wf["spec"]["templates"]) {
@@ -106,8 +106,10 @@ int RunBench(const BenchFlags& f) {
     }
     dir = AbsolutePath(f.resume);
     if (path.empty()) {
-      return Fail("bench", InvalidArgument(f.resume + "/results.json does not name its matrix (\"matrix\": a path); "
-                                           "give it: trainctl bench MATRIX --resume " + f.resume));
+      return Fail("bench", InvalidArgument(f.resume +
+                                           "/results.json does not name its matrix (\"matrix\": a path); "
+                                           "give it: trainctl bench MATRIX --resume " +
+                                           f.resume));
     }
   }
   if (path.empty()) return Fail("bench", InvalidArgument("expected a matrix file (or --resume DIR)"));
@@ -120,16 +122,18 @@ int RunBench(const BenchFlags& f) {
     if (Status st = bench::CheckUpload(m->upload); !st.ok()) return Fail("bench", st);
     const std::string& ep = m->upload.endpoint;
     if (ep.rfind("http://", 0) == 0) {
-      const std::string host_port = ep.substr(7, ep.find('/', 7) == std::string::npos ? std::string::npos : ep.find('/', 7) - 7);
+      const std::string host_port =
+          ep.substr(7, ep.find('/', 7) == std::string::npos ? std::string::npos : ep.find('/', 7) - 7);
       const std::string host = host_port[0] == '[' ? host_port.substr(1, host_port.find(']') - 1)
                                                    : host_port.substr(0, host_port.rfind(':'));
       if (!IsLoopbackHost(host)) {
         // The session token travels in every request's X-Amz-Security-Token header, as it is.
         const bool token = GetEnv(CurrentEnvironment(), "AWS_SESSION_TOKEN").value_or("") != "";
-        std::fprintf(stderr, "trainctl bench: warning: upload.endpoint %s is plain http: the results and your "
-                             "access key id%s cross the network unencrypted (requests are signed; the secret key is not "
-                             "sent); use https://\n", ep.c_str(),
-                     token ? " and your session token (AWS_SESSION_TOKEN)" : "");
+        std::fprintf(stderr,
+                     "trainctl bench: warning: upload.endpoint %s is plain http: the results and your "
+                     "access key id%s cross the network unencrypted (requests are signed; the secret key is not "
+                     "sent); use https://\n",
+                     ep.c_str(), token ? " and your session token (AWS_SESSION_TOKEN)" : "");
       }
     }
   }
@@ -145,7 +149,8 @@ int RunBench(const BenchFlags& f) {
   }
   if (dir.empty()) {
     dir = AbsolutePath(f.results) + "/" + m->name + "/" + stamp;
-    for (int n = 2; Exists(dir); ++n) dir = AbsolutePath(f.results) + "/" + m->name + "/" + stamp + "-" + std::to_string(n);
+    for (int n = 2; Exists(dir); ++n)
+      dir = AbsolutePath(f.results) + "/" + m->name + "/" + stamp + "-" + std::to_string(n);
   }
   if (Status st = MakeDirs(dir); !st.ok()) return Fail("bench", st);
   std::string base = m->spec_file;
@@ -190,22 +195,26 @@ int RunBench(const BenchFlags& f) {
 }  // namespace
 
 void AddBench(CLI::App& app, const GlobalFlags& flags, int* code) {
-  auto* cmd = app.add_subcommand(
-      "bench", "Run an experiment matrix (configurations x repeats, and peer commands) and report it: "
-               "results.csv/json, summary.md and report.html under --results");
+  auto* cmd =
+      app.add_subcommand("bench",
+                         "Run an experiment matrix (configurations x repeats, and peer commands) and report it: "
+                         "results.csv/json, summary.md and report.html under --results");
   static BenchFlags f;
   cmd->add_option("MATRIX", f.matrix, "the matrix file (see docs/bench.md)");
   cmd->add_option("--results", f.results, "where result sets go: RESULTS/<name>/<timestamp>/")->capture_default_str();
-  auto* resume = cmd->add_option("--resume", f.resume, "a result set to finish: what succeeded or failed there is kept");
+  auto* resume =
+      cmd->add_option("--resume", f.resume, "a result set to finish: what succeeded or failed there is kept");
   cmd->add_flag("--dry-run", f.dry_run, "resolve and list the experiments, run nothing");
-  cmd->add_option("--target", f.target, "where experiments run, instead of the matrix's target: local, or slurm "
-                                        "(an sbatch per experiment, waited on; the results directory must be on "
-                                        "a filesystem the nodes share), or k8s (the matrix as an Argo Workflow, "
-                                        "submitted and waited on through kubectl)")
+  cmd->add_option("--target", f.target,
+                  "where experiments run, instead of the matrix's target: local, or slurm "
+                  "(an sbatch per experiment, waited on; the results directory must be on "
+                  "a filesystem the nodes share), or k8s (the matrix as an Argo Workflow, "
+                  "submitted and waited on through kubectl)")
       ->check(CLI::IsMember({"local", "slurm", "k8s"}));
-  auto* format = cmd->add_option("--format", f.format, "argo: print the matrix as an Argo Workflow instead of running it")
-                     ->check(CLI::IsMember({"argo"}))
-                     ->excludes(resume);
+  auto* format =
+      cmd->add_option("--format", f.format, "argo: print the matrix as an Argo Workflow instead of running it")
+          ->check(CLI::IsMember({"argo"}))
+          ->excludes(resume);
   cmd->add_option("-o,--output", f.output, "with --format: write the workflow to this file")->needs(format);
   cmd->add_option("--collect", f.collect,
                   "write the result set of experiments that ran elsewhere into this folder (the Argo "

@@ -3,10 +3,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cctype>
-#include <cstdlib>
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "cli/verbs.h"
@@ -29,8 +29,9 @@ Result<CommandResult> Kubectl(const std::vector<std::string>& args, const std::s
   o.env = CurrentEnvironment();
   auto exe = FindExecutable("kubectl", o.env);
   if (!exe.ok()) {
-    return NotFound("kubectl is not on the PATH; install it (Debian: kubernetes-client) and point "
-                    "it at the cluster (KUBECONFIG)");
+    return NotFound(
+        "kubectl is not on the PATH; install it (Debian: kubernetes-client) and point "
+        "it at the cluster (KUBECONFIG)");
   }
   o.argv = {*exe};
   o.argv.insert(o.argv.end(), args.begin(), args.end());
@@ -62,7 +63,8 @@ std::string KubectlWhy(const CommandResult& r) {
                                   "i/o timeout", "connection refused"}) {
     if (why.find(unreachable) == std::string::npos) continue;
     const char* env = std::getenv("KUBECONFIG");
-    const std::string config = env && *env ? std::string("KUBECONFIG=") + env : "~/.kube/config (KUBECONFIG is not set)";
+    const std::string config =
+        env && *env ? std::string("KUBECONFIG=") + env : "~/.kube/config (KUBECONFIG is not set)";
     auto context = Kubectl({"config", "current-context"});
     std::string name;
     if (context.ok() && context->exit.success()) {
@@ -91,8 +93,9 @@ struct Common {
 
 void AddCommon(CLI::App* cmd, Common* c, bool local_too = false) {
   if (local_too) {
-    c->spec.Add(cmd, "job", "a job run on this machine, by its name (its newest run) or run id (trainctl ps lists "
-                     "them); or a Kubernetes job's spec file");
+    c->spec.Add(cmd, "job",
+                "a job run on this machine, by its name (its newest run) or run id (trainctl ps lists "
+                "them); or a Kubernetes job's spec file");
   } else {
     c->spec.Add(cmd);
   }
@@ -108,10 +111,10 @@ Status NoJobGiven() {
   for (const auto& e : runs::List()) {
     if (std::find(names.begin(), names.end(), e.name) == names.end() && names.size() < 8) names.push_back(e.name);
   }
-  return InvalidArgument("name the job: a job run on this machine by its name or run id (" +
-                         (names.empty() ? std::string("trainctl ps lists them; none has run yet")
-                                        : "recent: " + Join(names, ", ")) +
-                         "), or a Kubernetes job by its spec file");
+  return InvalidArgument(
+      "name the job: a job run on this machine by its name or run id (" +
+      (names.empty() ? std::string("trainctl ps lists them; none has run yet") : "recent: " + Join(names, ", ")) +
+      "), or a Kubernetes job by its spec file");
 }
 
 std::string Selector(const JobSpec& s, const std::string& component = "") {
@@ -145,12 +148,15 @@ int Submit(const JobSpec& s, const std::string& format) {
     return Fail("submit", Unavailable("cannot reach the cluster: " + KubectlWhy(*got)));
   }
   if (got->output.empty()) {
-    json obj = {{"apiVersion", "v1"}, {"kind", "Secret"}, {"type", "Opaque"},
+    json obj = {{"apiVersion", "v1"},
+                {"kind", "Secret"},
+                {"type", "Opaque"},
                 {"metadata", {{"name", secret}, {"namespace", ns}, {"labels", {{"trainctl.dev/job", s.name}}}}},
                 {"stringData", {{"token", RandomHex(32)}}}};
     auto made = Kubectl({"create", "-f", "-"}, obj.dump());
     if (!made.ok()) return Fail("submit", made.status());
-    if (made->exit.code != 0) return Fail("submit", Unavailable("cannot create the token Secret " + secret + ": " + KubectlWhy(*made)));
+    if (made->exit.code != 0)
+      return Fail("submit", Unavailable("cannot create the token Secret " + secret + ": " + KubectlWhy(*made)));
   }
   auto objects = k8s::Render(s, format);
   // Not the submitters' Role: it is what lets them submit, so whoever administers the namespace
@@ -163,8 +169,10 @@ int Submit(const JobSpec& s, const std::string& format) {
   if (!applied.ok()) return Fail("submit", applied.status());
   std::fputs(applied->output.c_str(), stdout);
   if (applied->exit.code != 0) return Fail("submit", Unavailable("kubectl apply failed"));
-  std::printf("submitted %s to namespace %s; follow it with trainctl status/logs, remove it with "
-              "trainctl delete\n", s.name.c_str(), ns.c_str());
+  std::printf(
+      "submitted %s to namespace %s; follow it with trainctl status/logs, remove it with "
+      "trainctl delete\n",
+      s.name.c_str(), ns.c_str());
   return kExitOk;
 }
 
@@ -214,20 +222,28 @@ int ShowStatus(const JobSpec& s, const std::string& format, bool as_json) {
     if (state == "running" && !s.cluster.stage.url.empty()) {
       auto stage = Kubectl({"get", "jobs.batch", s.name + "-stage", "-n", ns, "-o", "json"});
       if (stage.ok() && stage->exit.code == 0) {
-        for (const auto& c : json::parse(stage->output).value("status", json::object()).value("conditions", json::array())) {
+        for (const auto& c :
+             json::parse(stage->output).value("status", json::object()).value("conditions", json::array())) {
           if (c.value("type", "") == "Failed" && c.value("status", "") == "True") {
-            state = "failed: staging the dataset failed (" + c.value("reason", "") + "; `trainctl logs --component stage` "
-                    "says why): " + c.value("message", "");
+            state = "failed: staging the dataset failed (" + c.value("reason", "") +
+                    "; `trainctl logs --component stage` "
+                    "says why): " +
+                    c.value("message", "");
           }
         }
       }
     }
-    json out = {{"job", s.name}, {"namespace", ns}, {"state", state},
-                {"active", st.value("active", 0)}, {"succeeded", st.value("succeeded", 0)},
-                {"failed", st.value("failed", 0)}, {"pods", json::array()}};
+    json out = {{"job", s.name},
+                {"namespace", ns},
+                {"state", state},
+                {"active", st.value("active", 0)},
+                {"succeeded", st.value("succeeded", 0)},
+                {"failed", st.value("failed", 0)},
+                {"pods", json::array()}};
     for (const auto& pod : p.value("items", json::array())) {
       int restarts = 0;
-      for (const auto& cs : pod["status"].value("containerStatuses", json::array())) restarts += cs.value("restartCount", 0);
+      for (const auto& cs : pod["status"].value("containerStatuses", json::array()))
+        restarts += cs.value("restartCount", 0);
       out["pods"].push_back({{"name", pod["metadata"].value("name", "")},
                              {"component", pod["metadata"]["labels"].value("app.kubernetes.io/component", "")},
                              {"phase", pod["status"].value("phase", "")},
@@ -237,9 +253,8 @@ int ShowStatus(const JobSpec& s, const std::string& format, bool as_json) {
     if (as_json) {
       std::printf("%s\n", out.dump(2).c_str());
     } else {
-      std::printf("job %s (namespace %s): %s; pods active %d, succeeded %d, failed %d\n", s.name.c_str(),
-                  ns.c_str(), state.c_str(), out["active"].get<int>(), out["succeeded"].get<int>(),
-                  out["failed"].get<int>());
+      std::printf("job %s (namespace %s): %s; pods active %d, succeeded %d, failed %d\n", s.name.c_str(), ns.c_str(),
+                  state.c_str(), out["active"].get<int>(), out["succeeded"].get<int>(), out["failed"].get<int>());
       for (const auto& pod : out["pods"]) {
         std::printf("  %-40s %-12s %-10s %s\n", pod["name"].get<std::string>().c_str(),
                     pod["component"].get<std::string>().c_str(), pod["phase"].get<std::string>().c_str(),
@@ -254,8 +269,14 @@ int ShowStatus(const JobSpec& s, const std::string& format, bool as_json) {
 
 // `logs` of a job submitted to Kubernetes: kubectl logs of its pods (kubectl itself with --follow).
 int KubernetesLogs(const JobSpec& spec, const std::string& component, const std::string& since, bool follow) {
-  std::vector<std::string> args = {"logs", "-n", spec.cluster.namespace_, "-l", Selector(spec, component),
-                                   "--prefix", "--all-containers=true", "--tail=-1",
+  std::vector<std::string> args = {"logs",
+                                   "-n",
+                                   spec.cluster.namespace_,
+                                   "-l",
+                                   Selector(spec, component),
+                                   "--prefix",
+                                   "--all-containers=true",
+                                   "--tail=-1",
                                    "--max-log-requests=" + std::to_string(std::max(5, spec.nodes.max + 1))};
   if (!since.empty()) args.push_back("--since=" + since);  // kubectl's own --since
   if (follow) {
@@ -310,9 +331,9 @@ int DeleteJob(const JobSpec& spec, const std::string& format, bool with_data) {
 void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   (void)flags;
   static Common submit_c, status_c, logs_c, delete_c;
-  auto* submit = app.add_subcommand(
-      "submit", "Submit the job to the Kubernetes cluster of kubectl's current context: create "
-                "the store token's Secret if it is missing, then apply the rendered manifests");
+  auto* submit = app.add_subcommand("submit",
+                                    "Submit the job to the Kubernetes cluster of kubectl's current context: create "
+                                    "the store token's Secret if it is missing, then apply the rendered manifests");
   AddCommon(submit, &submit_c);
   submit->callback([code] {
     auto spec = LoadOrReport(submit_c.spec);
@@ -325,8 +346,9 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   });
 
   static bool status_json = false;
-  auto* status = app.add_subcommand("status", "A job's state (exit 3 if it failed): a job on this machine by its "
-                                              "name or run id, or a submitted Kubernetes job by its spec and its pods");
+  auto* status = app.add_subcommand("status",
+                                    "A job's state (exit 3 if it failed): a job on this machine by its "
+                                    "name or run id, or a submitted Kubernetes job by its spec and its pods");
   AddCommon(status, &status_c, true);
   status->add_flag("--json", status_json, "print JSON");
   status->callback([code] {
@@ -347,8 +369,9 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   static std::string log_role;
   static std::string log_since;
   static std::string component = "worker";
-  auto* logs = app.add_subcommand("logs", "A job's output, each line prefixed with its task (a job on this "
-                                          "machine by its name or run id) or its pod (a Kubernetes job by its spec)");
+  auto* logs = app.add_subcommand("logs",
+                                  "A job's output, each line prefixed with its task (a job on this "
+                                  "machine by its name or run id) or its pod (a Kubernetes job by its spec)");
   AddCommon(logs, &logs_c, true);
   logs->add_flag("--follow", follow, "keep streaming until the job ends (a -f without a file is --follow)");
   logs->add_option("--rank", log_rank, "a job on this machine: only this rank's output");
@@ -379,11 +402,13 @@ void AddClusterVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   });
 
   static bool with_data = false;
-  auto* del = app.add_subcommand("delete", "Delete every object of the submitted job; the data volume "
-                                           "and the token Secret stay unless --data");
+  auto* del = app.add_subcommand("delete",
+                                 "Delete every object of the submitted job; the data volume "
+                                 "and the token Secret stay unless --data");
   AddCommon(del, &delete_c);
-  del->add_flag("--data", with_data, "also delete the job's PersistentVolumeClaim (its datasets, "
-                                     "checkpoints, metrics) and its token Secret");
+  del->add_flag("--data", with_data,
+                "also delete the job's PersistentVolumeClaim (its datasets, "
+                "checkpoints, metrics) and its token Secret");
   del->callback([code] {
     auto spec = LoadOrReport(delete_c.spec);
     if (!spec) {

@@ -8,9 +8,8 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli/verbs.h"
 #include "common/address.h"
@@ -41,7 +40,8 @@ void Row(const std::vector<std::string>& cells, const std::vector<size_t>& width
   std::string line;
   for (size_t i = 0; i < cells.size(); ++i) {
     line += cells[i];
-    if (i + 1 < cells.size()) line += std::string(widths[i] > cells[i].size() ? widths[i] - cells[i].size() + 2 : 2, ' ');
+    if (i + 1 < cells.size())
+      line += std::string(widths[i] > cells[i].size() ? widths[i] - cells[i].size() + 2 : 2, ' ');
   }
   std::printf("%s\n", line.c_str());
 }
@@ -67,9 +67,15 @@ int Ps(bool all, bool as_json) {
     RunView v = View(e);
     if (!all && !v.alive && shown[e.name]++ > 0) continue;
     const std::string progress = Progress(v.dir);
-    out.push_back({{"name", e.name}, {"run_id", e.run_id}, {"state", RunStateName(v.state)}, {"tasks", Tasks(e)},
-                   {"progress", progress}, {"elapsed", Elapsed(v)}, {"output_dir", v.dir},
-                   {"pid", v.alive ? e.pid : 0}, {"target", e.target}});
+    out.push_back({{"name", e.name},
+                   {"run_id", e.run_id},
+                   {"state", RunStateName(v.state)},
+                   {"tasks", Tasks(e)},
+                   {"progress", progress},
+                   {"elapsed", Elapsed(v)},
+                   {"output_dir", v.dir},
+                   {"pid", v.alive ? e.pid : 0},
+                   {"target", e.target}});
     rows.push_back({e.name, e.run_id, RunStateName(v.state), Tasks(e), progress, Elapsed(v), v.dir});
   }
   if (as_json) {
@@ -98,7 +104,7 @@ long SinceOffset(const std::string& log, int64_t cutoff) {
     if (std::atoll(line.c_str() + space + 1) >= cutoff) return std::atol(line.c_str());
   }
   // Everything was written before the cutoff: start at the end.
-  struct stat st{};
+  struct stat st {};
   return ::stat(log.c_str(), &st) == 0 ? static_cast<long>(st.st_size) : 0;
 }
 
@@ -174,14 +180,16 @@ int Logs(const runs::RunEntry& e, bool follow, int rank, const std::string& role
 // One screen of `top`: every task's CPU, memory and threads over `interval`.
 std::string TopScreen(const runs::RunEntry& e, const RunView& v, Duration interval) {
   const auto tasks = SampleTasks(e.pid, interval);
-  std::string out = "job " + e.name + ", run " + e.run_id + ": " + RunStateName(v.state) + ", " + Tasks(e) + ", elapsed " + Elapsed(v) + "\n";
+  std::string out = "job " + e.name + ", run " + e.run_id + ": " + RunStateName(v.state) + ", " + Tasks(e) +
+                    ", elapsed " + Elapsed(v) + "\n";
   const std::string split = StepSplit(v.dir);
   if (!split.empty()) out += split + "\n";
   // GPU columns where NVML is: the device a task uses, that device's utilization, the task's memory on it.
   const bool gpus = GpusPresent();
   const auto gpu = gpus ? GpuProcesses() : std::vector<GpuUse>{};
   char line[256];
-  std::snprintf(line, sizeof line, "\n%-6s %-14s %8s %7s %10s %8s", "RANK", "TASK", "PID", "CPU%", "RSS MiB", "THREADS");
+  std::snprintf(line, sizeof line, "\n%-6s %-14s %8s %7s %10s %8s", "RANK", "TASK", "PID", "CPU%", "RSS MiB",
+                "THREADS");
   out += line;
   out += gpus ? "  GPU  GPU%  GPU MiB\n" : "\n";
   for (const auto& t : tasks) {
@@ -205,8 +213,9 @@ std::string TopScreen(const runs::RunEntry& e, const RunView& v, Duration interv
 
 int Top(const runs::RunEntry& e, bool once, Duration interval) {
   if (!runs::Alive(e)) {
-    return Fail("top", InvalidArgument("run " + e.run_id + " of job " + e.name + " is not running (" + RunStateName(View(e).state) +
-                                       "); trainctl status " + e.run_id + " says how it ended"));
+    return Fail("top",
+                InvalidArgument("run " + e.run_id + " of job " + e.name + " is not running (" +
+                                RunStateName(View(e).state) + "); trainctl status " + e.run_id + " says how it ended"));
   }
   BlockSupervisorSignals();
   const bool tty = ::isatty(STDOUT_FILENO) != 0;
@@ -227,7 +236,7 @@ Status IsLauncher(const runs::RunEntry& e) {
   const std::string proc = "/proc/" + std::to_string(e.pid);
   std::error_code ec;
   const std::string exe = fs::read_symlink(proc + "/exe", ec).filename().string();
-  struct stat st{};
+  struct stat st {};
   if (ec || ::stat(proc.c_str(), &st) != 0) return PermissionDenied("cannot inspect pid " + std::to_string(e.pid));
   if (exe.rfind("trainctl", 0) != 0) {
     return PermissionDenied("pid " + std::to_string(e.pid) + ", which run " + e.run_id + "'s file names, is " +
@@ -258,8 +267,8 @@ int Stop(const runs::RunEntry& e, Duration wait) {
     so.env = CurrentEnvironment();
     auto r = RunCommand(so, std::chrono::seconds(30));
     if (!r.ok() || r->exit.code != 0) {
-      return Fail("stop", Unavailable("scancel " + e.slurm_job_id + " failed: " +
-                                      (r.ok() ? r->output : r.status().message())));
+      return Fail("stop",
+                  Unavailable("scancel " + e.slurm_job_id + " failed: " + (r.ok() ? r->output : r.status().message())));
     }
     while (runs::Alive(e) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (runs::Alive(e)) {
@@ -317,7 +326,8 @@ int LocalStatus(const std::string& job, bool as_json) {
     if (v.status.failure) std::printf("  failure   %s\n", v.status.failure->Summary().c_str());
     std::printf("  output    %s\n  logs      trainctl logs %s\n", v.dir.c_str(), e->run_id.c_str());
   }
-  if (v.state == RunState::kFailed || v.state == RunState::kLost || v.state == RunState::kError) return kExitWorkerFailed;
+  if (v.state == RunState::kFailed || v.state == RunState::kLost || v.state == RunState::kError)
+    return kExitWorkerFailed;
   return kExitOk;
 }
 
@@ -325,7 +335,8 @@ int LocalLogs(const std::string& job, bool follow, int rank, const std::string& 
   int64_t cutoff = 0;
   if (!since.empty()) {
     auto d = ParseDuration(since);
-    if (!d.ok() || d->count() <= 0) return Fail("logs", InvalidArgument("--since: expected a duration such as 10m or 30s, got " + Quote(since)));
+    if (!d.ok() || d->count() <= 0)
+      return Fail("logs", InvalidArgument("--since: expected a duration such as 10m or 30s, got " + Quote(since)));
     cutoff = static_cast<int64_t>(std::time(nullptr)) - std::chrono::duration_cast<std::chrono::seconds>(*d).count();
   }
   auto e = runs::Find(job);
@@ -335,16 +346,18 @@ int LocalLogs(const std::string& job, bool follow, int rank, const std::string& 
 void AddLocalJobVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   (void)flags;
   static bool all = false, ps_json = false;
-  auto* ps = app.add_subcommand("ps", "This user's jobs on this machine, running and recent: name, run id, "
-                                      "state, tasks, progress, elapsed time, output directory");
+  auto* ps = app.add_subcommand("ps",
+                                "This user's jobs on this machine, running and recent: name, run id, "
+                                "state, tasks, progress, elapsed time, output directory");
   ps->add_flag("-a,--all", all, "every run in the index, not only the newest of each job");
   ps->add_flag("--json", ps_json, "print JSON");
   ps->callback([code] { *code = Ps(all, ps_json); });
 
   static std::string top_job, top_every = "1s";
   static bool top_once = false;
-  auto* top = app.add_subcommand("top", "A running job's tasks: CPU %, memory and threads of each, steps/s and "
-                                        "where a step's time goes (data, compute, communication); live");
+  auto* top = app.add_subcommand("top",
+                                 "A running job's tasks: CPU %, memory and threads of each, steps/s and "
+                                 "where a step's time goes (data, compute, communication); live");
   top->add_option("job", top_job, "a job name (its newest run) or a run id")->required();
   top->add_option("--interval", top_every, "time between screens (and the CPU sampling window)")->capture_default_str();
   top->add_flag("--once", top_once, "print one screen and exit");
@@ -359,11 +372,15 @@ void AddLocalJobVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
   });
 
   static monitor::DashboardOptions dash;
-  auto* dashboard = app.add_subcommand(
-      "dashboard", "A web page of this user's jobs on this machine (live curves, workers, failures, logs, eval "
-                   "results) and their Prometheus metrics at /metrics, on 127.0.0.1 with a token in the URL");
-  dashboard->add_option("--host", dash.host, "the address to listen on (another than loopback exposes it, "
-                                             "still behind the token)")->capture_default_str();
+  auto* dashboard =
+      app.add_subcommand("dashboard",
+                         "A web page of this user's jobs on this machine (live curves, workers, failures, logs, eval "
+                         "results) and their Prometheus metrics at /metrics, on 127.0.0.1 with a token in the URL");
+  dashboard
+      ->add_option("--host", dash.host,
+                   "the address to listen on (another than loopback exposes it, "
+                   "still behind the token)")
+      ->capture_default_str();
   dashboard->add_option("--port", dash.port, "the port (0: any free one)")->capture_default_str();
   dashboard->callback([code] {
     dash.token = RandomHex(24);
@@ -385,8 +402,9 @@ void AddLocalJobVerbs(CLI::App& app, const GlobalFlags& flags, int* code) {
 
   static std::string stop_job;
   static std::string stop_wait = "60s";
-  auto* stop = app.add_subcommand("stop", "Stop a job running on this machine (as Ctrl-C in its terminal "
-                                          "would): every agent and worker, with its grace period");
+  auto* stop = app.add_subcommand("stop",
+                                  "Stop a job running on this machine (as Ctrl-C in its terminal "
+                                  "would): every agent and worker, with its grace period");
   stop->add_option("job", stop_job, "a job name (its newest run) or a run id")->required();
   stop->add_option("--timeout", stop_wait, "how long to wait before killing the launcher")->capture_default_str();
   stop->callback([code] {

@@ -51,7 +51,7 @@ void FollowFlag(std::vector<std::string>& args) {
   if (verb == args.end()) return;
   for (auto it = verb + 1; it != args.end(); ++it) {
     if (*it != "-f") continue;
-    struct stat st{};
+    struct stat st {};
     const bool file = it + 1 != args.end() && ::stat((it + 1)->c_str(), &st) == 0 && S_ISREG(st.st_mode);
     if (!file) *it = "--follow";
   }
@@ -86,10 +86,11 @@ int UnexpectedArguments(CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"trainctl runs distributed training jobs from one YAML job spec: on this machine "
-               "by default (N worker processes supervised by an agent), restarting failed "
-               "workers, with the environment torchrun gives, so PyTorch scripts run unchanged.",
-               "trainctl"};
+  CLI::App app{
+      "trainctl runs distributed training jobs from one YAML job spec: on this machine "
+      "by default (N worker processes supervised by an agent), restarting failed "
+      "workers, with the environment torchrun gives, so PyTorch scripts run unchanged.",
+      "trainctl"};
   app.footer(std::string(trainctl::kExitCodesHelp) + "\n\n" + kDocs);
   app.require_subcommand(1);
   // Global flags also after the verb (`trainctl run job.yaml --log-level debug`); every verb
@@ -106,8 +107,8 @@ int main(int argc, char** argv) {
   const std::string verb = VerbWord(argc, argv);
   using namespace trainctl::cli;
   using AddVerbs = void (*)(CLI::App&, const GlobalFlags&, int*);
-  for (AddVerbs add : {AddRun, AddValidate, AddSchema, AddAgent, AddTrain, AddEval, AddPredict, AddTorchrun,
-                       AddBench, AddRender, AddPipeline, AddClusterVerbs, AddLocalJobVerbs}) {
+  for (AddVerbs add : {AddRun, AddValidate, AddSchema, AddAgent, AddTrain, AddEval, AddPredict, AddTorchrun, AddBench,
+                       AddRender, AddPipeline, AddClusterVerbs, AddLocalJobVerbs}) {
     // An agent is started once per node (a 1024-node job starts 1024): it builds only its own
     // flags, not every verb's (a third of a process start).
     if (verb == "agent" && add != AddAgent) continue;

@@ -6,9 +6,8 @@
 
 #include <chrono>
 #include <cstdio>
-#include <numeric>
-
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "cli/verbs.h"
 #include "common/cpus.h"
@@ -144,8 +143,11 @@ void Print(const PipelineFlags& f, const data::StreamOptions& so, size_t classes
                         {"seconds", m.wall},
                         {"first_batch_seconds", m.first},
                         {"waited_seconds", m.waited},
-                        {"ms_per_image", {{"read", s.read * per}, {"decode", s.decode * per}, {"resize", s.resize * per},
-                                          {"collate", m.collate * 1e3 / m.images}}},
+                        {"ms_per_image",
+                         {{"read", s.read * per},
+                          {"decode", s.decode * per},
+                          {"resize", s.resize * per},
+                          {"collate", m.collate * 1e3 / m.images}}},
                         {"skipped", m.skipped.size()},
                         {"peak_rss_mb", PeakRssMb()}};
     std::printf("%s\n", j.dump(2).c_str());
@@ -153,14 +155,16 @@ void Print(const PipelineFlags& f, const data::StreamOptions& so, size_t classes
   }
   std::printf("%s: %lld %s images in %zu classes; list %s in %.2f s\n", m.dir.c_str(), static_cast<long long>(m.files),
               f.split.c_str(), classes, m.listing.from_cache ? "from the cache" : "made", m.listing.seconds);
-  std::printf("%lld batches of %lld (%dx%dx%d%s), %d decode thread(s): %.0f images/s (%.2f s; the loop waited %.2f s "
-              "for batches; the first, not counted, took %.2f s)\n",
-              static_cast<long long>(f.batches), static_cast<long long>(m.batch), so.view.channels, so.view.rows,
-              so.view.cols, so.view.random_resized_crop ? ", random resized crops" : ", centre view", so.threads,
-              m.images / m.wall, m.wall, m.waited, m.first);
-  std::printf("per image, in a decode thread: read %.3f ms, decode %.3f ms, crop and resize %.3f ms; collate %.3f ms "
-              "in the loop\n",
-              s.read * per, s.decode * per, s.resize * per, m.collate * 1e3 / m.images);
+  std::printf(
+      "%lld batches of %lld (%dx%dx%d%s), %d decode thread(s): %.0f images/s (%.2f s; the loop waited %.2f s "
+      "for batches; the first, not counted, took %.2f s)\n",
+      static_cast<long long>(f.batches), static_cast<long long>(m.batch), so.view.channels, so.view.rows, so.view.cols,
+      so.view.random_resized_crop ? ", random resized crops" : ", centre view", so.threads, m.images / m.wall, m.wall,
+      m.waited, m.first);
+  std::printf(
+      "per image, in a decode thread: read %.3f ms, decode %.3f ms, crop and resize %.3f ms; collate %.3f ms "
+      "in the loop\n",
+      s.read * per, s.decode * per, s.resize * per, m.collate * 1e3 / m.images);
   if (!m.skipped.empty()) std::printf("%zu file(s) skipped, first: %s\n", m.skipped.size(), m.skipped[0].c_str());
   std::printf("peak memory: %ld MiB\n", PeakRssMb());
 }
@@ -196,8 +200,9 @@ void AddPipeline(CLI::App& app, const GlobalFlags& flags, int* code) {
   (void)flags;
   auto f = std::make_shared<PipelineFlags>();
   CLI::App* cmd = app.add_subcommand(
-      "pipeline", "Run a spec's image-folder input pipeline alone (list, read, decode, crop and resize, collate) "
-                  "for some batches, and print images/s and the time each stage took");
+      "pipeline",
+      "Run a spec's image-folder input pipeline alone (list, read, decode, crop and resize, collate) "
+      "for some batches, and print images/s and the time each stage took");
   f->spec.Add(cmd);
   cmd->add_option("--batches", f->batches, "batches of trainer.batch_size to time (after one more that warms up)")
       ->capture_default_str()
@@ -209,7 +214,9 @@ void AddPipeline(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_option("--split", f->split, "train (its views: random resized crops if the spec says) or test")
       ->capture_default_str()
       ->check(CLI::IsMember({"train", "test"}));
-  cmd->add_option("-o,--output", f->format, "text or json")->capture_default_str()->check(CLI::IsMember({"text", "json"}));
+  cmd->add_option("-o,--output", f->format, "text or json")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"text", "json"}));
   cmd->callback([f, code] { *code = RunPipeline(*f); });
 }
 

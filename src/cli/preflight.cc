@@ -1,8 +1,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,8 +10,8 @@
 #include "agent/warm_python.h"
 #include "checkpoint/module_file.h"
 #include "cli/verbs.h"
-#include "common/fs.h"
 #include "common/cpus.h"
+#include "common/fs.h"
 #include "common/subprocess.h"
 #include "data/dataset.h"
 #include "data/file_list.h"
@@ -70,10 +70,10 @@ Status CheckModelFits(const JobSpec& spec) {
   };
   return InvalidArgument("trainer.model: training it needs about " + gib(need) + " of memory (" +
                          std::to_string(workers) + (workers == 1 ? " worker" : " workers") + " x (" +
-                         std::to_string(summary->params) + " parameters with their gradients and optimizer state: " +
-                         gib(params) + "; the activations of a batch of " + std::to_string(int64_t(batch)) + ": " +
-                         gib(activations) + ")); this machine has " + gib(have) +
-                         " (trainctl validate prints the layer table)");
+                         std::to_string(summary->params) +
+                         " parameters with their gradients and optimizer state: " + gib(params) +
+                         "; the activations of a batch of " + std::to_string(int64_t(batch)) + ": " + gib(activations) +
+                         ")); this machine has " + gib(have) + " (trainctl validate prints the layer table)");
 }
 
 }  // namespace
@@ -102,7 +102,8 @@ void ResolveProgramPaths(JobSpec* spec, const std::string& base) {
 
 Result<std::string> ResolveFolderShape(JobSpec* spec) {
   DataSpec& d = spec->trainer.data;
-  if (!spec->trainer.enabled || d.dataset != "imagefolder" || d.shape.size() == 3 || d.dir.empty()) return std::string();
+  if (!spec->trainer.enabled || d.dataset != "imagefolder" || d.shape.size() == 3 || d.dir.empty())
+    return std::string();
   std::string first;
   ASSIGN_OR_RETURN(d.shape, data::FolderShape(d.dir, &first));
   return "trainer.data.shape: [" + std::to_string(d.shape[0]) + ", " + std::to_string(d.shape[1]) + ", " +
@@ -136,7 +137,8 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::v
         // that inflates to no more than its size (checkpoint/module_file.h). What LibTorch makes
         // of it is checked when a worker loads it.
         if (auto m = checkpoint::ReadModuleFile(ts); !m.ok()) {
-          problems.push_back(source("trainer.model.torchscript") + ": trainer.model.torchscript: " + m.status().message());
+          problems.push_back(source("trainer.model.torchscript") +
+                             ": trainer.model.torchscript: " + m.status().message());
         }
       }
       std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
@@ -150,8 +152,8 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::v
         } else if (train.ok()) {
           for (const auto& cls : *test) {
             if (std::find(train->begin(), train->end(), cls) == train->end()) {
-              problems.push_back(source("trainer.data.test_dir") + ": trainer.data.test_dir: " + d.test_dir + "/" + cls +
-                                 ": a class the training folder (" + dir + ") does not have");
+              problems.push_back(source("trainer.data.test_dir") + ": trainer.data.test_dir: " + d.test_dir + "/" +
+                                 cls + ": a class the training folder (" + dir + ") does not have");
             }
           }
         }
@@ -164,21 +166,25 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::v
     if (auto found = FindExecutable(role.command[0], env); !found.ok()) {
       problems.push_back(source(field) + ": " + field + ": " + found.status().message());
     } else if (size_t i = ScriptIndex(role.command); i > 0 && !Exists(role.command[i])) {
-      problems.push_back(source(field) + ": " + field + "[" + std::to_string(i) + "]: " + role.command[i] + ": no such " +
-                         "script (" + (!spec.working_dir.empty() ? "a relative path is relative to working_dir"
-                                       : Exists(spec_file)       ? "a relative path is relative to the spec file's directory"
-                                                                 : "a relative path is relative to the working directory") + ")");
+      problems.push_back(source(field) + ": " + field + "[" + std::to_string(i) + "]: " + role.command[i] +
+                         ": no such " + "script (" +
+                         (!spec.working_dir.empty() ? "a relative path is relative to working_dir"
+                          : Exists(spec_file)       ? "a relative path is relative to the spec file's directory"
+                                                    : "a relative path is relative to the working directory") +
+                         ")");
     }
   }
-  if (!spec.preload.empty() &&
-      std::none_of(roles.begin(), roles.end(), [](const RoleSpec& r) { return !r.command.empty() && IsPythonInterpreter(r.command[0]); })) {
-    problems.push_back(source("preload") + ": preload: no task runs a Python interpreter, so nothing would be " +
-                       "preloaded; preload serves commands such as [python3, train.py] and [python3, -m, package.module]");
+  if (!spec.preload.empty() && std::none_of(roles.begin(), roles.end(), [](const RoleSpec& r) {
+        return !r.command.empty() && IsPythonInterpreter(r.command[0]);
+      })) {
+    problems.push_back(
+        source("preload") + ": preload: no task runs a Python interpreter, so nothing would be " +
+        "preloaded; preload serves commands such as [python3, train.py] and [python3, -m, package.module]");
   }
   // Directories the job writes: a file in the way, or a place it cannot write, would fail only
   // once a worker saves its first checkpoint, an epoch in.
-  for (const auto& [field, dir] : {std::pair<std::string, std::string>{"output_dir", spec.output_dir},
-                                   {"checkpoint_dir", spec.checkpoint_dir}}) {
+  for (const auto& [field, dir] :
+       {std::pair<std::string, std::string>{"output_dir", spec.output_dir}, {"checkpoint_dir", spec.checkpoint_dir}}) {
     if (dir.empty()) continue;
     std::string at = dir;
     while (!at.empty() && !Exists(at)) at = std::filesystem::path(at).parent_path().string();
@@ -194,8 +200,9 @@ Status Preflight(const JobSpec& spec, const std::string& spec_file, const std::v
   if (Status st = CheckModelFits(spec); !st.ok()) problems.push_back(source("trainer.model") + ": " + st.message());
 #if !TRAINCTL_BUILT_WITH_NCCL
   if (spec.trainer.enabled && spec.trainer.device == "cuda") {
-    problems.push_back(source("trainer.device") + ": trainer.device: cuda needs a trainctl built with CUDA and NCCL "
-                                   "(scripts/dev gpu-build, see docs/trainer.md); this one is CPU-only");
+    problems.push_back(source("trainer.device") +
+                       ": trainer.device: cuda needs a trainctl built with CUDA and NCCL "
+                       "(scripts/dev gpu-build, see docs/trainer.md); this one is CPU-only");
   }
 #endif
   if (problems.empty()) return Status::Ok();

@@ -1,3 +1,5 @@
+#include "render/k8s/render.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -7,7 +9,6 @@
 #include "common/fs.h"
 #include "common/strings.h"
 #include "common/subprocess.h"
-#include "render/k8s/render.h"
 #include "render/slurm/sbatch.h"
 
 namespace trainctl::cli {
@@ -30,7 +31,8 @@ bool IsTrainctlImage(const std::string& image) {
   std::string name = image.substr(0, image.find('@'));
   std::string tag;
   const size_t slash = name.rfind('/');
-  if (const size_t colon = name.rfind(':'); colon != std::string::npos && (slash == std::string::npos || colon > slash)) {
+  if (const size_t colon = name.rfind(':');
+      colon != std::string::npos && (slash == std::string::npos || colon > slash)) {
     tag = name.substr(colon + 1);
     name.resize(colon);
   }
@@ -39,8 +41,8 @@ bool IsTrainctlImage(const std::string& image) {
 
 // What trainctl's own image has to run besides trainctl (Debian's slim base).
 bool InTrainctlImage(const std::string& program) {
-  static const std::vector<std::string> kTools = {"trainctl", "sh", "bash", "dash", "env", "true", "false",
-                                                  "echo", "sleep", "cat", "curl", "tar", "gzip", "unzip"};
+  static const std::vector<std::string> kTools = {"trainctl", "sh",    "bash", "dash", "env", "true", "false",
+                                                  "echo",     "sleep", "cat",  "curl", "tar", "gzip", "unzip"};
   const std::string base = program.substr(program.rfind('/') + 1);
   return std::find(kTools.begin(), kTools.end(), base) != kTools.end();
 }
@@ -74,14 +76,18 @@ std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string&
   const std::string& image = spec.cluster.image;
   if (IsTrainctlImage(image) && spec.trainer.enabled && spec.trainer.device == "cuda" &&
       image.find("cuda") == std::string::npos) {
-    warnings.push_back(spec_file + ": trainer.device: cuda needs trainctl's CUDA image (deploy/Dockerfile.cuda, "
-                       "tagged trainctl:cuda for example); cluster.image is " + image +
-                       ", deploy/Dockerfile's CPU build, whose LibTorch has no CUDA");
+    warnings.push_back(spec_file +
+                       ": trainer.device: cuda needs trainctl's CUDA image (deploy/Dockerfile.cuda, "
+                       "tagged trainctl:cuda for example); cluster.image is " +
+                       image + ", deploy/Dockerfile's CPU build, whose LibTorch has no CUDA");
   }
   if (IsTrainctlImage(image) && format == "mpijob" && image.find("mpi") == std::string::npos) {
-    warnings.push_back(spec_file + ": --format mpijob: the workers run sshd and the launcher mpirun, which only "
-                       "deploy/Dockerfile's mpi stage has (docker build -f deploy/Dockerfile --target mpi -t trainctl:mpi .); "
-                       "cluster.image is " + image);
+    warnings.push_back(
+        spec_file +
+        ": --format mpijob: the workers run sshd and the launcher mpirun, which only "
+        "deploy/Dockerfile's mpi stage has (docker build -f deploy/Dockerfile --target mpi -t trainctl:mpi .); "
+        "cluster.image is " +
+        image);
   }
   // Kubernetes pulls an image tagged :latest (or untagged) on every start unless the pod says
   // IfNotPresent, and Trainer's runtime patches cannot say so for the node container.
@@ -89,7 +95,8 @@ std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string&
     const size_t colon = image.rfind(':'), slash = image.rfind('/');
     const bool tagged = colon != std::string::npos && (slash == std::string::npos || colon > slash);
     if (!tagged || image.substr(colon + 1) == "latest") {
-      warnings.push_back(spec_file + ": cluster.image: " + image + " is pulled from its registry each time a TrainJob's "
+      warnings.push_back(spec_file + ": cluster.image: " + image +
+                         " is pulled from its registry each time a TrainJob's "
                          "node starts (Kubernetes pulls :latest always, and Trainer v2.3 cannot set the node's pull "
                          "policy); an image that is only on the nodes needs a tag other than latest, or a digest");
     }
@@ -105,7 +112,8 @@ std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string&
     const std::string base = ProgramBase(spec, spec_file);
     for (size_t a = 1; a < role.command.size() + role.args.size(); ++a) {
       const std::string& arg = a < role.command.size() ? role.command[a] : role.args[a - role.command.size()];
-      if (!arg.empty() && arg[0] != '/' && arg[0] != '-' && Exists(base + "/" + arg) && !IsDirectory(base + "/" + arg)) {
+      if (!arg.empty() && arg[0] != '/' && arg[0] != '-' && Exists(base + "/" + arg) &&
+          !IsDirectory(base + "/" + arg)) {
         local = ", and " + arg + " is a file on this machine, which the pods do not see";
         break;
       }
@@ -120,13 +128,17 @@ std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string&
   if (spec.trainer.enabled) {
     const std::string base = ProgramBase(spec, spec_file);
     const std::string& mount = spec.cluster.storage.mount;
-    for (const auto& [field, path] : {std::pair<std::string, std::string>{"trainer.model.torchscript", spec.trainer.torchscript},
-                                      {"trainer.data.dir", spec.trainer.data.dir},
-                                      {"trainer.data.test_dir", spec.trainer.data.test_dir}}) {
+    for (const auto& [field, path] :
+         {std::pair<std::string, std::string>{"trainer.model.torchscript", spec.trainer.torchscript},
+          {"trainer.data.dir", spec.trainer.data.dir},
+          {"trainer.data.test_dir", spec.trainer.data.test_dir}}) {
       if (path.empty() || path[0] == '/' || !Exists(base + "/" + path)) continue;
       warnings.push_back(spec_file + ": " + field + ": " + path + " is " +
-                         (IsDirectory(base + "/" + path) ? "a folder" : "a file") + " on this machine, which the pods do "
-                         "not see: they read " + mount + "/" + path + " on the shared volume (cluster.storage); copy it "
+                         (IsDirectory(base + "/" + path) ? "a folder" : "a file") +
+                         " on this machine, which the pods do "
+                         "not see: they read " +
+                         mount + "/" + path +
+                         " on the shared volume (cluster.storage); copy it "
                          "there, or stage it (cluster.stage)");
     }
   }
@@ -138,8 +150,8 @@ std::vector<std::string> ClusterWarnings(const JobSpec& spec, const std::string&
 static std::string TokenSecretHint(const JobSpec& s) {
   const std::string secret = s.cluster.token_secret.empty() ? s.name + "-token" : s.cluster.token_secret;
   return "before kubectl apply, create the store token's Secret once (trainctl submit does this itself):\n"
-         "  kubectl create secret generic " + secret + " -n " + s.cluster.namespace_ +
-         " --from-literal=token=\"$(openssl rand -hex 32)\"\n";
+         "  kubectl create secret generic " +
+         secret + " -n " + s.cluster.namespace_ + " --from-literal=token=\"$(openssl rand -hex 32)\"\n";
 }
 
 namespace {
@@ -157,9 +169,11 @@ struct RenderFlags {
 // --target slurm: the batch script, on stdout or as OUT/<name>.sbatch.
 int RenderSlurm(const JobSpec& spec, RenderFlags& f) {
   if (f.trainctl == "trainctl" && !FindExecutable("trainctl", CurrentEnvironment()).ok()) {
-    std::fprintf(stderr, "trainctl render: warning: the script runs 'trainctl' from the nodes' PATH, and it is "
-                         "not on this machine's (this one is %s); if the nodes lack it too, give --trainctl "
-                         "with its path on the shared filesystem\n", SelfExe().c_str());
+    std::fprintf(stderr,
+                 "trainctl render: warning: the script runs 'trainctl' from the nodes' PATH, and it is "
+                 "not on this machine's (this one is %s); if the nodes lack it too, give --trainctl "
+                 "with its path on the shared filesystem\n",
+                 SelfExe().c_str());
   }
   // The script runs the same spec sources, from the shared filesystem.
   std::vector<std::string> args;
@@ -187,8 +201,9 @@ int RenderSlurm(const JobSpec& spec, RenderFlags& f) {
 // --format helm: a chart whose values are the spec's layers.
 int RenderHelm(const JobSpec& spec, RenderFlags& f, const std::string& workload) {
   if (f.out.empty() || !f.envs.empty()) {
-    std::fprintf(stderr, "trainctl render: --format helm writes a chart's directory; give it with -o DIR "
-                         "(environments are values files at install time: helm install -f dev.yaml)\n");
+    std::fprintf(stderr,
+                 "trainctl render: --format helm writes a chart's directory; give it with -o DIR "
+                 "(environments are values files at install time: helm install -f dev.yaml)\n");
     return kExitInvalidSpec;
   }
   auto values = LayeredSpecJson(f.spec.Sources());
@@ -235,8 +250,10 @@ int RenderKustomize(const JobSpec& spec, RenderFlags& f) {
     const std::string name = e.substr(0, eq);
     if (eq == std::string::npos || name.empty() || eq + 1 == e.size() ||
         name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-_") != std::string::npos) {
-      std::fprintf(stderr, "trainctl render: --env %s: expected NAME=FILE[,FILE...], NAME in "
-                           "lowercase letters, digits, '-' and '_'\n", e.c_str());
+      std::fprintf(stderr,
+                   "trainctl render: --env %s: expected NAME=FILE[,FILE...], NAME in "
+                   "lowercase letters, digits, '-' and '_'\n",
+                   e.c_str());
       return kExitInvalidSpec;
     }
     SpecFlags layered = f.spec;
@@ -253,9 +270,10 @@ int RenderKustomize(const JobSpec& spec, RenderFlags& f) {
     std::fprintf(stderr, "trainctl render: %s\n", st.message().c_str());
     return kExitError;
   }
-  std::printf("wrote %zu files under %s: base/ and %zu overlay(s); apply one with "
-              "kubectl apply -k %s/overlays/NAME\n%s", files.size(), f.out.c_str(), envs.size(),
-              f.out.c_str(), TokenSecretHint(spec).c_str());
+  std::printf(
+      "wrote %zu files under %s: base/ and %zu overlay(s); apply one with "
+      "kubectl apply -k %s/overlays/NAME\n%s",
+      files.size(), f.out.c_str(), envs.size(), f.out.c_str(), TokenSecretHint(spec).c_str());
   return kExitOk;
 }
 
@@ -285,9 +303,10 @@ int Render(RenderFlags& f) {
 
 void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto* cmd = app.add_subcommand(
-      "render", "Write what runs the job on a cluster engine: Kubernetes manifests (Indexed Jobs, or "
-                "Kubeflow's PyTorchJob, TFJob, MPIJob or TrainJob), a kustomize base with one overlay per "
-                "environment, a Helm chart, or a Slurm batch script. Nothing is contacted; see docs/cluster.md");
+      "render",
+      "Write what runs the job on a cluster engine: Kubernetes manifests (Indexed Jobs, or "
+      "Kubeflow's PyTorchJob, TFJob, MPIJob or TrainJob), a kustomize base with one overlay per "
+      "environment, a Helm chart, or a Slurm batch script. Nothing is contacted; see docs/cluster.md");
   static RenderFlags storage;
   RenderFlags* f = &storage;
   f->spec.Add(cmd);
@@ -308,12 +327,10 @@ void AddRender(CLI::App& app, const GlobalFlags& flags, int* code) {
                   "helm: the workload format the chart makes (job, pytorchjob, tfjob, mpijob, trainjob)")
       ->capture_default_str()
       ->check(CLI::IsMember(k8s::kFormats));
-  cmd->add_option("--env", f->envs,
-                  "kustomize: an overlay, NAME=FILE[,FILE...]: the spec layered with these files")
+  cmd->add_option("--env", f->envs, "kustomize: an overlay, NAME=FILE[,FILE...]: the spec layered with these files")
       ->allow_extra_args(false);
   cmd->add_option("-o,--output", f->out, "a directory to write into (default: stdout)");
-  cmd->add_option("--trainctl", f->trainctl, "slurm: the trainctl binary as the nodes see it")
-      ->capture_default_str();
+  cmd->add_option("--trainctl", f->trainctl, "slurm: the trainctl binary as the nodes see it")->capture_default_str();
   cmd->callback([f, code] { *code = Render(*f); });
   (void)flags;
 }

@@ -32,10 +32,10 @@ bool AllHostsHere(const LaunchOptions& o) {
 }  // namespace
 
 void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
-  auto* cmd = app.add_subcommand(
-      "run", "Run a job from this machine: one agent per node, each starting its workers, here "
-             "or under mpirun on the hosts given; worker output is shown as [worker-N] lines and "
-             "saved under <output_dir>/logs");
+  auto* cmd = app.add_subcommand("run",
+                                 "Run a job from this machine: one agent per node, each starting its workers, here "
+                                 "or under mpirun on the hosts given; worker output is shown as [worker-N] lines and "
+                                 "saved under <output_dir>/logs");
   static SpecFlags spec_storage;
   SpecFlags* spec_flags = &spec_storage;
   spec_flags->Add(cmd);
@@ -48,8 +48,7 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
       ->capture_default_str()
       ->check(CLI::IsMember({"local", "mpi", "slurm"}));
   cmd->add_option("--hosts", lo->mpi_hosts, "mpi: the hosts, as mpirun's --host (a,b or a:1,b:1)");
-  cmd->add_option("--hostfile", lo->mpi_hostfile, "mpi: a hostfile, as mpirun's --hostfile")
-      ->check(CLI::ExistingFile);
+  cmd->add_option("--hostfile", lo->mpi_hostfile, "mpi: a hostfile, as mpirun's --hostfile")->check(CLI::ExistingFile);
   cmd->add_option("--store-host", lo->store_host,
                   "mpi, slurm: the address of this machine that agents reach the job's store at (it "
                   "listens there, with the job's token); a local job's store is a Unix socket for "
@@ -77,8 +76,9 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
     if (lo->placement == "local" && remote) {
       bad_flags = "--hosts and --hostfile go with --target mpi";
     } else if (slurm && GetEnv(CurrentEnvironment(), "SLURM_JOB_ID").value_or("").empty()) {
-      bad_flags = "--target slurm runs inside a Slurm allocation (sbatch or salloc); to submit a "
-                  "job, write its batch script with trainctl render --target slurm";
+      bad_flags =
+          "--target slurm runs inside a Slurm allocation (sbatch or salloc); to submit a "
+          "job, write its batch script with trainctl render --target slurm";
     } else if (remote && spec->rendezvous.empty() && IsLoopbackHost(lo->store_host) && !AllHostsHere(*lo)) {
       bad_flags = "agents on other hosts cannot reach a store on " + lo->store_host +
                   "; give --store-host with this machine's address on their network (or a "
@@ -101,7 +101,8 @@ void AddRun(CLI::App& app, const GlobalFlags& flags, int* code) {
     ResolveProgramPaths(&*spec, ProgramBase(*spec, spec_flags->Sources().files[0]));
     spec->working_dir = AbsolutePath(spec->working_dir);
     if (auto shape = ResolveFolderShape(&*spec); !shape.ok()) {
-      std::fprintf(stderr, "%s: trainer.data: %s\n", spec_flags->Sources().files[0].c_str(), shape.status().message().c_str());
+      std::fprintf(stderr, "%s: trainer.data: %s\n", spec_flags->Sources().files[0].c_str(),
+                   shape.status().message().c_str());
       *code = kExitInvalidSpec;
       return;
     } else if (!shape->empty()) {

@@ -4,16 +4,16 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <set>
 #include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "agent/worker_forks.h"
+#include "checkpoint/checkpoint.h"
 #include "cli/verbs.h"
 #include "common/duration.h"
 #include "common/exit_codes.h"
@@ -21,13 +21,12 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/plugin.h"
-#include "job/paths.h"
-#include "monitor/view.h"
 #include "common/strings.h"
-#include "checkpoint/checkpoint.h"
+#include "job/paths.h"
 #include "job/run_status.h"
 #include "job/runs.h"
 #include "jobspec/job_spec.h"
+#include "monitor/view.h"
 #include "train/entry.h"
 #include "train/splits.h"
 
@@ -86,7 +85,8 @@ std::string RunModel(const std::string& dir) {
     }
   }
   // A moved run's checkpoints moved with it (previous/<run id>/checkpoints).
-  if (checkpoints.empty() || !IsDirectory(checkpoints) || checkpoints.rfind(dir, 0) != 0) checkpoints = dir + "/checkpoints";
+  if (checkpoints.empty() || !IsDirectory(checkpoints) || checkpoints.rfind(dir, 0) != 0)
+    checkpoints = dir + "/checkpoints";
   return IsDirectory(checkpoints) && !checkpoint::CheckpointDir(checkpoints, 1).List().empty() ? checkpoints : "";
 }
 
@@ -110,7 +110,8 @@ void SayModel(const std::string& verb, const std::string& model, const std::stri
 
 // "run ID of job NAME", and that it is still running (so a checkpoint, not its final model).
 std::string RunLabel(const std::string& run_id, const std::string& job, RunState state) {
-  return "run " + run_id + " of job " + job + (state == RunState::kRunning ? " (still running: its newest checkpoint)" : "");
+  return "run " + run_id + " of job " + job +
+         (state == RunState::kRunning ? " (still running: its newest checkpoint)" : "");
 }
 
 // RunLabel for the run of a model path: the status.json of its output directory (the file's
@@ -140,32 +141,35 @@ Result<std::string> ModelPath(const std::string& verb, const std::string& arg) {
       SayModel(verb, model, RunOfModel(model));
       return model;
     }
-    path_note = arg + " is a directory here without a model or checkpoint (no model.safetensors, checkpoints/ or "
+    path_note = arg +
+                " is a directory here without a model or checkpoint (no model.safetensors, checkpoints/ or "
                 "ckpt-*.safetensors in it)";
   }
   auto found = runs::Find(arg);  // the index's checks, and its error naming the jobs
   if (!found.ok()) {
     if (!path_note.empty()) return InvalidArgument(path_note + ", and no job of that name ran on this machine");
-    return NotFound(arg + ": no such model file or directory, nor a job run on this machine (trainctl ps lists "
+    return NotFound(arg +
+                    ": no such model file or directory, nor a job run on this machine (trainctl ps lists "
                     "them)");
   }
-  if (!path_note.empty()) std::fprintf(stderr, "trainctl %s: %s; taking it as the job's name\n", verb.c_str(), path_note.c_str());
+  if (!path_note.empty())
+    std::fprintf(stderr, "trainctl %s: %s; taking it as the job's name\n", verb.c_str(), path_note.c_str());
   const bool by_id = found->run_id == arg;
   struct Candidate {
     runs::RunEntry entry;
     std::string model;
     RunState state;
   };
-  std::vector<Candidate> with;       // the runs that have a model, newest first
-  std::vector<std::string> without;  // newer runs of the job that have no model
+  std::vector<Candidate> with;                    // the runs that have a model, newest first
+  std::vector<std::string> without;               // newer runs of the job that have no model
   for (const runs::RunEntry& e : runs::List()) {  // newest first
     if (by_id ? e.run_id != arg : e.name != arg) continue;
     const monitor::RunView v = monitor::View(e);
     const std::string model = RunModel(v.dir);
     if (model.empty()) {
       if (by_id) {
-        return NotFound("run " + e.run_id + " of job " + e.name + " wrote no model and no checkpoint (" + RunStateName(v.state) +
-                        "; trainctl status " + e.run_id + " says how it ended)");
+        return NotFound("run " + e.run_id + " of job " + e.name + " wrote no model and no checkpoint (" +
+                        RunStateName(v.state) + "; trainctl status " + e.run_id + " says how it ended)");
       }
       if (with.empty()) without.push_back(e.run_id + " (" + std::string(RunStateName(v.state)) + ")");
       continue;
@@ -197,8 +201,8 @@ Result<std::string> ModelPath(const std::string& verb, const std::string& arg) {
         }
       }
       return InvalidArgument("job " + arg + " ran in " + std::to_string(dirs.size()) + " output directories" +
-                             (here_dirs.empty() ? ", none of them under this one" : ", several under this one") +
-                             ": " + Join(each, "; ") + ". Give the run id, or the output directory, to say which");
+                             (here_dirs.empty() ? ", none of them under this one" : ", several under this one") + ": " +
+                             Join(each, "; ") + ". Give the run id, or the output directory, to say which");
     }
     chosen = &here.front();
   }
@@ -235,9 +239,9 @@ constexpr const char* kTorchscriptHelp =
 }  // namespace
 
 void AddTrain(CLI::App& app, const GlobalFlags& flags, int* code) {
-  CLI::App* cmd = app.add_subcommand(
-      "train", "Run one worker of the built-in trainer (started by the agent for jobs with a "
-               "trainer section; reads the torchrun environment)");
+  CLI::App* cmd = app.add_subcommand("train",
+                                     "Run one worker of the built-in trainer (started by the agent for jobs with a "
+                                     "trainer section; reads the torchrun environment)");
   // Which task this is, for ps: the agent passes it, and a worker server's copies write theirs
   // over the server's placeholder.
   cmd->add_option("--task", "")->group("");
@@ -258,45 +262,40 @@ void AddTrain(CLI::App& app, const GlobalFlags& flags, int* code) {
 
 void AddEval(CLI::App& app, const GlobalFlags& flags, int* code) {
   auto o = std::make_shared<train::EvalOptions>();
-  CLI::App* cmd = app.add_subcommand(
-      "eval", "Evaluate a trained model on its test set: overall and per-class accuracy and the "
-              "confusion matrix");
+  CLI::App* cmd = app.add_subcommand("eval",
+                                     "Evaluate a trained model on its test set: overall and per-class accuracy and the "
+                                     "confusion matrix");
   auto* job = cmd->add_option("job", o->checkpoint,
                               "a job run on this machine, by name or run id (trainctl ps): its model, or its newest "
                               "checkpoint while it trains; the same as --checkpoint JOB");
-  auto* checkpoint = cmd->add_option(
-      "--checkpoint", o->checkpoint,
-      "a model or checkpoint (.safetensors: <output_dir>/model.safetensors, or a "
-      "checkpoint file), a checkpoint directory (its newest valid checkpoint), a run's output "
-      "directory, or a job's name or run id");
+  auto* checkpoint =
+      cmd->add_option("--checkpoint", o->checkpoint,
+                      "a model or checkpoint (.safetensors: <output_dir>/model.safetensors, or a "
+                      "checkpoint file), a checkpoint directory (its newest valid checkpoint), a run's output "
+                      "directory, or a job's name or run id");
   job->excludes(checkpoint);
-  auto* watch = cmd->add_option(
-      "--watch", o->watch,
-      "a checkpoint directory: evaluate each checkpoint as it appears (a sidecar evaluator), "
-      "appending test accuracy to metrics.jsonl and tensorboard/eval/ in --metrics-dir; ends "
-      "once the run's final model.safetensors appears there, or on Ctrl-C");
+  auto* watch = cmd->add_option("--watch", o->watch,
+                                "a checkpoint directory: evaluate each checkpoint as it appears (a sidecar evaluator), "
+                                "appending test accuracy to metrics.jsonl and tensorboard/eval/ in --metrics-dir; ends "
+                                "once the run's final model.safetensors appears there, or on Ctrl-C");
   checkpoint->excludes(watch);
   job->excludes(watch);
   cmd->add_option("--metrics-dir", o->metrics_dir,
                   "--watch: the run's output directory (default: the checkpoint directory's parent)")
       ->needs(watch);
-  cmd->add_option("--data", o->data_dir,
-                  "directory with the test set (default: the one the model was trained on)");
+  cmd->add_option("--data", o->data_dir, "directory with the test set (default: the one the model was trained on)");
   cmd->add_option("--torchscript", o->torchscript, kTorchscriptHelp);
-  cmd->add_option("--limit", o->limit, "evaluate only the first N test images")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--limit", o->limit, "evaluate only the first N test images")->check(CLI::NonNegativeNumber);
   cmd->add_option("-o,--output", o->format, "text or json")
       ->capture_default_str()
       ->check(CLI::IsMember({"text", "json"}));
-  cmd->add_option("--threads", o->threads, "compute threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--batch", o->batch, "images per forward pass")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", o->threads, "compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch", o->batch, "images per forward pass")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->callback([o, code] {
     if (o->checkpoint.empty() == o->watch.empty()) {
-      std::fprintf(stderr, "trainctl eval: give a job (trainctl eval JOB) or a model with --checkpoint, or a "
-                           "checkpoint directory to follow with --watch\n");
+      std::fprintf(stderr,
+                   "trainctl eval: give a job (trainctl eval JOB) or a model with --checkpoint, or a "
+                   "checkpoint directory to follow with --watch\n");
       *code = kExitInvalidSpec;
       return;
     }
@@ -333,7 +332,9 @@ void AddPredict(CLI::App& app, const GlobalFlags& flags, int* code) {
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("--torchscript", o->torchscript, kTorchscriptHelp);
-  cmd->add_option("-k,--top", o->top, "how many classes to show per image")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("-k,--top", o->top, "how many classes to show per image")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("-o,--output", o->format, "text or json")
       ->capture_default_str()
       ->check(CLI::IsMember({"text", "json"}));

@@ -10,9 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "agent/start.h"
 #include "cli/verbs.h"
@@ -24,9 +23,9 @@
 #include "common/strings.h"
 #include "common/subprocess.h"
 #include "job/paths.h"
-#include "render/k8s/render.h"
 #include "launch/local/local_launcher.h"
 #include "launch/torchrun/torchrun_launcher.h"
+#include "render/k8s/render.h"
 
 namespace trainctl::cli {
 
@@ -108,7 +107,8 @@ std::string JobName(const TorchrunFlags& f) {
 Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
   if (f.program.empty()) return InvalidArgument("give the training script (or -m MODULE) and its arguments");
   if (f.role != "default") {
-    return InvalidArgument("--role " + f.role + ": trainctl's tasks of a one-role job are named 'worker'; "
+    return InvalidArgument("--role " + f.role +
+                           ": trainctl's tasks of a one-role job are named 'worker'; "
                            "for roles of your own, write a job spec with roles: (trainctl torchrun --print-spec "
                            "gives one to start from)");
   }
@@ -116,7 +116,8 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
   if (modes > 1) return InvalidArgument("-m, --no-python and --run-path exclude each other");
   ASSIGN_OR_RETURN(int procs, ProcsPerNode(f.nproc_per_node));
   std::string nodes = f.standalone ? "1" : f.nnodes;
-  if (const size_t colon = nodes.find(':'); colon != std::string::npos && nodes.substr(0, colon) == nodes.substr(colon + 1)) {
+  if (const size_t colon = nodes.find(':');
+      colon != std::string::npos && nodes.substr(0, colon) == nodes.substr(colon + 1)) {
     nodes.resize(colon);  // "2:2" is 2
   }
   std::vector<std::string> command;
@@ -129,14 +130,18 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
   }
   nlohmann::json nodes_value = nodes;
   if (nodes.find(':') == std::string::npos) nodes_value = std::atoi(nodes.c_str());  // a plain count
-  nlohmann::json spec = {{"name", JobName(f)}, {"nodes", nodes_value}, {"procs_per_node", procs}, {"command", command},
+  nlohmann::json spec = {{"name", JobName(f)},
+                         {"nodes", nodes_value},
+                         {"procs_per_node", procs},
+                         {"command", command},
                          // torchrun restarts at once; a spec's restarts back off (restart.backoff)
                          {"restart", {{"max_restarts", f.max_restarts}, {"backoff", "0s"}}}};
   if (!f.log_dir.empty()) spec["output_dir"] = f.log_dir;
   if (!f.preload.empty()) {
     if (f.no_python) {
-      return InvalidArgument("--preload imports Python modules into a warm interpreter, but --no-python runs a "
-                             "program that is not Python");
+      return InvalidArgument(
+          "--preload imports Python modules into a warm interpreter, but --no-python runs a "
+          "program that is not Python");
     }
     spec["preload"] = Split(f.preload, ',');
   }
@@ -161,8 +166,10 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
         return InvalidArgument("--rdzv-conf is_host: expected true or false, got " + Quote(value));
       }
     } else {
-      return InvalidArgument("--rdzv-conf: trainctl knows join_timeout, last_call_timeout, close_timeout, "
-                             "read_timeout, timeout and is_host, not " + Quote(key));
+      return InvalidArgument(
+          "--rdzv-conf: trainctl knows join_timeout, last_call_timeout, close_timeout, "
+          "read_timeout, timeout and is_host, not " +
+          Quote(key));
     }
   }
   // torch 2.x's --shutdown-timeout: the grace between SIGTERM and SIGKILL when workers are stopped.
@@ -171,7 +178,8 @@ Result<JobSpec> ToSpec(const TorchrunFlags& f, std::string* yaml) {
   }
   for (const auto& sig : Split(f.signals_to_handle, ',')) {
     if (!sig.empty() && sig != "SIGTERM" && sig != "SIGINT" && sig != "SIGHUP" && sig != "SIGQUIT") {
-      return InvalidArgument("--signals-to-handle " + Quote(sig) + ": trainctl stops the job (every worker, "
+      return InvalidArgument("--signals-to-handle " + Quote(sig) +
+                             ": trainctl stops the job (every worker, "
                              "SIGTERM then SIGKILL after the grace) on SIGTERM, SIGINT, SIGHUP and SIGQUIT, and "
                              "passes no other signal on");
     }
@@ -223,7 +231,8 @@ Status CheckPython(const TorchrunFlags& f) {
   for (const auto& dir : Split(std::getenv("PATH") ? std::getenv("PATH") : "", ':')) {
     for (const char* name : {"python3", "python"}) candidates.push_back(dir + "/" + name);
   }
-  for (const char* p : {"/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"}) candidates.push_back(p);
+  for (const char* p : {"/usr/bin/python3", "/usr/local/bin/python3", "/opt/conda/bin/python3"})
+    candidates.push_back(p);
   for (const auto& c : candidates) {
     std::error_code ec;
     if (!std::filesystem::exists(c, ec)) continue;
@@ -236,7 +245,8 @@ Status CheckPython(const TorchrunFlags& f) {
       break;
     }
   }
-  std::string message = "python3 from PATH (" + tried + ") cannot import torch, so every worker would fail with "
+  std::string message = "python3 from PATH (" + tried +
+                        ") cannot import torch, so every worker would fail with "
                         "ModuleNotFoundError; ";
   if (!other.empty()) {
     message += other + " has torch: run with --python " + other + " (or TRAINCTL_PYTHON=" + other +
@@ -276,10 +286,12 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
     std::fprintf(stderr, "trainctl torchrun: %s\n", message.c_str());
     return kExitInvalidSpec;
   };
-  if (f.rdzv_backend != "static" && f.rdzv_backend != "c10d" && f.rdzv_backend != "etcd" && f.rdzv_backend != "etcd-v2") {
+  if (f.rdzv_backend != "static" && f.rdzv_backend != "c10d" && f.rdzv_backend != "etcd" &&
+      f.rdzv_backend != "etcd-v2") {
     return bad("--rdzv-backend: expected c10d, static, etcd or etcd-v2, got " + Quote(f.rdzv_backend));
   }
-  for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--redirects", f.redirects}, {"--tee", f.tee}}) {
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string&>{"--redirects", f.redirects}, {"--tee", f.tee}}) {
     // trainctl always keeps every rank's output in its log file and shows it prefixed: what
     // --redirects/--tee 3 (both streams) ask for. Other values would ask for less.
     if (!value.empty() && value != "3" && value.find_first_not_of("0123456789:,") != std::string::npos) {
@@ -340,12 +352,14 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
   uint16_t port = 0;
   if (endpoint.find(':') == std::string::npos) endpoint += ":29400";  // torchrun's default c10d port
   if (Status st = ParseHostPort(endpoint, &host, &port); !st.ok()) return bad("--rdzv-endpoint: " + st.message());
-  if (f.rdzv_backend == "static" && f.node_rank < 0) return bad("--rdzv-backend static needs --node-rank on every host");
+  if (f.rdzv_backend == "static" && f.node_rank < 0)
+    return bad("--rdzv-backend static needs --node-rank on every host");
   const char* token = std::getenv("TRAINCTL_TOKEN");
   if (!token || std::string(token).size() < 16) {
-    return bad("a job of several hosts needs its token in TRAINCTL_TOKEN, the same on every host and at least "
-               "16 characters (for example: export TRAINCTL_TOKEN=$(openssl rand -hex 32)); the store at " +
-               endpoint + " refuses clients without it");
+    return bad(
+        "a job of several hosts needs its token in TRAINCTL_TOKEN, the same on every host and at least "
+        "16 characters (for example: export TRAINCTL_TOKEN=$(openssl rand -hex 32)); the store at " +
+        endpoint + " refuses clients without it");
   }
   // A loopback endpoint (127.x, ::1, localhost) keeps the whole job on loopback.
   a.host = !f.local_addr.empty() ? f.local_addr : IsLoopbackHost(host) ? "127.0.0.1" : "auto";
@@ -354,8 +368,8 @@ int Torchrun(TorchrunFlags f, const GlobalFlags& flags) {
   // the endpoint's host: the first serves, the second finds the port taken and joins.
   const std::optional<bool> is_host = IsHostConf(f.rdzv_conf);
   const bool serve = f.rdzv_backend == "static" ? f.node_rank == 0
-                     : is_host                   ? *is_host
-                                                 : IsThisMachine(host) && PortFree(port);
+                     : is_host                  ? *is_host
+                                                : IsThisMachine(host) && PortFree(port);
   a.serve_store = serve;
   a.join_if_served = f.rdzv_backend != "static" && !is_host;
   a.node_rank = f.rdzv_backend == "static" ? f.node_rank : (serve ? 0 : -1);
@@ -410,10 +424,11 @@ std::string NotTaken(const std::string& flag) {
 
 void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code) {
   static TorchrunFlags f;
-  auto* cmd = app.add_subcommand(
-      "torchrun", "torchrun's command line: run a PyTorch script (or -m MODULE, or --no-python PROGRAM) on "
-                  "this host or, with the same command on every host, on several; flags in both spellings "
-                  "(--nproc-per-node, --nproc_per_node). --print-spec shows the job spec it means");
+  auto* cmd =
+      app.add_subcommand("torchrun",
+                         "torchrun's command line: run a PyTorch script (or -m MODULE, or --no-python PROGRAM) on "
+                         "this host or, with the same command on every host, on several; flags in both spellings "
+                         "(--nproc-per-node, --nproc_per_node). --print-spec shows the job spec it means");
   cmd->prefix_command();  // everything after the script is the script's (and not the app's:)
   cmd->fallthrough(false);
   cmd->add_option("--nnodes", f.nnodes, "N or MIN:MAX hosts")->capture_default_str();
@@ -421,8 +436,10 @@ void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code) {
       ->capture_default_str();
   cmd->add_option("--node-rank,--node_rank", f.node_rank, "this host's rank (static rendezvous)");
   cmd->add_flag("--standalone", f.standalone, "one host, a store of its own on a free port");
-  cmd->add_option("--rdzv-backend,--rdzv_backend", f.rdzv_backend, "c10d, static, etcd or etcd-v2")->capture_default_str();
-  cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", f.rdzv_endpoint, "HOST:PORT of the rendezvous (its host serves the store)");
+  cmd->add_option("--rdzv-backend,--rdzv_backend", f.rdzv_backend, "c10d, static, etcd or etcd-v2")
+      ->capture_default_str();
+  cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", f.rdzv_endpoint,
+                  "HOST:PORT of the rendezvous (its host serves the store)");
   cmd->add_option("--rdzv-id,--rdzv_id", f.rdzv_id, "the job's id, the same on every host")->capture_default_str();
   cmd->add_option("--rdzv-conf,--rdzv_conf", f.rdzv_conf,
                   "join_timeout=S,last_call_timeout=S,close_timeout=S,read_timeout=S,is_host=BOOL");
@@ -437,7 +454,8 @@ void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code) {
   cmd->add_option("--local-addr,--local_addr", f.local_addr, "this host's address for its peers");
   cmd->add_option("--master-addr,--master_addr", f.master_addr, "static rendezvous: the host of node 0")
       ->capture_default_str();
-  cmd->add_option("--master-port,--master_port", f.master_port, "static rendezvous: node 0's port")->capture_default_str();
+  cmd->add_option("--master-port,--master_port", f.master_port, "static rendezvous: node 0's port")
+      ->capture_default_str();
   cmd->add_option("--start-method,--start_method", f.start_method, "accepted: workers are always new processes")
       ->capture_default_str();
   cmd->add_option("--shutdown-timeout,--shutdown_timeout", f.shutdown_timeout,
@@ -455,9 +473,10 @@ void AddTorchrun(CLI::App& app, const GlobalFlags& flags, int* code) {
                   "from it (restarts too), instead of each importing them (see docs/own-program.md)");
   cmd->add_flag("--print-spec", f.print_spec, "print the job spec this command line means, as YAML, and exit");
   cmd->formatter(std::make_shared<TorchrunUsage>());
-  cmd->footer(std::string("SCRIPT [ARGS...]: the training script (a Python file; with -m a module, with --no-python a "
-                          "program) and its arguments, which it gets unchanged. Every torchrun flag comes before it.\n\n") +
-              kExitCodesHelp + "\n\nDocs: docs/torchrun.md");
+  cmd->footer(
+      std::string("SCRIPT [ARGS...]: the training script (a Python file; with -m a module, with --no-python a "
+                  "program) and its arguments, which it gets unchanged. Every torchrun flag comes before it.\n\n") +
+      kExitCodesHelp + "\n\nDocs: docs/torchrun.md");
   cmd->callback([&flags, cmd, code] {
     f.program = cmd->remaining();  // SCRIPT and everything after it
     if (!f.program.empty() && f.program[0] == "--") f.program.erase(f.program.begin());

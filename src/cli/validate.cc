@@ -22,8 +22,9 @@ void SpecFlags::Add(CLI::App* cmd, const std::string& name, const std::string& w
                   "more spec files, layered in order over the first (maps merge, the rest "
                   "replaces, null deletes)")
       ->allow_extra_args(false);
-  cmd->add_option("--set", sets, "override one field: --set restart.max_restarts=5, "
-                                 "--set args[0]=--fast, --set 'command=[python3, t.py]'")
+  cmd->add_option("--set", sets,
+                  "override one field: --set restart.max_restarts=5, "
+                  "--set args[0]=--fast, --set 'command=[python3, t.py]'")
       ->allow_extra_args(false);
 }
 
@@ -94,8 +95,8 @@ Result<std::string> DescribeFolder(const DataSpec& d) {
 }
 
 void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
-  auto* cmd = app.add_subcommand(
-      "validate", "Check a job spec (and its layers and overrides) without running anything");
+  auto* cmd =
+      app.add_subcommand("validate", "Check a job spec (and its layers and overrides) without running anything");
   static SpecFlags spec_storage;
   SpecFlags* spec_flags = &spec_storage;
   spec_flags->Add(cmd);
@@ -142,7 +143,8 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
     if (t.enabled && t.model == "torchscript" && !*fields_only) {
       auto checked = CheckScriptedModel(t.torchscript, ImageShape(t.data), classes);
       if (!checked.ok()) {
-        std::fprintf(stderr, "%s: trainer.model.torchscript: %s\n", spec_file.c_str(), checked.status().message().c_str());
+        std::fprintf(stderr, "%s: trainer.model.torchscript: %s\n", spec_file.c_str(),
+                     checked.status().message().c_str());
         *code = kExitInvalidSpec;
         return;
       }
@@ -163,13 +165,14 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
     if (*print) {
       std::printf("%s\n", JobSpecToJson(*spec, 2).c_str());
     } else {
-      std::printf("%s: valid: job %s, %s\n", Join(spec_flags->Sources().files, " + ").c_str(),
-                  spec->name.c_str(), DescribeTasks(*spec).c_str());
+      std::printf("%s: valid: job %s, %s\n", Join(spec_flags->Sources().files, " + ").c_str(), spec->name.c_str(),
+                  DescribeTasks(*spec).c_str());
       if (!folder.empty()) std::printf("%s\n", folder.c_str());
       if (!shape_note.empty()) std::printf("%s\n", shape_note.c_str());
       if (!module.empty()) std::printf("%s\n", module.c_str());
       // The model's layer table (declared, or a built-in one's layers), as Keras's summary() prints it.
-      const auto layers = t.model == "layers" ? std::optional<std::vector<LayerSpec>>(t.layers) : BuiltinLayers(t.model);
+      const auto layers =
+          t.model == "layers" ? std::optional<std::vector<LayerSpec>>(t.layers) : BuiltinLayers(t.model);
       if (t.enabled && layers && !ImageShape(t.data).empty()) {
         auto summary = SummarizeModel(*layers, ImageShape(t.data), classes);
         if (!summary.ok()) {
@@ -186,9 +189,10 @@ void AddValidate(CLI::App& app, const GlobalFlags& flags, int* code) {
 }
 
 void AddSchema(CLI::App& app, const GlobalFlags& flags, int* code) {
-  auto* cmd = app.add_subcommand(
-      "schema", "Print the job spec's JSON Schema (for editors: add the line "
-                "'# yaml-language-server: $schema=FILE' to a spec; Helm charts use it as values.schema.json)");
+  auto* cmd =
+      app.add_subcommand("schema",
+                         "Print the job spec's JSON Schema (for editors: add the line "
+                         "'# yaml-language-server: $schema=FILE' to a spec; Helm charts use it as values.schema.json)");
   static std::string output;
   cmd->add_option("-o,--output", output, "write it to this file instead of standard output");
   cmd->callback([&flags, code] {

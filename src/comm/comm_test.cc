@@ -1,12 +1,11 @@
 // One suite for every backend (house style): real ranks as threads of this process, Gloo over
 // real TCP on loopback, shm over a real /dev/shm segment; rendezvous through a MemoryStore.
 #include <gtest/gtest.h>
-
-#include <cmath>
-#include <cstring>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <thread>
@@ -22,8 +21,8 @@
 namespace trainctl::comm {
 namespace {
 
-Result<std::unique_ptr<Communicator>> Connect(const std::string& backend, Store& store, int rank,
-                                              int size, Duration timeout) {
+Result<std::unique_ptr<Communicator>> Connect(const std::string& backend, Store& store, int rank, int size,
+                                              Duration timeout) {
   if (backend == "shm") {
     ShmOptions o;
     o.rank = rank;
@@ -42,8 +41,7 @@ Result<std::unique_ptr<Communicator>> Connect(const std::string& backend, Store&
 class Comm : public ::testing::TestWithParam<std::string> {
  public:
   // Runs fn(rank, communicator) on `size` ranks at once; returns each rank's status.
-  std::vector<Status> OnRanks(int size, Duration timeout,
-                              const std::function<Status(int, Communicator&)>& fn) {
+  std::vector<Status> OnRanks(int size, Duration timeout, const std::function<Status(int, Communicator&)>& fn) {
     return RunRanks(GetParam(), size, timeout, fn);
   }
   static std::vector<Status> RunRanks(const std::string& backend, int size, Duration timeout,
@@ -232,8 +230,7 @@ TEST(Shm, APeerProcessThatExitsIsReportedWithinASecond) {
   float x = 1;
   Status st = (*rank0)->AllReduceSum(&x, 1);
   EXPECT_EQ(st.code(), Code::kUnavailable) << st.ToString();
-  EXPECT_NE(st.message().find("rank 1 (pid " + std::to_string(child) + ") exited"),
-            std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("rank 1 (pid " + std::to_string(child) + ") exited"), std::string::npos) << st.ToString();
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(1));
 }
 
@@ -274,8 +271,7 @@ TEST(Shm, ASegmentsNameIsRemovedOnceEveryRankHasIt) {
 
 TEST_P(Comm, RejectsARankOutsideTheGroup) {
   MemoryStore store;
-  EXPECT_EQ(Connect(GetParam(), store, 2, 2, std::chrono::seconds(1)).status().code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(Connect(GetParam(), store, 2, 2, std::chrono::seconds(1)).status().code(), Code::kInvalidArgument);
 }
 
 // NCCL needs one GPU per rank, so one rank here (more on machines with more GPUs is the
@@ -345,7 +341,7 @@ TEST(Nccl, QueuedSumsFollowTheStreamAndAStuckOneTimesOutInsteadOfHanging) {
   const auto start = Clock::now();
   ASSERT_TRUE((*sum)->Enqueue(dev, n, stream).ok());
   ASSERT_TRUE((*sum)->Join(stream).ok());
-  EXPECT_LT(SecondsSince(start), 0.5);  // queued, not waited for
+  EXPECT_LT(SecondsSince(start), 0.5);   // queued, not waited for
   Status second = (*sum)->Join(stream);  // waits for the first one's sums: the watchdog ends it
   double waited = SecondsSince(start);
   EXPECT_EQ(second.code(), Code::kTimeout) << second.ToString();
@@ -361,8 +357,7 @@ TEST(Nccl, QueuedSumsFollowTheStreamAndAStuckOneTimesOutInsteadOfHanging) {
 }
 #endif
 
-INSTANTIATE_TEST_SUITE_P(Backends, Comm, ::testing::Values("gloo", "shm"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Backends, Comm, ::testing::Values("gloo", "shm"), [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace trainctl::comm

@@ -11,8 +11,8 @@ namespace trainctl::comm {
 
 Status CheckGroup(const char* backend, int rank, int size) {
   if (size >= 1 && rank >= 0 && rank < size) return Status::Ok();
-  return InvalidArgument(std::string(backend) + ": rank " + std::to_string(rank) +
-                         " out of range for size " + std::to_string(size));
+  return InvalidArgument(std::string(backend) + ": rank " + std::to_string(rank) + " out of range for size " +
+                         std::to_string(size));
 }
 
 Result<std::unique_ptr<SharedAverage>> Communicator::MakeSharedAverage(size_t) {
@@ -45,8 +45,7 @@ std::string StalledKey(int rank) { return "rank/" + std::to_string(rank) + "/tim
 }  // namespace
 
 Status AnnounceRank(Store& store, int rank, const std::string& address) {
-  return store.Set(HostKey(rank), HostName() + " (" + address + ", pid " +
-                                      std::to_string(::getpid()) + ")");
+  return store.Set(HostKey(rank), HostName() + " (" + address + ", pid " + std::to_string(::getpid()) + ")");
 }
 
 Status NameStalledRanks(Store& store, int rank, int size, Duration grace, const Status& error) {
@@ -80,8 +79,9 @@ Status NameStalledRanks(Store& store, int rank, int size, Duration grace, const 
 bool NcclAvailable() { return false; }
 
 Result<std::unique_ptr<Communicator>> ConnectNccl(Store&, const NcclOptions&) {
-  return InvalidArgument("nccl: this trainctl was built without CUDA and NCCL; build it where "
-                         "CUDA and NCCL are found (see docs/trainer.md, GPUs)");
+  return InvalidArgument(
+      "nccl: this trainctl was built without CUDA and NCCL; build it where "
+      "CUDA and NCCL are found (see docs/trainer.md, GPUs)");
 }
 #endif
 

@@ -13,8 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "common/duration.h"
 #include "common/status.h"
@@ -107,7 +107,7 @@ std::unique_ptr<Communicator> ConnectLocal();
 struct GlooOptions {
   int rank = 0;
   int size = 1;
-  std::string host = "127.0.0.1";  // the address this rank listens on and announces to peers
+  std::string host = "127.0.0.1";               // the address this rank listens on and announces to peers
   Duration timeout = std::chrono::seconds(60);  // connect and every collective
 };
 

@@ -13,7 +13,9 @@ namespace {
 std::string ProgressKey(int rank) { return "rank/" + std::to_string(rank) + "/progress"; }
 std::string HostKey(int rank) { return "rank/" + std::to_string(rank) + "/host"; }  // AnnounceRank's
 
-int64_t NowNs() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
 
 bool Waiting(Phase p) { return p == Phase::kGradients || p == Phase::kCollective; }
 bool Computing(Phase p) { return p == Phase::kForward || p == Phase::kBackward || p == Phase::kApply; }
@@ -28,23 +30,36 @@ std::string Seconds(double s) {
 
 const char* PhaseName(Phase p) {
   switch (p) {
-    case Phase::kStarting: return "starting";
-    case Phase::kData: return "loading data";
-    case Phase::kForward: return "the forward pass";
-    case Phase::kBackward: return "the backward pass";
-    case Phase::kGradients: return "the gradient exchange";
-    case Phase::kApply: return "the optimizer step";
-    case Phase::kCollective: return "a collective";
-    case Phase::kCheckpoint: return "saving a checkpoint";
-    case Phase::kEvaluating: return "evaluating";
-    case Phase::kRecording: return "recording the step timeline";
+    case Phase::kStarting:
+      return "starting";
+    case Phase::kData:
+      return "loading data";
+    case Phase::kForward:
+      return "the forward pass";
+    case Phase::kBackward:
+      return "the backward pass";
+    case Phase::kGradients:
+      return "the gradient exchange";
+    case Phase::kApply:
+      return "the optimizer step";
+    case Phase::kCollective:
+      return "a collective";
+    case Phase::kCheckpoint:
+      return "saving a checkpoint";
+    case Phase::kEvaluating:
+      return "evaluating";
+    case Phase::kRecording:
+      return "recording the step timeline";
   }
   return "?";
 }
 
 ProgressWatchdog::ProgressWatchdog(std::unique_ptr<Store> store, ProgressOptions options,
                                    std::function<void(const Status&)> on_stall)
-    : store_(std::move(store)), o_(options), on_stall_(std::move(on_stall)), since_ns_(NowNs()),
+    : store_(std::move(store)),
+      o_(options),
+      on_stall_(std::move(on_stall)),
+      since_ns_(NowNs()),
       seen_(static_cast<size_t>(std::max(1, options.size))) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -78,12 +93,14 @@ void ProgressWatchdog::Loop() {
       if (wake_.wait_for(lock, o_.poll, [this] { return stop_; })) return;
     }
     const auto phase = static_cast<Phase>(phase_.load(std::memory_order_acquire));
-    const Duration in_phase = std::chrono::duration_cast<Duration>(std::chrono::nanoseconds(NowNs() - since_ns_.load()));
+    const Duration in_phase =
+        std::chrono::duration_cast<Duration>(std::chrono::nanoseconds(NowNs() - since_ns_.load()));
     const auto now = Clock::now();
     if (in_phase >= o_.publish_after && now - published >= o_.publish_after) {
       // "PHASE SECONDS STEPS": what this rank is doing, for how long, after how many steps.
       std::ostringstream record;
-      record << static_cast<int>(phase) << ' ' << std::chrono::duration<double>(in_phase).count() << ' ' << steps_.load();
+      record << static_cast<int>(phase) << ' ' << std::chrono::duration<double>(in_phase).count() << ' '
+             << steps_.load();
       if (store_->Set(ProgressKey(o_.rank), record.str()).ok()) published = now;
     }
     if (!Waiting(phase) || steps_.load() < o_.min_steps) continue;

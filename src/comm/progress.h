@@ -9,8 +9,8 @@
 // others' records: a rank in a local computing phase
 // (forward, backward, the optimizer) for the bound or longer is stuck, as is one that reports a
 // waiting phase for that long while the communicator says it has not reached the collective
-// (`behind`); a rank that never reported, or stopped reporting, is stalled or unreachable. Ranks in phases that may take long by nature
-// (loading data, saving a checkpoint, evaluating) are waited for, up to the collective timeout.
+// (`behind`); a rank that never reported, or stopped reporting, is stalled or unreachable. Ranks in phases that may
+// take long by nature (loading data, saving a checkpoint, evaluating) are waited for, up to the collective timeout.
 // `on_stall` is then called once, from the watchdog's thread, with the ranks named (host and pid
 // from AnnounceRank) and what each was doing; the caller ends the process.
 //
@@ -33,23 +33,23 @@
 namespace trainctl::comm {
 
 enum class Phase : int {
-  kStarting,   // before the first step: connecting, loading, warming up (slow by nature)
-  kData,       // waiting for the next batch (slow by nature: a cold disk, a network filesystem)
-  kForward,    // computing
-  kBackward,   // computing
-  kGradients,  // waiting for the other ranks' gradients (a collective)
-  kApply,      // the optimizer (computing; with parameter servers, waiting for them)
-  kCollective, // another collective: the loss for the log, the balance of the batch
-  kCheckpoint, // saving a checkpoint or snapshot (slow by nature)
-  kEvaluating, // evaluating the test set (slow by nature)
-  kRecording,  // gathering and writing the step timeline (slow by nature)
+  kStarting,    // before the first step: connecting, loading, warming up (slow by nature)
+  kData,        // waiting for the next batch (slow by nature: a cold disk, a network filesystem)
+  kForward,     // computing
+  kBackward,    // computing
+  kGradients,   // waiting for the other ranks' gradients (a collective)
+  kApply,       // the optimizer (computing; with parameter servers, waiting for them)
+  kCollective,  // another collective: the loss for the log, the balance of the batch
+  kCheckpoint,  // saving a checkpoint or snapshot (slow by nature)
+  kEvaluating,  // evaluating the test set (slow by nature)
+  kRecording,   // gathering and writing the step timeline (slow by nature)
 };
 const char* PhaseName(Phase p);
 
 struct ProgressOptions {
   int rank = 0, size = 1;
-  Duration floor = std::chrono::seconds(5);     // the least bound
-  Duration limit = std::chrono::seconds(57);    // when the collective gives up anyway
+  Duration floor = std::chrono::seconds(5);   // the least bound
+  Duration limit = std::chrono::seconds(57);  // when the collective gives up anyway
   Duration publish_after = std::chrono::seconds(1);
   Duration poll = std::chrono::milliseconds(250);
   int min_steps = 3;  // steps to measure before the bound holds

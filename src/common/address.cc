@@ -27,11 +27,13 @@ bool IsThisMachine(const std::string& host) {
   if (IsLoopbackHost(host) || host == HostName()) return true;
   // An IPv4 or IPv6 address's bytes, to compare with the interfaces' ("" for other families).
   auto bytes = [](const sockaddr* a) -> std::string_view {
-    if (a && a->sa_family == AF_INET) return {reinterpret_cast<const char*>(&reinterpret_cast<const sockaddr_in*>(a)->sin_addr), 4};
-    if (a && a->sa_family == AF_INET6) return {reinterpret_cast<const char*>(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr), 16};
+    if (a && a->sa_family == AF_INET)
+      return {reinterpret_cast<const char*>(&reinterpret_cast<const sockaddr_in*>(a)->sin_addr), 4};
+    if (a && a->sa_family == AF_INET6)
+      return {reinterpret_cast<const char*>(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr), 16};
     return {};
   };
-  struct addrinfo hints{};
+  struct addrinfo hints {};
   hints.ai_socktype = SOCK_STREAM;
   struct addrinfo* res = nullptr;
   if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
@@ -42,8 +44,9 @@ bool IsThisMachine(const std::string& host) {
     const std::string_view want = bytes(ai->ai_addr);
     if (want.empty()) continue;
     // A name for loopback (Debian's 127.0.1.1 for the host name), or an interface's address.
-    found = ai->ai_family == AF_INET ? want[0] == 127
-                                     : IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr);
+    found = ai->ai_family == AF_INET
+                ? want[0] == 127
+                : IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(ai->ai_addr)->sin6_addr);
     for (auto* i = ifs; i && !found; i = i->ifa_next) found = bytes(i->ifa_addr) == want;
   }
   if (ifs) ::freeifaddrs(ifs);
@@ -75,8 +78,10 @@ Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port)
 bool IsEtcdUrl(const std::string& url) { return url.rfind("etcd://", 0) == 0 || url.rfind("etcds://", 0) == 0; }
 
 Result<EtcdUrl> ParseEtcdUrl(const std::string& url) {
-  const std::string expected = "expected etcd://host:port[,host:port...] or etcds://... with "
-                               "?ca=FILE&cert=FILE&key=FILE&user=NAME, got \"" + url + "\"";
+  const std::string expected =
+      "expected etcd://host:port[,host:port...] or etcds://... with "
+      "?ca=FILE&cert=FILE&key=FILE&user=NAME, got \"" +
+      url + "\"";
   EtcdUrl out;
   std::string rest;
   if (url.rfind("etcd://", 0) == 0) {
@@ -109,8 +114,11 @@ Result<EtcdUrl> ParseEtcdUrl(const std::string& url) {
       const std::string item = query.substr(pos, amp - pos);
       const size_t eq = item.find('=');
       const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
-      std::string* field = key == "ca" ? &out.ca : key == "cert" ? &out.cert : key == "key" ? &out.key
-                         : key == "user" ? &out.user : nullptr;
+      std::string* field = key == "ca"     ? &out.ca
+                           : key == "cert" ? &out.cert
+                           : key == "key"  ? &out.key
+                           : key == "user" ? &out.user
+                                           : nullptr;
       if (!field || value.empty()) {
         return InvalidArgument("etcd URL option \"" + item + "\": expected ca=FILE, cert=FILE, key=FILE or user=NAME");
       }
@@ -148,8 +156,7 @@ int FirstEphemeralPort() {
 
 }  // namespace
 
-PortLease::PortLease(PortLease&& other) noexcept
-    : ports_(std::move(other.ports_)), claims_(std::move(other.claims_)) {
+PortLease::PortLease(PortLease&& other) noexcept : ports_(std::move(other.ports_)), claims_(std::move(other.claims_)) {
   other.claims_.clear();
 }
 
@@ -172,7 +179,7 @@ void PortLease::Release() {
 }
 
 Result<PortLease> LeasePorts(const std::string& host, size_t n) {
-  struct addrinfo hints{};
+  struct addrinfo hints {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;

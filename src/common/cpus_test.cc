@@ -82,11 +82,11 @@ TEST(Cpus, CpuListsReadAsTheKernelWritesThem) {
 // Spinning while it waits is safe for a process only where no other one needs its CPU.
 TEST(Cpus, EachHasACpuOfItsOwnWhenTheMasksAllowIt) {
   const std::vector<int> four = {0, 1, 2, 3};
-  EXPECT_TRUE(EachHasACpuOfItsOwn({four, four, four, four}, std::nullopt));  // not bound, enough
+  EXPECT_TRUE(EachHasACpuOfItsOwn({four, four, four, four}, std::nullopt));         // not bound, enough
   EXPECT_FALSE(EachHasACpuOfItsOwn({four, four, four, four, four}, std::nullopt));  // too many
-  EXPECT_TRUE(EachHasACpuOfItsOwn({{0}, {1}, {2}, {3}}, std::nullopt));  // cpu_bind: cores
+  EXPECT_TRUE(EachHasACpuOfItsOwn({{0}, {1}, {2}, {3}}, std::nullopt));             // cpu_bind: cores
   EXPECT_TRUE(EachHasACpuOfItsOwn({{0, 1}, {2, 3}}, std::nullopt));
-  EXPECT_FALSE(EachHasACpuOfItsOwn({{0}, {1}, {0}}, std::nullopt));  // more tasks than CPUs, bound
+  EXPECT_FALSE(EachHasACpuOfItsOwn({{0}, {1}, {0}}, std::nullopt));   // more tasks than CPUs, bound
   EXPECT_FALSE(EachHasACpuOfItsOwn({{0, 1}, {1, 2}}, std::nullopt));  // overlapping
   EXPECT_FALSE(EachHasACpuOfItsOwn({four, {0}}, std::nullopt));
   EXPECT_FALSE(EachHasACpuOfItsOwn({{0}, {1}, {2}, {3}}, 3.5));  // a quota of fewer CPUs

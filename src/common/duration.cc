@@ -10,8 +10,7 @@ constexpr double kMaxMs = 30.0 * 24 * 3600 * 1000;
 
 bool ParseNumberPrefix(std::string_view text, size_t* pos, double* out) {
   size_t start = *pos;
-  while (*pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[*pos])) ||
-                                text[*pos] == '.')) {
+  while (*pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[*pos])) || text[*pos] == '.')) {
     ++*pos;
   }
   if (*pos == start) return false;
@@ -24,8 +23,7 @@ bool ParseNumberPrefix(std::string_view text, size_t* pos, double* out) {
 }  // namespace
 
 Result<Duration> ParseDuration(std::string_view text) {
-  const std::string expected = "expected a duration such as 30s, 5m, 1h30m or 250ms, got \"" +
-                               std::string(text) + "\"";
+  const std::string expected = "expected a duration such as 30s, 5m, 1h30m or 250ms, got \"" + std::string(text) + "\"";
   if (text.empty()) return InvalidArgument(expected);
   size_t pos = 0;
   double total_ms = 0;
@@ -85,23 +83,32 @@ std::string FormatDuration(Duration d) {
 }
 
 Result<int64_t> ParseBytes(std::string_view text) {
-  const std::string expected = "expected a size such as 512Mi, 4Gi or 1G, got \"" +
-                               std::string(text) + "\"";
+  const std::string expected = "expected a size such as 512Mi, 4Gi or 1G, got \"" + std::string(text) + "\"";
   size_t pos = 0;
   double value;
   if (!ParseNumberPrefix(text, &pos, &value)) return InvalidArgument(expected);
   std::string_view unit = text.substr(pos);
   double scale = 1;
-  if (unit.empty()) scale = 1;
-  else if (unit == "k") scale = 1e3;
-  else if (unit == "M") scale = 1e6;
-  else if (unit == "G") scale = 1e9;
-  else if (unit == "T") scale = 1e12;
-  else if (unit == "Ki") scale = 1024.0;
-  else if (unit == "Mi") scale = 1024.0 * 1024;
-  else if (unit == "Gi") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "Ti") scale = 1024.0 * 1024 * 1024 * 1024;
-  else return InvalidArgument(expected);
+  if (unit.empty())
+    scale = 1;
+  else if (unit == "k")
+    scale = 1e3;
+  else if (unit == "M")
+    scale = 1e6;
+  else if (unit == "G")
+    scale = 1e9;
+  else if (unit == "T")
+    scale = 1e12;
+  else if (unit == "Ki")
+    scale = 1024.0;
+  else if (unit == "Mi")
+    scale = 1024.0 * 1024;
+  else if (unit == "Gi")
+    scale = 1024.0 * 1024 * 1024;
+  else if (unit == "Ti")
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  else
+    return InvalidArgument(expected);
   double bytes = value * scale;
   if (!std::isfinite(bytes) || bytes > 9e18) {
     return InvalidArgument("size \"" + std::string(text) + "\" is too large");
@@ -120,8 +127,6 @@ double WallSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 }  // namespace trainctl

@@ -4,12 +4,12 @@
 namespace trainctl {
 
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitError = 1;               // trainctl itself failed (I/O, store lost...)
-inline constexpr int kExitInvalidSpec = 2;         // bad job spec or command line
-inline constexpr int kExitWorkerFailed = 3;        // a worker failed after the restart budget
-inline constexpr int kExitRendezvousTimeout = 4;   // nodes did not all join in time
-inline constexpr int kExitJobTimeout = 5;          // timeouts.job passed
-inline constexpr int kExitInterrupted = 130;       // Ctrl-C / SIGTERM / SIGHUP
+inline constexpr int kExitError = 1;              // trainctl itself failed (I/O, store lost...)
+inline constexpr int kExitInvalidSpec = 2;        // bad job spec or command line
+inline constexpr int kExitWorkerFailed = 3;       // a worker failed after the restart budget
+inline constexpr int kExitRendezvousTimeout = 4;  // nodes did not all join in time
+inline constexpr int kExitJobTimeout = 5;         // timeouts.job passed
+inline constexpr int kExitInterrupted = 130;      // Ctrl-C / SIGTERM / SIGHUP
 
 // The table above, for the help of the verbs that run a job (and docs/cli.md).
 inline constexpr const char* kExitCodesHelp = R"(Exit codes:

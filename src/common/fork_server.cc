@@ -2,11 +2,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/prctl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
-#include <linux/prctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -110,7 +110,8 @@ int ThreadCount() {
 // In a new copy: what its request asks, its argument written over the placeholder `slot` (of
 // `room` bytes). Returns 0 or the errno it failed with. The strings stay for the copy's life
 // (environ points into them).
-int SetUpCopy(const std::vector<std::string_view>& fields, const ProcMap& proc, int output_fd, char* slot, size_t room) {
+int SetUpCopy(const std::vector<std::string_view>& fields, const ProcMap& proc, int output_fd, char* slot,
+              size_t room) {
   const std::string_view cwd = fields[1], cpus = fields[2];
   if (output_fd >= 0) {
     if (::dup2(output_fd, 1) < 0 || ::dup2(output_fd, 2) < 0) return errno;
@@ -246,7 +247,8 @@ Result<pid_t> ForkServer::Fork(const ForkRequest& request, Duration timeout) {
   if (reply.pid <= 0) return ErrnoStatus("cannot fork " + value, -reply.pid);
   if (reply.error != 0) {  // the copy has exited: reap it
     int status;
-    while (::waitpid(reply.pid, &status, 0) < 0 && errno == EINTR) {}
+    while (::waitpid(reply.pid, &status, 0) < 0 && errno == EINTR) {
+    }
     return ErrnoStatus("cannot set up the copy " + value + (request.cwd.empty() ? "" : " in " + request.cwd),
                        reply.error);
   }
@@ -352,7 +354,8 @@ std::optional<std::string> ServeForks(int argc, char** argv) {
       if (pid > 0 && reports) {  // the copy says whether it could be set up: EOF when it could
         int err = 0;
         ssize_t got;
-        while ((got = ::read(setup[0], &err, sizeof err)) < 0 && errno == EINTR) {}
+        while ((got = ::read(setup[0], &err, sizeof err)) < 0 && errno == EINTR) {
+        }
         if (got == sizeof err) reply.error = err;
       }
       if (setup[0] >= 0) ::close(setup[0]);

@@ -1,12 +1,11 @@
 #include "common/fs.h"
 
-#include <algorithm>
-
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 
@@ -29,8 +28,7 @@ Status WriteAll(int fd, std::string_view data, const std::string& path) {
 
 }  // namespace
 
-Status AtomicWriteFileAt(int dir_fd, const std::string& dir, const std::string& name, std::string_view data,
-                         int mode) {
+Status AtomicWriteFileAt(int dir_fd, const std::string& dir, const std::string& name, std::string_view data, int mode) {
   // A temporary name of our own (O_EXCL: never one someone planted), in the same directory.
   std::string tmp;
   int fd = -1;
@@ -98,7 +96,7 @@ Status OverwriteFile(const std::string& path, const std::string& text) {
 Result<int> OpenRegularFile(const std::string& path, struct stat* out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus("cannot open " + path, errno);
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
@@ -120,7 +118,7 @@ Result<int> OpenRegularFile(const std::string& path, struct stat* out) {
 }
 
 std::string ReadFrom(const std::string& path, int64_t offset, int64_t max_bytes) {
-  struct stat st{};
+  struct stat st {};
   auto fd = OpenRegularFile(path, &st);
   if (!fd.ok()) return "";
   // What it held when opened: a file that grows meanwhile is read again for the rest.
@@ -139,7 +137,7 @@ std::string ReadFrom(const std::string& path, int64_t offset, int64_t max_bytes)
 }
 
 std::string ReadTail(const std::string& path, int64_t bytes) {
-  struct stat st{};
+  struct stat st {};
   auto fd = OpenRegularFile(path, &st);
   if (!fd.ok()) return "";
   ::close(*fd);
@@ -158,8 +156,8 @@ Result<std::string> ReadAll(int fd, const std::string& path, int64_t max_bytes) 
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
     if (static_cast<int64_t>(out.size()) > max_bytes) {
-      std::string limit = max_bytes % (1 << 20) == 0 ? std::to_string(max_bytes >> 20) + " MiB"
-                                                     : std::to_string(max_bytes) + " bytes";
+      std::string limit =
+          max_bytes % (1 << 20) == 0 ? std::to_string(max_bytes >> 20) + " MiB" : std::to_string(max_bytes) + " bytes";
       return InvalidArgument(path + " is larger than " + limit);
     }
   }
@@ -187,7 +185,7 @@ void RemoveAll(const std::string& path) {
 
 Status PrivateDir(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) return ErrnoStatus("cannot create " + path, errno);
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return ErrnoStatus("cannot inspect " + path, errno);
   if (S_ISLNK(st.st_mode)) return PermissionDenied(path + " is a symbolic link; refusing to follow it");
   if (!S_ISDIR(st.st_mode)) return PermissionDenied(path + " is not a directory");
@@ -203,9 +201,8 @@ Status PrivateDir(const std::string& path) {
   return Status::Ok();
 }
 
-
 long RaiseOpenFileLimit(long wanted) {
-  struct rlimit rl{};
+  struct rlimit rl {};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return -1;
   if (rl.rlim_cur == RLIM_INFINITY || static_cast<long>(rl.rlim_cur) >= wanted) return static_cast<long>(rl.rlim_cur);
   rlim_t target = static_cast<rlim_t>(wanted);

@@ -1,13 +1,13 @@
 #include "common/fs.h"
 
 #include <gtest/gtest.h>
-
-#include "tests/test_util.h"
 #include <sys/stat.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+
+#include "tests/test_util.h"
 
 namespace trainctl {
 namespace {

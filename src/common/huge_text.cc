@@ -66,7 +66,8 @@ bool OnlyGapIn(uintptr_t begin, uintptr_t end) {
       free = false;
     }
     // A line longer than the buffer: its rest has no address range to read; skip it.
-    while (!std::strchr(line, '\n') && std::fgets(line, sizeof line, f)) {}
+    while (!std::strchr(line, '\n') && std::fgets(line, sizeof line, f)) {
+    }
   }
   std::fclose(f);
   return free;

@@ -5,10 +5,9 @@
 
 #include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <type_traits>
-
-#include <nlohmann/json.hpp>
 
 namespace trainctl {
 
@@ -39,7 +38,7 @@ T JsonField(const nlohmann::json& j, const char* key, T fallback) {
                  : fallback;
     }
     if (!it->is_number_float()) return fallback;
-    const double d = it->template get<double>();  // a whole number written as 3.0
+    const double d = it->template get<double>();                         // a whole number written as 3.0
     const double end = std::ldexp(1.0, std::numeric_limits<T>::digits);  // T's max + 1, exactly
     const double least = std::is_signed_v<T> ? -end : 0.0;
     return std::isfinite(d) && d == std::floor(d) && d >= least && d < end ? static_cast<T>(d) : fallback;

@@ -15,9 +15,8 @@
 
 namespace trainctl {
 
-int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadline,
-                const std::function<bool()>& stop) {
-  struct addrinfo hints{};
+int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadline, const std::function<bool()>& stop) {
+  struct addrinfo hints {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
@@ -29,11 +28,14 @@ int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadli
     if (fd < 0) continue;
     int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
     if (rc != 0 && errno == EINPROGRESS) {
-      struct pollfd p{fd, POLLOUT, 0};
+      struct pollfd p {
+        fd, POLLOUT, 0
+      };
       bool stopped = false;
       while (true) {
         const Duration left = Remaining(deadline);
-        rc = ::poll(&p, 1, static_cast<int>((stop ? std::min<Duration>(left, std::chrono::milliseconds(100)) : left).count()));
+        rc = ::poll(&p, 1,
+                    static_cast<int>((stop ? std::min<Duration>(left, std::chrono::milliseconds(100)) : left).count()));
         if (rc < 0 && errno == EINTR) continue;
         if (rc != 0 || Clock::now() >= deadline) break;
         if (stop && stop()) {
@@ -69,12 +71,13 @@ int ConnectOnce(const std::string& host, uint16_t port, Clock::time_point deadli
 }
 
 int ConnectUnix(const std::string& path) {
-  struct sockaddr_un a{};
+  struct sockaddr_un a {};
   a.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof a.sun_path) return -ENAMETOOLONG;
   std::memcpy(a.sun_path, path.data(), path.size());
   if (path[0] == '@') a.sun_path[0] = '\0';  // abstract: no file, no trailing NUL in the name
-  const auto len = static_cast<socklen_t>(offsetof(struct sockaddr_un, sun_path) + path.size() + (path[0] == '@' ? 0 : 1));
+  const auto len =
+      static_cast<socklen_t>(offsetof(struct sockaddr_un, sun_path) + path.size() + (path[0] == '@' ? 0 : 1));
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
   // A Unix socket connects at once or fails at once (EAGAIN: the listener's backlog is full).
@@ -96,7 +99,9 @@ bool SendAll(int fd, std::string_view data, Clock::time_point deadline) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      struct pollfd p{fd, POLLOUT, 0};
+      struct pollfd p {
+        fd, POLLOUT, 0
+      };
       if (::poll(&p, 1, static_cast<int>(Remaining(deadline).count())) <= 0) return false;
       continue;
     }
@@ -108,7 +113,9 @@ bool SendAll(int fd, std::string_view data, Clock::time_point deadline) {
 int RecvAll(int fd, char* out, size_t size, Clock::time_point deadline) {
   size_t off = 0;
   while (off < size) {
-    struct pollfd p{fd, POLLIN, 0};
+    struct pollfd p {
+      fd, POLLIN, 0
+    };
     int rc = ::poll(&p, 1, static_cast<int>(Remaining(deadline).count()));
     if (rc < 0 && errno == EINTR) continue;
     if (rc == 0) return -1;

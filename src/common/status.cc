@@ -8,15 +8,24 @@ namespace trainctl {
 
 const char* CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "ok";
-    case Code::kInvalidArgument: return "invalid argument";
-    case Code::kNotFound: return "not found";
-    case Code::kTimeout: return "timeout";
-    case Code::kUnavailable: return "unavailable";
-    case Code::kPermissionDenied: return "permission denied";
-    case Code::kAborted: return "aborted";
-    case Code::kAlreadyExists: return "already exists";
-    case Code::kInternal: return "internal error";
+    case Code::kOk:
+      return "ok";
+    case Code::kInvalidArgument:
+      return "invalid argument";
+    case Code::kNotFound:
+      return "not found";
+    case Code::kTimeout:
+      return "timeout";
+    case Code::kUnavailable:
+      return "unavailable";
+    case Code::kPermissionDenied:
+      return "permission denied";
+    case Code::kAborted:
+      return "aborted";
+    case Code::kAlreadyExists:
+      return "already exists";
+    case Code::kInternal:
+      return "internal error";
   }
   return "unknown";
 }

@@ -12,11 +12,11 @@ enum class Code {
   kOk = 0,
   kInvalidArgument,  // bad user input (spec, flags)
   kNotFound,
-  kTimeout,          // a deadline passed
-  kUnavailable,      // a peer or server went away
-  kPermissionDenied, // wrong or missing token
-  kAborted,          // stopped on purpose (signal, job stop)
-  kAlreadyExists,    // taken already (an address in use)
+  kTimeout,           // a deadline passed
+  kUnavailable,       // a peer or server went away
+  kPermissionDenied,  // wrong or missing token
+  kAborted,           // stopped on purpose (signal, job stop)
+  kAlreadyExists,     // taken already (an address in use)
   kInternal,
 };
 
@@ -57,8 +57,8 @@ Status ErrnoStatus(const std::string& what, int err);
 template <typename T>
 class Result {
  public:
-  Result(T value) : value_(std::move(value)) {}                     // NOLINT
-  Result(Status status) : status_(std::move(status)) {}             // NOLINT
+  Result(T value) : value_(std::move(value)) {}          // NOLINT
+  Result(Status status) : status_(std::move(status)) {}  // NOLINT
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
   T& value() & { return Checked(), *value_; }
@@ -71,7 +71,8 @@ class Result {
 
  private:
   void Checked() const {
-    if (!value_.has_value()) [[unlikely]] DieReadingFailedResult(status_);
+    if (!value_.has_value()) [[unlikely]]
+      DieReadingFailedResult(status_);
   }
 
   std::optional<T> value_;
@@ -83,10 +84,10 @@ class Result {
 #define TRAINCTL_CONCAT_INNER(a, b) a##b
 #define TRAINCTL_CONCAT(a, b) TRAINCTL_CONCAT_INNER(a, b)
 
-#define RETURN_IF_ERROR(expr)                        \
-  do {                                               \
-    ::trainctl::Status _st = (expr);                 \
-    if (!_st.ok()) return _st;                       \
+#define RETURN_IF_ERROR(expr)        \
+  do {                               \
+    ::trainctl::Status _st = (expr); \
+    if (!_st.ok()) return _st;       \
   } while (0)
 
 #define ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
@@ -94,5 +95,4 @@ class Result {
   if (!tmp.ok()) return tmp.status();         \
   lhs = std::move(tmp).value()
 
-#define ASSIGN_OR_RETURN(lhs, expr) \
-  ASSIGN_OR_RETURN_IMPL(TRAINCTL_CONCAT(_res_, __LINE__), lhs, expr)
+#define ASSIGN_OR_RETURN(lhs, expr) ASSIGN_OR_RETURN_IMPL(TRAINCTL_CONCAT(_res_, __LINE__), lhs, expr)

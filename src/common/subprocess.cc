@@ -1,11 +1,8 @@
 #include "common/subprocess.h"
-#include <algorithm>
-#include <fstream>
-#include <filesystem>
 
 #include <fcntl.h>
-#include <sched.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -14,8 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
 #include <sstream>
 #include <thread>
@@ -34,8 +34,8 @@ bool IsExecutableFile(const std::string& path) {
 }
 
 // Only async-signal-safe calls from here on: the parent may have other threads.
-[[noreturn]] void ChildExec(const SpawnOptions& o, const char* path, char** argv, char** envp,
-                            const cpu_set_t* cpus, pid_t parent, int err_fd) {
+[[noreturn]] void ChildExec(const SpawnOptions& o, const char* path, char** argv, char** envp, const cpu_set_t* cpus,
+                            pid_t parent, int err_fd) {
   auto die = [err_fd](int err) {
     ssize_t ignored = ::write(err_fd, &err, sizeof err);
     (void)ignored;
@@ -141,7 +141,8 @@ Result<pid_t> Spawn(const SpawnOptions& o) {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   for (int c : o.cpus) {
-    if (c < 0 || c >= CPU_SETSIZE) return InvalidArgument("no CPU " + std::to_string(c) + " to run " + o.argv[0] + " on");
+    if (c < 0 || c >= CPU_SETSIZE)
+      return InvalidArgument("no CPU " + std::to_string(c) + " to run " + o.argv[0] + " on");
     CPU_SET(c, &cpus);
   }
   int err_pipe[2];
@@ -172,9 +173,7 @@ Result<pid_t> Spawn(const SpawnOptions& o) {
   if (n > 0) {
     int status;
     ::waitpid(pid, &status, 0);
-    return ErrnoStatus("cannot run " + o.argv[0] +
-                           (o.cwd.empty() ? "" : " in " + o.cwd),
-                       child_errno);
+    return ErrnoStatus("cannot run " + o.argv[0] + (o.cwd.empty() ? "" : " in " + o.cwd), child_errno);
   }
   return pid;
 }
@@ -212,7 +211,9 @@ Result<CommandResult> RunCommand(const SpawnOptions& options, Duration timeout) 
   auto deadline = Clock::now() + timeout;
   char buf[65536];
   while (true) {
-    struct pollfd p{fds[0], POLLIN, 0};
+    struct pollfd p {
+      fds[0], POLLIN, 0
+    };
     int left = static_cast<int>(Remaining(deadline).count());
     int rc = ::poll(&p, 1, left);
     if (rc < 0 && errno == EINTR) continue;

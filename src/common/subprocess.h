@@ -8,8 +8,8 @@
 
 #include <poll.h>
 #include <sys/types.h>
-#include <csignal>
 
+#include <csignal>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,15 +20,15 @@
 namespace trainctl {
 
 struct SpawnOptions {
-  std::vector<std::string> argv;      // argv[0] is looked up in PATH when it has no '/'
-  std::vector<std::string> env;       // the whole environment, "KEY=VALUE"
-  std::string cwd;                    // empty: the caller's
-  int output_fd = -1;                 // if >= 0: becomes the child's stdout and stderr
-  int stdin_fd = -1;                  // if >= 0: becomes stdin; else /dev/null
-  int stderr_fd = -1;                 // if >= 0: becomes stderr (after output_fd)
-  int pass_fd = -1;                   // if >= 0: stays open in the child, under its number
-  std::vector<int> cpus;              // if not empty: the only CPUs the child may run on
-  bool new_process_group = true;      // the child leads its own group (so stops reach its tree)
+  std::vector<std::string> argv;  // argv[0] is looked up in PATH when it has no '/'
+  std::vector<std::string> env;   // the whole environment, "KEY=VALUE"
+  std::string cwd;                // empty: the caller's
+  int output_fd = -1;             // if >= 0: becomes the child's stdout and stderr
+  int stdin_fd = -1;              // if >= 0: becomes stdin; else /dev/null
+  int stderr_fd = -1;             // if >= 0: becomes stderr (after output_fd)
+  int pass_fd = -1;               // if >= 0: stays open in the child, under its number
+  std::vector<int> cpus;          // if not empty: the only CPUs the child may run on
+  bool new_process_group = true;  // the child leads its own group (so stops reach its tree)
   // PR_SET_PDEATHSIG: SIGTERM when the parent dies. The kernel ties this to the *thread* that
   // called Spawn(): spawn from a thread that lives as long as the child (the supervisor's).
   bool die_with_parent = true;

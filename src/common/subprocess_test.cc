@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "common/fork_server.h"
-
 #include "tests/test_util.h"
 
 extern char** environ;
@@ -92,8 +91,7 @@ TEST(Subprocess, TimeoutKillsTheWholeProcessGroup) {
   pid_t grandchild = std::stoi(r->output);
   // The grandchild is gone, or a zombie waiting for init: never still running. SIGKILL is
   // delivered asynchronously, so allow it a moment to land.
-  EXPECT_TRUE(testing::Eventually([grandchild] { return testing::ProcessGone(grandchild); },
-                                  std::chrono::seconds(5)))
+  EXPECT_TRUE(testing::Eventually([grandchild] { return testing::ProcessGone(grandchild); }, std::chrono::seconds(5)))
       << "grandchild " << grandchild << " survived the timeout";
 }
 
@@ -126,9 +124,9 @@ __attribute__((constructor)) void ServeIfStartedAsAForkServer(int argc, char** a
   auto cmdline = testing::ProcStrings(::getpid(), "cmdline");
   while (!cmdline.empty() && cmdline.back().empty()) cmdline.pop_back();
   int failed = 0;
-  if (!requester || ::getppid() != std::atoi(requester)) failed |= 1;   // the requester's child
-  if (::getpgrp() != ::getpid()) failed |= 2;                          // leads its own group
-  if (cmdline.empty() || cmdline.back() != *request) failed |= 4;      // its own last argument
+  if (!requester || ::getppid() != std::atoi(requester)) failed |= 1;            // the requester's child
+  if (::getpgrp() != ::getpid()) failed |= 2;                                    // leads its own group
+  if (cmdline.empty() || cmdline.back() != *request) failed |= 4;                // its own last argument
   if (std::getenv(kEnvForkServerFd) || std::getenv("LD_BIND_NOW")) failed |= 8;  // the server's alone
   ::_exit(failed);
 }
@@ -198,8 +196,9 @@ TEST(ForkServer, ACopyTakesTheEnvironmentDirectoryCpusAndOutputItsRequestGives) 
   r.output_fd = -1;
   auto missing = server->Fork(r);
   ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.status().message(), "cannot set up the copy worker-3 in " + s.path("missing") +
-                                            ": No such file or directory") << missing.status().ToString();
+  EXPECT_EQ(missing.status().message(),
+            "cannot set up the copy worker-3 in " + s.path("missing") + ": No such file or directory")
+      << missing.status().ToString();
   EXPECT_FALSE(server->broken());
   EXPECT_EQ(::waitpid(-1, &status, WNOHANG), 0) << "no child left to reap but the server";
   // An argument longer than the placeholder is refused before any copy is made.

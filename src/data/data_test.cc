@@ -16,8 +16,7 @@ namespace trainctl::data {
 namespace {
 
 std::string BigEndian(uint32_t v) {
-  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
-          static_cast<char>(v)};
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
 }
 
 // An idx3 image file and idx1 label file of `n` images of 2x3 pixels, pixel value = image index.
@@ -109,7 +108,8 @@ TEST(Idx, BadFilesAreNamedWithWhatIsWrong) {
   // Images of 0 rows: the count (4179886336) would pass every size check (found by dataset_fuzz).
   expect_error(BigEndian(0x803) + BigEndian(0xf9240100) + BigEndian(0) + BigEndian(0x1800), labels,
                s.path("i") + ": the header gives dimension 2 of 3 a size of 0");
-  expect_error(images, BigEndian(0x801) + BigEndian(0), s.path("l") + ": the header gives dimension 1 of 1 a size of 0");
+  expect_error(images, BigEndian(0x801) + BigEndian(0),
+               s.path("l") + ": the header gives dimension 1 of 1 a size of 0");
   auto missing = LoadIdx(s.path("nope"), s.path("l"));
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find(s.path("nope")), std::string::npos);
@@ -126,7 +126,8 @@ TEST(Idx, BadFilesAreNamedWithWhatIsWrong) {
   auto liar = LoadIdx(s.path("liar.gz"), s.path("l"));
   ASSERT_FALSE(liar.ok());
   EXPECT_NE(liar.status().message().find(s.path("liar.gz") + ": its header declares 78400016 bytes, more than"),
-            std::string::npos) << liar.status().message();
+            std::string::npos)
+      << liar.status().message();
 }
 
 TEST(Cifar10, ReadsBatchesAndRejectsBrokenOnes) {
@@ -203,8 +204,8 @@ TEST(Sampler, TheEvenShardsStepsAreTheEpochOrdersBlocks) {
   for (int world : {2, 3}) {
     std::vector<int64_t> order = EpochOrder(n, 4, {0, world, 9, true, true});
     for (int64_t step = 0; step < 5; ++step) {
-      std::multiset<int64_t> shards, block(order.begin() + step * batch * world,
-                                           order.begin() + (step + 1) * batch * world);
+      std::multiset<int64_t> shards,
+          block(order.begin() + step * batch * world, order.begin() + (step + 1) * batch * world);
       for (int rank = 0; rank < world; ++rank) {
         auto mine = ShardIndices(n, 4, {rank, world, 9, true, true});
         shards.insert(mine.begin() + step * batch, mine.begin() + (step + 1) * batch);
@@ -216,10 +217,10 @@ TEST(Sampler, TheEvenShardsStepsAreTheEpochOrdersBlocks) {
 
 TEST(Sampler, SplitBatchFollowsTheWeightsAndKeepsTheLeastShare) {
   EXPECT_EQ(SplitBatch({1, 1}, 128, 8), (std::vector<int64_t>{64, 64}));
-  EXPECT_EQ(SplitBatch({2, 1}, 128, 8), (std::vector<int64_t>{85, 43}));   // 85.33, 42.67
-  EXPECT_EQ(SplitBatch({1, 1, 1}, 128, 8), (std::vector<int64_t>{43, 43, 42}));  // ties: lower rank
+  EXPECT_EQ(SplitBatch({2, 1}, 128, 8), (std::vector<int64_t>{85, 43}));            // 85.33, 42.67
+  EXPECT_EQ(SplitBatch({1, 1, 1}, 128, 8), (std::vector<int64_t>{43, 43, 42}));     // ties: lower rank
   EXPECT_EQ(SplitBatch({100, 1, 100}, 128, 8), (std::vector<int64_t>{60, 8, 60}));  // at least 8
-  EXPECT_EQ(SplitBatch({0, 0}, 10, 1), (std::vector<int64_t>{5, 5}));     // nothing known: even
+  EXPECT_EQ(SplitBatch({0, 0}, 10, 1), (std::vector<int64_t>{5, 5}));               // nothing known: even
   EXPECT_EQ(SplitBatch({5, 0}, 10, 3), (std::vector<int64_t>{7, 3}));
   EXPECT_EQ(SplitBatch({}, 10, 1), (std::vector<int64_t>{}));
   // Any rates: the shares sum to the batch, none under the least, the faster never gets fewer.
@@ -280,8 +281,8 @@ TEST(ImageFile, JpegGreyAndColourDecodeToTheirPixels) {
   auto c = DecodeImage(Jpeg(rgb, 8, 8, 3), "c.jpg");
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->channels, 3);
-  EXPECT_NEAR(c->pixels[0], 200, 3);       // red plane
-  EXPECT_NEAR(c->pixels[64 + 5], 40, 3);   // green
+  EXPECT_NEAR(c->pixels[0], 200, 3);        // red plane
+  EXPECT_NEAR(c->pixels[64 + 5], 40, 3);    // green
   EXPECT_NEAR(c->pixels[128 + 63], 90, 3);  // blue
   auto bad = DecodeImage(std::string("\xff\xd8\xff\xe0 not really", 15), "bad.jpg");
   ASSERT_FALSE(bad.ok());

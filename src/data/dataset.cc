@@ -61,7 +61,8 @@ Status ReadMaybeGzip(const std::string& path, std::vector<uint8_t>* out) {
       uint64_t bytes = 1;
       for (int d = 0; d < dims && bytes <= static_cast<uint64_t>(kMaxBytes); ++d) {
         const size_t at = 4 + 4 * static_cast<size_t>(d);
-        bytes *= uint64_t{(*out)[at]} << 24 | uint64_t{(*out)[at + 1]} << 16 | uint64_t{(*out)[at + 2]} << 8 | (*out)[at + 3];
+        bytes *= uint64_t{(*out)[at]} << 24 | uint64_t{(*out)[at + 1]} << 16 | uint64_t{(*out)[at + 2]} << 8 |
+                 (*out)[at + 3];
       }
       bytes += 4 + 4 * static_cast<uint64_t>(dims);
       const bool gz = ::gzdirect(f) == 0;
@@ -110,15 +111,13 @@ Result<std::vector<uint32_t>> IdxHeader(const std::vector<uint8_t>& data, const 
                                         const char* what) {
   size_t header = 4 + 4 * static_cast<size_t>(dims);
   if (data.size() < header) {
-    return InvalidArgument(path + ": truncated: " + std::to_string(data.size()) +
-                           " bytes, shorter than an idx header");
+    return InvalidArgument(path + ": truncated: " + std::to_string(data.size()) + " bytes, shorter than an idx header");
   }
   uint32_t magic = BigEndian32(data, 0);
   uint32_t want = 0x00000800u | static_cast<uint32_t>(dims);
   if (magic != want) {
     char buf[96];
-    std::snprintf(buf, sizeof buf, "not an idx%d %s file (magic 0x%08x, expected 0x%08x)", dims,
-                  what, magic, want);
+    std::snprintf(buf, sizeof buf, "not an idx%d %s file (magic 0x%08x, expected 0x%08x)", dims, what, magic, want);
     return InvalidArgument(path + ": " + buf);
   }
   std::vector<uint32_t> sizes;
@@ -131,12 +130,13 @@ Result<std::vector<uint32_t>> IdxHeader(const std::vector<uint8_t>& data, const 
                              std::to_string(dims) + " a size of 0");
     }
     payload *= sizes.back();
-    if (payload > static_cast<uint64_t>(kMaxBytes)) return InvalidArgument(path + ": sizes in the header are too large");
+    if (payload > static_cast<uint64_t>(kMaxBytes))
+      return InvalidArgument(path + ": sizes in the header are too large");
   }
   if (data.size() != header + payload) {
     return InvalidArgument(path + ": " + (data.size() < header + payload ? "truncated" : "trailing data") +
-                           ": the header promises " + std::to_string(header + payload) +
-                           " bytes, the file has " + std::to_string(data.size()));
+                           ": the header promises " + std::to_string(header + payload) + " bytes, the file has " +
+                           std::to_string(data.size()));
   }
   return sizes;
 }
@@ -144,9 +144,8 @@ Result<std::vector<uint32_t>> IdxHeader(const std::vector<uint8_t>& data, const 
 Status CheckLabels(const ImageSet& set, const std::string& path, int max_classes) {
   for (int64_t i = 0; i < set.count; ++i) {
     if (set.labels[i] >= max_classes) {
-      return InvalidArgument(path + ": label " + std::to_string(set.labels[i]) + " of item " +
-                             std::to_string(i) + " is out of range (expected 0 to " +
-                             std::to_string(max_classes - 1) + ")");
+      return InvalidArgument(path + ": label " + std::to_string(set.labels[i]) + " of item " + std::to_string(i) +
+                             " is out of range (expected 0 to " + std::to_string(max_classes - 1) + ")");
     }
   }
   return Status::Ok();
@@ -179,8 +178,8 @@ Result<ImageSet> LoadIdx(const std::string& images_path, const std::string& labe
   RETURN_IF_ERROR(ReadMaybeGzip(labels_path, &labels));
   ASSIGN_OR_RETURN(auto label_dims, IdxHeader(labels, labels_path, 1, "label"));
   if (set.count != static_cast<int64_t>(label_dims[0])) {
-    return InvalidArgument(images_path + " has " + std::to_string(set.count) + " images but " +
-                           labels_path + " has " + std::to_string(label_dims[0]) + " labels");
+    return InvalidArgument(images_path + " has " + std::to_string(set.count) + " images but " + labels_path + " has " +
+                           std::to_string(label_dims[0]) + " labels");
   }
   set.labels.assign(labels.begin() + 8, labels.end());
   RETURN_IF_ERROR(CheckLabels(set, labels_path, 256));
@@ -213,18 +212,18 @@ Status CheckDataDir(const std::string& dataset, const std::string& dir) {
     paths = Cifar10Files(dir, true);
     paths.push_back(Cifar10Files(dir, false)[0]);
   } else if (dataset == "mnist" || dataset == "fashion-mnist") {
-    for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-                          "t10k-labels-idx1-ubyte"}) {
+    for (const char* f :
+         {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
       paths.push_back(dir + "/" + f);
     }
   }
   for (const auto& path : paths) {
     bool gz_ok = dataset != "cifar10" && Exists(path + ".gz");
     if (!Exists(path) && !gz_ok) {
-      return NotFound(path + (dataset == "cifar10" ? "" : "[.gz]") + ": no such file; expected the " +
-                      dataset + " files in " + dir +
-                      (dataset == "fashion-mnist" && dir == kFashionMnistDir
-                           ? " (apt-get install dataset-fashion-mnist)" : ""));
+      return NotFound(
+          path + (dataset == "cifar10" ? "" : "[.gz]") + ": no such file; expected the " + dataset + " files in " +
+          dir +
+          (dataset == "fashion-mnist" && dir == kFashionMnistDir ? " (apt-get install dataset-fashion-mnist)" : ""));
     }
   }
   return Status::Ok();
@@ -248,8 +247,8 @@ Result<ImageSet> LoadCifar10(const std::vector<std::string>& batch_paths) {
     for (int64_t i = 0; i < n; ++i) {
       uint8_t label = data[i * kRecord];
       if (label > 9) {
-        return InvalidArgument(path + ": record " + std::to_string(i) + " has label " +
-                               std::to_string(label) + " (expected 0 to 9)");
+        return InvalidArgument(path + ": record " + std::to_string(i) + " has label " + std::to_string(label) +
+                               " (expected 0 to 9)");
       }
       set.labels.push_back(label);
       set.pixels.insert(set.pixels.end(), data.begin() + i * kRecord + 1, data.begin() + (i + 1) * kRecord);

@@ -22,14 +22,14 @@ class ImageStream;
 struct ImageSet {
   int64_t count = 0;
   int channels = 1, rows = 0, cols = 0;
-  int num_classes = 0;          // 1 + the largest label
-  std::vector<uint8_t> pixels;  // count * channels * rows * cols, image-major, then C, H, W
-  std::vector<uint16_t> labels;  // count
+  int num_classes = 0;                   // 1 + the largest label
+  std::vector<uint8_t> pixels;           // count * channels * rows * cols, image-major, then C, H, W
+  std::vector<uint16_t> labels;          // count
   std::vector<std::string> class_names;  // an image folder's, index = label; else empty
   // A streamed image folder (data/image_stream.h): no pixels here; each batch's images are read
   // and decoded when it is asked for (train/torch_data.h's FillBatch).
   std::shared_ptr<ImageStream> stream;
-  std::string origin;  // an image folder's: where it came from and how it is read, for the log
+  std::string origin;                // an image folder's: where it came from and how it is read, for the log
   std::vector<std::string> skipped;  // an image folder decoded into memory: the files that did not decode, and why
 
   int64_t image_bytes() const { return int64_t{channels} * rows * cols; }
@@ -85,10 +85,10 @@ struct FolderOptions {
   std::vector<std::string> classes;
   int64_t limit = 0;  // keep the first N images (0: all)
   bool stream = false;
-  int threads = 1;              // decode threads (and class folders listed at once, at least 8)
-  std::string cache_dir;        // where file lists are kept ("" for nowhere)
-  std::string skipped_file;     // streamed: where skipped files are named
-  uint64_t seed = 0;            // streamed: the views' draws
+  int threads = 1;           // decode threads (and class folders listed at once, at least 8)
+  std::string cache_dir;     // where file lists are kept ("" for nowhere)
+  std::string skipped_file;  // streamed: where skipped files are named
+  uint64_t seed = 0;         // streamed: the views' draws
 };
 struct Folder {
   ImageSet set;

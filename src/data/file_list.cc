@@ -2,14 +2,14 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <unistd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -39,7 +39,7 @@ Result<std::vector<std::string>> Names(const std::string& dir, bool folders) {
     if (e->d_name[0] == '.' || std::strchr(e->d_name, '\n')) continue;
     bool dir_entry = e->d_type == DT_DIR, file_entry = e->d_type == DT_REG;
     if (e->d_type == DT_UNKNOWN || e->d_type == DT_LNK) {  // some file systems, and links: ask
-      struct stat st{};
+      struct stat st {};
       if (::stat((dir + "/" + e->d_name).c_str(), &st) != 0) continue;
       dir_entry = S_ISDIR(st.st_mode);
       file_entry = S_ISREG(st.st_mode);
@@ -55,12 +55,11 @@ Result<std::vector<std::string>> Names(const std::string& dir, bool folders) {
 // nanosecond), which adding, removing or renaming a file in it changes; another folder extracted
 // at the same path with the same times has another inode.
 std::string StampOf(const std::string& dir) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) return "";
   return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
          std::to_string(st.st_mtim.tv_nsec);
 }
-
 
 constexpr const char* kListFormat = "trainctl file list 2";
 constexpr int64_t kMaxListBytes = int64_t{1} << 30;
@@ -119,7 +118,7 @@ int OpenCacheDir(const std::string& dir, std::string* why) {
   ::mkdir(p.parent_path().c_str(), 0700);
   ::mkdir(dir.c_str(), 0700);
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  struct stat st{};
+  struct stat st {};
   if (fd < 0 || ::fstat(fd, &st) != 0) {
     const int err = errno;
     *why = dir + ": " + std::strerror(err) + (err == ELOOP || err == ENOTDIR ? " (a link is not followed)" : "");
@@ -146,7 +145,7 @@ int OpenCacheDir(const std::string& dir, std::string* why) {
 std::string ReadList(int dir_fd, const std::string& name) {
   const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return "";
-  struct stat st{};
+  struct stat st {};
   Result<std::string> text = std::string();
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
       (st.st_mode & (S_IWGRP | S_IWOTH)) == 0) {
@@ -161,8 +160,10 @@ std::string ReadList(int dir_fd, const std::string& name) {
 Result<std::vector<std::string>> ListClassFolders(const std::string& dir, int least) {
   ASSIGN_OR_RETURN(std::vector<std::string> own, Names(dir, true));
   if (static_cast<int>(own.size()) < least) {
-    return InvalidArgument(dir + ": " + std::to_string(own.size()) + " class folder(s); expected a folder per "
-                           "class, at least " + std::to_string(least) + " (dir/cat/1.png, dir/dog/2.jpg)");
+    return InvalidArgument(dir + ": " + std::to_string(own.size()) +
+                           " class folder(s); expected a folder per "
+                           "class, at least " +
+                           std::to_string(least) + " (dir/cat/1.png, dir/dog/2.jpg)");
   }
   if (own.size() > kMaxClasses) {
     return InvalidArgument(dir + ": " + std::to_string(own.size()) + " class folders; at most " +
@@ -182,8 +183,10 @@ bool IsImageName(const std::string& name) {
 }
 
 std::string DefaultListCacheDir() {
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && xdg[0] == '/') return std::string(xdg) + "/trainctl/lists";
-  if (const char* home = std::getenv("HOME"); home && home[0] == '/') return std::string(home) + "/.cache/trainctl/lists";
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && xdg[0] == '/')
+    return std::string(xdg) + "/trainctl/lists";
+  if (const char* home = std::getenv("HOME"); home && home[0] == '/')
+    return std::string(home) + "/.cache/trainctl/lists";
   return "";
 }
 
@@ -240,13 +243,15 @@ class FileListBuilder {
       }
     };
     std::vector<std::thread> pool;
-    for (int t = 1; t < std::min<int>(std::max(1, o.threads), static_cast<int>(own.size())); ++t) pool.emplace_back(work);
+    for (int t = 1; t < std::min<int>(std::max(1, o.threads), static_cast<int>(own.size())); ++t)
+      pool.emplace_back(work);
     work();
     for (auto& t : pool) t.join();
     for (size_t i = 0; i < own.size(); ++i) {
       if (!errors[i].empty()) return NotFound(errors[i]);
       if (files[i].files.empty()) {
-        return InvalidArgument(root + "/" + own[i] + ": an empty class folder (no PNG, JPEG, PGM or PPM file); "
+        return InvalidArgument(root + "/" + own[i] +
+                               ": an empty class folder (no PNG, JPEG, PGM or PPM file); "
                                "remove it, or put its images in it");
       }
     }

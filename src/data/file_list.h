@@ -46,7 +46,7 @@ class FileList {
   friend class FileListBuilder;
   std::string root_;
   std::vector<std::string> classes_;
-  std::string names_;              // each name, then '\0'
+  std::string names_;                // each name, then '\0'
   std::vector<uint32_t> starts_{0};  // names_ offsets, size() + 1 of them
   std::vector<uint16_t> labels_;
 };
@@ -68,8 +68,8 @@ struct ListOptions {
 
 // What ListImageFolder did, for the log.
 struct ListReport {
-  bool from_cache = false;  // every class folder's list came from the cache
-  int listed = 0;           // class folders read afresh
+  bool from_cache = false;    // every class folder's list came from the cache
+  int listed = 0;             // class folders read afresh
   std::string cache_refused;  // why the cache directory was not used ("": it was, or none was asked)
   double seconds = 0;
 };

@@ -78,7 +78,8 @@ Result<ImageHeader> ReadImageHeader(const std::string& path) {
     h.rows = be32(head, 20);
     return h;
   }
-  if (head.size() >= 4 && (std::memcmp(head.data(), "\0\0\x08\x03", 4) == 0 || std::memcmp(head.data(), "\x1f\x8b", 2) == 0)) {
+  if (head.size() >= 4 &&
+      (std::memcmp(head.data(), "\0\0\x08\x03", 4) == 0 || std::memcmp(head.data(), "\x1f\x8b", 2) == 0)) {
     gzFile gz = ::gzopen(path.c_str(), "rb");  // plain or gzipped: only the first 16 bytes inflated
     if (gz == nullptr) return NotFound(path + ": cannot open");
     std::string idx(16, '\0');

@@ -69,9 +69,10 @@ Result<Folder> LoadImageFolder(const std::string& dir, const FolderOptions& o) {
   set.num_classes = static_cast<int>(f.classes.size());
   set.class_names = f.classes;
   auto none = [&] {
-    return InvalidArgument(dir + ": no image in its class folders" +
-                           (o.holdout > 0 ? std::string(o.test ? " held out for testing" : " left for training") : "") +
-                           (f.skipped.empty() ? "; expected PNG, JPEG, PGM or PPM files" : "; skipped: " + f.skipped[0]));
+    return InvalidArgument(
+        dir + ": no image in its class folders" +
+        (o.holdout > 0 ? std::string(o.test ? " held out for testing" : " left for training") : "") +
+        (f.skipped.empty() ? "; expected PNG, JPEG, PGM or PPM files" : "; skipped: " + f.skipped[0]));
   };
   if (list.size() == 0) return none();
   if (o.stream) {
@@ -121,7 +122,8 @@ Result<Folder> LoadImageFolder(const std::string& dir, const FolderOptions& o) {
       f.skipped.push_back(error);
       continue;
     }
-    if (set.count != i) std::memmove(pixels.data() + set.count * bytes, pixels.data() + i * bytes, static_cast<size_t>(bytes));
+    if (set.count != i)
+      std::memmove(pixels.data() + set.count * bytes, pixels.data() + i * bytes, static_cast<size_t>(bytes));
     set.labels.push_back(list.Label(i));
     ++set.count;
   }

@@ -1,8 +1,7 @@
 #include "data/image_rows.h"
 
-#include <png.h>
-
 #include <jerror.h>
+#include <png.h>
 
 #include <algorithm>
 #include <cctype>
@@ -27,9 +26,10 @@ std::string Mib(int64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
 void OnJpegError(j_common_ptr c) {
   auto* e = reinterpret_cast<JpegSession::Error*>(c->err);
   if (c->err->msg_code == JERR_NO_BACKING_STORE || c->err->msg_code == JERR_OUT_OF_MEMORY) {
-    std::snprintf(e->message, sizeof e->message, "decoding it needs more than %s (a progressive JPEG holds the whole "
-                  "picture's coefficients); at most %s a picture", Mib(kMaxDecodeBytes).c_str(),
-                  Mib(kMaxDecodeBytes).c_str());
+    std::snprintf(e->message, sizeof e->message,
+                  "decoding it needs more than %s (a progressive JPEG holds the whole "
+                  "picture's coefficients); at most %s a picture",
+                  Mib(kMaxDecodeBytes).c_str(), Mib(kMaxDecodeBytes).c_str());
   } else {
     (*c->err->format_message)(c, e->message);
   }
@@ -51,7 +51,8 @@ void OnJpegMessage(j_common_ptr c, int level) {
       std::snprintf(e->message, sizeof e->message, "%s (a damaged picture)", what);
       JumpBack(c);
     }
-    default: return;  // metadata it could not read: the pixels are whole
+    default:
+      return;  // metadata it could not read: the pixels are whole
   }
 }
 
@@ -161,7 +162,8 @@ Status DecodePngRows(std::string_view bytes, const std::string& path, const OnPi
   const png_uint_32 cols = png_get_image_width(png, info), rows = png_get_image_height(png, info);
   const int type = png_get_color_type(png, info);
   if (!PictureSizeOk(cols, rows)) {
-    refused = Bad(path, "an image of " + std::to_string(cols) + "x" + std::to_string(rows) + " pixels is not supported");
+    refused =
+        Bad(path, "an image of " + std::to_string(cols) + "x" + std::to_string(rows) + " pixels is not supported");
     png_longjmp(png, 1);
   }
   // As PIL reads it: 8 bits a sample (the high byte of 16), palette and low bit depths expanded,
@@ -185,9 +187,9 @@ Status DecodePngRows(std::string_view bytes, const std::string& path, const OnPi
   // the decoder's budget.
   const int64_t whole = passes > 1 ? static_cast<int64_t>(row_bytes) * rows : static_cast<int64_t>(row_bytes);
   if (whole > kMaxDecodeBytes) {
-    refused = Bad(path, "an interlaced PNG of " + std::to_string(cols) + "x" + std::to_string(rows) + " needs " +
-                            Mib(whole) + " to decode; at most " + Mib(kMaxDecodeBytes) +
-                            " a picture (save it without interlacing)");
+    refused =
+        Bad(path, "an interlaced PNG of " + std::to_string(cols) + "x" + std::to_string(rows) + " needs " + Mib(whole) +
+                      " to decode; at most " + Mib(kMaxDecodeBytes) + " a picture (save it without interlacing)");
     png_longjmp(png, 1);
   }
   if (Status st = size(ps); !st.ok()) {
@@ -249,7 +251,8 @@ Status DecodePnmRows(std::string_view bytes, const std::string& path, const OnPi
   if (!PictureSizeOk(cols, rows)) {
     return Bad(path, "an image of " + std::to_string(cols) + "x" + std::to_string(rows) + " pixels is not supported");
   }
-  if (maxval < 1 || maxval > 255) return Bad(path, "maxval " + std::to_string(maxval) + ": only 8-bit images (1 to 255)");
+  if (maxval < 1 || maxval > 255)
+    return Bad(path, "maxval " + std::to_string(maxval) + ": only 8-bit images (1 to 255)");
   const int64_t n = rows * cols * channels;
   ++at;  // the single whitespace after maxval
   const int64_t left = at > bytes.size() ? 0 : static_cast<int64_t>(bytes.size() - at);
@@ -268,7 +271,8 @@ Status DecodePnmRows(std::string_view bytes, const std::string& path, const OnPi
       if (!plain) {
         v = raw[y * cols * channels + i];
       } else if (!PnmField(bytes, &at, &v)) {
-        return Bad(path, "truncated: " + std::to_string(y * cols * channels + i) + " of " + std::to_string(n) + " samples");
+        return Bad(path,
+                   "truncated: " + std::to_string(y * cols * channels + i) + " of " + std::to_string(n) + " samples");
       } else if (v > maxval) {
         return Bad(path, "sample " + std::to_string(v) + " is larger than maxval");
       }
@@ -282,7 +286,8 @@ Status DecodePnmRows(std::string_view bytes, const std::string& path, const OnPi
 }  // namespace
 
 bool PictureSizeOk(int64_t cols, int64_t rows) {
-  return cols >= 1 && rows >= 1 && cols <= kMaxPictureSide && rows <= kMaxPictureSide && cols * rows <= kMaxPicturePixels;
+  return cols >= 1 && rows >= 1 && cols <= kMaxPictureSide && rows <= kMaxPictureSide &&
+         cols * rows <= kMaxPicturePixels;
 }
 
 bool IsJpeg(std::string_view bytes) { return bytes.size() >= 3 && std::memcmp(bytes.data(), "\xff\xd8\xff", 3) == 0; }

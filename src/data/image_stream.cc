@@ -18,18 +18,16 @@ namespace trainctl::data {
 namespace {
 
 constexpr int64_t kMaxFileBytes = int64_t{64} << 20;  // a picture's file; more is not a picture
-constexpr int kTries = 16;                           // files tried in place of one that fails
+constexpr int kTries = 16;                            // files tried in place of one that fails
 
 int64_t Ns(double seconds) { return static_cast<int64_t>(seconds * 1e9); }
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
 Status ReadPicture(const std::string& path, std::string* bytes) {
-  struct stat st{};
+  struct stat st {};
   ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, &st));
   if (st.st_size > kMaxFileBytes) {
     ::close(fd);
@@ -54,9 +52,10 @@ Status RecordSkipped(const std::string& file, const std::vector<std::string>& li
   if (!dir.empty()) RETURN_IF_ERROR(MakeDirs(dir));
   // In the run's directory: a FIFO or a device planted there must not stall the decode thread
   // that reads it (opened without blocking, refused unless it is a regular file).
-  const int fd = ::open(file.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
+  const int fd =
+      ::open(file.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
   if (fd < 0) return Internal(file + ": cannot open: " + std::strerror(errno));
-  struct stat info{};
+  struct stat info {};
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     ::close(fd);
     return InvalidArgument(file + " is not a regular file; the skipped pictures are not named in it");
@@ -102,7 +101,8 @@ void ImageStream::Configure(int threads, uint64_t seed, const std::string& skipp
   o_.skipped_file = skipped_file;
   // What was skipped before there was a file to name it in (a loader's first picture) goes there now.
   std::lock_guard<std::mutex> lock(mu_);
-  if (Status st = RecordSkipped(o_.skipped_file, skipped_new_); !st.ok() && skip_error_.empty()) skip_error_ = st.message();
+  if (Status st = RecordSkipped(o_.skipped_file, skipped_new_); !st.ok() && skip_error_.empty())
+    skip_error_ = st.message();
 }
 
 void ImageStream::Start() {

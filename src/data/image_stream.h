@@ -112,7 +112,7 @@ class ImageStream {
   bool stop_ = false;
   std::set<int64_t> skipped_seen_;
   std::vector<std::string> skipped_new_;
-  int64_t skips_ = 0;        // under mu_, as the two below
+  int64_t skips_ = 0;  // under mu_, as the two below
   std::string first_skip_, skip_error_;
   std::atomic<int64_t> images_{0}, read_ns_{0}, decode_ns_{0}, resize_ns_{0};
 };

@@ -1,9 +1,5 @@
 #include "data/image_view.h"
 
-#include "data/dataset.h"
-
-#include "data/image_rows.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,12 +7,13 @@
 #include <optional>
 #include <vector>
 
+#include "data/dataset.h"
+#include "data/image_rows.h"
+
 namespace trainctl::data {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // splitmix64's step: a stream of 64-bit numbers from one.
 uint64_t SplitMix(uint64_t* state) {
@@ -209,7 +206,8 @@ void RowResampler::AddRow(int y, const uint8_t* line, ptrdiff_t col_step, ptrdif
   }
   last_ = ly;
   // Every output row whose source rows have all come.
-  while (next_ < rows_ && (need_v_ ? vertical_.first[next_] + vertical_.count[next_] : y_first_ + next_ + 1) <= ly + 1) {
+  while (next_ < rows_ &&
+         (need_v_ ? vertical_.first[next_] + vertical_.count[next_] : y_first_ + next_ + 1) <= ly + 1) {
     EmitRow(next_++);
   }
 }
@@ -264,7 +262,7 @@ namespace {
 Status DecodeJpegView(std::string_view bytes, const std::string& path, const ViewOptions& o, uint64_t draw,
                       uint8_t* out, ViewTimes* times) {
   JpegSession s;
-  std::vector<uint8_t> line;        // before setjmp: their destructors run after a jump too
+  std::vector<uint8_t> line;  // before setjmp: their destructors run after a jump too
   std::optional<RowResampler> resample;
   if (setjmp(s.jump)) return s.Failed(path);
   const double start = Now();
@@ -288,7 +286,8 @@ Status DecodeJpegView(std::string_view bytes, const std::string& path, const Vie
   // and one more: a cropped decode's first and last columns are upsampled without their
   // neighbours' chroma, so they differ from a whole decode's.
   const Box scaled{box.x * fx, box.y * fy, box.w * fx, box.h * fy, box.clip};
-  const int margin = (box.clip ? 0 : static_cast<int>(std::ceil(std::max(scaled.w / o.cols, scaled.h / o.rows))) + 2) + 1;
+  const int margin =
+      (box.clip ? 0 : static_cast<int>(std::ceil(std::max(scaled.w / o.cols, scaled.h / o.rows))) + 2) + 1;
   int x0 = std::clamp(static_cast<int>(std::floor(scaled.x)) - margin, 0, sw - 1);
   const int x1 = std::clamp(static_cast<int>(std::ceil(scaled.x + scaled.w)) + margin, x0 + 1, sw);
   const int y0 = std::clamp(static_cast<int>(std::floor(scaled.y)) - margin, 0, sh - 1);
@@ -378,8 +377,8 @@ Result<ImageSet> ApplyView(const ImageSet& one, const ViewOptions& o) {
   out.labels = in.labels;
   out.pixels.resize(out.image_bytes());
   const ptrdiff_t plane = static_cast<ptrdiff_t>(in.rows) * in.cols;
-  ResampleBox(in.pixels.data(), in.cols, in.rows, in.channels, 1, in.cols, plane, CenterBox(in.cols, in.rows, o), o.rows,
-              o.cols, out.pixels.data());
+  ResampleBox(in.pixels.data(), in.cols, in.rows, in.channels, 1, in.cols, plane, CenterBox(in.cols, in.rows, o),
+              o.rows, o.cols, out.pixels.data());
   return out;
 }
 

@@ -2,6 +2,8 @@
 // pictures, by Debian's python3-torchvision), the decoding of JPEGs (DCT-scaled, cropped, CMYK),
 // the streamed folder (the same crops whatever the threads, prefetching or order; bad files;
 // memory), and the file list's cache.
+#include "data/image_view.h"
+
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <turbojpeg.h>
@@ -10,16 +12,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <set>
 
-#include <nlohmann/json.hpp>
-
 #include "data/dataset.h"
 #include "data/file_list.h"
 #include "data/image_stream.h"
-#include "data/image_view.h"
 #include "tests/test_util.h"
 
 namespace trainctl::data {
@@ -113,16 +113,17 @@ TEST(ImageView, TheViewsAreTorchvisionsWithinOneLevel) {
         v.random_resized_crop = true;
         v.rows = v.cols = 96;
         const Box b = RandomResizedBox(pics[p].cols, pics[p].rows, v, draw * 7919);
-        cases.push_back({{"file", name}, {"size", {96, 96}},
+        cases.push_back({{"file", name},
+                         {"size", {96, 96}},
                          {"box", {int(b.y), int(b.x), int(std::lround(b.h)), int(std::lround(b.w))}}});
         wants.push_back({name, v, draw * 7919, std::string(ext) == "jpg" && (b.w / 2 >= 96 && b.h / 2 >= 96)});
       }
     }
   }
   s.Write("cases.json", cases.dump());
-  auto r = testing::RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/view_reference.py",
-                                s.path("")},
-                               s.path(""));
+  auto r = testing::RunProgram(
+      {TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/view_reference.py", s.path("")},
+      s.path(""));
   ASSERT_EQ(r.exit.code, 0) << r.output;
   int scaled = 0;
   for (size_t k = 0; k < wants.size(); ++k) {

@@ -149,7 +149,8 @@ TEST(ImageLimits, OnlyAnIdxLabelsFileGetsTheIdxHint) {
     auto h = ReadImageHeader((dir / name).string());
     ASSERT_FALSE(h.ok()) << name;
     EXPECT_NE(h.status().message().find("an idx1 labels file, not images: give the images file itself"),
-              std::string::npos) << h.status().message();
+              std::string::npos)
+        << h.status().message();
   }
   auto notes = ReadImageHeader((dir / "notes.txt").string());
   ASSERT_FALSE(notes.ok());
@@ -190,9 +191,7 @@ TEST(ImageLimits, APnmHeaderThatPromisesMoreThanTheFileHoldsAllocatesNothing) {
 // An 8192 x 8192 RGB PNG of zeros (some 200 KB), written a row at a time.
 std::string ZeroPng(int cols, int rows) {
   auto chunk = [](const std::string& type, const std::string& data) {
-    auto be = [](uint32_t v) {
-      return std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
-    };
+    auto be = [](uint32_t v) { return std::string{char(v >> 24), char(v >> 16), char(v >> 8), char(v)}; };
     std::string body = type + data;
     return be(static_cast<uint32_t>(data.size())) + body +
            be(static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size())));
@@ -253,7 +252,8 @@ class ListCache : public ::testing::Test {
   void SetUp() override {
     for (const char* cls : {"cat", "dog"}) {
       fs::create_directories(s.path(std::string("pics/") + cls));
-      for (int i = 0; i < 3; ++i) s.Write(std::string("pics/") + cls + "/" + std::to_string(i) + ".pgm", "P5 1 1 255\n\x01");
+      for (int i = 0; i < 3; ++i)
+        s.Write(std::string("pics/") + cls + "/" + std::to_string(i) + ".pgm", "P5 1 1 255\n\x01");
     }
     o.cache_dir = s.path("cache/trainctl/lists");
   }
@@ -270,7 +270,7 @@ TEST_F(ListCache, ItsDirectoriesAndListsAreThisUsersAlone) {
   ASSERT_TRUE(ListImageFolder(s.path("pics"), o, &r).ok());
   EXPECT_EQ(r.cache_refused, "");
   auto mode = [](const std::string& p) {
-    struct stat st{};
+    struct stat st {};
     ::stat(p.c_str(), &st);
     return st.st_mode & 0777;
   };
@@ -304,8 +304,8 @@ TEST_F(ListCache, PlantedEntriesAreIgnoredAndTheListWrittenAnew) {
   // 20 MB of empty lines with a count to match: refused by the count bound, at once.
   std::string header = text.substr(0, text.find('\n', text.find('\n') + 1) + 1);
   const size_t stamp_end = text.find(' ', header.size());
-  std::string huge = header + text.substr(header.size(), stamp_end - header.size()) + " 20000000 cat\n" +
-                     std::string(20000000, '\n');
+  std::string huge =
+      header + text.substr(header.size(), stamp_end - header.size()) + " 20000000 cat\n" + std::string(20000000, '\n');
   EXPECT_TRUE(ParseFileList(huge, s.path("pics")).empty());
   EXPECT_TRUE(ParseFileList(text, s.path("pics")).size() == 2);
   for (const std::string name : {"/etc/p.pgm", "..", "a/b.pgm", ""}) {
@@ -342,7 +342,8 @@ TEST_F(ListCache, ADirectoryAnotherUserOwnsOrCanWriteIsNotUsed) {
 // does): its own list, not the first's.
 TEST_F(ListCache, AnotherFolderAtTheSamePathWithTheSameTimesIsListedAfresh) {
   ASSERT_TRUE(ListImageFolder(s.path("pics"), o).ok());
-  struct stat cat{}, dog{};
+  struct stat cat {
+  }, dog{};
   ::stat(s.path("pics/cat").c_str(), &cat);
   ::stat(s.path("pics/dog").c_str(), &dog);
   fs::rename(s.path("pics"), s.path("old"));

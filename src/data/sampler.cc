@@ -22,7 +22,8 @@ std::vector<int64_t> EpochOrder(int64_t n, int64_t epoch, const SamplerOptions& 
       uint64_t bound = static_cast<uint64_t>(i) + 1;
       uint64_t limit = UINT64_MAX - UINT64_MAX % bound;  // reject to stay unbiased
       uint64_t r;
-      do r = rng(); while (r >= limit);
+      do r = rng();
+      while (r >= limit);
       std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(r % bound)]);
     }
   }
@@ -55,8 +56,10 @@ std::vector<int64_t> SplitBatch(const std::vector<double>& weights, int64_t batc
     double left = double(batch), weight = 0;
     size_t free = 0;
     for (size_t r = 0; r < world; ++r) {
-      if (floor[r]) left -= double(least);
-      else weight += std::max(weights[r], 0.0), ++free;
+      if (floor[r])
+        left -= double(least);
+      else
+        weight += std::max(weights[r], 0.0), ++free;
     }
     for (size_t r = 0; r < world; ++r) {
       if (floor[r]) continue;
@@ -73,9 +76,8 @@ std::vector<int64_t> SplitBatch(const std::vector<double>& weights, int64_t batc
   }
   // The items rounding left over: largest remainder first, ties to the lower rank, so every
   // rank decides alike.
-  std::sort(remainders.begin(), remainders.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  });
+  std::sort(remainders.begin(), remainders.end(),
+            [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
   for (size_t k = 0; given < batch; ++k, ++given) ++shares[remainders[k % world].second];
   return shares;
 }

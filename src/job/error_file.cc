@@ -4,7 +4,6 @@
 
 #include <cerrno>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
@@ -62,7 +61,7 @@ Result<TaskError> ParseErrorFile(std::string_view bytes, const std::string& path
 }
 
 Result<std::optional<TaskError>> ReadErrorFile(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return std::optional<TaskError>();
     return Internal("cannot read " + path + ": " + std::strerror(errno));
@@ -78,9 +77,9 @@ Result<std::optional<TaskError>> ReadErrorFile(const std::string& path) {
 }
 
 std::string ErrorFileJson(const TaskError& e) {
-  return nlohmann::json{{"message", {{"message", e.message},
-                                     {"extraInfo", {{"py_callstack", e.traceback},
-                                                    {"timestamp", std::to_string(e.timestamp)}}}}}}
+  return nlohmann::json{{"message",
+                         {{"message", e.message},
+                          {"extraInfo", {{"py_callstack", e.traceback}, {"timestamp", std::to_string(e.timestamp)}}}}}}
       .dump();
 }
 

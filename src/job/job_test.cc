@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-
 #include <nlohmann/json.hpp>
 
 #include "common/subprocess.h"
@@ -253,7 +252,8 @@ TEST(RunStatus, WhatIsWrittenIsReadBackAndABadFieldIsAsIfMissing) {
     const auto state = static_cast<RunState>(i);
     EXPECT_EQ(ParseRunState(RunStateName(state)), state) << RunStateName(state);
   }
-  EXPECT_EQ(RunStatus::FromJson(nlohmann::json::parse(R"({"run_id": "r", "state": "paused"})")).state, RunState::kUnknown);
+  EXPECT_EQ(RunStatus::FromJson(nlohmann::json::parse(R"({"run_id": "r", "state": "paused"})")).state,
+            RunState::kUnknown);
   EXPECT_FALSE(JobFailed(RunState::kUnknown));
   EXPECT_TRUE(JobFailed(RunState::kLost));
   EXPECT_FALSE(JobFailed(RunState::kInterrupted));
@@ -340,8 +340,8 @@ TEST(AgentCommand, TheFlagsTheAgentParses) {
   c.leave_on_signal = true;
   EXPECT_EQ(c.Argv(), (std::vector<std::string>{"/bin/trainctl", "--log-level", "debug", "agent", "--spec",
                                                 "/etc/trainctl/job.json", "--run-id", "r", "--node-rank",
-                                                "$(JOB_COMPLETION_INDEX)", "--host", "$(POD_IP)",
-                                                "--serve-store", "--leave-on-signal"}));
+                                                "$(JOB_COMPLETION_INDEX)", "--host", "$(POD_IP)", "--serve-store",
+                                                "--leave-on-signal"}));
   AgentCommand local;
   local.run_id = "r";
   EXPECT_EQ(local.Argv(), (std::vector<std::string>{"trainctl", "agent", "--run-id", "r", "--node-rank", "-1"}));

@@ -27,12 +27,25 @@ const char* FailureKindName(FailureKind kind) {
 }
 
 json FailureRecord::ToJsonValue() const {
-  return json{{"kind", FailureKindName(kind)}, {"round", round},        {"restarts", restarts},
-              {"final", final},               {"node_rank", node_rank},       {"host", host},          {"rank", rank},
-              {"local_rank", local_rank},     {"role", role},          {"task_index", task_index},
-              {"pid", pid},                   {"exit", exit},          {"log_path", log_path},
-              {"last_lines", last_lines}, {"error", error},    {"traceback", traceback},
-              {"error_time", error_time}, {"error_time_ns", error_time_ns}, {"exited_ns", exited_ns}};
+  return json{{"kind", FailureKindName(kind)},
+              {"round", round},
+              {"restarts", restarts},
+              {"final", final},
+              {"node_rank", node_rank},
+              {"host", host},
+              {"rank", rank},
+              {"local_rank", local_rank},
+              {"role", role},
+              {"task_index", task_index},
+              {"pid", pid},
+              {"exit", exit},
+              {"log_path", log_path},
+              {"last_lines", last_lines},
+              {"error", error},
+              {"traceback", traceback},
+              {"error_time", error_time},
+              {"error_time_ns", error_time_ns},
+              {"exited_ns", exited_ns}};
 }
 
 std::string FailureRecord::ToJson() const { return ToJsonValue().dump(); }
@@ -84,7 +97,9 @@ Result<FailureRecord> FailureRecord::FromJson(const std::string& text) {
 }
 
 bool FailureRecord::Before(const FailureRecord& o) const {
-  auto when = [](const FailureRecord& r) { return r.error_time_ns > 0 ? r.error_time_ns : r.error_time * 1'000'000'000; };
+  auto when = [](const FailureRecord& r) {
+    return r.error_time_ns > 0 ? r.error_time_ns : r.error_time * 1'000'000'000;
+  };
   if (when(*this) != when(o)) return when(*this) < when(o);
   auto seen = [](const FailureRecord& r) { return r.exited_ns > 0 ? r.exited_ns : INT64_MAX; };
   if (seen(*this) != seen(o)) return seen(*this) < seen(o);
@@ -93,8 +108,8 @@ bool FailureRecord::Before(const FailureRecord& o) const {
 
 std::string FailureRecord::Summary() const {
   const std::string task = role + " " + std::to_string(task_index);
-  const std::string where = "rank " + std::to_string(rank) + ", node " + std::to_string(node_rank) +
-                            " on " + host + ", local rank " + std::to_string(local_rank);
+  const std::string where = "rank " + std::to_string(rank) + ", node " + std::to_string(node_rank) + " on " + host +
+                            ", local rank " + std::to_string(local_rank);
   switch (kind) {
     case FailureKind::kNodeLost:
       return "node " + std::to_string(node_rank) + " (" + host + ") was lost: " + exit;
@@ -104,7 +119,8 @@ std::string FailureRecord::Summary() const {
     case FailureKind::kStart:
       return task + " (" + where + ") could not start: " + exit;
     case FailureKind::kConfig:
-      return task + " (" + where + ", pid " + std::to_string(pid) + ") failed with an error no restart can fix: " + exit;
+      return task + " (" + where + ", pid " + std::to_string(pid) +
+             ") failed with an error no restart can fix: " + exit;
     case FailureKind::kTask:
       break;
   }

@@ -1,14 +1,13 @@
 // The records agents and the launcher exchange through the store: why a round ended
-// (FailureRecord, also for the round that ends the job by succeeding, compare-and-set under round/<r>/end, the first one wins, so every agent restarts
-// for the same reason and the launcher can print the root cause), and why the job is stopping
-// (StopRecord, under "stop"). Membership changes (a node waiting to join) end a round too,
-// without spending the job's restart budget.
+// (FailureRecord, also for the round that ends the job by succeeding, compare-and-set under round/<r>/end, the first
+// one wins, so every agent restarts for the same reason and the launcher can print the root cause), and why the job is
+// stopping (StopRecord, under "stop"). Membership changes (a node waiting to join) end a round too, without spending
+// the job's restart budget.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "common/status.h"
 
@@ -28,23 +27,23 @@ const char* FailureKindName(FailureKind kind);
 struct FailureRecord {
   FailureKind kind = FailureKind::kTask;
   int round = 0;
-  int restarts = 0;        // the job's restarts once this round has ended
-  bool final = false;      // the job ends with it, budget or not (task restarts spent)
+  int restarts = 0;    // the job's restarts once this round has ended
+  bool final = false;  // the job ends with it, budget or not (task restarts spent)
   bool failure() const { return kind != FailureKind::kMembership && kind != FailureKind::kSucceeded; }
   int node_rank = 0;
   std::string host;
-  int rank = -1;           // global rank of the failed task
+  int rank = -1;  // global rank of the failed task
   int local_rank = -1;
-  std::string role;        // its role and index in the role ("worker", 3)
+  std::string role;  // its role and index in the role ("worker", 3)
   int task_index = -1;
   int pid = 0;
-  std::string exit;        // "exit code 1", "signal 9 (SIGKILL)"; or the start error
+  std::string exit;  // "exit code 1", "signal 9 (SIGKILL)"; or the start error
   std::string log_path;
   std::vector<std::string> last_lines;
   // From the task's error file (TORCHELASTIC_ERROR_FILE), when it wrote one.
-  std::string error;       // "ValueError: bad input"
+  std::string error;  // "ValueError: bad input"
   std::string traceback;
-  int64_t error_time = 0;  // unix seconds; 0: unknown
+  int64_t error_time = 0;     // unix seconds; 0: unknown
   int64_t error_time_ns = 0;  // the same, finer where the error file tells (TaskError::time_ns)
   int64_t exited_ns = 0;      // when its agent saw it exit (unix ns); 0: stopped, or not seen
   // Which of two failures came first: by error time, then by the exits the agents saw, then rank.

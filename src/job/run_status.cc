@@ -81,11 +81,16 @@ RunStatus RunStatus::Ended(std::string job, std::string run_id, int code, std::s
 namespace {
 
 constexpr std::pair<RunState, const char*> kStateNames[] = {
-    {RunState::kUnknown, "unknown"},         {RunState::kRunning, "running"},
-    {RunState::kSucceeded, "succeeded"},     {RunState::kFailed, "failed"},
-    {RunState::kRendezvousTimeout, "rendezvous-timeout"}, {RunState::kInterrupted, "interrupted"},
-    {RunState::kTimedOut, "timed-out"},      {RunState::kError, "error"},
-    {RunState::kStarting, "starting"},       {RunState::kLost, "lost"},
+    {RunState::kUnknown, "unknown"},
+    {RunState::kRunning, "running"},
+    {RunState::kSucceeded, "succeeded"},
+    {RunState::kFailed, "failed"},
+    {RunState::kRendezvousTimeout, "rendezvous-timeout"},
+    {RunState::kInterrupted, "interrupted"},
+    {RunState::kTimedOut, "timed-out"},
+    {RunState::kError, "error"},
+    {RunState::kStarting, "starting"},
+    {RunState::kLost, "lost"},
 };
 
 }  // namespace
@@ -142,7 +147,8 @@ Status WriteRunStatus(const std::string& output_dir, const RunStatus& status) {
   brief.state = status.state;
   brief.exit_code = status.exit_code;
   const Status over = OverwriteFile(path, brief.ToJson().dump() + "\n");
-  return Status(st.code(), st.message() + "; " + (over.ok() ? "wrote its short form over the old one" : over.message()));
+  return Status(st.code(),
+                st.message() + "; " + (over.ok() ? "wrote its short form over the old one" : over.message()));
 }
 
 }  // namespace trainctl

@@ -5,11 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 #include "job/records.h"
@@ -49,10 +48,10 @@ struct RunStatus {
   int64_t started = 0;
   // Once it has ended.
   std::optional<int> exit_code;
-  std::optional<int> restarts;           // the job's restarts (rounds that ended in a failure)
-  std::string elapsed;                   // "1m30s"
-  std::optional<int> task_restarts;      // single-task restarts (restart.policy: task)
-  std::optional<int> ignored_failures;   // failures the job went on without (on_failure: ignore)
+  std::optional<int> restarts;          // the job's restarts (rounds that ended in a failure)
+  std::string elapsed;                  // "1m30s"
+  std::optional<int> task_restarts;     // single-task restarts (restart.policy: task)
+  std::optional<int> ignored_failures;  // failures the job went on without (on_failure: ignore)
   std::optional<FailureRecord> last_ignored_failure;
   std::optional<FailureRecord> failure;     // the round that ended the job
   std::optional<FailureRecord> root_cause;  // the first failure, when it was not `failure`

@@ -13,7 +13,6 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "common/address.h"
@@ -61,7 +60,7 @@ Status Trusted(const struct stat& st, const std::string& path, bool directory) {
 Result<std::string> CheckedIndexDir() {
   const std::string dir = IndexDir();
   if (dir.empty()) return InvalidArgument("no state directory: set HOME or TRAINCTL_STATE_DIR");
-  struct stat st{};
+  struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0) return NotFound(dir + ": no runs yet");
   if (!S_ISDIR(st.st_mode)) return PermissionDenied(dir + " is not a directory (a link?); trainctl will not use it");
   RETURN_IF_ERROR(Trusted(st, dir, true));
@@ -73,11 +72,11 @@ Result<std::string> CheckedIndexDir() {
 Result<std::string> ReadEntry(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return NotFound(path + ": " + std::strerror(errno));
-  struct stat st{};
-  Status ok = ::fstat(fd, &st) != 0              ? Internal(path + ": " + std::strerror(errno))
-              : !S_ISREG(st.st_mode)             ? PermissionDenied(path + ": not a regular file")
-              : st.st_size > (int64_t{1} << 16)  ? InvalidArgument(path + ": larger than a run entry")
-                                                 : Trusted(st, path, false);
+  struct stat st {};
+  Status ok = ::fstat(fd, &st) != 0             ? Internal(path + ": " + std::strerror(errno))
+              : !S_ISREG(st.st_mode)            ? PermissionDenied(path + ": not a regular file")
+              : st.st_size > (int64_t{1} << 16) ? InvalidArgument(path + ": larger than a run entry")
+                                                : Trusted(st, path, false);
   std::string text;
   if (ok.ok()) {
     text.resize(static_cast<size_t>(st.st_size));
@@ -98,10 +97,19 @@ Status CheckIndex() {
 }
 
 std::string RunEntry::ToJson() const {
-  return nlohmann::json{{"name", name}, {"run_id", run_id}, {"output_dir", output_dir}, {"host", host},
-                        {"target", target}, {"nodes", nodes}, {"procs_per_node", procs_per_node},
-                        {"tasks", tasks}, {"pid", pid}, {"start_ticks", start_ticks}, {"started", started},
-                        {"slurm_job_id", slurm_job_id}, {"cgroup", cgroup}}
+  return nlohmann::json{{"name", name},
+                        {"run_id", run_id},
+                        {"output_dir", output_dir},
+                        {"host", host},
+                        {"target", target},
+                        {"nodes", nodes},
+                        {"procs_per_node", procs_per_node},
+                        {"tasks", tasks},
+                        {"pid", pid},
+                        {"start_ticks", start_ticks},
+                        {"started", started},
+                        {"slurm_job_id", slurm_job_id},
+                        {"cgroup", cgroup}}
       .dump();
 }
 
@@ -196,7 +204,7 @@ int64_t StartTicks(int64_t pid) {
   if (close == std::string::npos) return 0;
   const char* p = stat->c_str() + close + 1;
   if (p[0] == ' ' && (p[1] == 'Z' || p[1] == 'X')) return 0;  // exited, not yet reaped: gone
-  for (int field = 2; field < 22 && *p; ++p) {  // the space before field N starts field N
+  for (int field = 2; field < 22 && *p; ++p) {                // the space before field N starts field N
     if (*p == ' ') ++field;
   }
   return std::strtoll(p, nullptr, 10);
@@ -222,7 +230,7 @@ Result<std::unique_ptr<OutputLock>> OutputLock::Acquire(const std::string& outpu
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
     ::close(fd);
     return InvalidArgument(output_dir + " is in use by the live run " + (holder.empty() ? "?" : holder) +
-                              "; stop it (trainctl stop), wait for it, or give this run another output_dir");
+                           "; stop it (trainctl stop), wait for it, or give this run another output_dir");
   }
   const std::string me = run_id + " (pid " + std::to_string(::getpid()) + ")\n";
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
@@ -247,7 +255,7 @@ bool HasCheckpoint(const std::string& dir) {
 }
 
 Result<std::string> MovePreviousRunAside(const std::string& output_dir, const std::string& checkpoint_dir) {
-  std::vector<std::string> names = {"logs", "job.json", "status.json", "metrics.jsonl", "model.safetensors",
+  std::vector<std::string> names = {"logs",        "job.json",     "status.json", "metrics.jsonl", "model.safetensors",
                                     "tensorboard", "timeline.json"};
   const bool own_checkpoints = checkpoint_dir == output_dir + "/checkpoints";
   if (own_checkpoints) names.push_back("checkpoints");

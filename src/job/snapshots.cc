@@ -60,7 +60,7 @@ SnapshotHold::~SnapshotHold() {
 
 Result<std::string> SnapshotDirOf(const std::string& run_id) {
   const std::string root = paths::SnapshotRoot(), dir = paths::SnapshotDir(run_id);
-  struct stat st{};
+  struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0) return NotFound(dir + " does not exist (its agent could not make it)");
   RETURN_IF_ERROR(PrivateDir(root));
   RETURN_IF_ERROR(PrivateDir(dir));

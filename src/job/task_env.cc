@@ -68,8 +68,8 @@ void TaskEnv::ApplyTo(std::vector<std::string>* env) const {
   for (const auto& v : kStrings) {
     const std::string& value = this->*v.field;
     // An empty TF_CONFIG or task address means "none": leave it unset, as Kubeflow does.
-    if (value.empty() && (v.field == &TaskEnv::tf_config || v.field == &TaskEnv::task_addr ||
-                          v.field == &TaskEnv::error_file)) {
+    if (value.empty() &&
+        (v.field == &TaskEnv::tf_config || v.field == &TaskEnv::task_addr || v.field == &TaskEnv::error_file)) {
       continue;
     }
     SetEnv(env, v.name, value);
@@ -105,8 +105,8 @@ Result<TaskEnv> TaskEnv::FromEnv(const std::vector<std::string>& env) {
   }
   t.tty = GetEnv(env, kTty).value_or("") == "1";
   if (t.rank < 0 || t.world_size < 1 || t.rank >= t.world_size) {
-    return InvalidArgument("RANK=" + std::to_string(t.rank) + " and WORLD_SIZE=" +
-                           std::to_string(t.world_size) + " do not fit together");
+    return InvalidArgument("RANK=" + std::to_string(t.rank) + " and WORLD_SIZE=" + std::to_string(t.world_size) +
+                           " do not fit together");
   }
   return t;
 }

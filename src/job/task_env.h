@@ -14,20 +14,20 @@ namespace trainctl {
 
 struct TaskEnv {
   // torchrun's contract.
-  int rank = 0;              // RANK: this task among all tasks of the job
-  int local_rank = 0;        // LOCAL_RANK: among the tasks of this node
-  int world_size = 1;        // WORLD_SIZE
-  int local_world_size = 1;  // LOCAL_WORLD_SIZE
-  int group_rank = 0;        // GROUP_RANK: this node's rank
-  int group_world_size = 1;  // GROUP_WORLD_SIZE: nodes in the round
+  int rank = 0;                      // RANK: this task among all tasks of the job
+  int local_rank = 0;                // LOCAL_RANK: among the tasks of this node
+  int world_size = 1;                // WORLD_SIZE
+  int local_world_size = 1;          // LOCAL_WORLD_SIZE
+  int group_rank = 0;                // GROUP_RANK: this node's rank
+  int group_world_size = 1;          // GROUP_WORLD_SIZE: nodes in the round
   std::string role_name = "worker";  // ROLE_NAME
-  int role_rank = 0;         // ROLE_RANK: this task among the tasks of its role (its task index)
-  int role_world_size = 1;   // ROLE_WORLD_SIZE: tasks of this role
-  std::string master_addr;   // MASTER_ADDR, MASTER_PORT: where rank 0 serves torch's store
+  int role_rank = 0;                 // ROLE_RANK: this task among the tasks of its role (its task index)
+  int role_world_size = 1;           // ROLE_WORLD_SIZE: tasks of this role
+  std::string master_addr;           // MASTER_ADDR, MASTER_PORT: where rank 0 serves torch's store
   int master_port = 0;
-  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT: the job's worker-group restarts so far
-  int max_restarts = 0;      // TORCHELASTIC_MAX_RESTARTS
-  std::string run_id;        // TORCHELASTIC_RUN_ID (and TRAINCTL_RUN_ID)
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: the job's worker-group restarts so far
+  int max_restarts = 0;   // TORCHELASTIC_MAX_RESTARTS
+  std::string run_id;     // TORCHELASTIC_RUN_ID (and TRAINCTL_RUN_ID)
   // TORCHELASTIC_ERROR_FILE: where the task writes its exception if it fails (torch's @record
   // does); a fresh path for every attempt, read by the agent (job/error_file.h).
   std::string error_file;

@@ -67,8 +67,7 @@ std::vector<Task> PlaceNodeTasks(const std::vector<RoleSize>& roles, int nodes, 
   return out;
 }
 
-std::string TfConfig(const std::vector<Task>& tasks, const std::vector<std::string>& addrs,
-                     const Task& task) {
+std::string TfConfig(const std::vector<Task>& tasks, const std::vector<std::string>& addrs, const Task& task) {
   // Kubeflow leaves the evaluator out of the cluster: TensorFlow's strategies would otherwise
   // wait for it to take part in training.
   nlohmann::json cluster = nlohmann::json::object();
@@ -76,9 +75,8 @@ std::string TfConfig(const std::vector<Task>& tasks, const std::vector<std::stri
     if (t.role == "evaluator") continue;
     cluster[t.role].push_back(t.rank < static_cast<int>(addrs.size()) ? addrs[t.rank] : "");
   }
-  return nlohmann::json{{"cluster", cluster},
-                        {"task", {{"type", task.role}, {"index", task.index}}},
-                        {"environment", "cloud"}}
+  return nlohmann::json{
+      {"cluster", cluster}, {"task", {{"type", task.role}, {"index", task.index}}}, {"environment", "cloud"}}
       .dump();
 }
 

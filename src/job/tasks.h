@@ -18,13 +18,13 @@ struct RoleSize {
 };
 
 struct Task {
-  int rank = 0;            // among all tasks
+  int rank = 0;  // among all tasks
   std::string role;
-  int index = 0;           // within its role (ROLE_RANK; TF_CONFIG's task index)
-  int role_size = 1;       // ROLE_WORLD_SIZE
-  int node = 0;            // the node that runs it
-  int local = 0;           // among that node's tasks (LOCAL_RANK)
-  int local_size = 1;      // tasks on that node (LOCAL_WORLD_SIZE)
+  int index = 0;       // within its role (ROLE_RANK; TF_CONFIG's task index)
+  int role_size = 1;   // ROLE_WORLD_SIZE
+  int node = 0;        // the node that runs it
+  int local = 0;       // among that node's tasks (LOCAL_RANK)
+  int local_size = 1;  // tasks on that node (LOCAL_WORLD_SIZE)
 };
 
 // Every task of `roles` placed on `nodes` nodes (nodes >= 1), in rank order.
@@ -38,7 +38,6 @@ std::vector<Task> PlaceNodeTasks(const std::vector<RoleSize>& roles, int nodes, 
 // TF_CONFIG for `task`, as Kubeflow's TFJob writes it: the cluster map of every role but the
 // evaluator (its tasks' addresses, by index), the task's own type and index, and
 // "environment": "cloud". `addrs` holds every task's host:port, by rank.
-std::string TfConfig(const std::vector<Task>& tasks, const std::vector<std::string>& addrs,
-                     const Task& task);
+std::string TfConfig(const std::vector<Task>& tasks, const std::vector<std::string>& addrs, const Task& task);
 
 }  // namespace trainctl

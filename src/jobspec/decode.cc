@@ -27,11 +27,10 @@ bool IsPythonModuleName(const std::string& name) {
   return !start;
 }
 
-const std::vector<std::string> kTopLevel = {
-    "name",      "nodes",       "procs_per_node", "cpu_bind",   "command",    "args",
-    "env",       "working_dir", "resources",      "restart",    "timeouts",
-    "rendezvous", "output_dir", "checkpoint_dir", "trainer",    "cluster",
-    "roles",     "preload"};
+const std::vector<std::string> kTopLevel = {"name",     "nodes",      "procs_per_node", "cpu_bind",       "command",
+                                            "args",     "env",        "working_dir",    "resources",      "restart",
+                                            "timeouts", "rendezvous", "output_dir",     "checkpoint_dir", "trainer",
+                                            "cluster",  "roles",      "preload"};
 
 // name: a DNS label, as Kubernetes names its objects.
 void DecodeName(Decoder& d, const Node& root, JobSpec* spec) {
@@ -40,8 +39,10 @@ void DecodeName(Decoder& d, const Node& root, JobSpec* spec) {
       if (Decoder::IsDnsLabel(*s)) {
         spec->name = *s;
       } else {
-        d.Error(*n, "name", "expected lowercase letters, digits and '-' (a DNS label, at most 63 "
-                            "characters, as Kubernetes names need), got " + Quote(*s));
+        d.Error(*n, "name",
+                "expected lowercase letters, digits and '-' (a DNS label, at most 63 "
+                "characters, as Kubernetes names need), got " +
+                    Quote(*s));
       }
     }
   } else {
@@ -56,15 +57,17 @@ void DecodeProgram(Decoder& d, const Node& root, JobSpec* spec) {
   const Node* roles = Decoder::Child(root, "roles");
   const Node* command = Decoder::Child(root, "command");
   if (trainer && command) {
-    d.Error(*command, "command", "a job runs either its own program (command) or the built-in "
-                                 "trainer (trainer), not both; remove one");
+    d.Error(*command, "command",
+            "a job runs either its own program (command) or the built-in "
+            "trainer (trainer), not both; remove one");
     if (d.schema) (void)d.Command(*command, "command");  // schema mode reads both
   } else if (const Node* n = command) {
     if (auto c = d.Command(*n, "command")) spec->command = *c;
   } else if (!trainer && !roles) {
-    d.Error(root, "command", "required field is missing; expected the worker program, for example "
-                             "command: [python3, train.py], or a trainer: section for the built-in "
-                             "trainer");
+    d.Error(root, "command",
+            "required field is missing; expected the worker program, for example "
+            "command: [python3, train.py], or a trainer: section for the built-in "
+            "trainer");
   }
   if (const Node* n = Decoder::Child(root, "args")) {
     if (auto list = d.StringList(*n, "args")) spec->args = *list;
@@ -109,19 +112,23 @@ void DecodeRestart(Decoder& d, const Node& n, RestartSpec* r) {
 // timeouts: each a duration; those that cannot be 0 say so.
 void DecodeTimeouts(Decoder& d, const Node& n, TimeoutsSpec* t) {
   if (n.kind != Kind::kMap) {
-    d.Error(n, "timeouts", std::string("expected a mapping {rendezvous, stop_grace, job, last_call, heartbeat, collective, finish}, got ") +
-                               n.KindName());
+    d.Error(n, "timeouts",
+            std::string(
+                "expected a mapping {rendezvous, stop_grace, job, last_call, heartbeat, collective, finish}, got ") +
+                n.KindName());
   } else {
-    d.CheckKeys(n, "timeouts",
-                {"rendezvous", "stop_grace", "job", "last_call", "heartbeat", "collective", "finish"});
-    struct { const char* key; Duration* out; bool zero_ok; } fields[] = {
-        {"rendezvous", &t->rendezvous, false},
-        {"stop_grace", &t->stop_grace, true},
-        {"job", &t->job, true},
-        {"last_call", &t->last_call, true},
-        {"heartbeat", &t->heartbeat, false},
-        {"collective", &t->collective, false},
-        {"finish", &t->finish, true}};
+    d.CheckKeys(n, "timeouts", {"rendezvous", "stop_grace", "job", "last_call", "heartbeat", "collective", "finish"});
+    struct {
+      const char* key;
+      Duration* out;
+      bool zero_ok;
+    } fields[] = {{"rendezvous", &t->rendezvous, false},
+                  {"stop_grace", &t->stop_grace, true},
+                  {"job", &t->job, true},
+                  {"last_call", &t->last_call, true},
+                  {"heartbeat", &t->heartbeat, false},
+                  {"collective", &t->collective, false},
+                  {"finish", &t->finish, true}};
     for (auto& f : fields) {
       const Node* m = Decoder::Child(n, f.key);
       if (!m) continue;
@@ -146,18 +153,17 @@ void CheckTheTrainerFits(Decoder& d, const Node& root, const Node& trainer, bool
             "[{name: ps, replicas: 1}, {name: worker, replicas: 2}]");
   }
 
-  if (spec.trainer.global_batch_size > 0 &&
-      spec.trainer.global_batch_size % TrainingWorkers(spec) != 0) {
+  if (spec.trainer.global_batch_size > 0 && spec.trainer.global_batch_size % TrainingWorkers(spec) != 0) {
     const Node* g = trainer.Find("global_batch_size");
     d.Error(*g, "trainer.global_batch_size",
-            "expected a multiple of the number of training workers (" +
-                std::to_string(TrainingWorkers(spec)) +
-                (spec.roles.empty() ? " = nodes x procs_per_node" : " = chief and worker replicas") +
-                "), got " + std::to_string(spec.trainer.global_batch_size));
+            "expected a multiple of the number of training workers (" + std::to_string(TrainingWorkers(spec)) +
+                (spec.roles.empty() ? " = nodes x procs_per_node" : " = chief and worker replicas") + "), got " +
+                std::to_string(spec.trainer.global_batch_size));
   }
   if (!spec.args.empty()) {
-    d.Error(*root.Find("args"), "args", "args go with command; the built-in trainer takes its "
-                                        "settings from the trainer section");
+    d.Error(*root.Find("args"), "args",
+            "args go with command; the built-in trainer takes its "
+            "settings from the trainer section");
   }
 }
 
@@ -170,8 +176,10 @@ Result<JobSpec> DecodeWith(Decoder& d, const Node& root) {
                            ": empty job spec; expected a mapping with at least 'name' and 'command'");
   }
   if (root.kind != Kind::kMap) {
-    return InvalidArgument(root.origin.ToString() + ": expected a mapping of job fields (name: ..., "
-                           "command: [...]), got " + root.KindName());
+    return InvalidArgument(root.origin.ToString() +
+                           ": expected a mapping of job fields (name: ..., "
+                           "command: [...]), got " +
+                           root.KindName());
   }
   d.CheckKeys(root, "", kTopLevel);
 
@@ -200,8 +208,7 @@ Result<JobSpec> DecodeWith(Decoder& d, const Node& root) {
       if (auto parsed = ParseEtcdUrl(*url); parsed.ok()) {
         spec.rendezvous = *url;
       } else {
-        d.Error(*n, "rendezvous", parsed.status().message() +
-                                      " (leave the field out for the embedded store)");
+        d.Error(*n, "rendezvous", parsed.status().message() + " (leave the field out for the embedded store)");
       }
     }
   }

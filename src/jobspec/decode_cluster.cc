@@ -33,8 +33,7 @@ auto NameReader(Decoder& d) {
 }  // namespace
 
 void Decoder::DecodeNodes(const Node& n, NodesSpec* out) {
-  const std::string expected =
-      "expected a node count (2), a range (\"1:4\") or a mapping {min: 1, max: 4}";
+  const std::string expected = "expected a node count (2), a range (\"1:4\") or a mapping {min: 1, max: 4}";
   if (n.kind == Kind::kScalar) {
     size_t colon = n.scalar.find(':');
     if (colon == std::string::npos) {
@@ -69,14 +68,14 @@ void Decoder::DecodeNodes(const Node& n, NodesSpec* out) {
     return;
   }
   if (out->min > out->max) {
-    Error(n, "nodes", "min (" + std::to_string(out->min) + ") is larger than max (" +
-                          std::to_string(out->max) + ")");
+    Error(n, "nodes", "min (" + std::to_string(out->min) + ") is larger than max (" + std::to_string(out->max) + ")");
   }
 }
 
 void Decoder::DecodeEnv(const Node& n, const std::string& prefix,
-             std::vector<std::pair<std::string, std::string>>* out) {
-  Note(prefix, {{"type", "object"}, {"additionalProperties", kScalar},
+                        std::vector<std::pair<std::string, std::string>>* out) {
+  Note(prefix, {{"type", "object"},
+                {"additionalProperties", kScalar},
                 {"propertyNames", {{"pattern", "^[A-Za-z_][A-Za-z0-9_]*$"}}}});
   if (n.kind != Kind::kMap) {
     Error(n, prefix, std::string("expected a mapping of NAME: value, got ") + n.KindName());
@@ -85,12 +84,11 @@ void Decoder::DecodeEnv(const Node& n, const std::string& prefix,
   for (const auto& [key, value] : n.map) {
     std::string path = prefix + "." + key;
     bool valid_name = !key.empty() && !std::isdigit(static_cast<unsigned char>(key[0])) &&
-                      std::all_of(key.begin(), key.end(), [](char c) {
-                        return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
-                      });
+                      std::all_of(key.begin(), key.end(),
+                                  [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
     if (!valid_name) {
-      Error(value, prefix, "invalid variable name " + Quote(key) +
-                               ": expected letters, digits and _, not starting with a digit");
+      Error(value, prefix,
+            "invalid variable name " + Quote(key) + ": expected letters, digits and _, not starting with a digit");
       continue;
     }
     if (IsReservedEnvName(key)) {
@@ -131,7 +129,10 @@ void Decoder::DecodeResources(const Node& n, const std::string& p, ResourcesSpec
   if (const Node* m = Child(n, "memory")) {
     if (ExpectScalar(*m, p + ".memory", "expected a size such as 4Gi")) {
       auto b = ParseBytes(m->scalar);
-      if (b.ok()) out->memory_bytes = *b; else Error(*m, p + ".memory", b.status().message());
+      if (b.ok())
+        out->memory_bytes = *b;
+      else
+        Error(*m, p + ".memory", b.status().message());
     }
   }
   if (const Node* g = Child(n, "gpus")) {
@@ -142,9 +143,10 @@ void Decoder::DecodeResources(const Node& n, const std::string& p, ResourcesSpec
 // The `cluster:` section: what `trainctl render` needs for Kubernetes, Slurm and MPI.
 void Decoder::DecodeCluster(const Node& n, ClusterSpec* c) {
   const std::string p = "cluster";
-  if (!Section(n, p, {"image", "image_pull_secret", "namespace", "token_secret", "storage", "stage",
-                      "tensorboard", "tensorboard_image", "eval_resources", "tensorboard_resources", "metrics_port", "pod_monitor", "node_selector",
-                      "tolerations"})) {
+  if (!Section(n, p,
+               {"image", "image_pull_secret", "namespace", "token_secret", "storage", "stage", "tensorboard",
+                "tensorboard_image", "eval_resources", "tensorboard_resources", "metrics_port", "pod_monitor",
+                "node_selector", "tolerations"})) {
     return;
   }
   auto image = ImageReader(*this);
@@ -178,8 +180,8 @@ void Decoder::DecodeStorage(const Node& st, const std::string& sp, StorageSpec* 
     auto s = String(v, path);
     static const std::vector<std::string> units = {"", "Ki", "Mi", "Gi", "Ti", "Pi", "k", "M", "G", "T", "P"};
     size_t digits = s ? s->find_first_not_of("0123456789") : 0;
-    if (s && (digits == 0 || std::find(units.begin(), units.end(),
-                                        s->substr(std::min(digits, s->size()))) == units.end())) {
+    if (s &&
+        (digits == 0 || std::find(units.begin(), units.end(), s->substr(std::min(digits, s->size()))) == units.end())) {
       Error(v, path, "expected a size such as 100Gi, got " + Quote(*s));
       return std::optional<std::string>();
     }
@@ -249,11 +251,15 @@ void Decoder::DecodePlacement(const Node& n, const std::string& p, ClusterSpec* 
       for (const auto& [key, value] : ns->map) {
         const std::string path = p + ".node_selector." + key;
         if (!IsLabelKey(key)) {
-          Error(value, p + ".node_selector", "expected a Kubernetes label key (letters, digits, '-', '_', '.', an "
-                "optional prefix/ such as kubernetes.io/), got " + Quote(key));
+          Error(value, p + ".node_selector",
+                "expected a Kubernetes label key (letters, digits, '-', '_', '.', an "
+                "optional prefix/ such as kubernetes.io/), got " +
+                    Quote(key));
         } else if (auto v = String(value, path); v && !IsLabelValue(*v)) {
-          Error(value, path, "expected a Kubernetes label value (at most 63 letters, digits, '-', '_' or '.', "
-                "starting and ending with a letter or digit), got " + Quote(*v));
+          Error(value, path,
+                "expected a Kubernetes label value (at most 63 letters, digits, '-', '_' or '.', "
+                "starting and ending with a letter or digit), got " +
+                    Quote(*v));
         } else if (v) {
           c->node_selector.emplace_back(key, *v);
         }
@@ -262,8 +268,8 @@ void Decoder::DecodePlacement(const Node& n, const std::string& p, ClusterSpec* 
   }
   if (const Node* tl = Child(n, "tolerations")) {
     if (tl->kind != Kind::kSeq) {
-      Error(*tl, p + ".tolerations", std::string("expected a list of {key, operator, value, effect}, got ") +
-                                         tl->KindName());
+      Error(*tl, p + ".tolerations",
+            std::string("expected a list of {key, operator, value, effect}, got ") + tl->KindName());
       return;
     }
     for (size_t i = 0; i < tl->seq.size(); ++i) {
@@ -282,8 +288,10 @@ void Decoder::DecodePlacement(const Node& n, const std::string& p, ClusterSpec* 
       Field(t, tp, "value", &tol.value, [&](const Node& v, const std::string& path) {
         auto s = String(v, path);
         if (s && !IsLabelValue(*s)) {
-          Error(v, path, "expected a taint's value, a Kubernetes label value (at most 63 letters, digits, '-', "
-                "'_' or '.'), got " + Quote(*s));
+          Error(v, path,
+                "expected a taint's value, a Kubernetes label value (at most 63 letters, digits, '-', "
+                "'_' or '.'), got " +
+                    Quote(*s));
           return std::optional<std::string>();
         }
         return s;

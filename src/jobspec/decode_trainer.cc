@@ -10,10 +10,36 @@ constexpr long long kBig = 1LL << 40;  // "no bound" for counts of steps and sam
 
 void Decoder::DecodeTrainer(const Node& n, TrainerSpec* t) {
   const std::string p = "trainer";
-  if (!Section(n, p, {"strategy", "parameter_server", "model", "data", "epochs", "max_steps", "batch_size", "balance",
-                      "global_batch_size", "optimizer", "schedule", "label_smoothing", "seed", "deterministic",
-                      "threads", "device", "memory_format", "cudnn_benchmark", "precision", "backend", "bucket_mb", "checkpoint_every", "keep_last", "snapshot_every",
-                      "log_every", "timeline_steps", "eval", "eval_every", "resume"})) {
+  if (!Section(n, p,
+               {"strategy",
+                "parameter_server",
+                "model",
+                "data",
+                "epochs",
+                "max_steps",
+                "batch_size",
+                "balance",
+                "global_batch_size",
+                "optimizer",
+                "schedule",
+                "label_smoothing",
+                "seed",
+                "deterministic",
+                "threads",
+                "device",
+                "memory_format",
+                "cudnn_benchmark",
+                "precision",
+                "backend",
+                "bucket_mb",
+                "checkpoint_every",
+                "keep_last",
+                "snapshot_every",
+                "log_every",
+                "timeline_steps",
+                "eval",
+                "eval_every",
+                "resume"})) {
     return;
   }
   t->enabled = true;
@@ -37,10 +63,11 @@ void Decoder::DecodeTrainer(const Node& n, TrainerSpec* t) {
   Field(n, p, "threads", &t->threads, IntIn(0, 1024));
   Field(n, p, "device", &t->device, OneOfThese({"cpu", "cuda"}));
   Field(n, p, "memory_format", &t->memory_format, OneOfThese({"contiguous", "channels_last"}));
-  if (const Node* m = Child(n, "memory_format"); m && t->memory_format == "channels_last" &&
-                                                t->strategy == "parameter_server") {
-    Error(*m, p + ".memory_format", "channels_last needs strategy: allreduce (the parameter servers keep "
-                                    "contiguous shards); expected contiguous");
+  if (const Node* m = Child(n, "memory_format");
+      m && t->memory_format == "channels_last" && t->strategy == "parameter_server") {
+    Error(*m, p + ".memory_format",
+          "channels_last needs strategy: allreduce (the parameter servers keep "
+          "contiguous shards); expected contiguous");
   }
   Field(n, p, "balance", &t->balance, OneOfThese({"even", "speed"}));
   if (const Node* b = Child(n, "balance"); b && t->balance == "speed") {
@@ -56,11 +83,11 @@ void Decoder::DecodeTrainer(const Node& n, TrainerSpec* t) {
   Field(n, p, "cudnn_benchmark", &t->cudnn_benchmark, Boolean());
   Field(n, p, "precision", &t->precision, OneOfThese({"fp32", "bf16"}));
   Field(n, p, "backend", &t->backend, OneOfThese({"auto", "gloo", "shm", "nccl"}));
-  if (const Node* b = Child(n, "backend"); b && t->backend != "auto" &&
-                                           (t->backend == "nccl") != (t->device == "cuda")) {
-    Error(*b, p + ".backend", t->device == "cuda"
-                                  ? "expected nccl or auto with device: cuda (GPU memory goes through NCCL)"
-                                  : "nccl needs device: cuda; expected auto, gloo or shm for the CPU");
+  if (const Node* b = Child(n, "backend");
+      b && t->backend != "auto" && (t->backend == "nccl") != (t->device == "cuda")) {
+    Error(*b, p + ".backend",
+          t->device == "cuda" ? "expected nccl or auto with device: cuda (GPU memory goes through NCCL)"
+                              : "nccl needs device: cuda; expected auto, gloo or shm for the CPU");
   }
   Field(n, p, "bucket_mb", &t->bucket_mb, NumIn(0.001, 1024));
   Field(n, p, "checkpoint_every", &t->checkpoint_every, IntIn(0, kBig));
@@ -80,12 +107,12 @@ void Decoder::DecodeTrainer(const Node& n, TrainerSpec* t) {
 // trainer.data: the dataset, where it is, how it is read and how big its images are.
 void Decoder::DecodeData(const Node& d, const std::string& dp, DataSpec* ds_out) {
   DataSpec& ds = *ds_out;
-  if (!Section(d, dp, {"dataset", "dir", "test_dir", "holdout", "bad_images", "augment", "limit", "test_limit",
-                       "samples", "shape", "classes", "load", "threads", "crop_pct"})) {
+  if (!Section(d, dp,
+               {"dataset", "dir", "test_dir", "holdout", "bad_images", "augment", "limit", "test_limit", "samples",
+                "shape", "classes", "load", "threads", "crop_pct"})) {
     return;
   }
-  Field(d, dp, "dataset", &ds.dataset,
-        OneOfThese({"fashion-mnist", "mnist", "cifar10", "imagefolder", "synthetic"}));
+  Field(d, dp, "dataset", &ds.dataset, OneOfThese({"fashion-mnist", "mnist", "cifar10", "imagefolder", "synthetic"}));
   Field(d, dp, "dir", &ds.dir, Text());
   Field(d, dp, "test_dir", &ds.test_dir, Text());
   Field(d, dp, "holdout", &ds.holdout, NumIn(0, 0.9));
@@ -133,10 +160,11 @@ void Decoder::DecodeData(const Node& d, const std::string& dp, DataSpec* ds_out)
   }
   bool needs_dir = ds.dataset == "mnist" || ds.dataset == "cifar10" || folder;
   if (needs_dir && ds.dir.empty()) {
-    Error(d, dp + ".dir", "required for " + ds.dataset + "; expected the directory with " +
-                               (ds.dataset == "mnist"  ? "the idx files"
-                                : folder               ? "a folder per class of images"
-                                                       : "data_batch_N.bin and test_batch.bin"));
+    Error(d, dp + ".dir",
+          "required for " + ds.dataset + "; expected the directory with " +
+              (ds.dataset == "mnist" ? "the idx files"
+               : folder              ? "a folder per class of images"
+                                     : "data_batch_N.bin and test_batch.bin"));
   }
 }
 
@@ -147,16 +175,17 @@ void Decoder::DecodeAugment(const Node& a, const std::string& ap, DataSpec* ds_o
   Field(a, ap, "crop_padding", &ds.crop_padding, IntIn(0, 256));
   Field(a, ap, "flip", &ds.flip, Boolean());
   Field(a, ap, "random_resized_crop", &ds.random_resized_crop, Boolean());
-  for (const auto& [key, out, lo, hi] : {std::tuple<const char*, std::vector<double>*, double, double>{
-                                             "scale", &ds.scale, 0.0001, 1.0},
-                                         {"ratio", &ds.ratio, 0.01, 100.0}}) {
+  for (const auto& [key, out, lo, hi] :
+       {std::tuple<const char*, std::vector<double>*, double, double>{"scale", &ds.scale, 0.0001, 1.0},
+        {"ratio", &ds.ratio, 0.01, 100.0}}) {
     const Node* r = Child(a, key);
     if (!r) continue;
     const std::string rp = ap + "." + key;
     Note(rp, {{"type", "array"}, {"minItems", 2}, {"maxItems", 2}});
     if (r->kind != Kind::kSeq || r->seq.size() != 2) {
-      Error(*r, rp, std::string("expected [low, high] such as ") +
-                        (std::string(key) == "scale" ? "[0.08, 1.0]" : "[0.75, 1.333]"));
+      Error(*r, rp,
+            std::string("expected [low, high] such as ") +
+                (std::string(key) == "scale" ? "[0.08, 1.0]" : "[0.75, 1.333]"));
       continue;
     }
     auto a0 = Double(r->seq[0], rp + "[0]", lo, hi), a1 = Double(r->seq[1], rp + "[1]", lo, hi);
@@ -191,8 +220,9 @@ void Decoder::DecodeSchedule(const Node& sc, const std::string& sp, ScheduleSpec
   Field(sc, sp, "min_lr", &ss.min_lr, NumIn(0, 100));
   Field(sc, sp, "scale_by_world_size", &ss.scale_by_world_size, Boolean());
   if (ss.name == "step" && ss.step_size == 0) {
-    Error(sc, sp + ".step_size", "required for the step schedule; expected the number of "
-                                  "steps between LR drops, such as 1000");
+    Error(sc, sp + ".step_size",
+          "required for the step schedule; expected the number of "
+          "steps between LR drops, such as 1000");
   }
 }
 
@@ -204,8 +234,9 @@ void Decoder::DecodeModel(const Node& n, const std::string& path, TrainerSpec* t
     return;
   }
   if (n.kind != Kind::kMap) {
-    Error(n, path, std::string("expected cnn, resnet18, resnet50, {layers: [...]} or {torchscript: model.pt}, got ") +
-                       n.KindName());
+    Error(n, path,
+          std::string("expected cnn, resnet18, resnet50, {layers: [...]} or {torchscript: model.pt}, got ") +
+              n.KindName());
     return;
   }
   CheckKeys(n, path, {"layers", "torchscript"});
@@ -215,7 +246,8 @@ void Decoder::DecodeModel(const Node& n, const std::string& path, TrainerSpec* t
       Error(*ts, path + ".torchscript", "goes without layers: a model is declared or loaded, not both");
     } else if (auto v = String(*ts, path + ".torchscript")) {
       if (v->empty()) {
-        Error(*ts, path + ".torchscript", "expected the path of a module saved with torch.jit.script(model).save(path)");
+        Error(*ts, path + ".torchscript",
+              "expected the path of a module saved with torch.jit.script(model).save(path)");
       } else {
         t->model = "torchscript";
         t->torchscript = *v;
@@ -224,8 +256,9 @@ void Decoder::DecodeModel(const Node& n, const std::string& path, TrainerSpec* t
     return;
   }
   if (!layers) {
-    Error(n, path, "expected cnn, resnet18, resnet50, {layers: [...]} or {torchscript: model.pt}, got a mapping "
-                   "without either");
+    Error(n, path,
+          "expected cnn, resnet18, resnet50, {layers: [...]} or {torchscript: model.pt}, got a mapping "
+          "without either");
     return;
   }
   std::vector<LayerSpec> out;
@@ -238,8 +271,9 @@ void Decoder::DecodeModel(const Node& n, const std::string& path, TrainerSpec* t
 
 bool Decoder::DecodeLayers(const Node& n, const std::string& path, int depth, std::vector<LayerSpec>* out) {
   if (n.kind != Kind::kSeq || n.seq.empty()) {
-    Error(n, path, std::string("expected a list of layers such as [{conv: 16}, relu, flatten, linear], got ") +
-                       (n.kind == Kind::kSeq ? "an empty list" : n.KindName()));
+    Error(n, path,
+          std::string("expected a list of layers such as [{conv: 16}, relu, flatten, linear], got ") +
+              (n.kind == Kind::kSeq ? "an empty list" : n.KindName()));
     return false;
   }
   if (depth >= 8) {
@@ -271,18 +305,20 @@ bool Decoder::DecodeLayer(const Node& n, const std::string& path, int depth, Lay
     kind = n.map[0].first;
     args = n.map[0].second.kind == Kind::kNull ? nullptr : &n.map[0].second;
   } else {
-    Error(n, path, "expected a layer: its kind (relu), or a mapping of one kind to its size or fields "
-                   "({conv: 16}, {conv: {channels: 16, stride: 2}}), got " +
-                       (n.kind == Kind::kMap ? "a mapping of " + std::to_string(n.map.size()) + " keys"
-                                             : std::string(n.KindName())));
+    Error(n, path,
+          "expected a layer: its kind (relu), or a mapping of one kind to its size or fields "
+          "({conv: 16}, {conv: {channels: 16, stride: 2}}), got " +
+              (n.kind == Kind::kMap ? "a mapping of " + std::to_string(n.map.size()) + " keys"
+                                    : std::string(n.KindName())));
     return false;
   }
   const std::vector<std::string> kinds = LayerKindNames();
   const auto k = LayerKindFromName(kind);
   if (!k) {
     const std::string guess = ClosestMatch(kind, kinds);
-    Error(n, path, "unknown layer " + Quote(kind) + "; " +
-                       (guess.empty() ? "expected one of " + Join(kinds, ", ") : "did you mean '" + guess + "'?"));
+    Error(n, path,
+          "unknown layer " + Quote(kind) + "; " +
+              (guess.empty() ? "expected one of " + Join(kinds, ", ") : "did you mean '" + guess + "'?"));
     return false;
   }
   l->kind = *k;
@@ -290,27 +326,51 @@ bool Decoder::DecodeLayer(const Node& n, const std::string& path, int depth, Lay
   const size_t before = errors.size();
   auto size_of = [&](const Node& v) {
     switch (*k) {
-      case LK::kConv: if (auto x = Int(v, lp, 1, 1 << 16)) l->out = *x; break;
-      case LK::kLinear: if (auto x = Int(v, lp, 1, 1 << 24)) l->out = *x; break;
+      case LK::kConv:
+        if (auto x = Int(v, lp, 1, 1 << 16)) l->out = *x;
+        break;
+      case LK::kLinear:
+        if (auto x = Int(v, lp, 1, 1 << 24)) l->out = *x;
+        break;
       case LK::kMaxPool:
-      case LK::kAvgPool: if (auto x = Int(v, lp, 1, 1024)) l->kernel = *x; break;
-      case LK::kDropout: if (auto x = Double(v, lp, 0, 0.999)) l->p = *x; break;
-      default: Error(v, lp, kind + " takes no size; expected " + kind + " alone"); break;
+      case LK::kAvgPool:
+        if (auto x = Int(v, lp, 1, 1024)) l->kernel = *x;
+        break;
+      case LK::kDropout:
+        if (auto x = Double(v, lp, 0, 0.999)) l->p = *x;
+        break;
+      default:
+        Error(v, lp, kind + " takes no size; expected " + kind + " alone");
+        break;
     }
   };
   std::vector<std::string> fields;
   switch (*k) {
-    case LK::kConv: fields = {"channels", "kernel", "stride", "padding", "groups", "bias", "name"}; break;
-    case LK::kLinear: fields = {"features", "bias", "name"}; break;
+    case LK::kConv:
+      fields = {"channels", "kernel", "stride", "padding", "groups", "bias", "name"};
+      break;
+    case LK::kLinear:
+      fields = {"features", "bias", "name"};
+      break;
     case LK::kMaxPool:
-    case LK::kAvgPool: fields = {"kernel", "stride", "padding"}; break;
-    case LK::kBatchNorm: fields = {"name"}; break;
-    case LK::kDropout: fields = {"p"}; break;
-    case LK::kResidual: fields = {"layers", "projection", "name"}; break;
-    default: break;
+    case LK::kAvgPool:
+      fields = {"kernel", "stride", "padding"};
+      break;
+    case LK::kBatchNorm:
+      fields = {"name"};
+      break;
+    case LK::kDropout:
+      fields = {"p"};
+      break;
+    case LK::kResidual:
+      fields = {"layers", "projection", "name"};
+      break;
+    default:
+      break;
   }
   if (!args) {
-    if (*k == LK::kConv) Error(n, path, "conv needs its output channels; expected {conv: 16} or {conv: {channels: 16}}");
+    if (*k == LK::kConv)
+      Error(n, path, "conv needs its output channels; expected {conv: 16} or {conv: {channels: 16}}");
     if (*k == LK::kResidual) Error(n, path, "expected {residual: [layers]}, the block's body");
   } else if (args->kind == Kind::kScalar) {
     size_of(*args);
@@ -337,15 +397,21 @@ bool Decoder::DecodeLayer(const Node& n, const std::string& path, int depth, Lay
     if (const Node* nm = Child(a, "name")) {
       if (auto v = String(*nm, lp + ".name")) {
         const bool ok = !v->empty() && v->front() != '.' && v->back() != '.' && v->find("..") == std::string::npos &&
-                        std::all_of(v->begin(), v->end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; });
-        if (ok) l->name = *v;
-        else Error(*nm, lp + ".name", "expected letters, digits, _ and dots between them (layer1.0), got " + Quote(*v));
+                        std::all_of(v->begin(), v->end(), [](char c) {
+                          return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+                        });
+        if (ok)
+          l->name = *v;
+        else
+          Error(*nm, lp + ".name", "expected letters, digits, _ and dots between them (layer1.0), got " + Quote(*v));
       }
     }
     if (*k == LK::kConv && !Child(a, "channels")) Error(a, lp + ".channels", "required; expected the output channels");
     if (*k == LK::kResidual) {
-      if (const Node* body = Child(a, "layers")) DecodeLayers(*body, lp + ".layers", depth + 1, &l->body);
-      else Error(a, lp + ".layers", "required; expected the block's body, a list of layers");
+      if (const Node* body = Child(a, "layers"))
+        DecodeLayers(*body, lp + ".layers", depth + 1, &l->body);
+      else
+        Error(a, lp + ".layers", "required; expected the block's body, a list of layers");
     }
   }
   return errors.size() == before;

@@ -8,12 +8,11 @@
 #include <algorithm>
 #include <cctype>
 #include <climits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/strings.h"
 #include "jobspec/job_spec.h"
@@ -86,14 +85,17 @@ class Decoder {
       if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
       std::string path = prefix.empty() ? key : prefix + "." + key;
       std::string guess = ClosestMatch(key, allowed);
-      std::string hint = guess.empty() ? "expected one of: " + Join(allowed, ", ")
-                                       : "did you mean '" + guess + "'?";
+      std::string hint = guess.empty() ? "expected one of: " + Join(allowed, ", ") : "did you mean '" + guess + "'?";
       // Fields users put one level too high, as other tools have them.
       static const std::map<std::string, std::string> kBelongs = {
-          {"trainer.augment", "trainer.data.augment"}, {"trainer.lr", "trainer.optimizer.lr"},
-          {"trainer.momentum", "trainer.optimizer.momentum"}, {"trainer.weight_decay", "trainer.optimizer.weight_decay"},
-          {"trainer.shape", "trainer.data.shape"},    {"trainer.dataset", "trainer.data.dataset"},
-          {"trainer.layers", "trainer.model.layers"}, {"trainer.torchscript", "trainer.model.torchscript"}};
+          {"trainer.augment", "trainer.data.augment"},
+          {"trainer.lr", "trainer.optimizer.lr"},
+          {"trainer.momentum", "trainer.optimizer.momentum"},
+          {"trainer.weight_decay", "trainer.optimizer.weight_decay"},
+          {"trainer.shape", "trainer.data.shape"},
+          {"trainer.dataset", "trainer.data.dataset"},
+          {"trainer.layers", "trainer.model.layers"},
+          {"trainer.torchscript", "trainer.model.torchscript"}};
       if (auto it = kBelongs.find(path); it != kBelongs.end()) hint = "it belongs in " + it->second;
       Error(value, path, "unknown field; " + hint);
     }
@@ -120,8 +122,7 @@ class Decoder {
     if (!ExpectScalar(n, path, expected)) return std::nullopt;
     const std::string& s = n.scalar;
     size_t i = (!s.empty() && (s[0] == '+' || s[0] == '-')) ? 1 : 0;
-    bool digits = i < s.size() &&
-                  std::all_of(s.begin() + i, s.end(), [](char c) { return std::isdigit(c); });
+    bool digits = i < s.size() && std::all_of(s.begin() + i, s.end(), [](char c) { return std::isdigit(c); });
     if (!digits) {
       Error(n, path, expected + ", got " + Quote(s));
       return std::nullopt;
@@ -130,23 +131,20 @@ class Decoder {
     char* end = nullptr;
     long long v = std::strtoll(s.c_str(), &end, 10);
     if (errno == ERANGE || v < min || v > max) {
-      Error(n, path, expected + " from " + std::to_string(min) + " to " + std::to_string(max) +
-                         ", got " + Quote(s));
+      Error(n, path, expected + " from " + std::to_string(min) + " to " + std::to_string(max) + ", got " + Quote(s));
       return std::nullopt;
     }
     return v;
   }
 
   std::optional<double> Double(const Node& n, const std::string& path, double min, double max) {
-    const std::string expected = "expected a number from " + FormatNumber(min) + " to " +
-                                 FormatNumber(max);
+    const std::string expected = "expected a number from " + FormatNumber(min) + " to " + FormatNumber(max);
     Note(path, {{"type", "number"}, {"minimum", min}, {"maximum", max}});
     if (!ExpectScalar(n, path, expected)) return std::nullopt;
     char* end = nullptr;
     errno = 0;
     double v = std::strtod(n.scalar.c_str(), &end);
-    if (n.scalar.empty() || end != n.scalar.c_str() + n.scalar.size() || errno == ERANGE ||
-        !(v >= min && v <= max)) {
+    if (n.scalar.empty() || end != n.scalar.c_str() + n.scalar.size() || errno == ERANGE || !(v >= min && v <= max)) {
       Error(n, path, expected + ", got " + Quote(n.scalar));
       return std::nullopt;
     }
@@ -163,15 +161,15 @@ class Decoder {
   }
 
   // One of `allowed`, with a did-you-mean.
-  std::optional<std::string> OneOf(const Node& n, const std::string& path,
-                                   const std::vector<std::string>& allowed) {
+  std::optional<std::string> OneOf(const Node& n, const std::string& path, const std::vector<std::string>& allowed) {
     Note(path, {{"type", "string"}, {"enum", allowed}});
     auto s = String(n, path);
     if (!s) return std::nullopt;
     if (std::find(allowed.begin(), allowed.end(), *s) != allowed.end()) return s;
     std::string guess = ClosestMatch(*s, allowed);
-    Error(n, path, "expected one of " + Join(allowed, ", ") + ", got " + Quote(*s) +
-                       (guess.empty() ? "" : "; did you mean '" + guess + "'?"));
+    Error(n, path,
+          "expected one of " + Join(allowed, ", ") + ", got " + Quote(*s) +
+              (guess.empty() ? "" : "; did you mean '" + guess + "'?"));
     return std::nullopt;
   }
 
@@ -236,12 +234,15 @@ class Decoder {
 
   // A program and its first arguments: a list, or one word.
   std::optional<std::vector<std::string>> Command(const Node& n, const std::string& path) {
-    Note(path, {{"type", {"string", "array"}}, {"items", kScalar}, {"minItems", 1},
+    Note(path, {{"type", {"string", "array"}},
+                {"items", kScalar},
+                {"minItems", 1},
                 {"description", "the program and its arguments, such as [python3, train.py]"}});
     if (n.kind == Kind::kScalar) {
       if (n.scalar.find_first_of(" \t") != std::string::npos) {
-        Error(n, path, "expected a list such as [python3, train.py], got the string " +
-                           Quote(n.scalar) + " (trainctl runs no shell)");
+        Error(n, path,
+              "expected a list such as [python3, train.py], got the string " + Quote(n.scalar) +
+                  " (trainctl runs no shell)");
       } else if (n.scalar.empty()) {
         Error(n, path, "expected a program to run, got an empty string");
       } else {
@@ -265,15 +266,17 @@ class Decoder {
   std::optional<std::vector<std::string>> StringList(const Node& n, const std::string& path) {
     Note(path, {{"type", "array"}, {"items", kScalar}});
     if (n.kind != Kind::kSeq) {
-      Error(n, path, std::string("expected a list of strings such as [python3, train.py], got ") +
-                         n.KindName());
+      Error(n, path, std::string("expected a list of strings such as [python3, train.py], got ") + n.KindName());
       return std::nullopt;
     }
     std::vector<std::string> out;
     bool ok = true;
     for (size_t i = 0; i < n.seq.size(); ++i) {
       auto s = String(n.seq[i], path + "[" + std::to_string(i) + "]");
-      if (s) out.push_back(*s); else ok = false;
+      if (s)
+        out.push_back(*s);
+      else
+        ok = false;
     }
     if (!ok) return std::nullopt;
     return out;
@@ -293,8 +296,7 @@ class Decoder {
   // The job's place: nodes, env, resources, cluster (decode_cluster.cc).
   void DecodeNodes(const Node& n, NodesSpec* out);
 
-  void DecodeEnv(const Node& n, const std::string& prefix,
-                 std::vector<std::pair<std::string, std::string>>* out);
+  void DecodeEnv(const Node& n, const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out);
 
   void DecodeResources(const Node& n, const std::string& p, ResourcesSpec* out);
 
@@ -304,7 +306,8 @@ class Decoder {
   void DecodeStage(const Node& n, const std::string& path, StageSpec* stage);
   void DecodePlacement(const Node& cluster, const std::string& path, ClusterSpec* c);
 
-  // Roles (decode_roles.cc). What a role says of itself; the rest is resolved once the whole spec is read (ResolveRoles).
+  // Roles (decode_roles.cc). What a role says of itself; the rest is resolved once the whole spec is read
+  // (ResolveRoles).
   struct RoleFields {
     const Node* node = nullptr;
     bool own_command = false, own_args = false, own_resources = false;
@@ -326,7 +329,9 @@ class Decoder {
   // and ending with a letter or digit.
   static bool IsLabelValue(std::string_view s) {
     if (s.empty()) return true;
-    auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 && static_cast<unsigned char>(c) < 0x80; };
+    auto alnum = [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) != 0 && static_cast<unsigned char>(c) < 0x80;
+    };
     auto ok = [&](char c) { return alnum(c) || c == '-' || c == '_' || c == '.'; };
     return s.size() <= 63 && std::all_of(s.begin(), s.end(), ok) && alnum(s.front()) && alnum(s.back());
   }
@@ -338,7 +343,8 @@ class Decoder {
       const std::string_view prefix = s.substr(0, slash);
       auto ok = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.'; };
       if (prefix.empty() || prefix.size() > 253 || !std::all_of(prefix.begin(), prefix.end(), ok) ||
-          !std::isalnum(static_cast<unsigned char>(prefix.front())) || !std::isalnum(static_cast<unsigned char>(prefix.back()))) {
+          !std::isalnum(static_cast<unsigned char>(prefix.front())) ||
+          !std::isalnum(static_cast<unsigned char>(prefix.back()))) {
         return false;
       }
       s = s.substr(slash + 1);

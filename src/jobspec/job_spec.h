@@ -19,7 +19,7 @@ struct NodesSpec {
 };
 
 struct ResourcesSpec {  // per worker process; used by the cluster targets
-  double cpus = 0;        // 0: not set
+  double cpus = 0;      // 0: not set
   int64_t memory_bytes = 0;
   int gpus = 0;
 };
@@ -33,9 +33,9 @@ struct RestartSpec {
 };
 
 struct TimeoutsSpec {
-  Duration rendezvous = std::chrono::minutes(5);  // all nodes must join within this
-  Duration stop_grace = std::chrono::seconds(10); // SIGTERM, then SIGKILL after this
-  Duration job = Duration(0);                     // whole-job deadline; 0: none
+  Duration rendezvous = std::chrono::minutes(5);   // all nodes must join within this
+  Duration stop_grace = std::chrono::seconds(10);  // SIGTERM, then SIGKILL after this
+  Duration job = Duration(0);                      // whole-job deadline; 0: none
   // Elastic rounds: once min nodes have joined, wait this long for more before closing.
   Duration last_call = std::chrono::seconds(3);
   // A node whose agent has not heartbeated for this long is lost; its round ends.
@@ -56,7 +56,7 @@ struct DataSpec {
   // the fraction `holdout` of dir's images, chosen by a hash of their paths, is the test split.
   std::string test_dir;
   double holdout = 0.1;
-  std::string bad_images = "skip";        // imagefolder: a file that does not decode: skip | fail
+  std::string bad_images = "skip";  // imagefolder: a file that does not decode: skip | fail
   // augment: training images shifted by up to crop_padding pixels each way, and mirrored half the
   // time (torchvision's RandomCrop with padding, RandomHorizontalFlip); any dataset.
   int crop_padding = 0;
@@ -71,22 +71,22 @@ struct DataSpec {
   // imagefolder: memory (decoded once, kept) | stream (each batch's files decoded as used) |
   // auto (memory while the decoded pictures take at most a quarter of this machine's memory).
   std::string load = "auto";
-  int threads = 0;  // imagefolder: decode threads per worker (0: its share of the CPUs)
-  int64_t limit = 0;                      // use the first N training images (0: all)
-  int64_t test_limit = 0;                 // use the first N test images (0: all)
-  int64_t samples = 10000;                // synthetic: images in the training set
+  int threads = 0;          // imagefolder: decode threads per worker (0: its share of the CPUs)
+  int64_t limit = 0;        // use the first N training images (0: all)
+  int64_t test_limit = 0;   // use the first N test images (0: all)
+  int64_t samples = 10000;  // synthetic: images in the training set
   // synthetic, imagefolder: channels, rows, cols; an image folder's, when left out (empty), its
   // first training picture's (data::FolderShape), which run and validate fill in and say.
   std::vector<int64_t> shape = {1, 28, 28};
-  int classes = 10;                       // synthetic
+  int classes = 10;  // synthetic
 };
 
 struct OptimizerSpec {
   std::string name = "sgd";  // sgd | adam
   double lr = 0.01;
-  double momentum = 0.9;     // sgd
+  double momentum = 0.9;  // sgd
   double weight_decay = 0;
-  bool nesterov = false;     // sgd
+  bool nesterov = false;                          // sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam
 };
 
@@ -95,7 +95,7 @@ struct ScheduleSpec {
   int64_t warmup_steps = 0;       // linear warm-up from 0 to lr (one_cycle: the rise's length)
   int64_t step_size = 0;          // step: multiply by gamma every step_size steps
   double gamma = 0.1;
-  double min_lr = 0;              // cosine, one_cycle: the floor
+  double min_lr = 0;                 // cosine, one_cycle: the floor
   bool scale_by_world_size = false;  // lr *= world size (the linear scaling rule)
 };
 
@@ -125,37 +125,37 @@ struct TrainerSpec {
   std::string torchscript;
   DataSpec data;
   int epochs = 1;
-  int64_t max_steps = 0;          // stop after this many steps; 0: run all epochs
-  int batch_size = 64;            // per worker
+  int64_t max_steps = 0;  // stop after this many steps; 0: run all epochs
+  int batch_size = 64;    // per worker
   // even: every worker reads batch_size items a step | speed: the global batch is split by the
   // workers' measured speed (CPU, allreduce), so a worker on a slower core reads fewer.
   std::string balance = "even";
-  int global_batch_size = 0;      // if set: split evenly among workers (wins over batch_size)
+  int global_batch_size = 0;  // if set: split evenly among workers (wins over batch_size)
   OptimizerSpec optimizer;
   ScheduleSpec schedule;
-  double label_smoothing = 0;     // the cross-entropy's target: 1 - e on the class, e/C spread
+  double label_smoothing = 0;  // the cross-entropy's target: 1 - e on the class, e/C spread
   int64_t seed = 0;
-  bool deterministic = false;     // same seed, same world size: the same losses, bit for bit
-  int threads = 0;                // compute threads per worker; 0: OMP_NUM_THREADS
+  bool deterministic = false;      // same seed, same world size: the same losses, bit for bit
+  int threads = 0;                 // compute threads per worker; 0: OMP_NUM_THREADS
   std::string precision = "fp32";  // fp32 | bf16: mixed precision (autocast's) for the forward pass
-  std::string device = "cpu";     // cpu | cuda
+  std::string device = "cpu";      // cpu | cuda
   // contiguous | channels_last (N,H,W,C): how 4-D weights, their gradients and the images lie
   // in memory. Checkpoints do not depend on it.
   std::string memory_format = "contiguous";
-  bool cudnn_benchmark = false;   // GPU: cuDNN times its algorithms once per shape (not with deterministic)
-  std::string backend = "auto";   // auto (nccl for cuda, shm on one node, else gloo) | gloo | shm | nccl
-  double bucket_mb = 1;           // gradient bucket size for the overlapped allreduce
-  int64_t checkpoint_every = 0;   // steps; 0: at the end of each epoch
+  bool cudnn_benchmark = false;  // GPU: cuDNN times its algorithms once per shape (not with deterministic)
+  std::string backend = "auto";  // auto (nccl for cuda, shm on one node, else gloo) | gloo | shm | nccl
+  double bucket_mb = 1;          // gradient bucket size for the overlapped allreduce
+  int64_t checkpoint_every = 0;  // steps; 0: at the end of each epoch
   int keep_last = 3;
   // Steps between in-memory snapshots of the training state (each node keeps one in /dev/shm for
   // the job's run); a restart resumes from the newer of it and the newest checkpoint. 0: off.
   int64_t snapshot_every = 20;
-  int64_t log_every = 50;         // steps between metric lines
+  int64_t log_every = 50;  // steps between metric lines
   // Steps whose phases every rank records for <output_dir>/timeline.json (a Chrome trace), after
   // the first log window. 0: off.
   int64_t timeline_steps = 0;
-  bool eval = true;               // test accuracy after every epoch
-  int eval_every = 1;             // epochs between evaluations; the last epoch is always evaluated
+  bool eval = true;    // test accuracy after every epoch
+  int eval_every = 1;  // epochs between evaluations; the last epoch is always evaluated
   // `trainctl run` continues the previous run in output_dir from its newest checkpoint (as
   // `run --resume`); false: that run's files are moved aside and training starts from scratch.
   bool resume = false;
@@ -164,15 +164,15 @@ struct TrainerSpec {
 // Where and how the job runs on a cluster engine (`trainctl render`); the local launcher ignores
 // it. docs/cluster.md explains each target.
 struct StorageSpec {
-  std::string claim;                 // an existing PersistentVolumeClaim; "": render <name>-data
-  std::string storage_class;         // of the rendered claim ("": the cluster's default); RWX
-  std::string size = "10Gi";         // of the rendered claim
+  std::string claim;                    // an existing PersistentVolumeClaim; "": render <name>-data
+  std::string storage_class;            // of the rendered claim ("": the cluster's default); RWX
+  std::string size = "10Gi";            // of the rendered claim
   std::string mount = "/mnt/trainctl";  // where pods mount it: runs/ and datasets/ live there
 };
 
 struct StageSpec {
-  std::string url;     // an archive (.tar, .tar.gz, .tgz, .zip, .gz) fetched into datasets/<name>
-  std::string sha256;  // checked when set
+  std::string url;          // an archive (.tar, .tar.gz, .tgz, .zip, .gz) fetched into datasets/<name>
+  std::string sha256;       // checked when set
   std::string credentials;  // s3:// only: the Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ...
 };
 
@@ -182,9 +182,9 @@ struct Toleration {
 
 struct ClusterSpec {
   std::string image = "trainctl:latest";
-  std::string image_pull_secret;     // a Secret with registry credentials
+  std::string image_pull_secret;  // a Secret with registry credentials
   std::string namespace_ = "default";
-  std::string token_secret;          // Secret (key "token") with the store token; "": <name>-token
+  std::string token_secret;  // Secret (key "token") with the store token; "": <name>-token
   StorageSpec storage;
   StageSpec stage;
   bool tensorboard = true;
@@ -193,8 +193,8 @@ struct ClusterSpec {
   // it holds them from the job's start, waiting for the model) and TensorBoard's.
   ResourcesSpec eval_resources{2, int64_t{4} << 30, 0};
   ResourcesSpec tensorboard_resources{0.5, int64_t{2} << 30, 0};
-  int metrics_port = 9400;           // each pod's agent serves /metrics here (the job's token); 0: not
-  bool pod_monitor = false;          // render a PodMonitor (Prometheus Operator) that scrapes it
+  int metrics_port = 9400;   // each pod's agent serves /metrics here (the job's token); 0: not
+  bool pod_monitor = false;  // render a PodMonitor (Prometheus Operator) that scrapes it
   std::vector<std::pair<std::string, std::string>> node_selector;
   std::vector<Toleration> tolerations;
 };
@@ -202,12 +202,12 @@ struct ClusterSpec {
 // One role of a job of several (`roles:`): `replicas` tasks that run the same program. A job
 // without `roles` has one role, `worker`, of nodes x procs_per_node tasks (see JobRoles).
 struct RoleSpec {
-  std::string name;                       // a DNS label: ps, worker, chief, evaluator, launcher...
-  int replicas = 1;                       // tasks of this role in the whole job
-  std::vector<std::string> command;       // resolved: the role's own, else the job's; empty when
-  std::vector<std::string> args;          // the built-in trainer plays the role
+  std::string name;                                      // a DNS label: ps, worker, chief, evaluator, launcher...
+  int replicas = 1;                                      // tasks of this role in the whole job
+  std::vector<std::string> command;                      // resolved: the role's own, else the job's; empty when
+  std::vector<std::string> args;                         // the built-in trainer plays the role
   std::vector<std::pair<std::string, std::string>> env;  // the job's env, then the role's
-  ResourcesSpec resources;                // per task; resolved: the role's own, else the job's
+  ResourcesSpec resources;                               // per task; resolved: the role's own, else the job's
   // The job succeeds once every task of every role with `success` has exited 0. Defaults: chief
   // or launcher roles when the job has one; else every role but ps and evaluator.
   bool success = true;
@@ -222,30 +222,30 @@ struct RoleSpec {
 };
 
 struct JobSpec {
-  std::string name;                      // DNS-1123 label: [a-z0-9-], at most 63 chars
+  std::string name;  // DNS-1123 label: [a-z0-9-], at most 63 chars
   NodesSpec nodes;
   int procs_per_node = 1;
   // "cores": each of a node's tasks runs on its own share of the CPUs its agent may use
   // (CpuShare in common/cpus.h), as Slurm's --cpu-bind=cores and mpirun's --bind-to core do;
   // "none": the scheduler moves them where it likes.
   std::string cpu_bind = "none";
-  std::vector<std::string> command;      // the worker program and its first arguments; empty
-                                         // when the built-in trainer runs (trainer.enabled)
-  std::vector<std::string> args;         // appended to command
+  std::vector<std::string> command;                      // the worker program and its first arguments; empty
+                                                         // when the built-in trainer runs (trainer.enabled)
+  std::vector<std::string> args;                         // appended to command
   std::vector<std::pair<std::string, std::string>> env;  // in spec order
-  std::string working_dir;               // empty: where trainctl runs
+  std::string working_dir;                               // empty: where trainctl runs
   // Python modules a warm interpreter per node imports once; the job's Python workers are forked
   // from it (agent/warm_python.h). Empty: each worker starts its own interpreter.
   std::vector<std::string> preload;
   ResourcesSpec resources;
   RestartSpec restart;
   TimeoutsSpec timeouts;
-  std::string rendezvous;                // "": the launcher's embedded store; or etcd://h:p[,h:p]
-  std::string output_dir;                // default runs/<name>
-  std::string checkpoint_dir;            // default <output_dir>/checkpoints
+  std::string rendezvous;      // "": the launcher's embedded store; or etcd://h:p[,h:p]
+  std::string output_dir;      // default runs/<name>
+  std::string checkpoint_dir;  // default <output_dir>/checkpoints
   TrainerSpec trainer;
   ClusterSpec cluster;
-  std::vector<RoleSpec> roles;           // empty: one role, worker (see JobRoles)
+  std::vector<RoleSpec> roles;  // empty: one role, worker (see JobRoles)
 
   // Every task of the job at full size (nodes.max).
   int world_size() const;

@@ -44,8 +44,8 @@ ordered_json Layers(const std::vector<LayerSpec>& layers) {
     ordered_json f = ordered_json::object();
     switch (l.kind) {
       case K::kConv:
-        f = {{"channels", l.out}, {"kernel", l.kernel}, {"stride", l.stride}, {"padding", l.padding},
-             {"groups", l.groups}, {"bias", l.bias}};
+        f = {{"channels", l.out},    {"kernel", l.kernel}, {"stride", l.stride},
+             {"padding", l.padding}, {"groups", l.groups}, {"bias", l.bias}};
         break;
       case K::kLinear:
         if (l.out > 0) f["features"] = l.out;
@@ -65,15 +65,19 @@ ordered_json Layers(const std::vector<LayerSpec>& layers) {
         break;
     }
     if (!l.name.empty()) f["name"] = l.name;
-    if (f.empty()) out.push_back(LayerKindName(l.kind));
-    else out.push_back({{LayerKindName(l.kind), f}});
+    if (f.empty())
+      out.push_back(LayerKindName(l.kind));
+    else
+      out.push_back({{LayerKindName(l.kind), f}});
   }
   return out;
 }
 
 ordered_json Trainer(const TrainerSpec& t) {
-  ordered_json data = {{"dataset", t.data.dataset}, {"limit", t.data.limit},
-                       {"test_limit", t.data.test_limit}, {"samples", t.data.samples}};
+  ordered_json data = {{"dataset", t.data.dataset},
+                       {"limit", t.data.limit},
+                       {"test_limit", t.data.test_limit},
+                       {"samples", t.data.samples}};
   if (!t.data.shape.empty()) data["shape"] = t.data.shape;  // an image folder's first picture's, unresolved
   data["classes"] = t.data.classes;
   SetIf(data, "dir", t.data.dir);
@@ -94,23 +98,26 @@ ordered_json Trainer(const TrainerSpec& t) {
     data["crop_pct"] = t.data.crop_pct;
   }
   const OptimizerSpec& o = t.optimizer;
-  ordered_json optimizer = {{"name", o.name},   {"lr", o.lr},       {"momentum", o.momentum},
-                            {"weight_decay", o.weight_decay},       {"nesterov", o.nesterov},
-                            {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}};
+  ordered_json optimizer = {
+      {"name", o.name},         {"lr", o.lr},       {"momentum", o.momentum}, {"weight_decay", o.weight_decay},
+      {"nesterov", o.nesterov}, {"beta1", o.beta1}, {"beta2", o.beta2},       {"eps", o.eps}};
   const ScheduleSpec& s = t.schedule;
-  ordered_json schedule = {{"name", s.name}, {"warmup_steps", s.warmup_steps}, {"gamma", s.gamma},
-                           {"min_lr", s.min_lr}, {"scale_by_world_size", s.scale_by_world_size}};
+  ordered_json schedule = {{"name", s.name},
+                           {"warmup_steps", s.warmup_steps},
+                           {"gamma", s.gamma},
+                           {"min_lr", s.min_lr},
+                           {"scale_by_world_size", s.scale_by_world_size}};
   if (s.step_size > 0) schedule["step_size"] = s.step_size;
-  ordered_json j = {{"strategy", t.strategy},
-                    {"parameter_server", {{"mode", t.parameter_server.mode},
-                                          {"max_staleness", t.parameter_server.max_staleness}}},
-                    {"model", t.model == "layers"        ? ordered_json{{"layers", Layers(t.layers)}}
-                              : t.model == "torchscript" ? ordered_json{{"torchscript", t.torchscript}}
-                                                         : ordered_json(t.model)},
-                    {"data", data},
-                    {"epochs", t.epochs},
-                    {"max_steps", t.max_steps},
-                    {"batch_size", t.batch_size}};
+  ordered_json j = {
+      {"strategy", t.strategy},
+      {"parameter_server", {{"mode", t.parameter_server.mode}, {"max_staleness", t.parameter_server.max_staleness}}},
+      {"model", t.model == "layers"        ? ordered_json{{"layers", Layers(t.layers)}}
+                : t.model == "torchscript" ? ordered_json{{"torchscript", t.torchscript}}
+                                           : ordered_json(t.model)},
+      {"data", data},
+      {"epochs", t.epochs},
+      {"max_steps", t.max_steps},
+      {"batch_size", t.batch_size}};
   if (t.global_batch_size > 0) j["global_batch_size"] = t.global_batch_size;
   j.update(ordered_json{{"optimizer", optimizer},
                         {"schedule", schedule},
@@ -189,12 +196,16 @@ std::string JobSpecToJson(const JobSpec& s, int indent) {
   SetIf(j, "working_dir", s.working_dir);
   if (!s.preload.empty()) j["preload"] = s.preload;
   j["resources"] = Resources(s.resources);
-  j["restart"] = {{"max_restarts", s.restart.max_restarts}, {"backoff", FormatDuration(s.restart.backoff)},
+  j["restart"] = {{"max_restarts", s.restart.max_restarts},
+                  {"backoff", FormatDuration(s.restart.backoff)},
                   {"backoff_max", FormatDuration(s.restart.backoff_max)}};
   const TimeoutsSpec& t = s.timeouts;
-  j["timeouts"] = {{"rendezvous", FormatDuration(t.rendezvous)}, {"stop_grace", FormatDuration(t.stop_grace)},
-                   {"job", FormatDuration(t.job)},               {"last_call", FormatDuration(t.last_call)},
-                   {"heartbeat", FormatDuration(t.heartbeat)},   {"collective", FormatDuration(t.collective)},
+  j["timeouts"] = {{"rendezvous", FormatDuration(t.rendezvous)},
+                   {"stop_grace", FormatDuration(t.stop_grace)},
+                   {"job", FormatDuration(t.job)},
+                   {"last_call", FormatDuration(t.last_call)},
+                   {"heartbeat", FormatDuration(t.heartbeat)},
+                   {"collective", FormatDuration(t.collective)},
                    {"finish", FormatDuration(t.finish)}};
   SetIf(j, "rendezvous", s.rendezvous);
   j["output_dir"] = s.output_dir;
@@ -226,7 +237,8 @@ namespace {
 // checked as a spec file is. Every agent reads it: JSON's parser is several times faster than
 // YAML's on the same text.
 Status JsonTree(const ordered_json& j, int depth, jobspec::Node* out) {
-  if (depth > jobspec::kMaxDepth) return InvalidArgument("nested deeper than " + std::to_string(jobspec::kMaxDepth) + " levels");
+  if (depth > jobspec::kMaxDepth)
+    return InvalidArgument("nested deeper than " + std::to_string(jobspec::kMaxDepth) + " levels");
   out->origin = {"resolved job spec", 0};
   if (j.is_object()) {
     out->kind = jobspec::Node::Kind::kMap;
@@ -258,7 +270,8 @@ Result<std::vector<LayerSpec>> LayersFromJson(const std::string& text, const std
   const ordered_json j = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument(source + ": the model's layers are not JSON");
   jobspec::Node root;
-  if (Status st = JsonTree(j, 0, &root); !st.ok()) return InvalidArgument(source + ": the model's layers: " + st.message());
+  if (Status st = JsonTree(j, 0, &root); !st.ok())
+    return InvalidArgument(source + ": the model's layers: " + st.message());
   auto layers = jobspec::DecodeLayerList(root, "layers");
   if (!layers.ok()) return InvalidArgument(source + ": " + layers.status().message());
   NameLayers(&*layers);

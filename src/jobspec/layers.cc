@@ -16,12 +16,18 @@ struct KindName {
   const char* name;
 };
 constexpr KindName kKinds[] = {
-    {Kind::kConv, "conv"},         {Kind::kBatchNorm, "batchnorm"}, {Kind::kRelu, "relu"},
-    {Kind::kGelu, "gelu"},         {Kind::kMaxPool, "maxpool"},     {Kind::kAvgPool, "avgpool"},
-    {Kind::kGlobalAvgPool, "global_avgpool"}, {Kind::kFlatten, "flatten"}, {Kind::kLinear, "linear"},
-    {Kind::kDropout, "dropout"},   {Kind::kResidual, "residual"},
+    {Kind::kConv, "conv"},
+    {Kind::kBatchNorm, "batchnorm"},
+    {Kind::kRelu, "relu"},
+    {Kind::kGelu, "gelu"},
+    {Kind::kMaxPool, "maxpool"},
+    {Kind::kAvgPool, "avgpool"},
+    {Kind::kGlobalAvgPool, "global_avgpool"},
+    {Kind::kFlatten, "flatten"},
+    {Kind::kLinear, "linear"},
+    {Kind::kDropout, "dropout"},
+    {Kind::kResidual, "residual"},
 };
-
 
 std::string Window(const LayerSpec& l) {
   std::string s = std::to_string(l.kernel) + "x" + std::to_string(l.kernel);
@@ -43,7 +49,8 @@ std::string Describe(const LayerSpec& l) {
     case Kind::kAvgPool:
       return std::string(LayerKindName(l.kind)) + " " + Window(l);
     case Kind::kLinear:
-      return "linear, " + (l.out > 0 ? std::to_string(l.out) : std::string("the classes")) + (l.bias ? "" : ", no bias");
+      return "linear, " + (l.out > 0 ? std::to_string(l.out) : std::string("the classes")) +
+             (l.bias ? "" : ", no bias");
     case Kind::kDropout: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "dropout %g", l.p);
@@ -133,22 +140,24 @@ class Summarizer {
     if (!image) return Bad(l, index, in, "expected an image (channels x rows x cols); put it before flatten");
     if (l.kernel < 1 || l.stride < 1 || l.padding < 0) return Bad(l, index, in, "kernel and stride must be at least 1");
     if (l.kind != Kind::kConv && 2 * l.padding > l.kernel) {
-      return Bad(l, index, in, "padding " + std::to_string(l.padding) + " is more than half the kernel " +
-                                   std::to_string(l.kernel) + " (PyTorch refuses it)");
+      return Bad(l, index, in,
+                 "padding " + std::to_string(l.padding) + " is more than half the kernel " + std::to_string(l.kernel) +
+                     " (PyTorch refuses it)");
     }
     const int64_t rows = SlideWindow(in[1], l.kernel, l.stride, l.padding);
     const int64_t cols = SlideWindow(in[2], l.kernel, l.stride, l.padding);
     if (rows < 1 || cols < 1) {
-      return Bad(l, index, in, "a " + Window(l) + " window does not fit in " + std::to_string(in[1]) + "x" +
-                                   std::to_string(in[2]) + " pixels");
+      return Bad(l, index, in,
+                 "a " + Window(l) + " window does not fit in " + std::to_string(in[1]) + "x" + std::to_string(in[2]) +
+                     " pixels");
     }
     int64_t params = 0, channels = in[0];
     if (l.kind == Kind::kConv) {
       if (l.out < 1) return Bad(l, index, in, "expected channels, the number of output channels");
       if (in[0] % l.groups != 0 || l.out % l.groups != 0) {
-        return Bad(l, index, in, "groups " + std::to_string(l.groups) + " must divide the input's " +
-                                     std::to_string(in[0]) + " and the output's " + std::to_string(l.out) +
-                                     " channels");
+        return Bad(l, index, in,
+                   "groups " + std::to_string(l.groups) + " must divide the input's " + std::to_string(in[0]) +
+                       " and the output's " + std::to_string(l.out) + " channels");
       }
       channels = l.out;
       params = l.out * (in[0] / l.groups) * l.kernel * l.kernel + (l.bias ? l.out : 0);
@@ -162,13 +171,16 @@ class Summarizer {
     const std::vector<int64_t> in = *shape;
     const bool image = in.size() == 3;
     if (image) {
-      return Bad(l, index, in, "expected features, not an image; put flatten (or global_avgpool, flatten) "
-                               "before it");
+      return Bad(l, index, in,
+                 "expected features, not an image; put flatten (or global_avgpool, flatten) "
+                 "before it");
     }
     int64_t out = l.out;
     if (out == 0) {
-      if (!last) return Bad(l, index, in, "expected features, the number of outputs (only the last layer "
-                                          "may leave it out: it outputs the classes)");
+      if (!last)
+        return Bad(l, index, in,
+                   "expected features, the number of outputs (only the last layer "
+                   "may leave it out: it outputs the classes)");
       out = classes_;
     }
     *shape = {out};
@@ -196,8 +208,7 @@ class Summarizer {
       // A 1x1 convolution with the stride that takes the input's size to the body's.
       const int64_t stride = ProjectionStride(in, out);
       if (!stride) {
-        return Bad(l, index, in, "no 1x1 projection with a stride takes it to the body's output " +
-                                     ShapeText(out));
+        return Bad(l, index, in, "no 1x1 projection with a stride takes it to the body's output " + ShapeText(out));
       }
       const int64_t projection = in[0] * out[0] + 2 * out[0];
       summary.rows.push_back({index + ".downsample", l.name + ".downsample",
@@ -207,8 +218,10 @@ class Summarizer {
       summary.params += projection;
       params += projection;
     } else if (out != in) {
-      return Bad(l, index, in, "its body outputs " + ShapeText(out) + ", which cannot be added to its input; "
-                               "expected projection: auto or conv");
+      return Bad(l, index, in,
+                 "its body outputs " + ShapeText(out) +
+                     ", which cannot be added to its input; "
+                     "expected projection: auto or conv");
     }
     summary.rows[row].shape = out;
     summary.rows[row].what += params ? ", " + std::to_string(params) + " parameters" : "";
@@ -225,11 +238,20 @@ void Name(std::vector<LayerSpec>* layers, const std::string& prefix) {
     const int n = ++counts[l.kind];
     if (l.name.empty()) {
       switch (l.kind) {
-        case Kind::kConv: l.name = prefix + "conv" + std::to_string(n); break;
-        case Kind::kBatchNorm: l.name = prefix + "bn" + std::to_string(n); break;
-        case Kind::kLinear: l.name = prefix + "fc" + std::to_string(n); break;
-        case Kind::kResidual: l.name = prefix + "block" + std::to_string(n); break;
-        default: break;
+        case Kind::kConv:
+          l.name = prefix + "conv" + std::to_string(n);
+          break;
+        case Kind::kBatchNorm:
+          l.name = prefix + "bn" + std::to_string(n);
+          break;
+        case Kind::kLinear:
+          l.name = prefix + "fc" + std::to_string(n);
+          break;
+        case Kind::kResidual:
+          l.name = prefix + "block" + std::to_string(n);
+          break;
+        default:
+          break;
       }
     }
     if (l.kind == Kind::kResidual) Name(&l.body, l.name + ".");
@@ -306,9 +328,16 @@ LayerSpec MakeLinear(std::string name, int64_t out) {  // out 0: the data's clas
 // conv1, conv2, fc1, fc2). Pooling before the ReLU gives the same result as after it on a quarter
 // of the elements; the declared model runs each conv+pool+relu as one pass of its own kernels.
 std::vector<LayerSpec> CnnLayers() {
-  return {MakeConv("conv1", 32, 3, 1, 1, true), MakeMaxPool(2, 2, 0), Make(Kind::kRelu),
-          MakeConv("conv2", 64, 3, 1, 1, true), MakeMaxPool(2, 2, 0), Make(Kind::kRelu),
-          Make(Kind::kFlatten), MakeLinear("fc1", 128), Make(Kind::kRelu), MakeLinear("fc2", 0)};
+  return {MakeConv("conv1", 32, 3, 1, 1, true),
+          MakeMaxPool(2, 2, 0),
+          Make(Kind::kRelu),
+          MakeConv("conv2", 64, 3, 1, 1, true),
+          MakeMaxPool(2, 2, 0),
+          Make(Kind::kRelu),
+          Make(Kind::kFlatten),
+          MakeLinear("fc1", 128),
+          Make(Kind::kRelu),
+          MakeLinear("fc2", 0)};
 }
 
 // torchvision's ResNets, their parameters named as torchvision names them (conv1, bn1,
@@ -316,8 +345,8 @@ std::vector<LayerSpec> CnnLayers() {
 // the stride on its 3x3 convolution), each block a residual whose projection (a 1x1 convolution
 // and batch norm) is where it changes the shape, then a ReLU.
 std::vector<LayerSpec> ResNetLayers(std::array<int, 4> blocks, bool bottleneck) {
-  std::vector<LayerSpec> out = {MakeConv("conv1", 64, 7, 2, 3, false), Make(Kind::kBatchNorm, "bn1"),
-                                Make(Kind::kRelu), MakeMaxPool(3, 2, 1)};
+  std::vector<LayerSpec> out = {MakeConv("conv1", 64, 7, 2, 3, false), Make(Kind::kBatchNorm, "bn1"), Make(Kind::kRelu),
+                                MakeMaxPool(3, 2, 1)};
   for (int stage = 0; stage < 4; ++stage) {
     const int64_t width = 64 << stage;
     for (int b = 0; b < blocks[stage]; ++b) {

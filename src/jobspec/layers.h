@@ -15,8 +15,8 @@ namespace trainctl {
 
 struct LayerSpec {
   enum class Kind {
-    kConv,           // torch.nn.Conv2d
-    kBatchNorm,      // BatchNorm2d on images, BatchNorm1d on features
+    kConv,       // torch.nn.Conv2d
+    kBatchNorm,  // BatchNorm2d on images, BatchNorm1d on features
     kRelu,
     kGelu,
     kMaxPool,        // MaxPool2d
@@ -25,7 +25,7 @@ struct LayerSpec {
     kFlatten,        // C x H x W -> C*H*W
     kLinear,
     kDropout,
-    kResidual,       // body(x) + x, or + projection(x) where the body changes the shape
+    kResidual,  // body(x) + x, or + projection(x) where the body changes the shape
   };
   Kind kind = Kind::kRelu;
   // The parameters' prefix in checkpoints and exported models ("conv1" -> "conv1.weight"); named
@@ -33,9 +33,9 @@ struct LayerSpec {
   std::string name;
   int64_t out = 0;  // conv: output channels; linear: output features (0: the data's classes)
   int64_t kernel = 0, stride = 0, padding = 0, groups = 1;  // conv, pools (0: the defaults)
-  bool bias = true;  // conv, linear
-  double p = 0.5;    // dropout
-  std::vector<LayerSpec> body;  // residual
+  bool bias = true;                                         // conv, linear
+  double p = 0.5;                                           // dropout
+  std::vector<LayerSpec> body;                              // residual
   // residual: "auto" (a 1x1 convolution and batch norm, torchvision's downsample, where the body
   // changes the shape), "conv" (always), "none" (the body must keep the shape).
   std::string projection = "auto";
@@ -69,9 +69,9 @@ void NameLayers(std::vector<LayerSpec>* layers);
 
 // A row of the layer table: a layer and the shape it outputs.
 struct LayerRow {
-  std::string index;  // "3", or "4.1" for the second layer of the residual block at 4
-  std::string name;   // its parameters' prefix, "" for a layer without parameters
-  std::string what;   // "conv 3x3 /2 pad 1, 48"
+  std::string index;           // "3", or "4.1" for the second layer of the residual block at 4
+  std::string name;            // its parameters' prefix, "" for a layer without parameters
+  std::string what;            // "conv 3x3 /2 pad 1, 48"
   std::vector<int64_t> shape;  // channels x rows x cols, or features
   int64_t params = 0;
 };

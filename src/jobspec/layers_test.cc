@@ -72,11 +72,13 @@ TEST(DeclaredModel, ShapeMismatchesNameTheLayerItsIndexAndTheShapes) {
   // A linear layer on an image.
   std::string e = Errors(WithLayers("      - conv: 16\n      - linear\n"));
   EXPECT_NE(e.find("job.yaml:7: trainer.model.layers[1] (linear): expected features, not an image; put flatten"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("its input is 16x26x26"), std::string::npos) << e;
   // A window larger than the image after two poolings.
   e = Errors(WithLayers("      - maxpool: 8\n      - maxpool: 8\n      - flatten\n      - linear\n"));
-  EXPECT_NE(e.find("trainer.model.layers[1] (maxpool): a 8x8 window does not fit in 3x3 pixels"), std::string::npos) << e;
+  EXPECT_NE(e.find("trainer.model.layers[1] (maxpool): a 8x8 window does not fit in 3x3 pixels"), std::string::npos)
+      << e;
   // Groups that do not divide the channels.
   e = Errors(WithLayers("      - conv: {channels: 10, groups: 4}\n      - flatten\n      - linear\n"));
   EXPECT_NE(e.find("groups 4 must divide"), std::string::npos) << e;
@@ -95,10 +97,11 @@ TEST(DeclaredModel, ShapeMismatchesNameTheLayerItsIndexAndTheShapes) {
 TEST(DeclaredModel, SyntaxErrorsAreLocatedWithADidYouMean) {
   std::string e = Errors(WithLayers("      - conv: 16\n      - rleu\n      - flatten\n      - linear\n"));
   EXPECT_NE(e.find("job.yaml:7: trainer.model.layers[1]: unknown layer \"rleu\"; did you mean 'relu'?"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   e = Errors(WithLayers("      - conv: {channel: 16}\n      - flatten\n      - linear\n"));
-  EXPECT_NE(e.find("trainer.model.layers[0].conv.channel: unknown field; did you mean 'channels'?"),
-            std::string::npos) << e;
+  EXPECT_NE(e.find("trainer.model.layers[0].conv.channel: unknown field; did you mean 'channels'?"), std::string::npos)
+      << e;
   e = Errors(WithLayers("      - conv\n      - flatten\n      - linear\n"));
   EXPECT_NE(e.find("conv needs its output channels"), std::string::npos) << e;
   e = Errors(WithLayers("      - relu: 3\n      - flatten\n      - linear\n"));
@@ -132,7 +135,8 @@ TEST(DeclaredModel, ResidualBlocksProjectWhereTheBodyChangesTheShape) {
       - global_avgpool
       - flatten
       - linear: {name: fc}
-)"), "job.yaml");
+)"),
+                           "job.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   const auto& layers = spec->trainer.layers;
   EXPECT_EQ(layers[1].name, "block1");
@@ -174,8 +178,9 @@ TEST(DeclaredModel, TheResolvedSpecAndCheckpointsCarryTheLayersWhole) {
   ASSERT_TRUE(layers.ok()) << layers.status().message();
   EXPECT_EQ(LayersToJson(*layers), LayersToJson(spec->trainer.layers));
   // A checkpoint's mangled layers are an error naming the file, not a crash.
-  for (const char* bad : {"", "{", "[{\"conv\": {\"channels\": -1}}]", "[{\"warp\": 1}]", "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
-                          "[{\"residual\": {\"layers\": []}}]"}) {
+  for (const char* bad :
+       {"", "{", "[{\"conv\": {\"channels\": -1}}]", "[{\"warp\": 1}]",
+        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]", "[{\"residual\": {\"layers\": []}}]"}) {
     auto r = LayersFromJson(bad, "model.safetensors");
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().message().rfind("model.safetensors: ", 0), 0u) << r.status().message();
@@ -205,7 +210,8 @@ trainer:
     shape: [3, 32, 32]
     holdout: 0.2
     augment: {crop_padding: 4, flip: true}
-)", "job.yaml");
+)",
+                           "job.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   const DataSpec& d = spec->trainer.data;
   EXPECT_EQ(d.dataset, "imagefolder");
@@ -219,8 +225,10 @@ trainer:
   EXPECT_EQ(JobSpecToJson(*again), JobSpecToJson(*spec));
   EXPECT_NE(JobSpecToJson(*spec).find("\"holdout\":0.2"), std::string::npos) << JobSpecToJson(*spec);
   // A declared model's last layer is left open until the classes are known.
-  auto open = ParseJobSpec("name: p\ntrainer:\n  data: {dataset: imagefolder, dir: d, shape: [1, 8, 8]}\n"
-                           "  model: {layers: [flatten, linear]}\n", "job.yaml");
+  auto open = ParseJobSpec(
+      "name: p\ntrainer:\n  data: {dataset: imagefolder, dir: d, shape: [1, 8, 8]}\n"
+      "  model: {layers: [flatten, linear]}\n",
+      "job.yaml");
   ASSERT_TRUE(open.ok()) << open.status().message();
   // Without a shape: the first picture's, which run and validate fill in (cli ResolveFolderShape).
   auto unshaped = ParseJobSpec("name: p\ntrainer:\n  data: {dataset: imagefolder, dir: d}\n", "job.yaml");
@@ -233,7 +241,8 @@ trainer:
   EXPECT_NE(e.find("trainer.data.dir: required for imagefolder"), std::string::npos) << e;
   e = Errors("name: p\ntrainer:\n  data: {test_dir: t}\n");
   EXPECT_NE(e.find("trainer.data.test_dir: goes with dataset: imagefolder"), std::string::npos) << e;
-  e = Errors("name: p\ntrainer:\n  data: {dataset: imagefolder, dir: d, test_dir: t, holdout: 0.1, shape: [1, 8, 8]}\n");
+  e = Errors(
+      "name: p\ntrainer:\n  data: {dataset: imagefolder, dir: d, test_dir: t, holdout: 0.1, shape: [1, 8, 8]}\n");
   EXPECT_NE(e.find("trainer.data.holdout: goes without test_dir"), std::string::npos) << e;
   e = Errors("name: p\ntrainer:\n  data: {augment: {crop_padding: 4, flop: true}}\n");
   EXPECT_NE(e.find("trainer.data.augment.flop: unknown field; did you mean 'flip'?"), std::string::npos) << e;

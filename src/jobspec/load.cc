@@ -21,8 +21,7 @@ Result<jobspec::Node> Layered(const SpecSources& sources) {
     ASSIGN_OR_RETURN(jobspec::Node layer, jobspec::ParseYaml(text, file));
     if (layer.kind != jobspec::Node::Kind::kMap && layer.kind != jobspec::Node::Kind::kNull) {
       return InvalidArgument(layer.origin.ToString() +
-                             ": expected a mapping of job fields (name: ..., command: [...]), got " +
-                             layer.KindName());
+                             ": expected a mapping of job fields (name: ..., command: [...]), got " + layer.KindName());
     }
     if (first) {
       root = std::move(layer);
@@ -37,7 +36,8 @@ Result<jobspec::Node> Layered(const SpecSources& sources) {
 
 nlohmann::json Typed(const jobspec::Node& n) {
   switch (n.kind) {
-    case jobspec::Node::Kind::kNull: return nullptr;
+    case jobspec::Node::Kind::kNull:
+      return nullptr;
     case jobspec::Node::Kind::kSeq: {
       nlohmann::json a = nlohmann::json::array();
       for (const auto& v : n.seq) a.push_back(Typed(v));
@@ -48,7 +48,8 @@ nlohmann::json Typed(const jobspec::Node& n) {
       for (const auto& [k, v] : n.map) o[k] = Typed(v);
       return o;
     }
-    case jobspec::Node::Kind::kScalar: break;
+    case jobspec::Node::Kind::kScalar:
+      break;
   }
   const std::string& s = n.scalar;
   if (n.quoted) return s;

@@ -71,47 +71,59 @@ nlohmann::json JobSpecSchemaJson() {
   nlohmann::json range = schema["properties"]["nodes"];
   range["required"] = {"min", "max"};
   range.erase("description");
-  schema["properties"]["nodes"] = {
-      {"description", "a node count (2), a range (\"1:4\") or a mapping {min: 1, max: 4}"},
-      {"anyOf", {{{"type", "integer"}, {"minimum", 1}, {"maximum", kMaxJobNodes}},
-                 {{"type", "string"}, {"pattern", "^[0-9]+:[0-9]+$"}},
-                 range}}};
+  schema["properties"]["nodes"] = {{"description", "a node count (2), a range (\"1:4\") or a mapping {min: 1, max: 4}"},
+                                   {"anyOf",
+                                    {{{"type", "integer"}, {"minimum", 1}, {"maximum", kMaxJobNodes}},
+                                     {{"type", "string"}, {"pattern", "^[0-9]+:[0-9]+$"}},
+                                     range}}};
   // trainer.model: a name, or a declared model whose layers nest (a residual block's body).
   nlohmann::json layers = {{"type", "array"}, {"minItems", 1}, {"items", {{"$ref", "#/definitions/layer"}}}};
   auto fields = [](nlohmann::json props) {
     return nlohmann::json{{"type", "object"}, {"additionalProperties", false}, {"properties", std::move(props)}};
   };
   const nlohmann::json count = {{"type", "integer"}, {"minimum", 1}};
-  const nlohmann::json name = {{"type", "string"}, {"pattern", "^[A-Za-z0-9_]+(\\.[A-Za-z0-9_]+)*$"},
+  const nlohmann::json name = {{"type", "string"},
+                               {"pattern", "^[A-Za-z0-9_]+(\\.[A-Za-z0-9_]+)*$"},
                                {"description", "the parameters' prefix in checkpoints (conv1, layer1.0)"}};
-  const nlohmann::json window = fields({{"kernel", count}, {"stride", count},
-                                        {"padding", {{"type", "integer"}, {"minimum", 0}}}});
+  const nlohmann::json window =
+      fields({{"kernel", count}, {"stride", count}, {"padding", {{"type", "integer"}, {"minimum", 0}}}});
   nlohmann::json kinds = nlohmann::json::array();
-  kinds.push_back({{"enum", {"relu", "gelu", "flatten", "global_avgpool", "batchnorm", "dropout", "maxpool",
-                             "avgpool", "linear"}},
-                   {"description", "a layer with its defaults (linear: the classes, as the last layer)"}});
+  kinds.push_back(
+      {{"enum", {"relu", "gelu", "flatten", "global_avgpool", "batchnorm", "dropout", "maxpool", "avgpool", "linear"}},
+       {"description", "a layer with its defaults (linear: the classes, as the last layer)"}});
   auto one = [&](const std::string& kind, nlohmann::json shorthand, nlohmann::json object) {
-    nlohmann::json alt = {{"type", "object"}, {"additionalProperties", false}, {"required", {kind}}, {"minProperties", 1},
+    nlohmann::json alt = {{"type", "object"},
+                          {"additionalProperties", false},
+                          {"required", {kind}},
+                          {"minProperties", 1},
                           {"maxProperties", 1}};
     alt["properties"][kind] = {{"anyOf", {std::move(shorthand), std::move(object)}}};
     kinds.push_back(std::move(alt));
   };
-  one("conv", count, fields({{"channels", count}, {"kernel", count}, {"stride", count},
-                             {"padding", {{"type", "integer"}, {"minimum", 0}}}, {"groups", count},
-                             {"bias", {{"type", "boolean"}}}, {"name", name}}));
+  one("conv", count,
+      fields({{"channels", count},
+              {"kernel", count},
+              {"stride", count},
+              {"padding", {{"type", "integer"}, {"minimum", 0}}},
+              {"groups", count},
+              {"bias", {{"type", "boolean"}}},
+              {"name", name}}));
   one("linear", count, fields({{"features", count}, {"bias", {{"type", "boolean"}}}, {"name", name}}));
   one("maxpool", count, window);
   one("avgpool", count, window);
   one("batchnorm", {{"type", "null"}}, fields({{"name", name}}));
   one("dropout", {{"type", "number"}, {"minimum", 0}, {"exclusiveMaximum", 1}},
       fields({{"p", {{"type", "number"}, {"minimum", 0}, {"exclusiveMaximum", 1}}}}));
-  one("residual", layers, fields({{"layers", layers}, {"projection", {{"enum", {"auto", "conv", "none"}}}}, {"name", name}}));
+  one("residual", layers,
+      fields({{"layers", layers}, {"projection", {{"enum", {"auto", "conv", "none"}}}}, {"name", name}}));
   schema["definitions"]["layer"] = {{"anyOf", kinds}};
   schema["properties"]["trainer"]["properties"]["model"] = {
-      {"description", "cnn, resnet18, resnet50, a model declared as a list of layers, or a TorchScript module's "
-                      "path (docs/trainer.md)"},
-      {"anyOf", {{{"enum", {"cnn", "resnet18", "resnet50"}}},
-                 fields({{"layers", layers}, {"torchscript", {{"type", "string"}, {"minLength", 1}}}})}}};
+      {"description",
+       "cnn, resnet18, resnet50, a model declared as a list of layers, or a TorchScript module's "
+       "path (docs/trainer.md)"},
+      {"anyOf",
+       {{{"enum", {"cnn", "resnet18", "resnet50"}}},
+        fields({{"layers", layers}, {"torchscript", {{"type", "string"}, {"minLength", 1}}}})}}};
   schema["required"] = {"name"};
   schema["$schema"] = "http://json-schema.org/draft-07/schema#";
   schema["$id"] = "https://trainctl.dev/schema/job-spec.json";

@@ -1,17 +1,15 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
-
-#include "tests/test_util.h"
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
-#include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
-
 #include "jobspec/job_spec.h"
+#include "tests/test_util.h"
 
 namespace trainctl {
 namespace {
@@ -40,7 +38,8 @@ restart: {max_restarts: 7}
 timeouts: {rendezvous: 90s, stop_grace: 5s, job: 2h}
 output_dir: /out
 checkpoint_dir: /ckpt
-)", "job.yaml");
+)",
+                           "job.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   EXPECT_EQ(spec->name, "mnist-ddp");
   EXPECT_EQ(spec->nodes.min, 1);
@@ -146,8 +145,8 @@ TEST(JobSpec, UnknownKeysGetADidYouMean) {
 TEST(JobSpec, EveryProblemIsReportedAtOnce) {
   std::string e = Errors("nodes: 0\nprocs_per_node: x\n");
   EXPECT_NE(e.find("job.yaml:1: name: required field is missing"), std::string::npos) << e;
-  EXPECT_NE(e.find("job.yaml:1: nodes: expected a positive integer from 1 to 10000, got \"0\""),
-            std::string::npos) << e;
+  EXPECT_NE(e.find("job.yaml:1: nodes: expected a positive integer from 1 to 10000, got \"0\""), std::string::npos)
+      << e;
   EXPECT_NE(e.find("job.yaml:2: procs_per_node"), std::string::npos) << e;
   EXPECT_NE(e.find("command: required field is missing"), std::string::npos) << e;
   EXPECT_LT(e.find("job.yaml:1: nodes"), e.find("job.yaml:2: procs_per_node")) << "in line order";
@@ -167,7 +166,8 @@ trainer:
   deterministic: true
   backend: gloo
   checkpoint_every: 500
-)", "job.yaml");
+)",
+                           "job.yaml");
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   const TrainerSpec& t = spec->trainer;
   EXPECT_TRUE(t.enabled);
@@ -198,19 +198,24 @@ trainer:
   deterministic: yes
 )");
   EXPECT_NE(e.find("job.yaml:4: trainer.model: expected one of cnn, resnet18, resnet50, got "
-                   "\"resnet51\"; did you mean 'resnet50'?"), std::string::npos) << e;
+                   "\"resnet51\"; did you mean 'resnet50'?"),
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("job.yaml:5: trainer.epochs:"), std::string::npos) << e;
   EXPECT_NE(e.find("job.yaml:6: trainer.data.dir: required for mnist"), std::string::npos) << e;
   EXPECT_NE(e.find("job.yaml:7: trainer.optimizer.lr: expected a number"), std::string::npos) << e;
   EXPECT_NE(e.find("job.yaml:8: trainer.global_batch_size: expected a multiple of the number of "
-                   "training workers (2"), std::string::npos) << e;
+                   "training workers (2"),
+            std::string::npos)
+      << e;
   EXPECT_NE(e.find("job.yaml:9: trainer.deterministic: expected true or false"), std::string::npos) << e;
   // GPU memory goes through NCCL, and NCCL takes only GPU memory.
   EXPECT_NE(Errors("name: fm\ntrainer:\n  device: cuda\n  backend: gloo\n")
                 .find("job.yaml:4: trainer.backend: expected nccl or auto with device: cuda"),
             std::string::npos);
-  EXPECT_NE(Errors("name: fm\ntrainer:\n  backend: nccl\n")
-                .find("job.yaml:3: trainer.backend: nccl needs device: cuda"), std::string::npos);
+  EXPECT_NE(
+      Errors("name: fm\ntrainer:\n  backend: nccl\n").find("job.yaml:3: trainer.backend: nccl needs device: cuda"),
+      std::string::npos);
   EXPECT_TRUE(ParseJobSpec("name: fm\ntrainer: {device: cuda, backend: nccl}\n", "job.yaml").ok());
   // The parameter servers hold contiguous shards; the GPU's channels-last layout is the workers'.
   EXPECT_NE(Errors("name: fm\ntrainer:\n  strategy: parameter_server\n  memory_format: channels_last\n")
@@ -218,29 +223,22 @@ trainer:
             std::string::npos);
   EXPECT_NE(Errors("name: fm\ntrainer: {memory_format: nhwc}\n").find("trainer.memory_format: expected one of"),
             std::string::npos);
-  EXPECT_TRUE(ParseJobSpec("name: fm\ntrainer: {memory_format: channels_last, cudnn_benchmark: false}\n",
-                           "job.yaml").ok());
+  EXPECT_TRUE(
+      ParseJobSpec("name: fm\ntrainer: {memory_format: channels_last, cudnn_benchmark: false}\n", "job.yaml").ok());
   EXPECT_NE(Errors("name: fm\ncommand: [x]\ntrainer: {}\n").find("not both"), std::string::npos);
   EXPECT_NE(Errors("name: fm\n").find("or a trainer: section"), std::string::npos);
 }
 
 TEST(JobSpec, WrongTypes) {
-  EXPECT_NE(Errors("name: demo\ncommand: {a: 1}\n").find("job.yaml:2: command: expected a list"),
+  EXPECT_NE(Errors("name: demo\ncommand: {a: 1}\n").find("job.yaml:2: command: expected a list"), std::string::npos);
+  EXPECT_NE(Errors("name: demo\ncommand: python3 train.py\n").find("trainctl runs no shell"), std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "env: [A, B]\n").find("env: expected a mapping"), std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "nodes: [1]\n").find("nodes: expected a node count"), std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "args: [[1]]\n").find("args[0]: expected a string"), std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "timeouts: {job: soon}\n").find("timeouts.job: expected a duration"),
             std::string::npos);
-  EXPECT_NE(Errors("name: demo\ncommand: python3 train.py\n").find("trainctl runs no shell"),
-            std::string::npos);
-  EXPECT_NE(Errors(std::string(kMinimal) + "env: [A, B]\n").find("env: expected a mapping"),
-            std::string::npos);
-  EXPECT_NE(Errors(std::string(kMinimal) + "nodes: [1]\n").find("nodes: expected a node count"),
-            std::string::npos);
-  EXPECT_NE(Errors(std::string(kMinimal) + "args: [[1]]\n").find("args[0]: expected a string"),
-            std::string::npos);
-  EXPECT_NE(Errors(std::string(kMinimal) + "timeouts: {job: soon}\n")
-                .find("timeouts.job: expected a duration"), std::string::npos);
-  EXPECT_NE(Errors("name: Demo_Job\ncommand: [x]\n").find("name: expected lowercase"),
-            std::string::npos);
-  EXPECT_NE(Errors("- a\n- b\n").find("job.yaml:1: expected a mapping of job fields"),
-            std::string::npos);
+  EXPECT_NE(Errors("name: Demo_Job\ncommand: [x]\n").find("name: expected lowercase"), std::string::npos);
+  EXPECT_NE(Errors("- a\n- b\n").find("job.yaml:1: expected a mapping of job fields"), std::string::npos);
 }
 
 TEST(JobSpec, RendezvousTakesAnEtcdUrl) {
@@ -259,19 +257,16 @@ TEST(JobSpec, NodeRanges) {
   ASSERT_TRUE(range.ok()) << range.status().message();
   EXPECT_EQ(range->nodes.min, 2);
   EXPECT_EQ(range->nodes.max, 4);
-  EXPECT_NE(Errors(std::string(kMinimal) + "nodes: {min: 3, max: 2}\n")
-                .find("nodes: min (3) is larger than max (2)"), std::string::npos);
-  EXPECT_NE(Errors(std::string(kMinimal) + "nodes: {min: 3}\n").find("needs both min and max"),
+  EXPECT_NE(Errors(std::string(kMinimal) + "nodes: {min: 3, max: 2}\n").find("nodes: min (3) is larger than max (2)"),
             std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "nodes: {min: 3}\n").find("needs both min and max"), std::string::npos);
 }
 
 TEST(JobSpec, ReservedEnvironmentIsRejected) {
   EXPECT_EQ(Errors(std::string(kMinimal) + "env:\n  RANK: 3\n"),
             "job.yaml:4: env.RANK: reserved: trainctl sets RANK for every task");
-  EXPECT_NE(Errors(std::string(kMinimal) + "env: {TRAINCTL_X: 1}\n").find("reserved"),
-            std::string::npos);
-  EXPECT_NE(Errors(std::string(kMinimal) + "env: {1BAD: 1}\n").find("invalid variable name"),
-            std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "env: {TRAINCTL_X: 1}\n").find("reserved"), std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "env: {1BAD: 1}\n").find("invalid variable name"), std::string::npos);
 }
 
 // What would change a value behind the user's back is refused where it is written: an escaped
@@ -294,10 +289,9 @@ TEST(JobSpec, HostileInputNeverCrashes) {
   EXPECT_NE(Errors(std::string("name: a\0b\n", 10)).find("binary data"), std::string::npos);
   EXPECT_NE(Errors("\x89PNG\r\n\x1a\n\xff\xfe{{{").find("job.yaml"), std::string::npos);
   EXPECT_NE(Errors("name: [unclosed\n").find("job.yaml:"), std::string::npos);
-  EXPECT_NE(Errors(std::string(kMinimal) + "procs_per_node: 99999999999999999999999\n")
-                .find("from 1 to 1024"), std::string::npos);
-  EXPECT_NE(Errors(std::string(kMinimal) + "timeouts: {job: 1e308h}\n").find("timeouts.job"),
+  EXPECT_NE(Errors(std::string(kMinimal) + "procs_per_node: 99999999999999999999999\n").find("from 1 to 1024"),
             std::string::npos);
+  EXPECT_NE(Errors(std::string(kMinimal) + "timeouts: {job: 1e308h}\n").find("timeouts.job"), std::string::npos);
   EXPECT_NE(Errors("name: demo\nname: again\ncommand: [x]\n").find("job.yaml:2: name: duplicate key"),
             std::string::npos);
   std::string deep = "env: " + std::string(5000, '[') + std::string(5000, ']') + "\n";
@@ -330,8 +324,9 @@ TEST(JobSpec, DeepFlowNestingIsRefusedBeforeItIsParsed) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(), "job.yaml:4: nested more than 32 levels deep");
   EXPECT_LT(peak_mb() - before, 50);
-  auto quoted = ParseJobSpec("name: a\ncommand: [echo, \"" + std::string(100, '[') + "\", '{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{']\n"
-                             "# [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n",
+  auto quoted = ParseJobSpec("name: a\ncommand: [echo, \"" + std::string(100, '[') +
+                                 "\", '{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{']\n"
+                                 "# [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\n",
                              "job.yaml");
   EXPECT_TRUE(quoted.ok()) << quoted.status().message();
 }
@@ -348,9 +343,14 @@ TEST(JobSpec, FuzzedInputNeverCrashes) {
     for (int e = 0; e < edits; ++e) {
       size_t pos = rng() % (text.size() + 1);
       switch (rng() % 3) {
-        case 0: text.insert(pos, 1, alphabet[rng() % alphabet.size()]); break;
-        case 1: if (pos < text.size()) text.erase(pos, 1 + rng() % 4); break;
-        default: if (pos < text.size()) text[pos] = alphabet[rng() % alphabet.size()];
+        case 0:
+          text.insert(pos, 1, alphabet[rng() % alphabet.size()]);
+          break;
+        case 1:
+          if (pos < text.size()) text.erase(pos, 1 + rng() % 4);
+          break;
+        default:
+          if (pos < text.size()) text[pos] = alphabet[rng() % alphabet.size()];
       }
     }
     auto spec = ParseJobSpec(text, "fuzz.yaml");  // must return, ok or not
@@ -363,8 +363,8 @@ TEST(JobSpec, FuzzedInputNeverCrashes) {
 TEST(LayeredSpec, LaterFilesMergeMapsReplaceListsAndNullDeletes) {
   testing::Scratch s;
   std::string base = s.Write("base.yaml",
-                           "name: demo\ncommand: [python3, train.py]\nargs: [--a, --b]\n"
-                           "env: {A: '1', B: '2'}\nrestart: {max_restarts: 1}\n");
+                             "name: demo\ncommand: [python3, train.py]\nargs: [--a, --b]\n"
+                             "env: {A: '1', B: '2'}\nrestart: {max_restarts: 1}\n");
   std::string prod = s.Write("prod.yaml", "nodes: 4\nargs: [--prod]\nenv: {B: '3', A: null}\n");
   auto spec = LoadJobSpec({{base, prod}, {}});
   ASSERT_TRUE(spec.ok()) << spec.status().message();
@@ -381,16 +381,15 @@ TEST(LayeredSpec, ErrorsPointAtTheLayerThatSetTheValue) {
   std::string prod = s.Write("prod.yaml", "# prod\nrestart:\n  max_restarts: lots\n");
   auto spec = LoadJobSpec({{base, prod}, {}});
   ASSERT_FALSE(spec.ok());
-  EXPECT_EQ(spec.status().message(),
-            prod + ":3: restart.max_restarts: expected a whole number, got \"lots\"");
+  EXPECT_EQ(spec.status().message(), prod + ":3: restart.max_restarts: expected a whole number, got \"lots\"");
 }
 
 TEST(LayeredSpec, SetOverridesWithTypedValuesAndIndexes) {
   testing::Scratch s;
   std::string base = s.Write("job.yaml", "name: demo\ncommand: [x]\nargs: [--a, --b]\n");
   auto spec = LoadJobSpec({{base},
-                           {"restart.max_restarts=9", "args[1]=--c", "args[2]=--d",
-                            "env.NEW=hello", "command=[python3, t.py]", "nodes=1:3"}});
+                           {"restart.max_restarts=9", "args[1]=--c", "args[2]=--d", "env.NEW=hello",
+                            "command=[python3, t.py]", "nodes=1:3"}});
   ASSERT_TRUE(spec.ok()) << spec.status().message();
   EXPECT_EQ(spec->restart.max_restarts, 9);
   EXPECT_EQ(spec->args, (std::vector<std::string>{"--a", "--c", "--d"}));
@@ -404,7 +403,8 @@ TEST(LayeredSpec, SetErrorsNameTheFlag) {
   std::string base = s.Write("job.yaml", "name: demo\ncommand: [x]\n");
   auto bad_value = LoadJobSpec({{base}, {"nodes=two"}});
   ASSERT_FALSE(bad_value.ok());
-  EXPECT_EQ(bad_value.status().message().rfind("--set nodes=two: nodes: expected a positive integer, got \"two\"", 0), 0u)
+  EXPECT_EQ(bad_value.status().message().rfind("--set nodes=two: nodes: expected a positive integer, got \"two\"", 0),
+            0u)
       << bad_value.status().message();
   auto typo = LoadJobSpec({{base}, {"restart.max_restart=2"}});
   ASSERT_FALSE(typo.ok());
@@ -447,7 +447,8 @@ working_dir: /w
 resources: {cpus: 2, memory: 1Gi, gpus: 2}
 restart: {max_restarts: 4}
 timeouts: {rendezvous: 1m, stop_grace: 3s, job: 1h}
-)", "rt.yaml");
+)",
+                           "rt.yaml");
   ASSERT_TRUE(spec.ok());
   auto back = JobSpecFromJson(JobSpecToJson(*spec));
   ASSERT_TRUE(back.ok()) << back.status().message();
@@ -532,23 +533,23 @@ TEST(Roles, ErrorsAreLocated) {
   EXPECT_NE(Errors("name: x\ncommand: [a]\nroles: [{name: ps}, {name: evaluator}]\n")
                 .find("job.yaml:3: roles: no role decides the job's success"),
             std::string::npos);
-  EXPECT_NE(Errors("name: x\ncommand: [a]\nnodes: 3\nroles: [{name: worker, replicas: 2}]\n")
-                .find("fewer than the 3 nodes"),
-            std::string::npos);
+  EXPECT_NE(
+      Errors("name: x\ncommand: [a]\nnodes: 3\nroles: [{name: worker, replicas: 2}]\n").find("fewer than the 3 nodes"),
+      std::string::npos);
   EXPECT_NE(Errors("name: x\ncommand: [a]\nroles: []\n").find("job.yaml:3: roles: expected a list of roles"),
             std::string::npos);
   EXPECT_NE(Errors("name: x\ncommand: [a]\nroles: [{name: w, on_failure: retry}]\n")
                 .find("roles[0].on_failure: expected one of restart_job, restart_task, ignore"),
             std::string::npos);
-  EXPECT_NE(Errors("name: x\ncommand: [a]\nroles: [{name: w, env: {RANK: 1}}]\n")
-                .find("roles[0].env.RANK: reserved"),
+  EXPECT_NE(Errors("name: x\ncommand: [a]\nroles: [{name: w, env: {RANK: 1}}]\n").find("roles[0].env.RANK: reserved"),
             std::string::npos);
 }
 
 TEST(Roles, TheBuiltInTrainerHasPartsForPsWorkerChiefAndEvaluator) {
   const std::string trainer = "name: x\ntrainer: {epochs: 1, strategy: parameter_server}\n";
-  auto ok = ParseJobSpec(trainer + "roles: [{name: ps, replicas: 2}, {name: worker, replicas: 3}, "
-                                   "{name: evaluator}, {name: importer, command: [sh, import.sh]}]\n",
+  auto ok = ParseJobSpec(trainer +
+                             "roles: [{name: ps, replicas: 2}, {name: worker, replicas: 3}, "
+                             "{name: evaluator}, {name: importer, command: [sh, import.sh]}]\n",
                          "job.yaml");
   ASSERT_TRUE(ok.ok()) << ok.status().message();
   EXPECT_EQ(TrainingWorkers(*ok), 3);
@@ -566,8 +567,10 @@ TEST(Roles, TheBuiltInTrainerHasPartsForPsWorkerChiefAndEvaluator) {
             std::string::npos);
   EXPECT_NE(Errors(trainer).find("trainer.strategy: parameter_server needs roles"), std::string::npos);
   // Async workers restart alone by default: a lost worker does not stop the job.
-  auto async = ParseJobSpec("name: x\ntrainer: {strategy: parameter_server, parameter_server: "
-                            "{mode: async}}\nroles: [{name: ps}, {name: worker, replicas: 2}]\n", "j");
+  auto async = ParseJobSpec(
+      "name: x\ntrainer: {strategy: parameter_server, parameter_server: "
+      "{mode: async}}\nroles: [{name: ps}, {name: worker, replicas: 2}]\n",
+      "j");
   ASSERT_TRUE(async.ok()) << async.status().message();
   EXPECT_EQ(async->roles[1].on_failure, "restart_task");
   EXPECT_EQ(async->roles[0].on_failure, "restart_job");
@@ -643,35 +646,47 @@ std::string GeneratedSpec(std::mt19937& rng, int i) {
   const int hi = std::uniform_int_distribution<int>(lo, 6)(rng);
   const int procs = roles ? 1 : std::uniform_int_distribution<int>(1, 8)(rng);
   y += roles ? Pick(rng, {"nodes: " + std::to_string(hi) + "\n"})
-             : Pick(rng, {"nodes: " + std::to_string(hi) + "\n", "nodes: \"" + std::to_string(lo) + ":" + std::to_string(hi) + "\"\n",
+             : Pick(rng, {"nodes: " + std::to_string(hi) + "\n",
+                          "nodes: \"" + std::to_string(lo) + ":" + std::to_string(hi) + "\"\n",
                           "nodes: {min: " + std::to_string(lo) + ", max: " + std::to_string(hi) + "}\n"});
   if (!roles) y += "procs_per_node: " + std::to_string(procs) + "\n";
   if (trainer) {
     y += "trainer:\n  model: " + Pick(rng, {"cnn", "resnet18", "resnet50"}) + "\n";
-    y += "  " + Pick(rng, {"batch_size: " + num(1, 256), "global_batch_size: " + std::to_string(hi * procs * std::uniform_int_distribution<int>(1, 64)(rng))}) + "\n";
+    y += "  " +
+         Pick(rng,
+              {"batch_size: " + num(1, 256),
+               "global_batch_size: " + std::to_string(hi * procs * std::uniform_int_distribution<int>(1, 64)(rng))}) +
+         "\n";
     if (coin()) y += "  epochs: " + num(1, 20) + "\n";
     if (coin()) y += "  max_steps: " + num(0, 5000) + "\n";
     if (coin()) y += "  seed: " + num(0, 99) + "\n  deterministic: " + Pick(rng, {"true", "false"}) + "\n";
     if (coin()) y += "  threads: " + num(0, 4) + "\n  bucket_mb: " + Pick(rng, {"0.5", "1", "25"}) + "\n";
     if (coin()) y += "  backend: " + Pick(rng, {"auto", "gloo", "shm"}) + "\n";
     if (coin()) y += "  checkpoint_every: " + num(0, 500) + "\n  keep_last: " + num(1, 9) + "\n";
-    if (coin()) y += "  snapshot_every: " + num(0, 100) + "\n  log_every: " + num(1, 100) + "\n  eval: " +
-                     Pick(rng, {"true", "false"}) + "\n";
+    if (coin())
+      y += "  snapshot_every: " + num(0, 100) + "\n  log_every: " + num(1, 100) +
+           "\n  eval: " + Pick(rng, {"true", "false"}) + "\n";
     if (coin()) {
-      y += "  optimizer: " + Pick(rng, {"{name: sgd, lr: 0.1, momentum: 0.8, nesterov: true}",
-                                         "{name: adam, lr: 0.001, beta1: 0.8, beta2: 0.99, eps: 1e-07}",
-                                         "{name: sgd, weight_decay: 0.0005}"}) + "\n";
+      y += "  optimizer: " +
+           Pick(rng,
+                {"{name: sgd, lr: 0.1, momentum: 0.8, nesterov: true}",
+                 "{name: adam, lr: 0.001, beta1: 0.8, beta2: 0.99, eps: 1e-07}", "{name: sgd, weight_decay: 0.0005}"}) +
+           "\n";
     }
     if (coin()) {
-      y += "  schedule: " + Pick(rng, {"{name: step, step_size: " + num(1, 100) + ", gamma: 0.5}",
-                                        "{name: cosine, warmup_steps: " + num(0, 50) + ", min_lr: 0.0001}",
-                                        "{name: constant, scale_by_world_size: true}"}) + "\n";
+      y += "  schedule: " +
+           Pick(rng, {"{name: step, step_size: " + num(1, 100) + ", gamma: 0.5}",
+                      "{name: cosine, warmup_steps: " + num(0, 50) + ", min_lr: 0.0001}",
+                      "{name: constant, scale_by_world_size: true}"}) +
+           "\n";
     }
     if (coin()) {
-      y += "  data: " + Pick(rng, {"{dataset: synthetic, samples: " + num(8, 4096) + ", shape: [3, " + num(4, 64) +
-                                        ", " + num(4, 64) + "], classes: " + num(2, 100) + "}",
-                                    "{limit: " + num(0, 60000) + ", test_limit: " + num(0, 10000) + "}",
-                                    "{dataset: mnist, dir: /data/mnist}"}) + "\n";
+      y += "  data: " +
+           Pick(rng, {"{dataset: synthetic, samples: " + num(8, 4096) + ", shape: [3, " + num(4, 64) + ", " +
+                          num(4, 64) + "], classes: " + num(2, 100) + "}",
+                      "{limit: " + num(0, 60000) + ", test_limit: " + num(0, 10000) + "}",
+                      "{dataset: mnist, dir: /data/mnist}"}) +
+           "\n";
     }
   } else {
     y += "command: " + Pick(rng, {"[python3, train.py]", "[sh, -c, 'echo \"$RANK: #x\"']", "[/opt/app/run]"}) + "\n";
@@ -683,10 +698,12 @@ std::string GeneratedSpec(std::mt19937& rng, int i) {
     y += "resources: {cpus: " + Pick(rng, {"1", "500m", "2.5"}) + ", memory: " + Pick(rng, {"1Gi", "512Mi", "3G"}) +
          (coin() ? ", gpus: " + num(0, 8) : "") + "}\n";
   }
-  if (coin()) y += "restart: {max_restarts: " + num(0, 100) + ", backoff: " + Pick(rng, durations) + ", backoff_max: 10m}\n";
+  if (coin())
+    y += "restart: {max_restarts: " + num(0, 100) + ", backoff: " + Pick(rng, durations) + ", backoff_max: 10m}\n";
   if (coin()) {
-    y += "timeouts: {rendezvous: " + Pick(rng, durations) + ", stop_grace: " + Pick(rng, durations) + ", job: " +
-         Pick(rng, durations) + ", last_call: " + Pick(rng, durations) + ", heartbeat: " + Pick(rng, durations) + "}\n";
+    y += "timeouts: {rendezvous: " + Pick(rng, durations) + ", stop_grace: " + Pick(rng, durations) +
+         ", job: " + Pick(rng, durations) + ", last_call: " + Pick(rng, durations) +
+         ", heartbeat: " + Pick(rng, durations) + "}\n";
   }
   if (coin()) y += "rendezvous: etcd://10.0.0." + num(1, 9) + ":2379\n";
   if (coin()) y += "output_dir: /runs/" + num(0, 9) + "\n";
@@ -694,8 +711,7 @@ std::string GeneratedSpec(std::mt19937& rng, int i) {
   if (coin()) {
     y += "cluster:\n  image: registry.example.com/t:" + num(0, 9) + "\n  namespace: ns-" + num(0, 9) + "\n";
     y += Pick(rng, {"  storage: {claim: shared, mount: /mnt/d}\n", "  storage: {class: efs, size: 50Gi}\n", ""});
-    if (coin()) y += "  stage: {url: 'https://example.com/d.tgz', sha256: '" +
-                     std::string(64, 'a') + "'}\n";
+    if (coin()) y += "  stage: {url: 'https://example.com/d.tgz', sha256: '" + std::string(64, 'a') + "'}\n";
     if (coin()) y += "  tensorboard: false\n";
     if (coin()) y += "  metrics_port: " + num(0, 9999) + "\n  pod_monitor: true\n";
     if (coin()) y += "  node_selector: {pool: gpu}\n  tolerations: [{key: g, operator: Exists, effect: NoSchedule}]\n";
@@ -703,7 +719,8 @@ std::string GeneratedSpec(std::mt19937& rng, int i) {
   if (roles) {
     y += "roles:\n";
     y += "  - {name: ps, replicas: " + num(1, 8) + ", resources: {cpus: 2}, env: {R: ps}}\n";
-    y += "  - {name: worker, replicas: " + num(hi, 16) + ", on_failure: " + Pick(rng, {"restart_job", "restart_task"}) + "}\n";
+    y += "  - {name: worker, replicas: " + num(hi, 16) + ", on_failure: " + Pick(rng, {"restart_job", "restart_task"}) +
+         "}\n";
     if (coin()) y += "  - {name: chief}\n";
     if (coin()) y += "  - {name: evaluator, command: [python3, eval.py], args: [--watch]}\n";
   }

@@ -1,7 +1,5 @@
 #include "jobspec/tree.h"
 
-#include "common/strings.h"
-
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/exceptions.h>
 #include <yaml-cpp/parser.h>
@@ -11,6 +9,8 @@
 #include <map>
 #include <sstream>
 #include <unordered_set>
+
+#include "common/strings.h"
 
 namespace trainctl::jobspec {
 namespace {
@@ -34,9 +34,7 @@ class TreeBuilder : public YAML::EventHandler {
     }
   }
   void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override {
-    Emit(Make(mark, Node::Kind::kNull), anchor);
-  }
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override { Emit(Make(mark, Node::Kind::kNull), anchor); }
   void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override {
     auto it = anchors_.find(anchor);
     if (it == anchors_.end()) Fail(At(mark) + ": unknown alias");
@@ -81,8 +79,7 @@ class TreeBuilder : public YAML::EventHandler {
 
   [[noreturn]] void Fail(const std::string& message) { throw SpecError{InvalidArgument(message)}; }
   [[noreturn]] void TooLarge() {
-    Fail(source_ + ": document too large (more than " + std::to_string(kMaxNodes) +
-         " nodes after expanding aliases)");
+    Fail(source_ + ": document too large (more than " + std::to_string(kMaxNodes) + " nodes after expanding aliases)");
   }
   int Line(const YAML::Mark& mark) const { return lines_ ? mark.line + 1 : 0; }
   std::string At(const YAML::Mark& mark) const { return Origin{source_, Line(mark)}.ToString(); }
@@ -162,8 +159,10 @@ int FlowTooDeep(const std::string& text) {
       comment = false;
     } else if (comment) {
     } else if (quote) {
-      if (c == '\\' && quote == '"') ++i;
-      else if (c == quote) quote = 0;
+      if (c == '\\' && quote == '"')
+        ++i;
+      else if (c == quote)
+        quote = 0;
     } else if (c == '"' || c == '\'') {
       quote = c;
     } else if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n')) {
@@ -190,7 +189,8 @@ Result<Node> ParseWith(const std::string& text, const std::string& source, bool 
   try {
     std::istringstream in(text);
     YAML::Parser parser(in);
-    while (parser.HandleNextDocument(builder)) {}
+    while (parser.HandleNextDocument(builder)) {
+    }
   } catch (const SpecError& e) {
     return e.status;
   } catch (const YAML::Exception& e) {
@@ -212,7 +212,8 @@ Result<std::vector<PathStep>> ParsePath(const std::string& path, const std::stri
   std::vector<PathStep> steps;
   size_t i = 0;
   auto bad = [&](const std::string& why) {
-    return InvalidArgument(flag + ": " + why + "; expected key=value with a path like "
+    return InvalidArgument(flag + ": " + why +
+                           "; expected key=value with a path like "
                            "restart.max_restarts or args[0]");
   };
   while (i < path.size()) {
@@ -263,16 +264,18 @@ const Node* Node::Find(const std::string& key) const {
   return nullptr;
 }
 
-Node* Node::Find(const std::string& key) {
-  return const_cast<Node*>(static_cast<const Node*>(this)->Find(key));
-}
+Node* Node::Find(const std::string& key) { return const_cast<Node*>(static_cast<const Node*>(this)->Find(key)); }
 
 const char* Node::KindName() const {
   switch (kind) {
-    case Kind::kNull: return "nothing";
-    case Kind::kScalar: return "a value";
-    case Kind::kSeq: return "a list";
-    case Kind::kMap: return "a mapping";
+    case Kind::kNull:
+      return "nothing";
+    case Kind::kScalar:
+      return "a value";
+    case Kind::kSeq:
+      return "a list";
+    case Kind::kMap:
+      return "a mapping";
   }
   return "?";
 }
@@ -323,13 +326,12 @@ Status ApplySet(Node* root, const std::string& assignment) {
     const PathStep& step = steps[i];
     if (step.index >= 0) {
       if (cur->kind != Node::Kind::kSeq) {
-        return InvalidArgument(flag + ": [" + std::to_string(step.index) +
-                               "] indexes a list, but that field is " + cur->KindName());
+        return InvalidArgument(flag + ": [" + std::to_string(step.index) + "] indexes a list, but that field is " +
+                               cur->KindName());
       }
       if (step.index > static_cast<long>(cur->seq.size())) {
         return InvalidArgument(flag + ": index " + std::to_string(step.index) +
-                               " is past the end of the list (length " +
-                               std::to_string(cur->seq.size()) + ")");
+                               " is past the end of the list (length " + std::to_string(cur->seq.size()) + ")");
       }
       if (step.index == static_cast<long>(cur->seq.size())) {
         cur->seq.emplace_back();

@@ -12,17 +12,17 @@
 namespace trainctl::jobspec {
 
 struct Origin {
-  std::string source;  // a file path, or "--set key=value"
-  int line = 0;        // 1-based; 0 when not from a file
+  std::string source;            // a file path, or "--set key=value"
+  int line = 0;                  // 1-based; 0 when not from a file
   std::string ToString() const;  // "job.yaml:4" or "--set nodes=two"
 };
 
 struct Node {
   enum class Kind { kNull, kScalar, kSeq, kMap };
   Kind kind = Kind::kNull;
-  std::string scalar;  // kScalar
-  bool quoted = false;  // kScalar written in quotes (a string, whatever it looks like)
-  std::vector<Node> seq;  // kSeq
+  std::string scalar;                             // kScalar
+  bool quoted = false;                            // kScalar written in quotes (a string, whatever it looks like)
+  std::vector<Node> seq;                          // kSeq
   std::vector<std::pair<std::string, Node>> map;  // kMap, in document order
   Origin origin;
 

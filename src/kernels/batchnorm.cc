@@ -6,10 +6,6 @@
 // kernels/batchnorm_simd.inc). Sums are in
 // double, over fixed runs of rows added in order (the vector loops add 8 rows in f32 first), so
 // that the result does not depend on the number of threads.
-#include "kernels/ops.h"
-
-#include "common/cpus.h"
-
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -17,6 +13,8 @@
 #include <cmath>
 #include <vector>
 
+#include "common/cpus.h"
+#include "kernels/ops.h"
 #include "kernels/simd.h"
 
 namespace trainctl::kernels {
@@ -146,9 +144,8 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
     const Passes passes = PassesFor(c);
     const float* xp = x.data_ptr<float>();
     const std::vector<float> first(xp, xp + c);  // the shift: the first position's values
-    const std::vector<double> sums = SumRows(rows, c, [&](int64_t r0, int64_t r1, double* out) {
-      passes.stats(xp, r0, r1, c, first.data(), out);
-    });
+    const std::vector<double> sums =
+        SumRows(rows, c, [&](int64_t r0, int64_t r1, double* out) { passes.stats(xp, r0, r1, c, first.data(), out); });
     std::vector<float> mean(c), invstd(c), scale(c), shift(c), var_unbiased(c);
     const torch::Tensor wc = weight.contiguous(), bc = bias.contiguous();
     const float *w = wc.data_ptr<float>(), *b = bc.data_ptr<float>();
@@ -162,9 +159,8 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
     }
     torch::Tensor y = torch::empty_like(x, at::MemoryFormat::ChannelsLast);
     float* yp = y.data_ptr<float>();
-    ForRows(rows, [&](int64_t r0, int64_t r1) {
-      passes.normalize(xp, r0, r1, c, scale.data(), shift.data(), relu, yp);
-    });
+    ForRows(rows,
+            [&](int64_t r0, int64_t r1) { passes.normalize(xp, r0, r1, c, scale.data(), shift.data(), relu, yp); });
     if (running_mean.numel() > 0) {  // an empty tensor: none (undefined ones do not pass apply)
       running_mean.mul_(1 - momentum).add_(Floats(mean), momentum);
       running_var.mul_(1 - momentum).add_(Floats(var_unbiased), momentum);
@@ -207,7 +203,13 @@ class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
         passes.input_grad(xp, yp, gp, r0, r1, c, mp, ip, k.data(), mg.data(), mgx.data(), relu, dp);
       });
     }
-    return {dx, Floats(dweight), Floats(dbias), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+    return {dx,
+            Floats(dweight),
+            Floats(dbias),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
@@ -225,9 +227,9 @@ torch::Tensor BatchNormRelu(const torch::Tensor& x, const torch::Tensor& weight,
                 "BatchNormRelu takes a C-long float CPU weight and bias");
   }
   TORCH_CHECK(running_mean.defined() == running_var.defined() &&
-                  (!running_mean.defined() || (running_mean.numel() == c && running_var.numel() == c &&
-                                               running_mean.scalar_type() == torch::kFloat32 &&
-                                               running_var.scalar_type() == torch::kFloat32)),
+                  (!running_mean.defined() ||
+                   (running_mean.numel() == c && running_var.numel() == c &&
+                    running_mean.scalar_type() == torch::kFloat32 && running_var.scalar_type() == torch::kFloat32)),
               "BatchNormRelu takes C-long float running statistics, or none");
   TORCH_CHECK(x.numel() / c > 1, "BatchNormRelu in training needs more than one value per channel");
   const torch::Tensor none = torch::empty({0});

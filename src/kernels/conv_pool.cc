@@ -21,12 +21,6 @@
 // transforms are additions. A tile's 2 x 2 outputs are exactly one pooling window: the output
 // transform pools them in registers. One image at a time, so that its transformed input
 // (16 x tiles x I) and products (16 x tiles x O) stay in the core's L2 cache.
-#include "kernels/ops.h"
-
-#include "common/cpus.h"
-#include "kernels/pool_avx2.h"
-#include "kernels/simd.h"
-
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -34,6 +28,11 @@
 #include <atomic>
 #include <cstring>
 #include <vector>
+
+#include "common/cpus.h"
+#include "kernels/ops.h"
+#include "kernels/pool_avx2.h"
+#include "kernels/simd.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -110,8 +109,8 @@ std::atomic<bool> avx512_products{CpuHasAvx512()};
 // C (rows x cols, row stride cols) = or += A B, A rows x k with strides (a_row, a_k), B k x cols
 // (row stride cols), cols a multiple of 16: blocks of 6 rows by 16 columns; on AVX-512 by 32
 // columns (a last 16 by 16).
-__attribute__((target("avx2,fma"))) void Gemm(const float* a, int64_t rows, int64_t a_row, int64_t a_k,
-                                              const float* b, int64_t k, int64_t cols, float* c, bool add) {
+__attribute__((target("avx2,fma"))) void Gemm(const float* a, int64_t rows, int64_t a_row, int64_t a_k, const float* b,
+                                              int64_t k, int64_t cols, float* c, bool add) {
   if (avx512_products.load(std::memory_order_relaxed)) {
     int64_t j = 0;
     for (; j + 32 <= cols; j += 32) avx512::Strip<2>(a, rows, a_row, a_k, b + j, k, cols, c + j, add);
@@ -184,8 +183,7 @@ inline void ChannelsFirst(const float* src, int64_t c, int64_t n, float* dst) { 
 
 // V[p][t][i] = (Bt d B)[p] for each tile t's 4 x 4 block d of channel i of hwc, an h x w x c
 // plane in a zero border (h and w even), into s->v. 8 channels at a time, whole-register loads.
-__attribute__((target("avx2,fma"))) void TransformTiles(const float* hwc, int64_t c, int64_t h, int64_t w,
-                                                        Scratch* s) {
+__attribute__((target("avx2,fma"))) void TransformTiles(const float* hwc, int64_t c, int64_t h, int64_t w, Scratch* s) {
   const int64_t wp = w + 2, th = h / 2, tw = w / 2, tiles = th * tw;
   Room(&s->v, 16 * tiles * c);
   float* v = s->v.data();
@@ -216,8 +214,7 @@ __attribute__((target("avx2,fma"))) void TransformTiles(const float* hwc, int64_
 }
 
 // The same for one image's input x (h x w x in, channels-last), by way of s->hwc.
-__attribute__((target("avx2,fma"))) void TransformInput(const float* x, int64_t in, int64_t h, int64_t w,
-                                                        Scratch* s) {
+__attribute__((target("avx2,fma"))) void TransformInput(const float* x, int64_t in, int64_t h, int64_t w, Scratch* s) {
   float* hwc = Bordered(&s->hwc, in, h, w);
   for (int64_t r = 0; r < h; ++r) {
     std::memcpy(hwc + ((r + 1) * (w + 2) + 1) * in, x + r * w * in, w * in * sizeof(float));
@@ -236,7 +233,7 @@ void Products(const float* u, int64_t tiles, int64_t in, int64_t out, Scratch* s
 
 // Tile t's 2 x 2 outputs At m A (o[row][column]) for the 8 channels from c, of M (16 x tiles x out).
 __attribute__((target("avx2,fma"))) inline void TileOutputs(const float* m, int64_t tiles, int64_t t, int64_t out,
-                                                             int64_t c, __m256 o[2][2]) {
+                                                            int64_t c, __m256 o[2][2]) {
   __m256 mm[4][4], a[2][4];
   for (int r = 0; r < 4; ++r) {
     for (int q = 0; q < 4; ++q) mm[r][q] = _mm256_loadu_ps(m + ((r * 4 + q) * tiles + t) * out + c);
@@ -253,8 +250,8 @@ __attribute__((target("avx2,fma"))) inline void TileOutputs(const float* m, int6
 
 // One image's convolution, without bias, of what s->v holds (in channels) by u, to y (h x w x out,
 // channels-last).
-__attribute__((target("avx2,fma"))) void Image(const float* u, int64_t in, int64_t h, int64_t w, int64_t out,
-                                               float* y, Scratch* s) {
+__attribute__((target("avx2,fma"))) void Image(const float* u, int64_t in, int64_t h, int64_t w, int64_t out, float* y,
+                                               Scratch* s) {
   const int64_t th = h / 2, tw = w / 2, tiles = th * tw;
   Products(u, tiles, in, out, s);
   const float* m = s->m.data();
@@ -276,9 +273,8 @@ __attribute__((target("avx2,fma"))) void Image(const float* u, int64_t in, int64
 // One image x (h x w x in, channels-last) convolved by u, plus bias, each tile's 2 x 2 outputs pooled and
 // ReLU'd (R: or not): y (out x h/2 x w/2) and the window bytes win (tiles x out).
 template <bool R>
-__attribute__((target("avx2,fma"))) void ImagePool(const float* x, int64_t in, int64_t h, int64_t w,
-                                                   const float* u, const float* bias, int64_t out, float* y,
-                                                   uint8_t* win, Scratch* s) {
+__attribute__((target("avx2,fma"))) void ImagePool(const float* x, int64_t in, int64_t h, int64_t w, const float* u,
+                                                   const float* bias, int64_t out, float* y, uint8_t* win, Scratch* s) {
   const int64_t tiles = h / 2 * (w / 2);
   TransformInput(x, in, h, w, s);
   Products(u, tiles, in, out, s);
@@ -302,8 +298,8 @@ __attribute__((target("avx2,fma"))) void ImagePool(const float* x, int64_t in, i
 // The convolution's output gradient, inside the bordered plane ghwc ((h + 2) x (w + 2) x out),
 // from one image's pooled gradient gt and window bytes win (both tiles x out): each window's
 // gradient where it went, zeros elsewhere. Adds each channel's sum to db.
-__attribute__((target("avx2,fma"))) void Unpool(const float* gt, const uint8_t* win, int64_t h, int64_t w,
-                                                int64_t out, float* ghwc, float* db) {
+__attribute__((target("avx2,fma"))) void Unpool(const float* gt, const uint8_t* win, int64_t h, int64_t w, int64_t out,
+                                                float* ghwc, float* db) {
   const int64_t th = h / 2, tw = w / 2, wp = w + 2;
   float* dst = ghwc + (wp + 1) * out;  // the inside's first position
   for (int64_t c = 0; c < out; c += 8) {
@@ -329,8 +325,8 @@ __attribute__((target("avx2,fma"))) void Unpool(const float* gt, const uint8_t* 
 // for x (h x w x in, channels-last) and the output's gradient gy in s->ghwc: since
 // y = At (sum U .* V) A per tile, the gradient of U[p][i][o] is the sum over tiles of
 // V[p][t][i] (A gy_t At)[p][o].
-__attribute__((target("avx2,fma"))) void ImageWeightGrad(const float* x, int64_t in, int64_t h, int64_t w,
-                                                         int64_t out, float* du, Scratch* s) {
+__attribute__((target("avx2,fma"))) void ImageWeightGrad(const float* x, int64_t in, int64_t h, int64_t w, int64_t out,
+                                                         float* du, Scratch* s) {
   const int64_t wp = w + 2, th = h / 2, tw = w / 2, tiles = th * tw;
   Room(&s->m, 16 * tiles * out);
   const float* ghwc = s->ghwc.data.data() + (wp + 1) * out;
@@ -425,8 +421,8 @@ const float* BorderedImage(const float* x, int64_t c, int64_t h, int64_t w, Scra
 
 // db += the sum over `tiles` windows of the gradient g (tiles x out) that each window's winner
 // (win) takes, windows in order, 8 channels at a time.
-__attribute__((target("avx2,fma"))) void ImageBiasGrad(const float* g, const uint8_t* win, int64_t tiles,
-                                                       int64_t out, float* db) {
+__attribute__((target("avx2,fma"))) void ImageBiasGrad(const float* g, const uint8_t* win, int64_t tiles, int64_t out,
+                                                       float* db) {
   for (int64_t o = 0; o < out; o += 8) {
     __m256 sum = _mm256_loadu_ps(db + o);
     for (int64_t t = 0; t < tiles; ++t) {
@@ -480,11 +476,10 @@ torch::Tensor ChannelsLastEmpty(torch::IntArrayRef sizes, const torch::TensorOpt
 using ImageLayerFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, const float*, int64_t, float*,
                               uint8_t*, Scratch*);
 // [AVX-512][relu][c == 1]
-const ImageLayerFn kImageLayer[2][2][2] = {
-    {{avx2::ImageLayerForward<0, false>, avx2::ImageLayerForward<1, false>},
-     {avx2::ImageLayerForward<0, true>, avx2::ImageLayerForward<1, true>}},
-    {{avx512::ImageLayerForward<0, false>, avx512::ImageLayerForward<1, false>},
-     {avx512::ImageLayerForward<0, true>, avx512::ImageLayerForward<1, true>}}};
+const ImageLayerFn kImageLayer[2][2][2] = {{{avx2::ImageLayerForward<0, false>, avx2::ImageLayerForward<1, false>},
+                                            {avx2::ImageLayerForward<0, true>, avx2::ImageLayerForward<1, true>}},
+                                           {{avx512::ImageLayerForward<0, false>, avx512::ImageLayerForward<1, false>},
+                                            {avx512::ImageLayerForward<0, true>, avx512::ImageLayerForward<1, true>}}};
 using ImageGradFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, const uint8_t*, int64_t, float*,
                              float*, Scratch*);
 // [AVX-512][c == 1]

@@ -3,11 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-
 #include <array>
 #include <functional>
 #include <thread>
-
 
 #include "common/cpus.h"
 #include "kernels/ops.h"
@@ -46,8 +44,12 @@ TEST(Ops, MaxPool2x2ReluMatchesTorchBitForBitWithTies) {
     for (bool blocked : {true, false}) {
       // Small integers, negatives included, make many ties inside windows and many windows that
       // the ReLU zeroes: the gradient must go where ATen sends it.
-      for (auto shape : {std::vector<int64_t>{3, 16, 8, 6}, {2, 32, 28, 28}, {2, 64, 14, 14}, {1, 16, 4, 34},
-                         {2, 16, 6, 2}, {1, 16, 2, 32}}) {
+      for (auto shape : {std::vector<int64_t>{3, 16, 8, 6},
+                         {2, 32, 28, 28},
+                         {2, 64, 14, 14},
+                         {1, 16, 4, 34},
+                         {2, 16, 6, 2},
+                         {1, 16, 2, 32}}) {
         for (bool ties : {true, false}) {
           torch::Tensor base = ties ? torch::randint(-2, 3, shape).to(torch::kFloat32) : torch::randn(shape);
           torch::Tensor a = base.clone().requires_grad_(true);
@@ -67,8 +69,8 @@ TEST(Ops, MaxPool2x2ReluMatchesTorchBitForBitWithTies) {
       EXPECT_TRUE(torch::equal(pool(base, blocked).isnan(), aten(base).isnan()));
     }
   }
-  EXPECT_THROW(kernels::MaxPool2x2Relu(torch::randn({16, 8, 40})), c10::Error);      // neither layout
-  EXPECT_THROW(kernels::MaxPool2x2Relu(torch::randn({1, 16, 8, 5})), c10::Error);    // odd width
+  EXPECT_THROW(kernels::MaxPool2x2Relu(torch::randn({16, 8, 40})), c10::Error);    // neither layout
+  EXPECT_THROW(kernels::MaxPool2x2Relu(torch::randn({1, 16, 8, 5})), c10::Error);  // odd width
   EXPECT_THROW(kernels::MaxPool2x2Relu(torch::randn({1, 16, 8, 8}, torch::kFloat64)), c10::Error);
 }
 
@@ -148,8 +150,11 @@ TEST(Ops, ConvPoolReluMatchesAtens) {
     GTEST_LOG_(INFO) << "no AVX2 and FMA here: ATen's convolution is compared with itself";
   }
   torch::manual_seed(5);
-  for (auto shape : {std::array<int64_t, 5>{9, 32, 64, 14, 14}, {3, 16, 32, 6, 10}, {3, 16, 32, 10, 6},
-                     {2, 48, 16, 2, 2}, {1, 16, 16, 16, 4}}) {
+  for (auto shape : {std::array<int64_t, 5>{9, 32, 64, 14, 14},
+                     {3, 16, 32, 6, 10},
+                     {3, 16, 32, 10, 6},
+                     {2, 48, 16, 2, 2},
+                     {1, 16, 16, 16, 4}}) {
     for (bool ties : {false, true}) {
       for (bool relu : {true, false}) {
         ExpectConvPoolMatchesAten(kernels::ConvPoolRelu, shape, /*input_grad=*/true, ties, 1e-5f, relu);
@@ -239,7 +244,8 @@ TEST(Ops, TheAvx512KernelsGiveTheSameBitsAsAvx2) {
       results[wide] = {y, xs.grad(), ws.grad(), bs.grad()};
     }
     kernels::AllowAvx512Products(true);
-    for (int k = 0; k < 4; ++k) EXPECT_TRUE(torch::equal(results[0][k], results[1][k])) << "result " << k << " of " << in;
+    for (int k = 0; k < 4; ++k)
+      EXPECT_TRUE(torch::equal(results[0][k], results[1][k])) << "result " << k << " of " << in;
   }
   // The first layer too (16 output channels a register), with and without its ReLU.
   for (auto [n, c, out] : {std::array<int64_t, 3>{5, 1, 16}, {3, 3, 32}}) {
@@ -257,7 +263,8 @@ TEST(Ops, TheAvx512KernelsGiveTheSameBitsAsAvx2) {
       }
       kernels::AllowAvx512Products(true);
       for (int k = 0; k < 3; ++k) {
-        EXPECT_TRUE(torch::equal(results[0][k], results[1][k])) << "image layer result " << k << " of " << c << " relu " << relu;
+        EXPECT_TRUE(torch::equal(results[0][k], results[1][k]))
+            << "image layer result " << k << " of " << c << " relu " << relu;
       }
     }
   }
@@ -278,7 +285,8 @@ TEST(Ops, TheAvx512KernelsGiveTheSameBitsAsAvx2) {
       }
       kernels::AllowAvx512Products(true);
       for (int k = 0; k < 6; ++k) {
-        EXPECT_TRUE(torch::equal(results[0][k], results[1][k])) << "batch norm result " << k << " of " << c << " relu " << relu;
+        EXPECT_TRUE(torch::equal(results[0][k], results[1][k]))
+            << "batch norm result " << k << " of " << c << " relu " << relu;
       }
     }
   }
@@ -320,7 +328,7 @@ TEST(OneDnn, Conv3x3MatchesAtensConvolutionForwardAndBackward) {
   EXPECT_THROW(kernels::Conv3x3(torch::randn({2, 1, 8, 8}), torch::randn({16, 1, 3, 3}), torch::randn({16})),
                c10::Error);  // an image's channels: the first layer is kernels::ImageConvPoolRelu
   EXPECT_THROW(kernels::Conv3x3(kernels::ToBlocked(torch::randn({2, 16, 8, 8})), torch::randn({16, 16, 5, 5}),
-                               torch::randn({16})),
+                                torch::randn({16})),
                c10::Error);  // not 3x3
 }
 

@@ -1,8 +1,8 @@
 #include "kernels/onednn.h"
 
-#include <dnnl.hpp>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <dnnl.hpp>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,9 +16,9 @@
 namespace trainctl::kernels {
 namespace {
 
+using dnnl::memory;
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
-using dnnl::memory;
 using Tag = memory::format_tag;
 
 const dnnl::engine& Engine() {
@@ -88,8 +88,8 @@ std::shared_ptr<const Conv> MakeConv(const ConvKey& key) {
   const auto algorithm = winograd ? dnnl::algorithm::convolution_auto : dnnl::algorithm::convolution_direct;
   const dnnl::engine& e = Engine();
   dnnl::convolution_forward::primitive_desc fwd_pd(
-      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algorithm, src, weights, b, dst,
-                                      strides, pad, pad),
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algorithm, src, weights, b, dst, strides, pad,
+                                      pad),
       e);
   auto backward_weights = [&](dnnl::algorithm a) {
     return dnnl::convolution_backward_weights::primitive_desc(
@@ -111,23 +111,21 @@ std::shared_ptr<const Conv> MakeConv(const ConvKey& key) {
   const memory::desc user_weights({key.oc, key.ic, k, k}, f32, Tag::oihw);
   const memory::desc src_user(x_dims, key.bf16_input ? DataType::bf16 : f32, layout);
   const memory::desc y_f32(y_dims, f32, layout), x_f32(x_dims, f32, layout);
-  return std::make_shared<Conv>(Conv{fwd_pd, bwd_weights_pd, bwd_data_pd, dnnl::convolution_forward(fwd_pd),
-                                     dnnl::convolution_backward_weights(bwd_weights_pd),
-                                     dnnl::convolution_backward_data(bwd_data_pd), user_weights, src_user, y_f32, x_f32,
-                                     y_dims, MakeReorder(src_user, fwd_pd.src_desc()),
-                                     MakeReorder(user_weights, fwd_pd.weights_desc()),
-                                     MakeReorder(user_weights, bwd_data_pd.weights_desc()),
-                                     MakeReorder(y_f32, bwd_weights_pd.diff_dst_desc()),
-                                     MakeReorder(bwd_weights_pd.diff_weights_desc(), user_weights),
-                                     MakeReorder(fwd_pd.dst_desc(), y_f32), MakeReorder(bwd_data_pd.diff_src_desc(), x_f32)});
+  return std::make_shared<Conv>(Conv{
+      fwd_pd, bwd_weights_pd, bwd_data_pd, dnnl::convolution_forward(fwd_pd),
+      dnnl::convolution_backward_weights(bwd_weights_pd), dnnl::convolution_backward_data(bwd_data_pd), user_weights,
+      src_user, y_f32, x_f32, y_dims, MakeReorder(src_user, fwd_pd.src_desc()),
+      MakeReorder(user_weights, fwd_pd.weights_desc()), MakeReorder(user_weights, bwd_data_pd.weights_desc()),
+      MakeReorder(y_f32, bwd_weights_pd.diff_dst_desc()), MakeReorder(bwd_weights_pd.diff_weights_desc(), user_weights),
+      MakeReorder(fwd_pd.dst_desc(), y_f32), MakeReorder(bwd_data_pd.diff_src_desc(), x_f32)});
 }
 
 // x's convolution with weight (O x I x k x k): the weight says the channels, which a blocked x
 // holds in blocks of 16.
 ConvKey KeyOf(const torch::Tensor& x, const torch::Tensor& weight, bool bias, int64_t stride, int64_t padding,
               bool bf16) {
-  return {x.size(0), weight.size(1), weight.size(0), x.size(2), x.size(3), weight.size(2), stride, padding,
-          bias, x.dim() == 5, bf16, x.scalar_type() == torch::kBFloat16};
+  return {x.size(0), weight.size(1), weight.size(0), x.size(2),    x.size(3), weight.size(2),
+          stride,    padding,        bias,           x.dim() == 5, bf16,      x.scalar_type() == torch::kBFloat16};
 }
 
 // Each thread its own primitives: oneDNN's Winograd weight gradient is not safe to run from two
@@ -152,9 +150,7 @@ std::shared_ptr<const Conv> GetConv(const ConvKey& key) {
   return it->second;
 }
 
-memory Wrap(const memory::desc& desc, const torch::Tensor& t) {
-  return memory(desc, Engine(), t.data_ptr());
-}
+memory Wrap(const memory::desc& desc, const torch::Tensor& t) { return memory(desc, Engine(), t.data_ptr()); }
 
 torch::Tensor Empty(const memory::desc& desc) {
   const bool bf16 = desc.data_type() == memory::data_type::bf16;
@@ -211,8 +207,9 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     Convert(s, conv->from_dst, dst, conv->fwd_pd.dst_desc(), out, conv->y_f32);
     s.wait();
     ctx->save_for_backward({src, weight});
-    ctx->saved_data["key"] = std::vector<int64_t>{key.n, key.ic, key.oc, key.h, key.w, key.kernel, key.stride,
-                                                  key.padding, key.bias, key.blocked, key.bf16, key.bf16_input};
+    ctx->saved_data["key"] =
+        std::vector<int64_t>{key.n,      key.ic,      key.oc,   key.h,       key.w,    key.kernel,
+                             key.stride, key.padding, key.bias, key.blocked, key.bf16, key.bf16_input};
     return out;
   }
 
@@ -226,7 +223,8 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
     const bool blocked = key.blocked;
     dnnl::stream s(Engine());
     const torch::Tensor g0 = blocked ? grads[0].contiguous() : grads[0].contiguous(at::MemoryFormat::ChannelsLast);
-    torch::Tensor g = Reorder(s, conv->to_diff_dst, g0.to(torch::kFloat32), conv->y_f32, conv->bwd_weights_pd.diff_dst_desc());
+    torch::Tensor g =
+        Reorder(s, conv->to_diff_dst, g0.to(torch::kFloat32), conv->y_f32, conv->bwd_weights_pd.diff_dst_desc());
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) {
       const auto& pd = conv->bwd_data_pd;
@@ -234,8 +232,8 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
       dx = EmptyLike(conv->src_user.dims(), blocked);
       const torch::Tensor diff_src = conv->from_diff_src ? Empty(pd.diff_src_desc()) : dx;
       conv->bwd_data.execute(s, {{DNNL_ARG_DIFF_DST, Wrap(pd.diff_dst_desc(), g)},
-                                  {DNNL_ARG_WEIGHTS, Wrap(pd.weights_desc(), w)},
-                                  {DNNL_ARG_DIFF_SRC, Wrap(pd.diff_src_desc(), diff_src)}});
+                                 {DNNL_ARG_WEIGHTS, Wrap(pd.weights_desc(), w)},
+                                 {DNNL_ARG_DIFF_SRC, Wrap(pd.diff_src_desc(), diff_src)}});
       Convert(s, conv->from_diff_src, diff_src, pd.diff_src_desc(), dx, conv->x_f32);
       if (conv->src_user.data_type() == memory::data_type::bf16) dx = dx.to(torch::kBFloat16);
     }
@@ -256,17 +254,15 @@ class ConvFunction : public torch::autograd::Function<ConvFunction> {
 };
 
 // One row-major GEMM through oneDNN's own (AVX-512 where the CPU has it): c = a(T) * b(T).
-void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b,
-          float* c) {
-  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, ta ? m : k, b,
-                                tb ? k : n, 0.0f, c, n);
+void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+  dnnl_status_t st =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n, 0.0f, c, n);
   TORCH_CHECK(st == dnnl_success, "oneDNN sgemm failed (status ", int(st), ")");
 }
 
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight,
-                               torch::Tensor bias) {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor weight, torch::Tensor bias) {
     x = x.contiguous();
     weight = weight.contiguous();
     const int64_t batch = x.size(0), in = x.size(1), out = weight.size(0);
@@ -309,8 +305,7 @@ bool BlockedConvolutions() {
   return fast;
 }
 
-torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                      bool bf16) {
+torch::Tensor Conv3x3(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, bool bf16) {
   CheckBlocked(x, "Conv3x3");
   const int64_t ic = x.size(1) * kBlock;
   TORCH_CHECK(weight.dim() == 4 && weight.size(1) == ic && weight.size(2) == 3 && weight.size(3) == 3 &&
@@ -332,8 +327,8 @@ torch::Tensor Convolution(const torch::Tensor& x, const torch::Tensor& weight, c
               "Convolution takes a float or bfloat16 CPU input");
   TORCH_CHECK(weight.dim() == 4 && weight.size(1) == ic && weight.size(2) == weight.size(3) &&
                   weight.scalar_type() == torch::kFloat32 && (!blocked || weight.size(0) % kBlock == 0) &&
-                  (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0) &&
-                                       bias.scalar_type() == torch::kFloat32)) &&
+                  (!bias.defined() ||
+                   (bias.dim() == 1 && bias.size(0) == weight.size(0) && bias.scalar_type() == torch::kFloat32)) &&
                   stride >= 1 && padding >= 0 && x.size(2) + 2 * padding >= weight.size(2) &&
                   x.size(3) + 2 * padding >= weight.size(3),
               "Convolution takes an O x ", ic, " x k x k float weight, an O bias or none, and a window that fits");
@@ -347,9 +342,8 @@ torch::Tensor Convolution(const torch::Tensor& x, const torch::Tensor& weight, c
 }
 
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() &&
-                  weight.dim() == 2 && weight.size(1) == x.size(1) &&
-                  weight.scalar_type() == torch::kFloat32 && bias.dim() == 1 &&
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && weight.dim() == 2 &&
+                  weight.size(1) == x.size(1) && weight.scalar_type() == torch::kFloat32 && bias.dim() == 1 &&
                   bias.size(0) == weight.size(0) && bias.scalar_type() == torch::kFloat32,
               "Linear takes a float CPU batch N x I, an O x I weight and an O bias");
   return LinearFunction::apply(x, weight, bias);

@@ -11,9 +11,9 @@
 // CNN step on one core), and it always asks for the direct algorithm.
 #pragma once
 
-#include "kernels/ops.h"
-
 #include <torch/types.h>
+
+#include "kernels/ops.h"
 
 namespace trainctl::kernels {
 
@@ -41,9 +41,9 @@ bool Bf16Convolutions();
 // channels-last convolution computes in the blocked layout (oneDNN 2.6's channels-last bf16
 // kernels are slower), converting its output and its input's gradient back. For the two strided
 // convolutions of issue 48's recipe network in bf16 (batch 64, one core, forward and backward):
-// 0.56 against ATen's 0.69 ms and 0.89 against 1.11; the network's step 0.83x (bench/RESULTS.md). An undefined result where oneDNN
-// has no generated kernels for this shape and layout on this CPU (it would run its reference
-// loops, hundreds of times slower than ATen): the caller's to fall back.
+// 0.56 against ATen's 0.69 ms and 0.89 against 1.11; the network's step 0.83x (bench/RESULTS.md). An undefined result
+// where oneDNN has no generated kernels for this shape and layout on this CPU (it would run its reference loops,
+// hundreds of times slower than ATen): the caller's to fall back.
 torch::Tensor Convolution(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                           int64_t stride, int64_t padding, bool bf16);
 // Whether oneDNN has generated kernels for Conv3x3's layout on this CPU (AVX-512: blocks of 16

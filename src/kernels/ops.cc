@@ -1,14 +1,14 @@
 #include "kernels/ops.h"
 
-#include "common/cpus.h"
-#include "kernels/pool_avx2.h"
-
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
+
+#include "common/cpus.h"
+#include "kernels/pool_avx2.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -62,14 +62,14 @@ using BackwardFn = void (*)(const uint8_t*, const float*, int64_t, int64_t, floa
 #if defined(__x86_64__)
 // The same with AVX2, a position's 16 channels as two registers of 8; no branches.
 template <bool R>
-__attribute__((target("avx2"))) inline __m256 Forward8(const float* a, const float* b, const float* c,
-                                                       const float* d, __m256i* win) {
+__attribute__((target("avx2"))) inline __m256 Forward8(const float* a, const float* b, const float* c, const float* d,
+                                                       __m256i* win) {
   return MaxPool8<R>(_mm256_loadu_ps(a), _mm256_loadu_ps(b), _mm256_loadu_ps(c), _mm256_loadu_ps(d), win);
 }
 
 template <bool R>
-__attribute__((target("avx2"))) void PoolForwardPlaneAvx2(const float* x, int64_t h, int64_t w,
-                                                          float* out, uint8_t* win) {
+__attribute__((target("avx2"))) void PoolForwardPlaneAvx2(const float* x, int64_t h, int64_t w, float* out,
+                                                          uint8_t* win) {
   for (int64_t i = 0; i < h / 2; ++i) {
     const float* r0 = x + 2 * i * w * kBlock;
     const float* r1 = r0 + w * kBlock;
@@ -83,8 +83,8 @@ __attribute__((target("avx2"))) void PoolForwardPlaneAvx2(const float* x, int64_
   }
 }
 
-__attribute__((target("avx2"))) void PoolBackwardPlaneAvx2(const uint8_t* win, const float* g,
-                                                           int64_t h, int64_t w, float* dx) {
+__attribute__((target("avx2"))) void PoolBackwardPlaneAvx2(const uint8_t* win, const float* g, int64_t h, int64_t w,
+                                                           float* dx) {
   for (int64_t i = 0; i < h / 2; ++i) {
     const int64_t r0 = 2 * i * w * kBlock, r1 = r0 + w * kBlock;
     for (int64_t k = 0; k < w * kBlock; k += 2 * kBlock, win += kBlock, g += kBlock) {
@@ -109,8 +109,9 @@ __attribute__((target("avx2"))) inline __m256i FirstLanes(int64_t n) {
 // n (1-16) floats from p as the even-indexed ones and the odd-indexed ones; lanes past n are 0.
 __attribute__((target("avx2"))) inline void LoadPairs(const float* p, int64_t n, __m256* even, __m256* odd) {
   const __m256 lo = n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, FirstLanes(n));
-  const __m256 hi = n >= 16 ? _mm256_loadu_ps(p + 8) : n > 8 ? _mm256_maskload_ps(p + 8, FirstLanes(n - 8))
-                                                             : _mm256_setzero_ps();
+  const __m256 hi = n >= 16 ? _mm256_loadu_ps(p + 8)
+                    : n > 8 ? _mm256_maskload_ps(p + 8, FirstLanes(n - 8))
+                            : _mm256_setzero_ps();
   *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
   *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
 }
@@ -158,8 +159,8 @@ __attribute__((target("avx2"))) void PoolForwardNchwAvx2(const float* x, int64_t
   }
 }
 
-__attribute__((target("avx2"))) void PoolBackwardNchwAvx2(const uint8_t* win, const float* g, int64_t h,
-                                                          int64_t w, float* dx) {
+__attribute__((target("avx2"))) void PoolBackwardNchwAvx2(const uint8_t* win, const float* g, int64_t h, int64_t w,
+                                                          float* dx) {
   const int64_t ow = w / 2;
   for (int64_t i = 0; i < h / 2; ++i, win += ow, g += ow) {
     float* r0 = dx + 2 * i * w;
@@ -180,11 +181,10 @@ __attribute__((target("avx2"))) void PoolBackwardNchwAvx2(const uint8_t* win, co
 
 const bool kAvx2 = CpuHasAvx2();
 // Indexed by [relu][layout], the layout [0] blocked, [1] N x C x H x W.
-const ForwardFn kForward[2][2] = {
-    {kAvx2 ? PoolForwardPlaneAvx2<false> : PoolForwardPlanePortable<kBlock, false>,
-     kAvx2 ? PoolForwardNchwAvx2<false> : PoolForwardPlanePortable<1, false>},
-    {kAvx2 ? PoolForwardPlaneAvx2<true> : PoolForwardPlanePortable<kBlock, true>,
-     kAvx2 ? PoolForwardNchwAvx2<true> : PoolForwardPlanePortable<1, true>}};
+const ForwardFn kForward[2][2] = {{kAvx2 ? PoolForwardPlaneAvx2<false> : PoolForwardPlanePortable<kBlock, false>,
+                                   kAvx2 ? PoolForwardNchwAvx2<false> : PoolForwardPlanePortable<1, false>},
+                                  {kAvx2 ? PoolForwardPlaneAvx2<true> : PoolForwardPlanePortable<kBlock, true>,
+                                   kAvx2 ? PoolForwardNchwAvx2<true> : PoolForwardPlanePortable<1, true>}};
 const BackwardFn kBackward[2] = {kAvx2 ? PoolBackwardPlaneAvx2 : PoolBackwardPlanePortable<kBlock>,
                                  kAvx2 ? PoolBackwardNchwAvx2 : PoolBackwardPlanePortable<1>};
 #else
@@ -240,9 +240,8 @@ class PoolFunction : public torch::autograd::Function<PoolFunction> {
 }  // namespace
 
 void CheckBlocked(const torch::Tensor& x, const char* what) {
-  TORCH_CHECK(x.dim() == 5 && x.size(4) == kBlock && x.scalar_type() == torch::kFloat32 &&
-                  x.device().is_cpu(),
-              what, " takes a blocked N x C/16 x H x W x 16 float CPU tensor");
+  TORCH_CHECK(x.dim() == 5 && x.size(4) == kBlock && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), what,
+              " takes a blocked N x C/16 x H x W x 16 float CPU tensor");
 }
 
 torch::Tensor ToBlocked(const torch::Tensor& x) {
@@ -253,9 +252,7 @@ torch::Tensor ToBlocked(const torch::Tensor& x) {
         .permute({0, 3, 1, 2, 4})
         .contiguous();
   }
-  return x.reshape({x.size(0), x.size(1) / kBlock, kBlock, x.size(2), x.size(3)})
-      .permute({0, 1, 3, 4, 2})
-      .contiguous();
+  return x.reshape({x.size(0), x.size(1) / kBlock, kBlock, x.size(2), x.size(3)}).permute({0, 1, 3, 4, 2}).contiguous();
 }
 
 torch::Tensor FromBlocked(const torch::Tensor& x) {

@@ -68,7 +68,9 @@ struct V {
   // floor where it is the greater, else v (NaN included), as AVX2's maxps; not _mm512_max_ps,
   // which GCC 12 builds on an undefined register (-Wmaybe-uninitialized).
   static F Floor(F floor, F v) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(floor, v, _CMP_GT_OQ), v, floor); }
-  static F WherePositive(F y, F g) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), g); }
+  static F WherePositive(F y, F g) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), g);
+  }
   // By vector shuffles: GCC 12's extract and insert intrinsics start from an undefined register,
   // and -Wmaybe-uninitialized says so wherever they are inlined.
   static __m256 Eight(const F* regs, int e) {
@@ -88,7 +90,8 @@ struct V {
     // -Wmaybe-uninitialized says so wherever it is inlined.
     void Add(F v) {
       lo = _mm512_add_pd(lo, __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), __m512d));
-      hi = _mm512_add_pd(hi, __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), __m512d));
+      hi = _mm512_add_pd(hi,
+                         __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), __m512d));
     }
     void StoreAdding(double* p) const {
       _mm512_storeu_pd(p, _mm512_add_pd(_mm512_loadu_pd(p), lo));

@@ -9,8 +9,8 @@
 namespace trainctl {
 
 struct LaunchOptions {
-  std::string self_exe;        // the trainctl binary, run as `trainctl agent` for each node
-  bool color_output = false;   // colour worker prefixes (stdout is a terminal)
+  std::string self_exe;       // the trainctl binary, run as `trainctl agent` for each node
+  bool color_output = false;  // colour worker prefixes (stdout is a terminal)
   std::string log_level = "info";
   // How agents are placed: "local", one process per node on this machine; "slurm", one srun that
   // starts an agent on each node of the Slurm allocation this runs in; or "mpi", one mpirun that

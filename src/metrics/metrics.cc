@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
-
 #include <nlohmann/json.hpp>
 
 #include "common/address.h"
@@ -89,9 +88,9 @@ EventWriter::~EventWriter() {
 }
 
 Result<EventWriter*> EventWriter::Open(const std::string& dir) {
-  std::string path = dir + "/events.out.tfevents." + std::to_string(std::time(nullptr)) + "." +
-                     HostName() + "." + std::to_string(::getpid());
-  ASSIGN_OR_RETURN(std::FILE* f, OpenAppend(path));
+  std::string path = dir + "/events.out.tfevents." + std::to_string(std::time(nullptr)) + "." + HostName() + "." +
+                     std::to_string(::getpid());
+  ASSIGN_OR_RETURN(std::FILE * f, OpenAppend(path));
   auto* w = new EventWriter(f, path);
   std::string first = EventHeader(WallSeconds(), 0);
   Bytes(&first, 3, "brain.Event:2");  // file_version
@@ -102,8 +101,7 @@ Result<EventWriter*> EventWriter::Open(const std::string& dir) {
   return w;
 }
 
-Status EventWriter::AddScalar(const std::string& tag, double value, int64_t step,
-                              double wall_time) {
+Status EventWriter::AddScalar(const std::string& tag, double value, int64_t step, double wall_time) {
   std::string v;
   Bytes(&v, 1, tag);
   Varint(&v, (2 << 3) | 5);  // simple_value: float
@@ -134,7 +132,7 @@ JsonLines::~JsonLines() {
 }
 
 Result<JsonLines*> JsonLines::Open(const std::string& path) {
-  ASSIGN_OR_RETURN(std::FILE* f, OpenAppend(path));
+  ASSIGN_OR_RETURN(std::FILE * f, OpenAppend(path));
   return new JsonLines(f);
 }
 
@@ -161,21 +159,22 @@ Status JsonLines::Write(const std::vector<std::pair<std::string, double>>& numbe
   return Status::Ok();
 }
 
-std::string ProgressLine(int64_t epoch, int64_t epochs, int64_t step, int64_t steps,
-                         double loss, double samples_per_s, double eta_seconds, int width) {
+std::string ProgressLine(int64_t epoch, int64_t epochs, int64_t step, int64_t steps, double loss, double samples_per_s,
+                         double eta_seconds, int width) {
   int64_t filled = steps > 0 ? std::min<int64_t>(width, step * width / steps) : 0;
   std::string bar(filled, '#');
   bar.append(width - filled, '.');
   // The bar covers this epoch, and so does its ETA; the whole job's follows when more epochs come.
   auto text = [](double s) { return FormatDuration(std::chrono::milliseconds(int64_t(std::max(0.0, s) * 1000))); };
-  const int64_t left_here = std::max<int64_t>(0, steps - step), left_after = std::max<int64_t>(0, epochs - epoch) * steps;
-  const double epoch_eta = left_here + left_after > 0 ? eta_seconds * double(left_here) / double(left_here + left_after) : 0;
+  const int64_t left_here = std::max<int64_t>(0, steps - step),
+                left_after = std::max<int64_t>(0, epochs - epoch) * steps;
+  const double epoch_eta =
+      left_here + left_after > 0 ? eta_seconds * double(left_here) / double(left_here + left_after) : 0;
   const std::string eta = left_after > 0 ? text(epoch_eta) + " (job " + text(eta_seconds) + ")" : text(eta_seconds);
   char buf[320];
   std::snprintf(buf, sizeof buf, "epoch %lld/%lld [%s] %3lld%% %lld/%lld loss %.4f %.0f samples/s ETA %s",
-                (long long)epoch, (long long)epochs, bar.c_str(),
-                (long long)(steps > 0 ? step * 100 / steps : 0), (long long)step, (long long)steps,
-                loss, samples_per_s, eta.c_str());
+                (long long)epoch, (long long)epochs, bar.c_str(), (long long)(steps > 0 ? step * 100 / steps : 0),
+                (long long)step, (long long)steps, loss, samples_per_s, eta.c_str());
   return buf;
 }
 

@@ -53,8 +53,7 @@ class JsonLines {
 
 // "epoch 2/5 [#########.........] 45% 1234/2740 loss 0.3121 1520 samples/s ETA 12s (job 1m02s)":
 // the ETA of this epoch (what the bar shows), then the job's (eta_seconds) when epochs remain.
-std::string ProgressLine(int64_t epoch, int64_t epochs, int64_t step_in_epoch,
-                         int64_t steps_per_epoch, double loss, double samples_per_s,
-                         double eta_seconds, int bar_width = 20);
+std::string ProgressLine(int64_t epoch, int64_t epochs, int64_t step_in_epoch, int64_t steps_per_epoch, double loss,
+                         double samples_per_s, double eta_seconds, int bar_width = 20);
 
 }  // namespace trainctl::metrics

@@ -1,5 +1,4 @@
 #include "metrics/metrics.h"
-#include "metrics/timeline.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -7,11 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/fs.h"
 #include "common/strings.h"
+#include "metrics/timeline.h"
 
 namespace trainctl::metrics {
 namespace {
@@ -76,8 +76,8 @@ TEST(JsonLines, WritesOneParsableObjectPerLineWithExactNumbers) {
     auto j = JsonLines::Open(path.string());
     ASSERT_TRUE(j.ok());
     std::unique_ptr<JsonLines> lines(*j);
-    ASSERT_TRUE(lines->Write({{"step", 3}, {"loss", 0.1f}, {"time", 1795355798.125}},
-                             {{"note", "a \"quoted\"\nline"}}).ok());
+    ASSERT_TRUE(
+        lines->Write({{"step", 3}, {"loss", 0.1f}, {"time", 1795355798.125}}, {{"note", "a \"quoted\"\nline"}}).ok());
     ASSERT_TRUE(lines->Write({{"nan", std::nan("")}}).ok());
   }
   auto text = ReadFile(path.string());
@@ -147,8 +147,14 @@ TEST(Timeline, RecordsTheStepsAskedForAsTraceEventsOfTheirRank) {
 
 TEST(Timeline, MergesTheRanksIntoOneTraceAndRefusesAPartThatIsNotOne) {
   Timeline a(1, 1), b(1, 1);
-  { Timeline::Step s(&a, 1); s.End("forward"); }
-  { Timeline::Step s(&b, 1); s.End("forward"); }
+  {
+    Timeline::Step s(&a, 1);
+    s.End("forward");
+  }
+  {
+    Timeline::Step s(&b, 1);
+    s.End("forward");
+  }
   auto merged = MergeTimelines({a.Events(0, "", 0), b.Events(0, "", 1)});
   ASSERT_TRUE(merged.ok()) << merged.status().message();
   auto trace = nlohmann::json::parse(*merged);

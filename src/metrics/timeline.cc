@@ -22,15 +22,24 @@ std::string Timeline::Events(int node, const std::string& host, int rank, const 
   const std::string node_name = "node " + std::to_string(node) + (host.empty() ? "" : " (" + host + ")");
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", node}, {"args", {{"name", node_name}}}});
   events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", node}, {"args", {{"sort_index", node}}}});
-  events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", node}, {"tid", rank},
+  events.push_back({{"name", "thread_name"},
+                    {"ph", "M"},
+                    {"pid", node},
+                    {"tid", rank},
                     {"args", {{"name", "rank " + std::to_string(rank) + (role.empty() ? "" : " (" + role + ")")}}}});
-  events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", node}, {"tid", rank},
-                    {"args", {{"sort_index", rank}}}});
+  events.push_back(
+      {{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", node}, {"tid", rank}, {"args", {{"sort_index", rank}}}});
   for (const Span& s : spans_) {
     json args = {{"step", s.step}};
     if (s.items >= 0) args["items"] = s.items;
-    events.push_back({{"name", s.name}, {"cat", "train"}, {"ph", "X"}, {"ts", s.start_us},
-                      {"dur", s.duration_us}, {"pid", node}, {"tid", rank}, {"args", args}});
+    events.push_back({{"name", s.name},
+                      {"cat", "train"},
+                      {"ph", "X"},
+                      {"ts", s.start_us},
+                      {"dur", s.duration_us},
+                      {"pid", node},
+                      {"tid", rank},
+                      {"args", args}});
   }
   return events.dump(-1, ' ', false, json::error_handler_t::replace);
 }

@@ -15,9 +15,6 @@
 //   - linear (with a bias) on the CPU: oneDNN's sgemm where this build has oneDNN;
 // and everything else, every shape and device, by ATen. The first forward pass says, at debug
 // level, which layer ran where.
-#include "models/models.h"
-#include "models/module_tree.h"
-
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/nn/functional/activation.h>
@@ -33,6 +30,8 @@
 #include "common/log.h"
 #include "common/strings.h"
 #include "kernels/ops.h"
+#include "models/models.h"
+#include "models/module_tree.h"
 #if TRAINCTL_HAVE_ONEDNN
 #include "kernels/onednn.h"
 #endif
@@ -53,14 +52,14 @@ M RegisterAt(torch::nn::Module& root, const std::string& name, M module) {
 
 // A layer, built.
 struct Built {
-  LayerSpec spec;  // with its defaults
+  LayerSpec spec;           // with its defaults
   std::vector<int64_t> in;  // the input's shape (channels, rows, cols or features), per image
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d bn2{nullptr};
   torch::nn::BatchNorm1d bn1{nullptr};
   torch::nn::Linear linear{nullptr};
-  std::vector<Built> body;                       // residual
-  torch::nn::Sequential projection{nullptr};     // residual: conv 1x1 and batch norm, or none
+  std::vector<Built> body;                    // residual
+  torch::nn::Sequential projection{nullptr};  // residual: conv 1x1 and batch norm, or none
 };
 
 bool IsPool2(const LayerSpec& l) {
@@ -79,7 +78,8 @@ class Declared : public Classifier {
 #if TRAINCTL_HAVE_ONEDNN
     // Without bf16 instructions the model stays f32 on the CPU under autocast (trainer.precision:
     // bf16), as the trainer's own kernels do: ATen would emulate bf16, ten times slower than f32.
-    if (x.is_cpu() && at::autocast::is_cpu_enabled() && !kernels::Bf16Convolutions()) f32.emplace(c10::DispatchKey::AutocastCPU);
+    if (x.is_cpu() && at::autocast::is_cpu_enabled() && !kernels::Bf16Convolutions())
+      f32.emplace(c10::DispatchKey::AutocastCPU);
 #endif
     const bool say = !said_;
     said_ = true;
@@ -99,18 +99,24 @@ class Declared : public Classifier {
       const LayerSpec& l = b.spec;
       switch (l.kind) {
         case Kind::kConv:
-          b.conv = RegisterAt(*this, l.name, torch::nn::Conv2d(torch::nn::Conv2dOptions((*shape)[0], l.out, l.kernel)
-                                                                    .stride(l.stride).padding(l.padding)
-                                                                    .groups(l.groups).bias(l.bias)));
+          b.conv = RegisterAt(*this, l.name,
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions((*shape)[0], l.out, l.kernel)
+                                                    .stride(l.stride)
+                                                    .padding(l.padding)
+                                                    .groups(l.groups)
+                                                    .bias(l.bias)));
           *shape = {l.out, Slide((*shape)[1], l), Slide((*shape)[2], l)};
           break;
         case Kind::kBatchNorm:
-          if (shape->size() == 3) b.bn2 = RegisterAt(*this, l.name, torch::nn::BatchNorm2d((*shape)[0]));
-          else b.bn1 = RegisterAt(*this, l.name, torch::nn::BatchNorm1d((*shape)[0]));
+          if (shape->size() == 3)
+            b.bn2 = RegisterAt(*this, l.name, torch::nn::BatchNorm2d((*shape)[0]));
+          else
+            b.bn1 = RegisterAt(*this, l.name, torch::nn::BatchNorm1d((*shape)[0]));
           break;
         case Kind::kLinear: {
           const int64_t features = l.out > 0 ? l.out : classes;
-          b.linear = RegisterAt(*this, l.name, torch::nn::Linear(torch::nn::LinearOptions((*shape)[0], features).bias(l.bias)));
+          b.linear = RegisterAt(*this, l.name,
+                                torch::nn::Linear(torch::nn::LinearOptions((*shape)[0], features).bias(l.bias)));
           *shape = {features};
           break;
         }
@@ -134,8 +140,9 @@ class Declared : public Classifier {
             const int64_t stride = std::max<int64_t>(1, ProjectionStride(in, *shape));  // checked: SummarizeModel
             b.projection = RegisterAt(
                 *this, l.name + ".downsample",
-                torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(in[0], (*shape)[0], 1).stride(stride).bias(false)),
-                                      torch::nn::BatchNorm2d((*shape)[0])));
+                torch::nn::Sequential(
+                    torch::nn::Conv2d(torch::nn::Conv2dOptions(in[0], (*shape)[0], 1).stride(stride).bias(false)),
+                    torch::nn::BatchNorm2d((*shape)[0])));
           }
           break;
         }
@@ -160,8 +167,10 @@ class Declared : public Classifier {
     if (i + 1 >= layers.size()) return 0;
     const LayerSpec& c = layers[i].spec;
     size_t n = 0;
-    if (IsPool2(layers[i + 1].spec)) n = IsRelu(layers, i + 2) ? 3 : 2;
-    else if (IsRelu(layers, i + 1) && i + 2 < layers.size() && IsPool2(layers[i + 2].spec)) n = 3;
+    if (IsPool2(layers[i + 1].spec))
+      n = IsRelu(layers, i + 2) ? 3 : 2;
+    else if (IsRelu(layers, i + 1) && i + 2 < layers.size() && IsPool2(layers[i + 2].spec))
+      n = 3;
     if (n == 0 || c.kind != Kind::kConv || c.kernel != 3 || c.stride != 1 || c.padding != 1 || c.groups != 1 ||
         !c.bias || c.out % 16 != 0 || !kernels::WinogradConvolutions()) {
       return 0;
@@ -172,7 +181,8 @@ class Declared : public Classifier {
 
   static torch::Tensor Bf16ConvPoolRelu(const torch::Tensor& x, const Built& b, bool relu) {
 #if TRAINCTL_HAVE_ONEDNN
-    return kernels::FromBlocked(kernels::MaxPool2x2Relu(kernels::Conv3x3(kernels::ToBlocked(x), b.conv->weight, b.conv->bias, /*bf16=*/true), relu));
+    return kernels::FromBlocked(kernels::MaxPool2x2Relu(
+        kernels::Conv3x3(kernels::ToBlocked(x), b.conv->weight, b.conv->bias, /*bf16=*/true), relu));
 #else
     return kernels::ConvPoolRelu(x, b.conv->weight, b.conv->bias, relu);  // not reached: Bf16Blocked() is false
 #endif

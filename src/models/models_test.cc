@@ -1,16 +1,15 @@
 // Unit tests of the built-in models (models/): the shapes and initial weights of the declared CNN
 // and ResNets, declared layers against ATen's operations, PyTorch's parameter names, and a
 // TorchScript module trained as PyTorch computes it.
+#include "models/models.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-
 
 #include <array>
 #include <map>
 #include <set>
 
-
-#include "models/models.h"
 #include "jobspec/job_spec.h"
 #include "tests/test_util.h"
 
@@ -49,12 +48,13 @@ TEST(Models, TheBuiltinCnnIsADeclarationWithItsFormerWeightsAndComputation) {
   ASSERT_TRUE(model.ok());
   // The former class made its modules in this order, each drawing its default initialization.
   torch::manual_seed(7);
-  torch::nn::Conv2d conv1(torch::nn::Conv2dOptions(1, 32, 3).padding(1)), conv2(torch::nn::Conv2dOptions(32, 64, 3).padding(1));
+  torch::nn::Conv2d conv1(torch::nn::Conv2dOptions(1, 32, 3).padding(1)),
+      conv2(torch::nn::Conv2dOptions(32, 64, 3).padding(1));
   torch::nn::Linear fc1(64 * 7 * 7, 128), fc2(128, 10);
-  const std::map<std::string, torch::Tensor> former = {
-      {"conv1.weight", conv1->weight}, {"conv1.bias", conv1->bias}, {"conv2.weight", conv2->weight},
-      {"conv2.bias", conv2->bias},     {"fc1.weight", fc1->weight},   {"fc1.bias", fc1->bias},
-      {"fc2.weight", fc2->weight},     {"fc2.bias", fc2->bias}};
+  const std::map<std::string, torch::Tensor> former = {{"conv1.weight", conv1->weight}, {"conv1.bias", conv1->bias},
+                                                       {"conv2.weight", conv2->weight}, {"conv2.bias", conv2->bias},
+                                                       {"fc1.weight", fc1->weight},     {"fc1.bias", fc1->bias},
+                                                       {"fc2.weight", fc2->weight},     {"fc2.bias", fc2->bias}};
   auto params = (*model)->named_parameters();
   ASSERT_EQ(params.size(), former.size());
   for (const auto& [name, value] : former) {
@@ -126,14 +126,29 @@ torch::Tensor Reference(const std::vector<LayerSpec>& layers, torch::Tensor x, t
         x = torch::batch_norm(x, p(l.name + ".weight"), p(l.name + ".bias"), buffers[l.name + ".running_mean"].clone(),
                               buffers[l.name + ".running_var"].clone(), true, 0.1, 1e-5, false);
         break;
-      case K::kRelu: x = torch::relu(x); break;
-      case K::kGelu: x = torch::gelu(x); break;
-      case K::kMaxPool: x = torch::max_pool2d(x, l.kernel, l.stride, l.padding); break;
-      case K::kAvgPool: x = torch::avg_pool2d(x, l.kernel, l.stride, l.padding); break;
-      case K::kGlobalAvgPool: x = torch::adaptive_avg_pool2d(x, {1, 1}); break;
-      case K::kFlatten: x = x.flatten(1); break;
-      case K::kLinear: x = torch::linear(x, p(l.name + ".weight"), p(l.name + ".bias")); break;
-      case K::kDropout: break;  // p: 0 in these tests
+      case K::kRelu:
+        x = torch::relu(x);
+        break;
+      case K::kGelu:
+        x = torch::gelu(x);
+        break;
+      case K::kMaxPool:
+        x = torch::max_pool2d(x, l.kernel, l.stride, l.padding);
+        break;
+      case K::kAvgPool:
+        x = torch::avg_pool2d(x, l.kernel, l.stride, l.padding);
+        break;
+      case K::kGlobalAvgPool:
+        x = torch::adaptive_avg_pool2d(x, {1, 1});
+        break;
+      case K::kFlatten:
+        x = x.flatten(1);
+        break;
+      case K::kLinear:
+        x = torch::linear(x, p(l.name + ".weight"), p(l.name + ".bias"));
+        break;
+      case K::kDropout:
+        break;  // p: 0 in these tests
       case K::kResidual: {
         torch::Tensor y = Reference(l.body, x, m, classes);
         if (params.contains(l.name + ".downsample.0.weight")) {
@@ -221,9 +236,9 @@ TEST(Models, DeclaredLayersAreNamedAsInPyTorch) {
   std::vector<std::string> names;
   for (const auto& p : (*model)->named_parameters()) names.push_back(p.key());
   EXPECT_EQ(names, (std::vector<std::string>{"conv1.weight", "bn1.weight", "bn1.bias", "layer1.0.conv1.weight",
-                                             "layer1.0.bn1.weight", "layer1.0.bn1.bias",
-                                             "layer1.0.downsample.0.weight", "layer1.0.downsample.1.weight",
-                                             "layer1.0.downsample.1.bias", "fc.weight", "fc.bias"}));
+                                             "layer1.0.bn1.weight", "layer1.0.bn1.bias", "layer1.0.downsample.0.weight",
+                                             "layer1.0.downsample.1.weight", "layer1.0.downsample.1.bias", "fc.weight",
+                                             "fc.bias"}));
   EXPECT_TRUE((*model)->named_buffers().contains("layer1.0.bn1.running_mean"));
   // A shape the declaration cannot take is an error, before any module is made.
   auto wrong = models::MakeModel("layers", {3, 1, 1, 10}, ParseLayers(R"([{"conv": 16}, "flatten", "linear"])"));
@@ -237,8 +252,9 @@ TEST(Models, DeclaredLayersAreNamedAsInPyTorch) {
 // batch in training mode the same loss and gradients as PyTorch computed.
 TEST(Models, ATorchScriptModuleTrainsAsPyTorchComputesIt) {
   testing::Scratch s;
-  auto made = testing::RunProgram({TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py",
-                                   s.path("models")}, s.path(""));
+  auto made = testing::RunProgram(
+      {TRAINCTL_TEST_PYTHON, std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/scripted_models.py", s.path("models")},
+      s.path(""));
   ASSERT_EQ(made.exit.code, 0) << made.output;
   torch::Tensor x = torch::linspace(-1, 1, 8 * 28 * 28).reshape({8, 1, 28, 28});
   torch::Tensor y = torch::arange(8, torch::kLong) % 10;
@@ -268,19 +284,22 @@ TEST(Models, ATorchScriptModuleTrainsAsPyTorchComputesIt) {
   // The wrong file, or a module that does not fit the data, is an error naming the file and,
   // from the TorchScript interpreter, its cause (not only that "an operation failed").
   auto module = [&](const std::string& name) { return checkpoint::ReadModuleFile(s.path(name)).value(); };
-  auto pickled = testing::RunProgram(
-      {TRAINCTL_TEST_PYTHON, "-c",
-       "import sys, torch\ntorch.save(torch.nn.Linear(4, 2), sys.argv[1] + '/pickled.pt')\n"
-       "torch.save(torch.nn.Linear(4, 2).state_dict(), sys.argv[1] + '/state.pt')\n",
-       s.path("models")}, s.path(""));
+  auto pickled =
+      testing::RunProgram({TRAINCTL_TEST_PYTHON, "-c",
+                           "import sys, torch\ntorch.save(torch.nn.Linear(4, 2), sys.argv[1] + '/pickled.pt')\n"
+                           "torch.save(torch.nn.Linear(4, 2).state_dict(), sys.argv[1] + '/state.pt')\n",
+                           s.path("models")},
+                          s.path(""));
   ASSERT_EQ(pickled.exit.code, 0) << pickled.output;
   for (const char* name : {"models/pickled.pt", "models/state.pt"}) {
     const auto m = module(name);
     auto bad = models::MakeModel("torchscript", {1, 28, 28, 10}, {}, &m);
     ASSERT_FALSE(bad.ok()) << name;
-    EXPECT_NE(bad.status().message().find(std::string(name) + ": not a TorchScript module LibTorch can load (save it with "
-                                          "torch.jit.script(model).save(path), not torch.save)"),
-              std::string::npos) << bad.status().message();
+    EXPECT_NE(
+        bad.status().message().find(std::string(name) + ": not a TorchScript module LibTorch can load (save it with "
+                                                        "torch.jit.script(model).save(path), not torch.save)"),
+        std::string::npos)
+        << bad.status().message();
   }
   const auto bn_cnn = module("models/bn_cnn.pt");
   auto classes = models::MakeModel("torchscript", {1, 28, 28, 7}, {}, &bn_cnn);

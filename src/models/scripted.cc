@@ -118,8 +118,10 @@ Result<std::shared_ptr<Classifier>> LoadScripted(const checkpoint::ModuleFile& f
   try {
     module = torch::jit::load(std::make_shared<BytesReader>(file.bytes), torch::kCPU);
   } catch (const std::exception& e) {
-    return InvalidArgument(path + ": not a TorchScript module LibTorch can load (save it with "
-                           "torch.jit.script(model).save(path), not torch.save): " + Cause(e));
+    return InvalidArgument(path +
+                           ": not a TorchScript module LibTorch can load (save it with "
+                           "torch.jit.script(model).save(path), not torch.save): " +
+                           Cause(e));
   }
   auto model = std::make_shared<Scripted>(std::move(module));
   if (model->parameters().empty()) return InvalidArgument(path + ": the TorchScript module has no parameters to train");
@@ -132,9 +134,9 @@ Result<std::shared_ptr<Classifier>> LoadScripted(const checkpoint::ModuleFile& f
     model->train();
     if (out.dim() != 2 || out.size(0) != 2 || out.size(1) != s.classes) {
       return InvalidArgument(path + ": the module makes " + (out.dim() == 0 ? "a scalar" : c10::str(out.sizes())) +
-                             " of a batch of 2 images of " + std::to_string(s.channels) + "x" +
-                             std::to_string(s.rows) + "x" + std::to_string(s.cols) + "; expected [2, " +
-                             std::to_string(s.classes) + "], one score per class");
+                             " of a batch of 2 images of " + std::to_string(s.channels) + "x" + std::to_string(s.rows) +
+                             "x" + std::to_string(s.cols) + "; expected [2, " + std::to_string(s.classes) +
+                             "], one score per class");
     }
   } catch (const std::exception& e) {
     return InvalidArgument(path + ": the module cannot take a batch of " + std::to_string(s.channels) + "x" +

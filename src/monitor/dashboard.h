@@ -14,9 +14,9 @@ namespace trainctl::monitor {
 
 struct DashboardOptions {
   std::string host = "127.0.0.1";
-  int port = 0;            // 0: any free port
-  std::string token;       // required on every data request; "" is refused by Start
-  std::string self_exe;    // trainctl, run as `eval` and `predict` for a run's eval results
+  int port = 0;          // 0: any free port
+  std::string token;     // required on every data request; "" is refused by Start
+  std::string self_exe;  // trainctl, run as `eval` and `predict` for a run's eval results
 };
 
 class Dashboard {

@@ -5,11 +5,10 @@
 #include <array>
 #include <cmath>
 #include <deque>
-#include <limits>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
-
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
@@ -32,9 +31,16 @@ using nlohmann::json;
 
 json RunSummary(const RunView& v) {
   const runs::RunEntry& e = v.entry;
-  return {{"name", e.name}, {"run_id", e.run_id}, {"state", RunStateName(v.state)}, {"tasks", Tasks(e)},
-          {"progress", Progress(v.dir)}, {"elapsed", Elapsed(v)}, {"output_dir", v.dir}, {"host", e.host},
-          {"started", e.started}, {"alive", v.alive}};
+  return {{"name", e.name},
+          {"run_id", e.run_id},
+          {"state", RunStateName(v.state)},
+          {"tasks", Tasks(e)},
+          {"progress", Progress(v.dir)},
+          {"elapsed", Elapsed(v)},
+          {"output_dir", v.dir},
+          {"host", e.host},
+          {"started", e.started},
+          {"alive", v.alive}};
 }
 
 // The curves of a run's metrics.jsonl, training windows and test accuracy, at most the newest
@@ -43,14 +49,16 @@ json RunSummary(const RunView& v) {
 class Series {
  public:
   json Update(const std::string& path) {
-    file_.Read(path, [this] { train_.clear(), test_.clear(); }, [this](const json& j) {
-      const double none = std::numeric_limits<double>::quiet_NaN();  // JSON has no NaN: missing
-      const double step = JsonField(j, "step", none), loss = JsonField(j, "loss", none),
-                   accuracy = JsonField(j, "test_accuracy", none);
-      if (std::isnan(step)) return;
-      if (!std::isnan(loss)) Keep(&train_, {step, loss, JsonField(j, "samples_per_s", 0.0)});
-      if (!std::isnan(accuracy)) Keep(&test_, {step, accuracy, 0});
-    });
+    file_.Read(
+        path, [this] { train_.clear(), test_.clear(); },
+        [this](const json& j) {
+          const double none = std::numeric_limits<double>::quiet_NaN();  // JSON has no NaN: missing
+          const double step = JsonField(j, "step", none), loss = JsonField(j, "loss", none),
+                       accuracy = JsonField(j, "test_accuracy", none);
+          if (std::isnan(step)) return;
+          if (!std::isnan(loss)) Keep(&train_, {step, loss, JsonField(j, "samples_per_s", 0.0)});
+          if (!std::isnan(accuracy)) Keep(&test_, {step, accuracy, 0});
+        });
     json train = {{"step", json::array()}, {"loss", json::array()}, {"samples_per_s", json::array()}};
     json test = {{"step", json::array()}, {"accuracy", json::array()}};
     for (const auto& p : train_) {
@@ -97,7 +105,7 @@ class DashboardServer : public HttpServer {
   // `trainctl predict` on the test images for the misclassified ones. Cached per model file.
   json Eval(const RunView& v) {
     const std::string model = paths::Model(v.dir);
-    struct stat st{};
+    struct stat st {};
     if (::stat(model.c_str(), &st) != 0) {
       const json job = ReadJson(paths::JobJson(v.dir));
       if (job.is_object() && !job.contains("trainer")) {
@@ -136,13 +144,19 @@ class DashboardServer : public HttpServer {
       if (!Exists(images)) images += ".gz";
       json predicted = test.ok() ? run({"predict", "--checkpoint", model, images, "-o", "json", "-k", "1"}) : json();
       json wrong = json::array();
-      for (size_t i = 0; predicted.is_array() && i < predicted.size() && i < static_cast<size_t>(test->count) && wrong.size() < 24; ++i) {
+      for (size_t i = 0;
+           predicted.is_array() && i < predicted.size() && i < static_cast<size_t>(test->count) && wrong.size() < 24;
+           ++i) {
         const json& top = predicted[i]["top"][0];
         if (top["class"].get<int>() == test->labels[i]) continue;
         const uint8_t* px = test->image(static_cast<int64_t>(i));
-        wrong.push_back({{"index", i}, {"label", test->labels[i]}, {"predicted", top["class"]},
-                         {"predicted_name", top["name"]}, {"probability", top["probability"]},
-                         {"rows", test->rows}, {"cols", test->cols},
+        wrong.push_back({{"index", i},
+                         {"label", test->labels[i]},
+                         {"predicted", top["class"]},
+                         {"predicted_name", top["name"]},
+                         {"probability", top["probability"]},
+                         {"rows", test->rows},
+                         {"cols", test->cols},
                          {"pixels", std::vector<int>(px, px + test->image_bytes())}});
       }
       result["misclassified"] = wrong;
@@ -182,7 +196,8 @@ class DashboardServer : public HttpServer {
       for (const auto& e : runs::List()) out.push_back(RunSummary(View(e)));
       res.set_content(out.dump(), "application/json");
     });
-    server.Get(R"(/api/runs/([A-Za-z0-9._-]+)(/logs|/eval|/timeline)?)", [this](const HttpRequest& req, HttpResponse& res) {
+    server.Get(R"(/api/runs/([A-Za-z0-9._-]+)(/logs|/eval|/timeline)?)", [this](const HttpRequest& req,
+                                                                                HttpResponse& res) {
       auto e = runs::Find(req.matches[1]);
       if (!e.ok() || e->run_id != req.matches[1]) {
         res.status = 404;
@@ -214,7 +229,8 @@ class DashboardServer : public HttpServer {
         out["status"] = v.status.ToJson();
         {
           std::lock_guard<std::mutex> lock(series_mu);
-          if (series.size() >= 64 && !series.count(v.entry.run_id)) series.erase(series.begin());  // bounded; read again if asked
+          if (series.size() >= 64 && !series.count(v.entry.run_id))
+            series.erase(series.begin());  // bounded; read again if asked
           out["series"] = series[v.entry.run_id].Update(paths::MetricsJsonl(v.dir));
         }
         out["split"] = StepSplit(v.dir);
@@ -222,8 +238,12 @@ class DashboardServer : public HttpServer {
         json tasks = json::array();
         if (v.alive) {
           for (const auto& t : SampleTasks(e->pid, std::chrono::milliseconds(250))) {
-            tasks.push_back({{"rank", t.rank}, {"task", t.label}, {"pid", t.pid}, {"cpu_percent", t.cpu_percent},
-                             {"rss_mib", t.rss_mib}, {"threads", t.threads}});
+            tasks.push_back({{"rank", t.rank},
+                             {"task", t.label},
+                             {"pid", t.pid},
+                             {"cpu_percent", t.cpu_percent},
+                             {"rss_mib", t.rss_mib},
+                             {"threads", t.threads}});
           }
         }
         out["workers"] = tasks;

@@ -10,9 +10,9 @@ namespace trainctl::monitor {
 
 struct GpuUse {
   int64_t pid = 0;
-  int device = -1;               // NVML's index
-  double memory_mib = 0;         // what the process holds on it
-  int device_utilization = -1;   // the device's busy percentage over NVML's last sample period
+  int device = -1;              // NVML's index
+  double memory_mib = 0;        // what the process holds on it
+  int device_utilization = -1;  // the device's busy percentage over NVML's last sample period
 };
 
 // Whether NVML loaded and sees at least one device.

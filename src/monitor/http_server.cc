@@ -46,17 +46,28 @@ std::string Decode(const std::string& s) {
 
 const char* Reason(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Content Too Large";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "Status";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Content Too Large";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Status";
   }
 }
 
@@ -256,8 +267,10 @@ void HttpServer::Refuse(int fd, int status, const std::string& why) {
   HttpResponse res;
   res.status = status;
   res.set_content(why + "\n", "text/plain");
-  std::string out = "HTTP/1.1 " + std::to_string(status) + " " + Reason(status) + "\r\nContent-Type: text/plain\r\n"
-                    "Content-Length: " + std::to_string(res.body.size()) + "\r\nConnection: close\r\n\r\n" + res.body;
+  std::string out = "HTTP/1.1 " + std::to_string(status) + " " + Reason(status) +
+                    "\r\nContent-Type: text/plain\r\n"
+                    "Content-Length: " +
+                    std::to_string(res.body.size()) + "\r\nConnection: close\r\n\r\n" + res.body;
   ssize_t ignored = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);  // best effort, never waits
   (void)ignored;
   // Closed only once what the client still sends is read (a second at most, 256 KiB at most):

@@ -28,10 +28,10 @@
 namespace trainctl::monitor {
 
 struct HttpRequest {
-  std::string method, path;                   // path without its query
-  std::map<std::string, std::string> params;  // the query, decoded
-  std::map<std::string, std::string> headers; // names in lower case
-  std::vector<std::string> matches;           // the route's regex groups; [0] the whole path
+  std::string method, path;                    // path without its query
+  std::map<std::string, std::string> params;   // the query, decoded
+  std::map<std::string, std::string> headers;  // names in lower case
+  std::vector<std::string> matches;            // the route's regex groups; [0] the whole path
   bool has_param(const std::string& k) const { return params.count(k) > 0; }
   std::string get_param_value(const std::string& k) const;
   std::string get_header_value(const std::string& name) const;  // any case
@@ -99,8 +99,8 @@ class HttpServer : public HttpService {
   void Answer(int fd, const HttpResponse& res);
 
   Limits limits_;
-  std::deque<Pending> pending_;    // heads not whole yet, oldest first
-  std::deque<Pending> lingering_;  // answered and refused: read until the client closes
+  std::deque<Pending> pending_;      // heads not whole yet, oldest first
+  std::deque<Pending> lingering_;    // answered and refused: read until the client closes
   Clock::time_point resting_until_;  // out of descriptors: the listener rests until then
   std::vector<std::pair<std::regex, Handler>> routes_;
   Filter filter_;

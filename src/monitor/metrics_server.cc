@@ -2,9 +2,10 @@
 #include "common/strings.h"
 #include "monitor/http_server.h"
 
-extern "C" __attribute__((visibility("default"))) void trainctl_serve_metrics(
-    const std::string& host, int port, const std::string& token, std::function<std::string()> render,
-    trainctl::monitor::ServiceResult* out) {
+extern "C" __attribute__((visibility("default"))) void trainctl_serve_metrics(const std::string& host, int port,
+                                                                              const std::string& token,
+                                                                              std::function<std::string()> render,
+                                                                              trainctl::monitor::ServiceResult* out) {
   using namespace trainctl::monitor;
   auto service = std::make_unique<HttpServer>();
   service->Get("/metrics", [token, render](const HttpRequest& req, HttpResponse& res) {

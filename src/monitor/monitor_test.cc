@@ -80,7 +80,8 @@ TEST_F(MonitorTest, ARunMovedAsideByALaterOneIsReadFromPrevious) {
 
 TEST_F(MonitorTest, ProgressIsTheLastEpochStepLossAndAccuracyLogged) {
   EXPECT_EQ(Progress(dir_), "-");
-  Write("metrics.jsonl", "{\"epoch\": 1, \"step\": 100, \"loss\": 0.5}\n{\"epoch\": 1, \"step\": 200, \"loss\": 0.25}\n");
+  Write("metrics.jsonl",
+        "{\"epoch\": 1, \"step\": 100, \"loss\": 0.5}\n{\"epoch\": 1, \"step\": 200, \"loss\": 0.25}\n");
   EXPECT_EQ(Progress(dir_), "epoch 1 step 200 loss 0.2500");
   Write("metrics.jsonl", "{\"epoch\": 1, \"step\": 200, \"test_accuracy\": 0.91}\nnot json\n", true);
   EXPECT_EQ(Progress(dir_), "epoch 1 step 200 loss 0.2500 acc 0.9100");
@@ -96,8 +97,8 @@ TEST_F(MonitorTest, LogFilesAreInRankOrderRolesByTheSpecsOrder) {
             (std::vector<std::string>{logs + "worker-0.log", logs + "worker-2.log", logs + "worker-10.log"}));
   const nlohmann::json spec = {{"roles", {{{"name", "ps"}, {"replicas", 2}}, {{"name", "worker"}, {"replicas", 11}}}}};
   EXPECT_EQ(LogFiles(logs, "", -1, spec),
-            (std::vector<std::string>{logs + "ps-0.log", logs + "ps-1.log", logs + "worker-0.log", logs + "worker-2.log",
-                                      logs + "worker-10.log"}));
+            (std::vector<std::string>{logs + "ps-0.log", logs + "ps-1.log", logs + "worker-0.log",
+                                      logs + "worker-2.log", logs + "worker-10.log"}));
   EXPECT_EQ(LogFiles(logs, "", 4, spec), (std::vector<std::string>{logs + "worker-2.log"}));  // rank 2 + 2 ps
 }
 
@@ -107,7 +108,8 @@ TEST_F(MonitorTest, AFollowerReadsWholeLinesAndStartsOverWhenTheFileIsReplaced) 
   std::vector<int> seen;
   int starts = 0;
   auto read = [&] {
-    f.Read(path, [&] { ++starts, seen.clear(); }, [&](const nlohmann::json& j) { seen.push_back(j["step"]); });
+    f.Read(
+        path, [&] { ++starts, seen.clear(); }, [&](const nlohmann::json& j) { seen.push_back(j["step"]); });
   };
   Write("metrics.jsonl", "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3");  // the third still being written
   read();
@@ -125,8 +127,9 @@ TEST_F(MonitorTest, AFollowerReadsWholeLinesAndStartsOverWhenTheFileIsReplaced) 
 TEST_F(MonitorTest, PrometheusTextCarriesEachRunsSeriesAndEscapesItsLabels) {
   EXPECT_EQ(EscapeLabel("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
   Status("mon-1", RunState::kSucceeded);
-  Write("metrics.jsonl", "{\"step\": 10, \"loss\": 0.5, \"window_seconds\": 2, \"window_steps\": 10, "
-                         "\"samples_per_s\": 640, \"data_seconds\": 0.1, \"comm_seconds\": 0.3}\n");
+  Write("metrics.jsonl",
+        "{\"step\": 10, \"loss\": 0.5, \"window_seconds\": 2, \"window_steps\": 10, "
+        "\"samples_per_s\": 640, \"data_seconds\": 0.1, \"comm_seconds\": 0.3}\n");
   MetricsExporter exporter;
   const runs::RunEntry e = Entry("mon-1", 0);
   std::string text = exporter.Render({e});
@@ -136,8 +139,10 @@ TEST_F(MonitorTest, PrometheusTextCarriesEachRunsSeriesAndEscapesItsLabels) {
   EXPECT_NE(text.find("trainctl_train_samples_total" + labels + " 1280"), std::string::npos) << text;
   EXPECT_NE(text.find("trainctl_job_failed" + labels + " 0"), std::string::npos) << text;
   // The next scrape reads only what was appended since.
-  Write("metrics.jsonl", "{\"step\": 20, \"loss\": 0.25, \"window_seconds\": 1, \"window_steps\": 10, "
-                         "\"samples_per_s\": 1280}\n{\"test_accuracy\": 0.9}\n", true);
+  Write("metrics.jsonl",
+        "{\"step\": 20, \"loss\": 0.25, \"window_seconds\": 1, \"window_steps\": 10, "
+        "\"samples_per_s\": 1280}\n{\"test_accuracy\": 0.9}\n",
+        true);
   text = exporter.Render({e});
   EXPECT_NE(text.find("trainctl_train_steps_total" + labels + " 20"), std::string::npos) << text;
   EXPECT_NE(text.find("trainctl_train_samples_total" + labels + " 2560"), std::string::npos) << text;

@@ -1,7 +1,6 @@
 #include "monitor/prometheus.h"
 
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
@@ -25,10 +24,14 @@ std::string Number(double v) { return ShortestNumber(v); }
 std::string EscapeLabel(const std::string& value) {
   std::string out;
   for (char c : value) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -108,7 +111,8 @@ std::string MetricsExporter::Render(const std::vector<runs::RunEntry>& entries) 
     if (t.loss >= 0) add(6, labels, t.loss);
     add(7, labels, t.data);
     add(8, labels, t.comm);
-    for (size_t b = 0; b < kBounds.size(); ++b) add(9, labels + ",le=\"" + Number(kBounds[b]) + "\"", t.buckets[b], "_bucket");
+    for (size_t b = 0; b < kBounds.size(); ++b)
+      add(9, labels + ",le=\"" + Number(kBounds[b]) + "\"", t.buckets[b], "_bucket");
     add(9, labels + ",le=\"+Inf\"", t.count, "_bucket");
     add(9, labels, t.sum, "_sum");
     add(9, labels, t.count, "_count");
@@ -127,8 +131,7 @@ struct MetricsServer::Impl {
 
 MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host, int port,
-                                                            const std::string& token,
+Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host, int port, const std::string& token,
                                                             std::function<std::string()> render) {
   if (token.empty()) return InvalidArgument("serving metrics needs the job's token");
   ASSIGN_OR_RETURN(auto serve, PluginFunction<ServeMetricsEntry>(kHttpPlugin, kServeMetricsEntry));

@@ -186,7 +186,8 @@ std::vector<std::string> LogFiles(const std::string& dir, const std::string& rol
     auto it = first_rank.find(task.first);
     return (it == first_rank.end() ? 0 : it->second) + task.second;
   };
-  std::sort(found.begin(), found.end(), [&](const auto& a, const auto& b) { return rank_of(a.first) < rank_of(b.first); });
+  std::sort(found.begin(), found.end(),
+            [&](const auto& a, const auto& b) { return rank_of(a.first) < rank_of(b.first); });
   std::vector<std::string> out;
   for (const auto& [task, path] : found) {
     if (!role.empty() && task.first != role) continue;
@@ -198,7 +199,7 @@ std::vector<std::string> LogFiles(const std::string& dir, const std::string& rol
 
 void JsonLinesFollower::Read(const std::string& path, const std::function<void()>& start_over,
                              const std::function<void(const nlohmann::json&)>& each) {
-  struct stat st{};
+  struct stat st {};
   if (path != path_ || (::stat(path.c_str(), &st) == 0 && st.st_size < offset_)) {
     path_ = path;
     offset_ = 0;
@@ -230,10 +231,10 @@ std::string StepSplit(const std::string& output_dir) {
     if (secs <= 0 || steps <= 0) continue;
     const double data = 100 * num("data_seconds") / secs, comm = 100 * num("comm_seconds") / secs;
     char buf[256];
-    std::snprintf(buf, sizeof buf, "step %.0f: %.1f steps/s, %.0f samples/s; a step: %.0f %% data, %.0f %% compute, "
+    std::snprintf(buf, sizeof buf,
+                  "step %.0f: %.1f steps/s, %.0f samples/s; a step: %.0f %% data, %.0f %% compute, "
                   "%.0f %% communication (rank 0, last %.0f steps)",
-                  num("step"), steps / secs, num("samples_per_s"), data,
-                  std::max(0.0, 100 - data - comm), comm, steps);
+                  num("step"), steps / secs, num("samples_per_s"), data, std::max(0.0, 100 - data - comm), comm, steps);
     std::string line = buf;
     if (j.contains("slowest_rank")) {  // the rank the others waited for: the one that waited least
       std::snprintf(buf, sizeof buf, "; slowest rank %.0f (waiting %.0f %%, the others up to %.0f %%)",
@@ -241,15 +242,13 @@ std::string StepSplit(const std::string& output_dir) {
       line += buf;
     }
     if (j.contains("batch_max")) {  // trainer.balance: speed
-      std::snprintf(buf, sizeof buf, "; batch split by speed: %.0f to %.0f a rank", num("batch_min"),
-                    num("batch_max"));
+      std::snprintf(buf, sizeof buf, "; batch split by speed: %.0f to %.0f a rank", num("batch_min"), num("batch_max"));
       line += buf;
     }
     return line;
   }
   return "";
 }
-
 
 std::vector<TaskStats> SampleTasks(int64_t launcher_pid, Duration interval) {
   auto before = SampleAll();

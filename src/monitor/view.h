@@ -5,10 +5,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/duration.h"
 #include "job/run_status.h"
@@ -31,17 +30,17 @@ struct RunView {
 };
 RunView View(const runs::RunEntry& e);
 
-std::string Elapsed(const RunView& v);                 // "14s", or status.json's elapsed
-std::string Progress(const std::string& output_dir);   // "epoch 3 step 1200 loss 0.4120 acc 0.9100" or "-"
-std::string Tasks(const runs::RunEntry& e);            // "2x2", or "7 tasks" for a job with roles
+std::string Elapsed(const RunView& v);                // "14s", or status.json's elapsed
+std::string Progress(const std::string& output_dir);  // "epoch 3 step 1200 loss 0.4120 acc 0.9100" or "-"
+std::string Tasks(const runs::RunEntry& e);           // "2x2", or "7 tasks" for a job with roles
 // "step 350: 106.1 steps/s, ...; a step: 1 % data, 97 % compute, 2 % communication ..." or "".
 std::string StepSplit(const std::string& output_dir);
 
 // Follows a JSON-lines file as it grows (a run's metrics.jsonl): each Read parses only the whole
 // lines appended since the last one. On the first Read, and when the file is another path than
 // the one followed or shorter than what was read (a later run moved or replaced it), Read calls
-// `start_over` first (the caller drops what it gathered) and reads from the beginning. One follower per file; the caller
-// locks when several threads share it.
+// `start_over` first (the caller drops what it gathered) and reads from the beginning. One follower per file; the
+// caller locks when several threads share it.
 class JsonLinesFollower {
  public:
   void Read(const std::string& path, const std::function<void()>& start_over,

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "common/address.h"
@@ -147,8 +146,8 @@ Status TimedOut(Store& store, int round, const RendezvousOptions& o, const std::
   const std::string need = o.min_nodes == o.max_nodes ? std::to_string(o.max_nodes)
                                                       : "at least " + std::to_string(o.min_nodes) + " (max " +
                                                             std::to_string(o.max_nodes) + ")";
-  return Timeout("rendezvous round " + std::to_string(round) + ": " + std::to_string(members.size()) + " of " +
-                 need + " nodes joined within " + FormatDuration(o.timeout) + " (joined: " + Join(ids, ", ") + ")" +
+  return Timeout("rendezvous round " + std::to_string(round) + ": " + std::to_string(members.size()) + " of " + need +
+                 " nodes joined within " + FormatDuration(o.timeout) + " (joined: " + Join(ids, ", ") + ")" +
                  (missing.empty() ? "" : "; missing node rank(s) " + Join(missing, ", ")) + why);
 }
 
@@ -174,7 +173,8 @@ Status Close(Store& store, int round, int slots, Clock::time_point deadline, con
       }
       if (elastic && Now(o) >= give_up) break;  // closed without it
       if (Now(o) >= deadline) {
-        return TimedOut(store, round, o, "; slot " + std::to_string(i) + " was taken and never filled (its agent died?)");
+        return TimedOut(store, round, o,
+                        "; slot " + std::to_string(i) + " was taken and never filled (its agent died?)");
       }
       if (o.check) RETURN_IF_ERROR(o.check());
       auto waited = WaitForAny(store, o, {keys::RoundMember(round, i)},
@@ -183,7 +183,7 @@ Status Close(Store& store, int round, int slots, Clock::time_point deadline, con
     }
   }
   if (static_cast<int>(s.nodes.size()) < o.min_nodes) return Status::Ok();  // too few yet: tried again later
-  s.restarts = s.nodes.empty() ? 0 : s.nodes[0].restarts;  // the first joiner's
+  s.restarts = s.nodes.empty() ? 0 : s.nodes[0].restarts;                   // the first joiner's
   std::stable_sort(s.nodes.begin(), s.nodes.end(), [](const Member& a, const Member& b) {
     return static_cast<unsigned>(a.hint) < static_cast<unsigned>(b.hint);  // -1 last
   });
@@ -236,8 +236,7 @@ Result<int> CurrentRound(Store& store) {
   return text ? std::atoi(text->c_str()) : 0;
 }
 
-Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts,
-                                           const RendezvousOptions& o) {
+Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts, const RendezvousOptions& o) {
   const auto deadline = Now(o) + o.timeout;
   if (o.rank_hint >= o.max_nodes) {
     return InvalidArgument("node rank " + std::to_string(o.rank_hint) + " is out of range for " +

@@ -37,8 +37,8 @@ struct RendezvousOptions {
   int max_nodes = 1;
   Duration last_call = std::chrono::seconds(3);
   Duration timeout = std::chrono::minutes(5);  // the whole join, from the first call
-  int rank_hint = -1;       // the launcher's node index (Slurm, Kubernetes); -1: none
-  std::string node_id;      // "host:pid", unique per agent (NodeId); shown in errors
+  int rank_hint = -1;                          // the launcher's node index (Slurm, Kubernetes); -1: none
+  std::string node_id;                         // "host:pid", unique per agent (NodeId); shown in errors
   // The ids of the dead agents that this one replaces (a local launcher starts a killed node's
   // agent again, and that one may be killed in turn): a rank hint one of them still holds in an
   // unfinished round is no conflict; this agent waits for that round's end instead, as a node
@@ -63,10 +63,10 @@ struct RendezvousOptions {
 
 struct RoundInfo {
   int round = 0;
-  int restarts = 0;              // the job's restarts before this round (from the round's state)
+  int restarts = 0;  // the job's restarts before this round (from the round's state)
   int group_rank = 0;
   int group_world_size = 1;
-  bool closed = true;              // false only from PeekRound of an open round
+  bool closed = true;  // false only from PeekRound of an open round
   // Node ids: by group rank once closed, else by arrival. PeekRound fills it; JoinRound leaves
   // it empty (a thousand agents each reading every id is what made rounds slow): RoundNodeId.
   std::vector<std::string> nodes;
@@ -82,8 +82,7 @@ std::string NodeId(const std::string& host, long pid);
 // when fewer than min nodes joined in time, naming who joined and the missing hinted ranks;
 // kInvalidArgument when the hint is out of range or taken by another node; kAborted (or whatever
 // `check` returned) on a stop.
-Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts,
-                                           const RendezvousOptions& options);
+Result<std::optional<RoundInfo>> JoinRound(Store& store, int round, int restarts, const RendezvousOptions& options);
 
 // Reads round `round`'s state without joining: nullopt when no agent has joined it yet.
 // The info's group_rank is -1 (the reader is not in it).

@@ -1,5 +1,4 @@
 #include "rendezvous/rendezvous.h"
-#include "rendezvous/round_end.h"
 
 #include <gtest/gtest.h>
 
@@ -7,8 +6,9 @@
 #include <set>
 #include <thread>
 
-#include "store/etcd/etcd_store.h"
 #include "job/keys.h"
+#include "rendezvous/round_end.h"
+#include "store/etcd/etcd_store.h"
 #include "store/memory/memory_store.h"
 #include "store/tcp/tcp_store.h"
 #include "tests/etcd_server.h"

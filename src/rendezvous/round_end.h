@@ -21,9 +21,7 @@ struct RestartBudget {
   int max_restarts = 0;
   // Whether the job ends with a round that ended so: a failure that is final (a configuration
   // error, task restarts spent) or one past the budget. Success and membership changes spend none.
-  bool Spent(const FailureRecord& end) const {
-    return end.failure() && (end.final || end.restarts > max_restarts);
-  }
+  bool Spent(const FailureRecord& end) const { return end.failure() && (end.final || end.restarts > max_restarts); }
   // The restarts the job has done once `end` is recorded (what status.json reports).
   int Done(const FailureRecord& end) const {
     return end.final || end.restarts < max_restarts ? end.restarts : max_restarts;

@@ -14,9 +14,8 @@ constexpr const char* kUnix = "unix:";
 
 }  // namespace
 
-Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::string& token,
-                                         Duration connect_timeout, const std::function<bool()>& stop,
-                                         int interrupt_fd) {
+Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::string& token, Duration connect_timeout,
+                                         const std::function<bool()>& stop, int interrupt_fd) {
   if (IsEtcdUrl(url)) {
     ASSIGN_OR_RETURN(EtcdUrl parsed, ParseEtcdUrl(url));
     EtcdStoreOptions o;
@@ -45,8 +44,8 @@ Result<std::unique_ptr<Store>> OpenStore(const std::string& url, const std::stri
   if (url.rfind(kUnix, 0) == 0) {
     o.unix_path = url.substr(std::string(kUnix).size());
   } else {
-    RETURN_IF_ERROR(ParseHostPort(url.rfind(kTcp, 0) == 0 ? url.substr(std::string(kTcp).size()) : url,
-                                  &o.host, &o.port));
+    RETURN_IF_ERROR(
+        ParseHostPort(url.rfind(kTcp, 0) == 0 ? url.substr(std::string(kTcp).size()) : url, &o.host, &o.port));
   }
   o.token = token;
   o.connect_timeout = connect_timeout;

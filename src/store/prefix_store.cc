@@ -1,8 +1,7 @@
-#include "store/store.h"
-
 #include <thread>
 
 #include "common/strings.h"
+#include "store/store.h"
 
 namespace trainctl {
 
@@ -23,7 +22,8 @@ Result<std::vector<std::optional<std::string>>> Store::TryGetMany(const std::vec
 
 Status KeysTimeout(const std::vector<std::string>& keys, Duration timeout, bool any) {
   return Timeout(std::string("waiting for ") + (any && keys.size() > 1 ? "any of " : "") + "store key" +
-                 (keys.size() > 1 ? "s " : " ") + Join(keys, ", ") + " (gave up after " + FormatDuration(timeout) + ")");
+                 (keys.size() > 1 ? "s " : " ") + Join(keys, ", ") + " (gave up after " + FormatDuration(timeout) +
+                 ")");
 }
 
 Result<std::pair<size_t, std::string>> Store::WaitAny(const std::vector<std::string>& keys, Duration timeout) {

@@ -1,22 +1,19 @@
 // One suite, run against every Store backend; then what only the TCP store has (auth, a server
 // that dies or stalls, concurrent connections).
-#include <atomic>
-#include <cstring>
-#include <sstream>
 #include <fcntl.h>
-#include <sys/resource.h>
-#include <fstream>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
-
-#include "tests/etcd_server.h"
-#include "tests/test_util.h"
 
 #include "common/socket.h"
 #include "store/etcd/etcd_store.h"
@@ -24,6 +21,8 @@
 #include "store/open_store.h"
 #include "store/tcp/tcp_store.h"
 #include "store/tcp/wire.h"
+#include "tests/etcd_server.h"
+#include "tests/test_util.h"
 
 namespace trainctl {
 namespace {
@@ -40,8 +39,7 @@ class MemoryBackend {
 };
 
 // A TCP store server on loopback that requires `token`.
-std::unique_ptr<TcpStoreServer> StartTcpServer(const std::string& token,
-                                               Duration auth_timeout = seconds(10)) {
+std::unique_ptr<TcpStoreServer> StartTcpServer(const std::string& token, Duration auth_timeout = seconds(10)) {
   TcpStoreServerOptions o;
   o.token = token;
   o.auth_timeout = auth_timeout;
@@ -55,8 +53,7 @@ TcpStoreOptions ClientOptions(uint16_t port, const std::string& token) {
   return o;
 }
 
-std::unique_ptr<TcpStore> ConnectTcp(uint16_t port, const std::string& token,
-                                     Duration io_timeout = seconds(30)) {
+std::unique_ptr<TcpStore> ConnectTcp(uint16_t port, const std::string& token, Duration io_timeout = seconds(30)) {
   TcpStoreOptions o = ClientOptions(port, token);
   o.io_timeout = io_timeout;
   return std::move(TcpStore::Connect(o).value());
@@ -471,12 +468,13 @@ TEST(TcpStore, ClientsWithoutTheTokenCannotMakeTheServerBuffer) {
     ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);  // as much as fits
     fds.push_back(fd);
   }
-  for (int fd : fds) {  // each is answered "token required" and closed
+  for (int fd : fds) {           // each is answered "token required" and closed
     struct timeval tv = {5, 0};  // a server that buffers instead fails here rather than hangs
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     char buf[256];
     ssize_t n;
-    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) {}
+    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) {
+    }
     EXPECT_TRUE(n == 0 || errno == ECONNRESET) << std::strerror(errno);  // closed (unread data: a reset)
     ::close(fd);
   }
@@ -642,7 +640,8 @@ TEST(TcpStore, AStoreHostWhoseNameDoesNotResolveIsRetriedUntilTheConnectTimeout)
   EXPECT_EQ(client.status().code(), Code::kUnavailable);
   EXPECT_NE(client.status().message().find("cannot connect to the store at store.trainctl.invalid:29400: its name does "
                                            "not resolve or there is no route to it"),
-            std::string::npos) << client.status().ToString();
+            std::string::npos)
+      << client.status().ToString();
 }
 
 TEST(TcpStore, AWaitingClientFailsFastWhenTheServerStops) {
@@ -696,9 +695,7 @@ struct ForkedServer {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
   }
-  std::unique_ptr<TcpStore> Client(Duration io_timeout = seconds(30)) {
-    return ConnectTcp(port, "t", io_timeout);
-  }
+  std::unique_ptr<TcpStore> Client(Duration io_timeout = seconds(30)) { return ConnectTcp(port, "t", io_timeout); }
 };
 
 TEST(TcpStore, AClientOfAKilledServerProcessGetsAnErrorNotAHang) {
@@ -727,7 +724,8 @@ TEST(TcpStore, AStalledServerIsDetectedByTheDeadline) {
 }
 
 TEST(Base64, RoundTripsEveryLength) {
-  for (const std::string& s : std::vector<std::string>{"", "f", "fo", "foo", "foob", "fooba", "foobar", std::string("\0\xff\x10", 3)}) {
+  for (const std::string& s :
+       std::vector<std::string>{"", "f", "fo", "foo", "foob", "fooba", "foobar", std::string("\0\xff\x10", 3)}) {
     EXPECT_EQ(*Base64Decode(Base64Encode(s)), s);
   }
   EXPECT_EQ(Base64Encode("foobar"), "Zm9vYmFy");

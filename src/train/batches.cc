@@ -5,11 +5,19 @@
 
 namespace trainctl::train {
 
-BatchSource::BatchSource(const data::ImageSet& set, const Normalizer& norm, Order order,
-                         int64_t steps_per_epoch, int64_t batch, int64_t stride, int64_t epoch,
-                         int64_t first, const torch::Device& device, Augment augment)
-    : set_(set), norm_(norm), order_(std::move(order)), steps_per_epoch_(steps_per_epoch),
-      batch_(batch), stride_(stride), augment_(augment), count_(batch), epoch_(epoch), next_(first),
+BatchSource::BatchSource(const data::ImageSet& set, const Normalizer& norm, Order order, int64_t steps_per_epoch,
+                         int64_t batch, int64_t stride, int64_t epoch, int64_t first, const torch::Device& device,
+                         Augment augment)
+    : set_(set),
+      norm_(norm),
+      order_(std::move(order)),
+      steps_per_epoch_(steps_per_epoch),
+      batch_(batch),
+      stride_(stride),
+      augment_(augment),
+      count_(batch),
+      epoch_(epoch),
+      next_(first),
       device_(device) {
   if (!device.is_cuda()) return;
   gpu_.emplace(device.type());
@@ -113,8 +121,10 @@ Autocast::Autocast(bool bf16, const torch::Device& device) : on_(bf16), cuda_(de
 Autocast::~Autocast() {
   if (!on_) return;
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (cuda_) at::autocast::set_enabled(false);
-  else at::autocast::set_cpu_enabled(false);
+  if (cuda_)
+    at::autocast::set_enabled(false);
+  else
+    at::autocast::set_cpu_enabled(false);
 }
 
 }  // namespace trainctl::train

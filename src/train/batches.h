@@ -49,9 +49,8 @@ class BatchSource {
   // part SetShare() names.
   using Order = std::function<std::vector<int64_t>(int64_t epoch)>;
   // `augment`: the training batches' augmentation (its epoch is set here).
-  BatchSource(const data::ImageSet& set, const Normalizer& norm, Order order, int64_t steps_per_epoch,
-              int64_t batch, int64_t stride, int64_t epoch, int64_t first, const torch::Device& device,
-              Augment augment = {});
+  BatchSource(const data::ImageSet& set, const Normalizer& norm, Order order, int64_t steps_per_epoch, int64_t batch,
+              int64_t stride, int64_t epoch, int64_t first, const torch::Device& device, Augment augment = {});
   ~BatchSource();
   BatchSource(const BatchSource&) = delete;
   BatchSource& operator=(const BatchSource&) = delete;
@@ -88,8 +87,8 @@ class BatchSource {
   Order order_;
   const int64_t steps_per_epoch_, batch_, stride_;
   Augment augment_;
-  int64_t offset_ = 0, count_;  // the part of each step's items this rank reads
-  int64_t epoch_, next_;  // where the next batch is
+  int64_t offset_ = 0, count_;    // the part of each step's items this rank reads
+  int64_t epoch_, next_;          // where the next batch is
   std::vector<int64_t> indices_;  // epoch_'s order
   const torch::Device device_;
   std::optional<c10::impl::VirtualGuardImpl> gpu_;  // a GPU's streams and events

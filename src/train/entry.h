@@ -33,9 +33,9 @@ struct EvalOptions {
   // watch: a final model written before this (unix seconds) is an earlier run's and does not end
   // the watch; 0: before the watch began. The evaluator task passes its run's start.
   int64_t since = 0;
-  std::string data_dir;    // "": the directory recorded in the checkpoint
-  std::string torchscript;  // a TorchScript model's module: "" for the run's copy beside the checkpoint
-  int64_t limit = 0;       // evaluate the first N test images (0: all)
+  std::string data_dir;         // "": the directory recorded in the checkpoint
+  std::string torchscript;      // a TorchScript model's module: "" for the run's copy beside the checkpoint
+  int64_t limit = 0;            // evaluate the first N test images (0: all)
   std::string format = "text";  // text | json
   int threads = 0;              // 0: all cores
   int64_t batch = 500;
@@ -48,7 +48,7 @@ struct PredictOptions {
   std::vector<std::string> images;  // PNG, PGM, PPM files, or idx3 image files (every image in them)
   std::string torchscript;          // as EvalOptions'
   int top = 3;
-  std::string format = "text";      // text | json
+  std::string format = "text";  // text | json
   int threads = 0;
 };
 int RunPredict(const PredictOptions& options);

@@ -24,8 +24,8 @@ double Confusion::class_accuracy(int c) const {
   return t > 0 ? counts[c * classes + c] / t : 0;
 }
 
-Result<Confusion> Evaluate(models::Classifier& model, const data::ImageSet& set, int64_t begin,
-                           int64_t end, const Normalizer& norm, int64_t batch) {
+Result<Confusion> Evaluate(models::Classifier& model, const data::ImageSet& set, int64_t begin, int64_t end,
+                           const Normalizer& norm, int64_t batch) {
   Confusion out;
   out.classes = set.num_classes;
   out.counts.assign(size_t(out.classes) * out.classes, 0);
@@ -63,8 +63,8 @@ Result<Confusion> Evaluate(models::Classifier& model, const data::ImageSet& set,
 std::string FormatReport(const Confusion& c, const std::vector<std::string>& names) {
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "Accuracy of the network on the %.0f test images: %.1f %%\n",
-                c.total(), 100 * c.accuracy());
+  std::snprintf(line, sizeof line, "Accuracy of the network on the %.0f test images: %.1f %%\n", c.total(),
+                100 * c.accuracy());
   out += line;
   for (int k = 0; k < c.classes; ++k) {
     std::snprintf(line, sizeof line, "Accuracy for class: %-12s is %5.1f %%\n", names[k].c_str(),

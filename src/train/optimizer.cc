@@ -17,8 +17,8 @@ namespace {
 // add with a factor, a + f * b, is one fused multiply-add; the momentum's mul_ then add_ are two
 // roundings. (This file is compiled with -ffp-contract=off, so that the compiler fuses nothing
 // else.) `first`: the momentum buffer starts as the first step's gradient.
-__attribute__((target("avx2,fma"))) void SgdStep(float* p, const float* g, float* buf, int64_t n, float lr,
-                                                 float wd, float m, bool nesterov, bool first) {
+__attribute__((target("avx2,fma"))) void SgdStep(float* p, const float* g, float* buf, int64_t n, float lr, float wd,
+                                                 float m, bool nesterov, bool first) {
   const __m256 vwd = _mm256_set1_ps(wd), vm = _mm256_set1_ps(m), vlr = _mm256_set1_ps(-lr);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -85,7 +85,10 @@ void Optimizer::Step(double lr) {
     return;
   }
   if (spec_.momentum != 0) {
-    if (steps_ == 0) buf1_.copy_(g); else buf1_.mul_(spec_.momentum).add_(g);
+    if (steps_ == 0)
+      buf1_.copy_(g);
+    else
+      buf1_.mul_(spec_.momentum).add_(g);
     if (spec_.nesterov) {
       g = g.data_ptr() == scratch_.data_ptr() ? g.add_(buf1_, spec_.momentum)
                                               : torch::add_out(scratch_, g, buf1_, spec_.momentum);

@@ -5,8 +5,7 @@
 
 #include "train/entry.h"
 
-extern "C" __attribute__((visibility("default"))) int trainctl_torch_entry(const char* verb,
-                                                                           const void* options) {
+extern "C" __attribute__((visibility("default"))) int trainctl_torch_entry(const char* verb, const void* options) {
   using namespace trainctl::train;
   // glibc serves allocations above its mmap threshold (at most 32 MiB) with fresh mmap()s and
   // gives them back on free, so every step's activations (a 64-image batch: several MiB per

@@ -1,6 +1,6 @@
 // A worker server's preload (train/entry.h): the data, and one warm-up step of the model.
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/nn/functional/loss.h>
 
 #include "common/duration.h"

@@ -44,8 +44,12 @@ void AverageBlock(const float* const* g, int n, float d, int64_t begin, int64_t 
 class TorchShardOptimizer : public comm::ps::ShardOptimizer {
  public:
   TorchShardOptimizer(const TrainerSpec& t, int64_t count, int64_t total_steps, int workers)
-      : t_(t), total_steps_(total_steps), workers_(workers), params_(torch::zeros({count})),
-        grads_(torch::zeros({count})), opt_(t.optimizer, params_, grads_) {}
+      : t_(t),
+        total_steps_(total_steps),
+        workers_(workers),
+        params_(torch::zeros({count})),
+        grads_(torch::zeros({count})),
+        opt_(t.optimizer, params_, grads_) {}
   float* params() override { return params_.data_ptr<float>(); }
   std::vector<std::pair<std::string, float*>> state() override {
     std::vector<std::pair<std::string, float*>> out;
@@ -103,8 +107,8 @@ int RunParameterServer(const JobSpec& spec, const TaskEnv& env) {
     LOG_ERROR("{}", server.status().message());
     return kExitError;
   }
-  LOG_INFO("parameter server {} of {} ({}) serving {} worker(s) on {}", env.role_rank,
-           env.role_world_size, o.async ? "async" : "sync", o.workers, env.task_addr);
+  LOG_INFO("parameter server {} of {} ({}) serving {} worker(s) on {}", env.role_rank, env.role_world_size,
+           o.async ? "async" : "sync", o.workers, env.task_addr);
   while (!StopSignal()) WaitSignal(std::chrono::seconds(1));
   const int64_t dropped = (*server)->dropped();
   (*server)->Stop();

@@ -1,12 +1,12 @@
 #include "train/reducer.h"
 
-#include <algorithm>
-
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <torch/cuda.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
 
 #include "common/duration.h"
 #include "common/log.h"
@@ -30,8 +30,8 @@ void* CurrentStream(const torch::Device& device) {
 
 }  // namespace
 
-GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Communicator* comm,
-                                 size_t bucket_bytes, bool channels_last)
+GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Communicator* comm, size_t bucket_bytes,
+                                 bool channels_last)
     : comm_(comm),
       params_(std::move(params)),
       offsets_(params_.size()),
@@ -104,8 +104,7 @@ GradientReducer::GradientReducer(std::vector<torch::Tensor> params, comm::Commun
     auto acc = torch::autograd::impl::grad_accumulator(params_[k]);
     size_t bucket = bucket_of[k];
     acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, bucket](const torch::autograd::variable_list& outputs,
-                       const torch::autograd::variable_list&) {
+        [this, bucket](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
           OnGradReady(bucket);
           return outputs;
         }));
@@ -230,8 +229,8 @@ void GradientReducer::CommLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] {
-      return stopping_ || (armed_ && launched_ < buckets_.size() &&
-                           buckets_[launched_].ready >= buckets_[launched_].expected);
+      return stopping_ ||
+             (armed_ && launched_ < buckets_.size() && buckets_[launched_].ready >= buckets_[launched_].expected);
     });
     if (stopping_) return;
     Bucket b = buckets_[launched_++];

@@ -78,8 +78,8 @@ class GradientReducer {
  private:
   struct Bucket {
     int64_t offset = 0, numel = 0;
-    int expected = 0;  // parameters in the bucket
-    int ready = 0;     // gradients accumulated so far in this step
+    int expected = 0;                    // parameters in the bucket
+    int ready = 0;                       // gradients accumulated so far in this step
     std::shared_ptr<c10::Event> queued;  // GPU: recorded when the bucket's last gradient is queued
   };
   struct GradBuffer {
@@ -101,10 +101,10 @@ class GradientReducer {
   int64_t dense_numel_ = 0;
   bool channels_last_;
   torch::Device device_;
-  std::unique_ptr<comm::SharedAverage> shared_;  // null: buckets and a thread
+  std::unique_ptr<comm::SharedAverage> shared_;        // null: buckets and a thread
   std::unique_ptr<comm::DeviceAllReduce> device_sum_;  // GPU: sums queued on the device
   torch::Tensor flat_params_, flat_grads_;
-  torch::Tensor flat_mean_;  // flat_grads_, or the shared average
+  torch::Tensor flat_mean_;               // flat_grads_, or the shared average
   std::vector<GradBuffer> grad_buffers_;  // shared: the two buffers gradients go to in turn
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive

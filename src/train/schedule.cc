@@ -5,8 +5,7 @@
 
 namespace trainctl::train {
 
-double LearningRate(const OptimizerSpec& o, const ScheduleSpec& s, int64_t step,
-                    int64_t total_steps, int world_size) {
+double LearningRate(const OptimizerSpec& o, const ScheduleSpec& s, int64_t step, int64_t total_steps, int world_size) {
   double base = o.lr * (s.scale_by_world_size ? world_size : 1);
   if (s.name == "one_cycle") {
     // The rise takes warmup_steps, else 30 % of the steps (OneCycleLR's pct_start).

@@ -11,7 +11,7 @@
 namespace trainctl::train {
 
 // The learning rate for optimizer step `step` (0-based) of `total_steps`.
-double LearningRate(const OptimizerSpec& optimizer, const ScheduleSpec& schedule, int64_t step,
-                    int64_t total_steps, int world_size);
+double LearningRate(const OptimizerSpec& optimizer, const ScheduleSpec& schedule, int64_t step, int64_t total_steps,
+                    int world_size);
 
 }  // namespace trainctl::train

@@ -106,11 +106,14 @@ Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
         o.stream = false;
         folder.set = {};
         ASSIGN_OR_RETURN(folder, data::LoadImageFolder(dir, o));
-        why = "load: auto; its pictures decoded take " + std::to_string(decoded >> 20) + " MiB, within a quarter of "
+        why = "load: auto; its pictures decoded take " + std::to_string(decoded >> 20) +
+              " MiB, within a quarter of "
               "this machine's memory";
       } else {
-        why = "load: auto; its pictures decoded would take " + std::to_string(decoded >> 20) + " MiB, more than a "
-              "quarter of this machine's memory (" + std::to_string(budget >> 20) + " MiB)";
+        why = "load: auto; its pictures decoded would take " + std::to_string(decoded >> 20) +
+              " MiB, more than a "
+              "quarter of this machine's memory (" +
+              std::to_string(budget >> 20) + " MiB)";
       }
     }
     if (why.empty()) why = "load: memory";
@@ -121,9 +124,9 @@ Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
     } else {
       std::snprintf(listed, sizeof listed, "%d class folder(s) listed in %.2f s", l.listed, l.seconds);
     }
-    folder.set.origin = dir + ": " + std::to_string(folder.set.count) + (train ? " training" : " test") + " images in " +
-                        std::to_string(folder.classes.size()) + " classes (" +
-                        listed + (l.cache_refused.empty() ? "" : "; the list cache not used: " + l.cache_refused) + "); " +
+    folder.set.origin = dir + ": " + std::to_string(folder.set.count) + (train ? " training" : " test") +
+                        " images in " + std::to_string(folder.classes.size()) + " classes (" + listed +
+                        (l.cache_refused.empty() ? "" : "; the list cache not used: " + l.cache_refused) + "); " +
                         (folder.set.stream ? "streamed, each batch decoded as it is used (" + why + ")"
                                            : "decoded into memory (" + why + ")");
     folder.set.skipped = std::move(folder.skipped);  // the trainer names them, once
@@ -131,8 +134,7 @@ Result<data::ImageSet> LoadSplitFromFiles(const DataSpec& spec, bool train) {
   }
   if (spec.dataset == "synthetic") {
     int64_t count = train ? spec.samples : std::max<int64_t>(1, spec.samples / 6);
-    return Limit(data::Synthetic(count, spec.shape[0], spec.shape[1], spec.shape[2], spec.classes,
-                                 train ? 1 : 2),
+    return Limit(data::Synthetic(count, spec.shape[0], spec.shape[1], spec.shape[2], spec.classes, train ? 1 : 2),
                  limit);
   }
   const auto files = SplitFiles(spec, train);
@@ -158,7 +160,7 @@ std::string SplitKey(const DataSpec& spec, bool train) {
     for (double v : {spec.scale[0], spec.scale[1], spec.ratio[0], spec.ratio[1]}) key += ' ' + std::to_string(v);
   }
   for (const auto& path : SplitFiles(spec, train)) {
-    struct stat st{};
+    struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return "";  // nothing to match: the worker reports it
     key += '\n' + path + ' ' + std::to_string(st.st_dev) + ':' + std::to_string(st.st_ino) + ' ' +
            std::to_string(st.st_size) + ' ' + std::to_string(st.st_mtim.tv_sec) + '.' +

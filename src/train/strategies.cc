@@ -80,8 +80,8 @@ class ParameterServers : public StepStrategy {
         host.push_back(t.cpu().contiguous());
         state.emplace_back(name, host.back().data_ptr<float>());
       }
-      RETURN_IF_ERROR(ps_->Init(HostFloats(params, host_params_), count, state, opt_steps,
-                                p.found ? p.step : 0, s.total_steps));
+      RETURN_IF_ERROR(
+          ps_->Init(HostFloats(params, host_params_), count, state, opt_steps, p.found ? p.step : 0, s.total_steps));
     } else {
       RETURN_IF_ERROR(ps_->WaitInitialized());
     }
@@ -101,8 +101,8 @@ class ParameterServers : public StepStrategy {
     torch::Tensor params = s.reducer->flat_params(), grads = s.reducer->flat_grads();
     if (host_grads_.defined()) host_grads_.copy_(grads);
     const auto start = Clock::now();
-    auto pushed = ps_->PushPull(HostFloats(grads, host_grads_), HostFloats(params, host_params_),
-                                params.numel(), version_, s.step + 1);
+    auto pushed = ps_->PushPull(HostFloats(grads, host_grads_), HostFloats(params, host_params_), params.numel(),
+                                version_, s.step + 1);
     wait_seconds_ += SecondsSince(start);
     if (!pushed.ok()) return pushed.status();
     version_ = *pushed;
@@ -151,8 +151,8 @@ class ParameterServers : public StepStrategy {
 
  private:
   comm::ps::Client* ps_;
-  int64_t version_ = 0;  // the shards' version of this worker's parameters
-  double wait_seconds_ = 0;  // in PushPull since the last TakeWaitSeconds
+  int64_t version_ = 0;                     // the shards' version of this worker's parameters
+  double wait_seconds_ = 0;                 // in PushPull since the last TakeWaitSeconds
   torch::Tensor host_params_, host_grads_;  // a GPU's parameters and gradients, staged
 };
 

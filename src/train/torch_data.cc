@@ -1,17 +1,16 @@
 #include "train/torch_data.h"
 
-#include "train/entry.h"
-
-#include "data/image_stream.h"
-
 #include <cmath>
 #include <cstring>
+
+#include "data/image_stream.h"
+#include "train/entry.h"
 
 namespace trainctl::train {
 namespace {
 
-const std::vector<std::string> kCifar10Classes = {"airplane", "automobile", "bird", "cat", "deer",
-                                                  "dog", "frog", "horse", "ship", "truck"};
+const std::vector<std::string> kCifar10Classes = {"airplane", "automobile", "bird",  "cat",  "deer",
+                                                  "dog",      "frog",       "horse", "ship", "truck"};
 
 std::vector<LoadedSplit>& PreloadedSplits() {
   static std::vector<LoadedSplit> splits;  // a worker server's, before any copy (one thread)
@@ -20,7 +19,9 @@ std::vector<LoadedSplit>& PreloadedSplits() {
 
 }  // namespace
 
-const data::ImageSet* PreloadSplits(const DataSpec& spec, bool test) { return KeepSplits(LoadSplitsToKeep(spec, test)); }
+const data::ImageSet* PreloadSplits(const DataSpec& spec, bool test) {
+  return KeepSplits(LoadSplitsToKeep(spec, test));
+}
 
 const data::ImageSet* KeepSplits(std::vector<LoadedSplit> loaded) {
   auto& splits = PreloadedSplits();
@@ -110,8 +111,8 @@ Out* Place(const uint8_t* src, const data::ImageSet& set, int64_t index, const A
 
 }  // namespace
 
-Status FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
-                 const Normalizer& norm, torch::Tensor* x, torch::Tensor* y, const Augment* augment) {
+Status FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n, const Normalizer& norm, torch::Tensor* x,
+                 torch::Tensor* y, const Augment* augment) {
   const bool bytes = x->defined() && x->scalar_type() == torch::kUInt8;  // normalized where the step runs
   if (!x->defined() || x->size(0) != n) {
     *x = torch::empty({n, set.channels, set.rows, set.cols}, bytes ? torch::kUInt8 : torch::kFloat32);
@@ -157,12 +158,18 @@ Status FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
 namespace {
 std::string DtypeName(torch::ScalarType t) {
   switch (t) {
-    case torch::kFloat32: return "F32";
-    case torch::kFloat64: return "F64";
-    case torch::kInt64: return "I64";
-    case torch::kInt32: return "I32";
-    case torch::kUInt8: return "U8";
-    default: return "";
+    case torch::kFloat32:
+      return "F32";
+    case torch::kFloat64:
+      return "F64";
+    case torch::kInt64:
+      return "I64";
+    case torch::kInt32:
+      return "I32";
+    case torch::kUInt8:
+      return "U8";
+    default:
+      return "";
   }
 }
 }  // namespace
@@ -185,13 +192,11 @@ Status CopyBlob(const checkpoint::Blob& blob, torch::Tensor dst) {
       for (auto d : dims) s += (s.empty() ? "" : ", ") + std::to_string(d);
       return "[" + s + "]";
     };
-    return InvalidArgument("tensor " + blob.name + ": expected " + want + " " +
-                           shape(dst.sizes().vec()) + ", got " + blob.dtype + " " +
-                           shape(blob.shape) + "; was it saved by another model?");
+    return InvalidArgument("tensor " + blob.name + ": expected " + want + " " + shape(dst.sizes().vec()) + ", got " +
+                           blob.dtype + " " + shape(blob.shape) + "; was it saved by another model?");
   }
   torch::NoGradGuard no_grad;
-  torch::Tensor src = torch::from_blob(const_cast<char*>(blob.data.data()), blob.shape,
-                                       dst.scalar_type());
+  torch::Tensor src = torch::from_blob(const_cast<char*>(blob.data.data()), blob.shape, dst.scalar_type());
   dst.copy_(src);
   return Status::Ok();
 }

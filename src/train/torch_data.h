@@ -59,8 +59,8 @@ void PrefetchImages(const data::ImageSet& set, const int64_t* indices, int64_t n
 // augmented when `augment` says so: the only per-step copy of the data. A streamed set's images
 // are decoded here (or were, by a PrefetchImages of the same batch); its errors (a file that does
 // not decode, with data.bad_images: fail) are returned.
-Status FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n,
-                 const Normalizer& norm, torch::Tensor* x, torch::Tensor* y, const Augment* augment = nullptr);
+Status FillBatch(const data::ImageSet& set, const int64_t* indices, int64_t n, const Normalizer& norm, torch::Tensor* x,
+                 torch::Tensor* y, const Augment* augment = nullptr);
 
 // Tensors <-> safetensors blobs (CPU, contiguous copies).
 checkpoint::Blob ToBlob(const std::string& name, const torch::Tensor& t);

@@ -1,36 +1,35 @@
 // Unit tests of the trainer's LibTorch parts: the optimizers against PyTorch's own
 // (torch::optim), and the gradient reducer against plain backward, on one rank and on two.
-#include <gtest/gtest.h>
-#include <torch/torch.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <torch/torch.h>
 
 #include <array>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "comm/communicator.h"
 #include "common/cpus.h"
-#include "models/models.h"
 #include "jobspec/job_spec.h"
+#include "models/models.h"
 #include "store/memory/memory_store.h"
+#include "tests/test_util.h"
 #include "train/optimizer.h"
 #include "train/reducer.h"
 #include "train/schedule.h"
 #include "train/torch_data.h"
-#include "tests/test_util.h"
 
 namespace trainctl::train {
 namespace {
 
 // Runs our optimizer and torch::optim's on the same parameters and gradients.
-void CompareWithTorch(const OptimizerSpec& spec, std::unique_ptr<torch::optim::Optimizer> (*make)(
-                                                     std::vector<torch::Tensor>, const OptimizerSpec&),
+void CompareWithTorch(const OptimizerSpec& spec,
+                      std::unique_ptr<torch::optim::Optimizer> (*make)(std::vector<torch::Tensor>,
+                                                                       const OptimizerSpec&),
                       int64_t size = 1000, bool bitwise = false) {
   torch::manual_seed(1);
   torch::Tensor ours = torch::randn({size});
@@ -45,8 +44,7 @@ void CompareWithTorch(const OptimizerSpec& spec, std::unique_ptr<torch::optim::O
     opt.Step(spec.lr);
     ref->step();
   }
-  EXPECT_TRUE(torch::allclose(ours, theirs.detach(), 1e-6, 1e-6))
-      << (ours - theirs.detach()).abs().max().item<float>();
+  EXPECT_TRUE(torch::allclose(ours, theirs.detach(), 1e-6, 1e-6)) << (ours - theirs.detach()).abs().max().item<float>();
   if (bitwise) {
     EXPECT_TRUE(torch::equal(ours, theirs.detach())) << (ours - theirs.detach()).abs().max().item<float>();
   }
@@ -133,15 +131,14 @@ TEST(Optimizer, AdamMatchesTorch) {
   s.weight_decay = 1e-2;
   CompareWithTorch(s, [](std::vector<torch::Tensor> p, const OptimizerSpec& s) {
     return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::Adam(
-        p, torch::optim::AdamOptions(s.lr).betas({s.beta1, s.beta2}).eps(s.eps)
-               .weight_decay(s.weight_decay)));
+        p, torch::optim::AdamOptions(s.lr).betas({s.beta1, s.beta2}).eps(s.eps).weight_decay(s.weight_decay)));
   });
 }
 
 // Trains two steps through the reducer and compares the gradients with plain backward on a
 // copy of the model, on `device`; with `channels_last`, the reducer's 4-D parameters are so.
-void ExpectReducedGradientsEqualPlainBackward(comm::Communicator* comm, torch::Device device,
-                                             bool bitwise, bool channels_last = false) {
+void ExpectReducedGradientsEqualPlainBackward(comm::Communicator* comm, torch::Device device, bool bitwise,
+                                              bool channels_last = false) {
   torch::manual_seed(3);
   auto model = *models::MakeModel("cnn", {1, 28, 28, 10});
   auto reference = *models::MakeModel("cnn", {1, 28, 28, 10});
@@ -179,8 +176,8 @@ void ExpectReducedGradientsEqualPlainBackward(comm::Communicator* comm, torch::D
     const torch::Tensor& got = model->parameters()[i].grad();
     const torch::Tensor& want = reference->parameters()[i].grad();
     EXPECT_TRUE(bitwise ? torch::equal(got, want) : torch::allclose(got, want, 1e-5, 1e-6))
-        << "parameter " << i << ": largest difference " << (got - want).abs().max().item<float>()
-        << " of " << want.abs().max().item<float>();
+        << "parameter " << i << ": largest difference " << (got - want).abs().max().item<float>() << " of "
+        << want.abs().max().item<float>();
   }
   // The parameters now live in the flat buffer.
   EXPECT_EQ(model->parameters()[0].data_ptr<float>() >= reducer.flat_params().data_ptr<float>(), true);

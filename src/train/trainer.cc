@@ -1,27 +1,26 @@
 // The training loop (trainer.h); RunTrainer, which sets a worker up for it, is in worker.cc.
 #include "train/trainer.h"
 
-#include "data/image_stream.h"
-
 #include <ATen/Parallel.h>
+#include <sys/resource.h>
 #include <torch/cuda.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
-#include <sys/resource.h>
 
 #include <algorithm>
-#include <functional>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <filesystem>
+#include <functional>
 #include <sstream>
+#include <thread>
 
 #include "checkpoint/meta.h"
 #include "comm/progress.h"
 #include "common/fs.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "data/image_stream.h"
 #if TRAINCTL_HAVE_ONEDNN
 #include "kernels/onednn.h"
 #endif
@@ -64,13 +63,11 @@ std::string JoinFloats(const std::vector<float>& v) {
   return s.str();
 }
 
-
 double PeakRssMb() {
   struct rusage ru;
   ::getrusage(RUSAGE_SELF, &ru);
   return ru.ru_maxrss / 1024.0;  // Linux reports KiB
 }
-
 
 // Everything one training process holds.
 
@@ -82,8 +79,14 @@ std::string TimelineKey(int restart, int rank) {
 }  // namespace
 
 Trainer::Trainer(TrainerOptions o, std::unique_ptr<StepStrategy> strategy)
-    : spec_(std::move(o.spec)), t_(spec_.trainer), env_(std::move(o.env)), store_(o.store),
-      strategy_(std::move(strategy)), watchdog_(o.watchdog), begun_(o.begun), connected_(o.connected),
+    : spec_(std::move(o.spec)),
+      t_(spec_.trainer),
+      env_(std::move(o.env)),
+      store_(o.store),
+      strategy_(std::move(strategy)),
+      watchdog_(o.watchdog),
+      begun_(o.begun),
+      connected_(o.connected),
       loaded_(o.connected) {
   s_.rank = o.rank;
   s_.world = o.world;
@@ -124,7 +127,8 @@ Status Trainer::Setup() {
   // A streamed folder's decode threads: this worker's share of the machine's CPUs (or the spec's).
   for (data::ImageSet* set : {&train_set_, &test_set_}) {
     if (!set->stream) continue;
-    const int threads = t_.data.threads > 0 ? t_.data.threads : data::DefaultDecodeThreads(std::max(1, env_.local_world_size));
+    const int threads =
+        t_.data.threads > 0 ? t_.data.threads : data::DefaultDecodeThreads(std::max(1, env_.local_world_size));
     set->stream->Configure(threads, static_cast<uint64_t>(t_.seed), spec_.output_dir + "/skipped-images.txt");
   }
   if (s_.rank == 0) {
@@ -141,8 +145,7 @@ Status Trainer::Setup() {
   s_.steps_per_epoch = data::ShardSize(train_set_.count, Sampling()) / s_.batch;
   if (s_.steps_per_epoch < 1) {
     return InvalidArgument("the training set (" + std::to_string(train_set_.count) +
-                           " images) is smaller than one global batch (" +
-                           std::to_string(s_.batch * s_.world) + ")");
+                           " images) is smaller than one global batch (" + std::to_string(s_.batch * s_.world) + ")");
   }
   s_.total_steps = s_.steps_per_epoch * t_.epochs;
   if (t_.max_steps > 0) s_.total_steps = std::min(s_.total_steps, t_.max_steps);
@@ -171,8 +174,7 @@ Status Trainer::Setup() {
   s_.model->train();
   std::vector<torch::Tensor> params;
   for (auto& p : s_.model->parameters()) params.push_back(p);
-  s_.reducer = std::make_unique<GradientReducer>(params, s_.comm, size_t(t_.bucket_mb * (1 << 20)),
-                                               ChannelsLast());
+  s_.reducer = std::make_unique<GradientReducer>(params, s_.comm, size_t(t_.bucket_mb * (1 << 20)), ChannelsLast());
   s_.optimizer = std::make_unique<Optimizer>(t_.optimizer, s_.reducer->flat_params(), s_.reducer->flat_grads());
   checkpoints_ = std::make_unique<checkpoint::CheckpointDir>(spec_.checkpoint_dir, t_.keep_last);
   RETURN_IF_ERROR(strategy_->Setup(s_));
@@ -211,14 +213,16 @@ checkpoint::Checkpoint Trainer::Snapshot(bool with_optimizer) {
   c.metadata = {{"model", t_.model},
                 {"dataset", t_.data.dataset},
                 {"data_dir", t_.data.dir},
-                {"shape", std::to_string(train_set_.channels) + "," + std::to_string(train_set_.rows) +
-                              "," + std::to_string(train_set_.cols)},
+                {"shape", std::to_string(train_set_.channels) + "," + std::to_string(train_set_.rows) + "," +
+                              std::to_string(train_set_.cols)},
                 {"norm_mean", JoinFloats(norm_.mean)},
                 {"norm_std", JoinFloats(norm_.std)}};
   c.metadata["classes"] = std::to_string(classes_);
   if (t_.data.dataset == "imagefolder") {
     c.metadata["class_names"] = Join(train_set_.class_names, "\n");
-    c.metadata["crop_pct"] = fmt::format("{}", t_.data.crop_pct > 0 ? t_.data.crop_pct : t_.data.random_resized_crop ? 0.875 : 1.0);
+    c.metadata["crop_pct"] = fmt::format("{}", t_.data.crop_pct > 0          ? t_.data.crop_pct
+                                               : t_.data.random_resized_crop ? 0.875
+                                                                             : 1.0);
     if (t_.data.test_dir.empty()) {
       c.metadata["holdout"] = fmt::format("{}", t_.data.holdout);
     } else {
@@ -323,9 +327,10 @@ void Trainer::WriteTimeline() {
     LOG_WARN("no timeline written: {}", st.message());
     return;
   }
-  LOG_INFO("timeline of steps {} to {} ({} of {} ranks) written to {}: open it in "
-           "https://ui.perfetto.dev or chrome://tracing",
-           timeline_->first(), std::min(timeline_->last(), s_.step), parts.size(), s_.world, path);
+  LOG_INFO(
+      "timeline of steps {} to {} ({} of {} ranks) written to {}: open it in "
+      "https://ui.perfetto.dev or chrome://tracing",
+      timeline_->first(), std::min(timeline_->last(), s_.step), parts.size(), s_.world, path);
 }
 
 // Rank 0: the newest valid checkpoint or in-memory snapshot, loaded into the model and the
@@ -353,13 +358,13 @@ Status Trainer::LoadNewest(ResumePoint* p, int64_t* opt_steps) {
     for (const auto& s : skipped) LOG_WARN("skipping checkpoint {}", s);
     if (ckpt.ok()) {
       if (ckpt->Meta("model") != t_.model) {
-        return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) + " holds model '" +
-                               ckpt->Meta("model") + "', the spec trains '" + t_.model +
-                               "'; use another checkpoint_dir or remove it");
+        return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) + " holds model '" + ckpt->Meta("model") +
+                               "', the spec trains '" + t_.model + "'; use another checkpoint_dir or remove it");
       }
       if (t_.model == "layers" && ckpt->Meta("layers") != LayersToJson(t_.layers)) {
         return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) + " holds another declared model (" +
-                               ckpt->Meta("layers") + ") than the spec's trainer.model.layers; use another "
+                               ckpt->Meta("layers") +
+                               ") than the spec's trainer.model.layers; use another "
                                "checkpoint_dir or remove it");
       }
       // The training position; an exported model (weights only) in checkpoint_dir lacks it.
@@ -367,8 +372,7 @@ Status Trainer::LoadNewest(ResumePoint* p, int64_t* opt_steps) {
       RETURN_IF_ERROR(LoadModuleState(*s_.model, *ckpt));
       for (auto& [name, t] : opt_state) {
         const checkpoint::Blob* b = ckpt->Find("optimizer." + name);
-        if (!b) return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) +
-                                       " lacks optimizer state " + name);
+        if (!b) return InvalidArgument("checkpoint " + from->PathFor(ckpt->step) + " lacks optimizer state " + name);
         torch::Tensor canonical = torch::empty({s_.reducer->canonical_numel()}, t.options());
         RETURN_IF_ERROR(CopyBlob(*b, canonical));
         s_.reducer->FromCanonical(canonical, t);
@@ -378,8 +382,7 @@ Status Trainer::LoadNewest(ResumePoint* p, int64_t* opt_steps) {
       p->step = ckpt->step;
       p->samples_in_epoch = position.samples_in_epoch();
       p->epoch = position.epoch;
-      LOG_INFO("resuming from {} (step {}, epoch {})", from->PathFor(ckpt->step), ckpt->step,
-               p->epoch + 1);
+      LOG_INFO("resuming from {} (step {}, epoch {})", from->PathFor(ckpt->step), ckpt->step, p->epoch + 1);
     } else if (ckpt.status().code() != Code::kNotFound) {
       return ckpt.status();
     }
@@ -387,8 +390,8 @@ Status Trainer::LoadNewest(ResumePoint* p, int64_t* opt_steps) {
   return Status::Ok();
 }
 
-Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples,
-                        double data_seconds, double comm_seconds) {
+Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples, double data_seconds,
+                        double comm_seconds) {
   // The loss summed over the ranks, and each rank's waiting in its own slot: the rank that waited
   // least is the one the others waited for (a straggler, `trainctl top`).
   std::vector<float> buf(2 + s_.world, 0.0f);
@@ -426,9 +429,9 @@ Status Trainer::LogStep(double loss_sum, double count, double lr, double seconds
   RETURN_IF_ERROR(events_->AddScalar("train/loss", loss, s_.step, now));
   RETURN_IF_ERROR(events_->AddScalar("train/lr", lr, s_.step, now));
   RETURN_IF_ERROR(events_->AddScalar("train/samples_per_s", rate, s_.step, now));
-  std::printf("%s\n", metrics::ProgressLine(s_.epoch + 1, t_.epochs, s_.batch_in_epoch,
-                                             s_.steps_per_epoch, loss, rate, eta)
-                          .c_str());
+  std::printf(
+      "%s\n",
+      metrics::ProgressLine(s_.epoch + 1, t_.epochs, s_.batch_in_epoch, s_.steps_per_epoch, loss, rate, eta).c_str());
   std::fflush(stdout);
   return Status::Ok();
 }
@@ -517,9 +520,9 @@ Status Trainer::TrainEpoch(int64_t epoch, int64_t first_batch) {
       last_status = Clock::now();
       double rate = (i + 1) * s_.batch * s_.world / std::max(1e-9, SecondsSince(epoch_start));
       double eta = double(s_.total_steps - s_.step) * s_.batch * s_.world / rate;
-      std::printf("%s\r", metrics::ProgressLine(epoch + 1, t_.epochs, s_.batch_in_epoch,
-                                               s_.steps_per_epoch, loss.item<float>(), rate, eta)
-                               .c_str());
+      std::printf("%s\r", metrics::ProgressLine(epoch + 1, t_.epochs, s_.batch_in_epoch, s_.steps_per_epoch,
+                                                loss.item<float>(), rate, eta)
+                              .c_str());
       std::fflush(stdout);
     }
   }
@@ -549,8 +552,8 @@ Result<torch::Tensor> Trainer::Step(metrics::Timeline::Step& phases, double* dat
   // Dropout's masks come from the generator: seeded from the step and rank, so a resumed run
   // draws what the uninterrupted one drew (the generator's state is in no checkpoint).
   if (random_layers_) {
-    torch::manual_seed(static_cast<uint64_t>(t_.seed) * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(s_.step) * 65537u +
-                       static_cast<uint64_t>(s_.rank));
+    torch::manual_seed(static_cast<uint64_t>(t_.seed) * 0x9E3779B97F4A7C15ull +
+                       static_cast<uint64_t>(s_.step) * 65537u + static_cast<uint64_t>(s_.rank));
   }
   torch::Tensor logits;
   Enter(comm::Phase::kForward);
@@ -603,8 +606,8 @@ void Trainer::LogSkipped(data::ImageStream& stream, const std::string& when) {
 }
 
 Status Trainer::EndEpoch(int64_t epoch, int64_t first_batch, int64_t count, double seconds, double waited) {
-  LOG_INFO("epoch {}: {:.2f} s training, {:.2f} s of it waiting for the {}", epoch + 1, seconds,
-           waited, strategy_->WaitName());
+  LOG_INFO("epoch {}: {:.2f} s training, {:.2f} s of it waiting for the {}", epoch + 1, seconds, waited,
+           strategy_->WaitName());
   if (train_set_.stream) LogSkipped(*train_set_.stream, "epoch " + std::to_string(epoch + 1));
   if (s_.rank == 0 && count > 0) {
     // An epoch begun by a resume or cut by max_steps is a part of one: its seconds are not an epoch's.
@@ -640,8 +643,8 @@ Status Trainer::EvalEpoch(int64_t epoch) {
                                    {"test_accuracy", c.accuracy()},
                                    {"time", WallSeconds()}}));
     RETURN_IF_ERROR(events_->AddScalar("test/accuracy", c.accuracy(), s_.step, WallSeconds()));
-    std::printf("epoch %lld/%d: test accuracy %.4f (%.0f images)\n", (long long)epoch + 1, t_.epochs,
-                c.accuracy(), c.total());
+    std::printf("epoch %lld/%d: test accuracy %.4f (%.0f images)\n", (long long)epoch + 1, t_.epochs, c.accuracy(),
+                c.total());
     std::fflush(stdout);
   }
   return Status::Ok();
@@ -652,10 +655,11 @@ Status Trainer::Run() {
   const auto set_up = Clock::now();
   RETURN_IF_ERROR(strategy_->Resume(s_, *this));
   auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  LOG_DEBUG("ready to train {:.3f} s after the trainer began: the store, the spec and the collectives {:.3f} s, "
-            "the data {:.3f} s, the model {:.3f} s, resuming {:.3f} s", seconds(begun_, Clock::now()),
-            seconds(begun_, connected_), seconds(connected_, loaded_), seconds(loaded_, set_up),
-            seconds(set_up, Clock::now()));
+  LOG_DEBUG(
+      "ready to train {:.3f} s after the trainer began: the store, the spec and the collectives {:.3f} s, "
+      "the data {:.3f} s, the model {:.3f} s, resuming {:.3f} s",
+      seconds(begun_, Clock::now()), seconds(begun_, connected_), seconds(connected_, loaded_),
+      seconds(loaded_, set_up), seconds(set_up, Clock::now()));
   if (s_.rank == 0) {
     auto count = [](int64_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
     LOG_INFO("training {} on {} ({}) on {}{}{}, {} x batch {}, {} per epoch, {}",
@@ -663,9 +667,8 @@ Status Trainer::Run() {
              : t_.model == "torchscript" ? "the TorchScript module " + t_.torchscript
                                          : t_.model,
              t_.data.dataset, count(train_set_.count, "image"), s_.device.str(),
-             t_.precision == "bf16" ? " in bf16 mixed precision" : "",
-             ChannelsLast() ? ", channels last" : "", count(s_.world, "worker"), s_.batch,
-             count(s_.steps_per_epoch, "step"), count(t_.epochs, "epoch"));
+             t_.precision == "bf16" ? " in bf16 mixed precision" : "", ChannelsLast() ? ", channels last" : "",
+             count(s_.world, "worker"), s_.batch, count(s_.steps_per_epoch, "step"), count(t_.epochs, "epoch"));
     if (Balanced()) {
       LOG_INFO("balance: speed: each global batch of {} is split by the workers' speed, every {} steps",
                s_.batch * s_.world, kBalanceEvery);
@@ -674,8 +677,9 @@ Status Trainer::Run() {
     }
 #if TRAINCTL_HAVE_ONEDNN
     if (t_.precision == "bf16" && s_.device.is_cpu() && !kernels::Bf16Convolutions()) {
-      LOG_WARN("trainer.precision: bf16, but this CPU has no bf16 instructions (AVX512-BF16 or AMX): "
-               "the CNN stays fp32, other models' convolutions are emulated, slower than fp32");
+      LOG_WARN(
+          "trainer.precision: bf16, but this CPU has no bf16 instructions (AVX512-BF16 or AMX): "
+          "the CNN stays fp32, other models' convolutions are emulated, slower than fp32");
     }
 #endif
   }

@@ -22,15 +22,15 @@
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "comm/ps/ps.h"
-#include "common/status.h"
 #include "common/duration.h"
+#include "common/status.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "job/task_env.h"
+#include "jobspec/job_spec.h"
 #include "metrics/metrics.h"
 #include "metrics/timeline.h"
 #include "models/models.h"
-#include "jobspec/job_spec.h"
 #include "store/store.h"
 #include "train/batches.h"
 #include "train/optimizer.h"
@@ -65,12 +65,12 @@ struct TrainState {
   std::shared_ptr<models::Classifier> model;
   std::unique_ptr<GradientReducer> reducer;
   std::unique_ptr<Optimizer> optimizer;
-  int64_t batch = 0;            // per rank
+  int64_t batch = 0;  // per rank
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
-  int64_t step = 0;             // optimizer steps done, job-wide
-  int64_t epoch = 0;            // current epoch
-  int64_t batch_in_epoch = 0;   // batches done in the current epoch
+  int64_t step = 0;            // optimizer steps done, job-wide
+  int64_t epoch = 0;           // current epoch
+  int64_t batch_in_epoch = 0;  // batches done in the current epoch
 
   // Every rank takes rank 0's buffers (batch norm's running statistics).
   Status SyncBuffers();
@@ -116,7 +116,7 @@ std::unique_ptr<StepStrategy> ParameterServerStrategy(comm::ps::Client* ps);
 struct TrainerOptions {
   JobSpec spec;
   TaskEnv env;
-  int rank = 0, world = 1;  // among the training tasks
+  int rank = 0, world = 1;             // among the training tasks
   comm::Communicator* comm = nullptr;  // for the parameter_server strategy a group of one
   torch::Device device{torch::kCPU};
   // The round's key space, where the ranks leave their timelines (trainer.timeline_steps) for
@@ -156,8 +156,8 @@ class Trainer : private StateSource {
   void WriteTimeline();
   checkpoint::Checkpoint Snapshot(bool with_optimizer);
   // One metrics line: the window's loss, rate, and where its time went (rank 0's).
-  Status LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples,
-                 double data_seconds, double comm_seconds);
+  Status LogStep(double loss_sum, double count, double lr, double seconds, int64_t samples, double data_seconds,
+                 double comm_seconds);
   bool Done() const { return t_.max_steps > 0 && s_.step >= t_.max_steps; }
   // This rank's shard of each epoch, shuffled, the short last batch dropped: the epoch's length
   // (Setup) and its order (the batches) from one definition.
@@ -186,7 +186,7 @@ class Trainer : private StateSource {
   bool timeline_published_ = false;
 
   int classes_ = 0;
-  bool random_layers_ = false;  // the model draws from the generator when training (dropout)
+  bool random_layers_ = false;                         // the model draws from the generator when training (dropout)
   std::optional<checkpoint::ModuleFile> module_file_;  // trainer.model.torchscript's, as read
   bool last_saved_ = false;
   comm::ProgressWatchdog* watchdog_;

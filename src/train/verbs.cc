@@ -7,10 +7,9 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-
-#include <nlohmann/json.hpp>
 
 #include "checkpoint/meta.h"
 #include "common/exit_codes.h"
@@ -37,13 +36,15 @@ Result<checkpoint::ModuleFile> SavedModule(const checkpoint::ModelMeta& meta, co
   const std::string dir = IsDirectory(path) ? path : std::filesystem::path(path).parent_path().string();
   const std::string file = !named.empty() ? named : (dir.empty() ? "." : dir) + "/" + checkpoint::kModuleCopyName;
   if (meta.torchscript_sha256.empty() && named.empty()) {
-    return InvalidArgument(path + ": this checkpoint records no hash of its TorchScript module (it was written "
+    return InvalidArgument(path +
+                           ": this checkpoint records no hash of its TorchScript module (it was written "
                            "by an earlier trainctl); name the module it was trained with: --torchscript FILE.pt");
   }
   auto m = checkpoint::ReadModuleFile(file);
   if (!m.ok()) {
     if (named.empty() && m.status().code() == Code::kNotFound) {
-      return NotFound(path + ": its TorchScript module " + file + " is missing (a run keeps a copy of it beside its "
+      return NotFound(path + ": its TorchScript module " + file +
+                      " is missing (a run keeps a copy of it beside its "
                       "model and checkpoints); name the module it was trained with: --torchscript FILE.pt");
     }
     return m.status();
@@ -92,8 +93,8 @@ class CheckpointEvaluator {
       ds.test_dir = o_.data_dir.empty() ? meta.test_dir : o_.data_dir;
       ds.holdout = meta.holdout;
     }
-    const std::string key = ds.dataset + "\n" + ds.dir + "\n" + ds.test_dir + "\n" + ckpt.Meta("shape") + "\n" +
-                            ckpt.Meta("classes");
+    const std::string key =
+        ds.dataset + "\n" + ds.dir + "\n" + ds.test_dir + "\n" + ckpt.Meta("shape") + "\n" + ckpt.Meta("classes");
     if (key != test_key_ && ds.dataset == "imagefolder" && !ds.test_dir.empty()) {
       // A folder of test images, labelled by the class names the model file records (the
       // training folder need not be on this machine).
@@ -116,9 +117,8 @@ class CheckpointEvaluator {
     test_.num_classes = ds.classes;
     models::InputShape in{test_.channels, test_.rows, test_.cols, ds.classes};
     if (in.channels != meta.channels || in.rows != meta.rows || in.cols != meta.cols) {
-      return InvalidArgument("the test images are " + std::to_string(in.channels) + "x" +
-                             std::to_string(in.rows) + "x" + std::to_string(in.cols) +
-                             ", the model was trained on " + ckpt.Meta("shape"));
+      return InvalidArgument("the test images are " + std::to_string(in.channels) + "x" + std::to_string(in.rows) +
+                             "x" + std::to_string(in.cols) + ", the model was trained on " + ckpt.Meta("shape"));
     }
     try {
       ASSIGN_OR_RETURN(auto model, MakeSavedModel(meta, in, path, o_.torchscript));
@@ -146,9 +146,8 @@ Result<checkpoint::Checkpoint> ReadCheckpoint(const std::string& path) { return 
 int RunWatch(const EvalOptions& o) {
   BlockSupervisorSignals();  // a stop ends the watch between two evaluations
   const int64_t since = o.since > 0 ? o.since : static_cast<int64_t>(std::time(nullptr));
-  const std::string out = o.metrics_dir.empty()
-                              ? std::filesystem::path(o.watch).lexically_normal().parent_path().string()
-                              : o.metrics_dir;
+  const std::string out =
+      o.metrics_dir.empty() ? std::filesystem::path(o.watch).lexically_normal().parent_path().string() : o.metrics_dir;
   auto jsonl = metrics::JsonLines::Open(paths::MetricsJsonl(out));
   auto events = metrics::EventWriter::Open(paths::TensorBoardDir(out) + "/eval");
   if (!jsonl.ok() || !events.ok()) {
@@ -163,7 +162,7 @@ int RunWatch(const EvalOptions& o) {
   while (true) {
     // The final model is written after the last checkpoint: look for it first, so that the
     // listing below has every checkpoint it follows. One left from an earlier run does not count.
-    struct stat written{};
+    struct stat written {};
     const bool final_model = ::stat(paths::Model(out).c_str(), &written) == 0 && written.st_mtim.tv_sec >= since;
     for (const auto& path : checkpoint::CheckpointDir(o.watch, 1).List()) {
       if (done.count(path)) continue;
@@ -180,12 +179,11 @@ int RunWatch(const EvalOptions& o) {
         LOG_ERROR("{}", report.status().message());
         return kExitError;
       }
-      Status st = jsonl_owner->Write({{"step", double(ckpt->step)}, {"test_accuracy", accuracy}},
-                                     {{"source", "evaluator"}});
+      Status st =
+          jsonl_owner->Write({{"step", double(ckpt->step)}, {"test_accuracy", accuracy}}, {{"source", "evaluator"}});
       if (st.ok()) st = events_owner->AddScalar("test/accuracy", accuracy, ckpt->step, WallSeconds());
       if (!st.ok()) LOG_WARN("{}", st.message());
-      std::printf("step %lld: test accuracy %.4f (%s)\n", static_cast<long long>(ckpt->step), accuracy,
-                  path.c_str());
+      std::printf("step %lld: test accuracy %.4f (%s)\n", static_cast<long long>(ckpt->step), accuracy, path.c_str());
       std::fflush(stdout);
     }
     if (final_model || StopSignal()) return kExitOk;
@@ -240,7 +238,8 @@ Result<data::ImageSet> LoadImagesFor(const std::string& path, const checkpoint::
   };
   if (meta.dataset != "imagefolder") {
     auto header = data::ReadImageHeader(path);
-    if (header.ok() && (header->rows != meta.rows || header->cols != meta.cols)) return size_error(header->rows, header->cols);
+    if (header.ok() && (header->rows != meta.rows || header->cols != meta.cols))
+      return size_error(header->rows, header->cols);
   }
   ASSIGN_OR_RETURN(data::ImageSet set, idx ? data::LoadIdxImages(path) : data::ReadImageFile(path));
   set = data::ToChannels(set, meta.channels);
@@ -271,8 +270,8 @@ int RunPredict(const PredictOptions& o) {
   const int top = std::min(std::max(1, o.top), meta->classes);
   nlohmann::json all = nlohmann::json::array();
   try {
-    auto model = MakeSavedModel(*meta, {meta->channels, meta->rows, meta->cols, meta->classes}, o.checkpoint,
-                                o.torchscript);
+    auto model =
+        MakeSavedModel(*meta, {meta->channels, meta->rows, meta->cols, meta->classes}, o.checkpoint, o.torchscript);
     if (!model.ok()) return fail(model.status().message());
     if (Status st = LoadModuleState(**model, *ckpt); !st.ok()) return fail(o.checkpoint + ": " + st.message());
     (*model)->eval();

@@ -3,11 +3,10 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <ctime>
-#include <unistd.h>
-
 #include <nlohmann/json.hpp>
 
 #include "comm/progress.h"
@@ -53,8 +52,9 @@ Result<torch::Device> SetUpDevice(const TrainerSpec& t, const TaskEnv& env) {
           "no GPU is visible (nvidia-smi, CUDA_VISIBLE_DEVICES)");
     }
     if (!comm::NcclAvailable()) {
-      return InvalidArgument("trainer.device: cuda needs the NCCL backend, and this trainctl "
-                             "was built without NCCL (see docs/trainer.md, GPUs)");
+      return InvalidArgument(
+          "trainer.device: cuda needs the NCCL backend, and this trainctl "
+          "was built without NCCL (see docs/trainer.md, GPUs)");
     }
     // One GPU per worker on each node, as torchrun scripts use LOCAL_RANK. NCCL refuses two
     // ranks on one GPU, so more workers than GPUs is a spec error, said before NCCL says it.
@@ -136,8 +136,8 @@ Result<Exchange> Connect(const JobSpec& spec, const TaskEnv& env, const std::str
 
 // A rank that stops making progress is named within seconds, not at the collective timeout: the
 // others end the group (comm/progress.h). Its own store client: the loop's is not shared.
-std::unique_ptr<comm::ProgressWatchdog> StartWatchdog(const TaskEnv& env, int rank, int world,
-                                                      comm::Communicator* comm, Duration limit) {
+std::unique_ptr<comm::ProgressWatchdog> StartWatchdog(const TaskEnv& env, int rank, int world, comm::Communicator* comm,
+                                                      Duration limit) {
   auto own = OpenStore(env.store_addr, env.store_token);
   if (!own.ok()) {
     LOG_WARN("no progress watchdog: {}", own.status().message());
@@ -177,8 +177,10 @@ int RunTrainer(const TrainOptions& options) {
   log::SetLevel(options.log_level);
   auto env = TaskEnv::FromProcess();
   if (!env.ok()) {
-    std::fprintf(stderr, "trainctl train: runs as a task of a job (trainctl run JOB.yaml with a "
-                         "trainer section): %s\n", env.status().message().c_str());
+    std::fprintf(stderr,
+                 "trainctl train: runs as a task of a job (trainctl run JOB.yaml with a "
+                 "trainer section): %s\n",
+                 env.status().message().c_str());
     return kExitInvalidSpec;
   }
   const std::string error_file = env->error_file;
@@ -195,9 +197,10 @@ int RunTrainer(const TrainOptions& options) {
   if (!spec.ok()) return fail(spec.status());
   // The task's part: a job without roles is all workers; with roles, each role has its part.
   const std::string part = spec->roles.empty() ? "worker" : env->role_name;
-  log::SetContext(spec->name, spec->roles.empty() ? "rank=" + std::to_string(env->rank)
-                                                  : part + "=" + std::to_string(env->role_rank),
-                  env->restart_count);
+  log::SetContext(
+      spec->name,
+      spec->roles.empty() ? "rank=" + std::to_string(env->rank) : part + "=" + std::to_string(env->role_rank),
+      env->restart_count);
   if (part == "ps") return RunParameterServer(*spec, *env);
   if (part == "evaluator") return RunEvaluator(*spec, *env);
   if (!TrainingRole(part)) {
@@ -205,9 +208,7 @@ int RunTrainer(const TrainOptions& options) {
   }
   // Training rank: a chief first, then the workers by index.
   const bool has_chief = FindRole(spec->roles, "chief") != nullptr;
-  const int rank = spec->roles.empty() ? env->rank
-                   : part == "chief"   ? 0
-                                       : (has_chief ? 1 : 0) + env->role_rank;
+  const int rank = spec->roles.empty() ? env->rank : part == "chief" ? 0 : (has_chief ? 1 : 0) + env->role_rank;
   // Without roles the round's size (an elastic job shrinks and grows); roles are fixed.
   const int world = spec->roles.empty() ? env->world_size : TrainingWorkers(*spec);
   auto device = SetUpDevice(spec->trainer, *env);

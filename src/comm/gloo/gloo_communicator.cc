@@ -1,11 +1,11 @@
 // Gloo backend: a full mesh of TCP pairs set up through the job's Store, ring allreduce.
+#include <dlfcn.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
-#include <dlfcn.h>
 
 #include <atomic>
 #include <cstring>
@@ -69,8 +69,7 @@ class GlooCommunicator : public Communicator {
       gloo::AllreduceOptions opts(context_);
       opts.setOutput(data, count);
       opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-          &gloo::sum<float>));
+      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
       opts.setTag(tag_++);
       opts.setTimeout(timeout_);
       gloo::allreduce(opts);
@@ -109,10 +108,8 @@ class GlooCommunicator : public Communicator {
       f();
       return Status::Ok();
     } catch (const std::exception& e) {
-      broken_ = std::string(what) + " failed on rank " + std::to_string(rank()) + ": " +
-                Describe(e);
-      bool timeout = broken_.find("imed out") != std::string::npos ||
-                     broken_.find("imeout") != std::string::npos;
+      broken_ = std::string(what) + " failed on rank " + std::to_string(rank()) + ": " + Describe(e);
+      bool timeout = broken_.find("imed out") != std::string::npos || broken_.find("imeout") != std::string::npos;
       return timeout ? Timeout(broken_) : Unavailable(broken_);
     }
   }
@@ -134,7 +131,8 @@ Status CheckGlooIsTheOneCompiledFor() {
   }
   const std::string lib = info.dli_fname;
   if (lib.find("libtorch") == std::string::npos) return Status::Ok();
-  return InvalidArgument("gloo: this trainctl's LibTorch (" + lib + ") carries its own Gloo, "
+  return InvalidArgument("gloo: this trainctl's LibTorch (" + lib +
+                         ") carries its own Gloo, "
                          "which replaces the one trainctl was built with; use trainer.backend: "
                          "shm (one node) or nccl (GPUs), or a trainctl built against Debian's "
                          "LibTorch for CPU jobs across nodes");

@@ -24,9 +24,7 @@ namespace {
 
 constexpr char kIdKey[] = "nccl/unique_id";
 
-std::string CudaError(const char* what, cudaError_t err) {
-  return std::string(what) + ": " + cudaGetErrorString(err);
-}
+std::string CudaError(const char* what, cudaError_t err) { return std::string(what) + ": " + cudaGetErrorString(err); }
 
 class NcclCommunicator : public Communicator {
   friend class NcclDeviceAllReduce;
@@ -84,17 +82,15 @@ class NcclCommunicator : public Communicator {
 
   Status AllReduceSum(float* data, size_t count) override {
     if (count == 0) return Status::Ok();
-    return Collective("allreduce", data, count * sizeof(float), [&](void* buf) {
-      return ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm_, stream_);
-    });
+    return Collective("allreduce", data, count * sizeof(float),
+                      [&](void* buf) { return ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm_, stream_); });
   }
 
   Status Broadcast(void* data, size_t bytes, int root) override {
     if (bytes == 0) return Status::Ok();
     RETURN_IF_ERROR(CheckGroup("nccl broadcast", root, size_));
-    return Collective("broadcast", data, bytes, [&](void* buf) {
-      return ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_);
-    });
+    return Collective("broadcast", data, bytes,
+                      [&](void* buf) { return ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_); });
   }
 
   Status Barrier() override {
@@ -137,9 +133,8 @@ class NcclCommunicator : public Communicator {
   }
 
   Status TimedOut(const char* what) {
-    return Timeout("nccl " + std::string(what) + " did not complete within " +
-                   FormatDuration(timeout_) + " on rank " + std::to_string(rank_) + " of " +
-                   std::to_string(size_));
+    return Timeout("nccl " + std::string(what) + " did not complete within " + FormatDuration(timeout_) + " on rank " +
+                   std::to_string(rank_) + " of " + std::to_string(size_));
   }
 
   template <typename Enqueue>
@@ -157,15 +152,15 @@ class NcclCommunicator : public Communicator {
     if (on_host) {
       RETURN_IF_ERROR(EnsureStaging(bytes));
       buf = staging_;
-      RETURN_IF_ERROR(Check(::cudaMemcpyAsync(buf, data, bytes, cudaMemcpyHostToDevice, stream_),
-                            "nccl: copy to the GPU"));
+      RETURN_IF_ERROR(
+          Check(::cudaMemcpyAsync(buf, data, bytes, cudaMemcpyHostToDevice, stream_), "nccl: copy to the GPU"));
     }
     ncclResult_t r = enqueue(buf);
     if (r != ncclSuccess && r != ncclInProgress) return Break(NcclStatus(what, r));
     RETURN_IF_ERROR(AwaitEnqueued(what, deadline));
     if (on_host) {
-      RETURN_IF_ERROR(Check(::cudaMemcpyAsync(data, buf, bytes, cudaMemcpyDeviceToHost, stream_),
-                            "nccl: copy from the GPU"));
+      RETURN_IF_ERROR(
+          Check(::cudaMemcpyAsync(data, buf, bytes, cudaMemcpyDeviceToHost, stream_), "nccl: copy from the GPU"));
     }
     RETURN_IF_ERROR(Check(::cudaEventRecord(done_, stream_), "nccl: cudaEventRecord"));
     // A step's collectives take microseconds to milliseconds: spin briefly, then back off.
@@ -177,8 +172,8 @@ class NcclCommunicator : public Communicator {
   // mu_) released while polling; looks at NCCL's error state now and then, since a peer's failure
   // may show there before the deadline. Returns the failure, or a timeout at `deadline`, for the
   // caller to Break() with; gives up quietly when `*stop` becomes true.
-  Status AwaitEvent(cudaEvent_t event, const char* what, Clock::time_point deadline,
-                    std::unique_lock<std::mutex>& lock, bool spin, const std::atomic<bool>* stop) {
+  Status AwaitEvent(cudaEvent_t event, const char* what, Clock::time_point deadline, std::unique_lock<std::mutex>& lock,
+                    bool spin, const std::atomic<bool>* stop) {
     for (int polls = 0;; ++polls) {
       if (broken_) return error_;
       lock.unlock();
@@ -337,8 +332,8 @@ class NcclDeviceAllReduce : public DeviceAllReduce {
   cudaEvent_t joined_ = nullptr;  // recorded on the communicator's stream at each Join
   std::mutex mu_;
   std::condition_variable cv_;
-  bool outstanding_ = false;  // joined_ not yet seen complete by the watchdog
-  Status failed_;             // the watchdog's verdict, once it gave up
+  bool outstanding_ = false;           // joined_ not yet seen complete by the watchdog
+  Status failed_;                      // the watchdog's verdict, once it gave up
   std::atomic<bool> stopping_{false};  // set under mu_; read without it while polling
   Clock::time_point joined_at_;
   std::thread watchdog_;

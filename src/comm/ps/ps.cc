@@ -3,6 +3,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -12,27 +13,25 @@
 #include <condition_variable>
 #include <cstring>
 
-#include <sys/mman.h>
-
 #include "comm/shm/segment.h"
 #include "common/address.h"
-#include "common/strings.h"
 #include "common/socket.h"
+#include "common/strings.h"
 
 namespace trainctl::comm::ps {
 namespace {
 
 enum Op : uint8_t {
-  kHello = 1,     // token, worker                      -> info
-  kInit,          // total steps, optimizer steps, step, count, names, params, state
-  kPull,          //                                    -> version, params
-  kPushPull,      // base version, worker step, grads   -> version, params
-  kState,         //                                    -> version, optimizer steps, names, params, state
-  kDone,          // worker                             -> done count
-  kInfo,          // worker                             -> info
-  kDoneCount,     //                                    -> done count
-  kShmAttach,     // segment name, count: gradients and parameters through shared memory
-  kPushPullShm,   // base version, worker step (gradients in the segment) -> version (parameters there)
+  kHello = 1,    // token, worker                      -> info
+  kInit,         // total steps, optimizer steps, step, count, names, params, state
+  kPull,         //                                    -> version, params
+  kPushPull,     // base version, worker step, grads   -> version, params
+  kState,        //                                    -> version, optimizer steps, names, params, state
+  kDone,         // worker                             -> done count
+  kInfo,         // worker                             -> info
+  kDoneCount,    //                                    -> done count
+  kShmAttach,    // segment name, count: gradients and parameters through shared memory
+  kPushPullShm,  // base version, worker step (gradients in the segment) -> version (parameters there)
 };
 enum Reply : uint8_t { kOk = 0, kError, kUnauthorized };
 
@@ -80,7 +79,7 @@ bool ReadMessage(int fd, uint64_t max, uint8_t* op, std::string* payload) {
 bool SendParts(int fd, std::vector<struct iovec> parts) {
   size_t i = 0;
   while (i < parts.size()) {
-    struct msghdr m{};
+    struct msghdr m {};
     m.msg_iov = parts.data() + i;
     m.msg_iovlen = std::min<size_t>(parts.size() - i, 64);
     ssize_t n = ::sendmsg(fd, &m, MSG_NOSIGNAL);
@@ -105,12 +104,13 @@ bool WriteAll(int fd, const std::string& data) {
 // The reply to a pull or push: kOk, the version, the parameters, straight from `params`.
 bool SendParams(int fd, int64_t version, const float* params, int64_t count) {
   const std::string head = wire::FrameHeader(kOk, sizeof version + count * sizeof(float));
-  return SendParts(fd, {{const_cast<char*>(head.data()), head.size()}, {&version, sizeof version},
+  return SendParts(fd, {{const_cast<char*>(head.data()), head.size()},
+                        {&version, sizeof version},
                         {const_cast<float*>(params), count * sizeof(float)}});
 }
 
 void SetTimeout(int fd, int option, Duration d) {
-  struct timeval tv{};
+  struct timeval tv {};
   tv.tv_sec = d.count() / 1000;
   tv.tv_usec = (d.count() % 1000) * 1000;
   ::setsockopt(fd, SOL_SOCKET, option, &tv, sizeof tv);
@@ -138,14 +138,16 @@ struct Server::State {
   std::vector<const float*> pending_at;     // here or in its shared-memory segment
   std::vector<bool> arrived;
   int arrived_count = 0;
-  std::vector<int64_t> steps_done;          // by worker
+  std::vector<int64_t> steps_done;  // by worker
   std::vector<bool> done;
   int64_t done_count = 0;
   int64_t dropped = 0;
 
   std::string Info(int worker) const {
     wire::Writer o = Out(kOk);
-    o.I64(initialized).I64(version).I64(worker >= 0 && worker < static_cast<int>(steps_done.size()) ? steps_done[worker] : 0);
+    o.I64(initialized)
+        .I64(version)
+        .I64(worker >= 0 && worker < static_cast<int>(steps_done.size()) ? steps_done[worker] : 0);
     return o.I64(init_step).Frame();
   }
   std::string Params() const {
@@ -169,7 +171,7 @@ Server::Server(ServerOptions options, int listen_fd, int port)
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
   if (o.token.empty()) return InvalidArgument("a parameter server needs the job's token");
   if (o.workers < 1) return InvalidArgument("a parameter server needs at least one worker");
-  struct addrinfo hints{};
+  struct addrinfo hints {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
@@ -187,7 +189,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& o) {
     if (fd >= 0) ::close(fd);
     return ErrnoStatus("cannot listen on " + o.host + ":" + std::to_string(o.port), err);
   }
-  struct sockaddr_storage addr{};
+  struct sockaddr_storage addr {};
   socklen_t len = sizeof addr;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   int port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
@@ -330,8 +332,8 @@ std::string Server::Init(const std::string& payload) {
   State& s = *state_;
   In in(payload);
   int64_t total_steps, opt_steps, step, count, nstate;
-  if (!in.I64(&total_steps) || !in.I64(&opt_steps) || !in.I64(&step) || !in.I64(&count) ||
-      !in.I64(&nstate) || count < 0 || nstate < 0 || nstate > 8) {
+  if (!in.I64(&total_steps) || !in.I64(&opt_steps) || !in.I64(&step) || !in.I64(&count) || !in.I64(&nstate) ||
+      count < 0 || nstate < 0 || nstate > 8) {
     return ErrorReply("malformed init");
   }
   std::vector<std::string> names(nstate);
@@ -460,8 +462,8 @@ bool Server::ServePush(int fd, int worker, uint8_t op, uint64_t len, Conn* c) {
     }
     const std::string why = stopping_ ? "the parameter server is stopping"
                                       : "timed out after " + FormatDuration(o_.timeout) +
-                                            " waiting for the gradients of worker(s) " + missing +
-                                            " for version " + std::to_string(base);
+                                            " waiting for the gradients of worker(s) " + missing + " for version " +
+                                            std::to_string(base);
     lock.unlock();
     return WriteAll(fd, ErrorReply(why));
   }
@@ -588,8 +590,8 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& o) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     if (fd < 0) {
-      return Unavailable("cannot reach parameter server " + std::to_string(i) + " at " + o.shards[i] +
-                         " within " + FormatDuration(o.timeout) + ": " + std::strerror(-fd));
+      return Unavailable("cannot reach parameter server " + std::to_string(i) + " at " + o.shards[i] + " within " +
+                         FormatDuration(o.timeout) + ": " + std::strerror(-fd));
     }
     c->fds_.push_back(fd);
     RETURN_IF_ERROR(c->Hello(i));
@@ -619,15 +621,13 @@ Status Client::WaitInitialized() {
       return Status::Ok();
     }
     if (Clock::now() >= deadline) {
-      return Timeout("the parameter servers were not initialized by worker 0 within " +
-                     FormatDuration(o_.timeout));
+      return Timeout("the parameter servers were not initialized by worker 0 within " + FormatDuration(o_.timeout));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 
-Status Client::Init(const float* params, int64_t count,
-                    const std::vector<std::pair<std::string, const float*>>& state,
+Status Client::Init(const float* params, int64_t count, const std::vector<std::pair<std::string, const float*>>& state,
                     int64_t optimizer_steps, int64_t step, int64_t total_steps) {
   const int shards = static_cast<int>(fds_.size());
   for (int i = 0; i < shards; ++i) {
@@ -669,12 +669,10 @@ Result<int64_t> GatherParams(int shards, int64_t count, float* params, ReplyFn r
 
 Result<int64_t> Client::Pull(float* params, int64_t count) {
   for (size_t i = 0; i < fds_.size(); ++i) RETURN_IF_ERROR(Call(i, Out(kPull)));
-  return GatherParams(static_cast<int>(fds_.size()), count, params,
-                      [&](int i) { return Reply(i, o_.timeout); });
+  return GatherParams(static_cast<int>(fds_.size()), count, params, [&](int i) { return Reply(i, o_.timeout); });
 }
 
-Result<int64_t> Client::PushPull(const float* grads, float* params, int64_t count, int64_t base,
-                                 int64_t worker_step) {
+Result<int64_t> Client::PushPull(const float* grads, float* params, int64_t count, int64_t base, int64_t worker_step) {
   const int shards = static_cast<int>(fds_.size());
   if (links_.empty()) AttachShm(count);
   const auto send_deadline = Clock::now() + o_.timeout;
@@ -688,8 +686,8 @@ Result<int64_t> Client::PushPull(const float* grads, float* params, int64_t coun
     std::string head = wire::FrameHeader(shm ? kPushPullShm : kPushPull, 16 + (shm ? 0 : bytes));
     head.append(reinterpret_cast<const char*>(&base), 8).append(reinterpret_cast<const char*>(&worker_step), 8);
     if (!SendAll(fds_[i], head, send_deadline) ||
-        (!shm && !SendAll(fds_[i], std::string_view(reinterpret_cast<const char*>(grads + begin), bytes),
-                          send_deadline))) {
+        (!shm &&
+         !SendAll(fds_[i], std::string_view(reinterpret_cast<const char*>(grads + begin), bytes), send_deadline))) {
       return Unavailable("parameter server " + std::to_string(i) + " (" + o_.shards[i] + ") is gone");
     }
   }
@@ -706,7 +704,8 @@ Result<int64_t> Client::PushPull(const float* grads, float* params, int64_t coun
     const uint64_t len = rc == 1 ? wire::FrameRest(std::string_view(head, sizeof head)) : 0;
     if (rc == 1 && head[0] != kOk) {  // an error: its message
       std::string payload(std::min<uint64_t>(len, 1 << 20), '\0');
-      if (RecvAll(fds_[i], payload.data(), payload.size(), deadline) != 1) return Unavailable(where + " closed the connection");
+      if (RecvAll(fds_[i], payload.data(), payload.size(), deadline) != 1)
+        return Unavailable(where + " closed the connection");
       std::string message;
       In(payload).Str(&message);
       if (head[0] == kUnauthorized) return PermissionDenied(where + " refused the job's token");

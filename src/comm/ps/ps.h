@@ -118,7 +118,7 @@ class Server {
 
 // What a shard holds, for a checkpoint or to initialize it.
 struct ShardState {
-  int64_t version = 0;          // updates applied
+  int64_t version = 0;  // updates applied
   int64_t optimizer_steps = 0;
   std::vector<float> params;
   std::vector<std::pair<std::string, std::vector<float>>> state;  // the optimizer's, by name
@@ -127,8 +127,8 @@ struct ShardState {
 struct ClientOptions {
   std::vector<std::string> shards;  // host:port of every ps task, by index
   std::string token;
-  int worker = 0;                   // this worker's index among the workers (its training rank)
-  std::string local_host;           // this worker's host: shards there go through shared memory
+  int worker = 0;          // this worker's index among the workers (its training rank)
+  std::string local_host;  // this worker's host: shards there go through shared memory
   Duration timeout = std::chrono::seconds(60);
 };
 
@@ -151,16 +151,14 @@ class Client {
   // Rank 0: gives each shard its slice of `params` and of each optimizer state buffer (all
   // `count` floats), the optimizer's step count, `step`, the training position, and
   // `total_steps`, the training's length (for the learning-rate schedule).
-  Status Init(const float* params, int64_t count,
-              const std::vector<std::pair<std::string, const float*>>& state, int64_t optimizer_steps,
-              int64_t step, int64_t total_steps);
+  Status Init(const float* params, int64_t count, const std::vector<std::pair<std::string, const float*>>& state,
+              int64_t optimizer_steps, int64_t step, int64_t total_steps);
   // Fills `params` (count floats) with the shards' parameters; returns the lowest shard version.
   Result<int64_t> Pull(float* params, int64_t count);
   // Pushes `grads` computed on version `base` (the value Pull or the previous PushPull returned)
   // as this worker's step `worker_step`, then fills `params` with the parameters after it (sync:
   // version base+1 on every shard). Returns the new version.
-  Result<int64_t> PushPull(const float* grads, float* params, int64_t count, int64_t base,
-                           int64_t worker_step);
+  Result<int64_t> PushPull(const float* grads, float* params, int64_t count, int64_t base, int64_t worker_step);
   // The whole state, assembled from the shards (count floats per buffer).
   Result<ShardState> FetchState(int64_t count);
   // Shards reached through shared memory (after the first PushPull).

@@ -148,8 +148,8 @@ TEST(ParameterServer, ASyncVersionThatAWorkerNeverPushesTimesOutNamingIt) {
   auto r = w0->PushPull(g.data(), p.data(), 2, 0, 1);
   ASSERT_FALSE(r.ok());
   EXPECT_LT(Clock::now() - start, seconds(5));
-  EXPECT_NE(r.status().message().find("waiting for the gradients of worker(s) 1, 2 for version 0"),
-            std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("waiting for the gradients of worker(s) 1, 2 for version 0"), std::string::npos)
+      << r.status().ToString();
 }
 
 TEST_P(Transport, AsyncAppliesEachPushAndDropsStaleOnesAndAReplacementGoesOn) {

@@ -29,7 +29,7 @@ Result<int> OpenSegment(const std::string& name, size_t bytes) {
   }
   int fd = ::open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus("shm: cannot open " + name, errno);
-  struct stat st{};
+  struct stat st {};
   Status bad;
   if (::fstat(fd, &st) != 0) {
     bad = ErrnoStatus("shm: cannot stat " + name, errno);

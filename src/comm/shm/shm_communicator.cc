@@ -20,8 +20,8 @@
 // rewritten only once every rank has posted it in the next call, which each rank does after it is
 // done with the last result.
 #include <fcntl.h>
-#include <sched.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -69,14 +69,12 @@ struct Control {
   uint32_t magic;
   int32_t size;
   uint64_t chunk_floats;
-  alignas(64) std::atomic<uint32_t> bell;     // bumped on every arrival; waiters sleep on it
-  alignas(64) std::atomic<uint32_t> mapped;   // ranks that have mapped the segment
-  RankState ranks[];                          // size of them
+  alignas(64) std::atomic<uint32_t> bell;    // bumped on every arrival; waiters sleep on it
+  alignas(64) std::atomic<uint32_t> mapped;  // ranks that have mapped the segment
+  RankState ranks[];                         // size of them
 };
 
-size_t ControlBytes(int size) {
-  return (sizeof(Control) + size * sizeof(RankState) + 63) / 64 * 64;
-}
+size_t ControlBytes(int size) { return (sizeof(Control) + size * sizeof(RankState) + 63) / 64 * 64; }
 
 // Stays in L1 while every rank's input is added to it.
 constexpr size_t kAverageBlock = 4096;
@@ -184,9 +182,7 @@ class ShmCommunicator : public Communicator {
  private:
   float* slot(int r) { return slots_ + size_t(r) * chunk_; }
 
-  Status Usable() const {
-    return broken_.empty() ? Status::Ok() : Unavailable("communicator is broken: " + broken_);
-  }
+  Status Usable() const { return broken_.empty() ? Status::Ok() : Unavailable("communicator is broken: " + broken_); }
 
   // Enters the next barrier and waits for every rank to enter it too.
   Status Arrive(const char* what) {
@@ -240,18 +236,16 @@ class ShmCommunicator : public Communicator {
         for (int r : missing) {
           int32_t pid = control_->ranks[r].pid.load();
           if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-            return Broken(Unavailable(std::string(what) + " failed on rank " +
-                                      std::to_string(rank_) + ": rank " + std::to_string(r) +
-                                      " (pid " + std::to_string(pid) + ") exited"));
+            return Broken(Unavailable(std::string(what) + " failed on rank " + std::to_string(rank_) + ": rank " +
+                                      std::to_string(r) + " (pid " + std::to_string(pid) + ") exited"));
           }
         }
       }
       if (now >= deadline) {
         std::string ranks;
         for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-        return Broken(Timeout(std::string(what) + " timed out on rank " + std::to_string(rank_) +
-                              " after " + FormatDuration(timeout_) + ": rank(s) " + ranks +
-                              " did not arrive (stalled or stuck)"));
+        return Broken(Timeout(std::string(what) + " timed out on rank " + std::to_string(rank_) + " after " +
+                              FormatDuration(timeout_) + ": rank(s) " + ranks + " did not arrive (stalled or stuck)"));
       }
       timespec slice{0, 50 * 1000 * 1000};  // wake up for the liveness and deadline checks
       Futex(&control_->bell, FUTEX_WAIT, bell, &slice);
@@ -276,7 +270,7 @@ class ShmCommunicator : public Communicator {
   uint32_t seq_ = 0;
   const bool spin_;  // every rank has a CPU of its own: a waiting rank spins before it sleeps
   std::string broken_;
-  mutable std::mutex averages_mu_;                // guards averages_ (Behind() reads from another thread)
+  mutable std::mutex averages_mu_;               // guards averages_ (Behind() reads from another thread)
   std::vector<const AverageControl*> averages_;  // the live ShmAverages' heads
 };
 
@@ -299,7 +293,8 @@ std::vector<int> ShmCommunicator::Behind() const {
   for (int r = 0; r < size_; ++r) {
     bool late = int32_t(mine - control_->ranks[r].seq.load(std::memory_order_acquire)) > 0;
     for (const AverageControl* a : averages_) {
-      late |= a->posted[r].blocks.load(std::memory_order_acquire) < a->posted[rank_].blocks.load(std::memory_order_acquire);
+      late |=
+          a->posted[r].blocks.load(std::memory_order_acquire) < a->posted[rank_].blocks.load(std::memory_order_acquire);
     }
     if (late) behind.push_back(r);
   }
@@ -313,7 +308,11 @@ std::vector<int> ShmCommunicator::Behind() const {
 class ShmAverage : public SharedAverage {
  public:
   ShmAverage(ShmCommunicator* comm, void* base, size_t bytes, size_t count, size_t stride)
-      : comm_(comm), base_(base), bytes_(bytes), count_(count), stride_(stride),
+      : comm_(comm),
+        base_(base),
+        bytes_(bytes),
+        count_(count),
+        stride_(stride),
         blocks_((count + kAverageBlock - 1) / kAverageBlock),
         control_(static_cast<AverageControl*>(base)),
         inputs_(reinterpret_cast<float*>(static_cast<char*>(base) + AverageControlBytes(comm->size()))),
@@ -484,8 +483,8 @@ Result<std::unique_ptr<Communicator>> ConnectShm(Store& store, const ShmOptions&
   auto deadline = Clock::now() + o.timeout;
   while (control->mapped.load() < uint32_t(o.size)) {
     if (Clock::now() > deadline) {
-      return cleanup(Timeout("shm: only " + std::to_string(control->mapped.load()) + " of " +
-                             std::to_string(o.size) + " ranks mapped the segment in time"));
+      return cleanup(Timeout("shm: only " + std::to_string(control->mapped.load()) + " of " + std::to_string(o.size) +
+                             " ranks mapped the segment in time"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

@@ -34,7 +34,9 @@ namespace trainctl {
 class MpirunStderr {
  public:
   MpirunStderr(int read_fd, std::string log_path)
-      : fd_(read_fd), log_path_(std::move(log_path)), log_(std::fopen(log_path_.c_str(), "w")),
+      : fd_(read_fd),
+        log_path_(std::move(log_path)),
+        log_(std::fopen(log_path_.c_str(), "w")),
         thread_([this] { Loop(); }) {}
   ~MpirunStderr() { Finish(Duration(0)); }
   // Reads until every writer has closed the pipe, or for at most `wait` more.
@@ -206,13 +208,14 @@ Status AwaitSshd(const LaunchOptions& options, Duration limit) {
     bool said = false;
     for (std::string why; !(why = SshdSilence(name, uint16_t(port))).empty();) {
       if (Clock::now() >= deadline) {
-        return Status(Code::kTimeout, where + " did not answer within timeouts.rendezvous (" + FormatDuration(limit) +
-                                          "): " + why);
+        return Status(Code::kTimeout,
+                      where + " did not answer within timeouts.rendezvous (" + FormatDuration(limit) + "): " + why);
       }
       if (!said) LOG_INFO("waiting for {} before mpirun starts: {}", where, why);
       said = true;
       if (int sig = WaitSignal(std::chrono::seconds(1)); IsStopSignal(sig)) {
-        return Status(Code::kAborted, std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " while waiting for " + where);
+        return Status(Code::kAborted,
+                      std::string("interrupted by SIG") + ::sigabbrev_np(sig) + " while waiting for " + where);
       }
     }
   }
@@ -255,8 +258,14 @@ Duration AgentGrace(const JobSpec& spec) { return spec.timeouts.stop_grace + std
 
 AgentSupervisor::AgentSupervisor(const JobSpec& spec, const LaunchOptions& options, const std::string& run_id,
                                  Store& store, std::vector<std::string> env, Clock::time_point start)
-    : spec_(spec), options_(options), run_id_(run_id), store_(store), env_(std::move(env)), start_(start),
-      one_(options.placement != "local"), elastic_(spec.nodes.min < spec.nodes.max) {}
+    : spec_(spec),
+      options_(options),
+      run_id_(run_id),
+      store_(store),
+      env_(std::move(env)),
+      start_(start),
+      one_(options.placement != "local"),
+      elastic_(spec.nodes.min < spec.nodes.max) {}
 
 AgentSupervisor::~AgentSupervisor() = default;
 

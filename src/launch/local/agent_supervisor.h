@@ -26,7 +26,7 @@ struct AgentProc {
   std::string name;  // "the agent for node N", or "mpirun"/"srun" for all of them
   pid_t pid = -1;
   bool done = false;
-  int node = -1;     // a local job's agent: its node rank
+  int node = -1;  // a local job's agent: its node rank
 };
 
 // A local job's agent that died of a signal, while the launcher sees to its round.

@@ -7,11 +7,6 @@
 #include <cstdio>
 #include <ctime>
 
-#include "job/agent_command.h"
-#include "job/keys.h"
-#include "job/paths.h"
-#include "job/run_status.h"
-#include "job/runs.h"
 #include "common/address.h"
 #include "common/cgroup.h"
 #include "common/cpus.h"
@@ -20,10 +15,15 @@
 #include "common/log.h"
 #include "common/random.h"
 #include "common/subprocess.h"
-#include "store/open_store.h"
-#include "store/tcp/tcp_store.h"
+#include "job/agent_command.h"
+#include "job/keys.h"
+#include "job/paths.h"
+#include "job/run_status.h"
+#include "job/runs.h"
 #include "launch/local/agent_supervisor.h"
 #include "launch/local/report.h"
+#include "store/open_store.h"
+#include "store/tcp/tcp_store.h"
 
 namespace trainctl {
 
@@ -103,8 +103,10 @@ Status PrepareOutput(const JobSpec& spec, const LaunchOptions& options) {
   }
   RETURN_IF_ERROR(MakeDirs(paths::LogsDir(spec.output_dir)));
   if (spec.cpu_bind == "cores" && spec.nodes.max > 1 && options.placement == "local") {
-    LOG_WARN("cpu_bind: cores with {} nodes on this one machine: each node's agent shares out the "
-             "same CPUs, so the nodes' tasks run on one another's cores", spec.nodes.max);
+    LOG_WARN(
+        "cpu_bind: cores with {} nodes on this one machine: each node's agent shares out the "
+        "same CPUs, so the nodes' tasks run on one another's cores",
+        spec.nodes.max);
   }
   return Status::Ok();
 }
@@ -155,7 +157,8 @@ int LocalLauncher::Run(const JobSpec& spec, const LaunchOptions& options) {
   auto end_early = [&](const Status& st) {
     const int code = st.code() == Code::kAborted ? kExitInterrupted : kExitError;
     LOG_ERROR("{}", st.message());
-    if (Status w = WriteRunStatus(spec.output_dir, RunStatus::Ended(spec.name, run_id, code, Elapsed(start))); !w.ok()) {
+    if (Status w = WriteRunStatus(spec.output_dir, RunStatus::Ended(spec.name, run_id, code, Elapsed(start)));
+        !w.ok()) {
       LOG_WARN("{}", w.message());
     }
     return code;

@@ -51,23 +51,27 @@ int ReportRun(const JobSpec& spec, Store& store, const std::string& run_id, Cloc
   }
   switch (final_code) {
     case kExitOk:
-      LOG_INFO("job {} succeeded in {} ({} restart{})", spec.name, status.elapsed, restarts, restarts == "1" ? "" : "s");
+      LOG_INFO("job {} succeeded in {} ({} restart{})", spec.name, status.elapsed, restarts,
+               restarts == "1" ? "" : "s");
       break;
     case kExitInvalidSpec:
     case kExitWorkerFailed:
       if (auto rec = record(keys::kLastFailure)) {
         status.failure = rec;
         const bool no_retry = rec->kind == FailureKind::kStart || rec->kind == FailureKind::kConfig;
-        std::string budget = no_retry ? "" : " after " + restarts + " restart(s) (max_restarts: " +
-                                               std::to_string(spec.restart.max_restarts) + ")";
+        std::string budget = no_retry
+                                 ? ""
+                                 : " after " + restarts +
+                                       " restart(s) (max_restarts: " + std::to_string(spec.restart.max_restarts) + ")";
         // The first failure across the job, by the tasks' error files, when it is not the one
         // seen first (a rank that raised earlier but exited later, or was stopped).
         if (auto c = record(keys::RoundRootCause(rec->round));
             c && c->rank != rec->rank && (rec->error_time == 0 || c->Before(*rec))) {
           status.root_cause = c;
-          std::fprintf(stderr, "trainctl: job %s failed%s.\nroot cause (first observed failure, by the tasks' "
-                               "error files): %s\nthen: %s", spec.name.c_str(), budget.c_str(),
-                       c->Report().c_str(), rec->Report().c_str());
+          std::fprintf(stderr,
+                       "trainctl: job %s failed%s.\nroot cause (first observed failure, by the tasks' "
+                       "error files): %s\nthen: %s",
+                       spec.name.c_str(), budget.c_str(), c->Report().c_str(), rec->Report().c_str());
         } else {
           std::fprintf(stderr, "trainctl: job %s failed%s: %s", spec.name.c_str(), budget.c_str(),
                        rec->Report().c_str());

@@ -19,7 +19,8 @@ int TorchrunHostLauncher::Run(const JobSpec& spec, const LaunchOptions& options)
   if (st.ok()) st = WriteRunningStatus(entry);
   if (!st.ok()) LOG_WARN("trainctl ps will not list this run: {}", st.message());
   const int code = RunAgentProcess(a);
-  if (Status w = WriteRunStatus(spec.output_dir, RunStatus::Ended(spec.name, a.run_id, code, Elapsed(start))); !w.ok()) {
+  if (Status w = WriteRunStatus(spec.output_dir, RunStatus::Ended(spec.name, a.run_id, code, Elapsed(start)));
+      !w.ok()) {
     LOG_WARN("{}", w.message());
   }
   return code;

@@ -49,8 +49,10 @@ json Typed(json value, const json& schema) {
                              ? &schema["additionalProperties"]
                              : nullptr;
     for (auto& [key, child] : value.items()) {
-      if (properties && properties->contains(key)) child = Typed(child, (*properties)[key]);
-      else if (others) child = Typed(child, *others);
+      if (properties && properties->contains(key))
+        child = Typed(child, (*properties)[key]);
+      else if (others)
+        child = Typed(child, *others);
     }
   } else if (value.is_array() && schema.contains("items") && schema["items"].is_object()) {
     for (auto& item : value) item = Typed(item, schema["items"]);
@@ -76,8 +78,8 @@ json Typed(json value, const json& schema) {
 
 }  // namespace
 
-std::map<std::string, std::string> HelmChart(const JobSpec& spec, const std::string& values,
-                                             const std::string& format, const std::string& version) {
+std::map<std::string, std::string> HelmChart(const JobSpec& spec, const std::string& values, const std::string& format,
+                                             const std::string& version) {
   std::map<std::string, std::string> files;
   for (int i = 0; i < kChartFileCount; ++i) {
     const auto& [path, text] = kChartFiles[i];
@@ -89,17 +91,27 @@ std::map<std::string, std::string> HelmChart(const JobSpec& spec, const std::str
   }
   files["Chart.yaml"] =
       "# Written by trainctl render --format helm; the chart of one job. Its values are the job spec:\n"
-      "#   helm install " + spec.name + " DIR -n NAMESPACE [-f dev.yaml] [--set trainer.epochs=3]\n"
+      "#   helm install " +
+      spec.name +
+      " DIR -n NAMESPACE [-f dev.yaml] [--set trainer.epochs=3]\n"
       "apiVersion: v2\n"
-      "name: " + spec.name + "\n"
-      "description: " + GoString("trainctl job " + spec.name + ": " + DescribeTasks(spec, false) +
-                                 " (" + format + ")") + "\n"
+      "name: " +
+      spec.name +
+      "\n"
+      "description: " +
+      GoString("trainctl job " + spec.name + ": " + DescribeTasks(spec, false) + " (" + format + ")") +
+      "\n"
       "type: application\n"
-      "version: " + version + "\n"
-      "appVersion: " + GoString(version) + "\n"
+      "version: " +
+      version +
+      "\n"
+      "appVersion: " +
+      GoString(version) +
+      "\n"
       // Indexed Jobs with podFailurePolicy and the controller-uid label.
       "kubeVersion: \">=1.27.0-0\"\n"
-      "keywords: [trainctl, training, " + format + "]\n";
+      "keywords: [trainctl, training, " +
+      format + "]\n";
   files["values.yaml"] =
       "# The job spec (trainctl's own field names, docs/job-spec.md), as trainctl render was given it\n"
       "# (numbers and booleans written in quotes written as such).\n"
@@ -108,12 +120,19 @@ std::map<std::string, std::string> HelmChart(const JobSpec& spec, const std::str
       "# the rest (files, programs).\n" +
       ToYaml({Typed(json::parse(values), json::parse(JobSpecSchema()))});
   files["values.schema.json"] = JobSpecSchema() + "\n";
-  files["templates/_trainctl.tpl"] =
-      "{{/* Written by trainctl render --format helm " + version + ": what the templates take from trainctl. */}}\n"
-      "{{- define \"trainctl.format\" -}}" + format + "{{- end -}}\n"
-      "{{- define \"trainctl.defaults\" -}}" + Defaults() + "{{- end -}}\n"
-      "{{- define \"trainctl.etcdImage\" -}}" + kEtcdImage + "{{- end -}}\n"
-      "{{- define \"trainctl.stageScript\" -}}{{ " + GoString(kStageScript) + " }}{{- end -}}\n";
+  files["templates/_trainctl.tpl"] = "{{/* Written by trainctl render --format helm " + version +
+                                     ": what the templates take from trainctl. */}}\n"
+                                     "{{- define \"trainctl.format\" -}}" +
+                                     format +
+                                     "{{- end -}}\n"
+                                     "{{- define \"trainctl.defaults\" -}}" +
+                                     Defaults() +
+                                     "{{- end -}}\n"
+                                     "{{- define \"trainctl.etcdImage\" -}}" +
+                                     kEtcdImage +
+                                     "{{- end -}}\n"
+                                     "{{- define \"trainctl.stageScript\" -}}{{ " +
+                                     GoString(kStageScript) + " }}{{- end -}}\n";
   return files;
 }
 

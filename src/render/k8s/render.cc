@@ -104,11 +104,17 @@ std::string Cpus(double cpus) {
 struct Names {
   std::string job, ns, svc, spec, data, token, etcd, stage, eval, tensorboard, submitter;
   explicit Names(const JobSpec& s)
-      : job(s.name), ns(s.cluster.namespace_), svc(s.name), spec(s.name + "-spec"),
+      : job(s.name),
+        ns(s.cluster.namespace_),
+        svc(s.name),
+        spec(s.name + "-spec"),
         data(s.cluster.storage.claim.empty() ? s.name + "-data" : s.cluster.storage.claim),
         token(s.cluster.token_secret.empty() ? s.name + "-token" : s.cluster.token_secret),
-        etcd(s.name + "-etcd"), stage(s.name + "-stage"), eval(s.name + "-eval"),
-        tensorboard(s.name + "-tensorboard"), submitter(s.name + "-submitter") {}
+        etcd(s.name + "-etcd"),
+        stage(s.name + "-stage"),
+        eval(s.name + "-eval"),
+        tensorboard(s.name + "-tensorboard"),
+        submitter(s.name + "-submitter") {}
 };
 
 class Renderer {
@@ -118,10 +124,8 @@ class Renderer {
 
   std::vector<json> All() {
     std::vector<json> out;
-    out.push_back(Object("v1", "ServiceAccount", n_.job, "job",
-                         {{"automountServiceAccountToken", false}}));
-    out.push_back(Object("v1", "ConfigMap", n_.spec, "job",
-                         {{"data", {{"job.json", JobSpecToJson(pod_, 2) + "\n"}}}}));
+    out.push_back(Object("v1", "ServiceAccount", n_.job, "job", {{"automountServiceAccountToken", false}}));
+    out.push_back(Object("v1", "ConfigMap", n_.spec, "job", {{"data", {{"job.json", JobSpecToJson(pod_, 2) + "\n"}}}}));
     if (c_.storage.claim.empty()) out.push_back(Claim());
     out.push_back(Policy());
     if (format_ == "job") out.push_back(HeadlessService());
@@ -167,8 +171,8 @@ class Renderer {
     return {{"name", name}, {"namespace", n_.ns}, {"labels", Labels(component)}};
   }
 
-  json Object(const std::string& api, const std::string& kind, const std::string& name,
-              const std::string& component, json rest) const {
+  json Object(const std::string& api, const std::string& kind, const std::string& name, const std::string& component,
+              json rest) const {
     json o = {{"apiVersion", api}, {"kind", kind}, {"metadata", Meta(name, component)}};
     o.update(rest);
     return o;
@@ -176,12 +180,17 @@ class Renderer {
 
   // The "restricted" Pod Security Standard, for pods and for containers.
   static json PodSecurity() {
-    return {{"runAsNonRoot", true}, {"runAsUser", kUid}, {"runAsGroup", kUid}, {"fsGroup", kUid},
+    return {{"runAsNonRoot", true},
+            {"runAsUser", kUid},
+            {"runAsGroup", kUid},
+            {"fsGroup", kUid},
             {"seccompProfile", {{"type", "RuntimeDefault"}}}};
   }
   static json ContainerSecurity() {
-    return {{"allowPrivilegeEscalation", false}, {"readOnlyRootFilesystem", true},
-            {"runAsNonRoot", true}, {"capabilities", {{"drop", {"ALL"}}}}};
+    return {{"allowPrivilegeEscalation", false},
+            {"readOnlyRootFilesystem", true},
+            {"runAsNonRoot", true},
+            {"capabilities", {{"drop", {"ALL"}}}}};
   }
 
   json Volumes(bool read_only_data) const {
@@ -225,12 +234,9 @@ class Renderer {
   json PodTemplate(const std::string& component, json containers, json init = json::array(),
                    bool read_only_data = false) const {
     const bool trains = component == "worker";
-    json spec = {{"serviceAccountName", n_.job},
-                 {"automountServiceAccountToken", false},
-                 {"enableServiceLinks", false},
-                 {"securityContext", PodSecurity()},
-                 {"containers", std::move(containers)},
-                 {"volumes", Volumes(read_only_data)}};
+    json spec = {{"serviceAccountName", n_.job},        {"automountServiceAccountToken", false},
+                 {"enableServiceLinks", false},         {"securityContext", PodSecurity()},
+                 {"containers", std::move(containers)}, {"volumes", Volumes(read_only_data)}};
     if (!init.empty()) spec["initContainers"] = std::move(init);
     if (trains && !c_.node_selector.empty()) {
       json sel = json::object();
@@ -259,8 +265,7 @@ class Renderer {
                          std::to_string(tries) + " ]; then\n    echo \"trainctl: gave up after " +
                          FormatDuration(limit) + " waiting for " + what + " ($WAIT_FILE)\" >&2\n" +
                          "    exit 1\n  fi\n  sleep 5\ndone\n";
-    return Container("wait-" + what, c_.image, {"sh", "-c", script},
-                     {{{"name", "WAIT_FILE"}, {"value", file}}}, true);
+    return Container("wait-" + what, c_.image, {"sh", "-c", script}, {{{"name", "WAIT_FILE"}, {"value", file}}}, true);
   }
 
   std::string StagedMarker() const { return pod_.trainer.data.dir + "/.trainctl-staged"; }
@@ -301,12 +306,10 @@ class Renderer {
     // them all).
     agent.leave_on_signal = true;
     json command = agent.Argv();
-    json env = {
-        {{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
-        {{"name", "TRAINCTL_RUN_ID"}, {"value", n_.job}},
-        {{"name", kEnvStoreAddr}, {"value", store}},
-        {{"name", kEnvStoreToken},
-         {"valueFrom", {{"secretKeyRef", {{"name", n_.token}, {"key", "token"}}}}}}};
+    json env = {{{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
+                {{"name", "TRAINCTL_RUN_ID"}, {"value", n_.job}},
+                {{"name", kEnvStoreAddr}, {"value", store}},
+                {{"name", kEnvStoreToken}, {"valueFrom", {{"secretKeyRef", {{"name", n_.token}, {"key", "token"}}}}}}};
     if (!uid_label.empty()) {
       // Unique per submitted Job object: state an earlier job left in an etcd is never reused.
       json uid = {{"name", "JOB_UID"},
@@ -324,11 +327,9 @@ class Renderer {
 
   // Adds an environment variable read from the pod's own labels (a replica index).
   static void EnvFromLabel(json& container, const std::string& name, const std::string& label) {
-    json var = {{"name", name},
-                {"valueFrom", {{"fieldRef", {{"fieldPath", "metadata.labels['" + label + "']"}}}}}};
+    json var = {{"name", name}, {"valueFrom", {{"fieldRef", {{"fieldPath", "metadata.labels['" + label + "']"}}}}}};
     container["env"].insert(container["env"].begin(), var);
   }
-
 
   json Init() const {
     json init = json::array();
@@ -346,11 +347,10 @@ class Renderer {
 
   json IndexedJob() const {
     const bool elastic = s_.nodes.min < s_.nodes.max;
-    json tmpl = PodTemplate(
-        "worker", {AgentContainer("trainctl", elastic ? "-1" : "$(JOB_COMPLETION_INDEX)",
-                                  StoreUrl(n_.job + "-0." + n_.svc),
-                                  "batch.kubernetes.io/controller-uid")},
-        Init());
+    json tmpl = PodTemplate("worker",
+                            {AgentContainer("trainctl", elastic ? "-1" : "$(JOB_COMPLETION_INDEX)",
+                                            StoreUrl(n_.job + "-0." + n_.svc), "batch.kubernetes.io/controller-uid")},
+                            Init());
     return AgentJob(n_.job, s_.nodes.max, tmpl);
   }
 
@@ -407,9 +407,9 @@ class Renderer {
   // (<job>-<first role>-0.<job>) serves the store.
   json RoleJob(const RoleSpec& role) const {
     const std::string name = n_.job + "-" + role.name;
-    json c = AgentContainer("trainctl", role.name + ":$(JOB_COMPLETION_INDEX)",
-                            StoreUrl(n_.job + "-" + s_.roles[0].name + "-0." + n_.svc), "",
-                            PodResources(role.resources, 1));
+    json c =
+        AgentContainer("trainctl", role.name + ":$(JOB_COMPLETION_INDEX)",
+                       StoreUrl(n_.job + "-" + s_.roles[0].name + "-0." + n_.svc), "", PodResources(role.resources, 1));
     json tmpl = PodTemplate("worker", {c}, Init());
     tmpl["metadata"]["labels"]["trainctl.dev/role"] = role.name;
     json o = AgentJob(name, role.replicas, tmpl);
@@ -440,7 +440,8 @@ class Renderer {
       replicas["Worker"] = replica(s_.nodes.max, "$(REPLICA_INDEX)", Resources(), "");
     } else {
       for (const auto& r : s_.roles) {
-        replicas[types.at(r.name)] = replica(r.replicas, r.name + ":$(REPLICA_INDEX)", PodResources(r.resources, 1), r.name);
+        replicas[types.at(r.name)] =
+            replica(r.replicas, r.name + ":$(REPLICA_INDEX)", PodResources(r.resources, 1), r.name);
         decider = decider || r.name == "chief" || r.name == "master";
       }
     }
@@ -458,8 +459,9 @@ class Renderer {
     // `run --target mpi` waits for every worker's sshd first (a new pod's first connections may
     // be dropped while the cluster's NetworkPolicy enforcer admits it: on the live cluster,
     // mpirun's first ssh failed with "Resource temporarily unavailable", and 12 s later trained).
-    json launch = {"trainctl", "run", std::string(kSpecDir) + "/job.json", "--target", "mpi",
-                   "--hostfile", "/etc/mpi/hostfile", "--store-host", "$(POD_IP)",
+    json launch = {"trainctl",          "run",          std::string(kSpecDir) + "/job.json",
+                   "--target",          "mpi",          "--hostfile",
+                   "/etc/mpi/hostfile", "--store-host", "$(POD_IP)",
                    "--resume"};  // a restarted launcher pod continues the run
     json env = {{{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}}};
     json launcher = Container("launcher", c_.image, launch, env);
@@ -501,32 +503,33 @@ class Renderer {
                     {"numProcPerNode", s_.procs_per_node}};
     if (c.contains("resources")) trainer["resourcesPerNode"] = c["resources"];
     json pod = PodTemplate("worker", json::array());
-    json patch = {{"containers", {{{"name", "node"}, {"volumeMounts", c["volumeMounts"]},
-                                   {"securityContext", c["securityContext"]}}}}};
-    for (const char* k : {"serviceAccountName", "securityContext", "volumes", "nodeSelector", "tolerations",
-                          "imagePullSecrets"}) {
+    json patch = {
+        {"containers",
+         {{{"name", "node"}, {"volumeMounts", c["volumeMounts"]}, {"securityContext", c["securityContext"]}}}}};
+    for (const char* k :
+         {"serviceAccountName", "securityContext", "volumes", "nodeSelector", "tolerations", "imagePullSecrets"}) {
       if (pod["spec"].contains(k)) patch[k] = pod["spec"][k];
     }
     json node = {{"name", "node"},
                  {"template", {{"spec", {{"template", {{"metadata", pod["metadata"]}, {"spec", patch}}}}}}}};
     json runtime_patch = {{"manager", "trainctl.dev/render"},
                           {"trainingRuntimeSpec", {{"template", {{"spec", {{"replicatedJobs", {node}}}}}}}}};
-    json spec = {{"runtimeRef", {{"name", "torch-distributed"}, {"kind", "ClusterTrainingRuntime"},
-                                 {"apiGroup", "trainer.kubeflow.org"}}},
-                 {"trainer", trainer},
-                 {"runtimePatches", {runtime_patch}}};
+    json spec = {
+        {"runtimeRef",
+         {{"name", "torch-distributed"}, {"kind", "ClusterTrainingRuntime"}, {"apiGroup", "trainer.kubeflow.org"}}},
+        {"trainer", trainer},
+        {"runtimePatches", {runtime_patch}}};
     return Object("trainer.kubeflow.org/v1alpha1", "TrainJob", n_.job, "worker", {{"spec", spec}});
   }
 
   json Claim() const {
-    json spec = {{"accessModes", {"ReadWriteMany"}},
-                 {"resources", {{"requests", {{"storage", c_.storage.size}}}}}};
+    json spec = {{"accessModes", {"ReadWriteMany"}}, {"resources", {{"requests", {{"storage", c_.storage.size}}}}}};
     if (!c_.storage.storage_class.empty()) spec["storageClassName"] = c_.storage.storage_class;
     return Object("v1", "PersistentVolumeClaim", n_.data, "storage", {{"spec", spec}});
   }
 
-  // Only the job's own pods reach its pods, on any port (the store, Gloo, NCCL, etcd); the agents' metrics port (token-guarded) is open to
-  // the cluster's Prometheus, wherever it runs.
+  // Only the job's own pods reach its pods, on any port (the store, Gloo, NCCL, etcd); the agents' metrics port
+  // (token-guarded) is open to the cluster's Prometheus, wherever it runs.
   json Policy() const {
     json job_pods = {{"matchLabels", {{"trainctl.dev/job", n_.job}}}};
     json ingress = {{{"from", {{{"podSelector", job_pods}}}}}};
@@ -546,34 +549,41 @@ class Renderer {
                      {"honorLabels", true},
                      {"interval", "15s"},
                      {"authorization", {{"type", "Bearer"}, {"credentials", {{"name", n_.token}, {"key", "token"}}}}}};
-    return Object("monitoring.coreos.com/v1", "PodMonitor", n_.job, "monitoring",
-                  {{"spec", {{"selector", {{"matchLabels", {{"trainctl.dev/job", n_.job}}}}},
-                             {"podMetricsEndpoints", {endpoint}}}}});
+    return Object(
+        "monitoring.coreos.com/v1", "PodMonitor", n_.job, "monitoring",
+        {{"spec",
+          {{"selector", {{"matchLabels", {{"trainctl.dev/job", n_.job}}}}}, {"podMetricsEndpoints", {endpoint}}}}});
   }
 
   // Stable DNS names <job>-<index>.<job> for the Indexed Job's pods.
   json HeadlessService() const {
     return Object("v1", "Service", n_.svc, "worker",
-                  {{"spec", {{"clusterIP", "None"},
-                             {"publishNotReadyAddresses", true},
-                             {"selector", {{"trainctl.dev/job", n_.job},
-                                           {"app.kubernetes.io/component", "worker"}}},
-                             {"ports", {{{"name", "store"}, {"port", kStorePort}}}}}}});
+                  {{"spec",
+                    {{"clusterIP", "None"},
+                     {"publishNotReadyAddresses", true},
+                     {"selector", {{"trainctl.dev/job", n_.job}, {"app.kubernetes.io/component", "worker"}}},
+                     {"ports", {{{"name", "store"}, {"port", kStorePort}}}}}}});
   }
 
-  json Service(const std::string& name, const std::string& component, int port,
-               const std::string& port_name) const {
+  json Service(const std::string& name, const std::string& component, int port, const std::string& port_name) const {
     return Object("v1", "Service", name, component,
-                  {{"spec", {{"selector", {{"trainctl.dev/job", n_.job},
-                                           {"app.kubernetes.io/component", component}}},
-                             {"ports", {{{"name", port_name}, {"port", port}, {"targetPort", port}}}}}}});
+                  {{"spec",
+                    {{"selector", {{"trainctl.dev/job", n_.job}, {"app.kubernetes.io/component", component}}},
+                     {"ports", {{{"name", port_name}, {"port", port}, {"targetPort", port}}}}}}});
   }
 
   json EtcdSet() const {
-    json command = {"etcd", "--name", n_.etcd + "-0", "--data-dir", "/tmp/etcd",
-                    "--listen-client-urls", "http://0.0.0.0:2379",
-                    "--advertise-client-urls", "http://" + n_.etcd + ":2379",
-                    "--listen-peer-urls", "http://127.0.0.1:2380"};
+    json command = {"etcd",
+                    "--name",
+                    n_.etcd + "-0",
+                    "--data-dir",
+                    "/tmp/etcd",
+                    "--listen-client-urls",
+                    "http://0.0.0.0:2379",
+                    "--advertise-client-urls",
+                    "http://" + n_.etcd + ":2379",
+                    "--listen-peer-urls",
+                    "http://127.0.0.1:2380"};
     json c = Container("etcd", kEtcdImage, command, json::array());
     c["ports"] = {{{"name", "client"}, {"containerPort", 2379}}};
     c.erase("workingDir");
@@ -581,12 +591,13 @@ class Renderer {
     c["resources"] = SideResources(0.5, 1024);
     json tmpl = PodTemplate("etcd", {c});
     tmpl["spec"]["volumes"] = {{{"name", "tmp"}, {"emptyDir", json::object()}}};
-    return Object("apps/v1", "StatefulSet", n_.etcd, "etcd",
-                  {{"spec", {{"serviceName", n_.etcd},
-                             {"replicas", 1},
-                             {"selector", {{"matchLabels", {{"trainctl.dev/job", n_.job},
-                                                            {"app.kubernetes.io/component", "etcd"}}}}},
-                             {"template", tmpl}}}});
+    return Object(
+        "apps/v1", "StatefulSet", n_.etcd, "etcd",
+        {{"spec",
+          {{"serviceName", n_.etcd},
+           {"replicas", 1},
+           {"selector", {{"matchLabels", {{"trainctl.dev/job", n_.job}, {"app.kubernetes.io/component", "etcd"}}}}},
+           {"template", tmpl}}}});
   }
 
   json StageJob() const {
@@ -594,8 +605,10 @@ class Renderer {
                 {{"name", "SHA256"}, {"value", c_.stage.sha256}},
                 {{"name", "DEST"}, {"value", pod_.trainer.data.dir}}};
     if (!c_.stage.credentials.empty()) {
-      const std::pair<const char*, bool> keys[] = {{"AWS_ACCESS_KEY_ID", false}, {"AWS_SECRET_ACCESS_KEY", false},
-                                                   {"AWS_SESSION_TOKEN", true}, {"AWS_REGION", true},
+      const std::pair<const char*, bool> keys[] = {{"AWS_ACCESS_KEY_ID", false},
+                                                   {"AWS_SECRET_ACCESS_KEY", false},
+                                                   {"AWS_SESSION_TOKEN", true},
+                                                   {"AWS_REGION", true},
                                                    {"AWS_ENDPOINT_URL", true}};
       for (const auto& [key, optional] : keys) {
         json ref = {{"name", c_.stage.credentials}, {"key", key}};
@@ -608,11 +621,15 @@ class Renderer {
     json tmpl = PodTemplate("stage", {stage});
     tmpl["spec"]["restartPolicy"] = "Never";
     // Exit 2: a refusal that another try cannot mend (a wrong key, no such object, a checksum).
-    json failure = {{"rules", {{{"action", "FailJob"},
-                                {"onExitCodes", {{"containerName", "stage"}, {"operator", "In"}, {"values", {2}}}}}}}};
+    json failure = {{"rules",
+                     {{{"action", "FailJob"},
+                       {"onExitCodes", {{"containerName", "stage"}, {"operator", "In"}, {"values", {2}}}}}}}};
     return Object("batch/v1", "Job", n_.stage, "stage",
-                  {{"spec", {{"backoffLimit", 3}, {"activeDeadlineSeconds", 4 * 3600},
-                             {"podFailurePolicy", failure}, {"template", tmpl}}}});
+                  {{"spec",
+                    {{"backoffLimit", 3},
+                     {"activeDeadlineSeconds", 4 * 3600},
+                     {"podFailurePolicy", failure},
+                     {"template", tmpl}}}});
   }
 
   json EvalJob() const {
@@ -624,8 +641,7 @@ class Renderer {
     c["resources"] = PodResources(c_.eval_resources, 1);
     json tmpl = PodTemplate("eval", {c}, {WaitFor("model", model, limit)}, true);
     tmpl["spec"]["restartPolicy"] = "Never";
-    return Object("batch/v1", "Job", n_.eval, "eval",
-                  {{"spec", {{"backoffLimit", 2}, {"template", tmpl}}}});
+    return Object("batch/v1", "Job", n_.eval, "eval", {{"spec", {{"backoffLimit", 2}, {"template", tmpl}}}});
   }
 
   json TensorBoard() const {
@@ -634,11 +650,13 @@ class Renderer {
     c["ports"] = {{{"name", "http"}, {"containerPort", 6006}}};
     c["resources"] = PodResources(c_.tensorboard_resources, 1);
     json tmpl = PodTemplate("tensorboard", {c}, json::array(), true);
-    return Object("apps/v1", "Deployment", n_.tensorboard, "tensorboard",
-                  {{"spec", {{"replicas", 1},
-                             {"selector", {{"matchLabels", {{"trainctl.dev/job", n_.job},
-                                                            {"app.kubernetes.io/component", "tensorboard"}}}}},
-                             {"template", tmpl}}}});
+    return Object(
+        "apps/v1", "Deployment", n_.tensorboard, "tensorboard",
+        {{"spec",
+          {{"replicas", 1},
+           {"selector",
+            {{"matchLabels", {{"trainctl.dev/job", n_.job}, {"app.kubernetes.io/component", "tensorboard"}}}}},
+           {"template", tmpl}}}});
   }
 
   // What `trainctl submit/status/logs/delete` need in the namespace, and nothing more: no
@@ -654,14 +672,19 @@ class Renderer {
         {{"apiGroups", {""}}, {"resources", {"secrets"}}, {"resourceNames", {n_.token}}, {"verbs", {"delete"}}},
         {{"apiGroups", {""}}, {"resources", {"pods"}}, {"verbs", {"get", "list", "watch"}}},
         {{"apiGroups", {""}}, {"resources", {"pods/log"}}, {"verbs", {"get"}}},
-        {{"apiGroups", {"batch"}}, {"resources", {"jobs"}}, {"verbs", {"get", "list", "watch", "create", "patch", "delete"}}},
+        {{"apiGroups", {"batch"}},
+         {"resources", {"jobs"}},
+         {"verbs", {"get", "list", "watch", "create", "patch", "delete"}}},
         {{"apiGroups", {"apps"}}, {"resources", {"deployments", "statefulsets"}}, {"verbs", manage}},
         {{"apiGroups", {"networking.k8s.io"}}, {"resources", {"networkpolicies"}}, {"verbs", manage}}};
     static const std::map<std::string, std::pair<std::string, std::string>> kinds = {
-        {"pytorchjob", {"kubeflow.org", "pytorchjobs"}}, {"tfjob", {"kubeflow.org", "tfjobs"}},
-        {"mpijob", {"kubeflow.org", "mpijobs"}}, {"trainjob", {"trainer.kubeflow.org", "trainjobs"}}};
+        {"pytorchjob", {"kubeflow.org", "pytorchjobs"}},
+        {"tfjob", {"kubeflow.org", "tfjobs"}},
+        {"mpijob", {"kubeflow.org", "mpijobs"}},
+        {"trainjob", {"trainer.kubeflow.org", "trainjobs"}}};
     if (auto it = kinds.find(format_); it != kinds.end()) {
-      rules.push_back({{"apiGroups", {it->second.first}}, {"resources", {it->second.second}},
+      rules.push_back({{"apiGroups", {it->second.first}},
+                       {"resources", {it->second.second}},
                        {"verbs", {"get", "list", "watch", "create", "patch", "delete"}}});
     }
     return Object("rbac.authorization.k8s.io/v1", "Role", n_.submitter, "rbac", {{"rules", rules}});
@@ -677,8 +700,7 @@ class Renderer {
 // Strings that a YAML 1.1 reader (kubectl's) would take for something else are quoted.
 bool NeedsQuotes(const std::string& s) {
   if (s.empty()) return true;
-  static const std::set<std::string> words = {"y", "n", "yes", "no", "on", "off", "true",
-                                              "false", "null", "~", "="};
+  static const std::set<std::string> words = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~", "="};
   std::string lower = s;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
   if (words.count(lower)) return true;
@@ -686,7 +708,8 @@ bool NeedsQuotes(const std::string& s) {
     return true;
   }
   for (char c : s) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || std::string_view("_-./:$()'[]@=,+").find(c) != std::string_view::npos)) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) ||
+          std::string_view("_-./:$()'[]@=,+").find(c) != std::string_view::npos)) {
       return true;
     }
   }
@@ -707,15 +730,21 @@ bool LiteralReadsBack(const std::string& s) {
 // One string, as a key or a value: plain where every YAML reader reads it as this string, a
 // literal block for a script (values only), else double-quoted.
 void EmitString(YAML::Emitter& out, const std::string& s, bool key) {
-  if (!key && LiteralReadsBack(s)) out << YAML::Literal << s;
-  else if (NeedsQuotes(s)) out << YAML::DoubleQuoted << s;
-  else out << s;
+  if (!key && LiteralReadsBack(s))
+    out << YAML::Literal << s;
+  else if (NeedsQuotes(s))
+    out << YAML::DoubleQuoted << s;
+  else
+    out << s;
 }
 
 void Emit(YAML::Emitter& out, const json& j) {
   switch (j.type()) {
     case json::value_t::object:
-      if (j.empty()) { out << YAML::Flow << YAML::BeginMap << YAML::EndMap; return; }
+      if (j.empty()) {
+        out << YAML::Flow << YAML::BeginMap << YAML::EndMap;
+        return;
+      }
       out << YAML::BeginMap;
       for (auto it = j.begin(); it != j.end(); ++it) {
         out << YAML::Key;
@@ -726,17 +755,32 @@ void Emit(YAML::Emitter& out, const json& j) {
       out << YAML::EndMap;
       return;
     case json::value_t::array:
-      if (j.empty()) { out << YAML::Flow << YAML::BeginSeq << YAML::EndSeq; return; }
+      if (j.empty()) {
+        out << YAML::Flow << YAML::BeginSeq << YAML::EndSeq;
+        return;
+      }
       out << YAML::BeginSeq;
       for (const auto& v : j) Emit(out, v);
       out << YAML::EndSeq;
       return;
-    case json::value_t::string: EmitString(out, j.get_ref<const std::string&>(), false); return;
-    case json::value_t::boolean: out << j.get<bool>(); return;
-    case json::value_t::number_integer: out << j.get<int64_t>(); return;
-    case json::value_t::number_unsigned: out << j.get<uint64_t>(); return;
-    case json::value_t::number_float: out << ShortestNumber(j.get<double>()); return;
-    default: out << YAML::Null; return;
+    case json::value_t::string:
+      EmitString(out, j.get_ref<const std::string&>(), false);
+      return;
+    case json::value_t::boolean:
+      out << j.get<bool>();
+      return;
+    case json::value_t::number_integer:
+      out << j.get<int64_t>();
+      return;
+    case json::value_t::number_unsigned:
+      out << j.get<uint64_t>();
+      return;
+    case json::value_t::number_float:
+      out << ShortestNumber(j.get<double>());
+      return;
+    default:
+      out << YAML::Null;
+      return;
   }
 }
 
@@ -746,14 +790,17 @@ std::string FieldHolding(const json& j, const std::string& path, std::string_vie
   if (j.is_string()) return j.get_ref<const std::string&>().find(bytes) != std::string::npos ? path : "";
   size_t i = 0;
   for (auto it = j.begin(); j.is_structured() && it != j.end(); ++it, ++i) {
-    const std::string at = j.is_object() ? (path.empty() ? "" : path + ".") + it.key() : path + "[" + std::to_string(i) + "]";
+    const std::string at =
+        j.is_object() ? (path.empty() ? "" : path + ".") + it.key() : path + "[" + std::to_string(i) + "]";
     if (j.is_object() && it.key().find(bytes) != std::string::npos) return at;
     if (std::string found = FieldHolding(*it, at, bytes); !found.empty()) return found;
   }
   return "";
 }
 
-std::string Key(const json& o) { return o.at("kind").get<std::string>() + "/" + o.at("metadata").at("name").get<std::string>(); }
+std::string Key(const json& o) {
+  return o.at("kind").get<std::string>() + "/" + o.at("metadata").at("name").get<std::string>();
+}
 
 std::string FileName(const json& o) {
   std::string kind = o.at("kind").get<std::string>();
@@ -773,8 +820,10 @@ JobSpec PodSpec(const JobSpec& spec) {
   p.working_dir = Under(mount, spec.working_dir);
   if (p.trainer.enabled) {
     DataSpec& d = p.trainer.data;
-    if (!spec.cluster.stage.url.empty() && d.dir.empty()) d.dir = mount + "/datasets/" + spec.name;
-    else if (!d.dir.empty()) d.dir = Under(mount, d.dir);
+    if (!spec.cluster.stage.url.empty() && d.dir.empty())
+      d.dir = mount + "/datasets/" + spec.name;
+    else if (!d.dir.empty())
+      d.dir = Under(mount, d.dir);
     if (!d.test_dir.empty()) d.test_dir = Under(mount, d.test_dir);  // a test folder, as its training folder
     if (!p.trainer.torchscript.empty()) p.trainer.torchscript = Under(mount, p.trainer.torchscript);
   }
@@ -786,13 +835,15 @@ Status CheckFormat(const JobSpec& spec, const std::string& format) {
   // kubectl, kustomize and Helm fold it into a space even so (escaped or not): the pods would get
   // another value than the spec's. U+2028, U+2029 and CR come through as themselves.
   if (std::string field = FieldHolding(json::parse(JobSpecToJson(spec)), "", "\xc2\x85"); !field.empty()) {
-    return InvalidArgument(field + ": holds U+0085 (NEL), which kubectl, kustomize and Helm read as a space; the "
+    return InvalidArgument(field +
+                           ": holds U+0085 (NEL), which kubectl, kustomize and Helm read as a space; the "
                            "pods would not get the spec's text (write a line break as \\n)");
   }
   const bool elastic = spec.nodes.min < spec.nodes.max;
   if (format == "pytorchjob" || format == "mpijob" || format == "trainjob") {
     if (!spec.roles.empty()) {
-      return InvalidArgument("roles: --format " + format + " runs one role of identical workers; "
+      return InvalidArgument("roles: --format " + format +
+                             " runs one role of identical workers; "
                              "render jobs with roles with --format job or --format tfjob");
     }
   }
@@ -802,10 +853,11 @@ Status CheckFormat(const JobSpec& spec, const std::string& format) {
                            "; use --format job or pytorchjob for elastic jobs");
   }
   if (format == "trainjob" && !spec.cluster.stage.url.empty()) {
-    return InvalidArgument("cluster.stage: --format trainjob cannot wait for the data-staging Job "
-                           "(Trainer v2.3's runtime patches cannot add the init container that waits: they set only "
-                           "env, mounts and security context of the runtime's own); stage the dataset first or use "
-                           "--format job");
+    return InvalidArgument(
+        "cluster.stage: --format trainjob cannot wait for the data-staging Job "
+        "(Trainer v2.3's runtime patches cannot add the init container that waits: they set only "
+        "env, mounts and security context of the runtime's own); stage the dataset first or use "
+        "--format job");
   }
   if (spec.cluster.pod_monitor && (format == "mpijob" || format == "trainjob")) {
     return InvalidArgument("cluster.pod_monitor: --format " + format + " gives its pods no metrics port (" +
@@ -819,7 +871,8 @@ Status CheckFormat(const JobSpec& spec, const std::string& format) {
     static const std::vector<std::string> types = {"chief", "master", "ps", "worker", "evaluator"};
     for (size_t i = 0; i < spec.roles.size(); ++i) {
       if (std::find(types.begin(), types.end(), spec.roles[i].name) == types.end()) {
-        return InvalidArgument("roles[" + std::to_string(i) + "].name: --format tfjob has the replica "
+        return InvalidArgument("roles[" + std::to_string(i) +
+                               "].name: --format tfjob has the replica "
                                "types chief, master, ps, worker and evaluator; role \"" +
                                spec.roles[i].name + "\" is none of them (use --format job)");
       }
@@ -831,9 +884,7 @@ Status CheckFormat(const JobSpec& spec, const std::string& format) {
   return Status::Ok();
 }
 
-std::vector<json> Render(const JobSpec& spec, const std::string& format) {
-  return Renderer(spec, format).All();
-}
+std::vector<json> Render(const JobSpec& spec, const std::string& format) { return Renderer(spec, format).All(); }
 
 void SetSubmissionRunId(std::vector<json>* objects, const std::string& run_id) {
   for (json& o : *objects) {
@@ -908,7 +959,8 @@ std::map<std::string, std::string> Kustomize(const JobSpec& base,
       std::string api = o.at("apiVersion").get<std::string>();
       auto slash = api.find('/');
       json target = {{"version", slash == std::string::npos ? api : api.substr(slash + 1)},
-                     {"kind", o.at("kind")}, {"name", o.at("metadata").at("name")}};
+                     {"kind", o.at("kind")},
+                     {"name", o.at("metadata").at("name")}};
       if (slash != std::string::npos) target["group"] = api.substr(0, slash);
       patches.push_back({{"target", target}, {"path", name}});
     }

@@ -5,8 +5,8 @@
 // names a claim), NetworkPolicy, headless Service, an etcd (elastic jobs without their own
 // rendezvous URL), the data-staging Job, the training workload, the eval Job, TensorBoard, and a
 // Role for the people who submit it. A job with roles runs one task per pod (each pod's agent
-// is told its task with --task ROLE:INDEX), so each role's pods get that role's resources. Every pod meets the "restricted" Pod Security Standard; the
-// store token comes from a Secret that no manifest contains.
+// is told its task with --task ROLE:INDEX), so each role's pods get that role's resources. Every pod meets the
+// "restricted" Pod Security Standard; the store token comes from a Secret that no manifest contains.
 #pragma once
 
 #include <map>
@@ -55,15 +55,15 @@ std::string ToYaml(const std::vector<nlohmann::json>& docs);
 // environment has. Overlays carry JSON patches (RFC 6902) against the base plus whole objects
 // that the base lacks. Paths are relative to the output directory. Works with kustomize 2
 // (kubectl 1.14+) and later.
-std::map<std::string, std::string> Kustomize(
-    const JobSpec& base, const std::vector<std::pair<std::string, JobSpec>>& envs,
-    const std::string& format);
+std::map<std::string, std::string> Kustomize(const JobSpec& base,
+                                             const std::vector<std::pair<std::string, JobSpec>>& envs,
+                                             const std::string& format);
 
 // A Helm chart for the job (`render --format helm`): Chart.yaml, values.yaml (`values`: the spec
 // as written, JSON text; see LayeredSpecJson), values.schema.json (the job spec's JSON Schema) and
 // templates/ whose objects for those values are Render(spec, format)'s, plus the token Secret, a
 // `helm test` pod and NOTES.txt. Paths are relative to the chart's directory.
-std::map<std::string, std::string> HelmChart(const JobSpec& spec, const std::string& values,
-                                             const std::string& format, const std::string& version);
+std::map<std::string, std::string> HelmChart(const JobSpec& spec, const std::string& values, const std::string& format,
+                                             const std::string& version);
 
 }  // namespace trainctl::k8s

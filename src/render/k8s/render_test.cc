@@ -68,7 +68,8 @@ TEST(Render, EveryPodMeetsTheRestrictedPodSecurityStandard) {
         EXPECT_GT(ps["runAsUser"].get<int>(), 0) << what;
         EXPECT_EQ(ps["seccompProfile"]["type"], "RuntimeDefault") << what;
         EXPECT_FALSE(t["spec"].contains("hostNetwork") || t["spec"].contains("hostPID") ||
-                     t["spec"].contains("hostIPC")) << what;
+                     t["spec"].contains("hostIPC"))
+            << what;
         EXPECT_EQ(t["spec"]["automountServiceAccountToken"], false) << what;
         for (const auto& v : t["spec"]["volumes"]) EXPECT_FALSE(v.contains("hostPath")) << what;
         json containers = t["spec"]["containers"];
@@ -128,7 +129,8 @@ TEST(Render, OnlyTheJobsOwnPodsReachItsPods) {
     EXPECT_EQ(o["spec"]["podSelector"], job_pods);
     EXPECT_EQ(o["spec"]["policyTypes"], json::array({"Ingress"}));
     // The job's pods from each other; the agents' metrics port (token-guarded) from any namespace.
-    EXPECT_EQ(o["spec"]["ingress"], json::parse(R"([{"from": [{"podSelector": {"matchLabels": {"trainctl.dev/job": "fm"}}}]},
+    EXPECT_EQ(o["spec"]["ingress"],
+              json::parse(R"([{"from": [{"podSelector": {"matchLabels": {"trainctl.dev/job": "fm"}}}]},
         {"from": [{"namespaceSelector": {}}], "ports": [{"protocol": "TCP", "port": 9400}]}])"));
     for (const auto& p : Render(Parse(kSpec + "  metrics_port: 0\n"), "job")) {
       if (p["kind"] == "NetworkPolicy") {
@@ -153,8 +155,11 @@ TEST(Render, APyTorchJobHasWorkersOnlyRankedByTheOperatorsIndexLabel) {
     const json& c = replicas["Worker"]["template"]["spec"]["containers"][0];
     EXPECT_EQ(c["name"], "pytorch");
     EXPECT_NE(c["command"].dump().find(R"x("--node-rank","$(REPLICA_INDEX)")x"), std::string::npos) << c["command"];
-    EXPECT_NE(c["env"].dump().find(R"({"name":"REPLICA_INDEX","valueFrom":{"fieldRef":{"fieldPath":"metadata.labels['training.kubeflow.org/replica-index']"}}})"),
-              std::string::npos) << c["env"];
+    EXPECT_NE(
+        c["env"].dump().find(
+            R"({"name":"REPLICA_INDEX","valueFrom":{"fieldRef":{"fieldPath":"metadata.labels['training.kubeflow.org/replica-index']"}}})"),
+        std::string::npos)
+        << c["env"];
     EXPECT_NE(c["env"].dump().find(R"("value":"tcp://fm-worker-0:29400")"), std::string::npos) << c["env"];
     return;
   }
@@ -239,8 +244,8 @@ TEST(Render, OnlyTrainingPodsHoldGpuNodesAndEveryOtherPodHasResources) {
     for (const auto& o : All(spec)) {
       for (const auto& t : PodTemplates(o)) {
         const std::string component = t["metadata"]["labels"]["app.kubernetes.io/component"];
-        const std::string what = o["kind"].get<std::string>() + "/" + o["metadata"]["name"].get<std::string>() + " " +
-                                 component;
+        const std::string what =
+            o["kind"].get<std::string>() + "/" + o["metadata"]["name"].get<std::string>() + " " + component;
         const json& pod = t["spec"];
         if (component == "worker") {
           ++training;
@@ -319,8 +324,14 @@ TEST(Render, ElasticJobsGetAnEtcdAndRanksByArrival) {
 }
 
 TEST(Render, YamlQuotesWhatAYaml11ReaderWouldMisread) {
-  std::string y = ToYaml({json{{"a", "yes"}, {"b", "8080"}, {"c", ""}, {"d", "plain"}, {"e", "x: y"},
-                              {"f", "two\nlines\n"}, {"g", 3}, {"h", false}}});
+  std::string y = ToYaml({json{{"a", "yes"},
+                               {"b", "8080"},
+                               {"c", ""},
+                               {"d", "plain"},
+                               {"e", "x: y"},
+                               {"f", "two\nlines\n"},
+                               {"g", 3},
+                               {"h", false}}});
   // (the literal block keeps its one final newline; the blank line after it is yaml-cpp's)
   EXPECT_EQ(y, "a: \"yes\"\nb: \"8080\"\nc: \"\"\nd: plain\ne: \"x: y\"\nf: |\n  two\n  lines\n\ng: 3\nh: false\n");
 }
@@ -338,8 +349,10 @@ json AsRead(const YAML::Node& n) {
       for (const auto& v : n) a.push_back(AsRead(v));
       return a;
     }
-    case YAML::NodeType::Scalar: return n.Scalar();
-    default: return nullptr;
+    case YAML::NodeType::Scalar:
+      return n.Scalar();
+    default:
+      return nullptr;
   }
 }
 
@@ -364,11 +377,49 @@ json AsText(const json& j) {
 // quotes, tabs, spaces at either end, document markers, words YAML 1.1 reads as booleans, the
 // red team's fields, control bytes, non-ASCII letters.
 std::string HostileText(std::mt19937_64& rng) {
-  static const std::vector<std::string> pieces = {
-      "\n", "\r", "\r\n", "\xc2\x85", "\xe2\x80\xa8", "\xe2\x80\xa9", "\t", " ", "  ", ": ", "- ", "#", "'", "\"",
-      "\\", "|", ">", "{", "}", "[", "]", ",", "&a", "*a", "!", "%", "@", "`", "---", "...", "yes", "on", "~",
-      "hostNetwork: true", "      hostPID: true", "a", "zone", "1", "0x1F", "\x7f", "\x01", "\xc3\xa9",
-      "\xf0\x9f\x98\x80"};
+  static const std::vector<std::string> pieces = {"\n",
+                                                  "\r",
+                                                  "\r\n",
+                                                  "\xc2\x85",
+                                                  "\xe2\x80\xa8",
+                                                  "\xe2\x80\xa9",
+                                                  "\t",
+                                                  " ",
+                                                  "  ",
+                                                  ": ",
+                                                  "- ",
+                                                  "#",
+                                                  "'",
+                                                  "\"",
+                                                  "\\",
+                                                  "|",
+                                                  ">",
+                                                  "{",
+                                                  "}",
+                                                  "[",
+                                                  "]",
+                                                  ",",
+                                                  "&a",
+                                                  "*a",
+                                                  "!",
+                                                  "%",
+                                                  "@",
+                                                  "`",
+                                                  "---",
+                                                  "...",
+                                                  "yes",
+                                                  "on",
+                                                  "~",
+                                                  "hostNetwork: true",
+                                                  "      hostPID: true",
+                                                  "a",
+                                                  "zone",
+                                                  "1",
+                                                  "0x1F",
+                                                  "\x7f",
+                                                  "\x01",
+                                                  "\xc3\xa9",
+                                                  "\xf0\x9f\x98\x80"};
   std::string s;
   const int n = static_cast<int>(rng() % 9);
   for (int i = 0; i < n; ++i) s += pieces[rng() % pieces.size()];
@@ -416,7 +467,8 @@ TEST(Render, TextThatKubectlWouldReadAsSomethingElseIsRefusedNamingTheField) {
   for (const auto& format : kFormats) {
     const Status st = CheckFormat(spec, format);
     ASSERT_FALSE(st.ok()) << format;
-    EXPECT_EQ(st.message().rfind("env.NOTE: holds U+0085 (NEL), which kubectl, kustomize and Helm read as a space", 0), 0u)
+    EXPECT_EQ(st.message().rfind("env.NOTE: holds U+0085 (NEL), which kubectl, kustomize and Helm read as a space", 0),
+              0u)
         << st.message();
   }
   spec.env.pop_back();
@@ -426,22 +478,24 @@ TEST(Render, TextThatKubectlWouldReadAsSomethingElseIsRefusedNamingTheField) {
 // The spec's own check: a line break, a control byte or a space in a node selector or a
 // toleration is refused with the field named, as Kubernetes would refuse it later.
 TEST(Render, ValidateRefusesLabelsKubernetesWouldRefuse) {
-  for (const std::string& bad : {std::string("node_selector: {zone: \"a\\n\\r      hostNetwork: true\"}"),
-                                 std::string("node_selector: {zone: \"a\\u2028hostPID: true\"}"),
-                                 std::string("node_selector: {\"zo ne\": a}"),
-                                 std::string("tolerations: [{key: \"k\\rx\", operator: Exists}]"),
-                                 std::string("tolerations: [{key: k, value: \"v\\u0085\"}]")}) {
+  for (const std::string& bad :
+       {std::string("node_selector: {zone: \"a\\n\\r      hostNetwork: true\"}"),
+        std::string("node_selector: {zone: \"a\\u2028hostPID: true\"}"), std::string("node_selector: {\"zo ne\": a}"),
+        std::string("tolerations: [{key: \"k\\rx\", operator: Exists}]"),
+        std::string("tolerations: [{key: k, value: \"v\\u0085\"}]")}) {
     auto spec = ParseJobSpec("name: fm\ncommand: [\"true\"]\ncluster:\n  " + bad + "\n", "job.yaml");
     ASSERT_FALSE(spec.ok()) << bad;
     EXPECT_NE(spec.status().message().find("job.yaml:4"), std::string::npos) << spec.status().message();
-    EXPECT_NE(spec.status().message().find(bad.rfind("node", 0) == 0 ? "cluster.node_selector" : "cluster.tolerations[0]"),
-              std::string::npos)
+    EXPECT_NE(
+        spec.status().message().find(bad.rfind("node", 0) == 0 ? "cluster.node_selector" : "cluster.tolerations[0]"),
+        std::string::npos)
         << spec.status().message();
   }
-  EXPECT_TRUE(ParseJobSpec("name: fm\ncommand: [\"true\"]\ncluster:\n  node_selector: {node.kubernetes.io/instance-type: "
-                           "p4d.24xlarge, pool: \"\"}\n  tolerations: [{key: nvidia.com/gpu, operator: Exists}]\n",
-                           "job.yaml")
-                  .ok());
+  EXPECT_TRUE(
+      ParseJobSpec("name: fm\ncommand: [\"true\"]\ncluster:\n  node_selector: {node.kubernetes.io/instance-type: "
+                   "p4d.24xlarge, pool: \"\"}\n  tolerations: [{key: nvidia.com/gpu, operator: Exists}]\n",
+                   "job.yaml")
+          .ok());
 }
 
 }  // namespace

@@ -14,11 +14,11 @@ std::string ShellQuote(const std::string& word) {
   return out + "'";
 }
 
-std::string SbatchScript(const JobSpec& spec, const std::vector<std::string>& run_args,
-                         const std::string& trainctl) {
+std::string SbatchScript(const JobSpec& spec, const std::vector<std::string>& run_args, const std::string& trainctl) {
   const ResourcesSpec r = NodeResources(spec);  // one agent per node runs all its tasks
   std::string s = "#!/bin/bash\n";
-  s += "# trainctl job " + spec.name + ": submit with `sbatch " + spec.name + ".sbatch` (sbatch's own\n"
+  s += "# trainctl job " + spec.name + ": submit with `sbatch " + spec.name +
+       ".sbatch` (sbatch's own\n"
        "# flags, such as -p PARTITION or -A ACCOUNT, add to or override these lines).\n";
   s += "#SBATCH --job-name=" + spec.name + "\n";
   s += "#SBATCH --nodes=" + std::to_string(spec.nodes.max) + "\n";

@@ -14,8 +14,7 @@ namespace trainctl::slurm {
 
 // `run_args`: the spec sources as `trainctl run` takes them (absolute paths, -f, --set);
 // `trainctl`: the binary as the nodes see it.
-std::string SbatchScript(const JobSpec& spec, const std::vector<std::string>& run_args,
-                         const std::string& trainctl);
+std::string SbatchScript(const JobSpec& spec, const std::vector<std::string>& run_args, const std::string& trainctl);
 
 // Quotes a word for sh: unchanged if it is plainly safe, else in single quotes.
 std::string ShellQuote(const std::string& word);

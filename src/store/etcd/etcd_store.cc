@@ -1,11 +1,9 @@
 #include "store/etcd/etcd_store.h"
 
+#include <httplib.h>
 #include <signal.h>
 
-#include <httplib.h>
-
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -42,8 +40,8 @@ std::string Base64Encode(const std::string& in) {
   std::string out;
   size_t i = 0;
   for (; i + 2 < in.size(); i += 3) {
-    uint32_t v = static_cast<uint8_t>(in[i]) << 16 | static_cast<uint8_t>(in[i + 1]) << 8 |
-                 static_cast<uint8_t>(in[i + 2]);
+    uint32_t v =
+        static_cast<uint8_t>(in[i]) << 16 | static_cast<uint8_t>(in[i + 1]) << 8 | static_cast<uint8_t>(in[i + 2]);
     for (int s = 18; s >= 0; s -= 6) out += kAlphabet[(v >> s) & 63];
   }
   if (i < in.size()) {
@@ -112,8 +110,7 @@ Status EtcdStore::Authenticate(std::chrono::microseconds attempt) {
   client_->set_default_headers({});
   client_->set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(options_.request_timeout));
   auto res = client_->Post("/v3/auth/authenticate",
-                           json{{"name", options_.user}, {"password", options_.password}}.dump(),
-                           "application/json");
+                           json{{"name", options_.user}, {"password", options_.password}}.dump(), "application/json");
   client_->set_read_timeout(attempt);
   if (!res) return Unavailable("etcd authentication: " + httplib::to_string(res.error()));
   if (res->status != 200) {
@@ -131,8 +128,7 @@ Result<std::string> EtcdStore::Post(const std::string& path, const std::string& 
   return PostBy(path, body, Clock::now() + options_.request_timeout);
 }
 
-Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string& body,
-                                      Clock::time_point deadline) {
+Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string& body, Clock::time_point deadline) {
   // A transaction whose reply was lost may have been applied: retrying it could apply it twice.
   // Everything else here is idempotent, and a request refused or never delivered is safe to
   // resend; those go round the members until request_timeout (a leader election takes ~1 s).
@@ -191,8 +187,7 @@ Result<std::string> EtcdStore::PostBy(const std::string& path, const std::string
     }
     bool delivered_maybe = !res && res.error() != httplib::Error::Connection;
     last_error = endpoint + ": " +
-                 (res ? "HTTP " + std::to_string(res->status) + " " + res->body
-                      : httplib::to_string(res.error()));
+                 (res ? "HTTP " + std::to_string(res->status) + " " + res->body : httplib::to_string(res.error()));
     client_.reset();  // next time, the next member
     current_ = (current_ + 1) % options_.endpoints.size();
     if ((delivered_maybe && !idempotent) || Clock::now() >= deadline) break;
@@ -220,11 +215,16 @@ Result<EtcdStore::Value> EtcdStore::Range(const std::string& key) {
 }
 
 Result<bool> EtcdStore::PutIf(const std::string& key, const Value& seen, const std::string& value) {
-  json compare = seen.exists
-      ? json{{"key", Base64Encode(key)}, {"target", "MOD"}, {"result", "EQUAL"}, {"mod_revision", seen.mod_revision}}
-      : json{{"key", Base64Encode(key)}, {"target", "CREATE"}, {"result", "EQUAL"}, {"create_revision", "0"}};
-  json txn = {{"compare", json::array({compare})},
-              {"success", json::array({{{"request_put", {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}}}}})}};
+  json compare =
+      seen.exists
+          ? json{{"key", Base64Encode(key)},
+                 {"target", "MOD"},
+                 {"result", "EQUAL"},
+                 {"mod_revision", seen.mod_revision}}
+          : json{{"key", Base64Encode(key)}, {"target", "CREATE"}, {"result", "EQUAL"}, {"create_revision", "0"}};
+  json txn = {
+      {"compare", json::array({compare})},
+      {"success", json::array({{{"request_put", {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}}}}})}};
   ASSIGN_OR_RETURN(std::string reply, Post("kv/txn", txn.dump()));
   try {
     json j = json::parse(reply);
@@ -248,10 +248,10 @@ Result<std::optional<std::string>> EtcdStore::TryGet(const std::string& key) {
 Result<std::string> EtcdStore::Get(const std::string& key, Duration timeout) {
   std::string value;
   ASSIGN_OR_RETURN(bool found, PollUntil(Clock::now() + timeout, [&]() -> Result<bool> {
-    ASSIGN_OR_RETURN(Value v, Range(key));
-    if (v.exists) value = std::move(v.data);
-    return v.exists;
-  }));
+                     ASSIGN_OR_RETURN(Value v, Range(key));
+                     if (v.exists) value = std::move(v.data);
+                     return v.exists;
+                   }));
   if (!found) return KeysTimeout({key}, timeout);
   return value;
 }

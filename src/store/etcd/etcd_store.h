@@ -25,13 +25,13 @@ class Client;
 namespace trainctl {
 
 struct EtcdStoreOptions {
-  std::vector<std::string> endpoints;                  // "host:port" client URLs
-  bool tls = false;                                    // https, verifying the server
-  std::string ca_file;                                 // its CA ("": the system's)
-  std::string cert_file, key_file;                     // a client certificate ("": none)
-  std::string user, password;                          // etcd's auth ("": none)
-  Duration connect_timeout = std::chrono::seconds(30); // Connect() retries until then
-  Duration request_timeout = std::chrono::seconds(10); // one request, on whichever members answer
+  std::vector<std::string> endpoints;                   // "host:port" client URLs
+  bool tls = false;                                     // https, verifying the server
+  std::string ca_file;                                  // its CA ("": the system's)
+  std::string cert_file, key_file;                      // a client certificate ("": none)
+  std::string user, password;                           // etcd's auth ("": none)
+  Duration connect_timeout = std::chrono::seconds(30);  // Connect() retries until then
+  Duration request_timeout = std::chrono::seconds(10);  // one request, on whichever members answer
   // While Connect() retries: asked at least every half second; true ends it with kAborted (a
   // stop signal came).
   std::function<bool()> stop;
@@ -62,8 +62,7 @@ class EtcdStore : public Store {
   // POSTs a JSON body to /v3/<path> and returns the reply text, going round the members on
   // failures that are safe to retry until request_timeout (PostBy: until `deadline`).
   Result<std::string> Post(const std::string& path, const std::string& body);
-  Result<std::string> PostBy(const std::string& path, const std::string& body,
-                             Clock::time_point deadline);
+  Result<std::string> PostBy(const std::string& path, const std::string& body, Clock::time_point deadline);
   Result<Value> Range(const std::string& key);
   // Sets key to `value` if it still has `seen` (absent, or the same mod_revision).
   Result<bool> PutIf(const std::string& key, const Value& seen, const std::string& value);

@@ -26,8 +26,7 @@ Result<int64_t> KvTable::Add(const std::string& key, int64_t delta) {
   return value;
 }
 
-std::string KvTable::CompareSet(const std::string& key, const std::string& expected,
-                                const std::string& desired) {
+std::string KvTable::CompareSet(const std::string& key, const std::string& expected, const std::string& desired) {
   const std::string* current = Find(key);
   std::string now = current ? *current : "";
   if (now != expected) return now;

@@ -16,8 +16,7 @@ class KvTable {
   void Set(const std::string& key, const std::string& value) { data_[key] = value; }
   const std::string* Find(const std::string& key) const;
   Result<int64_t> Add(const std::string& key, int64_t delta);
-  std::string CompareSet(const std::string& key, const std::string& expected,
-                         const std::string& desired);
+  std::string CompareSet(const std::string& key, const std::string& expected, const std::string& desired);
   bool Erase(const std::string& key) { return data_.erase(key) > 0; }
   bool HasAll(const std::vector<std::string>& keys) const;
 

@@ -1,3 +1,5 @@
+#include "store/tcp/tcp_store.h"
+
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -14,7 +16,6 @@
 
 #include "common/socket.h"
 #include "store/memory/memory_store.h"
-#include "store/tcp/tcp_store.h"
 #include "store/tcp/wire.h"
 
 namespace trainctl {
@@ -38,8 +39,8 @@ Result<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOptions& optio
     fd = store->ConnectOnce(deadline);
     if (fd >= 0) break;
     if (fd == -ECANCELED || store->Stopping()) return stopped();
-    const bool later = fd == -ECONNREFUSED || fd == -ETIMEDOUT || fd == -EAGAIN || fd == -EHOSTUNREACH ||
-                       fd == -ENETUNREACH;
+    const bool later =
+        fd == -ECONNREFUSED || fd == -ETIMEDOUT || fd == -EAGAIN || fd == -EHOSTUNREACH || fd == -ENETUNREACH;
     if (Clock::now() >= deadline || !later) {
       if (fd == -EHOSTUNREACH) {  // ConnectOnce's answer for a name that does not resolve, too
         return Unavailable("cannot connect to the store at " + store->Where() +
@@ -62,7 +63,8 @@ TcpStore::~TcpStore() {
 }
 
 std::string TcpStore::Where() const {
-  return options_.unix_path.empty() ? options_.host + ":" + std::to_string(options_.port) : "unix:" + options_.unix_path;
+  return options_.unix_path.empty() ? options_.host + ":" + std::to_string(options_.port)
+                                    : "unix:" + options_.unix_path;
 }
 
 int TcpStore::ConnectOnce(Clock::time_point deadline) const {
@@ -118,8 +120,8 @@ int TcpStore::ReadFrame(std::string* body, Clock::time_point deadline, bool inte
     if (got == 1) return body->empty() ? -3 : 1;
     if (got < 0) return -3;
     struct pollfd p[2] = {{fd_, POLLIN, 0}, {options_.interrupt_fd, POLLIN, 0}};
-    const Duration slice = connecting_ ? std::min<Duration>(Remaining(deadline), std::chrono::milliseconds(100))
-                                       : Remaining(deadline);
+    const Duration slice =
+        connecting_ ? std::min<Duration>(Remaining(deadline), std::chrono::milliseconds(100)) : Remaining(deadline);
     const int ready = ::poll(p, interruptible ? 2 : 1, static_cast<int>(slice.count()));
     if (ready < 0 && errno == EINTR) continue;
     if (ready > 0 && interruptible && p[1].revents && !p[0].revents) return -5;
@@ -211,7 +213,8 @@ Result<std::string> StringReply(const std::pair<uint8_t, std::string>& reply, co
 }
 
 // A try-get's reply: the value, or std::nullopt for kNotFound.
-Result<std::optional<std::string>> OptionalReply(const std::pair<uint8_t, std::string>& reply, const std::string& where) {
+Result<std::optional<std::string>> OptionalReply(const std::pair<uint8_t, std::string>& reply,
+                                                 const std::string& where) {
   if (reply.first == static_cast<uint8_t>(Reply::kNotFound)) return std::optional<std::string>();
   ASSIGN_OR_RETURN(std::string value, StringReply(reply, where));
   return std::optional<std::string>(std::move(value));
@@ -254,8 +257,7 @@ Result<std::string> TcpStore::Get(const std::string& key, Duration timeout) {
   wire::Writer w;
   w.U8(static_cast<uint8_t>(Op::kGet)).Str(key).I64(std::max<int64_t>(1, timeout.count()));
   ASSIGN_OR_RETURN(auto reply, Call(w.Frame(), timeout));
-  if (reply.first == static_cast<uint8_t>(Reply::kTimeout) ||
-      reply.first == static_cast<uint8_t>(Reply::kNotFound)) {
+  if (reply.first == static_cast<uint8_t>(Reply::kTimeout) || reply.first == static_cast<uint8_t>(Reply::kNotFound)) {
     return KeysTimeout({key}, timeout);
   }
   return StringReply(reply, Where());

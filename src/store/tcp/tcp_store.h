@@ -24,7 +24,7 @@ struct TcpStoreServerOptions {
   // host:port: for a job whose processes all run here (requests take 0.65-0.8 of loopback TCP's
   // time). Only this user's (and root's) processes may connect; they still present the token.
   bool unix_socket = false;
-  std::string token;               // required; clients must present it
+  std::string token;  // required; clients must present it
   // Connections at once (also kept under the open-file limit, with room for the process's own).
   int max_connections = 1024;
   // Connections that have not presented the token yet, at once: when one more arrives, the
@@ -51,8 +51,7 @@ class TcpStoreServer {
 
  private:
   struct State;
-  TcpStoreServer(TcpStoreServerOptions options, int listen_fd, int wake_fd[2], uint16_t port,
-                 std::string unix_name);
+  TcpStoreServer(TcpStoreServerOptions options, int listen_fd, int wake_fd[2], uint16_t port, std::string unix_name);
   void Serve();
 
   TcpStoreServerOptions options_;
@@ -111,15 +110,15 @@ class TcpStore : public Store {
   explicit TcpStore(TcpStoreOptions options) : options_(std::move(options)) {}
   Status EnsureConnected();
   int ConnectOnce(Clock::time_point deadline) const;  // to host:port or unix_path; fd or -errno
-  using RawReply = std::pair<uint8_t, std::string>;  // a reply's Reply byte and the fields after it
+  using RawReply = std::pair<uint8_t, std::string>;   // a reply's Reply byte and the fields after it
   // Sends the request frames and reads `replies` replies, within `wait` plus the io timeout. On
   // any transport error the connection is dropped; the next call reconnects.
   Result<std::vector<RawReply>> CallMany(const std::string& frames, Duration wait, size_t replies);
   Result<RawReply> Call(const std::string& frame, Duration wait);  // one request, one reply
   // Reads one reply frame's body: 1; 0 when the server closed the connection, -1 when `deadline`
   // passed, -2 on a receive error, -3 for a malformed frame, -4 when options_.stop said so (only
-  // while connecting), -5 when options_.interrupt_fd did (only with `interruptible`). One poll and one recv for a reply that arrives whole (the usual case),
-  // where reading the length first took two of each.
+  // while connecting), -5 when options_.interrupt_fd did (only with `interruptible`). One poll and one recv for a reply
+  // that arrives whole (the usual case), where reading the length first took two of each.
   int ReadFrame(std::string* body, Clock::time_point deadline, bool interruptible = false);
   bool Stopping() const { return connecting_ && options_.stop && options_.stop(); }
   std::string Where() const;
@@ -129,7 +128,7 @@ class TcpStore : public Store {
   int fd_ = -1;
   bool greeted_ = false;
   bool connecting_ = false;  // in Connect(): options_.stop is asked
-  std::string in_;  // received bytes not yet taken as a frame
+  std::string in_;           // received bytes not yet taken as a frame
 };
 
 }  // namespace trainctl

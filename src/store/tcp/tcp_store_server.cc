@@ -19,8 +19,8 @@
 #include <unordered_map>
 
 #include "common/fs.h"
-#include "common/strings.h"
 #include "common/log.h"
+#include "common/strings.h"
 #include "store/memory/memory_store.h"
 #include "store/tcp/tcp_store.h"
 #include "store/tcp/wire.h"
@@ -56,9 +56,7 @@ wire::Writer ReplyOf(Reply reply) {
 
 void Send(Conn* c, const wire::Writer& reply) { c->out += reply.Frame(); }
 
-void SendError(Conn* c, Reply reply, const std::string& message) {
-  Send(c, ReplyOf(reply).Str(message));
-}
+void SendError(Conn* c, Reply reply, const std::string& message) { Send(c, ReplyOf(reply).Str(message)); }
 
 void Flush(Conn* c) {
   while (!c->out.empty()) {
@@ -86,8 +84,8 @@ struct TcpStoreServer::State {
   int ep = -1;
   int max_connections = 0;
   bool listening = true;
-  std::set<int> strangers;                // connections that have not presented the token yet
-  Clock::time_point accept_again{};       // at the open-file limit: accept nothing until then
+  std::set<int> strangers;           // connections that have not presented the token yet
+  Clock::time_point accept_again{};  // at the open-file limit: accept nothing until then
   char buf[65536];
 
   bool Watch(int op, int fd, uint32_t events);
@@ -220,8 +218,7 @@ struct TcpStoreServer::State {
     if (!c->authed) {
       int64_t version = 0;
       std::string presented;
-      if (op != Op::kHello || !r.I64(&version) || !r.Str(&presented) ||
-          !ConstantTimeEquals(presented, token)) {
+      if (op != Op::kHello || !r.I64(&version) || !r.Str(&presented) || !ConstantTimeEquals(presented, token)) {
         SendError(c, Reply::kUnauthorized, "the job's store token is required");
         c->closing = true;
         return false;
@@ -326,8 +323,8 @@ struct TcpStoreServer::State {
   }
 };
 
-TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options, int listen_fd, int wake_fd[2],
-                               uint16_t port, std::string unix_name)
+TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options, int listen_fd, int wake_fd[2], uint16_t port,
+                               std::string unix_name)
     : options_(std::move(options)),
       listen_fd_(listen_fd),
       wake_read_(wake_fd[0]),
@@ -340,7 +337,7 @@ namespace {
 
 // Whether the process at the other end of the Unix socket `fd` runs as this one's user (or root).
 bool OwnUsersProcess(int fd) {
-  struct ucred peer{};
+  struct ucred peer {};
   socklen_t len = sizeof peer;
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) return false;
   if (peer.uid == ::geteuid() || peer.uid == 0) return true;
@@ -350,7 +347,7 @@ bool OwnUsersProcess(int fd) {
 
 // A listening socket on host:port (port 0: any free one). Returns the fd and the port.
 Result<std::pair<int, uint16_t>> ListenTcp(const std::string& host, uint16_t port, int backlog) {
-  struct addrinfo hints{};
+  struct addrinfo hints {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
@@ -374,7 +371,7 @@ Result<std::pair<int, uint16_t>> ListenTcp(const std::string& host, uint16_t por
     return ErrnoStatus("cannot listen on " + host + ":" + port_text, err);
   }
   ::freeaddrinfo(res);
-  struct sockaddr_storage addr{};
+  struct sockaddr_storage addr {};
   socklen_t len = sizeof addr;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   return std::make_pair(fd, ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
@@ -386,7 +383,7 @@ Result<std::pair<int, uint16_t>> ListenTcp(const std::string& host, uint16_t por
 Result<std::pair<int, std::string>> ListenUnixAbstract(int backlog) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return ErrnoStatus("socket", errno);
-  struct sockaddr_un a{};
+  struct sockaddr_un a {};
   a.sun_family = AF_UNIX;
   socklen_t len = sizeof(sa_family_t);  // only the family: the kernel picks a name
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd, backlog) != 0) {
@@ -448,7 +445,7 @@ namespace {
 // How many connections the open-file limit leaves room for, keeping some for the process itself
 // (the launcher writes status.json, agents and workers start, logs open).
 int FdRoom(int wanted) {
-  struct rlimit rl{};
+  struct rlimit rl {};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return wanted;
   const long room = static_cast<long>(rl.rlim_cur) - 64;
   return static_cast<int>(std::max(8L, std::min<long>(wanted, room)));
@@ -457,7 +454,7 @@ int FdRoom(int wanted) {
 }  // namespace
 
 bool TcpStoreServer::State::Watch(int op, int fd, uint32_t events) {
-  struct epoll_event e{};
+  struct epoll_event e {};
   e.events = events;
   e.data.fd = fd;
   return ::epoll_ctl(ep, op, fd, &e) == 0;
@@ -467,7 +464,10 @@ bool TcpStoreServer::State::Watch(int op, int fd, uint32_t events) {
 // than a hello's worth is ever buffered.
 void TcpStoreServer::State::ReadFrom(Conn* c) {
   touched.insert(c->fd);
-  const size_t room = c->authed ? sizeof buf : std::min<size_t>(sizeof buf, wire::kMaxHelloBytes - std::min<size_t>(c->in.size(), wire::kMaxHelloBytes));
+  const size_t room =
+      c->authed
+          ? sizeof buf
+          : std::min<size_t>(sizeof buf, wire::kMaxHelloBytes - std::min<size_t>(c->in.size(), wire::kMaxHelloBytes));
   if (room == 0) {
     c->dead = true;
     return;
@@ -608,8 +608,8 @@ void TcpStoreServer::State::Run() {
     if (accepting != listening && Watch(EPOLL_CTL_MOD, server->listen_fd_, accepting ? uint32_t{EPOLLIN} : 0u)) {
       listening = accepting;
     }
-    const int rc = ::epoll_wait(ep, ready.data(), static_cast<int>(ready.size()),
-                                static_cast<int>(Remaining(until).count()) + 1);
+    const int rc =
+        ::epoll_wait(ep, ready.data(), static_cast<int>(ready.size()), static_cast<int>(Remaining(until).count()) + 1);
     if (rc < 0 && errno != EINTR) {
       LOG_ERROR("store server: epoll_wait failed: {}", std::strerror(errno));
       return;
