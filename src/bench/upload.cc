@@ -33,10 +33,12 @@ std::string Env(const char* key) { return GetEnv(CurrentEnvironment(), key).valu
 // libcurl, opened on first use: linking it would load its ~25 libraries (TLS, Kerberos, LDAP...)
 // into every trainctl process (each agent and worker: about 7 ms of each one's start), for the
 // one verb that uploads.
-#define TRAINCTL_CURL_FUNCTIONS(X)                                                                                  \
-  X(global_init)                                                                                                    \
-  X(easy_init) X(easy_reset) X(easy_setopt) X(easy_perform) X(easy_getinfo) X(easy_strerror) X(easy_escape) X(free) \
-      X(slist_append) X(slist_free_all) X(easy_cleanup)
+// (clang-format 14 rewraps this list differently on each pass.)
+// clang-format off
+#define TRAINCTL_CURL_FUNCTIONS(X)                                                                    \
+  X(global_init) X(easy_init) X(easy_reset) X(easy_setopt) X(easy_perform) X(easy_getinfo)            \
+  X(easy_strerror) X(easy_escape) X(free) X(slist_append) X(slist_free_all) X(easy_cleanup)
+// clang-format on
 struct Curl {
 #define TRAINCTL_CURL_FIELD(name) decltype(&curl_##name) name;
   TRAINCTL_CURL_FUNCTIONS(TRAINCTL_CURL_FIELD)
