@@ -18,7 +18,7 @@ const std::string kProbe = std::string(TRAINCTL_SOURCE_DIR) + "/tests/python/war
 // spec's preload list ("" for none).
 std::string ProbeJob(const Scratch& s, const std::string& out, const std::string& mode, const std::string& preload,
                      int procs = 2, const std::string& more = "") {
-  MakeDirs(s.path(out + "/probe"));
+  EXPECT_TRUE(MakeDirs(s.path(out + "/probe")).ok());
   return s.Write(out + ".yaml", "name: " + out + "\nprocs_per_node: " + std::to_string(procs) + "\ncommand: [" +
                                     TRAINCTL_TEST_PYTHON + ", " + kProbe + ", " + mode + ", \"two words\"]\n" +
                                     (preload.empty() ? "" : "preload: [" + preload + "]\n") +
@@ -137,7 +137,7 @@ TEST(Preload, ExceptionsExitCodesAndSignalsEndAForkedWorkerAsAFreshOne) {
 // imported — says why, and the job runs with fresh interpreters.
 TEST(Preload, AWarmInterpreterThatCannotServeSaysWhyAndTheJobRunsWithoutIt) {
   Scratch s;
-  MakeDirs(s.path("mods"));
+  ASSERT_TRUE(MakeDirs(s.path("mods")).ok());
   s.Write("mods/threaded_at_import.py",
           "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n");
   ProbeJob(s, "missing", "probe", "no_such_module_here, xml.dom.minidom", 1);
@@ -162,7 +162,7 @@ TEST(Preload, RealProgramsGiveTheSameResultsFromAWarmInterpreter) {
   Scratch s;
   // `program`: the script and its arguments, as items of the command's YAML list.
   auto job = [&](const std::string& name, const std::string& program, const std::string& preload) {
-    MakeDirs(s.path(name));
+    EXPECT_TRUE(MakeDirs(s.path(name)).ok());
     s.Write(name + ".yaml", "name: " + name + "\nprocs_per_node: 2\ncommand: [" + std::string(TRAINCTL_TEST_PYTHON) +
                                 ", " + program + "]\nenv: {STEPS: \"40\", RESULT_DIR: " + s.path(name) + "}\n" +
                                 (preload.empty() ? "" : "preload: [" + preload + "]\n") +
@@ -233,7 +233,7 @@ TEST(Preload, TodaysProgramsGiveTorchrunsResultsFromAWarmInterpreter) {
   for (const std::string mode : {"dcp", "fsdp2", "compile"}) {
     SCOPED_TRACE(mode);
     auto run = [&](const std::string& name, std::vector<std::string> launcher, const std::string& restarts) {
-      MakeDirs(s.path(name));
+      EXPECT_TRUE(MakeDirs(s.path(name)).ok());
       SpawnOptions o;
       o.argv = std::move(launcher);
       o.argv.insert(o.argv.end(), {"--standalone", "--nproc-per-node", "2", "--max-restarts", restarts,

@@ -229,7 +229,7 @@ TEST(Security, ACheckpointNeverLeadsEvalToAModuleTheUserDidNotName) {
   auto trained = Trainctl({"run", "ts.yaml"}, s.path(""), seconds(120));
   ASSERT_EQ(trained.exit.code, 0) << trained.output;
   // The attacker's module and a model file whose metadata names it, by path and by hash.
-  MakeDirs(s.path("evil"));
+  ASSERT_TRUE(MakeDirs(s.path("evil")).ok());
   std::filesystem::copy_file(s.path("models/resnet.pt"), s.path("evil/evil.pt"));
   const std::string evil_hash = RunProgram({"sha256sum", s.path("evil/evil.pt")}, s.path("")).output.substr(0, 64);
   EditMetadata(s.path("out/model.safetensors"), s.path("evil/crafted.safetensors"), [&](nlohmann::json& m) {

@@ -172,7 +172,12 @@ class Scheduler::Impl {
       }
       start_next();
     }
-    (void)WriteResults(dir_, m_, figures_);
+    // The writes after each experiment are progress (this one rewrites them all); this one is the
+    // result set, and a bench whose results could not be written has failed.
+    if (Status st = WriteResults(dir_, m_, figures_); !st.ok()) {
+      std::fprintf(stderr, "trainctl bench: the results could not be written: %s\n", st.message().c_str());
+      return kExitError;
+    }
     int failed = 0;
     for (const auto& f : figures_) failed += f.state != "succeeded";
     auto summary = ReadFile(dir_ + "/summary.md");

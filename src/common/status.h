@@ -22,7 +22,7 @@ enum class Code {
 
 const char* CodeName(Code code);
 
-class Status {
+class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -55,7 +55,7 @@ Status ErrnoStatus(const std::string& what, int err);
 
 // Result<T>: a value or a non-ok Status.
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : value_(std::move(value)) {}          // NOLINT
   Result(Status status) : status_(std::move(status)) {}  // NOLINT

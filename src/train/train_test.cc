@@ -64,11 +64,11 @@ TEST(Data, AugmentationShiftsAndMirrorsEachImageAsItsHashSays) {
   for (int64_t i = 0; i < 64; ++i) idx[i] = i;
   Augment a{2, true, 7, 0};
   torch::Tensor x, y, x2, y2, x3, y3;
-  FillBatch(set, idx.data(), 64, norm, &x, &y, &a);
-  FillBatch(set, idx.data(), 64, norm, &x2, &y2, &a);
+  ASSERT_TRUE(FillBatch(set, idx.data(), 64, norm, &x, &y, &a).ok());
+  ASSERT_TRUE(FillBatch(set, idx.data(), 64, norm, &x2, &y2, &a).ok());
   EXPECT_TRUE(torch::equal(x, x2));
   a.epoch = 1;
-  FillBatch(set, idx.data(), 64, norm, &x3, &y3, &a);
+  ASSERT_TRUE(FillBatch(set, idx.data(), 64, norm, &x3, &y3, &a).ok());
   EXPECT_FALSE(torch::equal(x, x3));
   int flipped = 0;
   std::set<std::pair<int, int>> shifts;
@@ -102,7 +102,7 @@ TEST(Data, AugmentationShiftsAndMirrorsEachImageAsItsHashSays) {
   EXPECT_GT(shifts.size(), 12u);  // of the 25
   // Off: the images as they are.
   Augment off;
-  FillBatch(set, idx.data(), 64, norm, &x2, &y2, &off);
+  ASSERT_TRUE(FillBatch(set, idx.data(), 64, norm, &x2, &y2, &off).ok());
   EXPECT_NEAR(x2[3][0][1][2].item<float>(), set.image(3)[1 * 5 + 2], 1e-3f);
 }
 

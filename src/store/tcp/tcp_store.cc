@@ -173,7 +173,7 @@ Result<std::vector<TcpStore::RawReply>> TcpStore::CallMany(const std::string& fr
   for (size_t i = 0; i < replies; ++i) {
     const int rc = ReadFrame(&body, deadline, wait > Duration(0));
     if (rc == -5) {
-      drop("interrupted");
+      static_cast<void>(drop("interrupted"));  // the connection goes; what the caller hears is Aborted
       return Aborted("a wait on the store at " + Where() + " was interrupted");
     }
     if (rc == 0) return drop("the server closed the connection");
