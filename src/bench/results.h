@@ -1,8 +1,8 @@
-// What `trainctl bench` records of its experiments and how it reports them: figures read from each
-// experiment's own records (metrics.jsonl, status.json), aggregates over repeats (MLPerf's way with
-// five or more: drop the fastest and the slowest, mean and standard deviation of the rest),
-// scaling efficiency, and the files of a result set: results.json, results.csv, summary.md and a
-// self-contained report.html (inline SVG, no network needed to open it).
+// What `trainctl bench` records of its experiments: figures read from each experiment's own
+// records (metrics.jsonl, status.json), aggregates over repeats (MLPerf's way with five or more:
+// drop the fastest and the slowest, mean and standard deviation of the rest), scaling efficiency,
+// results.json (written and read back here) and `bench compare`. The files made for people
+// (results.csv, summary.md, report.html) are bench/report.h's.
 #pragma once
 
 #include <map>
@@ -59,11 +59,20 @@ struct Aggregate {
 // figure when one such run is among those that count.
 std::vector<Aggregate> Aggregates(const std::vector<Figures>& experiments, double target_accuracy = 0);
 
-// Writes results.json, results.csv, summary.md and report.html into `dir` (each atomically).
-Status WriteResults(const std::string& dir, const Matrix& m, const std::vector<Figures>& experiments);
+// results.json in `dir` (atomically): every experiment's figures and every aggregate's.
+Status WriteResultsJson(const std::string& dir, const Matrix& m, const std::vector<Figures>& experiments,
+                        const std::vector<Aggregate>& aggregates);
 
 // The experiments of a result set's results.json.
 Result<std::vector<Figures>> ReadResults(const std::string& dir);
+
+// A figure as `printf` format `f` writes it; "" for none (negative).
+std::string FormatFigure(double v, const char* f = "%.3f");
+// A point's fields and values ("batch_size=64, nodes=2"); "(the spec)" for none.
+std::string PointText(const Point& p);
+// The system and the point's fields other than those that set the workers: the group whose
+// fewest-workers configuration scaling efficiency is measured against.
+std::string GroupOf(const std::string& system, const Point& p);
 
 // `bench compare`: B against A, point by point; regressions are throughput down or epoch time up
 // by more than `threshold` (0.05: 5 %). Returns the table; `regressions` counts them.

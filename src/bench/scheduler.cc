@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
-#include "bench/results.h"
+#include "bench/report.h"
 #include "bench/upload.h"
 #include "common/duration.h"
 #include "common/exit_codes.h"
