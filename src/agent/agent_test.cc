@@ -13,8 +13,11 @@
 #include <functional>
 #include <thread>
 
+#include "agent/launch.h"
 #include "common/exit_codes.h"
+#include "common/subprocess.h"
 #include "job/keys.h"
+#include "job/paths.h"
 #include "store/memory/memory_store.h"
 
 namespace trainctl {
@@ -371,6 +374,88 @@ TEST_F(AgentPolicy, WithLeaveOnSignalAStopSignalTakesOnlyThisNodeOut) {
   EXPECT_EQ(agent.Run(), kExitInterrupted);
   EXPECT_EQ(env.stops, 1);
   EXPECT_EQ(Key(keys::kStop), "(none)");
+}
+
+// A task's launch, from the job, the round and the task alone (no process, no store).
+LaunchRound TwoNodeRound(const std::vector<Task>* all, const std::vector<std::string>* addrs) {
+  LaunchRound r;
+  r.round = 3;
+  r.info.restarts = 2;
+  r.info.group_rank = 1;
+  r.info.group_world_size = 2;
+  r.world_size = 4;
+  r.master = "10.0.0.1:29500";
+  r.all = all;
+  r.addrs = addrs;
+  return r;
+}
+
+TEST(PlanLaunch, AProgramGetsTorchrunsVariablesOverTheAgentsEnvironment) {
+  JobSpec spec;
+  spec.name = "j";
+  spec.output_dir = "/runs/j";
+  spec.working_dir = "/work";
+  RoleSpec role;
+  role.name = "worker";
+  role.command = {"python3", "train.py"};
+  role.args = {"--lr", "0.1"};
+  role.env = {{"FOO", "bar"}, {"PYTHONUNBUFFERED", "0"}};
+  role.resources.cpus = 2;
+  const std::vector<Task> all = PlaceTasks({{"worker", 4}}, 2);
+  const std::vector<std::string> none;
+  LaunchSite site;
+  site.run_id = "j-1234abcd";
+  site.env = {"PATH=/bin", "FOO=agent's"};
+  site.timer_file = "/tmp/timers";
+  const WorkerLaunch w = PlanLaunch(spec, role, TwoNodeRound(&all, &none), all[3], 1, site);
+  EXPECT_EQ(w.argv, (std::vector<std::string>{"python3", "train.py", "--lr", "0.1"}));
+  EXPECT_FALSE(w.fork) << "no preload: a program of its own";
+  EXPECT_EQ(w.rank, 3);
+  EXPECT_EQ(w.local_rank, 1);
+  EXPECT_EQ(w.label, "worker-3");
+  EXPECT_EQ(w.cwd, "/work");
+  EXPECT_EQ(w.log_path, paths::TaskLog("/runs/j", "worker", 3));
+  for (const auto& [k, v] :
+       std::vector<std::pair<std::string, std::string>>{{"RANK", "3"},
+                                                        {"LOCAL_RANK", "1"},
+                                                        {"WORLD_SIZE", "4"},
+                                                        {"LOCAL_WORLD_SIZE", "2"},
+                                                        {"GROUP_RANK", "1"},
+                                                        {"MASTER_ADDR", "10.0.0.1"},
+                                                        {"MASTER_PORT", "29500"},
+                                                        {"TORCHELASTIC_RESTART_COUNT", "2"},
+                                                        {"TORCHELASTIC_RUN_ID", "j-1234abcd"},
+                                                        {"TORCHELASTIC_TIMER_FILE", "/tmp/timers"},
+                                                        {"PATH", "/bin"},
+                                                        {"FOO", "bar"},
+                                                        {"OMP_NUM_THREADS", "2"},
+                                                        {"PYTHONUNBUFFERED", "0"},
+                                                        {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"}}) {
+    EXPECT_EQ(GetEnv(w.env, k).value_or("(unset)"), v) << k;
+  }
+  EXPECT_FALSE(GetEnv(w.env, "TF_CONFIG")) << "no task addresses: no TF_CONFIG";
+  EXPECT_TRUE(w.cpus.empty()) << "cpu_bind is not cores";
+}
+
+TEST(PlanLaunch, TheBuiltInTrainerIsThisBinaryForkedOnItsShareOfTheCpus) {
+  JobSpec spec;
+  spec.cpu_bind = "cores";
+  RoleSpec role;
+  role.name = "worker";
+  const std::vector<Task> all = PlaceTasks({{"worker", 4}}, 2);
+  const std::vector<std::string> none;
+  LaunchSite site;
+  site.self_exe = "/opt/trainctl/bin/trainctl";
+  site.debug = true;
+  site.env = {"OMP_NUM_THREADS=7"};
+  site.cpus = {0, 1, 2, 3};
+  const WorkerLaunch w = PlanLaunch(spec, role, TwoNodeRound(&all, &none), all[3], 0, site);
+  EXPECT_EQ(w.argv, (std::vector<std::string>{"/opt/trainctl/bin/trainctl", "--log-level", "debug", "train", "--task",
+                                              "worker-3"}));
+  EXPECT_TRUE(w.fork);
+  EXPECT_EQ(w.cpus, (std::vector<int>{2, 3})) << "local rank 1 of 2: the second half";
+  EXPECT_EQ(GetEnv(w.env, "OMP_NUM_THREADS").value_or(""), "7") << "the user's own is kept";
+  EXPECT_TRUE(GetEnv(w.shared_env, kEnvPreloadSpec)) << "the training ranks' server loads the data once";
 }
 
 }  // namespace
